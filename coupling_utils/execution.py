@@ -26,6 +26,15 @@ __all__ = ["repo_root", "notebook_paths", "find_notebooks", "profiles", "profile
 
 NOTEBOOK_PATTERN = re.compile(r"f\d\d_[a-z0-9_]+\.md")
 
+# The kernel's environment: no progress bars or widget warnings in the book's outputs.
+KERNEL_ENV = {
+    "TQDM_DISABLE": "1",
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+    "TRANSFORMERS_VERBOSITY": "error",
+    "TOKENIZERS_PARALLELISM": "false",
+    "PYTHONWARNINGS": "ignore:IProgress not found",
+}
+
 
 def repo_root() -> Path:
     """The project checkout this package was installed from (editable install)."""
@@ -135,6 +144,8 @@ def run_notebook(notebook: Path, profile: str, overrides: dict[str, Any] | None 
     jupytext.write(jupytext.read(notebook), source)
     running = output_dir / f".{notebook.stem}.running.ipynb"
     error = ""
+    saved_env = {key: os.environ.get(key) for key in KERNEL_ENV}
+    os.environ.update({key: os.environ.get(key, value) for key, value in KERNEL_ENV.items()})
     try:
         papermill.execute_notebook(
             str(source), str(running), parameters=values, kernel_name=kernel, cwd=str(root),
@@ -147,6 +158,11 @@ def run_notebook(notebook: Path, profile: str, overrides: dict[str, Any] | None 
             os.replace(running, failed)
     finally:
         source.unlink(missing_ok=True)
+        for key, value in saved_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
     status = "failed" if error else "ok"
     return RunResult(notebook.stem, status, time.perf_counter() - start, str(out if not error else failed),
                      error, values)

