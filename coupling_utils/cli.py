@@ -2,7 +2,7 @@
 
     coupling-book list
     coupling-book run [NOTEBOOK ...] --profile smoke|default|paper [-p key=value ...]
-    coupling-book build [--executed DIR] [--out DIR] [--no-strict]
+    coupling-book build [--executed DIR] [--out DIR] [--no-strict] [--allow-unexecuted]
     coupling-book zoo list | zoo prepare NAME
 """
 from __future__ import annotations
@@ -51,13 +51,18 @@ def _cmd_run(args) -> int:
 
 
 def _cmd_build(args) -> int:
-    from .book import build_book
+    from .book import BookError, build_book
     from .execution import repo_root
 
     root = repo_root()
     executed = Path(args.executed) if args.executed else root / "_build" / "notebooks"
     out = Path(args.out) if args.out else root / "_build" / "html"
-    index = build_book(root=root, executed=executed, out=out, strict=args.strict)
+    try:
+        index = build_book(root=root, executed=executed, out=out, strict=args.strict,
+                           allow_unexecuted=args.allow_unexecuted)
+    except BookError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     print(f"book written to {index}")
     return 0
 
@@ -80,6 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("build", help="render the book from executed notebooks (execution off)")
     p.add_argument("--executed", help="folder of executed notebooks (default: _build/notebooks)")
     p.add_argument("--out", help="HTML output folder (default: _build/html)")
+    p.add_argument("--allow-unexecuted", action="store_true",
+                   help="leave out notebooks that have no executed copy instead of failing")
     p.add_argument("--no-strict", dest="strict", action="store_false",
                    help="do not turn Sphinx warnings into errors")
     p.set_defaults(func=_cmd_build)

@@ -1,0 +1,332 @@
+"""The book's configuration, table of contents, staging, offline checks and chart display."""
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+import nbformat
+import pytest
+import yaml
+
+from coupling_utils import book
+from coupling_utils.book import BookError, plan_book, remote_assets, stage_book, toc_entries
+
+ROOT = Path(__file__).resolve().parents[1]
+FINDINGS = ["f00_coupling_metric", "f01_depth_and_tokens", "f02_generalization",
+            "f03_training_emergence", "f04_vision_transformers", "f05_token_trajectories"]
+BIB_KEYS = {"aubry2025coupling", "gai2021mathematical", "halko2011finding", "biderman2023pythia",
+            "dosovitskiy2021image", "openllmleaderboard", "allal2025smollm2", "wang2020minilm",
+            "lecun1998mnist"}
+BOOK_PAGES = ["intro", "notation-and-method", "running", "teaching", "status", "bibliography"]
+
+
+def config() -> dict:
+    return yaml.safe_load((ROOT / "_config.yml").read_text())
+
+
+# --- configuration -------------------------------------------------------------------------
+
+def test_toc_order_is_the_books_reading_order():
+    expected = (["book/intro", "book/notation-and-method"]
+                + [f"notebooks/{f}" for f in FINDINGS]
+                + [f"book/{p}" for p in ("status", "architectures", "performance", "running",
+                                         "teaching", "bibliography")])
+    assert toc_entries(ROOT) == expected
+
+
+def test_book_owned_pages_exist():
+    for page in BOOK_PAGES:
+        assert (ROOT / "book" / f"{page}.md").is_file(), page
+
+
+def test_config_renders_without_executing_and_without_remote_code():
+    cfg = config()
+    assert cfg["execute"]["execute_notebooks"] == "off"
+    sphinx = cfg["sphinx"]["config"]
+    assert sphinx["nb_execution_mode"] == "off"
+    extensions = sphinx["extensions"]
+    assert "sphinx_thebe" not in extensions
+    assert not any(cfg["html"]["comments"].values())
+    assert {"myst_nb", "sphinx_book_theme", "sphinxcontrib.bibtex"} <= set(extensions)
+    assert set(cfg["parse"]["myst_enable_extensions"]) >= {"dollarmath", "amsmath", "colon_fence"}
+    launch = cfg["launch_buttons"]
+    assert not launch["thebe"] and not launch["binderhub_url"] and not launch["colab_url"]
+    # MathJax comes from the book itself, outside _static (which Jupyter Book injects
+    # into every page), and the path Sphinx writes is the file build_book stages.
+    assert sphinx["mathjax_path"] == f"mathjax/{book.MATHJAX_ENTRY}"
+    assert sphinx["html_extra_path"] == [book.MATHJAX_STAGE]
+    assert not (ROOT / "_static").exists()
+    for bib in cfg["bibtex_bibfiles"]:
+        assert (ROOT / bib).is_file(), bib
+
+
+def _bib_keys() -> set[str]:
+    return set(re.findall(r"@\w+\{([^,\s]+),", (ROOT / "book" / "references.bib").read_text()))
+
+
+def test_bibliography_has_the_required_keys_once():
+    text = (ROOT / "book" / "references.bib").read_text()
+    keys = re.findall(r"@\w+\{([^,\s]+),", text)
+    assert len(keys) == len(set(keys)), "duplicate bibtex keys"
+    assert BIB_KEYS <= set(keys)
+
+
+def test_every_citation_in_the_sources_is_in_the_bibliography():
+    sources = list((ROOT / "book").glob("*.md")) + list((ROOT / "notebooks").glob("f*.md"))
+    cited = set()
+    for path in sources:
+        for group in re.findall(r"\{cite(?::\w+)?\}`([^`]+)`", path.read_text()):
+            cited |= {k.strip() for k in group.split(",")}
+    missing = cited - _bib_keys()
+    assert not missing, f"cited but not in book/references.bib: {sorted(missing)}"
+
+
+def test_mathjax_files_are_available_offline():
+    es5 = book.mathjax_source()
+    assert (es5 / book.MATHJAX_ENTRY).stat().st_size > 100_000
+    for part in book.MATHJAX_PARTS:
+        assert (es5 / part).is_dir(), part
+
+
+# --- planning and staging --------------------------------------------------------------------
+
+def _scratch_root(tmp_path: Path, notebooks: list[str]) -> Path:
+    """A copy of the book sources with the given finding notebooks written (as stand-ins)."""
+    root = tmp_path / "repo"
+    root.mkdir()
+    for name in ("_config.yml", "_toc.yml"):
+        shutil.copy2(ROOT / name, root / name)
+    shutil.copytree(ROOT / "book", root / "book")
+    if (ROOT / "data").is_dir():  # prose pages include tables from data/
+        shutil.copytree(ROOT / "data", root / "data")
+    (root / "notebooks").mkdir()
+    for name in notebooks:
+        (root / "notebooks" / f"{name}.md").write_text("# stand-in\n")
+    return root
+
+
+def _executed_notebook(path: Path, title: str = "Scratch finding", status_rows=()) -> None:
+    from coupling_utils.status import METADATA_KEY
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_markdown_cell(f"# {title}\n\nSome math: $m_K(J_1, J_2)$.")]
+    if status_rows:  # what coupling_utils.status.report() leaves in an executed notebook
+        cell = nbformat.v4.new_code_cell("report(...)")
+        cell.outputs = [nbformat.v4.new_output(
+            "display_data", data={"text/plain": "status"},
+            metadata={METADATA_KEY: {"notebook": path.stem, "rows": list(status_rows)}})]
+        nb.cells.append(cell)
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, path)
+
+
+def test_plan_classifies_unwritten_unexecuted_and_ready(tmp_path):
+    root = _scratch_root(tmp_path, ["f00_coupling_metric", "f01_depth_and_tokens"])
+    executed = tmp_path / "executed"
+    _executed_notebook(executed / "f00_coupling_metric.ipynb")
+    plan = plan_book(root, executed)
+    status = {e.docname: e.status for e in plan.entries}
+    assert status["notebooks/f00_coupling_metric"] == "ok"
+    assert status["notebooks/f01_depth_and_tokens"] == "not-executed"
+    assert status["notebooks/f02_generalization"] == "no-source"
+    assert status["book/intro"] == "ok"
+    assert [e.docname for e in plan.unexecuted] == ["notebooks/f01_depth_and_tokens"]
+
+
+def test_unexecuted_notebook_fails_naming_it_and_the_command(tmp_path):
+    root = _scratch_root(tmp_path, ["f00_coupling_metric", "f01_depth_and_tokens"])
+    executed = tmp_path / "executed"
+    _executed_notebook(executed / "f00_coupling_metric.ipynb")
+    with pytest.raises(BookError, match=r"f01_depth_and_tokens.*coupling-book run f01"):
+        stage_book(root, executed, tmp_path / "src")
+
+
+def test_staging_keeps_what_exists_and_prunes_the_toc(tmp_path):
+    root = _scratch_root(tmp_path, ["f00_coupling_metric", "f01_depth_and_tokens"])
+    (root / "book" / "architectures.md").unlink(missing_ok=True)
+    executed = tmp_path / "executed"
+    row = {"claim": "m(J, J) = 0", "paper": 0.0, "ours": 1e-7, "agree": "yes", "note": "toy"}
+    _executed_notebook(executed / "f00_coupling_metric.ipynb", status_rows=[row])
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "stale.txt").write_text("from an earlier build")
+    plan = stage_book(root, executed, src, allow_unexecuted=True)
+    staged = yaml.safe_load((src / "_toc.yml").read_text())
+    staged_files = book._toc_files(staged)
+    assert staged_files == [e.docname for e in plan.included]
+    assert "notebooks/f00_coupling_metric" in staged_files
+    assert "notebooks/f01_depth_and_tokens" not in staged_files
+    assert "book/architectures" not in staged_files
+    assert (src / "notebooks" / "f00_coupling_metric.ipynb").is_file()
+    assert not (src / "notebooks" / "f01_depth_and_tokens.ipynb").exists()
+    assert not (src / "stale.txt").exists(), "the staged tree is rebuilt from scratch"
+    assert (src / book.MATHJAX_STAGE / "_static" / "mathjax" / book.MATHJAX_ENTRY).is_file()
+    assert (src / "data").is_dir() == (root / "data").is_dir()
+    status = (src / "book" / "status.md").read_text()
+    assert status.startswith((root / "book" / "status.md").read_text())
+    assert "f00_coupling_metric" in status and "m(J, J) = 0" in status
+    for part in staged["parts"]:
+        assert part["chapters"], f"empty part kept: {part['caption']}"
+
+
+def test_staging_never_deletes_the_repository(tmp_path):
+    root = _scratch_root(tmp_path, [])
+    for target in (root, tmp_path):
+        with pytest.raises(BookError, match="refusing"):
+            stage_book(root, tmp_path / "executed", target, allow_unexecuted=True)
+    assert (root / "_toc.yml").is_file()
+
+
+def test_toc_entry_outside_book_and_notebooks_is_refused(tmp_path):
+    root = _scratch_root(tmp_path, [])
+    toc = yaml.safe_load((root / "_toc.yml").read_text())
+    toc["parts"][0]["chapters"].append({"file": "elsewhere/page"})
+    (root / "_toc.yml").write_text(yaml.safe_dump(toc))
+    with pytest.raises(BookError, match="elsewhere/page"):
+        plan_book(root)
+
+
+# --- remote assets ---------------------------------------------------------------------------
+
+def test_remote_assets_finds_loads_from_other_hosts_but_not_links(tmp_path):
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "ok.html").write_text(
+        '<html><head><script src="_static/a.js"></script>'
+        '<link rel="stylesheet" href="_static/a.css"></head>'
+        '<body><a href="https://example.org/paper">a link is fine</a>'
+        '<img src="data:image/png;base64,AAAA"></body></html>')
+    (tmp_path / "sub" / "bad.html").write_text(
+        '<html><head><script src="https://cdn.example.com/x.js"></script>'
+        '<link rel="stylesheet" href="//fonts.example.com/css">'
+        '<script>const URL = "https://unpkg.example.com/lib.js";</script>'
+        '<style>@import "https://css.example.com/a.css";</style></head>'
+        '<body><img src="http://img.example.com/p.png"></body></html>')
+    (tmp_path / "theme.css").write_text("body{background:url('https://img.example.com/bg.png')}")
+    found = remote_assets(tmp_path)
+    urls = {u for _, u in found}
+    assert urls == {"https://cdn.example.com/x.js", "//fonts.example.com/css",
+                    "https://unpkg.example.com/lib.js", "https://css.example.com/a.css",
+                    "http://img.example.com/p.png", "https://img.example.com/bg.png"}
+    assert {page for page, _ in found} == {"sub/bad.html", "theme.css"}
+
+
+# --- charts ----------------------------------------------------------------------------------
+
+def _chart():
+    import altair as alt
+    import pandas as pd
+
+    data = pd.DataFrame({"layer": [0, 1, 2, 3], "coupling": [0.1, 0.5, 0.7, 0.8]})
+    return alt.Chart(data).mark_line(point=True).encode(x="layer:Q", y="coupling:Q")
+
+
+def test_to_svg_draws_the_chart_without_a_browser():
+    from coupling_utils.display import to_svg
+
+    svg = to_svg(_chart())
+    assert svg.lstrip().startswith("<svg") and "</svg>" in svg
+    assert "coupling" in svg  # the axis title is drawn as text
+    assert to_svg(_chart().to_dict()) == svg
+
+
+def test_show_displays_an_svg_picture(monkeypatch):
+    import IPython.display
+    from coupling_utils import display
+
+    shown = []
+    monkeypatch.setattr(IPython.display, "display", lambda obj: shown.append(obj))
+    assert display.show(_chart()) is None
+    assert len(shown) == 1 and isinstance(shown[0], IPython.display.SVG)
+    assert "<svg" in shown[0].data
+
+
+def test_static_renderer_makes_bare_charts_svg():
+    import altair as alt
+    from coupling_utils.display import RENDERER_NAME, use_static_charts
+
+    previous = alt.renderers.active
+    try:
+        use_static_charts()
+        assert alt.renderers.active == RENDERER_NAME
+        bundle = alt.renderers.get()(_chart().to_dict())
+        assert "<svg" in bundle["image/svg+xml"]
+        assert "text/html" not in bundle  # nothing that would load vega from a CDN
+    finally:
+        alt.renderers.enable(previous)
+
+
+def test_to_svg_rejects_what_is_not_a_chart():
+    from coupling_utils.display import to_svg
+
+    with pytest.raises(TypeError, match="Altair chart"):
+        to_svg(42)
+
+
+# --- a whole build -------------------------------------------------------------------------
+
+SCRATCH_NOTEBOOK = """\
+---
+jupytext:
+  text_representation:
+    extension: .md
+    format_name: myst
+kernelspec:
+  display_name: Python 3
+  language: python
+  name: python3
+---
+
+# f00 · Scratch finding
+
+A formula, inline $m_K(J_1, J_2) \\le \\sqrt 2$ and displayed:
+
+$$
+1 - m_K^2 .
+$$
+
+See {doc}`../book/notation-and-method` and {cite}`aubry2025coupling`.
+
+```{code-cell} ipython3
+import altair as alt
+import pandas as pd
+from coupling_utils.display import show
+
+show(alt.Chart(pd.DataFrame({"layer": [0, 1, 2], "coupling": [0.2, 0.6, 0.9]}))
+     .mark_line(point=True).encode(x="layer:Q", y="coupling:Q"))
+```
+"""
+
+
+def build_scratch_book(tmp_path: Path) -> Path:
+    """Build the real prose plus one executed scratch notebook (chart + formulas) to HTML."""
+    import jupytext
+    from nbclient import NotebookClient
+
+    root = _scratch_root(tmp_path, [])
+    for page in set(p.stem for p in (root / "book").glob("*.md")) - set(BOOK_PAGES):
+        (root / "book" / f"{page}.md").unlink()  # other helpers' pages: tested by the full build
+    source = root / "notebooks" / "f00_coupling_metric.md"
+    source.write_text(SCRATCH_NOTEBOOK)
+    nb = jupytext.read(source)
+    NotebookClient(nb, timeout=120, kernel_name="python3",
+                   resources={"metadata": {"path": str(root)}}).execute()
+    executed = tmp_path / "executed"
+    executed.mkdir()
+    nbformat.write(nb, executed / "f00_coupling_metric.ipynb")
+    return book.build_book(root, executed, tmp_path / "html", strict=True,
+                           work=tmp_path / "work")
+
+
+@pytest.mark.slow
+def test_build_renders_executed_outputs_offline(tmp_path):
+    html = build_scratch_book(tmp_path)
+    assert (html / "index.html").is_file()
+    page = (html / "notebooks" / "f00_coupling_metric.html").read_text()
+    assert re.search(r'<img[^>]+src="[^"]+\.svg"', page), "the chart's SVG output is not shown"
+    assert "_static/mathjax/tex-svg.js" in page
+    assert (html / "_static" / "mathjax" / "tex-svg.js").is_file()
+    assert remote_assets(html) == []
+    for page in ("intro", "notation-and-method", "running", "teaching", "status", "bibliography"):
+        assert (html / "book" / f"{page}.html").is_file(), page
