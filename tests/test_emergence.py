@@ -1,0 +1,222 @@
+"""Emergence over training: checkpoint names, growth summaries, and a sweep over tiny checkpoints."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from coupling_utils import emergence as em
+from coupling_utils.metric import coupling
+
+
+# --------------------------------------------------------------------------- checkpoints
+def test_step_of_and_checkpoint_steps():
+    assert em.step_of("step143000") == 143000
+    assert em.step_of(7) == 7
+    assert em.checkpoint_steps(["step0", "step1", "step512"]) == [0, 1, 512]
+    with pytest.raises(ValueError, match="not a checkpoint name"):
+        em.step_of("main")
+    with pytest.raises(ValueError, match="cannot be negative"):
+        em.step_of(-1)
+    with pytest.raises(ValueError, match="same step more than once"):
+        em.checkpoint_steps(["step1", 1])
+
+
+def test_pick_checkpoints_spreads_over_log_steps():
+    steps = [0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1000, 2000, 4000]
+    assert em.pick_checkpoints(steps, 3) == [1, 64, 4000]
+    assert em.pick_checkpoints([0, 1, 2, 3], 3) == [1, 2, 3]
+    five = em.pick_checkpoints(steps, 5)
+    assert len(set(five)) == 5 and five[0] == 1 and five[-1] == 4000
+    with pytest.raises(ValueError, match="at least 3 checkpoints"):
+        em.pick_checkpoints([0, 1, 2], 3)
+
+
+# --------------------------------------------------------------------------- curves
+def _curve(values, steps=None, **tags):
+    steps = steps or [0, 1, 2, 4, 8, 16][: len(values)]
+    return pd.DataFrame({"step": steps, "value": values, **tags})
+
+
+def test_growth_summary_of_a_monotone_rise():
+    df = _curve([0.5, 0.1, 0.12, 0.15, 0.2, 0.24])
+    s = em.growth_summary(df, "value").iloc[0]
+    assert s.early_step == 1 and s.final_step == 16  # step 0 is not the early reference
+    assert s.ratio == pytest.approx(2.4)
+    assert s.spearman == pytest.approx(1.0)
+    assert s.rises == 1.0 and s.max_drop == 0.0 and s.n_checkpoints == 5
+    # an explicit early step: the first checkpoint at or after it
+    s = em.growth_summary(df, "value", early_step=3).iloc[0]
+    assert s.early_step == 4 and s.ratio == pytest.approx(0.24 / 0.15)
+
+
+def test_growth_summary_sees_drops_and_groups_and_averages_prompts():
+    a = _curve([0.1, 0.3, 0.2, 0.4], steps=[1, 2, 4, 8], model="a")
+    b = _curve([0.4, 0.3, 0.2, 0.1], steps=[1, 2, 4, 8], model="b")
+    twice = pd.concat([a, a.assign(value=a.value + 0.02), b, b.assign(value=b.value - 0.02)])
+    s = em.growth_summary(twice, "value", by="model").set_index("model")
+    assert s.loc["a", "rises"] == pytest.approx(2 / 3)
+    assert s.loc["a", "max_drop"] == pytest.approx(0.1 / 0.3)  # a fall of 0.1 over a range of 0.3
+    assert s.loc["a", "early"] == pytest.approx(0.11)  # mean of the two "prompts"
+    assert s.loc["b", "spearman"] == pytest.approx(-1.0) and s.loc["b", "ratio"] == pytest.approx(0.09 / 0.39)
+    with pytest.raises(ValueError, match="no column 'nope'"):
+        em.growth_summary(a, "nope")
+    with pytest.raises(ValueError, match="no checkpoint at or after step 100"):
+        em.growth_summary(a, "value", early_step=100)
+    with pytest.raises(ValueError, match="NaN"):
+        em.growth_summary(_curve([0.1, np.nan, 0.2]), "value")
+
+
+def test_relative_curve_ends_at_one():
+    df = pd.concat([_curve([0.0, 0.1, 0.2], steps=[0, 10, 20], model="a"),
+                    _curve([0.5, 1.0], steps=[100, 1000], model="b")])
+    r = em.relative_curve(df, "value", by="model")
+    assert set(r.columns) >= {"model", "step", "value", "training_fraction", "relative"}
+    assert (r.step > 0).all()
+    last = r.groupby("model").tail(1)
+    np.testing.assert_allclose(last.relative, 1.0)
+    np.testing.assert_allclose(last.training_fraction, 1.0)
+    np.testing.assert_allclose(r[r.model == "a"].relative, [0.5, 1.0])
+
+
+# --------------------------------------------------------------------------- a sweep over tiny checkpoints
+class _Tok:
+    """A stand-in tokenizer: characters to ids (the sweep only needs ``tok(text, return_tensors)``)."""
+
+    def __call__(self, text, return_tensors="pt"):
+        return {"input_ids": torch.tensor([[ord(c) % 64 for c in text]])}
+
+    def decode(self, ids):
+        return "".join(chr(65 + i % 26) for i in ids)
+
+
+def _tiny_checkpoints():
+    """Three 'checkpoints' of a 4-block GPT-NeoX (d = 16): random weights of growing scale."""
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+
+    cfg = GPTNeoXConfig(vocab_size=64, hidden_size=16, num_hidden_layers=4, num_attention_heads=2,
+                        intermediate_size=32, max_position_embeddings=64, rotary_pct=0.25)
+    models = {}
+    for step, seed in ((0, 0), (4, 1), (16, 2)):
+        torch.manual_seed(seed)
+        m = GPTNeoXForCausalLM(cfg).eval()
+        models[f"step{step}"] = m
+    return models
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    """Tiny models run faster on one thread (no OpenMP hand-offs, which a busy machine makes slow)."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+@pytest.fixture(scope="module")
+def tiny_sweep(tmp_path_factory):
+    models = _tiny_checkpoints()
+    loads = []
+
+    def load(name, *, revision, dtype):
+        loads.append(revision)
+        return SimpleNamespace(model=models[revision], tokenizer=_Tok(), name=name, revision=revision,
+                               dtype=dtype, arch="gpt_neox", n_layers=4, d_model=16, provenance={})
+
+    out = tmp_path_factory.mktemp("sweep")
+    prompts = {"a": "hello world", "b": "coupling!"}
+    sweep = em.sweep_checkpoints("tiny", ["step16", "step0", "step4"], prompts, k=(2, 4), load=load, out=out)
+    return SimpleNamespace(sweep=sweep, models=models, prompts=prompts, out=out, load=load, loads=loads)
+
+
+def test_sweep_tables_are_tidy_and_ordered(tiny_sweep):
+    s = tiny_sweep.sweep
+    assert list(s.depthwise.columns[:4]) == ["model", "revision", "step", "prompt"]
+    assert s.depthwise.step.is_monotonic_increasing  # checkpoints measured in step order
+    assert set(s.depthwise.K) == {2, 4}
+    # 3 checkpoints x 2 prompts x 2 K x 4 x 4 layer pairs, last token only
+    assert len(s.depthwise) == 3 * 2 * 2 * 16
+    n_tokens = sum(len(t) for t in tiny_sweep.prompts.values())
+    assert len(s.trajectories) == 3 * n_tokens
+    assert {"lss", "expodistance_ratio_cv", "growth_log_linear_r2"} <= set(s.trajectories.columns)
+    assert len(s.step_norms) == 3 * n_tokens * 4
+    assert list(s.summary.step) == [0, 0, 4, 4, 16, 16] and list(s.summary.K) == [2, 4] * 3
+    assert s.summary.coupling.between(-1, 1).all() and (s.summary.lss >= 1).all()
+
+
+def test_sweep_values_match_a_direct_computation(tiny_sweep):
+    from coupling_utils.jacobians import token_jacobians
+
+    s = tiny_sweep.sweep
+    model = tiny_sweep.models["step4"]
+    ids = _Tok()(tiny_sweep.prompts["b"])["input_ids"]
+    J1, J3 = token_jacobians(model, ids, 1)[-1], token_jacobians(model, ids, 3)[-1]
+    row = s.depthwise.query("step == 4 and prompt == 'b' and K == 2 and layer_i == 1 and layer_j == 3")
+    assert row.m.item() == pytest.approx(coupling(J1, J3, 2), abs=1e-5)
+    # the summary is the mean of 1 - m^2 over off-diagonal pairs, prompts counted equally
+    g = s.depthwise.query("step == 4 and K == 4 and layer_i != layer_j")
+    expected = g.groupby("prompt").coupling.mean().mean()
+    assert s.summary.query("step == 4 and K == 4").coupling.item() == pytest.approx(expected)
+
+
+def test_sweep_reuses_stored_measurements(tiny_sweep, monkeypatch):
+    import coupling_utils.jacobians as jac
+
+    def no_jacobians(*args, **kwargs):
+        raise AssertionError("a stored checkpoint was measured again")
+
+    monkeypatch.setattr(jac, "token_jacobians", no_jacobians)
+    again = em.sweep_checkpoints("tiny", ["step0", "step4", "step16"], tiny_sweep.prompts, k=(2, 4),
+                                 load=tiny_sweep.load, out=tiny_sweep.out)
+    pd.testing.assert_frame_equal(again.summary, tiny_sweep.sweep.summary)
+
+
+def test_sweep_rejects_bad_arguments(tiny_sweep):
+    with pytest.raises(ValueError, match="revisions is empty"):
+        em.sweep_checkpoints("tiny", [], {"a": "x"}, load=tiny_sweep.load)
+    with pytest.raises(ValueError, match="not a checkpoint name"):
+        em.sweep_checkpoints("tiny", ["main"], {"a": "x"}, load=tiny_sweep.load)
+    with pytest.raises(ValueError, match="trajectory_tokens"):
+        em.sweep_checkpoints("tiny", ["step0"], {"a": "x"}, trajectory_tokens="first", load=tiny_sweep.load)
+
+
+# --------------------------------------------------------------------------- runs, matrices, graphs
+def test_run_checkpoints_of_a_local_run(tmp_path):
+    for step in (0, 1, 16, 2):
+        d = tmp_path / "revisions" / f"step{step}"
+        d.mkdir(parents=True)
+        (d / "config.json").write_text("{}")
+    pd.DataFrame({"step": [0, 1, 2, 16], "val_loss": [7.0, 6.0, 5.0, 4.0]}).to_parquet(tmp_path / "losses.parquet")
+    run = em.run_checkpoints(str(tmp_path))
+    assert run.revisions == ["step0", "step1", "step2", "step16"] and run.steps == [0, 1, 2, 16]
+    assert list(run.losses.val_loss) == [7.0, 6.0, 5.0, 4.0]
+    assert em.run_checkpoints(str(tmp_path), ["step16", "step1"]).revisions == ["step1", "step16"]
+    with pytest.raises(ValueError, match=r"no checkpoint\(s\) \['step4'\]; it has: step0, step1"):
+        em.run_checkpoints(str(tmp_path), ["step4"])
+    with pytest.raises(ValueError, match="name them with revisions"):
+        em.run_checkpoints("EleutherAI/pythia-6.9b")
+    hub = em.run_checkpoints("EleutherAI/pythia-6.9b", ["step143000", "step128"])
+    assert hub.steps == [128, 143000] and hub.losses is None and hub.path is None
+
+
+def test_mean_matrices_and_edge_counts():
+    rows = []
+    for prompt, shift in (("a", 0.0), ("b", 0.2)):
+        for i in range(3):
+            for j in range(3):
+                c = 1.0 if i == j else {(0, 1): 0.5, (1, 0): 0.3, (0, 2): 0.1, (2, 0): 0.1,
+                                        (1, 2): 0.7, (2, 1): 0.7}[(i, j)] + shift
+                rows.append({"step": 8, "prompt": prompt, "K": 2, "layer_i": i, "layer_j": j,
+                             "m": float(np.sqrt(max(0.0, 1 - c))), "coupling": c})
+    M = em.mean_matrices(pd.DataFrame(rows))
+    assert len(M) == 9
+    assert M.query("layer_i == 0 and layer_j == 1").coupling.item() == pytest.approx(0.6)
+    e = em.edge_counts(M, 0.45).iloc[0]
+    # symmetrised pairs: (0,1) -> 0.5, (0,2) -> 0.2, (1,2) -> 0.8
+    assert (e.pairs, e.edges) == (3, 2) and e.density == pytest.approx(2 / 3)
+    assert em.edge_counts(M, 0.9).edges.item() == 0
+    with pytest.raises(ValueError, match="mixes K"):
+        em.mean_matrices(pd.DataFrame(rows + [{**rows[0], "K": 3}]))
