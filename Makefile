@@ -43,9 +43,12 @@ browser:
 unit: $(STAMP)
 	$(PY) -m pytest -m "not book"
 
+# Unit, oracle and pipeline tests plus a papermill smoke run of every notebook (tests/test_notebooks.py,
+# into _build/smoke/notebooks); then the smoke book is built and browsed offline.
 test: $(STAMP) browser
 	$(PY) -m pytest -m "not book"
-	$(PY) -m pytest -m book
+	$(BIN)/coupling-book build --executed _build/smoke/notebooks --out _build/smoke/html
+	COUPLING_BOOK_HTML=_build/smoke/html $(PY) -m pytest -m book
 
 bench: $(STAMP)
 	$(PY) bench/bench_jacobians.py

@@ -29,6 +29,7 @@ __all__ = [
 
 PROSE_DIR = "book"
 STATUS_PAGE = "status"                     # its tables are generated from the notebooks' outputs
+ARCHITECTURES_PAGE = "architectures"      # its table is generated from the adapter table
 NOTEBOOK_DIR = "notebooks"
 DATA_DIR = "data"                          # staged too: prose may include its tables
 MATHJAX_STAGE = "_mathjax"                 # an html_extra_path (see _config.yml)
@@ -225,6 +226,10 @@ def stage_book(root: str | Path = ".", executed: str | Path = "_build/notebooks"
         included = {Path(e.docname).name for e in plan.included if e.kind == "notebook"}
         with status_page.open("a", encoding="utf-8") as page:
             page.write("\n" + status_section(_under(root, executed), included))
+    architectures_page = src / PROSE_DIR / f"{ARCHITECTURES_PAGE}.md"
+    if architectures_page.is_file():
+        with architectures_page.open("a", encoding="utf-8") as page:
+            page.write("\n" + architectures_section())
     keep = {e.docname for e in plan.included}
     (src / "_toc.yml").write_text(yaml.safe_dump(_staged_toc(root, keep), sort_keys=False),
                                   encoding="utf-8")
@@ -235,6 +240,18 @@ def stage_book(root: str | Path = ".", executed: str | Path = "_build/notebooks"
     for part in MATHJAX_PARTS:
         shutil.copytree(es5 / part, target / part)
     return plan
+
+
+def architectures_section() -> str:
+    """The supported-architectures table, generated from ``architectures.ARCHITECTURES``."""
+    from .architectures import supported_architectures
+
+    df = supported_architectures()[["name", "model_types", "examples", "attention", "modality",
+                                    "token_diagonal", "notes"]]
+    header = "| " + " | ".join(df.columns) + " |\n|" + "---|" * len(df.columns) + "\n"
+    rows = "".join("| " + " | ".join(str(v).replace("|", "/") for v in row) + " |\n"
+                   for row in df.itertuples(index=False))
+    return header + rows
 
 
 def status_section(executed: Path, notebooks: set[str] | None = None) -> str:
