@@ -1,0 +1,274 @@
+"""measure(): tidy tables, values against direct computation, resuming, atomic writes."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from coupling_utils.architectures import tiny_model
+from coupling_utils.jacobians import context_jacobians, token_jacobians
+from coupling_utils.measure import TABLES, Measurement, _COLUMNS, coupling_summary, measure
+from coupling_utils.metric import coupling_matrix, coupling_tile
+
+T = 5
+KS = (3, 8)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model("llama")  # d = 32, 2 blocks, grouped-query attention
+
+
+@pytest.fixture(scope="module")
+def prompts(model):
+    g = torch.Generator().manual_seed(7)
+    return {"a": torch.randint(0, model.config.vocab_size, (1, T), generator=g),
+            "b": torch.randint(0, model.config.vocab_size, (1, T - 1), generator=g)}
+
+
+@pytest.fixture(scope="module")
+def full(model, prompts, tmp_path_factory):
+    out = tmp_path_factory.mktemp("full")
+    return measure(model, prompts, tokens="all", k=KS, context="last", tiles=3, out=out)
+
+
+@pytest.fixture(scope="module")
+def jacobians(model, prompts):
+    return {pid: torch.stack([token_jacobians(model, ids, l) for l in range(2)]) for pid, ids in prompts.items()}
+
+
+def test_tables_have_the_documented_schema(full):
+    for name in TABLES:
+        df = getattr(full, name)
+        assert list(df.columns) == _COLUMNS[name], name
+        assert len(df) > 0, name
+    n_a, n_b = T, T - 1
+    assert len(full.depthwise) == len(KS) * 4 * (n_a + n_b)  # 2 layers -> 4 pairs per token and K
+    assert len(full.tokenwise) == len(KS) * 2 * (n_a ** 2 + n_b ** 2)
+    assert len(full.singular_values) == max(KS) * 2 * (n_a + n_b)
+    assert len(full.tiles) == 9 * 4 * (n_a + n_b)
+    assert set(full.prompts["prompt"]) == {"a", "b"}
+    assert full.prompts.set_index("prompt").loc["a", "n_tokens"] == n_a
+    np.testing.assert_allclose(full.depthwise["coupling"], 1 - full.depthwise["m"] ** 2)
+    assert full.depthwise["layer_i"].dtype == np.int64 and full.depthwise["m"].dtype == np.float64
+
+
+def test_depthwise_and_tokenwise_match_coupling_matrix(full, jacobians):
+    for pid, J in jacobians.items():  # J [L, T, d, d]
+        for t in range(J.shape[1]):
+            for k in KS:
+                M = coupling_matrix(J[:, t], k)
+                got = full.depthwise.query("prompt == @pid and token == @t and K == @k")
+                got = got.pivot(index="layer_i", columns="layer_j", values="m").to_numpy()
+                np.testing.assert_allclose(got, M.numpy(), atol=2e-5)
+        for layer in range(2):
+            M = coupling_matrix(J[layer], 8)
+            got = full.tokenwise.query("prompt == @pid and layer == @layer and K == 8")
+            got = got.pivot(index="token_i", columns="token_j", values="m").to_numpy()
+            np.testing.assert_allclose(got, M.numpy(), atol=2e-5)
+
+
+def test_singular_values_and_tiles_match_direct_computation(full, jacobians):
+    J = jacobians["a"]
+    S = torch.linalg.svdvals(J[1, 2])[:8].double().numpy()
+    got = full.singular_values.query("prompt == 'a' and token == 2 and layer == 1").sort_values("rank")
+    np.testing.assert_allclose(got["value"], S, rtol=1e-5)
+    tile = coupling_tile(J[0, 4], J[1, 4], 3).numpy()  # |U_{1}ᵀ J_0 V_{1}|
+    got = full.tiles.query("prompt == 'a' and token == 4 and layer_i == 0 and layer_j == 1")
+    got = got.pivot(index="row", columns="col", values="value").to_numpy()
+    np.testing.assert_allclose(got, tile, atol=2e-5 * S[0])
+
+
+def test_context_coupling_matches_context_jacobians(model, prompts, full):
+    Jc = torch.stack([context_jacobians(model, prompts["a"], l, T - 1) for l in range(2)])  # [L, T, d, d]
+    ctx = full.context.query("prompt == 'a' and K == 3")
+    assert set(ctx["output_token"]) == {T - 1}
+    M = coupling_matrix(Jc[1], 3)  # across input tokens, layer 1 (causal: all t1 <= t2 are nonzero)
+    got = ctx.query("layer_i == 1 and layer_j == 1").pivot(index="token_i", columns="token_j", values="m")
+    np.testing.assert_allclose(got.to_numpy(), M.numpy(), atol=2e-5)
+    M = coupling_matrix(Jc[:, 2], 3)  # across layers, input token 2
+    got = ctx.query("token_i == 2 and token_j == 2 and layer_i != layer_j")
+    assert sorted(zip(got["layer_i"], got["layer_j"])) == [(0, 1), (1, 0)]
+    for _, row in got.iterrows():
+        assert abs(row["m"] - M[row["layer_i"], row["layer_j"]].item()) < 2e-5
+
+
+def test_files_and_provenance(full):
+    out = full.out
+    for name in TABLES:
+        pd.testing.assert_frame_equal(pd.read_parquet(out / f"{name}.parquet"), getattr(full, name))
+    prov = json.loads((out / "provenance.json").read_text())
+    assert prov["settings"]["k"] == list(KS) and prov["settings"]["method"] == "exact"
+    assert {"coupling_utils", "torch", "transformers"} <= set(prov["versions"])
+    assert prov["model"]["n_layers"] == 2 and prov["finished_utc"]
+    assert [p["prompt"] for p in prov["prompts"]] == ["a", "b"]
+    assert not (out / "_work").exists() or not any((out / "_work").iterdir())  # work removed
+    assert not list(out.rglob("*.tmp"))  # atomic writes leave no temporaries
+    again = Measurement.load(out)
+    pd.testing.assert_frame_equal(again.depthwise, full.depthwise)
+
+
+def test_interrupted_run_resumes_and_only_computes_the_rest(model, prompts, full, tmp_path):
+    class Stop(Exception):
+        pass
+
+    seen = []
+
+    def stop_at_second_prompt(info):
+        seen.append((info["prompt"], info["layer"], info["computed"]))
+        if info["prompt"] == "b" and info["layer"] == 0:
+            raise Stop
+
+    with pytest.raises(Stop):
+        measure(model, prompts, tokens="all", k=KS, context="last", tiles=3, out=tmp_path,
+                callback=stop_at_second_prompt)
+    assert seen == [("a", 0, True), ("a", 1, True), ("b", 0, True)]
+    assert (tmp_path / "prompts" / "a" / "done.json").exists()
+    layer_dir = tmp_path / "_work" / "b" / "layer_0000"
+    assert (layer_dir / "done.json").exists() and (layer_dir / "J.npy").exists()
+    assert not (tmp_path / "provenance.json").exists()
+    assert not list(tmp_path.rglob("*.tmp"))
+
+    seen.clear()
+    res = measure(model, prompts, tokens="all", k=KS, context="last", tiles=3, out=tmp_path,
+                  callback=lambda info: seen.append((info["prompt"], info["layer"], info["computed"])))
+    assert seen == [("b", 0, False), ("b", 1, True)]  # prompt a loaded whole; b's layer 0 loaded
+    for name in ("depthwise", "tokenwise", "context", "singular_values", "tiles", "prompts"):
+        pd.testing.assert_frame_equal(getattr(res, name), getattr(full, name), check_exact=False, atol=1e-6)
+
+    # a third call finds everything stored and computes nothing
+    seen.clear()
+    measure(model, prompts, tokens="all", k=KS, context="last", tiles=3, out=tmp_path,
+            callback=lambda info: seen.append(info["computed"]))
+    assert seen == []
+
+
+def test_other_settings_in_the_same_out_are_refused(model, prompts, tmp_path):
+    measure(model, {"a": prompts["a"]}, layers=[1], tokens="last", k=3, out=tmp_path)
+    with pytest.raises(ValueError, match="other settings.*k"):
+        measure(model, {"a": prompts["a"]}, layers=[1], tokens="last", k=4, out=tmp_path)
+    res = measure(model, {"a": prompts["a"]}, layers=[1], tokens="last", k=4, out=tmp_path, resume=False)
+    assert set(res.singular_values["rank"]) == {1, 2, 3, 4}
+    with pytest.raises(ValueError, match="other inputs"):
+        measure(model, {"a": prompts["b"]}, layers=[1], tokens="last", k=4, out=tmp_path)
+
+
+def test_matrix_free_with_full_rank_probe_equals_exact(model, prompts, full):
+    seen = []
+    res = measure(model, {"a": prompts["a"]}, tokens=[1, -1], k=KS, method="matrix_free",
+                  oversample=32, n_iter=0, callback=lambda i: seen.append((i["stage"], i["layer"])))
+    # l = d: the range finder sees everything, so the result is exact up to rounding
+    ref = full.depthwise.query("prompt == 'a' and token in [1, 4]").reset_index(drop=True)
+    np.testing.assert_allclose(res.depthwise["m"], ref["m"], atol=1e-4)
+    ref = full.tokenwise.query("prompt == 'a' and token_i in [1, 4] and token_j in [1, 4]")
+    np.testing.assert_allclose(res.tokenwise["m"], ref["m"], atol=1e-4)
+    assert seen == [("layer", 0), ("layer", 1), ("cross", 0), ("cross", 1)]
+    # per layer: 2·l for the spectra, n·kmax token-wise products, (L − 1)·kmax cross products
+    assert res.out is None and set(res.timings["block_passes"]) == {2 * 32 + 2 * 8 + 1 * 8}
+    assert res.provenance["total_block_passes"] == 2 * (2 * 32 + 2 * 8 + 1 * 8)
+
+
+def test_matrix_free_vju_orientation_matches_coupling_matrix(model, prompts, jacobians):
+    res = measure(model, {"a": prompts["a"]}, tokens=[0, -1], k=3, method="matrix_free",
+                  oversample=29, n_iter=0, orientation="vju")
+    J = jacobians["a"]
+    M = coupling_matrix(J[:, 4], 3, orientation="vju")
+    got = res.depthwise.query("token == 4").pivot(index="layer_i", columns="layer_j", values="m")
+    np.testing.assert_allclose(got.to_numpy(), M.numpy(), atol=1e-4)
+    M = coupling_matrix(J[1][[0, 4]], 3, orientation="vju")
+    got = res.tokenwise.query("layer == 1").pivot(index="token_i", columns="token_j", values="m")
+    np.testing.assert_allclose(got.to_numpy(), M.numpy(), atol=1e-4)
+
+
+def test_matrix_free_tiles_use_the_true_jacobian(model, prompts, full):
+    """With a truncated sketch the error comes only from the top-K vectors, not from J itself."""
+    res = measure(model, {"a": prompts["a"]}, k=3, method="matrix_free", oversample=10, n_iter=3)
+    ref = full.depthwise.query("prompt == 'a' and token == 4 and K == 3").reset_index(drop=True)
+    assert np.abs(res.depthwise["coupling"] - ref["coupling"]).max() < 0.02
+    assert set(res.timings["block_passes"]) == {(2 * 3 + 2) * 13 + 3}
+
+
+def test_randomized_method_is_close_to_exact_and_last_token_is_default(model, prompts, full):
+    res = measure(model, {"a": prompts["a"]}, k=3, method="randomized", n_iter=4, oversample=29)
+    assert set(res.depthwise["token"]) == {T - 1} and res.tokenwise.empty
+    ref = full.depthwise.query("prompt == 'a' and token == 4 and K == 3").reset_index(drop=True)
+    np.testing.assert_allclose(res.depthwise["m"], ref["m"], atol=1e-4)
+
+
+@dataclass
+class _Loaded:  # the fields of loading.LoadedModel that measure() reads
+    model: object
+    tokenizer: object
+    name: str = "tiny-llama"
+    revision: str | None = None
+    dtype: str = "float32"
+    arch: str = "llama"
+    n_layers: int = 2
+    d_model: int = 32
+    provenance: dict | None = None
+
+
+class _CharTokenizer:
+    def __call__(self, text, return_tensors="pt"):
+        return {"input_ids": torch.tensor([[ord(c) % 64 for c in text]])}
+
+    def decode(self, ids):
+        return "".join(chr(97 + i % 26) for i in ids)
+
+
+def test_string_prompts_are_tokenised_with_the_models_tokenizer(model):
+    res = measure(_Loaded(model, _CharTokenizer()), ["hello", "abc"], k=2, layers=[0, -1])
+    assert list(res.prompts["prompt"]) == ["0", "1"] and list(res.prompts["text"]) == ["hello", "abc"]
+    assert list(res.prompts["n_tokens"]) == [5, 3]
+    assert list(res.prompts["input_ids"].iloc[1]) == [ord(c) % 64 for c in "abc"]
+    assert res.provenance["model"]["name"] == "tiny-llama"
+    with pytest.raises(ValueError, match="need a tokenizer"):
+        measure(model, ["hello"], k=2)
+
+
+def test_bad_arguments_raise_clear_errors(model, prompts):
+    ids = prompts["a"]
+    with pytest.raises(ValueError, match="exceeds the matrix size"):
+        measure(model, [ids], k=33)
+    with pytest.raises(ValueError, match="layer 5 does not exist"):
+        measure(model, [ids], layers=[5], k=2)
+    with pytest.raises(ValueError, match="outside a 5-token prompt"):
+        measure(model, [ids], tokens=[9], k=2)
+    with pytest.raises(ValueError, match="method must be one of"):
+        measure(model, [ids], method="fast", k=2)
+    with pytest.raises(ValueError, match="tiles=5 exceeds max"):
+        measure(model, [ids], k=2, tiles=5)
+    with pytest.raises(ValueError, match="prompts is empty"):
+        measure(model, [], k=2)
+
+
+def test_coupling_summary_offdiag_and_adjacent():
+    rows = []
+    for prompt, scale in (("p", 1.0), ("q", 0.5)):
+        for i in range(3):
+            for j in range(3):
+                c = 1.0 if i == j else scale * (0.9 if abs(i - j) == 1 else 0.3)
+                rows.append({"prompt": prompt, "token": 0, "K": 10, "layer_i": i, "layer_j": j,
+                             "m": np.sqrt(1 - c), "coupling": c})
+                rows.append({"prompt": prompt, "token": 0, "K": 50, "layer_i": i, "layer_j": j,
+                             "m": 0.0, "coupling": 0.0 if i != j else 1.0})
+    df = pd.DataFrame(rows)
+    # off-diagonal at K=10: 4 adjacent pairs at 0.9·s and 2 far ones at 0.3·s -> 0.7·s per prompt
+    assert coupling_summary(df, "offdiag", k=10) == pytest.approx((0.7 + 0.35) / 2)
+    assert coupling_summary(df, "adjacent", k=10) == pytest.approx((0.9 + 0.45) / 2)
+    assert coupling_summary(df) == pytest.approx(0.0)  # default K: the largest (50)
+    per = coupling_summary(df, "offdiag", k=10, per_prompt=True)
+    assert per.to_dict() == pytest.approx({"p": 0.7, "q": 0.35})
+    with pytest.raises(ValueError, match="K=30 is not in the table"):
+        coupling_summary(df, k=30)
+    with pytest.raises(ValueError, match="how must be one of"):
+        coupling_summary(df, how="diag")
+
+
+def test_measurement_summary_uses_the_depthwise_table(full):
+    assert full.summary("offdiag", k=3) == pytest.approx(
+        full.depthwise.query("K == 3 and layer_i != layer_j").groupby("prompt")["coupling"].mean().mean())

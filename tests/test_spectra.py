@@ -1,0 +1,164 @@
+"""Top-K spectra: exact, randomized (Halko et al.), and matrix-free through model blocks."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from coupling_utils.architectures import tiny_model
+from coupling_utils.jacobians import token_jacobians
+from coupling_utils.metric import SVD, coupling
+from coupling_utils.spectra import (TokenOperator, block_passes, lapack_threads, matrix_free_topk,
+                                    operator_topk, randomized_svd, topk_svd)
+
+
+def _with_spectrum(s: torch.Tensor, batch=(), seed=0) -> torch.Tensor:
+    """Random matrices [*batch, d, d] (float64) with singular values ``s``."""
+    g = torch.Generator().manual_seed(seed)
+    d = s.shape[-1]
+    U = torch.linalg.qr(torch.randn(*batch, d, d, generator=g, dtype=torch.float64)).Q
+    V = torch.linalg.qr(torch.randn(*batch, d, d, generator=g, dtype=torch.float64)).Q
+    return (U * s) @ V.transpose(-1, -2)
+
+
+def _gapped(d=80, k=6, batch=(3,)):
+    s = torch.cat([torch.linspace(10, 4, k), 0.05 * torch.rand(d - k)]).double()
+    return _with_spectrum(s, batch)
+
+
+def _same_up_to_sign(A: torch.Tensor, B: torch.Tensor, atol: float):
+    """Columns of A and B agree up to one sign per column."""
+    signs = torch.sign((A * B).sum(-2, keepdim=True))
+    torch.testing.assert_close(A * signs, B, atol=atol, rtol=0)
+
+
+def test_exact_matches_torch_svd_batched():
+    J = torch.randn(2, 3, 20, 20, dtype=torch.float64)
+    s = topk_svd(J, 5)
+    U, S, Vh = torch.linalg.svd(J)
+    assert s.U.shape == (2, 3, 20, 5) and s.S.shape == (2, 3, 5) and s.Vh.shape == (2, 3, 5, 20)
+    torch.testing.assert_close(s.S, S[..., :5])
+    _same_up_to_sign(s.U, U[..., :5], 1e-10)
+    _same_up_to_sign(s.Vh.transpose(-1, -2), Vh[..., :5, :].transpose(-1, -2), 1e-10)
+
+
+def test_half_precision_is_promoted_to_fp32():
+    J = torch.randn(16, 16).half()
+    assert topk_svd(J, 3).S.dtype == torch.float32
+    assert topk_svd(J, 3, "randomized").S.dtype == torch.float32
+
+
+def test_randomized_is_accurate_with_a_spectral_gap():
+    J = _gapped()
+    ex = topk_svd(J, 6)
+    r = topk_svd(J, 6, "randomized", oversample=10, n_iter=2, seed=1)
+    assert (r.S - ex.S).abs().max() / ex.S.max() < 1e-6
+    _same_up_to_sign(r.U, ex.U, 1e-4)
+    _same_up_to_sign(r.Vh.transpose(-1, -2), ex.Vh.transpose(-1, -2), 1e-4)
+    # and the coupling metric computed from either agrees
+    assert abs(coupling(J[0], r._replace(U=r.U[0], S=r.S[0], Vh=r.Vh[0]), 6) - coupling(J[0], J[0], 6)) < 1e-4
+
+
+def test_power_iterations_reduce_the_error_without_a_gap():
+    s = 1.0 / torch.arange(1, 101).double() ** 0.5  # slow decay: hard for a range finder
+    J = _with_spectrum(s, (4,), seed=3)
+    ex = topk_svd(J, 10)
+    errs = [((topk_svd(J, 10, "randomized", oversample=5, n_iter=q).S - ex.S).abs().max() / ex.S[..., 0].max()).item()
+            for q in (0, 2, 6)]
+    assert errs[0] > errs[1] > errs[2]
+    assert errs[0] > 1e-2  # the test matrix really is hard without power iterations
+
+
+def test_randomized_is_deterministic_per_seed():
+    J = torch.randn(30, 30)
+    a = topk_svd(J, 4, "randomized", seed=5)
+    b = topk_svd(J, 4, "randomized", seed=5)
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+def test_randomized_counts_products():
+    J = torch.randn(2, 40, 40)
+    calls = {"cols": 0}
+
+    def apply(V):
+        calls["cols"] += V.shape[-1]
+        return J @ V
+
+    def apply_t(U):
+        calls["cols"] += U.shape[-1]
+        return J.transpose(-1, -2) @ U
+
+    s, products = randomized_svd(apply, apply_t, tuple(J.shape), 5, oversample=7, n_iter=3)
+    assert products == calls["cols"] == (2 * 3 + 2) * 12 == block_passes(5, oversample=7, n_iter=3)
+    assert s.S.shape == (2, 5)
+    s_all, _ = randomized_svd(apply, apply_t, tuple(J.shape), 5, oversample=7, n_iter=3, keep="all")
+    assert s_all.S.shape == (2, 12)
+    assert block_passes(30, oversample=20, n_iter=1, d=40) == 4 * 40
+
+
+def test_bad_arguments_raise_clear_errors():
+    J = torch.randn(8, 8)
+    with pytest.raises(ValueError, match="exceeds the matrix size"):
+        topk_svd(J, 9)
+    with pytest.raises(ValueError, match="method must be one of"):
+        topk_svd(J, 2, "lanczos")
+    with pytest.raises(ValueError, match="NaN"):
+        topk_svd(torch.full((4, 4), float("nan")), 2)
+    with pytest.raises(ValueError, match="oversample"):
+        topk_svd(J, 2, "randomized", oversample=-1)
+    with pytest.raises(ValueError, match="n_iter"):
+        topk_svd(J, 2, "randomized", n_iter=1.5)
+
+
+def test_lapack_threads_restores_the_thread_count():
+    before = torch.get_num_threads()
+    with lapack_threads(1):
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == before
+
+
+def _toy_token_diagonal(T=5, d=12):
+    g = torch.Generator().manual_seed(0)
+    W1, W2 = torch.randn(d, d, generator=g) / d ** 0.5, torch.randn(d, d, generator=g) / d ** 0.5
+    f = lambda X: torch.tanh(X @ W1) @ W2  # acts on each row alone: J is block-diagonal  # noqa: E731
+    X = torch.randn(T, d, generator=g)
+    full = torch.func.jacrev(f)(X)  # [T, d, T, d]
+    J_tdd = torch.stack([full[t, :, t, :] for t in range(T)])
+    return f, X, J_tdd
+
+
+def test_token_operator_products_equal_explicit_jacobians():
+    f, X, J = _toy_token_diagonal()
+    op = TokenOperator(f, X, chunk_size=3)
+    V = torch.randn(5, 12, 7)
+    torch.testing.assert_close(op.matmul(V), J @ V, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(op.rmatmul(V), J.transpose(-1, -2) @ V, atol=1e-5, rtol=1e-5)
+    assert op.passes == 14
+
+
+def test_operator_topk_with_full_rank_probe_is_exact():
+    f, X, J = _toy_token_diagonal()
+    res = operator_topk(TokenOperator(f, X), 4, oversample=20, n_iter=1)  # l = min(24, d) = d
+    ex = topk_svd(J, 4)
+    assert res.rank == 12 and res.block_passes == 4 * 12
+    torch.testing.assert_close(res.svd.S, ex.S, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt_neox"])
+def test_matrix_free_matches_exact_on_a_tiny_model(arch):
+    model = tiny_model(arch)
+    ids = torch.randint(0, model.config.vocab_size, (1, 6), generator=torch.Generator().manual_seed(1))
+    J = token_jacobians(model, ids, 1)  # [T, d, d], d = 32
+    ex = topk_svd(J, 5)
+    # l = d: the range finder sees the whole space, so the result is exact up to rounding
+    full = matrix_free_topk(model, ids, 1, 5, oversample=27, n_iter=0)
+    assert full.block_passes == 2 * 32
+    torch.testing.assert_close(full.svd.S, ex.S, atol=1e-4 * ex.S.max().item(), rtol=1e-4)
+    # l < d: a truncated sketch with power iterations; the top-5 subspace is close, and the
+    # coupling of J with the matrix-free triplets is near that of J with itself (0)
+    part = matrix_free_topk(model, ids, 1, 5, oversample=10, n_iter=3, keep="all")
+    assert part.svd.S.shape == (6, 15) and part.block_passes == 8 * 15
+    top = SVD(part.svd.U[..., :5], part.svd.S[..., :5], part.svd.Vh[..., :5, :])
+    assert ((top.S - ex.S).abs() / ex.S[..., :1]).max() < 0.05
+    for t in range(6):
+        m = coupling(J[t], SVD(top.U[t], top.S[t], top.Vh[t]), 5)
+        assert m < 0.1, (t, m)
