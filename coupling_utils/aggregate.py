@@ -1,10 +1,8 @@
-"""From coupling matrices and tiles to tidy tables, per-model scalars and fits.
+"""From coupling matrices and tiles to tidy tables.
 
 The chart builders in :mod:`coupling_utils.plots` take tidy long DataFrames; this module makes
-them (:func:`matrix_frame`, :func:`tile_frame`), condenses a coupling matrix into one number
-per model (:func:`coupling_scalar`; the paper's aggregation is not published, so the
-candidates are parameters), and fits the ordinary least-squares lines of the paper's
-correlation plots (:func:`ols_fit`).
+them (:func:`matrix_frame`, :func:`tile_frame`). The per-model scalar is
+:func:`coupling_utils.measure.coupling_summary`; fits are :func:`coupling_utils.stats.ols`.
 """
 from __future__ import annotations
 
@@ -16,10 +14,8 @@ import torch
 
 from .metric import check_k, coupling_tile, svd
 
-__all__ = ["matrix_frame", "tile_frame", "coupling_tiles", "coupling_scalar", "strength",
-           "ols_fit", "SCALAR_METHODS"]
+__all__ = ["matrix_frame", "tile_frame", "coupling_tiles", "strength"]
 
-SCALAR_METHODS = ("offdiag", "adjacent")
 
 
 def _as_matrix(M, name: str = "M") -> np.ndarray:
@@ -93,56 +89,3 @@ def tile_frame(tiles, layers: Sequence | None = None) -> pd.DataFrame:
     ii, jj, rr, cc = np.meshgrid(np.arange(n), np.arange(n), np.arange(k), np.arange(k), indexing="ij")
     return pd.DataFrame({"layer_i": layers[ii.reshape(-1)], "layer_j": layers[jj.reshape(-1)],
                          "row": rr.reshape(-1), "col": cc.reshape(-1), "value": tiles.reshape(-1)})
-
-
-def coupling_scalar(M, how: str = "offdiag", *, as_strength: bool = True) -> float:
-    """One number for a coupling matrix ``M[i, j] = m_K(J_i, J_j)`` (e.g. depth-wise).
-
-    The paper's per-model aggregation is not published; the candidates (a parameter):
-    ``"offdiag"`` averages over all pairs i ≠ j, ``"adjacent"`` over neighbours |i − j| = 1.
-    With ``as_strength`` (default) it averages ``1 − m²`` (higher = more coupled), the
-    quantity the authors plot; otherwise ``m`` itself.
-    """
-    M = _as_matrix(M)
-    if how not in SCALAR_METHODS:
-        raise ValueError(f"how must be one of {SCALAR_METHODS}, got {how!r}")
-    if M.shape[0] != M.shape[1] or M.shape[0] < 2:
-        raise ValueError(f"M must be a square matrix of at least 2×2, got shape {M.shape}")
-    if not np.isfinite(M).all():
-        raise ValueError("M contains NaN or inf; recompute the coupling matrix")
-    i, j = np.indices(M.shape)
-    mask = (i != j) if how == "offdiag" else (np.abs(i - j) == 1)
-    values = M[mask]
-    return float(np.mean(strength(values) if as_strength else values))
-
-
-def ols_fit(x, y) -> dict:
-    """Ordinary least squares ``y ≈ intercept + slope·x``: slope, intercept, r2, p_value, n.
-
-    ``p_value`` is the two-sided t-test of zero slope (n − 2 degrees of freedom), as
-    ``scipy.stats.linregress`` reports it.
-    """
-    from scipy.special import stdtr  # Student t CDF (lighter to import than scipy.stats)
-
-    x = np.asarray(x, dtype=float)
-    y = np.asarray(y, dtype=float)
-    if x.shape != y.shape or x.ndim != 1:
-        raise ValueError(f"x and y must be 1-D of equal length, got {x.shape} and {y.shape}")
-    keep = np.isfinite(x) & np.isfinite(y)
-    x, y = x[keep], y[keep]
-    n = len(x)
-    if n < 3:
-        raise ValueError(f"an OLS fit needs at least 3 finite points, got {n}")
-    if np.ptp(x) == 0:
-        raise ValueError("x is constant; the OLS slope is undefined")
-    xc, yc = x - x.mean(), y - y.mean()
-    sxx, syy, sxy = float(xc @ xc), float(yc @ yc), float(xc @ yc)
-    slope = sxy / sxx
-    r2 = 1.0 if syy == 0 else min(1.0, sxy * sxy / (sxx * syy))
-    if r2 >= 1.0:
-        p_value = 0.0
-    else:
-        t = np.sqrt(r2 * (n - 2) / (1 - r2))
-        p_value = float(2 * stdtr(n - 2, -t))
-    return {"slope": float(slope), "intercept": float(y.mean() - slope * x.mean()),
-            "r2": float(r2), "p_value": p_value, "n": int(n)}

@@ -18,7 +18,6 @@ import altair as alt
 import numpy as np
 import pandas as pd
 
-from .aggregate import ols_fit
 
 __all__ = [
     "OKABE_ITO", "tile_grid", "coupling_heatmap", "training_curve", "scatter_fit",
@@ -262,7 +261,7 @@ def scatter_fit(df: pd.DataFrame, x: str, y: str, label: str | None = None, *,
                 x_title: str | None = None, y_title: str | None = None):
     """Points, their OLS line, and text labels: the paper's correlation plots (Fig. 1a).
 
-    The fit (``aggregate.ols_fit``) is stated in the subtitle: slope, R², p, n.
+    The fit (``stats.ols``) is stated in the subtitle: slope, R², p, n.
     """
     _need(df, x, y, label, color)
     data = df[[c for c in dict.fromkeys((x, y, label, color)) if c]].dropna(subset=[x, y])
@@ -276,14 +275,16 @@ def scatter_fit(df: pd.DataFrame, x: str, y: str, label: str | None = None, *,
     layers = [alt.Chart(data).mark_circle(size=55, opacity=0.85).encode(**enc)]
     subtitle = None
     if fit:
-        f = ols_fit(data[x], data[y])
+        from .stats import ols
+
+        f = ols(data, y, x).iloc[0]
         lo, hi = float(data[x].min()), float(data[x].max())
         line = pd.DataFrame({x: [lo, hi], y: [f["intercept"] + f["slope"] * lo,
                                                f["intercept"] + f["slope"] * hi]})
         layers.insert(0, alt.Chart(line).mark_line(color="#555555", strokeDash=[5, 3])
                       .encode(x=xs, y=ys))
-        subtitle = (f"OLS: slope {f['slope']:.3g}, R² = {f['r2']:.3f}, p = {f['p_value']:.2g}, "
-                    f"n = {f['n']}")
+        subtitle = (f"OLS: slope {f['slope']:.3g}, R² = {f['r2']:.3f}, p = {f['p']:.2g}, "
+                    f"n = {int(f['n'])}")
     if label:
         layers.append(alt.Chart(data).mark_text(align="left", dx=5, dy=-4, fontSize=9,
                                                 color="#333333")

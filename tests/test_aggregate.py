@@ -1,4 +1,4 @@
-"""Tidy tables, per-model coupling scalars and OLS fits."""
+"""Tidy tables from coupling matrices and tiles."""
 from __future__ import annotations
 
 import numpy as np
@@ -39,41 +39,9 @@ def test_coupling_tiles_match_the_metric_and_frame():
         A.coupling_tiles(Js, 9)
 
 
-def test_coupling_scalar_candidates():
-    M = np.array([[0.0, 0.2, 0.9], [0.4, 0.0, 0.6], [1.0, 0.8, 0.0]])
-    off = [0.2, 0.9, 0.4, 0.6, 1.0, 0.8]
-    adj = [0.2, 0.4, 0.6, 0.8]
-    assert A.coupling_scalar(M) == pytest.approx(np.mean(1 - np.square(off)))
-    assert A.coupling_scalar(M, "adjacent") == pytest.approx(np.mean(1 - np.square(adj)))
-    assert A.coupling_scalar(M, as_strength=False) == pytest.approx(np.mean(off))
-    with pytest.raises(ValueError, match="how must be"):
-        A.coupling_scalar(M, "diag")
-    with pytest.raises(ValueError, match="square"):
-        A.coupling_scalar(M[:2])
-    assert A.strength(0.5) == pytest.approx(0.75)
-    # consistent with the metric: a matrix with itself is perfectly coupled
+def test_strength():
     J = torch.randn(6, 6, dtype=torch.float64)
+    assert A.strength(0.5) == pytest.approx(0.75)
     assert A.strength(coupling(J, J, 3)) == pytest.approx(1.0)
 
 
-def test_ols_fit():
-    x = np.array([1.0, 2.0, 3.0, 4.0, np.nan])
-    fit = A.ols_fit(x, 3 * x - 1)
-    assert fit["slope"] == pytest.approx(3) and fit["intercept"] == pytest.approx(-1)
-    assert fit["r2"] == pytest.approx(1) and fit["n"] == 4
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=50)
-    y = x + rng.normal(size=50)
-    fit = A.ols_fit(x, y)
-    assert fit["r2"] == pytest.approx(np.corrcoef(x, y)[0, 1] ** 2)
-    assert fit["p_value"] < 1e-3
-    # the p-value agrees with scipy.stats.linregress (value computed with scipy 1.x)
-    rng = np.random.default_rng(1)
-    x = rng.normal(size=20)
-    fit = A.ols_fit(x, 0.3 * x + rng.normal(size=20))
-    assert fit["p_value"] == pytest.approx(0.39980987141145213, rel=1e-9)
-    assert fit["slope"] == pytest.approx(-0.3913492361896578, rel=1e-12)
-    with pytest.raises(ValueError, match="at least 3"):
-        A.ols_fit([1.0, 2.0], [1.0, 2.0])
-    with pytest.raises(ValueError, match="constant"):
-        A.ols_fit([1.0, 1.0, 1.0], [1.0, 2.0, 3.0])

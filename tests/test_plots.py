@@ -15,6 +15,7 @@ from coupling_utils import aggregate as A  # noqa: E402
 from coupling_utils import plots as P  # noqa: E402
 from coupling_utils import trajectories as T  # noqa: E402
 from coupling_utils.metric import coupling_matrix  # noqa: E402
+from coupling_utils.stats import ols  # noqa: E402
 
 
 def render(chart) -> str:
@@ -130,7 +131,7 @@ def test_scatter_fit_reports_ols():
     svg = render(chart)
     assert ">f<" in svg or "f</text>" in svg  # point labels are drawn
     noisy = df.assign(score=[1.0, 0.0, 3.0, 2.0, 5.0, 4.0])
-    r2 = A.ols_fit(noisy["coupling"], noisy["score"])["r2"]
+    r2 = ols(noisy, "score", "coupling").loc[0, "r2"]
     assert f"R² = {r2:.3f}" in spec_text(P.scatter_fit(noisy, "coupling", "score"))
 
 
