@@ -91,12 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="do not turn Sphinx warnings into errors")
     p.set_defaults(func=_cmd_build)
 
-    try:
-        from .cli_zoo import add_zoo_commands
-    except ImportError:  # the zoo commands need the training extras
-        pass
-    else:
-        add_zoo_commands(sub)
+    from .cli_zoo import add_zoo_commands
+
+    add_zoo_commands(sub)
     return parser
 
 

