@@ -10,6 +10,8 @@ PROFILE ?= default
 BIN := $(VENV)/bin
 PY := $(BIN)/python
 STAMP := $(VENV)/.installed
+# Idle OpenMP threads sleep instead of spinning: much faster on a small or shared CPU.
+export OMP_WAIT_POLICY ?= PASSIVE
 
 .PHONY: help venv book run build test unit browser bench clean
 help:

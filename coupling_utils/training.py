@@ -51,7 +51,10 @@ class LMSpec:
     checkpoints: str = "pythia"  # "pythia": Pythia's schedule; "final": only the end
     n_linear: int = 8  # evenly spaced checkpoints after step 512
     eval_windows: int = 64  # fixed validation (and train) windows of seq_len tokens
-    threads: int = 2
+    # torch threads while training. One: at these sizes a second thread gave no measurable speed-up
+    # on a 2-core CPU (0.51 s/step with two vs 0.55 CPU-s/step with one) yet doubled the CPU time,
+    # and on a busy machine two threads spin-wait and run several times slower.
+    threads: int = 1
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

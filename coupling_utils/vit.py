@@ -109,7 +109,10 @@ class VitSpec:
     seed: int = 0
     checkpoints: str = "pythia"  # "pythia" | "final"
     n_linear: int = 6
-    threads: int = 2
+    # torch threads while training. One: at these sizes a second thread gave no measurable speed-up
+    # on a 2-core CPU (0.51 s/step with two vs 0.55 CPU-s/step with one) yet doubled the CPU time,
+    # and on a busy machine two threads spin-wait and run several times slower.
+    threads: int = 1
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
