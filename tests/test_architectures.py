@@ -17,14 +17,6 @@ from coupling_utils.attention import TOKEN_DIAGONAL, plain_attention, token_diag
 from coupling_utils.blocks import block_function, residual_stream
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: one thread is much faster than two on a shared, loaded CPU."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 
 def inputs_for(row, T=10):
     if row.modality == "vision":

@@ -10,13 +10,6 @@ from coupling_utils.blocks import block_function
 from coupling_utils.jacobians import check_finite, context_jacobians, reference_jacobians, token_jacobians
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 
 CASES = [(a.model_types[0], None) for a in ARCHITECTURES] + [
     (a.model_types[0], v) for a in ARCHITECTURES for v in a.tiny_variants

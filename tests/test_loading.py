@@ -12,13 +12,6 @@ from coupling_utils.architectures import UnsupportedArchitectureError, tiny_mode
 from coupling_utils.loading import LoadedModel, ModelNotFoundError, load_model
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 
 def q_weight(m):
     return m.model.layers[0].self_attn.q_proj.weight
