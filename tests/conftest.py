@@ -20,3 +20,12 @@ torch.set_num_threads(1)
 def _seed():
     torch.manual_seed(0)
     yield
+
+
+@pytest.fixture(scope="module")
+def zoo_cache(tmp_path_factory):
+    """A private model cache shared by the zoo and training tests (the tokenizer is built once)."""
+    path = tmp_path_factory.getbasetemp() / "coupling-cache"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("COUPLING_CACHE", str(path))
+        yield path

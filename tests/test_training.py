@@ -10,14 +10,6 @@ import torch
 from coupling_utils import corpus, training, vit
 
 
-@pytest.fixture(scope="module")
-def zoo_cache(tmp_path_factory):
-    """One private cache for the whole session (shared with test_zoo.py: the tokenizer is built once)."""
-    path = tmp_path_factory.getbasetemp() / "coupling-cache"
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("COUPLING_CACHE", str(path))
-        yield path
-
 
 def test_pythia_schedule():
     assert training.pythia_schedule(16) == [0, 1, 2, 4, 8, 16]

@@ -11,14 +11,6 @@ import torch
 from coupling_utils import zoo
 
 
-@pytest.fixture(scope="module")
-def zoo_cache(tmp_path_factory):
-    """One private cache for the whole session (shared with test_training.py)."""
-    path = tmp_path_factory.getbasetemp() / "coupling-cache"
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("COUPLING_CACHE", str(path))
-        yield path
-
 
 def test_registry_is_one_complete_table():
     for name, e in zoo.REGISTRY.items():
