@@ -7,6 +7,8 @@ PYTHON ?= python3
 TORCH ?= torch==2.13.0
 VENV ?= .venv
 PROFILE ?= default
+# notebooks (and model builds) at once; 2 suits the 2-core CPU default, use 1 for a GPU run
+JOBS ?= 2
 BIN := $(VENV)/bin
 PY := $(BIN)/python
 STAMP := $(VENV)/.installed
@@ -28,7 +30,7 @@ $(STAMP): pyproject.toml requirements-weights.txt
 venv: $(STAMP)
 
 run: $(STAMP)
-	$(BIN)/coupling-book run --profile $(PROFILE)
+	$(BIN)/coupling-book run --profile $(PROFILE) --jobs $(JOBS)
 
 build: $(STAMP)
 	$(BIN)/coupling-book build

@@ -1,9 +1,9 @@
 """``coupling-book``: run the notebooks, build the book, list what exists, manage the model zoo.
 
     coupling-book list
-    coupling-book run [NOTEBOOK ...] --profile smoke|default|paper [-p key=value ...]
+    coupling-book run [NOTEBOOK ...] --profile smoke|default|paper [-p key=value ...] [--jobs N]
     coupling-book build [--executed DIR] [--out DIR] [--no-strict] [--allow-unexecuted]
-    coupling-book zoo list | zoo prepare NAME
+    coupling-book zoo list | zoo prepare NAME ... [--jobs N]
 """
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def _cmd_run(args) -> int:
     try:
         overrides = dict(parse_override(o) for o in args.param)
         results = run_notebooks(args.notebooks, args.profile, overrides,
-                                Path(args.output_dir) if args.output_dir else None)
+                                Path(args.output_dir) if args.output_dir else None, jobs=args.jobs)
     except ParameterError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -80,6 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-p", "--param", action="append", default=[], metavar="KEY=VALUE",
                    help="override one parameter (value read as YAML); repeatable")
     p.add_argument("--output-dir", help="where executed notebooks go (default: _build/notebooks)")
+    p.add_argument("-j", "--jobs", type=int, default=1,
+                   help="build embedded models first and run notebooks N at a time (default 1; "
+                        "`make book` uses 2). Keep 1 for GPU runs that each need the whole device")
     p.set_defaults(func=_cmd_run)
 
     p = sub.add_parser("build", help="render the book from executed notebooks (execution off)")

@@ -8,13 +8,15 @@ so the book never shows a half-run notebook).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator, Mapping
 
 import yaml
 
@@ -22,7 +24,7 @@ from .cache import atomic_write_text
 from .params import ParameterError, check_overrides, notebook_parameters
 
 __all__ = ["repo_root", "notebook_paths", "find_notebooks", "profiles", "profile_values",
-           "RunResult", "run_notebook", "run_notebooks"]
+           "RunResult", "run_notebook", "run_notebooks", "embedded_models"]
 
 NOTEBOOK_PATTERN = re.compile(r"f\d\d_[a-z0-9_]+\.md")
 
@@ -35,6 +37,22 @@ KERNEL_ENV = {
     "OMP_WAIT_POLICY": "PASSIVE",  # no busy-waiting threads: far faster on a shared or small CPU
     "PYTHONWARNINGS": "ignore:IProgress not found",
 }
+
+
+@contextlib.contextmanager
+def _kernel_env(extra: Mapping[str, str] | None = None) -> Iterator[None]:
+    """Set the kernel's environment (values the user already set win), restore it afterwards."""
+    wanted = {**KERNEL_ENV, **(extra or {})}
+    saved = {key: os.environ.get(key) for key in wanted}
+    os.environ.update({key: os.environ.get(key, value) for key, value in wanted.items()})
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def repo_root() -> Path:
@@ -145,12 +163,11 @@ def run_notebook(notebook: Path, profile: str, overrides: dict[str, Any] | None 
     jupytext.write(jupytext.read(notebook), source)
     running = output_dir / f".{notebook.stem}.running.ipynb"
     error = ""
-    saved_env = {key: os.environ.get(key) for key in KERNEL_ENV}
-    os.environ.update({key: os.environ.get(key, value) for key, value in KERNEL_ENV.items()})
     try:
-        papermill.execute_notebook(
-            str(source), str(running), parameters=values, kernel_name=kernel, cwd=str(root),
-            progress_bar=False, log_output=False, report_mode=False)
+        with _kernel_env():
+            papermill.execute_notebook(
+                str(source), str(running), parameters=values, kernel_name=kernel, cwd=str(root),
+                progress_bar=False, log_output=False, report_mode=False)
         os.replace(running, out)
         failed.unlink(missing_ok=True)
     except Exception as exc:  # papermill.PapermillExecutionError and kernel failures
@@ -159,27 +176,75 @@ def run_notebook(notebook: Path, profile: str, overrides: dict[str, Any] | None 
             os.replace(running, failed)
     finally:
         source.unlink(missing_ok=True)
-        for key, value in saved_env.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
     status = "failed" if error else "ok"
     return RunResult(notebook.stem, status, time.perf_counter() - start, str(out if not error else failed),
                      error, values)
 
 
+def embedded_models(values: Mapping[str, Any]) -> list[str]:
+    """The embedded models (``"embedded:<name>"`` strings, also inside lists) among parameter values."""
+    found: list[str] = []
+
+    def visit(v):
+        if isinstance(v, str) and v.startswith("embedded:"):
+            found.append(v.split("/", 1)[0])
+        elif isinstance(v, (list, tuple)):
+            for x in v:
+                visit(x)
+    for v in values.values():
+        visit(v)
+    return list(dict.fromkeys(found))
+
+
+def _planned_values(notebook: Path, profile: str, overrides: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Defaults, then the profile, then overrides: what a run of the notebook will use."""
+    declared = notebook_parameters(notebook)
+    values = {**profile_values(notebook, profile), **(overrides or {})}
+    check_overrides(declared, values, where=notebook.stem)
+    return {**{name: p.default for name, p in declared.items()}, **values}
+
+
 def run_notebooks(names: Iterable[str], profile: str, overrides: dict[str, Any] | None = None,
-                  output_dir: Path | None = None, *, echo=print) -> list[RunResult]:
-    """Run several notebooks; a failure is reported and the others still run."""
+                  output_dir: Path | None = None, *, jobs: int = 1, echo=print) -> list[RunResult]:
+    """Run several notebooks; a failure is reported and the others still run.
+
+    With ``jobs > 1`` the embedded models the notebooks name are built first, ``jobs`` at a time
+    (:func:`coupling_utils.zoo.prepare_many`), then up to ``jobs`` notebooks run at once (longest
+    first, by their last recorded time), each kernel with ``cpu_count // jobs`` threads.
+    """
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise ParameterError(f"jobs must be a positive integer, got {jobs!r}")
     notebooks = find_notebooks(names)
     output_dir = Path(output_dir or repo_root() / "_build" / "notebooks")
-    results = []
+    output_dir.mkdir(parents=True, exist_ok=True)
+    manifest = output_dir / "runs.json"
+    previous = json.loads(manifest.read_text()) if manifest.exists() else {}
+    models: list[str] = []
     for nb in notebooks:
+        try:
+            models += embedded_models(_planned_values(nb, profile, overrides))
+        except ParameterError:
+            pass  # run_notebook reports it for this notebook, before any work
+    if jobs > 1 and models:
+        from . import zoo
+
+        zoo.prepare_many(list(dict.fromkeys(models)), jobs=jobs, echo=echo)
+    order = sorted(notebooks, key=lambda nb: -float(previous.get(nb.stem, {}).get("seconds", 0) or 0))
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+    extra = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)} if jobs > 1 else {}
+
+    def one(nb: Path) -> RunResult:
         result = run_notebook(nb, profile, overrides, output_dir)
         echo(result.line())
-        results.append(result)
-    manifest = output_dir / "runs.json"
+        return result
+
+    with _kernel_env(extra):
+        if jobs == 1:
+            done = {nb: one(nb) for nb in notebooks}
+        else:
+            with ThreadPoolExecutor(max_workers=min(jobs, len(order))) as pool:
+                done = dict(zip(order, pool.map(one, order)))
+    results = [done[nb] for nb in notebooks]
     previous = json.loads(manifest.read_text()) if manifest.exists() else {}
     for r in results:
         previous[r.notebook] = {**asdict(r), "profile": profile,

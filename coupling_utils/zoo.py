@@ -40,7 +40,7 @@ import pandas as pd
 from .cache import atomic_dir, atomic_write_text, cache_dir
 
 __all__ = ["REGISTRY", "ZooEntry", "ZooError", "resolve", "prepare", "names", "entry_path", "is_ready",
-           "manifest", "list_entries", "family_table", "revisions", "GEMMA_TERMS_URL", "GEMMA_ENV"]
+           "manifest", "list_entries", "family_table", "revisions", "prepare_many", "estimated_seconds", "GEMMA_TERMS_URL", "GEMMA_ENV"]
 
 ZOO_FORMAT = 1  # bump when the on-disk layout or the training code changes what a spec produces
 GEMMA_TERMS_URL = "https://ai.google.dev/gemma/terms"
@@ -239,12 +239,12 @@ def _lm_family() -> dict:
     runs = {}
     for d in (64, 128):
         for layers in (2, 4):
-            for steps in (150, 500):
+            for steps in (100, 350):
                 runs[f"w{d}-l{layers}-s{steps}-seed0"] = dict(d_model=d, n_layers=layers, steps=steps, seed=0)
-    for d, layers, steps in ((64, 2, 500), (128, 2, 500), (64, 4, 150), (128, 4, 150)):
+    for d, layers, steps in ((64, 2, 350), (128, 2, 350), (64, 4, 100), (128, 4, 100)):
         runs[f"w{d}-l{layers}-s{steps}-seed1"] = dict(d_model=d, n_layers=layers, steps=steps, seed=1)
     # one thread per run: these small models gain little from a second thread, and a single
-    # thread keeps the whole family predictable on a busy machine (~10 CPU-minutes in all)
+    # thread keeps the whole family predictable on a busy machine (~6 CPU-minutes in all)
     return {name: _lm(n_heads=4, seq_len=64, batch_size=16, lr=3e-3, warmup=30, checkpoints="final",
                       eval_windows=32, threads=1, **kw) for name, kw in runs.items()}
 
@@ -258,7 +258,7 @@ def _lm_family_smoke() -> dict:
 
 
 def _vit_mnist():
-    return _vit(d_model=64, n_layers=4, n_heads=4, patch_size=7, batch_size=128, steps=1200, lr=2e-3, warmup=50,
+    return _vit(d_model=64, n_layers=4, n_heads=4, patch_size=7, batch_size=128, steps=800, lr=2e-3, warmup=50,
                 n_linear=6)
 
 
@@ -271,7 +271,7 @@ def _vit_family() -> dict:
     runs = {}
     for d in (32, 64):
         for layers in (2, 4):
-            for steps in (100, 400):
+            for steps in (100, 300):
                 runs[f"w{d}-l{layers}-s{steps}-seed0"] = dict(d_model=d, n_layers=layers, steps=steps, seed=0)
     return {name: _vit(n_heads=4, patch_size=7, batch_size=128, lr=2e-3, warmup=30, checkpoints="final",
                        threads=1, **kw) for name, kw in runs.items()}
@@ -379,21 +379,21 @@ REGISTRY: dict[str, ZooEntry] = {e.name: e for e in [
              "A seconds-long Pythia-style run (2 blocks, d=32, 16 steps) for tests and smoke runs.",
              _SHAKESPEARE, "~15 s (incl. building the tokenizer once), 2 MB", spec=_pythia_smoke),
     ZooEntry("lm-family", "lm-family",
-             "12 small GPT-NeoX LMs on Shakespeare varying width (64, 128), depth (2, 4), length (150, 500 "
+             "12 small GPT-NeoX LMs on Shakespeare varying width (64, 128), depth (2, 4), length (100, 350 "
              "steps) and seed: held-out loss and next-token accuracy for the generalisation analysis.",
-             _SHAKESPEARE, "~10 min (one thread per run), 60 MB", spec=_lm_family),
+             _SHAKESPEARE, "~6 CPU-min (one thread per run; 2 builds at once with --jobs 2), 60 MB", spec=_lm_family),
     ZooEntry("lm-family-smoke", "lm-family",
              "3 tiny GPT-NeoX LMs (seconds) with the same layout as lm-family.", _SHAKESPEARE, "~10 s",
              spec=_lm_family_smoke),
     ZooEntry("vit-mnist", "vit-run",
-             "ViT (4 blocks, d=64, 7x7 patches) trained on MNIST for 1200 steps (~3 epochs), checkpoints on "
+             "ViT (4 blocks, d=64, 7x7 patches) trained on MNIST for 800 steps (~2 epochs), checkpoints on "
              "Pythia's schedule, validation/test accuracy per checkpoint.",
-             _MNIST, "~3-5 min, 20 MB", spec=_vit_mnist),
+             _MNIST, "~2-3 min, 20 MB", spec=_vit_mnist),
     ZooEntry("vit-mnist-smoke", "vit-run", "A seconds-long ViT run on 512 MNIST images (tests, smoke runs).",
              _MNIST, "~10 s (mostly reading MNIST)", spec=_vit_mnist_smoke),
     ZooEntry("vit-family", "vit-family",
-             "8 ViTs on MNIST varying width (32, 64), depth (2, 4) and length (100, 400 steps): test accuracy "
-             "for the ViT generalisation analysis.", _MNIST, "~4 min (one thread per run), 10 MB", spec=_vit_family),
+             "8 ViTs on MNIST varying width (32, 64), depth (2, 4) and length (100, 300 steps): test accuracy "
+             "for the ViT generalisation analysis.", _MNIST, "~2-3 CPU-min (one thread per run), 10 MB", spec=_vit_family),
     ZooEntry("vit-family-smoke", "vit-family", "3 tiny ViTs (seconds) with the layout of vit-family.", _MNIST,
              "~10 s", spec=_vit_family_smoke),
 ]}
@@ -542,12 +542,7 @@ def _build(entry: ZooEntry, root: Path, key: str, progress: bool) -> None:
     specs = entry.specs()
     rows = []
     for run, spec in tqdm(specs.items(), desc=entry.name, disable=not progress):
-        mdir = root / run
-        if not (mdir / "member.json").exists():
-            with atomic_dir(mdir) as tmp:
-                m = _train_one(entry.kind, spec, tmp, progress, run)
-                (tmp / "member.json").write_text(json.dumps({"run": run, "spec": spec.to_dict(), "metrics": m},
-                                                            indent=2))
+        mdir = _train_member(entry.name, run, progress)
         m = json.loads((mdir / "member.json").read_text())["metrics"]
         rows.append({"run": run, **m, "batch_size": spec.batch_size})
     table = pd.DataFrame(rows)
@@ -560,6 +555,26 @@ def _build(entry: ZooEntry, root: Path, key: str, progress: bool) -> None:
     _write_manifest(root, entry, key, t0, load0, metrics, members=list(specs))
 
 
+def _train_member(family: str, run: str, progress: bool = False) -> Path:
+    """Train one family member into ``<family>/<key>/<run>`` unless it is there (atomic, locked).
+
+    Members are independent, so :func:`prepare_many` trains them in parallel processes; the
+    family's table and manifest are written afterwards by :func:`prepare`.
+    """
+    entry = REGISTRY[family]
+    spec = entry.specs()[run]
+    mdir = cache_dir("zoo") / family / entry.key() / run
+    with _lock(f"{family}/.members/{run}"):
+        for stale in mdir.parent.glob(f".{run}.*.tmp"):  # a killed build of this member
+            shutil.rmtree(stale, ignore_errors=True)
+        if not (mdir / "member.json").exists():
+            with atomic_dir(mdir) as tmp:
+                m = _train_one(entry.kind, spec, tmp, progress, run)
+                (tmp / "member.json").write_text(json.dumps({"run": run, "spec": spec.to_dict(), "metrics": m},
+                                                            indent=2))
+    return mdir
+
+
 def prepare(name: str, *, force: bool = False, progress: bool = True, accept_terms: bool | None = None) -> Path:
     """Build an entry if it is not in the cache yet (or ``force``), and return its directory."""
     entry, member = _split(name)
@@ -568,7 +583,9 @@ def prepare(name: str, *, force: bool = False, progress: bool = True, accept_ter
     root = cache_dir("zoo") / entry.name / key
     with _lock(entry.name):
         # holding the lock, nobody else is building this entry: leftovers of killed builds can go
-        for stale in [*root.parent.glob(f".{key}.*.tmp"), *root.glob(".*.tmp")]:
+        members = entry.members()  # their leftovers are cleaned under their own locks (_train_member)
+        for stale in [*root.parent.glob(f".{key}.*.tmp"),
+                      *(t for t in root.glob(".*.tmp") if not any(t.name.startswith(f".{m}.") for m in members))]:
             if stale.is_dir():
                 shutil.rmtree(stale, ignore_errors=True)
             else:
@@ -672,3 +689,112 @@ def _fmt_metrics(m: dict) -> str:
         if k in m:
             parts.append(f"{k}=[{m[k][0]:.3f}, {m[k][1]:.3f}]")
     return ", ".join(parts)
+
+
+# --------------------------------------------------------------------------- many at once
+# Rough single-thread throughputs on a 2-core CPU (measured: pythia-tiny, vit-mnist), used only to
+# order builds longest first; a wrong guess costs some idle time at the end, never a wrong result.
+_LM_FLOPS_PER_S = 3.3e10
+_VIT_FLOPS_PER_S = 1.6e10
+_PRETRAINED_SECONDS = {"gguf": 40.0, "copy": 5.0}
+
+
+def estimated_seconds(kind: str, spec) -> float:
+    """A rough build time for one training run (6·params·tokens-style count over a throughput)."""
+    if kind.startswith("lm"):
+        tokens = spec.steps * spec.batch_size * spec.seq_len
+        per_token = 12 * spec.n_layers * spec.d_model ** 2 + 2 * spec.d_model * spec.vocab_size
+        return 6 * tokens * per_token / _LM_FLOPS_PER_S
+    patches = (28 // spec.patch_size) ** 2 + 1
+    return 6 * spec.steps * spec.batch_size * patches * 12 * spec.n_layers * spec.d_model ** 2 / _VIT_FLOPS_PER_S
+
+
+def _build_task(task: tuple[str, str, str | None]) -> tuple[str, float]:
+    """Run one build task in a worker process: ("entry", name, None) or ("member", family, run)."""
+    what, name, run = task
+    t0 = time.perf_counter()
+    if what == "member":
+        _train_member(name, run)
+    else:
+        prepare(name, progress=False)
+    return (f"{name}/{run}" if run else name), time.perf_counter() - t0
+
+
+def prepare_many(names, *, jobs: int = 1, echo=print) -> dict[str, str]:
+    """Prepare several entries, with up to ``jobs`` builds at once; returns ``{name: "ready" | error}``.
+
+    Family members are separate builds, so a family is spread over the workers; everything is
+    ordered longest first (:func:`estimated_seconds`). Each build runs in its own process with one
+    torch thread (the runs are single-threaded by design), is written atomically and locked, so
+    an interrupted call resumes and a concurrent ``prepare`` of the same entry waits instead of
+    building it twice. Opt-in entries whose terms are not accepted are skipped (reported, not built).
+    """
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise ValueError(f"jobs must be a positive integer, got {jobs!r}")
+    status: dict[str, str] = {}
+    tasks: list[tuple[float, tuple[str, str, str | None]]] = []
+    families: list[str] = []
+    for name in dict.fromkeys(str(n) for n in names):
+        entry, _ = _split(name)
+        if entry.name in status:
+            continue
+        try:
+            _check_opt_in(entry, None)
+            entry.key()  # raises if a package with weights is not installed
+        except ZooError as exc:
+            status[entry.name] = str(exc)
+            continue
+        status[entry.name] = "ready"
+        if is_ready(entry.name):
+            continue
+        if entry.is_family:
+            families.append(entry.name)
+            root = cache_dir("zoo") / entry.name / entry.key()
+            for run, spec in entry.specs().items():
+                if not (root / run / "member.json").exists():
+                    tasks.append((estimated_seconds(entry.kind, spec), ("member", entry.name, run)))
+        elif entry.source is not None:
+            tasks.append((_PRETRAINED_SECONDS["gguf" if entry.source.gguf else "copy"], ("entry", entry.name, None)))
+        else:
+            tasks.append((estimated_seconds(entry.kind, entry.specs()), ("entry", entry.name, None)))
+    tasks.sort(key=lambda t: -t[0])
+    if tasks:
+        echo(f"building {len(tasks)} embedded model(s) / run(s) with {min(jobs, len(tasks))} worker(s), "
+             f"about {sum(t[0] for t in tasks) / 60 / min(jobs, len(tasks)):.0f} min ...")
+    failed: dict[str, str] = {}
+    if jobs == 1 or len(tasks) <= 1:
+        for _, task in tasks:
+            try:
+                label, secs = _build_task(task)
+                echo(f"  {label}: built in {secs:.0f} s")
+            except Exception as exc:  # noqa: BLE001 - reported per entry, the others go on
+                failed[task[1]] = f"{type(exc).__name__}: {exc}"
+    else:
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        env_before = os.environ.get("OMP_NUM_THREADS")
+        os.environ.setdefault("OMP_NUM_THREADS", "1")  # read by each spawned worker's torch
+        try:
+            with ProcessPoolExecutor(max_workers=min(jobs, len(tasks)), mp_context=mp.get_context("spawn")) as pool:
+                futures = {pool.submit(_build_task, task): task for _, task in tasks}
+                for fut in as_completed(futures):
+                    task = futures[fut]
+                    try:
+                        label, secs = fut.result()
+                        echo(f"  {label}: built in {secs:.0f} s")
+                    except Exception as exc:  # noqa: BLE001
+                        failed[task[1]] = f"{type(exc).__name__}: {exc}"
+        finally:
+            if env_before is None:
+                os.environ.pop("OMP_NUM_THREADS", None)
+    for fam in families:  # the family table and manifest, once all members exist
+        if fam not in failed:
+            try:
+                prepare(fam, progress=False)
+            except Exception as exc:  # noqa: BLE001
+                failed[fam] = f"{type(exc).__name__}: {exc}"
+    for name, err in failed.items():
+        status[name] = err
+        echo(f"  {name}: FAILED: {err}")
+    return status

@@ -114,6 +114,11 @@ def test_cli_bad_parameter_fails_naming_it(tmp_path):
     assert not (tmp_path / "f00_coupling_metric.ipynb").exists()
     r = _cli("run", "f00", "--profile", "smoke", "-p", "nope=1", "--output-dir", str(tmp_path))
     assert r.returncode != 0 and "unknown parameter 'nope'" in r.stdout
+    # in parallel too: an unknown name is reported before any model is built or kernel started
+    r = _cli("run", "f00", "f01", "--profile", "smoke", "-p", "nope=1", "--jobs", "2", "--output-dir", str(tmp_path))
+    assert r.returncode != 0 and "building" not in r.stdout and r.stdout.count("unknown parameter 'nope'") == 2
+    r = _cli("run", "f00", "--jobs", "0", "--output-dir", str(tmp_path))
+    assert r.returncode == 2 and "jobs must be a positive integer" in r.stderr
 
 
 def _names(requirements):

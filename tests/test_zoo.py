@@ -23,7 +23,7 @@ def test_registry_is_one_complete_table():
     fam = zoo.REGISTRY["lm-family"].specs().values()
     assert len({s.d_model for s in fam}) > 1 and len({s.n_layers for s in fam}) > 1
     assert len({s.steps for s in fam}) > 1 and len({s.seed for s in fam}) > 1
-    assert "lm-family/w64-l2-s150-seed0" in zoo.names()
+    assert "lm-family/w64-l2-s100-seed0" in zoo.names()
 
 
 def test_unknown_names_give_clear_errors(zoo_cache):
@@ -193,3 +193,40 @@ def test_build_lock_is_visible(zoo_cache):
         states = dict(zip(zoo.list_entries()["name"], zoo.list_entries()["state"]))
         assert states["embedded:pythia-smoke"] in ("building", "ready")
     assert not zoo._is_locked("pythia-smoke")
+
+
+def test_prepare_many_builds_family_members_in_parallel(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("COUPLING_CACHE", str(tmp_path))  # its own cache: nothing built by other tests
+    monkeypatch.delenv(zoo.GEMMA_ENV, raising=False)
+    with pytest.raises(zoo.ZooError, match="unknown embedded model 'nope'"):
+        zoo.prepare_many(["nope"], jobs=2)
+    with pytest.raises(ValueError, match="jobs must be a positive integer"):
+        zoo.prepare_many(["pythia-smoke"], jobs=0)
+    fam = zoo.REGISTRY["vit-family-smoke"]
+    first = next(iter(fam.specs()))
+    zoo._train_member("vit-family-smoke", first)  # a member built earlier is kept, not rebuilt
+    kept = (zoo.entry_path(f"vit-family-smoke/{first}") / "member.json").stat().st_mtime_ns
+    lines: list[str] = []
+    status = zoo.prepare_many(["embedded:vit-family-smoke", "vit-mnist-smoke", "gemma3-270m",
+                               "vit-family-smoke/" + first], jobs=2, echo=lines.append)
+    assert status["vit-family-smoke"] == "ready" and status["vit-mnist-smoke"] == "ready"
+    assert "Gemma Terms of Use" in status["gemma3-270m"]  # opt-in: reported, not built
+    built = [ln for ln in lines if "built in" in ln]
+    assert len(built) == len(fam.members()) - 1 + 1, lines  # the other members and the ViT run
+    assert (zoo.entry_path(f"vit-family-smoke/{first}") / "member.json").stat().st_mtime_ns == kept
+    table = zoo.family_table("vit-family-smoke", progress=False)
+    assert sorted(table["run"]) == sorted(fam.members()) and zoo.is_ready("vit-mnist-smoke")
+    assert zoo.prepare_many(["vit-family-smoke"], jobs=2, echo=lines.append) == {"vit-family-smoke": "ready"}
+    from coupling_utils.cli_zoo import add_zoo_commands, run_zoo
+
+    parser = argparse.ArgumentParser()
+    add_zoo_commands(parser.add_subparsers(dest="command"))
+    assert run_zoo(parser.parse_args(["zoo", "prepare", "vit-family-smoke", "vit-mnist-smoke", "-j", "2"])) == 0
+    assert run_zoo(parser.parse_args(["zoo", "prepare", "vit-mnist-smoke", "gemma3-270m", "-j", "2"])) == 2
+    assert "gemma3-270m" in capsys.readouterr().err
+
+
+def test_estimated_seconds_orders_the_real_builds():
+    est = {n: zoo.estimated_seconds(zoo.REGISTRY[n].kind, zoo.REGISTRY[n].specs()) for n in ("pythia-tiny", "vit-mnist")}
+    members = [zoo.estimated_seconds("lm-family", s) for s in zoo.REGISTRY["lm-family"].specs().values()]
+    assert est["pythia-tiny"] > est["vit-mnist"] > max(members) > min(members) > 0
