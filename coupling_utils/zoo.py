@@ -709,6 +709,11 @@ def estimated_seconds(kind: str, spec) -> float:
     return 6 * spec.steps * spec.batch_size * patches * 12 * spec.n_layers * spec.d_model ** 2 / _VIT_FLOPS_PER_S
 
 
+def _quiet_worker() -> None:
+    """Worker start: no progress bars, whose output would interleave with the other workers'."""
+    os.environ.update(TQDM_DISABLE="1", HF_HUB_DISABLE_PROGRESS_BARS="1")
+
+
 def _build_task(task: tuple[str, str, str | None]) -> tuple[str, float]:
     """Run one build task in a worker process: ("entry", name, None) or ("member", family, run)."""
     what, name, run = task
@@ -776,7 +781,8 @@ def prepare_many(names, *, jobs: int = 1, echo=print) -> dict[str, str]:
         env_before = os.environ.get("OMP_NUM_THREADS")
         os.environ.setdefault("OMP_NUM_THREADS", "1")  # read by each spawned worker's torch
         try:
-            with ProcessPoolExecutor(max_workers=min(jobs, len(tasks)), mp_context=mp.get_context("spawn")) as pool:
+            with ProcessPoolExecutor(max_workers=min(jobs, len(tasks)), mp_context=mp.get_context("spawn"),
+                                     initializer=_quiet_worker) as pool:
                 futures = {pool.submit(_build_task, task): task for _, task in tasks}
                 for fut in as_completed(futures):
                     task = futures[fut]
