@@ -1,18 +1,21 @@
-"""Show Altair charts as static SVG, so that notebooks and the book render them offline.
+"""Show Altair charts as static pictures, so that notebooks and the book render them offline.
 
 Altair's default notebook renderer emits HTML that loads vega/vega-lite/vega-embed from a
-CDN: opened from disk without a network, such a chart is blank. Rendering the chart to SVG
-with vl-convert (a self-contained Vega engine) stores the picture itself in the notebook
-output, which the book then serves as a plain image.
+CDN: opened from disk without a network, such a chart is blank. Rendering the chart with
+vl-convert (a self-contained Vega engine) stores the picture itself in the notebook output,
+which the book then serves as a plain image: SVG (sharp at any zoom), or PNG at twice the
+resolution for charts with so many marks that their SVG would be large (grids of heatmap
+tiles: about 1.5 MB of SVG against a few hundred kB of PNG).
 """
 from __future__ import annotations
 
 import json
 from typing import Any
 
-__all__ = ["to_svg", "show", "svg_mimebundle", "use_static_charts"]
+__all__ = ["to_svg", "to_png", "show", "svg_mimebundle", "use_static_charts", "MAX_SVG_BYTES"]
 
 RENDERER_NAME = "coupling_svg"
+MAX_SVG_BYTES = 400_000  # larger charts are shown as PNG
 
 
 def _vegalite_version() -> str | None:
@@ -46,14 +49,34 @@ def to_svg(chart: Any) -> str:
     return svg
 
 
-def show(chart: Any) -> None:
-    """Display the chart as an inline SVG picture (stored in the notebook's output).
+def to_png(chart: Any, scale: float = 2.0) -> bytes:
+    """The chart drawn as PNG bytes, ``scale`` pixels per CSS pixel (2: sharp on high-DPI screens)."""
+    import vl_convert as vlc
 
-    Returns None, so ``show(chart)`` as a cell's last line displays the chart once.
+    png = vlc.vegalite_to_png(_spec(chart), vl_version=_vegalite_version(), scale=scale)
+    if not png.startswith(b"\x89PNG"):
+        raise RuntimeError("vl-convert returned no PNG for this chart")
+    return png
+
+
+def show(chart: Any, *, max_svg_bytes: int = MAX_SVG_BYTES) -> None:
+    """Display the chart as an inline picture stored in the notebook's output.
+
+    SVG, unless its text exceeds ``max_svg_bytes``: then PNG at twice the resolution, shown at
+    the chart's own size. Returns None, so ``show(chart)`` as a cell's last line displays the
+    chart once.
     """
-    from IPython.display import SVG, display
+    from IPython.display import SVG, Image, display
 
-    display(SVG(data=to_svg(chart)))
+    spec = _spec(chart)
+    svg = to_svg(spec)
+    if len(svg.encode()) <= max_svg_bytes:
+        display(SVG(data=svg))
+        return
+    scale = 2.0
+    png = to_png(spec, scale=scale)
+    width = int.from_bytes(png[16:20], "big")  # the IHDR width, in device pixels
+    display(Image(data=png, format="png", width=int(width / scale)))
 
 
 def svg_mimebundle(spec: dict, **metadata: Any) -> dict:

@@ -131,8 +131,9 @@ def coupling_heatmap(df: pd.DataFrame, x: str, y: str, value: str, *, show: str 
     else:
         scale = alt.Scale(scheme="viridis")
     chart = alt.Chart(data).mark_rect().encode(
-        x=alt.X(f"{x}:O", title=x, sort="ascending", axis=alt.Axis(labelAngle=0)),
-        y=alt.Y(f"{y}:O", title=y, sort="ascending"),
+        # many layers: labels that would overlap are dropped (every other one, or more)
+        x=alt.X(f"{x}:O", title=x, sort="ascending", axis=alt.Axis(labelAngle=0, labelOverlap="greedy")),
+        y=alt.Y(f"{y}:O", title=y, sort="ascending", axis=alt.Axis(labelOverlap="greedy")),
         color=alt.Color(f"{shown}:Q", title=legend, scale=scale),
         tooltip=[alt.Tooltip(f"{x}:O"), alt.Tooltip(f"{y}:O"),
                  alt.Tooltip(f"{value}:Q", format=".3f")]

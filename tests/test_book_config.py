@@ -242,6 +242,21 @@ def test_show_displays_an_svg_picture(monkeypatch):
     assert "<svg" in shown[0].data
 
 
+def test_show_switches_to_png_for_a_large_chart(monkeypatch):
+    import IPython.display
+    from coupling_utils import display
+
+    shown = []
+    monkeypatch.setattr(IPython.display, "display", lambda obj: shown.append(obj))
+    svg_bytes = len(display.to_svg(_chart()).encode())
+    display.show(_chart(), max_svg_bytes=svg_bytes)  # at the limit: still SVG
+    display.show(_chart(), max_svg_bytes=svg_bytes - 1)  # over it: PNG at twice the resolution
+    assert isinstance(shown[0], IPython.display.SVG) and isinstance(shown[1], IPython.display.Image)
+    png = shown[1].data
+    assert png.startswith(b"\x89PNG") and shown[1].width == int.from_bytes(png[16:20], "big") // 2
+    assert 0 < shown[1].width < 2000
+
+
 def test_static_renderer_makes_bare_charts_svg():
     import altair as alt
     from coupling_utils.display import RENDERER_NAME, use_static_charts
