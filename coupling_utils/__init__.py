@@ -24,7 +24,7 @@ _EXPORTS = {
     # Jacobians and spectra
     "token_jacobians": "jacobians", "reference_jacobians": "jacobians",
     "context_jacobians": "jacobians", "block_function": "blocks", "residual_stream": "blocks",
-    "topk_svd": "spectra", "matrix_free_topk": "spectra",
+    "topk_svd": "spectra", "matrix_free_topk": "spectra", "block_lanczos_svd": "spectra",
     # measuring a model
     "measure": "measure", "Measurement": "measure", "coupling_summary": "measure",
     # data with provenance, and statistics

@@ -76,3 +76,47 @@ def atomic_write_parquet(df, path: str | os.PathLike) -> None:
     """Write a pandas DataFrame to Parquet atomically."""
     with atomic_path(path) as tmp:
         df.to_parquet(tmp, index=False)
+
+
+@contextlib.contextmanager
+def file_lock(path: str | os.PathLike, what: str = "") -> Iterator[None]:
+    """Hold an exclusive inter-process lock on ``path`` (created); wait, saying so, if it is taken.
+
+    Two processes building the same model or measuring into the same folder would otherwise
+    overwrite each other's work; the second one waits and then finds the first one's results.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX: no locking
+        yield
+        return
+    with open(path, "a+") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"{what or path}: another process is working on it; waiting ...", flush=True)
+            fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def is_locked(path: str | os.PathLike) -> bool:
+    """Whether another process holds :func:`file_lock` on ``path`` right now."""
+    path = Path(path)
+    if not path.exists():
+        return False
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover
+        return False
+    with open(path, "a+") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(fh, fcntl.LOCK_UN)
+        return False

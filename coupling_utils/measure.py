@@ -26,14 +26,26 @@ interrupted run started again with the same ``out`` (``resume=True``) recomputes
 is stored.
 
 Methods: ``"exact"`` forms J (one token-diagonal sweep of d VJPs per layer) and takes a full
-SVD; ``"randomized"`` forms J and takes a randomized top-K SVD; ``"matrix_free"`` never forms
-J: per layer it gets the top ``max(k) + oversample`` triplets from JVP/VJP products
-(:mod:`coupling_utils.spectra`), then applies J_i to the other layers' (and tokens') top
-right singular vectors to get the tiles ``|U_jᵀ J_i V_j|`` exactly. Its cost per layer is
-``(2·n_iter + 2)(max(k) + oversample) + (L − 1)·max(k)`` block passes (plus ``n·max(k)`` for
-token-wise tiles of n tokens), so it only pays off when that is well below d (large models,
-few layers or small K). Approximating J_i by its own low-rank factors in the tiles instead
-would be cheap but is wrong: on SmolLM2-135M it moved coupling values by up to 0.19.
+SVD; ``"randomized"`` forms J and takes a top-K SVD with a product-only ``solver``;
+``"matrix_free"`` never forms J: per layer it gets the top triplets from JVP/VJP products with
+that solver (:mod:`coupling_utils.spectra`), then applies J_i to the partner layers' (and
+tokens') top right singular vectors to get the tiles ``|U_jᵀ J_i V_j|`` exactly. The solver is
+``"lanczos"`` (default: block Lanczos, ``(2·steps − 1)·block`` passes, ``block`` defaulting to
+``ceil(max(k)/10)`` and ``steps`` to 45) or ``"subspace"`` (Halko et al.'s subspace iteration,
+``(2·n_iter + 2)(max(k) + oversample)`` passes). Matrix-free cost per layer:
+
+    solver passes + P·max(k)   (+ n·max(k) for token-wise tiles of n ≥ 2 tokens)
+
+where P is the number of partner layers: all other measured layers (P = L − 1), or, with
+``depth_window=w``, the measured layers within distance w (P ≤ 2w). P·max(k) is a lower bound
+for exact tiles (generic partners' vectors are independent), so the full L × L matrix only pays
+off when (L − 1)·max(k) is well below d (large models, few layers, small K); a window of w = 1
+(adjacent pairs, ``coupling_summary(how="adjacent")``) costs 2·max(k). Approximating J_i by its
+own low-rank factors in the tiles instead would be cheap but is wrong: on SmolLM2-135M it moved
+coupling values by up to 0.19.
+
+``depth_window=w`` (any method, so that results stay comparable): the depthwise, tiles and
+cross-layer context tables hold only pairs of measured layers with ``|layer_i − layer_j| ≤ w``.
 """
 from __future__ import annotations
 
@@ -53,8 +65,9 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .cache import atomic_path, atomic_write_parquet, atomic_write_text
+from .cache import atomic_path, atomic_write_parquet, atomic_write_text, file_lock
 from .metric import SVD, _basis, _check_options, _metric, check_k
+from .spectra import SOLVERS
 
 __all__ = ["measure", "Measurement", "coupling_summary", "TABLES", "MEASURE_METHODS"]
 
@@ -120,6 +133,11 @@ def coupling_summary(depthwise: pd.DataFrame, how: str = "offdiag", k: int | Non
     runs over pairs and tokens; prompts then count equally. ``k`` defaults to the largest K
     in the table (the authors' demo plots ``1 − m_50²``). ``per_prompt=True`` returns a
     Series indexed by prompt instead of the mean over prompts.
+
+    Every pair the summary averages must be in the table: a table measured with
+    ``depth_window`` (or filtered) that lacks some of them raises a ValueError instead of
+    averaging a different set of pairs. With ``depth_window=1`` and consecutive layers,
+    ``how="adjacent"`` works; ``how="offdiag"`` needs the full matrix (no window).
     """
     if how not in SUMMARY_HOWS:
         raise ValueError(f"how must be one of {SUMMARY_HOWS}, got {how!r}")
@@ -134,15 +152,26 @@ def coupling_summary(depthwise: pd.DataFrame, how: str = "offdiag", k: int | Non
     if k not in ks:
         raise ValueError(f"K={k} is not in the table; measured K values are {[int(x) for x in ks]}")
     df = depthwise[depthwise["K"] == k]
+    layers = np.sort(np.unique(np.concatenate([df["layer_i"].to_numpy(), df["layer_j"].to_numpy()])))
+    n = len(layers)
     if how == "offdiag":
         df = df[df["layer_i"] != df["layer_j"]]
+        expected = n * (n - 1)
     else:
-        layers = np.sort(np.unique(np.concatenate([df["layer_i"].to_numpy(), df["layer_j"].to_numpy()])))
         pos = {int(l): i for i, l in enumerate(layers)}
         gap = (df["layer_i"].map(pos) - df["layer_j"].map(pos)).abs()
         df = df[gap == 1]
-    if df.empty:
+        expected = 2 * (n - 1)
+    if df.empty or n < 2:
         raise ValueError("no layer pairs to average (measure at least two layers)")
+    keys = [c for c in ("prompt", "token") if c in df.columns]
+    counts = df.drop_duplicates(keys + ["layer_i", "layer_j"]).groupby(keys, sort=False).size()
+    if (counts < expected).any():
+        what = "all ordered pairs of different layers" if how == "offdiag" else "all consecutive layer pairs"
+        raise ValueError(f"how={how!r} averages {what} of layers {[int(l) for l in layers]} ({expected} "
+                         f"per token), but the depthwise table holds only {int(counts.min())} for some "
+                         "token (measured with depth_window?); use how='adjacent' with depth_window >= "
+                         "the gap between measured layers, or measure without depth_window")
     by_prompt = df.groupby("prompt", sort=True)["coupling"].mean()
     return by_prompt if per_prompt else float(by_prompt.mean())
 
@@ -402,15 +431,28 @@ def _as_float(J: torch.Tensor) -> torch.Tensor:
 
 def _spectra(J: torch.Tensor, kmax: int, n_singular: int, method: str, settings: dict) -> tuple[SVD, torch.Tensor]:
     """Top-kmax triplets of J [N, d, d] and its top n_singular singular values."""
-    from .spectra import lapack_threads, topk_svd
+    from .spectra import block_lanczos_svd, lapack_threads, topk_svd
 
     if method == "exact":
         with lapack_threads():
             U, S, Vh = torch.linalg.svd(J, full_matrices=False)
         return SVD(U[..., :kmax].contiguous(), S[..., :kmax].contiguous(), Vh[..., :kmax, :].contiguous()), S[..., :n_singular]
-    s = topk_svd(J, max(kmax, n_singular), "randomized", oversample=settings["oversample"],
-                 n_iter=settings["n_iter"], seed=settings["seed"])
+    if settings.get("solver") == "lanczos":
+        Jt = J.transpose(-1, -2)
+        s, _ = block_lanczos_svd(lambda V: J @ V, lambda U: Jt @ U, tuple(J.shape), kmax,
+                                 block=settings["block"], steps=settings["steps"], seed=settings["seed"],
+                                 dtype=J.dtype, device=J.device, keep="all")
+    else:
+        s = topk_svd(J, max(kmax, n_singular), "randomized", oversample=settings["oversample"],
+                     n_iter=settings["n_iter"], seed=settings["seed"])
     return SVD(s.U[..., :kmax].contiguous(), s.S[..., :kmax].contiguous(), s.Vh[..., :kmax, :].contiguous()), s.S[..., :n_singular]
+
+
+def _in_window(layer_i, layer_j, window: int | None):
+    """Whether layer pairs are within ``depth_window`` (element-wise for arrays)."""
+    if window is None:
+        return np.ones(np.broadcast(np.asarray(layer_i), np.asarray(layer_j)).shape, dtype=bool)
+    return np.abs(np.asarray(layer_i) - np.asarray(layer_j)) <= window
 
 
 class _Run:
@@ -508,8 +550,10 @@ class _Run:
             T, d = op.X.shape
             check_k(self.kmax, d)
             sel = _token_positions(s["tokens"], T)
-            res = operator_topk(op, self.kmax, oversample=s["oversample"], n_iter=s["n_iter"],
-                                seed=s["seed"], keep="all")
+            res = operator_topk(op, self.kmax, solver=s["solver"], block=s["block"], steps=s["steps"],
+                                oversample=s["oversample"] if s["oversample"] is not None else 10,
+                                n_iter=s["n_iter"] if s["n_iter"] is not None else 2, seed=s["seed"],
+                                keep="all")
             U, S, Vh = (x[sel].float() if x.dtype != torch.float64 else x[sel] for x in res.svd)
             basis = SVD(U[..., :self.kmax].contiguous(), S.contiguous(), Vh[..., :self.kmax, :].contiguous())
             tw_tiles = None
@@ -525,12 +569,13 @@ class _Run:
         return T, sel, basis, S[:, : s["n_singular"]], tw_tiles, op.passes
 
     def compute_cross(self, p: _Prompt, layer: int, metas: list[dict]) -> dict:
-        """Matrix-free depth-wise tiles ``|U_jᵀ J_i V_j|`` for block i = ``layer`` and all j.
+        """Matrix-free depth-wise tiles ``|U_jᵀ J_i V_j|`` for block i = ``layer`` and its partners j.
 
-        J_i is applied (JVPs) to the stored top-kmax right vectors of every other measured
-        layer: (L − 1)·kmax block passes for all tokens at once; the (i, i) tile is diag(S_i)
-        exactly (the randomized SVD diagonalises J_i in its own basis; the "vju" orientation
-        needs products for it too).
+        J_i is applied (JVPs) to the stored top-kmax right vectors of every partner layer (all
+        other measured layers, or those within ``depth_window``): P·kmax block passes for all
+        tokens at once; the (i, i) tile is diag(S_i) exactly (both solvers diagonalise J_i in
+        its own basis; the "vju" orientation needs products for it too). Tiles of pairs outside
+        the window stay zero and are never reported.
         """
         from .jacobians import frozen
 
@@ -539,7 +584,8 @@ class _Run:
         sel = metas[0]["tokens"]
         n, kmax = len(sel), self.kmax
         bases = {l: _basis(self._basis(p, l), kmax, s["orientation"]) for l in layers}  # (left, right)
-        others = [l for l in layers if l != layer or s["orientation"] != "ujv"]
+        others = [l for l in layers if (l != layer or s["orientation"] != "ujv")
+                  and _in_window(l, layer, s["depth_window"])]
         tiles = torch.zeros(n, len(layers), kmax, kmax)
         i = layers.index(layer)
         if layer not in others:
@@ -634,7 +680,7 @@ class _Run:
                 tiles = _tiles(torch.stack(Js), basis, self.kmax, s["orientation"])
                 for k, M in _couplings(tiles, basis.S, self.ks, s["p"], s["normalize"]).items():
                     li, lj, m = _pair_rows(M, layers)
-                    keep = li != lj  # the same-layer entries are already in the token slice
+                    keep = (li != lj) & _in_window(li, lj, s["depth_window"])  # same-layer rows: token slice
                     tables["context"].append(_frame("context", {
                         "prompt": p.pid, "output_token": t2, "K": k, "layer_i": li[keep], "token_i": t1,
                         "layer_j": lj[keep], "token_j": t1, "m": m[keep], "coupling": 1 - m[keep] ** 2}))
@@ -658,6 +704,8 @@ class _Run:
         if len(layers) >= 2:
             for k, M in _couplings(tiles, S, self.ks, s["p"], s["normalize"]).items():
                 li, lj, m = _pair_rows(M, layers)
+                keep = _in_window(li, lj, s["depth_window"])
+                li, lj, m = li[keep], lj[keep], m[keep]
                 tables["depthwise"].append(_frame("depthwise", {
                     "prompt": p.pid, "token": t, "K": k, "layer_i": li, "layer_j": lj, "m": m,
                     "coupling": 1 - m ** 2}))
@@ -668,9 +716,10 @@ class _Run:
             W = len(idx)
             grid = np.indices((W, W, K, K)).reshape(4, -1)
             lab = np.asarray(tile_layers)
+            keep = _in_window(lab[grid[0]], lab[grid[1]], s["depth_window"])
             tables["tiles"].append(_frame("tiles", {
-                "prompt": p.pid, "token": t, "K": K, "layer_i": lab[grid[0]], "layer_j": lab[grid[1]],
-                "row": grid[2], "col": grid[3], "value": sub.double().reshape(-1).numpy()}))
+                "prompt": p.pid, "token": t, "K": K, "layer_i": lab[grid[0]][keep], "layer_j": lab[grid[1]][keep],
+                "row": grid[2][keep], "col": grid[3][keep], "value": sub.double().reshape(-1).numpy()[keep]}))
 
 
 # --------------------------------------------------------------------------- measure
@@ -678,7 +727,9 @@ def measure(model, prompts, *, layers: Iterable[int] | None = None, tokens="last
             k: int | Sequence[int] = (10, 30, 50), method: str = "exact", context=False,
             tiles: int | None = None, tile_layers: Iterable[int] | None = None,
             out: str | Path | None = None, resume: bool = True, n_singular: int | None = None,
-            oversample: int = 10, n_iter: int = 2, seed: int = 0, p: float = 2,
+            solver: str = "lanczos", block: int | None = None, steps: int | None = None,
+            oversample: int = 10, n_iter: int = 2, seed: int = 0,
+            depth_window: int | None = None, p: float = 2,
             normalize: str = "norm", orientation: str = "ujv", max_tokens: int | None = None,
             keep_work: bool = False, callback: Callable[[dict], None] | None = None,
             progress: bool = False, chunk_size: int | None = 64) -> Measurement:
@@ -689,8 +740,12 @@ def measure(model, prompts, *, layers: Iterable[int] | None = None, tokens="last
     dicts with batch size 1 (e.g. ``{"pixel_values": ...}``); a list (ids "0", "1", ...) or a
     mapping ``{prompt_id: prompt}``. ``layers``: block indices (0-based, negative from the end;
     default all). ``tokens``: "last", "all" or positions. ``k``: one K or several.
-    ``method``: "exact" | "randomized" | "matrix_free" (``oversample``, ``n_iter``, ``seed``
-    configure the last two). ``context``: False, or the output token t2 ("last" or a position)
+    ``method``: "exact" | "randomized" | "matrix_free". The last two use the top-K ``solver``
+    "lanczos" (``block``, ``steps``; defaults ceil(max(k)/10) and 45) or "subspace"
+    (``oversample``, ``n_iter``), with random start ``seed``; the resolved settings are stored.
+    ``depth_window``: None (all layer pairs), or w ≥ 1: only pairs of measured layers with
+    ``|layer_i − layer_j| ≤ w`` in the depthwise, tiles and context tables (matrix-free then
+    computes only those tiles: 2w·max(k) passes per layer instead of (L − 1)·max(k)). ``context``: False, or the output token t2 ("last" or a position)
     of the context Jacobians ``J_{t1 t2}`` (always formed: d VJPs per layer, whatever the method). ``tiles``: a K for the raw tiles table, over
     ``tile_layers`` (default: all measured layers; rows grow as layers² K²).
     ``n_singular``: how many singular values to keep (default max(k)). ``p``, ``normalize``,
@@ -716,9 +771,29 @@ def measure(model, prompts, *, layers: Iterable[int] | None = None, tokens="last
     n_singular = int(n_singular or max(ks))
     if d and n_singular > d:
         raise ValueError(f"n_singular={n_singular} exceeds the width d={d}")
-    if method == "matrix_free" and n_singular > max(ks) + oversample:
-        raise ValueError(f"matrix_free computes max(k) + oversample = {max(ks) + oversample} singular "
-                         f"values; n_singular={n_singular} is more")
+    if solver not in SOLVERS:
+        raise ValueError(f"solver must be one of {SOLVERS}, got {solver!r}")
+    if depth_window is not None and (isinstance(depth_window, bool) or not isinstance(depth_window, (int, np.integer))
+                                     or depth_window < 1):
+        raise ValueError(f"depth_window must be a positive integer (the largest |layer_i - layer_j| "
+                         f"kept) or None for all layer pairs, got {depth_window!r}")
+    depth_window = None if depth_window is None else int(depth_window)
+    lanczos = method != "exact" and solver == "lanczos"
+    subspace = method != "exact" and solver == "subspace"
+    if lanczos:
+        from .spectra import lanczos_plan
+
+        block, steps = lanczos_plan(max(ks), d or None, block=block, steps=steps)
+        if n_singular > block * steps:
+            raise ValueError(f"the lanczos solver computes block·steps = {block * steps} singular values; "
+                             f"n_singular={n_singular} is more (raise block or steps)")
+    elif subspace:
+        from .spectra import _check_randomized
+
+        _check_randomized(oversample, n_iter)
+        if method == "matrix_free" and n_singular > max(ks) + oversample:
+            raise ValueError(f"matrix_free computes max(k) + oversample = {max(ks) + oversample} singular "
+                             f"values; n_singular={n_singular} is more")
     L = info.n_layers
     layer_list = list(range(L)) if layers is None else [int(l) for l in layers]
     for l in layer_list:
@@ -750,8 +825,11 @@ def measure(model, prompts, *, layers: Iterable[int] | None = None, tokens="last
         "model": info.name, "revision": info.revision, "dtype": info.dtype, "method": method,
         "k": ks, "layers": layer_list, "tokens": tokens, "context": context, "tiles": tiles,
         "tile_layers": tile_list if tiles is not None else None, "n_singular": n_singular,
-        "oversample": oversample if method != "exact" else None,
-        "n_iter": n_iter if method != "exact" else None, "seed": seed if method != "exact" else None,
+        "solver": solver if method != "exact" else None,
+        "block": block if lanczos else None, "steps": steps if lanczos else None,
+        "oversample": oversample if subspace else None,
+        "n_iter": n_iter if subspace else None, "seed": seed if method != "exact" else None,
+        "depth_window": depth_window,
         "p": p, "normalize": normalize, "orientation": orientation, "format": _FORMAT,
     }
     settings_runtime = {"chunk_size": chunk_size}
@@ -762,8 +840,10 @@ def measure(model, prompts, *, layers: Iterable[int] | None = None, tokens="last
     else:
         out_path = Path(out)
     try:
-        return _measure(info, plist, settings, settings_runtime, out_path, resume, keep_work, callback,
-                        progress, persistent=tmp_out is None)
+        # one measurement per folder at a time: a second process waits, then resumes from the results
+        with file_lock(out_path / ".lock", f"measure into {out_path}"):
+            return _measure(info, plist, settings, settings_runtime, out_path, resume, keep_work, callback,
+                            progress, persistent=tmp_out is None)
     finally:
         if tmp_out is not None:
             shutil.rmtree(tmp_out, ignore_errors=True)
@@ -774,7 +854,7 @@ def _measure(info: _Model, plist: list[_Prompt], settings: dict, runtime: dict, 
     out.mkdir(parents=True, exist_ok=True)
     cfg_path = out / "settings.json"
     if cfg_path.exists():
-        stored = json.loads(cfg_path.read_text())
+        stored = _upgrade_settings(json.loads(cfg_path.read_text()))
         if not resume or stored != json.loads(json.dumps(settings, default=str)):
             if resume:
                 diff = sorted(k_ for k_ in set(stored) | set(settings)
@@ -856,6 +936,21 @@ def _measure(info: _Model, plist: list[_Prompt], settings: dict, runtime: dict, 
             atomic_write_parquet(df, out / f"{name}.parquet")
         _write_json(out / "provenance.json", provenance)
     return Measurement(**final, provenance=provenance, out=out if persistent else None)
+
+
+def _upgrade_settings(stored: dict) -> dict:
+    """Stored settings from before the solver and depth_window settings, in today's terms.
+
+    Those runs used subspace iteration (for non-exact methods) and all layer pairs, so they
+    resume under the equivalent settings ``solver="subspace"``, ``depth_window=None``.
+    """
+    stored = dict(stored)
+    stored.setdefault("depth_window", None)
+    if "solver" not in stored:
+        stored["solver"] = None if stored.get("method") == "exact" else "subspace"
+        stored.setdefault("block", None)
+        stored.setdefault("steps", None)
+    return stored
 
 
 class _NoBar:

@@ -37,7 +37,7 @@ from typing import Callable, Iterator
 
 import pandas as pd
 
-from .cache import atomic_dir, atomic_write_text, cache_dir
+from .cache import atomic_dir, atomic_write_text, cache_dir, file_lock, is_locked
 
 __all__ = ["REGISTRY", "ZooEntry", "ZooError", "resolve", "prepare", "names", "entry_path", "is_ready",
            "manifest", "list_entries", "family_table", "revisions", "prepare_many", "estimated_seconds", "GEMMA_TERMS_URL", "GEMMA_ENV"]
@@ -450,43 +450,14 @@ def _check_opt_in(entry: ZooEntry, accept_terms: bool | None) -> None:
         f"installed by default; install it with: {entry.source.install if entry.source else ''}")
 
 
-@contextlib.contextmanager
-def _lock(name: str) -> Iterator[None]:
+def _lock(name: str):
     """An inter-process lock per entry, so two processes do not build the same thing at once."""
-    path = cache_dir("zoo", name) / ".lock"
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - not POSIX
-        yield
-        return
-    with open(path, "a+") as fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            print(f"embedded:{name}: another process is preparing it; waiting ...", flush=True)
-            fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+    return file_lock(cache_dir("zoo", name) / ".lock", f"embedded:{name}")
 
 
 def _is_locked(name: str) -> bool:
     """Whether another process holds an entry's build lock right now."""
-    path = cache_dir("zoo") / name / ".lock"
-    if not path.exists():
-        return False
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover
-        return False
-    with open(path, "a+") as fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True
-        fcntl.flock(fh, fcntl.LOCK_UN)
-        return False
+    return is_locked(cache_dir("zoo") / name / ".lock")
 
 
 def _dir_size(path: Path) -> int:

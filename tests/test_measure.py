@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -159,7 +160,7 @@ def test_other_settings_in_the_same_out_are_refused(model, prompts, tmp_path):
 
 def test_matrix_free_with_full_rank_probe_equals_exact(model, prompts, full):
     seen = []
-    res = measure(model, {"a": prompts["a"]}, tokens=[1, -1], k=KS, method="matrix_free",
+    res = measure(model, {"a": prompts["a"]}, tokens=[1, -1], k=KS, method="matrix_free", solver="subspace",
                   oversample=32, n_iter=0, callback=lambda i: seen.append((i["stage"], i["layer"])))
     # l = d: the range finder sees everything, so the result is exact up to rounding
     ref = full.depthwise.query("prompt == 'a' and token in [1, 4]").reset_index(drop=True)
@@ -173,7 +174,7 @@ def test_matrix_free_with_full_rank_probe_equals_exact(model, prompts, full):
 
 
 def test_matrix_free_vju_orientation_matches_coupling_matrix(model, prompts, jacobians):
-    res = measure(model, {"a": prompts["a"]}, tokens=[0, -1], k=3, method="matrix_free",
+    res = measure(model, {"a": prompts["a"]}, tokens=[0, -1], k=3, method="matrix_free", solver="subspace",
                   oversample=29, n_iter=0, orientation="vju")
     J = jacobians["a"]
     M = coupling_matrix(J[:, 4], 3, orientation="vju")
@@ -186,17 +187,167 @@ def test_matrix_free_vju_orientation_matches_coupling_matrix(model, prompts, jac
 
 def test_matrix_free_tiles_use_the_true_jacobian(model, prompts, full):
     """With a truncated sketch the error comes only from the top-K vectors, not from J itself."""
-    res = measure(model, {"a": prompts["a"]}, k=3, method="matrix_free", oversample=10, n_iter=3)
+    res = measure(model, {"a": prompts["a"]}, k=3, solver="subspace", method="matrix_free", oversample=10, n_iter=3)
     ref = full.depthwise.query("prompt == 'a' and token == 4 and K == 3").reset_index(drop=True)
     assert np.abs(res.depthwise["coupling"] - ref["coupling"]).max() < 0.02
     assert set(res.timings["block_passes"]) == {(2 * 3 + 2) * 13 + 3}
 
 
 def test_randomized_method_is_close_to_exact_and_last_token_is_default(model, prompts, full):
-    res = measure(model, {"a": prompts["a"]}, k=3, method="randomized", n_iter=4, oversample=29)
+    res = measure(model, {"a": prompts["a"]}, k=3, solver="subspace", method="randomized", n_iter=4, oversample=29)
     assert set(res.depthwise["token"]) == {T - 1} and res.tokenwise.empty
     ref = full.depthwise.query("prompt == 'a' and token == 4 and K == 3").reset_index(drop=True)
     np.testing.assert_allclose(res.depthwise["m"], ref["m"], atol=1e-4)
+
+
+@pytest.fixture(scope="module")
+def deep_model():
+    """A tiny Llama with 4 blocks (d = 32), weights at a realistic scale, for depth windows."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        m = AutoModelForCausalLM.from_config(cfg)
+        with torch.no_grad():
+            for name, w in m.named_parameters():
+                if w.ndim >= 2 and "embed" not in name:
+                    w.normal_(0.0, w.shape[-1] ** -0.5)
+    return m.eval().requires_grad_(False)
+
+
+@pytest.fixture(scope="module")
+def deep_ids():
+    return torch.randint(0, 64, (1, 6), generator=torch.Generator().manual_seed(3))
+
+
+@pytest.fixture(scope="module")
+def deep_exact(deep_model, deep_ids):
+    return measure(deep_model, {"a": deep_ids}, tokens=[2, -1], k=(3, 6), tiles=2, context="last")
+
+
+def _pairs(df):
+    return sorted(set(zip(df["layer_i"], df["layer_j"])))
+
+
+def test_depth_window_keeps_only_near_pairs_for_every_method(deep_model, deep_ids, deep_exact):
+    near = [(i, j) for i in range(4) for j in range(4) if abs(i - j) <= 1]
+    win = measure(deep_model, {"a": deep_ids}, tokens=[2, -1], k=(3, 6), tiles=2, context="last",
+                  depth_window=1)
+    assert _pairs(win.depthwise) == near and _pairs(win.tiles) == near
+    ctx = win.context.query("layer_i != layer_j")
+    assert len(ctx) > 0 and (ctx["layer_i"] - ctx["layer_j"]).abs().max() == 1
+    # the window drops rows, it does not change values
+    key = ["prompt", "token", "K", "layer_i", "layer_j"]
+    both = win.depthwise.merge(deep_exact.depthwise, on=key, suffixes=("", "_full"))
+    assert len(both) == len(win.depthwise) == 2 * 2 * len(near)
+    np.testing.assert_allclose(both["m"], both["m_full"], atol=1e-6)
+    pd.testing.assert_frame_equal(win.tokenwise, deep_exact.tokenwise)
+    assert win.provenance["settings"]["depth_window"] == 1
+
+
+def test_matrix_free_depth_window_matches_exact_and_counts_passes(deep_model, deep_ids, deep_exact):
+    key = ["prompt", "token", "K", "layer_i", "layer_j"]
+    # block·steps = d = 32: the Krylov space is everything, so the values are exact
+    mf = measure(deep_model, {"a": deep_ids}, tokens="last", k=(3, 6), method="matrix_free",
+                 block=4, steps=8, depth_window=1)
+    assert _pairs(mf.depthwise) == [(i, j) for i in range(4) for j in range(4) if abs(i - j) <= 1]
+    both = mf.depthwise.merge(deep_exact.depthwise, on=key, suffixes=("", "_exact"))
+    assert len(both) == len(mf.depthwise)
+    np.testing.assert_allclose(both["coupling"], both["coupling_exact"], atol=1e-4)
+    # per layer: (2·steps − 1)·block for the spectra + (partners)·max(k) tiles; no token-wise tiles
+    assert list(mf.timings["block_passes"]) == [15 * 4 + 1 * 6, 15 * 4 + 2 * 6, 15 * 4 + 2 * 6, 15 * 4 + 1 * 6]
+    settings = mf.provenance["settings"]
+    assert (settings["solver"], settings["block"], settings["steps"]) == ("lanczos", 4, 8)
+    assert settings["oversample"] is None and settings["n_iter"] is None
+    # default Lanczos settings: block ceil(6/10) = 1, 45 steps capped at d = 32 (the whole space)
+    mf = measure(deep_model, {"a": deep_ids}, tokens="last", k=(3, 6), method="matrix_free", depth_window=1)
+    both = mf.depthwise.merge(deep_exact.depthwise, on=key, suffixes=("", "_exact"))
+    assert (both["coupling"] - both["coupling_exact"]).abs().max() < 1e-3
+    assert list(mf.timings["block_passes"]) == [63 + 6, 63 + 12, 63 + 12, 63 + 6]
+    assert (mf.provenance["settings"]["block"], mf.provenance["settings"]["steps"]) == (1, 32)
+    adjacent = both[(both["K"] == 6) & ((both["layer_i"] - both["layer_j"]).abs() == 1)]
+    assert mf.summary("adjacent", k=6) == pytest.approx(adjacent["coupling_exact"].mean(), abs=1e-3)
+    with pytest.raises(ValueError, match="how='offdiag' averages all ordered pairs.*depth_window"):
+        mf.summary("offdiag")
+
+
+def test_randomized_method_uses_the_lanczos_solver(deep_model, deep_ids, deep_exact):
+    res = measure(deep_model, {"a": deep_ids}, tokens=[2, -1], k=3, method="randomized", block=8, steps=4)
+    ref = deep_exact.depthwise.query("K == 3").reset_index(drop=True)
+    np.testing.assert_allclose(res.depthwise["m"], ref["m"], atol=1e-4)
+    assert res.provenance["settings"]["solver"] == "lanczos"
+
+
+def test_windowed_matrix_free_run_resumes(deep_model, deep_ids, tmp_path):
+    class Stop(Exception):
+        pass
+
+    kw = dict(tokens="last", k=3, method="matrix_free", block=4, steps=8, depth_window=1, out=tmp_path)
+
+    def stop_at_cross_2(info):  # raised after layer 2's tiles are stored
+        if info["stage"] == "cross" and info["layer"] == 2:
+            raise Stop
+
+    with pytest.raises(Stop):
+        measure(deep_model, {"a": deep_ids}, callback=stop_at_cross_2, **kw)
+    seen = []
+    res = measure(deep_model, {"a": deep_ids}, callback=lambda i: seen.append((i["stage"], i["layer"], i["computed"])), **kw)
+    assert seen == [("layer", 0, False), ("layer", 1, False), ("layer", 2, False), ("layer", 3, False),
+                    ("cross", 0, False), ("cross", 1, False), ("cross", 2, False), ("cross", 3, True)]
+    fresh = measure(deep_model, {"a": deep_ids}, **{**kw, "out": None})
+    pd.testing.assert_frame_equal(res.depthwise, fresh.depthwise)
+    # the stored settings key includes the solver and the window
+    with pytest.raises(ValueError, match="other settings.*depth_window"):
+        measure(deep_model, {"a": deep_ids}, **{**kw, "depth_window": 2})
+    with pytest.raises(ValueError, match="other settings.*steps"):
+        measure(deep_model, {"a": deep_ids}, **{**kw, "steps": 4})
+    with pytest.raises(ValueError, match="other settings.*solver"):
+        measure(deep_model, {"a": deep_ids}, **{**kw, "solver": "subspace"})
+
+
+def test_settings_stored_before_the_solver_setting_still_resume(model, prompts, tmp_path):
+    kw = dict(layers=[0, 1], tokens="last", k=3, out=tmp_path)
+    for method, extra in (("exact", {}), ("matrix_free", {"solver": "subspace", "oversample": 5, "n_iter": 1})):
+        out = tmp_path / method
+        measure(model, {"a": prompts["a"]}, **{**kw, "out": out, "method": method, **extra})
+        cfg = json.loads((out / "settings.json").read_text())
+        for key in ("solver", "block", "steps", "depth_window"):
+            cfg.pop(key)
+        (out / "settings.json").write_text(json.dumps(cfg))
+        seen = []
+        measure(model, {"a": prompts["a"]}, **{**kw, "out": out, "method": method, **extra},
+                callback=lambda i: seen.append(i))
+        assert seen == []  # recognised as the same settings: nothing recomputed
+
+
+def test_solver_and_window_arguments_raise_clear_errors(model, prompts):
+    ids = prompts["a"]
+    for w in (0, -1, 1.5, True, "1"):
+        with pytest.raises(ValueError, match="depth_window must be a positive integer"):
+            measure(model, [ids], k=2, depth_window=w)
+    with pytest.raises(ValueError, match="solver must be one of"):
+        measure(model, [ids], k=2, method="matrix_free", solver="power")
+    with pytest.raises(ValueError, match="block must be a positive integer"):
+        measure(model, [ids], k=2, method="matrix_free", block=0)
+    with pytest.raises(ValueError, match="cannot give k=8 triplets"):
+        measure(model, [ids], k=8, method="matrix_free", block=2, steps=3)
+    with pytest.raises(ValueError, match="computes block·steps = 12 singular values; n_singular=13"):
+        measure(model, [ids], k=8, method="randomized", block=4, steps=3, n_singular=13)
+    with pytest.raises(ValueError, match="oversample"):
+        measure(model, [ids], k=2, method="matrix_free", solver="subspace", oversample=-1)
+
+
+def test_coupling_summary_refuses_missing_pairs():
+    rows = [{"prompt": "p", "token": 0, "K": 10, "layer_i": i, "layer_j": j, "m": 0.5, "coupling": 0.75 - 0.1 * abs(i - j)}
+            for i in range(4) for j in range(4) if abs(i - j) <= 1]
+    df = pd.DataFrame(rows)
+    assert coupling_summary(df, "adjacent") == pytest.approx(0.65)
+    with pytest.raises(ValueError, match="how='offdiag' averages all ordered pairs of different layers"):
+        coupling_summary(df, "offdiag")
+    with pytest.raises(ValueError, match="how='adjacent' averages all consecutive layer pairs"):
+        coupling_summary(df[~((df["layer_i"] == 1) & (df["layer_j"] == 2))], "adjacent")
 
 
 @dataclass
@@ -272,3 +423,27 @@ def test_coupling_summary_offdiag_and_adjacent():
 def test_measurement_summary_uses_the_depthwise_table(full):
     assert full.summary("offdiag", k=3) == pytest.approx(
         full.depthwise.query("K == 3 and layer_i != layer_j").groupby("prompt")["coupling"].mean().mean())
+
+
+def test_a_second_run_into_the_same_folder_waits_for_the_first(deep_model, deep_ids, tmp_path, capsys):
+    import threading
+
+    from coupling_utils.cache import file_lock, is_locked
+
+    held, release = threading.Event(), threading.Event()
+
+    def other_run():  # stands in for another process measuring into tmp_path
+        with file_lock(tmp_path / ".lock"):
+            held.set()
+            release.wait(10)
+
+    t = threading.Thread(target=other_run)
+    t.start()
+    held.wait(10)
+    assert is_locked(tmp_path / ".lock")
+    threading.Timer(1.0, release.set).start()
+    t0 = time.perf_counter()
+    res = measure(deep_model, {"a": deep_ids}, tokens="last", k=3, layers=[0, 1], out=tmp_path)
+    t.join()
+    assert time.perf_counter() - t0 >= 0.9 and "another process is working on it" in capsys.readouterr().out
+    assert len(res.depthwise) and not is_locked(tmp_path / ".lock")

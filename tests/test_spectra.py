@@ -7,8 +7,9 @@ import torch
 from coupling_utils.architectures import tiny_model
 from coupling_utils.jacobians import token_jacobians
 from coupling_utils.metric import SVD, coupling
-from coupling_utils.spectra import (TokenOperator, block_passes, lapack_threads, matrix_free_topk,
-                                    operator_topk, randomized_svd, topk_svd)
+from coupling_utils.spectra import (TokenOperator, block_lanczos_svd, block_passes, lanczos_plan,
+                                    lapack_threads, matrix_free_topk, operator_topk, randomized_svd,
+                                    solver_passes, topk_svd)
 
 
 def _with_spectrum(s: torch.Tensor, batch=(), seed=0) -> torch.Tensor:
@@ -100,13 +101,116 @@ def test_bad_arguments_raise_clear_errors():
     with pytest.raises(ValueError, match="exceeds the matrix size"):
         topk_svd(J, 9)
     with pytest.raises(ValueError, match="method must be one of"):
-        topk_svd(J, 2, "lanczos")
+        topk_svd(J, 2, "arnoldi")
     with pytest.raises(ValueError, match="NaN"):
         topk_svd(torch.full((4, 4), float("nan")), 2)
     with pytest.raises(ValueError, match="oversample"):
         topk_svd(J, 2, "randomized", oversample=-1)
     with pytest.raises(ValueError, match="n_iter"):
         topk_svd(J, 2, "randomized", n_iter=1.5)
+
+
+def _counting(J):
+    """apply/apply_t for J [..., m, n] that count the columns pushed through them."""
+    calls = {"cols": 0}
+    Jt = J.transpose(-1, -2)
+
+    def apply(V):
+        calls["cols"] += V.shape[-1]
+        return J @ V
+
+    def apply_t(U):
+        calls["cols"] += U.shape[-1]
+        return Jt @ U
+
+    return apply, apply_t, calls
+
+
+def test_lanczos_is_accurate_with_a_spectral_gap():
+    J = _gapped()  # [3, 80, 80], a gap after the 6th value
+    ex = topk_svd(J, 6)
+    lz = topk_svd(J, 6, "lanczos", seed=1)  # defaults: block 3, 6 steps
+    assert (lz.S - ex.S).abs().max() / ex.S.max() < 1e-8
+    _same_up_to_sign(lz.U, ex.U, 1e-6)
+    _same_up_to_sign(lz.Vh.transpose(-1, -2), ex.Vh.transpose(-1, -2), 1e-6)
+
+
+def test_lanczos_without_a_gap_beats_subspace_iteration_per_product():
+    s = 1.0 / torch.arange(1, 201).double() ** 0.5  # slow decay, no gap: the hard case
+    J = _with_spectrum(s, (4,), seed=3)
+    ex = topk_svd(J, 10)
+
+    def err(x):
+        return ((x.S - ex.S).abs() / ex.S[..., :1]).max().item()
+
+    lz = topk_svd(J, 10, "lanczos", block=5, steps=6)  # 55 products
+    sub = topk_svd(J, 10, "randomized", oversample=4, n_iter=1)  # 56 products
+    assert solver_passes(10, block=5, steps=6) == 55 and solver_passes(10, solver="subspace", oversample=4, n_iter=1) == 56
+    assert err(lz) < 0.5 * err(sub)
+    assert err(lz) < 0.02
+    # more steps: a larger Krylov space, a smaller error; all of it (block·steps = d): exact
+    assert err(topk_svd(J, 10, "lanczos", block=5, steps=12)) < err(lz)
+    full = topk_svd(J, 10, "lanczos", block=20, steps=10)
+    assert err(full) < 1e-10
+    _same_up_to_sign(full.U[..., :3], ex.U[..., :3], 1e-6)  # the leading values are separated
+
+
+def test_lanczos_counts_products_and_keeps_all_ritz_triplets():
+    J = torch.randn(2, 40, 30, dtype=torch.float64)
+    apply, apply_t, calls = _counting(J)
+    svd, products = block_lanczos_svd(apply, apply_t, tuple(J.shape), 5, block=3, steps=4,
+                                      dtype=torch.float64)
+    assert products == calls["cols"] == (2 * 4 - 1) * 3 == solver_passes(5, block=3, steps=4, d=30)
+    assert svd.U.shape == (2, 40, 5) and svd.S.shape == (2, 5) and svd.Vh.shape == (2, 5, 30)
+    # the returned bases diagonalise J exactly: Uᵀ J V = diag(S), with no further products
+    all_, _ = block_lanczos_svd(apply, apply_t, tuple(J.shape), 5, block=3, steps=4,
+                                dtype=torch.float64, keep="all")
+    assert all_.S.shape == (2, 12)
+    torch.testing.assert_close(all_.U.transpose(-1, -2) @ J @ all_.Vh.transpose(-1, -2),
+                               torch.diag_embed(all_.S), atol=1e-10, rtol=0)
+    torch.testing.assert_close(all_.U.transpose(-1, -2) @ all_.U, torch.eye(12, dtype=torch.float64).expand(2, 12, 12))
+    # block·steps may not exceed min(m, n) = 30: steps is capped at 30 // 4 = 7
+    calls["cols"] = 0
+    _, products = block_lanczos_svd(apply, apply_t, tuple(J.shape), 5, block=4, steps=20, dtype=torch.float64)
+    assert lanczos_plan(5, 30, block=4, steps=20) == (4, 7)
+    assert products == calls["cols"] == 13 * 4 == solver_passes(5, block=4, steps=20, d=30)
+    assert lanczos_plan(10) == (1, 45) and lanczos_plan(7) == (1, 45)  # defaults ceil(k/10), 45
+    assert lanczos_plan(30) == (3, 45) and lanczos_plan(50, 64) == (5, 12)  # capped: 64 // 5 = 12
+
+
+def test_lanczos_is_deterministic_per_seed_and_handles_rank_deficiency():
+    J = torch.randn(30, 30)
+    a, b = topk_svd(J, 4, "lanczos", seed=5), topk_svd(J, 4, "lanczos", seed=5)
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    # rank 3 < block·steps: the Krylov space is exhausted early, the basis must stay orthonormal
+    low = _with_spectrum(torch.cat([torch.tensor([3.0, 2.0, 1.0]), torch.zeros(27)]).double())
+    svd, _ = block_lanczos_svd(lambda V: low @ V, lambda U: low.T @ U, (30, 30), 3, block=2, steps=5,
+                               dtype=torch.float64, keep="all")
+    torch.testing.assert_close(svd.S[:3], torch.tensor([3.0, 2.0, 1.0]).double())
+    assert svd.S[3:].abs().max() < 1e-10
+    torch.testing.assert_close(svd.U.T @ svd.U, torch.eye(10, dtype=torch.float64))
+
+
+def test_lanczos_bad_arguments_raise_clear_errors():
+    J = torch.randn(8, 8)
+    with pytest.raises(ValueError, match="block must be a positive integer"):
+        topk_svd(J, 2, "lanczos", block=0)
+    with pytest.raises(ValueError, match="block must be a positive integer"):
+        topk_svd(J, 2, "lanczos", block=1.5)
+    with pytest.raises(ValueError, match="steps must be a positive integer"):
+        topk_svd(J, 2, "lanczos", steps=-1)
+    with pytest.raises(ValueError, match="block=9 exceeds the matrix size 8"):
+        topk_svd(J, 2, "lanczos", block=9)
+    with pytest.raises(ValueError, match="cannot give k=6 triplets"):
+        topk_svd(J, 6, "lanczos", block=2, steps=2)
+    with pytest.raises(ValueError, match="steps capped at 8 // 5 = 1"):
+        topk_svd(J, 6, "lanczos", block=5, steps=3)  # only one block of 5 fits in 8
+    with pytest.raises(ValueError, match="exceeds the matrix size"):
+        topk_svd(J, 9, "lanczos")
+    with pytest.raises(ValueError, match="keep must be"):
+        block_lanczos_svd(lambda V: J @ V, lambda U: J.T @ U, (8, 8), 2, keep="some")
+    with pytest.raises(ValueError, match="solver must be one of"):
+        solver_passes(4, solver="power")
 
 
 def test_lapack_threads_restores_the_thread_count():
@@ -137,10 +241,35 @@ def test_token_operator_products_equal_explicit_jacobians():
 
 def test_operator_topk_with_full_rank_probe_is_exact():
     f, X, J = _toy_token_diagonal()
-    res = operator_topk(TokenOperator(f, X), 4, oversample=20, n_iter=1)  # l = min(24, d) = d
+    res = operator_topk(TokenOperator(f, X), 4, solver="subspace", oversample=20, n_iter=1)  # l = min(24, d) = d
     ex = topk_svd(J, 4)
     assert res.rank == 12 and res.block_passes == 4 * 12
     torch.testing.assert_close(res.svd.S, ex.S, atol=1e-5, rtol=1e-5)
+
+
+def test_operator_lanczos_equals_lanczos_on_the_explicit_jacobians():
+    f, X, J = _toy_token_diagonal()  # T = 5, d = 12
+    op = TokenOperator(f, X, chunk_size=2)
+    res = operator_topk(op, 4, block=2, steps=3, seed=3, keep="all")
+    assert res.solver == "lanczos" and res.settings == {"block": 2, "steps": 3} and res.rank == 6
+    assert res.block_passes == op.passes == (2 * 3 - 1) * 2 == solver_passes(4, block=2, steps=3, d=12)
+    explicit, _ = block_lanczos_svd(lambda V: J @ V, lambda U: J.transpose(-1, -2) @ U, tuple(J.shape), 4,
+                                    block=2, steps=3, seed=3, keep="all")
+    torch.testing.assert_close(res.svd.S, explicit.S, atol=1e-5, rtol=1e-5)
+    _same_up_to_sign(res.svd.U, explicit.U, 1e-4)
+    # block·steps = d: the whole space, so the top 4 are exact
+    full = operator_topk(TokenOperator(f, X), 4, block=3, steps=4)
+    torch.testing.assert_close(full.svd.S, topk_svd(J, 4).S, atol=1e-5, rtol=1e-5)
+
+
+def test_operator_topk_detects_nan_products():
+    _, X, _ = _toy_token_diagonal()
+    op = TokenOperator(lambda Y: Y * torch.log(-Y.abs() - 1), X)  # NaN everywhere
+    for solver in ("lanczos", "subspace"):
+        with pytest.raises(ValueError, match="NaN or inf"):
+            operator_topk(op, 2, solver=solver)
+    with pytest.raises(ValueError, match="solver must be one of"):
+        operator_topk(op, 2, solver="halko")
 
 
 @pytest.mark.parametrize("arch", ["llama", "gpt_neox"])
@@ -150,15 +279,19 @@ def test_matrix_free_matches_exact_on_a_tiny_model(arch):
     J = token_jacobians(model, ids, 1)  # [T, d, d], d = 32
     ex = topk_svd(J, 5)
     # l = d: the range finder sees the whole space, so the result is exact up to rounding
-    full = matrix_free_topk(model, ids, 1, 5, oversample=27, n_iter=0)
+    full = matrix_free_topk(model, ids, 1, 5, solver="subspace", oversample=27, n_iter=0)
     assert full.block_passes == 2 * 32
     torch.testing.assert_close(full.svd.S, ex.S, atol=1e-4 * ex.S.max().item(), rtol=1e-4)
     # l < d: a truncated sketch with power iterations; the top-5 subspace is close, and the
     # coupling of J with the matrix-free triplets is near that of J with itself (0)
-    part = matrix_free_topk(model, ids, 1, 5, oversample=10, n_iter=3, keep="all")
+    part = matrix_free_topk(model, ids, 1, 5, solver="subspace", oversample=10, n_iter=3, keep="all")
     assert part.svd.S.shape == (6, 15) and part.block_passes == 8 * 15
     top = SVD(part.svd.U[..., :5], part.svd.S[..., :5], part.svd.Vh[..., :5, :])
     assert ((top.S - ex.S).abs() / ex.S[..., :1]).max() < 0.05
     for t in range(6):
         m = coupling(J[t], SVD(top.U[t], top.S[t], top.Vh[t]), 5)
         assert m < 0.1, (t, m)
+    # block Lanczos (the default solver) over the whole space (block·steps = d) is exact too
+    lz = matrix_free_topk(model, ids, 1, 5, block=4, steps=8)
+    assert lz.block_passes == (2 * 8 - 1) * 4 and lz.solver == "lanczos"
+    torch.testing.assert_close(lz.svd.S, ex.S, atol=1e-4 * ex.S.max().item(), rtol=1e-4)
