@@ -120,8 +120,8 @@ def evaluate_lm(model, windows: torch.Tensor, batch_size: int = 32) -> tuple[flo
     return loss_sum / count, correct / count
 
 
-def _lr_at(step: int, spec: LMSpec) -> float:
-    """Linear warm-up, then cosine decay to ``min_lr_ratio * lr`` (Pythia's shape)."""
+def learning_rate(step: int, spec) -> float:
+    """The learning rate at a step: linear warm-up, then cosine decay to ``min_lr_ratio * lr`` (Pythia's shape; LM and ViT runs)."""
     if step < spec.warmup:
         return spec.lr * (step + 1) / spec.warmup
     t = (step - spec.warmup) / max(1, spec.steps - spec.warmup)
@@ -192,7 +192,7 @@ def train_steps(model: torch.nn.Module, opt: torch.optim.Optimizer, spec, *,
         save(0)
     for step in range(1, spec.steps + 1):
         for g in opt.param_groups:
-            g["lr"] = _lr_at(step - 1, spec)
+            g["lr"] = learning_rate(step - 1, spec)
         running.append(optimizer_step(model, opt, loss_at(step), step=step, lr=spec.lr, what=what))
         bar.update(1)
         if step in schedule:
@@ -241,7 +241,7 @@ def train_lm(spec: LMSpec, out_dir: str | Path, *, progress: bool = True, desc: 
             rows.append({"step": step, "tokens": step * spec.batch_size * spec.seq_len,
                          "train_loss": train_loss, "val_loss": val_loss, "val_acc": val_acc,
                          "train_loss_running": running_loss,
-                         "unigram_entropy": unigram, "lr": _lr_at(max(step - 1, 0), spec),
+                         "unigram_entropy": unigram, "lr": learning_rate(max(step - 1, 0), spec),
                          "elapsed_s": time.perf_counter() - t0})
             target = out_dir if step == spec.steps else out_dir / "revisions" / f"step{step}"
             model.save_pretrained(target)

