@@ -219,16 +219,17 @@ def run_notebooks(names: Iterable[str], profile: str, overrides: dict[str, Any] 
     output_dir.mkdir(parents=True, exist_ok=True)
     manifest = output_dir / "runs.json"
     previous = json.loads(manifest.read_text()) if manifest.exists() else {}
-    models: list[str] = []
-    for nb in notebooks:
-        try:
-            models += embedded_models(_planned_values(nb, profile, overrides))
-        except ParameterError:
-            pass  # run_notebook reports it for this notebook, before any work
-    if jobs > 1 and models:
-        from . import zoo
+    if jobs > 1:  # one at a time, each notebook builds what it needs on first use
+        models: list[str] = []
+        for nb in notebooks:
+            try:
+                models += embedded_models(_planned_values(nb, profile, overrides))
+            except ParameterError:
+                pass  # run_notebook reports it for this notebook, before any work
+        if models:
+            from . import zoo
 
-        zoo.prepare_many(list(dict.fromkeys(models)), jobs=jobs, echo=echo)
+            zoo.prepare_many(list(dict.fromkeys(models)), jobs=jobs, echo=echo)
     order = sorted(notebooks, key=lambda nb: -float(previous.get(nb.stem, {}).get("seconds", 0) or 0))
     threads = max(1, (os.cpu_count() or 1) // jobs)
     extra = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)} if jobs > 1 else {}
