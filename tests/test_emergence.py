@@ -107,15 +107,6 @@ def _tiny_checkpoints():
     return models
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Tiny models run faster on one thread (no OpenMP hand-offs, which a busy machine makes slow)."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
-
 @pytest.fixture(scope="module")
 def tiny_sweep(tmp_path_factory):
     models = _tiny_checkpoints()

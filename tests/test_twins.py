@@ -23,15 +23,6 @@ class _Tok:
         return "".join(self.convert_ids_to_tokens(ids))
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Tiny models run faster on one thread (no OpenMP hand-offs, which a busy machine makes slow)."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
-
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
     from transformers import LlamaConfig, LlamaForCausalLM
