@@ -15,7 +15,7 @@ STAMP := $(VENV)/.installed
 # Idle OpenMP threads sleep instead of spinning: much faster on a small or shared CPU.
 export OMP_WAIT_POLICY ?= PASSIVE
 
-.PHONY: help venv book run build test unit browser bench clean
+.PHONY: help venv book run build test lint format unit browser bench clean
 help:
 	@sed -n 's/^#   //p' Makefile | head -3
 
@@ -44,12 +44,21 @@ browser:
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
 	  else echo "note: install chromium (e.g. sudo apt-get install chromium) for the browser test"; fi
 
+# ruff: lint and format check (settings in pyproject.toml); `make format` rewrites the files
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: $(STAMP)
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
 unit: $(STAMP)
 	$(PY) -m pytest -m "not book"
 
 # Unit, oracle and pipeline tests plus a papermill smoke run of every notebook (tests/test_notebooks.py,
 # into _build/smoke/notebooks); then the smoke book is built and browsed offline.
-test: $(STAMP) browser
+test: $(STAMP) browser lint
 	$(PY) -m pytest -m "not book"
 	$(BIN)/coupling-book build --executed _build/smoke/notebooks --out _build/smoke/html
 	COUPLING_BOOK_HTML=_build/smoke/html $(PY) -m pytest -m book

@@ -32,6 +32,7 @@ not see torch's allocations); ``base`` is the RSS after the model is built, befo
 Results go to ``data/benchmarks/<case>.csv`` with provenance columns (machine, threads, torch,
 transformers, coupling_utils versions, UTC date, the command).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -66,9 +67,15 @@ def neox_model():
     import torch
     from transformers import AutoModelForCausalLM, GPTNeoXConfig
 
-    cfg = GPTNeoXConfig(hidden_size=512, num_hidden_layers=6, num_attention_heads=8,
-                        intermediate_size=2048, rotary_pct=0.25, vocab_size=50304,
-                        max_position_embeddings=2048)
+    cfg = GPTNeoXConfig(
+        hidden_size=512,
+        num_hidden_layers=6,
+        num_attention_heads=8,
+        intermediate_size=2048,
+        rotary_pct=0.25,
+        vocab_size=50304,
+        max_position_embeddings=2048,
+    )
     torch.manual_seed(0)
     return AutoModelForCausalLM.from_config(cfg).eval().requires_grad_(False)
 
@@ -78,10 +85,18 @@ def smollm2_twin():
     import torch
     from transformers import AutoModelForCausalLM, LlamaConfig
 
-    cfg = LlamaConfig(hidden_size=576, num_hidden_layers=30, num_attention_heads=9,
-                      num_key_value_heads=3, intermediate_size=1536, vocab_size=49152,
-                      rope_theta=100000.0, tie_word_embeddings=True, max_position_embeddings=8192,
-                      rms_norm_eps=1e-5)
+    cfg = LlamaConfig(
+        hidden_size=576,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        intermediate_size=1536,
+        vocab_size=49152,
+        rope_theta=100000.0,
+        tie_word_embeddings=True,
+        max_position_embeddings=8192,
+        rms_norm_eps=1e-5,
+    )
     torch.manual_seed(0)
     return AutoModelForCausalLM.from_config(cfg).eval().requires_grad_(False)
 
@@ -92,7 +107,7 @@ def _rss_mib() -> float:
         pages = int(Path("/proc/self/statm").read_text().split()[1])
     except (OSError, IndexError, ValueError):
         return float("nan")
-    return pages * os.sysconf("SC_PAGE_SIZE") / 2 ** 20
+    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
 def _peak_mib() -> float:
@@ -106,8 +121,8 @@ def worker(case: str, method: str, opts: dict, outdir: Path) -> dict:
 
     torch.set_num_threads(opts["threads"])
     if case == "neox":
-        from coupling_utils.jacobians import reference_jacobians, token_jacobians
-        from coupling_utils.spectra import matrix_free_topk
+        from coupling_utils.engine.jacobians import reference_jacobians, token_jacobians
+        from coupling_utils.engine.spectra import matrix_free_topk
 
         model = neox_model()
         ids = torch.randint(0, 50304, (1, opts["T"]), generator=torch.Generator().manual_seed(1))
@@ -122,17 +137,26 @@ def worker(case: str, method: str, opts: dict, outdir: Path) -> dict:
             passes = J.shape[-1]
             torch.save(J, outdir / "J.pt")
         else:
-            res = matrix_free_topk(model, ids, 3, opts["K"], solver="subspace", oversample=opts["oversample"],
-                                   n_iter=opts["n_iter"])
+            res = matrix_free_topk(
+                model,
+                ids,
+                3,
+                opts["K"],
+                solver="subspace",
+                oversample=opts["oversample"],
+                n_iter=opts["n_iter"],
+            )
             passes = res.block_passes
             torch.save(res.svd.S, outdir / "S.pt")
         seconds = time.perf_counter() - t0
     elif case in ("profile", "matrix_free"):
-        from coupling_utils import measure
+        from coupling_utils.measurement import core as measure
 
         if case == "profile":
             model = smollm2_twin()
-            prompts = {"random16": torch.randint(0, 49152, (1, 16), generator=torch.Generator().manual_seed(1))}
+            prompts = {
+                "random16": torch.randint(0, 49152, (1, 16), generator=torch.Generator().manual_seed(1))
+            }
             tokens = "all"
         else:
             from coupling_utils import load_model
@@ -142,8 +166,11 @@ def worker(case: str, method: str, opts: dict, outdir: Path) -> dict:
             tokens = "last"
         base = _rss_mib()
         t0 = time.perf_counter()
-        kw = {} if method == "exact" else {"solver": opts["solver"], "depth_window": opts["depth_window"],
-                                           **opts["solver_options"]}
+        kw = (
+            {}
+            if method == "exact"
+            else {"solver": opts["solver"], "depth_window": opts["depth_window"], **opts["solver_options"]}
+        )
         ks = MATRIX_FREE_K if method == "exact" else [opts["kmax"]]
         res = measure(model, prompts, tokens=tokens, k=ks, method=method, out=outdir / "measure", **kw)
         seconds = time.perf_counter() - t0
@@ -155,8 +182,17 @@ def worker(case: str, method: str, opts: dict, outdir: Path) -> dict:
 
 def run_worker(case: str, method: str, opts: dict, outdir: Path) -> dict:
     outdir.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", case, method,
-           "--opts", json.dumps(opts), "--outdir", str(outdir)]
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--worker",
+        case,
+        method,
+        "--opts",
+        json.dumps(opts),
+        "--outdir",
+        str(outdir),
+    ]
     print(f"[{case}] {method} {opts} ...", flush=True)
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     if proc.returncode != 0:
@@ -168,10 +204,12 @@ def run_worker(case: str, method: str, opts: dict, outdir: Path) -> dict:
 
 
 # --------------------------------------------------------------------------- cases
-def case_neox(tmp: Path, threads: int, T: int = 32, K: int = 10, oversample: int = 10, n_iter: int = 2) -> list[dict]:
+def case_neox(
+    tmp: Path, threads: int, T: int = 32, K: int = 10, oversample: int = 10, n_iter: int = 2
+) -> list[dict]:
     import torch
 
-    from coupling_utils.spectra import topk_svd
+    from coupling_utils.engine.spectra import topk_svd
 
     base = {"threads": threads, "T": T}
     ref = run_worker("neox", "reference", base, tmp / "ref")
@@ -182,34 +220,71 @@ def case_neox(tmp: Path, threads: int, T: int = 32, K: int = 10, oversample: int
     S_mf = torch.load(tmp / "mf" / "S.pt")
     S_ref = topk_svd(J_ref, K).S
     d = J_ref.shape[-1]
-    common = {"case": "neox", "model": "GPT-NeoX random init (d=512, Pythia-70M config)", "layer": 3, "T": T, "d": d}
+    common = {
+        "case": "neox",
+        "model": "GPT-NeoX random init (d=512, Pythia-70M config)",
+        "layer": 3,
+        "T": T,
+        "d": d,
+    }
     rows = []
     for name, r, err, what, K_ in (
-            ("reference (per token, T·d VJPs)", ref, 0.0, "max|ΔJ|/max|J_ref|", None),
-            ("token-diagonal (d VJPs)", td, ((J_td - J_ref).abs().max() / J_ref.abs().max()).item(), "max|ΔJ|/max|J_ref|", None),
-            (f"matrix-free top-{K} (oversample {oversample}, n_iter {n_iter})", mf,
-             ((S_mf - S_ref).abs() / S_ref[..., :1]).max().item(), "max|Δσ_i|/σ_1, top K", K)):
-        rows.append({**common, "method": name, "K": K_, "seconds": r["seconds"],
-                     "speedup_vs_reference": ref["seconds"] / r["seconds"], "block_passes": r["block_passes"],
-                     "rel_error": err, "error_measure": what, "peak_rss_mib": r["peak_rss_mib"],
-                     "base_rss_mib": r["base_rss_mib"]})
+        ("reference (per token, T·d VJPs)", ref, 0.0, "max|ΔJ|/max|J_ref|", None),
+        (
+            "token-diagonal (d VJPs)",
+            td,
+            ((J_td - J_ref).abs().max() / J_ref.abs().max()).item(),
+            "max|ΔJ|/max|J_ref|",
+            None,
+        ),
+        (
+            f"matrix-free top-{K} (oversample {oversample}, n_iter {n_iter})",
+            mf,
+            ((S_mf - S_ref).abs() / S_ref[..., :1]).max().item(),
+            "max|Δσ_i|/σ_1, top K",
+            K,
+        ),
+    ):
+        rows.append(
+            {
+                **common,
+                "method": name,
+                "K": K_,
+                "seconds": r["seconds"],
+                "speedup_vs_reference": ref["seconds"] / r["seconds"],
+                "block_passes": r["block_passes"],
+                "rel_error": err,
+                "error_measure": what,
+                "peak_rss_mib": r["peak_rss_mib"],
+                "base_rss_mib": r["base_rss_mib"],
+            }
+        )
     return rows
 
 
 def case_profile(tmp: Path, threads: int) -> list[dict]:
     r = run_worker("profile", "exact", {"threads": threads}, tmp / "profile")
-    return [{"case": "profile", "model": "SmolLM2-135M twin, random init (30 blocks, d=576)",
-             "T": 16, "d": 576, "method": "measure(tokens='all', k=(10,30,50), method='exact')",
-             "seconds": r["seconds"], "block_passes_per_layer": r["block_passes"],
-             "peak_rss_mib": r["peak_rss_mib"], "base_rss_mib": r["base_rss_mib"],
-             "target": "<= 180 s and <= 4096 MiB",
-             "meets_target": bool(r["seconds"] <= 180 and r["peak_rss_mib"] <= 4096)}]
+    return [
+        {
+            "case": "profile",
+            "model": "SmolLM2-135M twin, random init (30 blocks, d=576)",
+            "T": 16,
+            "d": 576,
+            "method": "measure(tokens='all', k=(10,30,50), method='exact')",
+            "seconds": r["seconds"],
+            "block_passes_per_layer": r["block_passes"],
+            "peak_rss_mib": r["peak_rss_mib"],
+            "base_rss_mib": r["base_rss_mib"],
+            "target": "<= 180 s and <= 4096 MiB",
+            "meets_target": bool(r["seconds"] <= 180 and r["peak_rss_mib"] <= 4096),
+        }
+    ]
 
 
 def case_matrix_free(tmp: Path, threads: int, settings=MATRIX_FREE_SETTINGS) -> list[dict]:
     import pandas as pd
 
-    from coupling_utils.spectra import lanczos_plan, solver_passes
+    from coupling_utils.engine.spectra import lanczos_plan, solver_passes
 
     ex = run_worker("matrix_free", "exact", {"threads": threads}, tmp / "exact")
     dw_ex = pd.read_parquet(tmp / "exact" / "measure" / "depthwise.parquet")
@@ -217,12 +292,28 @@ def case_matrix_free(tmp: Path, threads: int, settings=MATRIX_FREE_SETTINGS) -> 
     d, L = 576, 30
     model = "SmolLM2-135M-Instruct (embedded:smollm2-135m), last token, 30 blocks"
     none = {"solver": None, "block": None, "steps": None, "oversample": None, "n_iter": None}
-    rows = [{"case": "matrix_free", "model": model, "method": "exact", **none, "scope": "all layer pairs",
-             "depth_window": None, "K": k, "solver_passes": None, "tile_passes": None,
-             "lower_bound_passes": None, "block_passes_per_layer": ex["block_passes"],
-             "passes_reduction": d / ex["block_passes"], "seconds": ex["seconds"],
-             "max_abs_coupling_error": 0.0, "mean_abs_coupling_error": 0.0, "max_abs_m_error": 0.0,
-             "peak_rss_mib": ex["peak_rss_mib"]} for k in MATRIX_FREE_K]
+    rows = [
+        {
+            "case": "matrix_free",
+            "model": model,
+            "method": "exact",
+            **none,
+            "scope": "all layer pairs",
+            "depth_window": None,
+            "K": k,
+            "solver_passes": None,
+            "tile_passes": None,
+            "lower_bound_passes": None,
+            "block_passes_per_layer": ex["block_passes"],
+            "passes_reduction": d / ex["block_passes"],
+            "seconds": ex["seconds"],
+            "max_abs_coupling_error": 0.0,
+            "mean_abs_coupling_error": 0.0,
+            "max_abs_m_error": 0.0,
+            "peak_rss_mib": ex["peak_rss_mib"],
+        }
+        for k in MATRIX_FREE_K
+    ]
     for kmax, solver, options, window in settings:
         if solver == "lanczos":
             block, steps = lanczos_plan(kmax, d, block=options.get("block"), steps=options.get("steps"))
@@ -231,8 +322,18 @@ def case_matrix_free(tmp: Path, threads: int, settings=MATRIX_FREE_SETTINGS) -> 
         else:
             opts = {"oversample": options.get("oversample", 10), "n_iter": options.get("n_iter", 2)}
             name = f"mf_k{kmax}_subspace_p{opts['oversample']}_q{opts['n_iter']}_w{window}"
-        r = run_worker("matrix_free", "matrix_free", {"threads": threads, "kmax": kmax, "solver": solver,
-                                                      "solver_options": opts, "depth_window": window}, tmp / name)
+        r = run_worker(
+            "matrix_free",
+            "matrix_free",
+            {
+                "threads": threads,
+                "kmax": kmax,
+                "solver": solver,
+                "solver_options": opts,
+                "depth_window": window,
+            },
+            tmp / name,
+        )
         dw = pd.read_parquet(tmp / name / "measure" / "depthwise.parquet")
         both = dw_ex.merge(dw, on=key, suffixes=("_exact", "_mf"))
         assert len(both) == len(dw)
@@ -244,19 +345,36 @@ def case_matrix_free(tmp: Path, threads: int, settings=MATRIX_FREE_SETTINGS) -> 
             raise RuntimeError(f"{name}: {r['block_passes']} block passes per layer, expected {lower}")
         sub = both[both["K"] == kmax]
         diff = (sub["coupling_mf"] - sub["coupling_exact"]).abs()
-        rows.append({"case": "matrix_free", "model": model, "method": "matrix_free", **none, "solver": solver,
-                     **opts, "scope": "all layer pairs" if window is None else "adjacent pairs",
-                     "depth_window": window, "K": kmax, "solver_passes": s_passes,
-                     "tile_passes": partners * kmax, "lower_bound_passes": lower,
-                     "block_passes_per_layer": r["block_passes"], "passes_reduction": d / r["block_passes"],
-                     "seconds": r["seconds"], "max_abs_coupling_error": float(diff.max()),
-                     "mean_abs_coupling_error": float(diff.mean()),
-                     "max_abs_m_error": float((sub["m_mf"] - sub["m_exact"]).abs().max()),
-                     "peak_rss_mib": r["peak_rss_mib"]})
+        rows.append(
+            {
+                "case": "matrix_free",
+                "model": model,
+                "method": "matrix_free",
+                **none,
+                "solver": solver,
+                **opts,
+                "scope": "all layer pairs" if window is None else "adjacent pairs",
+                "depth_window": window,
+                "K": kmax,
+                "solver_passes": s_passes,
+                "tile_passes": partners * kmax,
+                "lower_bound_passes": lower,
+                "block_passes_per_layer": r["block_passes"],
+                "passes_reduction": d / r["block_passes"],
+                "seconds": r["seconds"],
+                "max_abs_coupling_error": float(diff.max()),
+                "mean_abs_coupling_error": float(diff.mean()),
+                "max_abs_m_error": float((sub["m_mf"] - sub["m_exact"]).abs().max()),
+                "peak_rss_mib": r["peak_rss_mib"],
+            }
+        )
     for row in rows:
         row["target"] = "max coupling error <= 0.01 with >= 5x fewer passes than d"
-        row["meets_target"] = bool(row["method"] == "matrix_free" and row["max_abs_coupling_error"] <= 0.01
-                                   and row["passes_reduction"] >= 5)
+        row["meets_target"] = bool(
+            row["method"] == "matrix_free"
+            and row["max_abs_coupling_error"] <= 0.01
+            and row["passes_reduction"] >= 5
+        )
     return rows
 
 
@@ -275,10 +393,15 @@ def provenance(threads: int, command: str) -> dict:
     except OSError:
         pass
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    return {"machine": f"{os.cpu_count()} CPU ({cpu}), load {load:.1f} at start", "torch_threads": threads,
-            "torch": torch.__version__, "transformers": transformers.__version__,
-            "coupling_utils": coupling_utils.__version__,
-            "date_utc": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M"), "command": command}
+    return {
+        "machine": f"{os.cpu_count()} CPU ({cpu}), load {load:.1f} at start",
+        "torch_threads": threads,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "coupling_utils": coupling_utils.__version__,
+        "date_utc": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M"),
+        "command": command,
+    }
 
 
 def main(argv=None) -> int:
@@ -307,7 +430,7 @@ def main(argv=None) -> int:
     prov = provenance(threads, command.strip())
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    from coupling_utils.cache import atomic_path
+    from coupling_utils.files import atomic_path
 
     with tempfile.TemporaryDirectory(prefix="bench-jacobians-") as tmp:
         for case in cases:

@@ -4,6 +4,7 @@ Companion package to Aubry, Meng, Sugolov & Papyan, "Transformer Block Coupling 
 Correlation with Generalization in LLMs" (ICLR 2025, arXiv 2407.07810). Public names are
 imported lazily, so ``import coupling_utils`` stays fast and light.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -13,41 +14,78 @@ __version__ = "0.1.0"
 # public name -> submodule that defines it
 _EXPORTS = {
     # the metric
-    "SVD": "metric", "svd": "metric", "coupling": "metric", "coupling_tile": "metric",
-    "coupling_matrix": "metric",
+    "SVD": "engine.metric",
+    "svd": "engine.metric",
+    "coupling": "engine.metric",
+    "coupling_tile": "engine.metric",
+    "coupling_matrix": "engine.metric",
     # cache and atomic writes
-    "cache_dir": "cache",
+    "cache_dir": "files",
     # models and blocks
-    "load_model": "loading", "LoadedModel": "loading", "ModelNotFoundError": "loading",
-    "supported_architectures": "architectures", "UnsupportedArchitectureError": "architectures",
-    "tiny_model": "architectures",
+    "load_model": "models.loading",
+    "LoadedModel": "models.loading",
+    "ModelNotFoundError": "models.loading",
+    "supported_architectures": "engine.architectures",
+    "UnsupportedArchitectureError": "engine.architectures",
+    "tiny_model": "engine.architectures",
     # Jacobians and spectra
-    "token_jacobians": "jacobians", "reference_jacobians": "jacobians",
-    "context_jacobians": "jacobians", "block_function": "blocks", "residual_stream": "blocks",
-    "topk_svd": "spectra", "matrix_free_topk": "spectra", "block_lanczos_svd": "spectra",
+    "token_jacobians": "engine.jacobians",
+    "reference_jacobians": "engine.jacobians",
+    "context_jacobians": "engine.jacobians",
+    "block_function": "engine.blocks",
+    "residual_stream": "engine.blocks",
+    "topk_svd": "engine.spectra",
+    "matrix_free_topk": "engine.spectra",
+    "block_lanczos_svd": "engine.spectra",
     # measuring a model
-    "measure": "measure", "Measurement": "measure", "coupling_summary": "measure",
+    "measure": "measurement",
+    "Measurement": "measurement",
+    "coupling_summary": "measurement",
     # data with provenance, and statistics
-    "data_dir": "data", "DataError": "data", "resolve_model_id": "data", "load_leaderboard": "data",
-    "load_metadata": "data", "load_paper_points": "data", "load_prompts": "data",
-    "load_task_prompts": "data", "join_scores": "data", "fig1a_table": "data",
-    "ols": "stats", "rank_correlation": "stats", "bootstrap_ci": "stats", "compare_predictors": "stats",
+    "data_dir": "analysis.data",
+    "DataError": "analysis.data",
+    "resolve_model_id": "analysis.data",
+    "load_leaderboard": "analysis.data",
+    "load_metadata": "analysis.data",
+    "load_paper_points": "analysis.data",
+    "load_prompts": "analysis.data",
+    "load_task_prompts": "analysis.data",
+    "join_scores": "analysis.data",
+    "fig1a_table": "analysis.data",
+    "ols": "analysis.stats",
+    "rank_correlation": "analysis.stats",
+    "bootstrap_ci": "analysis.stats",
+    "compare_predictors": "analysis.stats",
     # coupling against generalisation; MNIST digits as ViT inputs
-    "family_coupling": "generalization", "predictor_comparison": "generalization",
-    "r2_difference": "generalization", "mnist_inputs": "vision", "image_inputs": "vision",
+    "family_coupling": "analysis.generalization",
+    "predictor_comparison": "analysis.generalization",
+    "r2_difference": "analysis.generalization",
+    "mnist_inputs": "models.images",
+    "image_inputs": "models.images",
     # trained vs random init; emergence over training checkpoints
-    "measure_twins": "twins", "sweep_checkpoints": "emergence", "growth_summary": "emergence",
+    "measure_twins": "analysis.depth_and_tokens",
+    "sweep_checkpoints": "analysis.emergence",
+    "growth_summary": "analysis.emergence",
     # trajectories
-    "line_shape_score": "trajectories", "expodistance": "trajectories",
-    "linearization_cosine": "trajectories", "trajectory_pca": "trajectories",
-    "step_norms": "trajectories", "trajectory_metrics": "trajectories",
+    "line_shape_score": "analysis.trajectories",
+    "expodistance": "analysis.trajectories",
+    "linearization_cosine": "analysis.trajectories",
+    "trajectory_pca": "analysis.trajectories",
+    "step_norms": "analysis.trajectories",
+    "trajectory_metrics": "analysis.trajectories",
     # tidy tables, per-model scalars, fits
-    "matrix_frame": "aggregate", "tile_frame": "aggregate", "coupling_tiles": "aggregate",
+    "matrix_frame": "analysis.coupling_metric",
+    "tile_frame": "analysis.coupling_metric",
+    "coupling_tiles": "analysis.coupling_metric",
     # the book: static charts, the build step
-    "show": "display", "to_svg": "display", "build_book": "book",
+    "show": "analysis.display",
+    "to_svg": "analysis.display",
+    "build_book": "pipeline.book",
     # the embedded model zoo and the local training runs
-    "family_table": "zoo", "tokenized_corpus": "corpus", "load_losses": "training",
-    "load_accuracy": "vit",
+    "family_table": "models.zoo",
+    "tokenized_corpus": "models.corpus",
+    "load_losses": "models.training",
+    "load_accuracy": "models.vit_training",
 }
 
 __all__ = ["__version__", *_EXPORTS]

@@ -1,4 +1,5 @@
 """Shared test settings: offline, CPU, deterministic, and a private cache directory."""
+
 from __future__ import annotations
 
 import os

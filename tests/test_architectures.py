@@ -1,10 +1,11 @@
 """The architecture table, token-diagonal attention and block capture (tiny random models, CPU)."""
+
 from __future__ import annotations
 
 import pytest
 import torch
 
-from coupling_utils.architectures import (
+from coupling_utils.engine.architectures import (
     ARCHITECTURES,
     UnsupportedArchitectureError,
     attention_mode,
@@ -13,14 +14,17 @@ from coupling_utils.architectures import (
     tiny_model,
     transformer_blocks,
 )
-from coupling_utils.attention import TOKEN_DIAGONAL, plain_attention, token_diagonal_attention
-from coupling_utils.blocks import block_function, residual_stream
-
+from coupling_utils.engine.attention import TOKEN_DIAGONAL, plain_attention, token_diagonal_attention
+from coupling_utils.engine.blocks import block_function, residual_stream
 
 
 def inputs_for(row, T=10):
     if row.modality == "vision":
-        return {"pixel_values": torch.randn(1, row.tiny["num_channels"], row.tiny["image_size"], row.tiny["image_size"])}
+        return {
+            "pixel_values": torch.randn(
+                1, row.tiny["num_channels"], row.tiny["image_size"], row.tiny["image_size"]
+            )
+        }
     return torch.randint(0, 64, (1, T))
 
 
@@ -28,9 +32,27 @@ def test_table_dataframe_has_one_row_per_architecture():
     df = supported_architectures()
     assert list(df["name"]) == [a.name for a in ARCHITECTURES]
     assert {"name", "model_types", "examples", "attention", "notes"} <= set(df.columns)
-    for name in ["GPT-2", "GPT-Neo", "GPT-J", "GPT-NeoX (Pythia)", "OPT", "Llama", "Mistral", "Gemma", "Gemma-2",
-                 "Gemma-3 (text)", "Qwen2 (Qwen1.5)", "Phi", "Phi-3", "Falcon", "OLMo", "OLMo-2", "MPT", "BERT",
-                 "ViT"]:
+    for name in [
+        "GPT-2",
+        "GPT-Neo",
+        "GPT-J",
+        "GPT-NeoX (Pythia)",
+        "OPT",
+        "Llama",
+        "Mistral",
+        "Gemma",
+        "Gemma-2",
+        "Gemma-3 (text)",
+        "Qwen2 (Qwen1.5)",
+        "Phi",
+        "Phi-3",
+        "Falcon",
+        "OLMo",
+        "OLMo-2",
+        "MPT",
+        "BERT",
+        "ViT",
+    ]:
         assert name in set(df["name"]), name
     assert set(df.loc[df.name == "BERT", "attention"]) == {"bidirectional or causal"}
     assert set(df.loc[df.name == "Llama", "attention"]) == {"causal"}
@@ -55,13 +77,12 @@ def test_every_row_finds_its_blocks_and_restores_attention(row):
     assert len(blocks) == 2 and type(blocks[0]).__name__ == row.block_class
     before = model.config._attn_implementation
     forwards = {id(m): dict(m.__dict__) for m in model.modules()}
-    with pytest.raises(RuntimeError, match="boom"):
-        with attention_mode(model, token_diagonal=True):
-            if row.attention == "interface":
-                assert model.config._attn_implementation == TOKEN_DIAGONAL
-            else:  # the adapter patched the attention modules
-                assert any("forward" in m.__dict__ for m in model.modules())
-            raise RuntimeError("boom")
+    with pytest.raises(RuntimeError, match="boom"), attention_mode(model, token_diagonal=True):
+        if row.attention == "interface":
+            assert model.config._attn_implementation == TOKEN_DIAGONAL
+        else:  # the adapter patched the attention modules
+            assert any("forward" in m.__dict__ for m in model.modules())
+        raise RuntimeError("boom")
     assert model.config._attn_implementation == before
     assert all(set(m.__dict__) == set(forwards[id(m)]) for m in model.modules())
 
@@ -83,10 +104,21 @@ def test_token_diagonal_block_has_the_same_forward_value(row):
 def _attention_cases():
     B, H, T, e = 1, 2, 6, 4
     q, k, v = (torch.randn(B, H, T, e, dtype=torch.float64) for _ in range(3))
-    causal = torch.zeros(T, T, dtype=torch.float64).masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), -1e30)
+    causal = torch.zeros(T, T, dtype=torch.float64).masked_fill(
+        ~torch.ones(T, T, dtype=torch.bool).tril(), -1e30
+    )
     alibi = -0.5 * (torch.arange(T)[None, :] - torch.arange(T)[:, None]).abs().double()
-    return q, k, v, [("bidirectional", None, None), ("causal", causal, None), ("causal+alibi", causal + alibi, None),
-                     ("softcap", causal, 1.5)]
+    return (
+        q,
+        k,
+        v,
+        [
+            ("bidirectional", None, None),
+            ("causal", causal, None),
+            ("causal+alibi", causal + alibi, None),
+            ("softcap", causal, 1.5),
+        ],
+    )
 
 
 @pytest.mark.parametrize("case", range(4))

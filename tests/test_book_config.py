@@ -1,4 +1,5 @@
 """The book's configuration, table of contents, staging, offline checks and chart display."""
+
 from __future__ import annotations
 
 import re
@@ -9,15 +10,29 @@ import nbformat
 import pytest
 import yaml
 
-from coupling_utils import book
-from coupling_utils.book import BookError, plan_book, remote_assets, stage_book, toc_entries
+from coupling_utils.pipeline import book
+from coupling_utils.pipeline.book import BookError, plan_book, remote_assets, stage_book, toc_entries
 
 ROOT = Path(__file__).resolve().parents[1]
-FINDINGS = ["f00_coupling_metric", "f01_depth_and_tokens", "f02_generalization",
-            "f03_training_emergence", "f04_vision_transformers", "f05_token_trajectories"]
-BIB_KEYS = {"aubry2025coupling", "gai2021mathematical", "halko2011finding", "biderman2023pythia",
-            "dosovitskiy2021image", "openllmleaderboard", "allal2025smollm2", "wang2020minilm",
-            "lecun1998mnist"}
+FINDINGS = [
+    "f00_coupling_metric",
+    "f01_depth_and_tokens",
+    "f02_generalization",
+    "f03_training_emergence",
+    "f04_vision_transformers",
+    "f05_token_trajectories",
+]
+BIB_KEYS = {
+    "aubry2025coupling",
+    "gai2021mathematical",
+    "halko2011finding",
+    "biderman2023pythia",
+    "dosovitskiy2021image",
+    "openllmleaderboard",
+    "allal2025smollm2",
+    "wang2020minilm",
+    "lecun1998mnist",
+}
 BOOK_PAGES = ["intro", "notation-and-method", "running", "teaching", "status", "bibliography"]
 
 
@@ -27,11 +42,16 @@ def config() -> dict:
 
 # --- configuration -------------------------------------------------------------------------
 
+
 def test_toc_order_is_the_books_reading_order():
-    expected = (["book/intro", "book/notation-and-method"]
-                + [f"notebooks/{f}" for f in FINDINGS]
-                + [f"book/{p}" for p in ("status", "architectures", "performance", "running",
-                                         "teaching", "bibliography")])
+    expected = (
+        ["book/intro", "book/notation-and-method"]
+        + [f"notebooks/{f}" for f in FINDINGS]
+        + [
+            f"book/{p}"
+            for p in ("status", "architectures", "performance", "running", "teaching", "bibliography")
+        ]
+    )
     assert toc_entries(ROOT) == expected
 
 
@@ -69,7 +89,7 @@ def test_bibliography_has_the_required_keys_once():
     text = (ROOT / "book" / "references.bib").read_text()
     keys = re.findall(r"@\w+\{([^,\s]+),", text)
     assert len(keys) == len(set(keys)), "duplicate bibtex keys"
-    assert BIB_KEYS <= set(keys)
+    assert set(keys) >= BIB_KEYS
 
 
 def test_every_citation_in_the_sources_is_in_the_bibliography():
@@ -91,6 +111,7 @@ def test_mathjax_files_are_available_offline():
 
 # --- planning and staging --------------------------------------------------------------------
 
+
 def _scratch_root(tmp_path: Path, notebooks: list[str]) -> Path:
     """A copy of the book sources with the given finding notebooks written (as stand-ins)."""
     root = tmp_path / "repo"
@@ -107,15 +128,19 @@ def _scratch_root(tmp_path: Path, notebooks: list[str]) -> Path:
 
 
 def _executed_notebook(path: Path, title: str = "Scratch finding", status_rows=()) -> None:
-    from coupling_utils.status import METADATA_KEY
+    from coupling_utils.pipeline.status import METADATA_KEY
 
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_markdown_cell(f"# {title}\n\nSome math: $m_K(J_1, J_2)$.")]
-    if status_rows:  # what coupling_utils.status.report() leaves in an executed notebook
+    if status_rows:  # what coupling_utils.pipeline.status.report() leaves in an executed notebook
         cell = nbformat.v4.new_code_cell("report(...)")
-        cell.outputs = [nbformat.v4.new_output(
-            "display_data", data={"text/plain": "status"},
-            metadata={METADATA_KEY: {"notebook": path.stem, "rows": list(status_rows)}})]
+        cell.outputs = [
+            nbformat.v4.new_output(
+                "display_data",
+                data={"text/plain": "status"},
+                metadata={METADATA_KEY: {"notebook": path.stem, "rows": list(status_rows)}},
+            )
+        ]
         nb.cells.append(cell)
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -190,29 +215,38 @@ def test_toc_entry_outside_book_and_notebooks_is_refused(tmp_path):
 
 # --- remote assets ---------------------------------------------------------------------------
 
+
 def test_remote_assets_finds_loads_from_other_hosts_but_not_links(tmp_path):
     (tmp_path / "sub").mkdir()
     (tmp_path / "ok.html").write_text(
         '<html><head><script src="_static/a.js"></script>'
         '<link rel="stylesheet" href="_static/a.css"></head>'
         '<body><a href="https://example.org/paper">a link is fine</a>'
-        '<img src="data:image/png;base64,AAAA"></body></html>')
+        '<img src="data:image/png;base64,AAAA"></body></html>'
+    )
     (tmp_path / "sub" / "bad.html").write_text(
         '<html><head><script src="https://cdn.example.com/x.js"></script>'
         '<link rel="stylesheet" href="//fonts.example.com/css">'
         '<script>const URL = "https://unpkg.example.com/lib.js";</script>'
         '<style>@import "https://css.example.com/a.css";</style></head>'
-        '<body><img src="http://img.example.com/p.png"></body></html>')
+        '<body><img src="http://img.example.com/p.png"></body></html>'
+    )
     (tmp_path / "theme.css").write_text("body{background:url('https://img.example.com/bg.png')}")
     found = remote_assets(tmp_path)
     urls = {u for _, u in found}
-    assert urls == {"https://cdn.example.com/x.js", "//fonts.example.com/css",
-                    "https://unpkg.example.com/lib.js", "https://css.example.com/a.css",
-                    "http://img.example.com/p.png", "https://img.example.com/bg.png"}
+    assert urls == {
+        "https://cdn.example.com/x.js",
+        "//fonts.example.com/css",
+        "https://unpkg.example.com/lib.js",
+        "https://css.example.com/a.css",
+        "http://img.example.com/p.png",
+        "https://img.example.com/bg.png",
+    }
     assert {page for page, _ in found} == {"sub/bad.html", "theme.css"}
 
 
 # --- charts ----------------------------------------------------------------------------------
+
 
 def _chart():
     import altair as alt
@@ -223,7 +257,7 @@ def _chart():
 
 
 def test_to_svg_draws_the_chart_without_a_browser():
-    from coupling_utils.display import to_svg
+    from coupling_utils.analysis.display import to_svg
 
     svg = to_svg(_chart())
     assert svg.lstrip().startswith("<svg") and "</svg>" in svg
@@ -233,7 +267,8 @@ def test_to_svg_draws_the_chart_without_a_browser():
 
 def test_show_displays_an_svg_picture(monkeypatch):
     import IPython.display
-    from coupling_utils import display
+
+    from coupling_utils.analysis import display
 
     shown = []
     monkeypatch.setattr(IPython.display, "display", lambda obj: shown.append(obj))
@@ -244,7 +279,8 @@ def test_show_displays_an_svg_picture(monkeypatch):
 
 def test_show_switches_to_png_for_a_large_chart(monkeypatch):
     import IPython.display
-    from coupling_utils import display
+
+    from coupling_utils.analysis import display
 
     shown = []
     monkeypatch.setattr(IPython.display, "display", lambda obj: shown.append(obj))
@@ -259,7 +295,8 @@ def test_show_switches_to_png_for_a_large_chart(monkeypatch):
 
 def test_static_renderer_makes_bare_charts_svg():
     import altair as alt
-    from coupling_utils.display import RENDERER_NAME, use_static_charts
+
+    from coupling_utils.analysis.display import RENDERER_NAME, use_static_charts
 
     previous = alt.renderers.active
     try:
@@ -273,7 +310,7 @@ def test_static_renderer_makes_bare_charts_svg():
 
 
 def test_to_svg_rejects_what_is_not_a_chart():
-    from coupling_utils.display import to_svg
+    from coupling_utils.analysis.display import to_svg
 
     with pytest.raises(TypeError, match="Altair chart"):
         to_svg(42)
@@ -306,7 +343,7 @@ See {doc}`../book/notation-and-method` and {cite}`aubry2025coupling`.
 ```{code-cell} ipython3
 import altair as alt
 import pandas as pd
-from coupling_utils.display import show
+from coupling_utils.analysis.display import show
 
 show(alt.Chart(pd.DataFrame({"layer": [0, 1, 2], "coupling": [0.2, 0.6, 0.9]}))
      .mark_line(point=True).encode(x="layer:Q", y="coupling:Q"))
@@ -320,18 +357,18 @@ def build_scratch_book(tmp_path: Path) -> Path:
     from nbclient import NotebookClient
 
     root = _scratch_root(tmp_path, [])
-    for page in set(p.stem for p in (root / "book").glob("*.md")) - set(BOOK_PAGES):
+    for page in {p.stem for p in (root / "book").glob("*.md")} - set(BOOK_PAGES):
         (root / "book" / f"{page}.md").unlink()  # other helpers' pages: tested by the full build
     source = root / "notebooks" / "f00_coupling_metric.md"
     source.write_text(SCRATCH_NOTEBOOK)
     nb = jupytext.read(source)
-    NotebookClient(nb, timeout=120, kernel_name="python3",
-                   resources={"metadata": {"path": str(root)}}).execute()
+    NotebookClient(
+        nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(root)}}
+    ).execute()
     executed = tmp_path / "executed"
     executed.mkdir()
     nbformat.write(nb, executed / "f00_coupling_metric.ipynb")
-    return book.build_book(root, executed, tmp_path / "html", strict=True,
-                           work=tmp_path / "work")
+    return book.build_book(root, executed, tmp_path / "html", strict=True, work=tmp_path / "work")
 
 
 @pytest.mark.slow

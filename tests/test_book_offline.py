@@ -9,6 +9,7 @@ Skips when the book is not built or Chromium/Playwright are missing, unless ``CI
 ``COUPLING_REQUIRE_BROWSER=1`` (then it fails). Uses the system Chromium (Debian package
 ``chromium``; ``make browser`` installs it); never downloads a browser.
 """
+
 from __future__ import annotations
 
 import os
@@ -26,13 +27,19 @@ except ImportError:  # reported by the browser_context fixture
 pytestmark = pytest.mark.book
 
 ROOT = Path(__file__).resolve().parents[1]
-REQUIRED = (os.environ.get("CI", "").lower() == "true"
-            or os.environ.get("COUPLING_REQUIRE_BROWSER", "") == "1")
+REQUIRED = os.environ.get("CI", "").lower() == "true" or os.environ.get("COUPLING_REQUIRE_BROWSER", "") == "1"
 CHROMIUM_FLAGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-    "--disable-default-apps", "--disable-extensions",
-    "--host-resolver-rules=MAP * ~NOTFOUND",   # no name resolves: nothing can leave the machine
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-default-apps",
+    "--disable-extensions",
+    "--host-resolver-rules=MAP * ~NOTFOUND",  # no name resolves: nothing can leave the machine
 ]
 LOCAL_SCHEMES = ("file:", "data:", "blob:", "about:")
 NOT_PAGES = {"_static", "_sources", "_images", "_sphinx_design_static"}
@@ -63,7 +70,8 @@ async (waitMs) => {
   const brokenImages = images.filter(i => !(i.complete && i.naturalWidth > 0)).map(brief);
   const outputs = [...document.querySelectorAll('.cell_output, .output')];
   const charts = outputs.flatMap(o => [...o.querySelectorAll('img, svg, canvas, .vega-embed')])
-    .filter(el => !el.closest('mjx-container') && !(el.tagName.toLowerCase() === 'svg' && el.parentElement.closest('svg')));
+    .filter(el => !el.closest('mjx-container')
+                  && !(el.tagName.toLowerCase() === 'svg' && el.parentElement.closest('svg')));
   const emptyCharts = charts.filter(el => {
     if (el.classList.contains('vega-embed')) return !el.querySelector('svg, canvas');
     const r = el.getBoundingClientRect();
@@ -83,23 +91,27 @@ def _unavailable(reason: str):
 
 
 def _chromium() -> str | None:
-    candidates = [os.environ.get("COUPLING_CHROMIUM"), "/usr/bin/chromium",
-                  shutil.which("chromium"), shutil.which("chromium-browser")]
+    candidates = [
+        os.environ.get("COUPLING_CHROMIUM"),
+        "/usr/bin/chromium",
+        shutil.which("chromium"),
+        shutil.which("chromium-browser"),
+    ]
     return next((c for c in candidates if c and Path(c).is_file()), None)
 
 
 def book_pages(html_dir: Path) -> list[Path]:
     """Every built HTML page (theme assets and copied sources excluded)."""
-    return sorted(p for p in html_dir.rglob("*.html")
-                  if not NOT_PAGES.intersection(p.relative_to(html_dir).parts))
+    return sorted(
+        p for p in html_dir.rglob("*.html") if not NOT_PAGES.intersection(p.relative_to(html_dir).parts)
+    )
 
 
 @pytest.fixture(scope="module")
 def html_dir() -> Path:
     path = Path(os.environ.get("COUPLING_BOOK_HTML") or ROOT / "_build" / "html")
     if not (path / "index.html").is_file():
-        _unavailable(f"the book is not built at {path}: run `coupling-book build` "
-                     "(or `make book`) first")
+        _unavailable(f"the book is not built at {path}: run `coupling-book build` (or `make book`) first")
     return path
 
 
@@ -107,19 +119,29 @@ def html_dir() -> Path:
 def browser_context():
     executable = _chromium()
     if executable is None:
-        _unavailable("Chromium not found at /usr/bin/chromium or on PATH: install the Debian "
-                     "package (`make browser`, or `apt-get install chromium`)")
+        _unavailable(
+            "Chromium not found at /usr/bin/chromium or on PATH: install the Debian "
+            "package (`make browser`, or `apt-get install chromium`)"
+        )
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
-        _unavailable("the Python package playwright is missing: `pip install -e '.[test]'` "
-                     "(it drives the system Chromium; no `playwright install` needed)")
+        _unavailable(
+            "the Python package playwright is missing: `pip install -e '.[test]'` "
+            "(it drives the system Chromium; no `playwright install` needed)"
+        )
     profile = tempfile.mkdtemp(prefix="coupling-book-chromium-")
     try:
         with sync_playwright() as pw:
             context = pw.chromium.launch_persistent_context(
-                profile, executable_path=executable, headless=True, args=CHROMIUM_FLAGS,
-                offline=True, service_workers="block", viewport={"width": 1280, "height": 900})
+                profile,
+                executable_path=executable,
+                headless=True,
+                args=CHROMIUM_FLAGS,
+                offline=True,
+                service_workers="block",
+                viewport={"width": 1280, "height": 900},
+            )
             try:
                 yield context
             finally:
@@ -132,12 +154,14 @@ def inspect_page(context, url: str, mathjax_wait_ms: int = MATHJAX_WAIT_MS) -> t
     """Load one page and return (what rendered, problems found)."""
     problems: list[str] = []
     page = context.new_page()
-    page.on("request", lambda r: None if r.url.startswith(LOCAL_SCHEMES)
-            else problems.append(f"request to another host: {r.url}"))
-    page.on("requestfailed", lambda r: problems.append(
-        f"failed request: {r.url} ({r.failure})"))
-    page.on("console", lambda m: problems.append(f"console error: {m.text}")
-            if m.type == "error" else None)
+    page.on(
+        "request",
+        lambda r: (
+            None if r.url.startswith(LOCAL_SCHEMES) else problems.append(f"request to another host: {r.url}")
+        ),
+    )
+    page.on("requestfailed", lambda r: problems.append(f"failed request: {r.url} ({r.failure})"))
+    page.on("console", lambda m: problems.append(f"console error: {m.text}") if m.type == "error" else None)
     page.on("pageerror", lambda e: problems.append(f"uncaught exception: {e}"))
     try:
         page.goto(url, wait_until="load", timeout=30_000)
@@ -154,8 +178,10 @@ def inspect_page(context, url: str, mathjax_wait_ms: int = MATHJAX_WAIT_MS) -> t
     if report["nMath"] and report["mathjax"] != "ready":
         problems.append(f"MathJax {report['mathjax']} on a page with {report['nMath']} formulas")
     if report["unrendered"]:
-        problems.append(f"{len(report['unrendered'])} of {report['nMath']} formulas not rendered, "
-                        f"first: {report['unrendered'][0]}")
+        problems.append(
+            f"{len(report['unrendered'])} of {report['nMath']} formulas not rendered, "
+            f"first: {report['unrendered'][0]}"
+        )
     problems += [f"MathJax error: {m}" for m in report["mathErrors"]]
     problems += [f"image not loaded: {m}" for m in report["brokenImages"]]
     problems += [f"chart not rendered: {m}" for m in report["emptyCharts"]]
@@ -172,8 +198,9 @@ def test_every_page_renders_offline(html_dir, browser_context):
         totals["charts"] += report["nCharts"]
         if problems:
             failures[str(path.relative_to(html_dir))] = problems
-    listing = "\n".join(f"{page}:\n  " + "\n  ".join(p[:300] for p in probs[:15])
-                        for page, probs in failures.items())
+    listing = "\n".join(
+        f"{page}:\n  " + "\n  ".join(p[:300] for p in probs[:15]) for page, probs in failures.items()
+    )
     assert not failures, f"{len(failures)} of {len(pages)} pages failed offline:\n{listing}"
     # The book has formulas (notation page); a check that saw none would prove nothing.
     assert totals["math"] > 0, "no formula found in any page: is MathJax markup being produced?"
@@ -202,7 +229,8 @@ def test_the_check_catches_a_broken_page(tmp_path, browser_context):
         '<script src="https://cdn.example.com/vega.js"></script></head><body>'
         '<span class="math notranslate nohighlight">\\(m_K\\)</span>'
         '<div class="cell_output"><img src="missing.svg"></div>'
-        '<script>console.error("boom")</script></body></html>')
+        '<script>console.error("boom")</script></body></html>'
+    )
     report, problems = inspect_page(browser_context, page.as_uri(), mathjax_wait_ms=500)
     text = "\n".join(problems)
     assert "request to another host: https://cdn.example.com/vega.js" in text

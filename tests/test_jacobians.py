@@ -1,15 +1,19 @@
 """Block Jacobians: the one-sweep token-diagonal method against the authors' per-token method and
 against a full autograd Jacobian of the ordinary block, for every architecture in the table."""
+
 from __future__ import annotations
 
 import pytest
 import torch
 
-from coupling_utils.architectures import ARCHITECTURES, find_architecture, tiny_model
-from coupling_utils.blocks import block_function
-from coupling_utils.jacobians import check_finite, context_jacobians, reference_jacobians, token_jacobians
-
-
+from coupling_utils.engine.architectures import ARCHITECTURES, find_architecture, tiny_model
+from coupling_utils.engine.blocks import block_function
+from coupling_utils.engine.jacobians import (
+    check_finite,
+    context_jacobians,
+    reference_jacobians,
+    token_jacobians,
+)
 
 CASES = [(a.model_types[0], None) for a in ARCHITECTURES] + [
     (a.model_types[0], v) for a in ARCHITECTURES for v in a.tiny_variants
@@ -53,7 +57,7 @@ def test_token_context_and_reference_jacobians_agree(model_type, variant):
     assert C.shape == (T, d, d)
     assert rel(C, F[t2].permute(1, 0, 2)) <= 1e-5
     torch.testing.assert_close(C[t2], J[t2], rtol=1e-4, atol=1e-5)
-    later = C[t2 + 1:].abs().max()
+    later = C[t2 + 1 :].abs().max()
     causal = find_architecture(model).causal == "causal" or variant == "decoder"
     if causal:
         assert later == 0, "a causal block's output cannot depend on later tokens"
@@ -82,8 +86,9 @@ def test_chunking_token_subsets_and_negative_indices():
         torch.testing.assert_close(token_jacobians(model, x, 1, chunk_size=chunk), J, rtol=1e-6, atol=1e-6)
     sub = token_jacobians(model, x, 1, tokens=[-1, 0])
     torch.testing.assert_close(sub, J[[8, 0]])
-    torch.testing.assert_close(reference_jacobians(model, x, 1, tokens=-1, chunk_size=7)[0], J[8], rtol=1e-5,
-                               atol=1e-6)
+    torch.testing.assert_close(
+        reference_jacobians(model, x, 1, tokens=-1, chunk_size=7)[0], J[8], rtol=1e-5, atol=1e-6
+    )
     with pytest.raises(IndexError):
         token_jacobians(model, x, 1, tokens=[9])
     with pytest.raises(ValueError, match="chunk_size"):
@@ -116,7 +121,9 @@ def test_nan_is_reported_with_layer_and_tokens():
     with torch.no_grad():
         model.model.embed_tokens.weight[7] = float("nan")
     # (a NaN key reaches every query through the masked logits, so every token is named)
-    with pytest.raises(ValueError, match=r"NaN/inf in the block Jacobian at layer 0, token\(s\) \[0, 1, 2, 3"):
+    with pytest.raises(
+        ValueError, match=r"NaN/inf in the block Jacobian at layer 0, token\(s\) \[0, 1, 2, 3"
+    ):
         token_jacobians(model, ids, 0)
     with pytest.raises(ValueError, match="NaN/inf in the context Jacobian"):
         context_jacobians(model, ids, 0, 6)
@@ -143,24 +150,32 @@ def test_bfloat16_model_gives_fp32_jacobians_close_to_fp32():
 
 
 def test_accepts_a_loaded_model(tmp_path):
-    from coupling_utils.loading import load_model
+    from coupling_utils.models.loading import load_model
 
     model = tiny_model("phi")
     model.save_pretrained(tmp_path)
     lm = load_model(tmp_path, device="cpu")
     x = _inputs(model)
     torch.testing.assert_close(token_jacobians(lm, x, 0), token_jacobians(model, x, 0), rtol=1e-5, atol=1e-6)
-    from coupling_utils.architectures import transformer_blocks
-    from coupling_utils.blocks import residual_stream
+    from coupling_utils.engine.architectures import transformer_blocks
+    from coupling_utils.engine.blocks import residual_stream
 
     assert transformer_blocks(lm) is lm.model.model.layers
     torch.testing.assert_close(residual_stream(lm, x), residual_stream(model, x))
 
 
-SDPA_CASES = [("falcon", None), ("falcon", "alibi"), ("falcon", "new_decoder"), ("llama", None), ("bert", None)]
+SDPA_CASES = [
+    ("falcon", None),
+    ("falcon", "alibi"),
+    ("falcon", "new_decoder"),
+    ("llama", None),
+    ("bert", None),
+]
 
 
-@pytest.mark.parametrize("model_type,variant", SDPA_CASES, ids=[f"{t}-{v}" if v else t for t, v in SDPA_CASES])
+@pytest.mark.parametrize(
+    "model_type,variant", SDPA_CASES, ids=[f"{t}-{v}" if v else t for t, v in SDPA_CASES]
+)
 def test_models_loaded_with_sdpa_attention(model_type, variant):
     """load_model keeps the default (SDPA) implementation: masks then come in SDPA's format."""
     model = tiny_model(model_type, variant=variant, attn_implementation="sdpa")
@@ -175,13 +190,19 @@ def test_models_loaded_with_sdpa_attention(model_type, variant):
 def test_multimodal_gemma3_uses_its_language_model_blocks():
     from transformers import Gemma3Config, Gemma3ForConditionalGeneration
 
-    from coupling_utils.architectures import transformer_blocks
+    from coupling_utils.engine.architectures import transformer_blocks
 
     row = find_architecture(tiny_model("gemma3_text"))
     config = Gemma3Config(
         text_config=dict(row.tiny),
-        vision_config=dict(hidden_size=16, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2,
-                           image_size=16, patch_size=8),
+        vision_config=dict(
+            hidden_size=16,
+            intermediate_size=16,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            image_size=16,
+            patch_size=8,
+        ),
         mm_tokens_per_image=4,
     )
     config._attn_implementation_internal = "eager"

@@ -1,4 +1,5 @@
 """load_model: local directories, revisions, random-init twins, GGUF, embedded names, clear errors."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -8,9 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from coupling_utils.architectures import UnsupportedArchitectureError, tiny_model
-from coupling_utils.loading import LoadedModel, ModelNotFoundError, load_model
-
+from coupling_utils.engine.architectures import UnsupportedArchitectureError, tiny_model
+from coupling_utils.models.loading import LoadedModel, ModelNotFoundError, load_model
 
 
 def q_weight(m):
@@ -84,9 +84,14 @@ def test_offline_missing_hub_model_gives_instructions(monkeypatch, tmp_path):
     with pytest.raises(ModelNotFoundError) as e:
         load_model("EleutherAI/pythia-14m", revision="step1000")
     msg = str(e.value)
-    assert "'EleutherAI/pythia-14m'" in msg and "huggingface-cli download EleutherAI/pythia-14m --revision step1000" in msg
+    assert (
+        "'EleutherAI/pythia-14m'" in msg
+        and "huggingface-cli download EleutherAI/pythia-14m --revision step1000" in msg
+    )
     assert "HF_HOME" in msg and "HF_HUB_OFFLINE=1" in msg
-    assert e.value.__cause__ is None and e.value.__suppress_context__, "the hub-client traceback must be hidden"
+    assert e.value.__cause__ is None and e.value.__suppress_context__, (
+        "the hub-client traceback must be hidden"
+    )
 
 
 def test_missing_local_path_and_non_model_directory(tmp_path):
@@ -110,9 +115,18 @@ def test_vit_loads_with_its_image_processor_when_available(tmp_path):
     from transformers import AutoImageProcessor
 
     tiny_model("vit").save_pretrained(tmp_path)
-    (tmp_path / "preprocessor_config.json").write_text(json.dumps({
-        "image_processor_type": "ViTImageProcessor", "size": {"height": 8, "width": 8},
-        "image_mean": [0.5], "image_std": [0.5], "do_resize": True, "do_normalize": True}))
+    (tmp_path / "preprocessor_config.json").write_text(
+        json.dumps(
+            {
+                "image_processor_type": "ViTImageProcessor",
+                "size": {"height": 8, "width": 8},
+                "image_mean": [0.5],
+                "image_std": [0.5],
+                "do_resize": True,
+                "do_normalize": True,
+            }
+        )
+    )
     lm = load_model(tmp_path, device="cpu")
     assert lm.arch == "vit" and lm.n_layers == 2 and type(lm.model).__name__ == "ViTModel"
     try:  # the processor needs Pillow/torchvision; without them there is none (and no tokenizer either)
@@ -123,7 +137,7 @@ def test_vit_loads_with_its_image_processor_when_available(tmp_path):
 
 
 def test_embedded_names_go_through_the_zoo(monkeypatch, llama_dir):
-    from coupling_utils import zoo
+    from coupling_utils.models import zoo
 
     calls = []
 
@@ -139,7 +153,7 @@ def test_embedded_names_go_through_the_zoo(monkeypatch, llama_dir):
 
 
 def test_unknown_embedded_name_gives_the_zoo_error():
-    from coupling_utils import zoo
+    from coupling_utils.models import zoo
 
     with pytest.raises(LookupError) as e:
         load_model("embedded:no-such-model-xyz")
@@ -168,12 +182,22 @@ def write_tiny_llama_gguf(model, path: Path) -> None:
     w.add_rope_dimension_count(c.hidden_size // c.num_attention_heads)
     w.add_layer_norm_rms_eps(c.rms_norm_eps)
     w.add_vocab_size(c.vocab_size)
-    top = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-           "lm_head.weight": "output.weight"}
-    per_block = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
-                 "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
-                 "post_attention_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-                 "mlp.down_proj": "ffn_down"}
+    top = {
+        "model.embed_tokens.weight": "token_embd.weight",
+        "model.norm.weight": "output_norm.weight",
+        "lm_head.weight": "output.weight",
+    }
+    per_block = {
+        "input_layernorm": "attn_norm",
+        "self_attn.q_proj": "attn_q",
+        "self_attn.k_proj": "attn_k",
+        "self_attn.v_proj": "attn_v",
+        "self_attn.o_proj": "attn_output",
+        "post_attention_layernorm": "ffn_norm",
+        "mlp.gate_proj": "ffn_gate",
+        "mlp.up_proj": "ffn_up",
+        "mlp.down_proj": "ffn_down",
+    }
     for key, value in model.state_dict().items():
         value = value.float().numpy()
         if key in top:
@@ -198,7 +222,9 @@ def test_gguf_file(tmp_path):
     path = tmp_path / "tiny.gguf"
     write_tiny_llama_gguf(model, path)
     lm = load_model(path, device="cpu")
-    assert lm.arch == "llama" and lm.provenance["source"] == "gguf" and lm.provenance["gguf_file"] == "tiny.gguf"
+    assert (
+        lm.arch == "llama" and lm.provenance["source"] == "gguf" and lm.provenance["gguf_file"] == "tiny.gguf"
+    )
     ids = torch.randint(0, 64, (1, 8))
     with torch.no_grad():
         torch.testing.assert_close(lm.model(ids).logits, model(ids).logits, rtol=1e-4, atol=1e-4)

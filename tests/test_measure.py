@@ -1,4 +1,5 @@
 """measure(): tidy tables, values against direct computation, resuming, atomic writes."""
+
 from __future__ import annotations
 
 import json
@@ -10,10 +11,10 @@ import pandas as pd
 import pytest
 import torch
 
-from coupling_utils.architectures import tiny_model
-from coupling_utils.jacobians import context_jacobians, token_jacobians
-from coupling_utils.measure import TABLES, Measurement, _COLUMNS, coupling_summary, measure
-from coupling_utils.metric import coupling_matrix, coupling_tile
+from coupling_utils.engine.architectures import tiny_model
+from coupling_utils.engine.jacobians import context_jacobians, token_jacobians
+from coupling_utils.engine.metric import coupling_matrix, coupling_tile
+from coupling_utils.measurement.core import _COLUMNS, TABLES, Measurement, coupling_summary, measure
 
 T = 5
 KS = (3, 8)
@@ -27,8 +28,10 @@ def model():
 @pytest.fixture(scope="module")
 def prompts(model):
     g = torch.Generator().manual_seed(7)
-    return {"a": torch.randint(0, model.config.vocab_size, (1, T), generator=g),
-            "b": torch.randint(0, model.config.vocab_size, (1, T - 1), generator=g)}
+    return {
+        "a": torch.randint(0, model.config.vocab_size, (1, T), generator=g),
+        "b": torch.randint(0, model.config.vocab_size, (1, T - 1), generator=g),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +42,9 @@ def full(model, prompts, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def jacobians(model, prompts):
-    return {pid: torch.stack([token_jacobians(model, ids, l) for l in range(2)]) for pid, ids in prompts.items()}
+    return {
+        pid: torch.stack([token_jacobians(model, ids, l) for l in range(2)]) for pid, ids in prompts.items()
+    }
 
 
 def test_tables_have_the_documented_schema(full):
@@ -49,7 +54,7 @@ def test_tables_have_the_documented_schema(full):
         assert len(df) > 0, name
     n_a, n_b = T, T - 1
     assert len(full.depthwise) == len(KS) * 4 * (n_a + n_b)  # 2 layers -> 4 pairs per token and K
-    assert len(full.tokenwise) == len(KS) * 2 * (n_a ** 2 + n_b ** 2)
+    assert len(full.tokenwise) == len(KS) * 2 * (n_a**2 + n_b**2)
     assert len(full.singular_values) == max(KS) * 2 * (n_a + n_b)
     assert len(full.tiles) == 9 * 4 * (n_a + n_b)
     assert set(full.prompts["prompt"]) == {"a", "b"}
@@ -59,7 +64,7 @@ def test_tables_have_the_documented_schema(full):
 
 
 def test_depthwise_and_tokenwise_match_coupling_matrix(full, jacobians):
-    for pid, J in jacobians.items():  # J [L, T, d, d]
+    for pid, J in jacobians.items():  # noqa: B007 (pid is read by the query strings); J [L, T, d, d]
         for t in range(J.shape[1]):
             for k in KS:
                 M = coupling_matrix(J[:, t], k)
@@ -125,8 +130,16 @@ def test_interrupted_run_resumes_and_only_computes_the_rest(model, prompts, full
             raise Stop
 
     with pytest.raises(Stop):
-        measure(model, prompts, tokens="all", k=KS, context="last", tiles=3, out=tmp_path,
-                callback=stop_at_second_prompt)
+        measure(
+            model,
+            prompts,
+            tokens="all",
+            k=KS,
+            context="last",
+            tiles=3,
+            out=tmp_path,
+            callback=stop_at_second_prompt,
+        )
     assert seen == [("a", 0, True), ("a", 1, True), ("b", 0, True)]
     assert (tmp_path / "prompts" / "a" / "done.json").exists()
     layer_dir = tmp_path / "_work" / "b" / "layer_0000"
@@ -135,16 +148,32 @@ def test_interrupted_run_resumes_and_only_computes_the_rest(model, prompts, full
     assert not list(tmp_path.rglob("*.tmp"))
 
     seen.clear()
-    res = measure(model, prompts, tokens="all", k=KS, context="last", tiles=3, out=tmp_path,
-                  callback=lambda info: seen.append((info["prompt"], info["layer"], info["computed"])))
+    res = measure(
+        model,
+        prompts,
+        tokens="all",
+        k=KS,
+        context="last",
+        tiles=3,
+        out=tmp_path,
+        callback=lambda info: seen.append((info["prompt"], info["layer"], info["computed"])),
+    )
     assert seen == [("b", 0, False), ("b", 1, True)]  # prompt a loaded whole; b's layer 0 loaded
     for name in ("depthwise", "tokenwise", "context", "singular_values", "tiles", "prompts"):
         pd.testing.assert_frame_equal(getattr(res, name), getattr(full, name), check_exact=False, atol=1e-6)
 
     # a third call finds everything stored and computes nothing
     seen.clear()
-    measure(model, prompts, tokens="all", k=KS, context="last", tiles=3, out=tmp_path,
-            callback=lambda info: seen.append(info["computed"]))
+    measure(
+        model,
+        prompts,
+        tokens="all",
+        k=KS,
+        context="last",
+        tiles=3,
+        out=tmp_path,
+        callback=lambda info: seen.append(info["computed"]),
+    )
     assert seen == []
 
 
@@ -160,8 +189,17 @@ def test_other_settings_in_the_same_out_are_refused(model, prompts, tmp_path):
 
 def test_matrix_free_with_full_rank_probe_equals_exact(model, prompts, full):
     seen = []
-    res = measure(model, {"a": prompts["a"]}, tokens=[1, -1], k=KS, method="matrix_free", solver="subspace",
-                  oversample=32, n_iter=0, callback=lambda i: seen.append((i["stage"], i["layer"])))
+    res = measure(
+        model,
+        {"a": prompts["a"]},
+        tokens=[1, -1],
+        k=KS,
+        method="matrix_free",
+        solver="subspace",
+        oversample=32,
+        n_iter=0,
+        callback=lambda i: seen.append((i["stage"], i["layer"])),
+    )
     # l = d: the range finder sees everything, so the result is exact up to rounding
     ref = full.depthwise.query("prompt == 'a' and token in [1, 4]").reset_index(drop=True)
     np.testing.assert_allclose(res.depthwise["m"], ref["m"], atol=1e-4)
@@ -174,8 +212,17 @@ def test_matrix_free_with_full_rank_probe_equals_exact(model, prompts, full):
 
 
 def test_matrix_free_vju_orientation_matches_coupling_matrix(model, prompts, jacobians):
-    res = measure(model, {"a": prompts["a"]}, tokens=[0, -1], k=3, method="matrix_free", solver="subspace",
-                  oversample=29, n_iter=0, orientation="vju")
+    res = measure(
+        model,
+        {"a": prompts["a"]},
+        tokens=[0, -1],
+        k=3,
+        method="matrix_free",
+        solver="subspace",
+        oversample=29,
+        n_iter=0,
+        orientation="vju",
+    )
     J = jacobians["a"]
     M = coupling_matrix(J[:, 4], 3, orientation="vju")
     got = res.depthwise.query("token == 4").pivot(index="layer_i", columns="layer_j", values="m")
@@ -187,14 +234,18 @@ def test_matrix_free_vju_orientation_matches_coupling_matrix(model, prompts, jac
 
 def test_matrix_free_tiles_use_the_true_jacobian(model, prompts, full):
     """With a truncated sketch the error comes only from the top-K vectors, not from J itself."""
-    res = measure(model, {"a": prompts["a"]}, k=3, solver="subspace", method="matrix_free", oversample=10, n_iter=3)
+    res = measure(
+        model, {"a": prompts["a"]}, k=3, solver="subspace", method="matrix_free", oversample=10, n_iter=3
+    )
     ref = full.depthwise.query("prompt == 'a' and token == 4 and K == 3").reset_index(drop=True)
     assert np.abs(res.depthwise["coupling"] - ref["coupling"]).max() < 0.02
     assert set(res.timings["block_passes"]) == {(2 * 3 + 2) * 13 + 3}
 
 
 def test_randomized_method_is_close_to_exact_and_last_token_is_default(model, prompts, full):
-    res = measure(model, {"a": prompts["a"]}, k=3, solver="subspace", method="randomized", n_iter=4, oversample=29)
+    res = measure(
+        model, {"a": prompts["a"]}, k=3, solver="subspace", method="randomized", n_iter=4, oversample=29
+    )
     assert set(res.depthwise["token"]) == {T - 1} and res.tokenwise.empty
     ref = full.depthwise.query("prompt == 'a' and token == 4 and K == 3").reset_index(drop=True)
     np.testing.assert_allclose(res.depthwise["m"], ref["m"], atol=1e-4)
@@ -205,8 +256,15 @@ def deep_model():
     """A tiny Llama with 4 blocks (d = 32), weights at a realistic scale, for depth windows."""
     from transformers import AutoModelForCausalLM, LlamaConfig
 
-    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    cfg = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         m = AutoModelForCausalLM.from_config(cfg)
@@ -233,8 +291,9 @@ def _pairs(df):
 
 def test_depth_window_keeps_only_near_pairs_for_every_method(deep_model, deep_ids, deep_exact):
     near = [(i, j) for i in range(4) for j in range(4) if abs(i - j) <= 1]
-    win = measure(deep_model, {"a": deep_ids}, tokens=[2, -1], k=(3, 6), tiles=2, context="last",
-                  depth_window=1)
+    win = measure(
+        deep_model, {"a": deep_ids}, tokens=[2, -1], k=(3, 6), tiles=2, context="last", depth_window=1
+    )
     assert _pairs(win.depthwise) == near and _pairs(win.tiles) == near
     ctx = win.context.query("layer_i != layer_j")
     assert len(ctx) > 0 and (ctx["layer_i"] - ctx["layer_j"]).abs().max() == 1
@@ -250,14 +309,27 @@ def test_depth_window_keeps_only_near_pairs_for_every_method(deep_model, deep_id
 def test_matrix_free_depth_window_matches_exact_and_counts_passes(deep_model, deep_ids, deep_exact):
     key = ["prompt", "token", "K", "layer_i", "layer_j"]
     # block·steps = d = 32: the Krylov space is everything, so the values are exact
-    mf = measure(deep_model, {"a": deep_ids}, tokens="last", k=(3, 6), method="matrix_free",
-                 block=4, steps=8, depth_window=1)
+    mf = measure(
+        deep_model,
+        {"a": deep_ids},
+        tokens="last",
+        k=(3, 6),
+        method="matrix_free",
+        block=4,
+        steps=8,
+        depth_window=1,
+    )
     assert _pairs(mf.depthwise) == [(i, j) for i in range(4) for j in range(4) if abs(i - j) <= 1]
     both = mf.depthwise.merge(deep_exact.depthwise, on=key, suffixes=("", "_exact"))
     assert len(both) == len(mf.depthwise)
     np.testing.assert_allclose(both["coupling"], both["coupling_exact"], atol=1e-4)
     # per layer: (2·steps − 1)·block for the spectra + (partners)·max(k) tiles; no token-wise tiles
-    assert list(mf.timings["block_passes"]) == [15 * 4 + 1 * 6, 15 * 4 + 2 * 6, 15 * 4 + 2 * 6, 15 * 4 + 1 * 6]
+    assert list(mf.timings["block_passes"]) == [
+        15 * 4 + 1 * 6,
+        15 * 4 + 2 * 6,
+        15 * 4 + 2 * 6,
+        15 * 4 + 1 * 6,
+    ]
     settings = mf.provenance["settings"]
     assert (settings["solver"], settings["block"], settings["steps"]) == ("lanczos", 4, 8)
     assert settings["oversample"] is None and settings["n_iter"] is None
@@ -293,9 +365,22 @@ def test_windowed_matrix_free_run_resumes(deep_model, deep_ids, tmp_path):
     with pytest.raises(Stop):
         measure(deep_model, {"a": deep_ids}, callback=stop_at_cross_2, **kw)
     seen = []
-    res = measure(deep_model, {"a": deep_ids}, callback=lambda i: seen.append((i["stage"], i["layer"], i["computed"])), **kw)
-    assert seen == [("layer", 0, False), ("layer", 1, False), ("layer", 2, False), ("layer", 3, False),
-                    ("cross", 0, False), ("cross", 1, False), ("cross", 2, False), ("cross", 3, True)]
+    res = measure(
+        deep_model,
+        {"a": deep_ids},
+        callback=lambda i: seen.append((i["stage"], i["layer"], i["computed"])),
+        **kw,
+    )
+    assert seen == [
+        ("layer", 0, False),
+        ("layer", 1, False),
+        ("layer", 2, False),
+        ("layer", 3, False),
+        ("cross", 0, False),
+        ("cross", 1, False),
+        ("cross", 2, False),
+        ("cross", 3, True),
+    ]
     fresh = measure(deep_model, {"a": deep_ids}, **{**kw, "out": None})
     pd.testing.assert_frame_equal(res.depthwise, fresh.depthwise)
     # the stored settings key includes the solver and the window
@@ -309,7 +394,10 @@ def test_windowed_matrix_free_run_resumes(deep_model, deep_ids, tmp_path):
 
 def test_settings_stored_before_the_solver_setting_still_resume(model, prompts, tmp_path):
     kw = dict(layers=[0, 1], tokens="last", k=3, out=tmp_path)
-    for method, extra in (("exact", {}), ("matrix_free", {"solver": "subspace", "oversample": 5, "n_iter": 1})):
+    for method, extra in (
+        ("exact", {}),
+        ("matrix_free", {"solver": "subspace", "oversample": 5, "n_iter": 1}),
+    ):
         out = tmp_path / method
         measure(model, {"a": prompts["a"]}, **{**kw, "out": out, "method": method, **extra})
         cfg = json.loads((out / "settings.json").read_text())
@@ -317,8 +405,12 @@ def test_settings_stored_before_the_solver_setting_still_resume(model, prompts, 
             cfg.pop(key)
         (out / "settings.json").write_text(json.dumps(cfg))
         seen = []
-        measure(model, {"a": prompts["a"]}, **{**kw, "out": out, "method": method, **extra},
-                callback=lambda i: seen.append(i))
+        measure(
+            model,
+            {"a": prompts["a"]},
+            **{**kw, "out": out, "method": method, **extra},
+            callback=seen.append,
+        )
         assert seen == []  # recognised as the same settings: nothing recomputed
 
 
@@ -340,8 +432,20 @@ def test_solver_and_window_arguments_raise_clear_errors(model, prompts):
 
 
 def test_coupling_summary_refuses_missing_pairs():
-    rows = [{"prompt": "p", "token": 0, "K": 10, "layer_i": i, "layer_j": j, "m": 0.5, "coupling": 0.75 - 0.1 * abs(i - j)}
-            for i in range(4) for j in range(4) if abs(i - j) <= 1]
+    rows = [
+        {
+            "prompt": "p",
+            "token": 0,
+            "K": 10,
+            "layer_i": i,
+            "layer_j": j,
+            "m": 0.5,
+            "coupling": 0.75 - 0.1 * abs(i - j),
+        }
+        for i in range(4)
+        for j in range(4)
+        if abs(i - j) <= 1
+    ]
     df = pd.DataFrame(rows)
     assert coupling_summary(df, "adjacent") == pytest.approx(0.65)
     with pytest.raises(ValueError, match="how='offdiag' averages all ordered pairs of different layers"):
@@ -403,10 +507,28 @@ def test_coupling_summary_offdiag_and_adjacent():
         for i in range(3):
             for j in range(3):
                 c = 1.0 if i == j else scale * (0.9 if abs(i - j) == 1 else 0.3)
-                rows.append({"prompt": prompt, "token": 0, "K": 10, "layer_i": i, "layer_j": j,
-                             "m": np.sqrt(1 - c), "coupling": c})
-                rows.append({"prompt": prompt, "token": 0, "K": 50, "layer_i": i, "layer_j": j,
-                             "m": 0.0, "coupling": 0.0 if i != j else 1.0})
+                rows.append(
+                    {
+                        "prompt": prompt,
+                        "token": 0,
+                        "K": 10,
+                        "layer_i": i,
+                        "layer_j": j,
+                        "m": np.sqrt(1 - c),
+                        "coupling": c,
+                    }
+                )
+                rows.append(
+                    {
+                        "prompt": prompt,
+                        "token": 0,
+                        "K": 50,
+                        "layer_i": i,
+                        "layer_j": j,
+                        "m": 0.0,
+                        "coupling": 0.0 if i != j else 1.0,
+                    }
+                )
     df = pd.DataFrame(rows)
     # off-diagonal at K=10: 4 adjacent pairs at 0.9·s and 2 far ones at 0.3·s -> 0.7·s per prompt
     assert coupling_summary(df, "offdiag", k=10) == pytest.approx((0.7 + 0.35) / 2)
@@ -422,13 +544,14 @@ def test_coupling_summary_offdiag_and_adjacent():
 
 def test_measurement_summary_uses_the_depthwise_table(full):
     assert full.summary("offdiag", k=3) == pytest.approx(
-        full.depthwise.query("K == 3 and layer_i != layer_j").groupby("prompt")["coupling"].mean().mean())
+        full.depthwise.query("K == 3 and layer_i != layer_j").groupby("prompt")["coupling"].mean().mean()
+    )
 
 
 def test_a_second_run_into_the_same_folder_waits_for_the_first(deep_model, deep_ids, tmp_path, capsys):
     import threading
 
-    from coupling_utils.cache import file_lock, is_locked
+    from coupling_utils.files import file_lock, is_locked
 
     held, release = threading.Event(), threading.Event()
 

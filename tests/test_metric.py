@@ -1,11 +1,12 @@
 """Unit tests of the coupling metric's properties (paper_method.md, "Coupling metric")."""
+
 import math
 
 import numpy as np
 import pytest
 import torch
 
-from coupling_utils.metric import SVD, coupling, coupling_matrix, coupling_tile, svd
+from coupling_utils.engine.metric import SVD, coupling, coupling_matrix, coupling_tile, svd
 
 
 def _rand(d=32, seed=0):
@@ -64,10 +65,12 @@ def test_definition_by_hand():
     assert torch.allclose(coupling_tile(J1, J2, k), tile)
     # trace normalisation and the vju orientation
     assert coupling(J1, J2, k, normalize="trace") == pytest.approx(
-        float(torch.linalg.norm(tile - torch.diag(s1)) / s1.sum()), rel=1e-12)
+        float(torch.linalg.norm(tile - torch.diag(s1)) / s1.sum()), rel=1e-12
+    )
     tile_vju = (Vh[:k] @ J1 @ U[:, :k]).abs()
     assert coupling(J1, J2, k, orientation="vju") == pytest.approx(
-        float(torch.linalg.norm(tile_vju - torch.diag(s1)) / torch.linalg.norm(s1)), rel=1e-12)
+        float(torch.linalg.norm(tile_vju - torch.diag(s1)) / torch.linalg.norm(s1)), rel=1e-12
+    )
     # p changes only the denominator
     assert coupling(J1, J2, k, p=1) == pytest.approx(coupling(J1, J2, k, normalize="trace"), rel=1e-12)
 
@@ -96,7 +99,9 @@ def test_low_precision_inputs_use_fp32():
     assert coupling(J, J, 5) < 1e-5
 
 
-@pytest.mark.parametrize("bad_k, err", [(0, ValueError), (33, ValueError), (2.5, TypeError), (True, TypeError)])
+@pytest.mark.parametrize(
+    "bad_k, err", [(0, ValueError), (33, ValueError), (2.5, TypeError), (True, TypeError)]
+)
 def test_bad_k(bad_k, err):
     J = _rand()
     with pytest.raises(err, match="k"):

@@ -4,6 +4,7 @@ All notebooks run in one ``run_notebooks(..., jobs=2)`` call, the way ``make boo
 (models built first, two notebooks at a time); each notebook then has its own test. The executed
 notebooks are what the book-phase tests (``pytest -m book``) build and browse.
 """
+
 from __future__ import annotations
 
 import json
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from coupling_utils.execution import embedded_models, notebook_paths, run_notebooks
+from coupling_utils.pipeline.execution import embedded_models, notebook_paths, run_notebooks
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE_DIR = ROOT / "_build" / "smoke" / "notebooks"
@@ -35,6 +36,11 @@ def test_smoke_run(nb, smoke_runs):
 
 
 def test_embedded_models_are_found_in_parameter_values():
-    values = {"model": "embedded:smollm2-135m", "more": ["embedded:minilm-l6", "gpt2"], "k": 10,
-              "family": "embedded:lm-family/w64-l2-s100-seed0", "again": "embedded:minilm-l6"}
+    values = {
+        "model": "embedded:smollm2-135m",
+        "more": ["embedded:minilm-l6", "gpt2"],
+        "k": 10,
+        "family": "embedded:lm-family/w64-l2-s100-seed0",
+        "again": "embedded:minilm-l6",
+    }
     assert embedded_models(values) == ["embedded:smollm2-135m", "embedded:minilm-l6", "embedded:lm-family"]

@@ -1,4 +1,5 @@
 """The book pipeline's contracts: parameters cells, profiles, the CLI, and the environment files."""
+
 from __future__ import annotations
 
 import re
@@ -9,9 +10,23 @@ from pathlib import Path
 import pytest
 import yaml
 
-from coupling_utils.execution import find_notebooks, notebook_paths, parse_override, profile_values, profiles
-from coupling_utils.params import (ParameterError, check_choice, check_int, check_k, check_list, check_model,
-                                   check_overrides, notebook_parameters)
+from coupling_utils.pipeline.execution import (
+    find_notebooks,
+    notebook_paths,
+    parse_override,
+    profile_values,
+    profiles,
+)
+from coupling_utils.pipeline.params import (
+    ParameterError,
+    check_choice,
+    check_int,
+    check_k,
+    check_list,
+    check_model,
+    check_overrides,
+    notebook_parameters,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = notebook_paths(ROOT)
@@ -39,16 +54,26 @@ def test_every_profile_file_validates_against_its_notebook(nb, profile):
 def test_page_skeleton(nb):
     text = nb.read_text()
     headings = re.findall(r"^## (.+)$", text, flags=re.M)
-    expected = ["The claim", "The paper's figure", "Parameters", "Setup", "Results",
-                "What matched and what did not", "Exercises", "References"]
+    expected = [
+        "The claim",
+        "The paper's figure",
+        "Parameters",
+        "Setup",
+        "Results",
+        "What matched and what did not",
+        "Exercises",
+        "References",
+    ]
     assert [h for h in headings if h in expected] == expected, headings
 
 
 def _write_nb(tmp_path, cell):
     nb = tmp_path / "f99_x.md"
-    nb.write_text("---\njupytext:\n  text_representation:\n    extension: .md\n    format_name: myst\n"
-                  "kernelspec:\n  display_name: Python 3\n  language: python\n  name: python3\n---\n\n"
-                  f"```{{code-cell}} ipython3\n:tags: [parameters]\n\n{cell}\n```\n")
+    nb.write_text(
+        "---\njupytext:\n  text_representation:\n    extension: .md\n    format_name: myst\n"
+        "kernelspec:\n  display_name: Python 3\n  language: python\n  name: python3\n---\n\n"
+        f"```{{code-cell}} ipython3\n:tags: [parameters]\n\n{cell}\n```\n"
+    )
     return nb
 
 
@@ -96,8 +121,13 @@ def test_find_notebooks_by_prefix():
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "coupling_utils.cli", *args], capture_output=True, text=True,
-                          cwd=ROOT, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "coupling_utils.pipeline.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=600,
+    )
 
 
 def test_cli_list():
@@ -115,8 +145,22 @@ def test_cli_bad_parameter_fails_naming_it(tmp_path):
     r = _cli("run", "f00", "--profile", "smoke", "-p", "nope=1", "--output-dir", str(tmp_path))
     assert r.returncode != 0 and "unknown parameter 'nope'" in r.stdout
     # in parallel too: an unknown name is reported before any model is built or kernel started
-    r = _cli("run", "f00", "f01", "--profile", "smoke", "-p", "nope=1", "--jobs", "2", "--output-dir", str(tmp_path))
-    assert r.returncode != 0 and "building" not in r.stdout and r.stdout.count("unknown parameter 'nope'") == 2
+    r = _cli(
+        "run",
+        "f00",
+        "f01",
+        "--profile",
+        "smoke",
+        "-p",
+        "nope=1",
+        "--jobs",
+        "2",
+        "--output-dir",
+        str(tmp_path),
+    )
+    assert (
+        r.returncode != 0 and "building" not in r.stdout and r.stdout.count("unknown parameter 'nope'") == 2
+    )
     r = _cli("run", "f00", "--jobs", "0", "--output-dir", str(tmp_path))
     assert r.returncode == 2 and "jobs must be a positive integer" in r.stderr
 

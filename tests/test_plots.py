@@ -1,4 +1,5 @@
 """Chart builders: valid Vega-Lite, rendered offline to SVG, drawing the right things."""
+
 from __future__ import annotations
 
 import json
@@ -11,11 +12,11 @@ import torch
 alt = pytest.importorskip("altair")
 vlc = pytest.importorskip("vl_convert")
 
-from coupling_utils import aggregate as A  # noqa: E402
-from coupling_utils import plots as P  # noqa: E402
-from coupling_utils import trajectories as T  # noqa: E402
-from coupling_utils.metric import coupling_matrix  # noqa: E402
-from coupling_utils.stats import ols  # noqa: E402
+from coupling_utils.analysis import coupling_metric as A  # noqa: E402
+from coupling_utils.analysis import plots as P  # noqa: E402
+from coupling_utils.analysis import trajectories as T  # noqa: E402
+from coupling_utils.analysis.stats import ols  # noqa: E402
+from coupling_utils.engine.metric import coupling_matrix  # noqa: E402
 
 
 def render(chart) -> str:
@@ -41,8 +42,10 @@ def coupled():
     U, _ = torch.linalg.qr(torch.randn(24, 24, generator=g, dtype=torch.float64))
     V, _ = torch.linalg.qr(torch.randn(24, 24, generator=g, dtype=torch.float64))
     S = torch.linspace(3, 0.1, 24, dtype=torch.float64)
-    Js = torch.stack([U @ torch.diag(S * (1 + 0.1 * l)) @ V.T for l in range(3)]
-                     + [torch.randn(24, 24, generator=g, dtype=torch.float64)])
+    Js = torch.stack(
+        [U @ torch.diag(S * (1 + 0.1 * l)) @ V.T for l in range(3)]
+        + [torch.randn(24, 24, generator=g, dtype=torch.float64)]
+    )
     return Js, coupling_matrix(Js, 6)
 
 
@@ -62,8 +65,15 @@ def test_tile_grid_facets_layers_and_normalises(coupled):
 
 
 def test_tile_grid_warns_when_huge():
-    df = pd.DataFrame({"layer_i": 0, "layer_j": 0, "row": np.arange(70_000) % 265,
-                       "col": np.arange(70_000) // 265, "value": 1.0})
+    df = pd.DataFrame(
+        {
+            "layer_i": 0,
+            "layer_j": 0,
+            "row": np.arange(70_000) % 265,
+            "col": np.arange(70_000) // 265,
+            "value": 1.0,
+        }
+    )
     with pytest.warns(UserWarning, match="heavy"):
         P.tile_grid(df)
 
@@ -78,8 +88,14 @@ def test_coupling_heatmap_shows_one_minus_m_squared(coupled):
     render(chart)
     raw = P.coupling_heatmap(df, "layer_j", "layer_i", "value", show="m")
     assert raw.to_dict()["encoding"]["color"]["scale"]["reverse"] is True
-    faceted = P.coupling_heatmap(pd.concat([df.assign(step=s) for s in (1, 143000)]),
-                                 "layer_j", "layer_i", "value", facet="step", title="t")
+    faceted = P.coupling_heatmap(
+        pd.concat([df.assign(step=s) for s in (1, 143000)]),
+        "layer_j",
+        "layer_i",
+        "value",
+        facet="step",
+        title="t",
+    )
     assert faceted.to_dict()["facet"]["field"] == "step"
     render(faceted)
     with pytest.raises(ValueError, match="show must be"):
@@ -108,12 +124,17 @@ def test_layer_coupling_graph_draws_edges_above_threshold(coupled):
 
 # --------------------------------------------------------------------------- curves
 def test_training_curve_keeps_step_zero_on_log_axis():
-    df = pd.DataFrame({"step": [0, 1, 8, 512, 143000] * 2, "coupling": np.linspace(0, 1, 10),
-                       "model": ["pythia-6.9b"] * 5 + ["pythia-12b"] * 5})
+    df = pd.DataFrame(
+        {
+            "step": [0, 1, 8, 512, 143000] * 2,
+            "coupling": np.linspace(0, 1, 10),
+            "model": ["pythia-6.9b"] * 5 + ["pythia-12b"] * 5,
+        }
+    )
     chart = P.training_curve(df, "step", "coupling", "model", title="emergence")
     x = chart.to_dict()["encoding"]["x"]
     assert x["scale"]["type"] == "symlog"
-    assert x["axis"]["values"][:2] == [0, 1] and x["axis"]["values"][-1] == 10 ** 6
+    assert x["axis"]["values"][:2] == [0, 1] and x["axis"]["values"][-1] == 10**6
     assert chart.to_dict()["encoding"]["color"]["scale"]["range"] == P.OKABE_ITO
     render(chart)
     lin = P.training_curve(df, "step", "coupling", log_step=False)
@@ -154,8 +175,12 @@ def test_layer_profile_and_bars():
 # --------------------------------------------------------------------------- trajectories
 def test_trajectory_pca_chart_facets_models():
     traj = torch.randn(6, 4, 10, dtype=torch.float64).cumsum(0)
-    pca = pd.concat([T.trajectory_pca(traj).assign(model="trained"),
-                     T.trajectory_pca(2 * traj).assign(model="random init")])
+    pca = pd.concat(
+        [
+            T.trajectory_pca(traj).assign(model="trained"),
+            T.trajectory_pca(2 * traj).assign(model="random init"),
+        ]
+    )
     chart = P.trajectory_pca_chart(pca, facet="model", title="PCA")
     spec = chart.to_dict()
     assert spec["resolve"]["scale"] == {"x": "independent", "y": "independent"}

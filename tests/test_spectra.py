@@ -1,15 +1,25 @@
 """Top-K spectra: exact, randomized (Halko et al.), and matrix-free through model blocks."""
+
 from __future__ import annotations
 
 import pytest
 import torch
 
-from coupling_utils.architectures import tiny_model
-from coupling_utils.jacobians import token_jacobians
-from coupling_utils.metric import SVD, coupling
-from coupling_utils.spectra import (TokenOperator, block_lanczos_svd, block_passes, lanczos_plan,
-                                    lapack_threads, matrix_free_topk, operator_topk, randomized_svd,
-                                    solver_passes, topk_svd)
+from coupling_utils.engine.architectures import tiny_model
+from coupling_utils.engine.jacobians import token_jacobians
+from coupling_utils.engine.metric import SVD, coupling
+from coupling_utils.engine.spectra import (
+    TokenOperator,
+    block_lanczos_svd,
+    block_passes,
+    lanczos_plan,
+    lapack_threads,
+    matrix_free_topk,
+    operator_topk,
+    randomized_svd,
+    solver_passes,
+    topk_svd,
+)
 
 
 def _with_spectrum(s: torch.Tensor, batch=(), seed=0) -> torch.Tensor:
@@ -63,8 +73,12 @@ def test_power_iterations_reduce_the_error_without_a_gap():
     s = 1.0 / torch.arange(1, 101).double() ** 0.5  # slow decay: hard for a range finder
     J = _with_spectrum(s, (4,), seed=3)
     ex = topk_svd(J, 10)
-    errs = [((topk_svd(J, 10, "randomized", oversample=5, n_iter=q).S - ex.S).abs().max() / ex.S[..., 0].max()).item()
-            for q in (0, 2, 6)]
+    errs = [
+        (
+            (topk_svd(J, 10, "randomized", oversample=5, n_iter=q).S - ex.S).abs().max() / ex.S[..., 0].max()
+        ).item()
+        for q in (0, 2, 6)
+    ]
     assert errs[0] > errs[1] > errs[2]
     assert errs[0] > 1e-2  # the test matrix really is hard without power iterations
 
@@ -145,7 +159,10 @@ def test_lanczos_without_a_gap_beats_subspace_iteration_per_product():
 
     lz = topk_svd(J, 10, "lanczos", block=5, steps=6)  # 55 products
     sub = topk_svd(J, 10, "randomized", oversample=4, n_iter=1)  # 56 products
-    assert solver_passes(10, block=5, steps=6) == 55 and solver_passes(10, solver="subspace", oversample=4, n_iter=1) == 56
+    assert (
+        solver_passes(10, block=5, steps=6) == 55
+        and solver_passes(10, solver="subspace", oversample=4, n_iter=1) == 56
+    )
     assert err(lz) < 0.5 * err(sub)
     assert err(lz) < 0.02
     # more steps: a larger Krylov space, a smaller error; all of it (block·steps = d): exact
@@ -158,17 +175,22 @@ def test_lanczos_without_a_gap_beats_subspace_iteration_per_product():
 def test_lanczos_counts_products_and_keeps_all_ritz_triplets():
     J = torch.randn(2, 40, 30, dtype=torch.float64)
     apply, apply_t, calls = _counting(J)
-    svd, products = block_lanczos_svd(apply, apply_t, tuple(J.shape), 5, block=3, steps=4,
-                                      dtype=torch.float64)
+    svd, products = block_lanczos_svd(
+        apply, apply_t, tuple(J.shape), 5, block=3, steps=4, dtype=torch.float64
+    )
     assert products == calls["cols"] == (2 * 4 - 1) * 3 == solver_passes(5, block=3, steps=4, d=30)
     assert svd.U.shape == (2, 40, 5) and svd.S.shape == (2, 5) and svd.Vh.shape == (2, 5, 30)
     # the returned bases diagonalise J exactly: Uᵀ J V = diag(S), with no further products
-    all_, _ = block_lanczos_svd(apply, apply_t, tuple(J.shape), 5, block=3, steps=4,
-                                dtype=torch.float64, keep="all")
+    all_, _ = block_lanczos_svd(
+        apply, apply_t, tuple(J.shape), 5, block=3, steps=4, dtype=torch.float64, keep="all"
+    )
     assert all_.S.shape == (2, 12)
-    torch.testing.assert_close(all_.U.transpose(-1, -2) @ J @ all_.Vh.transpose(-1, -2),
-                               torch.diag_embed(all_.S), atol=1e-10, rtol=0)
-    torch.testing.assert_close(all_.U.transpose(-1, -2) @ all_.U, torch.eye(12, dtype=torch.float64).expand(2, 12, 12))
+    torch.testing.assert_close(
+        all_.U.transpose(-1, -2) @ J @ all_.Vh.transpose(-1, -2), torch.diag_embed(all_.S), atol=1e-10, rtol=0
+    )
+    torch.testing.assert_close(
+        all_.U.transpose(-1, -2) @ all_.U, torch.eye(12, dtype=torch.float64).expand(2, 12, 12)
+    )
     # block·steps may not exceed min(m, n) = 30: steps is capped at 30 // 4 = 7
     calls["cols"] = 0
     _, products = block_lanczos_svd(apply, apply_t, tuple(J.shape), 5, block=4, steps=20, dtype=torch.float64)
@@ -184,8 +206,9 @@ def test_lanczos_is_deterministic_per_seed_and_handles_rank_deficiency():
     assert all(torch.equal(x, y) for x, y in zip(a, b))
     # rank 3 < block·steps: the Krylov space is exhausted early, the basis must stay orthonormal
     low = _with_spectrum(torch.cat([torch.tensor([3.0, 2.0, 1.0]), torch.zeros(27)]).double())
-    svd, _ = block_lanczos_svd(lambda V: low @ V, lambda U: low.T @ U, (30, 30), 3, block=2, steps=5,
-                               dtype=torch.float64, keep="all")
+    svd, _ = block_lanczos_svd(
+        lambda V: low @ V, lambda U: low.T @ U, (30, 30), 3, block=2, steps=5, dtype=torch.float64, keep="all"
+    )
     torch.testing.assert_close(svd.S[:3], torch.tensor([3.0, 2.0, 1.0]).double())
     assert svd.S[3:].abs().max() < 1e-10
     torch.testing.assert_close(svd.U.T @ svd.U, torch.eye(10, dtype=torch.float64))
@@ -222,7 +245,7 @@ def test_lapack_threads_restores_the_thread_count():
 
 def _toy_token_diagonal(T=5, d=12):
     g = torch.Generator().manual_seed(0)
-    W1, W2 = torch.randn(d, d, generator=g) / d ** 0.5, torch.randn(d, d, generator=g) / d ** 0.5
+    W1, W2 = torch.randn(d, d, generator=g) / d**0.5, torch.randn(d, d, generator=g) / d**0.5
     f = lambda X: torch.tanh(X @ W1) @ W2  # acts on each row alone: J is block-diagonal  # noqa: E731
     X = torch.randn(T, d, generator=g)
     full = torch.func.jacrev(f)(X)  # [T, d, T, d]
@@ -241,7 +264,9 @@ def test_token_operator_products_equal_explicit_jacobians():
 
 def test_operator_topk_with_full_rank_probe_is_exact():
     f, X, J = _toy_token_diagonal()
-    res = operator_topk(TokenOperator(f, X), 4, solver="subspace", oversample=20, n_iter=1)  # l = min(24, d) = d
+    res = operator_topk(
+        TokenOperator(f, X), 4, solver="subspace", oversample=20, n_iter=1
+    )  # l = min(24, d) = d
     ex = topk_svd(J, 4)
     assert res.rank == 12 and res.block_passes == 4 * 12
     torch.testing.assert_close(res.svd.S, ex.S, atol=1e-5, rtol=1e-5)
@@ -253,8 +278,16 @@ def test_operator_lanczos_equals_lanczos_on_the_explicit_jacobians():
     res = operator_topk(op, 4, block=2, steps=3, seed=3, keep="all")
     assert res.solver == "lanczos" and res.settings == {"block": 2, "steps": 3} and res.rank == 6
     assert res.block_passes == op.passes == (2 * 3 - 1) * 2 == solver_passes(4, block=2, steps=3, d=12)
-    explicit, _ = block_lanczos_svd(lambda V: J @ V, lambda U: J.transpose(-1, -2) @ U, tuple(J.shape), 4,
-                                    block=2, steps=3, seed=3, keep="all")
+    explicit, _ = block_lanczos_svd(
+        lambda V: J @ V,
+        lambda U: J.transpose(-1, -2) @ U,
+        tuple(J.shape),
+        4,
+        block=2,
+        steps=3,
+        seed=3,
+        keep="all",
+    )
     torch.testing.assert_close(res.svd.S, explicit.S, atol=1e-5, rtol=1e-5)
     _same_up_to_sign(res.svd.U, explicit.U, 1e-4)
     # block·steps = d: the whole space, so the top 4 are exact

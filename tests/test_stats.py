@@ -1,4 +1,5 @@
 """Statistics: OLS, rank correlations, bootstrap, predictor comparison; the paper's R² = 0.80."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -6,15 +7,17 @@ import pandas as pd
 import pytest
 from scipy import stats as st
 
-from coupling_utils import data as D
-from coupling_utils import stats as S
+from coupling_utils.analysis import data as D
+from coupling_utils.analysis import stats as S
 
 
 @pytest.fixture
 def noisy_line():
     rng = np.random.default_rng(3)
     x = rng.normal(size=40)
-    return pd.DataFrame({"x": x, "y": 1.5 + 2.0 * x + rng.normal(scale=0.8, size=40), "z": rng.normal(size=40)})
+    return pd.DataFrame(
+        {"x": x, "y": 1.5 + 2.0 * x + rng.normal(scale=0.8, size=40), "z": rng.normal(size=40)}
+    )
 
 
 def test_ols_matches_scipy(noisy_line):
@@ -22,9 +25,11 @@ def test_ols_matches_scipy(noisy_line):
     ref = st.linregress(noisy_line["x"], noisy_line["y"])
     assert fit["n"] == 40
     assert fit["slope"] == pytest.approx(ref.slope) and fit["intercept"] == pytest.approx(ref.intercept)
-    assert fit["r2"] == pytest.approx(ref.rvalue ** 2) and fit["r"] == pytest.approx(ref.rvalue)
+    assert fit["r2"] == pytest.approx(ref.rvalue**2) and fit["r"] == pytest.approx(ref.rvalue)
     assert fit["p"] == pytest.approx(ref.pvalue, rel=1e-6)
-    assert fit["slope_se"] == pytest.approx(ref.stderr) and fit["intercept_se"] == pytest.approx(ref.intercept_stderr)
+    assert fit["slope_se"] == pytest.approx(ref.stderr) and fit["intercept_se"] == pytest.approx(
+        ref.intercept_stderr
+    )
     t = st.t.ppf(0.975, 38)
     assert fit["slope_ci_low"] == pytest.approx(ref.slope - t * ref.stderr)
     assert fit["intercept_ci_high"] == pytest.approx(ref.intercept + t * ref.intercept_stderr)
@@ -39,8 +44,10 @@ def test_ols_drops_incomplete_rows_and_takes_functions(noisy_line):
     df.loc[7, "x"] = np.nan
     fit = S.ols(df, "y", "x")
     assert fit.loc[0, "n"] == 37 and list(fit.columns[:2]) == ["y", "x"]
+
     def x_squared(d):
         return d["x"] ** 2
+
     assert S.ols(noisy_line, "y", x_squared).loc[0, "x"] == "x_squared"
 
 
@@ -52,12 +59,16 @@ def test_ols_errors_and_perfect_fit():
     with pytest.raises(KeyError, match="nope"):
         S.ols(pd.DataFrame({"x": [1.0, 2, 3], "y": [1.0, 2, 3]}), "y", "nope")
     perfect = S.ols(pd.DataFrame({"x": [1.0, 2, 3, 4], "y": [3.0, 5, 7, 9]}), "y", "x").iloc[0]
-    assert perfect["r2"] == pytest.approx(1.0) and perfect["slope"] == pytest.approx(2.0) and perfect["p"] < 1e-6
+    assert (
+        perfect["r2"] == pytest.approx(1.0) and perfect["slope"] == pytest.approx(2.0) and perfect["p"] < 1e-6
+    )
 
 
 def test_rank_correlation(noisy_line):
     rc = S.rank_correlation(noisy_line, "x", "y").set_index("method")
-    assert rc.loc["spearman", "statistic"] == pytest.approx(st.spearmanr(noisy_line.x, noisy_line.y).statistic)
+    assert rc.loc["spearman", "statistic"] == pytest.approx(
+        st.spearmanr(noisy_line.x, noisy_line.y).statistic
+    )
     assert rc.loc["kendall", "p"] == pytest.approx(st.kendalltau(noisy_line.x, noisy_line.y).pvalue)
     # rank statistics ignore monotone transforms of x
     mono = S.rank_correlation(noisy_line, lambda d: np.exp(d["x"]), "y").set_index("method")
@@ -96,7 +107,9 @@ def test_compare_predictors_uses_common_rows(noisy_line):
     loose = S.compare_predictors(df, "y", ["x", "z"], complete_cases=False)
     assert list(loose["n"]) == [40, 39]
     labelled = S.compare_predictors(df, "y", {"two x": lambda d: 2 * d["x"]})
-    assert labelled.loc[0, "predictor"] == "two x" and labelled.loc[0, "r2"] == pytest.approx(loose.loc[0, "r2"], rel=1e-9)
+    assert labelled.loc[0, "predictor"] == "two x" and labelled.loc[0, "r2"] == pytest.approx(
+        loose.loc[0, "r2"], rel=1e-9
+    )
 
 
 # ----------------------------------------------------------------------------- the paper's numbers
@@ -117,8 +130,11 @@ def test_fig1a_coupling_beats_size_depth_and_width():
     Computed values (digitised y): coupling 0.801, log10 params 0.776, width 0.671, depth 0.196.
     """
     t = D.fig1a_table()
-    cmp = S.compare_predictors(t, "score", {"coupling": "coupling", "log10 params": "log10_params",
-                                            "depth": "n_layers", "width": "d_model"}).set_index("predictor")
+    cmp = S.compare_predictors(
+        t,
+        "score",
+        {"coupling": "coupling", "log10 params": "log10_params", "depth": "n_layers", "width": "d_model"},
+    ).set_index("predictor")
     assert (cmp["n"] == 28).all()
     r2 = cmp["r2"]
     assert r2["coupling"] == pytest.approx(0.801, abs=0.003)

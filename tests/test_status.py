@@ -1,4 +1,5 @@
 """Reproduction status: row validation, the JSON output in executed notebooks, collecting, the page."""
+
 from __future__ import annotations
 
 import json
@@ -7,12 +8,23 @@ import nbformat
 import numpy as np
 import pytest
 
-from coupling_utils.status import (METADATA_KEY, StatusError, collect, read_notebook_status, status_markdown,
-                                   status_table)
+from coupling_utils.pipeline.status import (
+    METADATA_KEY,
+    StatusError,
+    collect,
+    read_notebook_status,
+    status_markdown,
+    status_table,
+)
 
 ROWS = [
-    {"claim": "coupling predicts the leaderboard", "paper": 0.80, "ours": np.float64(0.6123), "agree": "partly",
-     "note": "digitised | replotted"},
+    {
+        "claim": "coupling predicts the leaderboard",
+        "paper": 0.80,
+        "ours": np.float64(0.6123),
+        "agree": "partly",
+        "note": "digitised | replotted",
+    },
     {"claim": "direction of the fit", "paper": "positive", "ours": "positive", "agree": "Yes"},
 ]
 
@@ -25,16 +37,19 @@ def test_rows_are_validated_and_normalised():
     assert status_table([{**ROWS[0], "ours": float("nan")}]).ours[0] == "nan"  # JSON has no NaN
 
 
-@pytest.mark.parametrize("rows, match", [
-    ([{**ROWS[0], "agree": "maybe"}], "'agree' must be one of"),
-    ([{k: v for k, v in ROWS[0].items() if k != "ours"}], r"lacks \['ours'\]"),
-    ([{**ROWS[0], "extra": 1}], "unknown key"),
-    ([{**ROWS[0], "claim": " "}], "'claim' must be a non-empty text"),
-    ([{**ROWS[0], "ours": [1, 2]}], "'ours' must be a number or a text"),
-    ([{**ROWS[0], "ours": np.zeros(3)}], "'ours' must be a single number"),
-    ([], "no status rows"),
-    (ROWS[0], "list of dicts"),
-])
+@pytest.mark.parametrize(
+    "rows, match",
+    [
+        ([{**ROWS[0], "agree": "maybe"}], "'agree' must be one of"),
+        ([{k: v for k, v in ROWS[0].items() if k != "ours"}], r"lacks \['ours'\]"),
+        ([{**ROWS[0], "extra": 1}], "unknown key"),
+        ([{**ROWS[0], "claim": " "}], "'claim' must be a non-empty text"),
+        ([{**ROWS[0], "ours": [1, 2]}], "'ours' must be a number or a text"),
+        ([{**ROWS[0], "ours": np.zeros(3)}], "'ours' must be a single number"),
+        ([], "no status rows"),
+        (ROWS[0], "list of dicts"),
+    ],
+)
 def test_bad_rows_fail_naming_the_problem(rows, match):
     with pytest.raises(StatusError, match=match):
         status_table(rows)
@@ -44,24 +59,40 @@ def _fake_executed(path, notebook, rows, *, json_as_text=False):
     """An executed notebook as papermill would write it, with one status output."""
     payload = {"notebook": notebook, "rows": status_table(rows).to_dict("records")}
     meta = {METADATA_KEY: json.dumps(payload) if json_as_text else payload}
-    nb = nbformat.v4.new_notebook(cells=[
-        nbformat.v4.new_markdown_cell(f"Intro.\n\n# {notebook} · A title"),
-        nbformat.v4.new_code_cell("x = 1", outputs=[nbformat.v4.new_output("stream", text="hi\n")]),
-        nbformat.v4.new_code_cell("report(...)", outputs=[nbformat.v4.new_output("display_data", data={"text/plain": "status"}, metadata=meta)]),
-    ])
+    nb = nbformat.v4.new_notebook(
+        cells=[
+            nbformat.v4.new_markdown_cell(f"Intro.\n\n# {notebook} · A title"),
+            nbformat.v4.new_code_cell("x = 1", outputs=[nbformat.v4.new_output("stream", text="hi\n")]),
+            nbformat.v4.new_code_cell(
+                "report(...)",
+                outputs=[
+                    nbformat.v4.new_output("display_data", data={"text/plain": "status"}, metadata=meta)
+                ],
+            ),
+        ]
+    )
     nbformat.write(nb, path)
 
 
 def test_collect_reads_executed_notebooks_in_order_with_their_runs(tmp_path):
     _fake_executed(tmp_path / "f04_vit.ipynb", "f04_vit", [ROWS[1]], json_as_text=True)
     _fake_executed(tmp_path / "f02_gen.ipynb", "f02_gen", ROWS)
-    _fake_executed(tmp_path / "f03_train.failed.ipynb", "f03_train", ROWS)   # a failed run: ignored
-    _fake_executed(tmp_path / ".f05_x.running.ipynb", "f05_x", ROWS)         # in flight: ignored
+    _fake_executed(tmp_path / "f03_train.failed.ipynb", "f03_train", ROWS)  # a failed run: ignored
+    _fake_executed(tmp_path / ".f05_x.running.ipynb", "f05_x", ROWS)  # in flight: ignored
     nbformat.write(nbformat.v4.new_notebook(), tmp_path / "f01_plain.ipynb")  # reports nothing
-    (tmp_path / "runs.json").write_text(json.dumps({
-        "f02_gen": {"status": "ok", "profile": "smoke", "seconds": 12.5, "finished": "2025-01-01T00:00:00Z"},
-        "f03_train": {"status": "failed", "profile": "default", "seconds": 3.0},
-    }))
+    (tmp_path / "runs.json").write_text(
+        json.dumps(
+            {
+                "f02_gen": {
+                    "status": "ok",
+                    "profile": "smoke",
+                    "seconds": 12.5,
+                    "finished": "2025-01-01T00:00:00Z",
+                },
+                "f03_train": {"status": "failed", "profile": "default", "seconds": 3.0},
+            }
+        )
+    )
     df = collect(tmp_path)
     assert df.notebook.tolist() == ["f02_gen", "f02_gen", "f04_vit"]
     assert df.claim.tolist() == [r["claim"] for r in ROWS] + [ROWS[1]["claim"]]
@@ -71,7 +102,11 @@ def test_collect_reads_executed_notebooks_in_order_with_their_runs(tmp_path):
 
     md = status_markdown(df, profile="default")
     assert df.title.tolist()[0] == "f02_gen · A title"
-    assert "## f02_gen · A title" in md and "## f04_vit · A title" in md and md.index("## f02_gen") < md.index("## f04_vit")
+    assert (
+        "## f02_gen · A title" in md
+        and "## f04_vit · A title" in md
+        and md.index("## f02_gen") < md.index("## f04_vit")
+    )
     assert "(status-f02_gen)=" in md
     assert "profile `smoke`" in md and "profile `default`" in md  # f04 has no run record: the fallback
     assert "| coupling predicts the leaderboard | 0.8 | 0.612 | partly | digitised \\| replotted |" in md
@@ -90,13 +125,19 @@ def test_collect_and_markdown_when_nothing_ran(tmp_path):
 def test_report_in_a_kernel_stores_machine_readable_rows(tmp_path):
     """End to end: report() in a real kernel, the notebook written, collect() reads it back."""
     nbclient = pytest.importorskip("nbclient")
-    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
-        "from coupling_utils.status import StatusError, report\n"
-        "try:\n"
-        f"    report('f09_demo', {ROWS[1]!r})\n"  # a single dict is refused, naming the fix
-        "except StatusError as exc:\n"
-        "    print('refused:', exc)\n"
-        f"df = report('f09_demo', [{ROWS[1]!r}, {{'claim': 'c', 'paper': 1, 'ours': 2.0, 'agree': 'no'}}]);")])
+    nb = nbformat.v4.new_notebook(
+        cells=[
+            nbformat.v4.new_code_cell(
+                "from coupling_utils.pipeline.status import StatusError, report\n"
+                "try:\n"
+                f"    report('f09_demo', {ROWS[1]!r})\n"  # a single dict is refused, naming the fix
+                "except StatusError as exc:\n"
+                "    print('refused:', exc)\n"
+                f"df = report('f09_demo', [{ROWS[1]!r}, "
+                "{'claim': 'c', 'paper': 1, 'ours': 2.0, 'agree': 'no'}]);"
+            )
+        ]
+    )
     nbclient.NotebookClient(nb, timeout=60, kernel_name="python3").execute()
     nbformat.validate(nb)
     outputs = nb.cells[0].outputs
@@ -104,7 +145,9 @@ def test_report_in_a_kernel_stores_machine_readable_rows(tmp_path):
     shown = [o for o in outputs if METADATA_KEY in o.get("metadata", {})]
     assert len(shown) == 1 and set(shown[0]["data"]) == {"text/html", "text/plain"}  # only renderable types
     assert shown[0]["metadata"][METADATA_KEY]["notebook"] == "f09_demo"
-    glued = [o for o in outputs if o.get("metadata", {}).get("scrapbook", {}).get("name") == "f09_demo_status"]
+    glued = [
+        o for o in outputs if o.get("metadata", {}).get("scrapbook", {}).get("name") == "f09_demo_status"
+    ]
     assert len(glued) == 1
     nbformat.write(nb, tmp_path / "f09_demo.ipynb")
     df = collect(tmp_path)

@@ -1,4 +1,5 @@
 """The training corpus, the Pythia checkpoint schedule, LM and ViT training on tiny settings."""
+
 from __future__ import annotations
 
 import json
@@ -7,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from coupling_utils import corpus, training, vit
-
+from coupling_utils.models import corpus, training
+from coupling_utils.models import vit_training as vit
 
 
 def test_pythia_schedule():
@@ -83,8 +84,18 @@ def test_tokenized_corpus(zoo_cache):
 
 
 def _smoke_spec(**kw):
-    base = dict(d_model=16, n_layers=1, n_heads=2, seq_len=16, batch_size=4, steps=4, lr=3e-3, warmup=1,
-                eval_windows=4, threads=1)
+    base = dict(
+        d_model=16,
+        n_layers=1,
+        n_heads=2,
+        seq_len=16,
+        batch_size=4,
+        steps=4,
+        lr=3e-3,
+        warmup=1,
+        eval_windows=4,
+        threads=1,
+    )
     base.update(kw)
     return training.LMSpec(**base)
 
@@ -106,7 +117,9 @@ def test_train_lm_checkpoints_and_determinism(zoo_cache, tmp_path):
     c = GPTNeoXForCausalLM.from_pretrained(tmp_path / "c")
     for k, v in a.state_dict().items():
         assert torch.equal(v, b.state_dict()[k]), k
-    assert not torch.equal(a.gpt_neox.layers[0].mlp.dense_h_to_4h.weight, c.gpt_neox.layers[0].mlp.dense_h_to_4h.weight)
+    assert not torch.equal(
+        a.gpt_neox.layers[0].mlp.dense_h_to_4h.weight, c.gpt_neox.layers[0].mlp.dense_h_to_4h.weight
+    )
     s0 = GPTNeoXForCausalLM.from_pretrained(tmp_path / "a" / "revisions" / "step0")
     assert not torch.equal(s0.get_output_embeddings().weight, a.get_output_embeddings().weight)
     assert a.config.rope_parameters["partial_rotary_factor"] == 0.25 and a.config.use_parallel_residual
@@ -128,8 +141,18 @@ def test_mnist_is_pinned_and_preprocessed():
 def test_train_vit_tiny(tmp_path):
     from transformers import ViTForImageClassification
 
-    spec = vit.VitSpec(d_model=16, n_layers=1, n_heads=2, batch_size=16, steps=2, warmup=1, train_subset=64, threads=1,
-                       val_images=32, test_images=32)
+    spec = vit.VitSpec(
+        d_model=16,
+        n_layers=1,
+        n_heads=2,
+        batch_size=16,
+        steps=2,
+        warmup=1,
+        train_subset=64,
+        threads=1,
+        val_images=32,
+        test_images=32,
+    )
     m = vit.train_vit(spec, tmp_path / "v", progress=False)
     assert 0.0 <= m["test_acc"] <= 1.0
     acc = vit.load_accuracy(tmp_path / "v")

@@ -1,4 +1,5 @@
 """Trajectory geometry on synthetic trajectories with known answers."""
+
 from __future__ import annotations
 
 import math
@@ -8,7 +9,7 @@ import pandas as pd
 import pytest
 import torch
 
-from coupling_utils import trajectories as tr
+from coupling_utils.analysis import trajectories as tr
 
 
 def straight_line(L=8, T=3, d=16, growth=1.0, seed=0):
@@ -17,7 +18,7 @@ def straight_line(L=8, T=3, d=16, growth=1.0, seed=0):
     x0 = torch.randn(T, d, generator=g, dtype=torch.float64)
     u = torch.randn(T, d, generator=g, dtype=torch.float64)
     u = u / u.norm(dim=-1, keepdim=True)
-    sizes = torch.tensor([growth ** l for l in range(L)], dtype=torch.float64)
+    sizes = torch.tensor([growth**l for l in range(L)], dtype=torch.float64)
     offsets = torch.cat([torch.zeros(1, dtype=torch.float64), sizes.cumsum(0)])  # [L+1]
     return x0 + offsets[:, None, None] * u  # [L+1, T, d]
 
@@ -63,8 +64,14 @@ def test_lss_random_walk_is_larger_than_one_and_window_works():
     assert (lss > 1.2).all()
     # a straight segment inside a bent path: the window sees only the straight part
     line = straight_line(L=4, T=1, d=4)
-    bent = torch.cat([line, line[-1:] + torch.tensor([0.0, 0, 0, 1], dtype=torch.float64).expand(1, 1, 4)
-                      * torch.arange(1, 4, dtype=torch.float64)[:, None, None]])
+    bent = torch.cat(
+        [
+            line,
+            line[-1:]
+            + torch.tensor([0.0, 0, 0, 1], dtype=torch.float64).expand(1, 1, 4)
+            * torch.arange(1, 4, dtype=torch.float64)[:, None, None],
+        ]
+    )
     assert tr.line_shape_score(bent, layers=(0, 4))["lss"].item() == pytest.approx(1.0)
     assert tr.line_shape_score(bent)["lss"].item() > 1.05
     assert tr.line_shape_score(bent, layers=(4, -1))["n_steps"].item() == 3
@@ -174,8 +181,9 @@ def test_linearization_cosine_input_errors():
 def test_pca_recovers_planar_trajectories():
     g = torch.Generator().manual_seed(3)
     basis, _ = torch.linalg.qr(torch.randn(20, 2, generator=g, dtype=torch.float64))  # [d, 2]
-    coords = torch.randn(7, 4, 2, generator=g, dtype=torch.float64) * torch.tensor([5.0, 1.0],
-                                                                                 dtype=torch.float64)
+    coords = torch.randn(7, 4, 2, generator=g, dtype=torch.float64) * torch.tensor(
+        [5.0, 1.0], dtype=torch.float64
+    )
     traj = coords @ basis.T + 3.0  # [L+1=7, T=4, d=20], in an affine plane
     df = tr.trajectory_pca(traj, 3)
     assert list(df.columns) == ["token", "layer", "pc1", "pc2", "pc3"]
@@ -229,8 +237,9 @@ def test_input_validation_messages():
 def test_trajectory_metrics_table():
     df = tr.trajectory_metrics(straight_line(L=6, growth=1.5))
     assert isinstance(df, pd.DataFrame) and len(df) == 3
-    assert {"lss", "expodistance_ratio_cv", "expodistance_log_linear_r2",
-            "growth_ratio_cv"} <= set(df.columns)
+    assert {"lss", "expodistance_ratio_cv", "expodistance_log_linear_r2", "growth_ratio_cv"} <= set(
+        df.columns
+    )
     np.testing.assert_allclose(df["lss"], 1.0, rtol=1e-12)
     np.testing.assert_allclose(df["growth_log_linear_r2"], 1.5, rtol=1e-10)
 
@@ -238,7 +247,7 @@ def test_trajectory_metrics_table():
 # --------------------------------------------------------------------------- on a real (tiny) model
 @pytest.fixture(scope="module")
 def tiny_llama():
-    from coupling_utils.architectures import tiny_model
+    from coupling_utils.engine.architectures import tiny_model
 
     model = tiny_model("llama")
     ids = torch.randint(0, model.config.vocab_size, (1, 6), generator=torch.Generator().manual_seed(0))
@@ -246,8 +255,8 @@ def tiny_llama():
 
 
 def test_forward_mode_linearisation_matches_the_jacobians(tiny_llama):
-    from coupling_utils.blocks import residual_stream
-    from coupling_utils.jacobians import token_jacobians
+    from coupling_utils.engine.blocks import residual_stream
+    from coupling_utils.engine.jacobians import token_jacobians
 
     model, ids = tiny_llama
     traj = residual_stream(model, ids)

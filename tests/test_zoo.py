@@ -1,4 +1,5 @@
 """The embedded model zoo: registry, opt-in, preparing and loading entries, families, the CLI."""
+
 from __future__ import annotations
 
 import argparse
@@ -8,16 +9,26 @@ import time
 import pytest
 import torch
 
-from coupling_utils import zoo
-
+from coupling_utils.models import zoo
 
 
 def test_registry_is_one_complete_table():
     for name, e in zoo.REGISTRY.items():
         assert e.name == name and e.description and e.licence and e.expected_cost
         assert (e.source is None) != (e.spec is None)
-    required = {"smollm2-135m", "minilm-l6", "gemma3-270m", "pythia-tiny", "pythia-smoke", "lm-family",
-                "lm-family-smoke", "vit-mnist", "vit-mnist-smoke", "vit-family", "vit-family-smoke"}
+    required = {
+        "smollm2-135m",
+        "minilm-l6",
+        "gemma3-270m",
+        "pythia-tiny",
+        "pythia-smoke",
+        "lm-family",
+        "lm-family-smoke",
+        "vit-mnist",
+        "vit-mnist-smoke",
+        "vit-family",
+        "vit-family-smoke",
+    }
     assert required <= set(zoo.REGISTRY)
     assert len(zoo.REGISTRY["lm-family"].members()) >= 10
     fam = zoo.REGISTRY["lm-family"].specs().values()
@@ -69,7 +80,7 @@ def test_pythia_smoke_run_and_checkpoints(zoo_cache):
 
 
 def test_load_model_on_a_checkpoint(zoo_cache):
-    loading = pytest.importorskip("coupling_utils.loading")
+    loading = pytest.importorskip("coupling_utils.models.loading")
     lm = loading.load_model("embedded:pythia-smoke", revision="step4")
     assert lm.n_layers == 2 and lm.d_model == 32 and lm.arch
     from transformers import AutoModelForCausalLM
@@ -94,7 +105,7 @@ def test_lm_family_smoke(zoo_cache):
 def test_vit_smoke_run(zoo_cache):
     from transformers import ViTForImageClassification
 
-    from coupling_utils import vit
+    from coupling_utils.models import vit_training as vit
 
     path = zoo.resolve("embedded:vit-mnist-smoke")
     revs = zoo.revisions("vit-mnist-smoke")
@@ -113,7 +124,8 @@ def test_same_seed_same_weights(zoo_cache, tmp_path):
     """Determinism on the smoke variants: building twice gives identical weights."""
     from safetensors.torch import load_file
 
-    from coupling_utils import training, vit
+    from coupling_utils.models import training
+    from coupling_utils.models import vit_training as vit
 
     a = load_file(zoo.resolve("pythia-smoke") / "model.safetensors")
     training.train_lm(zoo.REGISTRY["pythia-smoke"].specs(), tmp_path / "lm", progress=False)
@@ -151,7 +163,7 @@ def test_file_hash_is_memoised(zoo_cache, tmp_path):
 
 
 def test_cli_list_and_prepare(zoo_cache, capsys):
-    from coupling_utils.cli_zoo import add_zoo_commands, run_zoo
+    from coupling_utils.pipeline.cli_zoo import add_zoo_commands, run_zoo
 
     parser = argparse.ArgumentParser()
     add_zoo_commands(parser.add_subparsers(dest="command"))
@@ -207,8 +219,11 @@ def test_prepare_many_builds_family_members_in_parallel(tmp_path, monkeypatch, c
     zoo._train_member("vit-family-smoke", first)  # a member built earlier is kept, not rebuilt
     kept = (zoo.entry_path(f"vit-family-smoke/{first}") / "member.json").stat().st_mtime_ns
     lines: list[str] = []
-    status = zoo.prepare_many(["embedded:vit-family-smoke", "vit-mnist-smoke", "gemma3-270m",
-                               "vit-family-smoke/" + first], jobs=2, echo=lines.append)
+    status = zoo.prepare_many(
+        ["embedded:vit-family-smoke", "vit-mnist-smoke", "gemma3-270m", "vit-family-smoke/" + first],
+        jobs=2,
+        echo=lines.append,
+    )
     assert status["vit-family-smoke"] == "ready" and status["vit-mnist-smoke"] == "ready"
     assert "Gemma Terms of Use" in status["gemma3-270m"]  # opt-in: reported, not built
     built = [ln for ln in lines if "built in" in ln]
@@ -217,16 +232,21 @@ def test_prepare_many_builds_family_members_in_parallel(tmp_path, monkeypatch, c
     table = zoo.family_table("vit-family-smoke", progress=False)
     assert sorted(table["run"]) == sorted(fam.members()) and zoo.is_ready("vit-mnist-smoke")
     assert zoo.prepare_many(["vit-family-smoke"], jobs=2, echo=lines.append) == {"vit-family-smoke": "ready"}
-    from coupling_utils.cli_zoo import add_zoo_commands, run_zoo
+    from coupling_utils.pipeline.cli_zoo import add_zoo_commands, run_zoo
 
     parser = argparse.ArgumentParser()
     add_zoo_commands(parser.add_subparsers(dest="command"))
-    assert run_zoo(parser.parse_args(["zoo", "prepare", "vit-family-smoke", "vit-mnist-smoke", "-j", "2"])) == 0
+    assert (
+        run_zoo(parser.parse_args(["zoo", "prepare", "vit-family-smoke", "vit-mnist-smoke", "-j", "2"])) == 0
+    )
     assert run_zoo(parser.parse_args(["zoo", "prepare", "vit-mnist-smoke", "gemma3-270m", "-j", "2"])) == 2
     assert "gemma3-270m" in capsys.readouterr().err
 
 
 def test_estimated_seconds_orders_the_real_builds():
-    est = {n: zoo.estimated_seconds(zoo.REGISTRY[n].kind, zoo.REGISTRY[n].specs()) for n in ("pythia-tiny", "vit-mnist")}
+    est = {
+        n: zoo.estimated_seconds(zoo.REGISTRY[n].kind, zoo.REGISTRY[n].specs())
+        for n in ("pythia-tiny", "vit-mnist")
+    }
     members = [zoo.estimated_seconds("lm-family", s) for s in zoo.REGISTRY["lm-family"].specs().values()]
     assert est["pythia-tiny"] > est["vit-mnist"] > max(members) > min(members) > 0

@@ -1,0 +1,485 @@
+"""Emergence during training: measuring checkpoints, and how a quantity grows with the step.
+
+The paper follows Pythia checkpoints and reports that coupling rises about 2.4× from step 128
+to step 143000, nearly monotonically, together with straighter token trajectories and
+layer-wise exponential growth of the residual steps. This module turns a set of checkpoints
+into tidy tables and condenses a curve into the numbers such a claim is about:
+
+- :func:`step_of`, :func:`checkpoint_steps`: revision names (``step<N>``) and their steps;
+- :func:`pick_checkpoints`: early / middle / final checkpoints (the paper's circle figures);
+- :func:`sweep_checkpoints`: depth-wise coupling, line-shape score, expodistance and step
+  sizes at every checkpoint (one :func:`coupling_utils.measurement.core.measure` call and one
+  residual-stream pass per checkpoint and prompt), as a :class:`Sweep` of tidy tables;
+- :func:`growth_summary`: ratio final / early, Spearman correlation with the step, and how
+  monotone the curve is, per group;
+- :func:`relative_curve`: a curve rescaled to its final value against the fraction of
+  training, so runs of very different lengths (ours, Pythia's) share one axis.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+__all__ = [
+    "step_of",
+    "checkpoint_steps",
+    "pick_checkpoints",
+    "growth_summary",
+    "relative_curve",
+    "Checkpoints",
+    "run_checkpoints",
+    "Sweep",
+    "sweep_checkpoints",
+    "checkpoint_summary",
+    "mean_matrices",
+    "edge_counts",
+]
+
+_STEP = re.compile(r"step(\d+)")
+
+
+# --------------------------------------------------------------------------- checkpoints
+def step_of(revision: str | int) -> int:
+    """The training step of a revision name: ``"step128"`` -> 128 (an int is returned as is)."""
+    if isinstance(revision, (int, np.integer)) and not isinstance(revision, bool):
+        if revision < 0:
+            raise ValueError(f"a training step cannot be negative, got {revision}")
+        return int(revision)
+    m = _STEP.fullmatch(str(revision))
+    if not m:
+        raise ValueError(
+            f"revision {revision!r} is not a checkpoint name like 'step128' "
+            "(Pythia's and the local training runs' naming)"
+        )
+    return int(m.group(1))
+
+
+def checkpoint_steps(revisions: Sequence[str | int]) -> list[int]:
+    """Steps of the revisions, validated: no duplicates."""
+    steps = [step_of(r) for r in revisions]
+    dup = sorted({s for s in steps if steps.count(s) > 1})
+    if dup:
+        raise ValueError(f"revisions name the same step more than once: {dup}")
+    return steps
+
+
+def pick_checkpoints(steps: Sequence[int], n: int = 3) -> list[int]:
+    """``n`` checkpoints spread over training on a log-step axis: the first after step 0,
+    the last, and those in between closest to evenly spaced log-steps.
+
+    The paper's circle figures use Pythia's steps 1, 4000 and 143000 (early, mid, final).
+    """
+    steps = sorted({int(s) for s in steps if int(s) > 0})
+    if n < 2:
+        raise ValueError(f"n must be at least 2 (early and final), got {n}")
+    if len(steps) < n:
+        raise ValueError(f"need at least {n} checkpoints after step 0 to pick {n}, got {steps}")
+    logs = np.log(steps)
+    targets = np.linspace(logs[0], logs[-1], n)
+    chosen: list[int] = []
+    for t in targets:
+        order = np.argsort(np.abs(logs - t), kind="stable")
+        chosen.append(next(steps[i] for i in order if steps[i] not in chosen))
+    return sorted(chosen)
+
+
+@dataclass
+class Checkpoints:
+    """The checkpoints of one training run: revision names in step order, and (for a local
+    run) its directory and its per-checkpoint losses (``training.load_losses``)."""
+
+    model: str
+    revisions: list[str]
+    steps: list[int]
+    path: Path | None = None
+    losses: pd.DataFrame | None = None
+
+
+def run_checkpoints(model: str, revisions: Sequence[str] = ()) -> Checkpoints:
+    """The checkpoints of ``model`` to measure: ``revisions`` if given, else all a local run saved.
+
+    ``model`` is an embedded run (``"embedded:pythia-tiny"``, prepared on first use), a local
+    run directory (``<dir>/revisions/step<N>/``, as :mod:`coupling_utils.models.training` writes) or a
+    hub id (then ``revisions`` must be listed, e.g. Pythia's ``"step128"``).
+    """
+    from coupling_utils.models.training import list_revisions
+
+    revisions = list(revisions)
+    checkpoint_steps(revisions)
+    path = None
+    if model.startswith("embedded:"):
+        from coupling_utils.models.zoo import resolve
+
+        path = Path(resolve(model))
+    elif Path(model).expanduser().is_dir():
+        path = Path(model).expanduser()
+    if path is None:
+        if not revisions:
+            raise ValueError(
+                f"{model!r} is not a local training run, so its checkpoints cannot be listed; "
+                "name them with revisions=[...] (for Pythia: 'step128', ..., 'step143000')"
+            )
+    else:
+        available = list_revisions(path)
+        if not available:
+            raise ValueError(
+                f"{model!r} ({path}) has no checkpoints under revisions/; it is not a training "
+                "run with saved checkpoints"
+            )
+        missing = [r for r in revisions if r not in available]
+        if missing:
+            raise ValueError(f"{model!r} has no checkpoint(s) {missing}; it has: {', '.join(available)}")
+        revisions = revisions or available
+    revisions = sorted(revisions, key=step_of)
+    losses = None
+    if path is not None and (path / "losses.parquet").exists():
+        from coupling_utils.models.training import load_losses
+
+        losses = load_losses(path)
+    return Checkpoints(model, revisions, [step_of(r) for r in revisions], path, losses)
+
+
+# --------------------------------------------------------------------------- curves
+def _groups(df: pd.DataFrame, by):
+    if by is None:
+        return [((), df)]
+    by = [by] if isinstance(by, str) else list(by)
+    return [((key,) if not isinstance(key, tuple) else key, g) for key, g in df.groupby(by, sort=True)]
+
+
+def growth_summary(
+    df: pd.DataFrame,
+    value: str,
+    *,
+    step: str = "step",
+    by: str | Sequence[str] | None = None,
+    early_step: int | None = None,
+) -> pd.DataFrame:
+    """How ``value`` grows over training, one row per group ``by``.
+
+    ``early_step`` is the reference early checkpoint (the paper: 128); the first checkpoint at
+    or after it is used (default: the first checkpoint after step 0). Rows with several values
+    per step (e.g. prompts) are averaged first. Columns: early_step, final_step, early, final,
+    ratio (final / early), spearman (rank correlation of value with step over checkpoints
+    from the early one on, and its p-value spearman_p), rises (fraction of consecutive
+    checkpoints where the value goes up), max_drop (largest fall between consecutive
+    checkpoints, relative to the curve's range; 0 for a monotone rise) and n_checkpoints.
+    """
+    from scipy import stats
+
+    for col in (value, step):
+        if col not in df.columns:
+            raise ValueError(f"df has no column {col!r}; it has {list(df.columns)}")
+    by_cols = [] if by is None else ([by] if isinstance(by, str) else list(by))
+    rows = []
+    for key, g in _groups(df, by):
+        curve = g.groupby(step, sort=True)[value].mean()
+        if not np.isfinite(curve.to_numpy()).all():
+            raise ValueError(f"{value!r} has NaN or inf values{_where(by_cols, key)}")
+        later = curve[curve.index > 0] if early_step is None else curve[curve.index >= early_step]
+        if later.empty:
+            raise ValueError(
+                f"no checkpoint at or after step {early_step or 1}{_where(by_cols, key)}; "
+                f"steps: {list(curve.index)}"
+            )
+        curve = later
+        if len(curve) < 2:
+            raise ValueError(
+                f"need at least two checkpoints from the early one on{_where(by_cols, key)}, "
+                f"got steps {list(curve.index)}"
+            )
+        v = curve.to_numpy(dtype=float)
+        early, final = v[0], v[-1]
+        diffs = np.diff(v)
+        span = float(np.ptp(v))
+        if len(v) >= 3 and span > 0:
+            rho, p = stats.spearmanr(curve.index.to_numpy(dtype=float), v)
+        else:
+            rho, p = (float(np.sign(final - early)) if span > 0 else np.nan), np.nan
+        rows.append(
+            {
+                **dict(zip(by_cols, key)),
+                "early_step": int(curve.index[0]),
+                "final_step": int(curve.index[-1]),
+                "early": float(early),
+                "final": float(final),
+                "ratio": float(final / early) if early != 0 else np.nan,
+                "spearman": float(rho),
+                "spearman_p": float(p),
+                "rises": float(np.mean(diffs > 0)),
+                "max_drop": float(max(0.0, -diffs.min()) / span) if span > 0 else 0.0,
+                "n_checkpoints": int(len(v)),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def _where(by_cols, key) -> str:
+    return "" if not by_cols else " for " + ", ".join(f"{c}={k!r}" for c, k in zip(by_cols, key))
+
+
+def relative_curve(
+    df: pd.DataFrame, value: str, *, step: str = "step", by: str | Sequence[str] | None = None
+) -> pd.DataFrame:
+    """The curve averaged per step and rescaled: ``relative`` = value / final value, against
+    ``training_fraction`` = step / final step (per group). Steps 0 are dropped (no log axis)."""
+    for col in (value, step):
+        if col not in df.columns:
+            raise ValueError(f"df has no column {col!r}; it has {list(df.columns)}")
+    by_cols = [] if by is None else ([by] if isinstance(by, str) else list(by))
+    frames = []
+    for key, g in _groups(df, by):
+        curve = g.groupby(step, sort=True)[value].mean()
+        curve = curve[curve.index > 0]
+        if curve.empty:
+            continue
+        final = float(curve.iloc[-1])
+        if final == 0:
+            raise ValueError(f"the final value of {value!r} is 0{_where(by_cols, key)}; cannot rescale")
+        out = pd.DataFrame(
+            {
+                step: curve.index.to_numpy(),
+                value: curve.to_numpy(),
+                "training_fraction": curve.index.to_numpy() / curve.index.max(),
+                "relative": curve.to_numpy() / final,
+            }
+        )
+        for c, k in zip(by_cols, key):
+            out.insert(0, c, k)
+        frames.append(out)
+    if not frames:
+        raise ValueError("no checkpoint after step 0 to rescale")
+    return pd.concat(frames, ignore_index=True)
+
+
+# --------------------------------------------------------------------------- sweeping checkpoints
+@dataclass
+class Sweep:
+    """Tidy tables of one model measured at several checkpoints (see :func:`sweep_checkpoints`).
+
+    - ``depthwise``: model, revision, step, prompt, token, K, layer_i, layer_j, m, coupling;
+    - ``trajectories``: model, revision, step, prompt, token, lss, expodistance_<how>,
+      growth_<how> (one row per token);
+    - ``step_norms``: model, revision, step, prompt, token, layer, step_norm, relative_step;
+    - ``summary``: one row per (model, revision, step, K), see :func:`checkpoint_summary`.
+    """
+
+    depthwise: pd.DataFrame
+    trajectories: pd.DataFrame
+    step_norms: pd.DataFrame
+    summary: pd.DataFrame
+    provenance: dict = field(default_factory=dict)
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_") or "model"
+
+
+def sweep_checkpoints(
+    model: str,
+    revisions: Sequence[str],
+    prompts: Any,
+    *,
+    k: int | Sequence[int] = (10,),
+    layers: Sequence[int] | None = None,
+    how: str = "offdiag",
+    trajectory_layers: tuple[int, int] | None = None,
+    trajectory_tokens: str = "all",
+    dtype: str = "float32",
+    method: str = "exact",
+    max_tokens: int | None = None,
+    out: str | Path | None = None,
+    progress: bool = False,
+    load: Callable[..., Any] | None = None,
+) -> Sweep:
+    """Measure ``model`` at every checkpoint in ``revisions`` (names like ``"step128"``).
+
+    At each checkpoint: depth-wise coupling of the last token of every prompt over ``layers``
+    (``measure.measure``, method ``method``, K in ``k``), and the residual-stream trajectories
+    of the prompts' tokens (``trajectory_tokens``: "all" or "last"; ``trajectory_layers``: a
+    residual-state window (first, last) for the line-shape score and expodistance, default
+    all; expodistance needs three steps and is NaN for shallower windows). ``max_tokens`` cuts
+    prompts to their first tokens. ``prompts``: a mapping ``{prompt_id: text}`` or a list of
+    texts. ``out``: a
+    directory; each checkpoint's measurement is stored under ``out/<model>/<revision>/<settings
+    hash>`` and
+    reused on a rerun (``measure``'s resume). ``load`` replaces ``loading.load_model`` (tests).
+    """
+    from coupling_utils.analysis import trajectories as tj
+    from coupling_utils.engine.blocks import residual_stream
+    from coupling_utils.measurement.core import measure
+
+    if load is None:
+        from coupling_utils.models.loading import load_model as load
+    if isinstance(revisions, str):
+        revisions = [revisions]
+    revisions = list(revisions)
+    if not revisions:
+        raise ValueError("revisions is empty; pass checkpoint names like ['step0', 'step128']")
+    steps = checkpoint_steps(revisions)
+    if trajectory_tokens not in ("all", "last"):
+        raise ValueError(f"trajectory_tokens must be 'all' or 'last', got {trajectory_tokens!r}")
+    if isinstance(prompts, str):
+        prompts = [prompts]
+    prompts = dict(prompts) if isinstance(prompts, dict) else {str(i): p for i, p in enumerate(prompts)}
+    if not prompts:
+        raise ValueError("prompts is empty; pass at least one prompt text")
+    root = None if out is None else Path(out) / _slug(model)
+    depth, trajs, norms, prov = [], [], [], {"model": model, "checkpoints": {}}
+    order = np.argsort(steps, kind="stable")
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(revisions), desc=f"checkpoints of {model}", unit="ckpt")
+    for i in order:
+        rev, step = revisions[i], steps[i]
+        lm = load(model, revision=rev, dtype=dtype)
+        settings = {
+            "layers": None if layers is None else sorted(int(l) for l in layers),
+            "k": k,
+            "method": method,
+            "dtype": dtype,
+            "max_tokens": max_tokens,
+        }
+        key = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:12]
+        m = measure(
+            lm,
+            prompts,
+            layers=layers,
+            tokens="last",
+            k=k,
+            method=method,
+            max_tokens=max_tokens,
+            out=None if root is None else root / _slug(rev) / key,
+        )
+        tags = {"model": model, "revision": rev, "step": step}
+        depth.append(m.depthwise.assign(**tags))
+        for pid, text in prompts.items():
+            ids = lm.tokenizer(text, return_tensors="pt")["input_ids"][:, :max_tokens]
+            traj = residual_stream(lm, ids)  # [L+1, T, d]
+            if trajectory_tokens == "last":
+                traj = traj[:, -1:]
+                token_ids = [ids.shape[1] - 1]
+            else:
+                token_ids = list(range(ids.shape[1]))
+            n_steps = (
+                (traj.shape[0] - 1)
+                if trajectory_layers is None
+                else (trajectory_layers[1] % traj.shape[0]) - trajectory_layers[0]
+            )
+            if n_steps >= 3:
+                metrics = tj.trajectory_metrics(traj, layers=trajectory_layers)
+            else:  # expodistance needs three steps; a 2-block model has only the line-shape score
+                metrics = tj.trajectory_metrics(traj, layers=trajectory_layers, how=())
+                for h in tj.EXPODISTANCE_METHODS:
+                    metrics[f"expodistance_{h}"] = np.nan
+                    metrics[f"growth_{h}"] = np.nan
+            metrics["token"] = np.asarray(token_ids)[metrics["token"].to_numpy()]
+            trajs.append(metrics.assign(prompt=pid, **tags))
+            sn = tj.step_norms(traj, relative=True)
+            sn["token"] = np.asarray(token_ids)[sn["token"].to_numpy()]
+            norms.append(sn.assign(prompt=pid, **tags))
+        prov["checkpoints"][rev] = {
+            "step": step,
+            "measure": m.provenance.get("settings", {}),
+            "total_block_passes": m.provenance.get("total_block_passes"),
+        }
+        del lm
+        if bar is not None:
+            bar.update(1)
+    if bar is not None:
+        bar.close()
+    lead = ["model", "revision", "step", "prompt"]
+    depthwise = _lead(pd.concat(depth, ignore_index=True), lead)
+    trajectories = _lead(pd.concat(trajs, ignore_index=True), lead)
+    step_norms = _lead(pd.concat(norms, ignore_index=True), lead)
+    summary = checkpoint_summary(depthwise, trajectories, how=how)
+    return Sweep(depthwise, trajectories, step_norms, summary, prov)
+
+
+def _lead(df: pd.DataFrame, lead: Sequence[str]) -> pd.DataFrame:
+    return df[[*lead, *[c for c in df.columns if c not in lead]]]
+
+
+def checkpoint_summary(
+    depthwise: pd.DataFrame, trajectories: pd.DataFrame | None = None, *, how: str = "offdiag"
+) -> pd.DataFrame:
+    """One row per (model, revision, step, K): the scalar coupling (``measure.coupling_summary``
+    with ``how``: mean 1 − m² over off-diagonal or adjacent layer pairs, prompts counted
+    equally) and, from ``trajectories``, the mean line-shape score, expodistances and
+    per-layer growth factors over prompts and tokens."""
+    from coupling_utils.measurement.core import coupling_summary
+
+    keys = [c for c in ("model", "revision", "step") if c in depthwise.columns]
+    if "step" not in keys:
+        raise ValueError("depthwise needs a 'step' column (a Sweep's depthwise table)")
+    rows = []
+    for key, g in depthwise.groupby(keys, sort=False):
+        for K in sorted(g["K"].unique()):
+            rows.append(
+                {**dict(zip(keys, key)), "K": int(K), "coupling": coupling_summary(g, how=how, k=int(K))}
+            )
+    summary = pd.DataFrame(rows)
+    if trajectories is not None and not trajectories.empty:
+        cols = [c for c in trajectories.columns if c == "lss" or c.startswith(("expodistance_", "growth_"))]
+        per = (
+            trajectories.groupby(keys + ["prompt"], sort=False)[cols]
+            .mean()
+            .groupby(level=keys, sort=False)
+            .mean()
+            .reset_index()
+        )
+        summary = summary.merge(per, on=keys, how="left")
+    return summary.sort_values([c for c in ("model", "step", "K") if c in summary.columns], ignore_index=True)
+
+
+# --------------------------------------------------------------------------- matrices and graphs
+def mean_matrices(depthwise: pd.DataFrame, *, by: str | Sequence[str] = "step") -> pd.DataFrame:
+    """Depth-wise coupling matrices averaged over prompts and tokens, per group ``by``:
+    columns (by..., layer_i, layer_j, m, coupling), ``coupling`` = mean of 1 − m²."""
+    by_cols = [by] if isinstance(by, str) else list(by)
+    need = {*by_cols, "layer_i", "layer_j", "m", "coupling"}
+    if not need <= set(depthwise.columns):
+        raise ValueError(f"depthwise lacks columns {sorted(need - set(depthwise.columns))}")
+    if "K" in depthwise.columns and depthwise["K"].nunique() > 1 and "K" not in by_cols:
+        raise ValueError(f"depthwise mixes K = {sorted(depthwise['K'].unique())}; select one K first")
+    return depthwise.groupby([*by_cols, "layer_i", "layer_j"], as_index=False)[["m", "coupling"]].mean()
+
+
+def edge_counts(
+    matrices: pd.DataFrame, threshold: float, *, by: str | Sequence[str] = "step", value: str = "coupling"
+) -> pd.DataFrame:
+    """Per group: how many unordered layer pairs have (i, j)/(j, i)-averaged ``value`` above
+    ``threshold`` (the edges of ``plots.layer_coupling_graph`` with ``symmetrize="mean"``).
+    Columns: by..., pairs, edges, density (= edges / pairs)."""
+    by_cols = [by] if isinstance(by, str) else list(by)
+    rows = []
+    for key, g in _groups(matrices, by_cols):
+        g = g[g["layer_i"] != g["layer_j"]]
+        a = np.minimum(g["layer_i"].to_numpy(), g["layer_j"].to_numpy())
+        b = np.maximum(g["layer_i"].to_numpy(), g["layer_j"].to_numpy())
+        pairs = (
+            pd.DataFrame({"a": a, "b": b, "v": g[value].to_numpy(dtype=float)})
+            .groupby(["a", "b"])["v"]
+            .mean()
+        )
+        n_edges = int((pairs > threshold).sum())
+        rows.append(
+            {
+                **dict(zip(by_cols, key)),
+                "pairs": int(len(pairs)),
+                "edges": n_edges,
+                "density": n_edges / len(pairs) if len(pairs) else float("nan"),
+            }
+        )
+    return pd.DataFrame(rows)

@@ -1,0 +1,241 @@
+"""Small, explicit statistics for "does coupling predict the leaderboard score?".
+
+Ordinary least squares with one predictor, rank correlations, a seeded bootstrap and a
+side-by-side comparison of predictors (coupling vs log parameters vs depth vs width). Each
+returns a tidy pandas DataFrame, so results can be concatenated, saved and shown as-is.
+Only numpy and scipy are used (no statsmodels).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+from scipy import stats as _st
+
+Predictor = str | Callable[[pd.DataFrame], pd.Series]
+
+
+def _xy(df: pd.DataFrame, y: str, x: Predictor) -> tuple[np.ndarray, np.ndarray, str]:
+    """Numeric x and y with rows missing either dropped; x may be a column or a function of df."""
+    if y not in df.columns:
+        raise KeyError(f"column {y!r} not in the table (columns: {list(df.columns)})")
+    if callable(x):
+        xs = pd.Series(x(df), index=df.index)
+        name = getattr(x, "__name__", "x")
+    else:
+        if x not in df.columns:
+            raise KeyError(f"column {x!r} not in the table (columns: {list(df.columns)})")
+        xs, name = df[x], x
+    xv = pd.to_numeric(xs, errors="coerce").astype(float).to_numpy()
+    yv = pd.to_numeric(df[y], errors="coerce").astype(float).to_numpy()
+    keep = np.isfinite(xv) & np.isfinite(yv)
+    return xv[keep], yv[keep], name
+
+
+def _ols_arrays(x: np.ndarray, y: np.ndarray, level: float) -> dict:
+    n = len(x)
+    if n < 3:
+        raise ValueError(f"OLS needs at least 3 complete rows, got {n}.")
+    if np.ptp(x) == 0:
+        raise ValueError("OLS: the predictor is constant, so the slope is undefined.")
+    xm, ym = x.mean(), y.mean()
+    sxx = float(((x - xm) ** 2).sum())
+    slope = float(((x - xm) * (y - ym)).sum() / sxx)
+    intercept = float(ym - slope * xm)
+    resid = y - (intercept + slope * x)
+    ssr = float((resid**2).sum())
+    sst = float(((y - ym) ** 2).sum())
+    dof = n - 2
+    s2 = ssr / dof
+    se_slope = float(np.sqrt(s2 / sxx))
+    se_int = float(np.sqrt(s2 * (1.0 / n + xm**2 / sxx)))
+    tcrit = float(_st.t.ppf(0.5 + level / 2.0, dof))
+    if se_slope > 0:
+        t_slope = slope / se_slope
+        p = float(2.0 * _st.t.sf(abs(t_slope), dof))
+    else:  # a perfect fit
+        t_slope, p = np.inf, 0.0
+    p_int = float(2.0 * _st.t.sf(abs(intercept / se_int), dof)) if se_int > 0 else 0.0
+    r2 = 1.0 - ssr / sst if sst > 0 else np.nan
+    return {
+        "n": n,
+        "slope": slope,
+        "slope_se": se_slope,
+        "slope_ci_low": slope - tcrit * se_slope,
+        "slope_ci_high": slope + tcrit * se_slope,
+        "intercept": intercept,
+        "intercept_se": se_int,
+        "intercept_ci_low": intercept - tcrit * se_int,
+        "intercept_ci_high": intercept + tcrit * se_int,
+        "r2": r2,
+        "r2_adj": 1.0 - (1.0 - r2) * (n - 1) / dof if np.isfinite(r2) else np.nan,
+        "r": float(np.sign(slope) * np.sqrt(max(r2, 0.0))) if np.isfinite(r2) else np.nan,
+        "t": float(t_slope),
+        "p": p,
+        "intercept_p": p_int,
+        "residual_se": float(np.sqrt(s2)),
+        "level": level,
+    }
+
+
+def ols(df: pd.DataFrame, y: str, x: Predictor, *, level: float = 0.95) -> pd.DataFrame:
+    """Least-squares line ``y = intercept + slope * x`` over the complete rows of ``df``.
+
+    One row: ``y, x, n, slope, slope_se, slope_ci_low/high, intercept (+ se, CI, p), r2,
+    r2_adj, r, t, p`` (two-sided t-test of slope = 0, the same p as the F-test) and
+    ``residual_se``. CIs are t-intervals at ``level``. ``x`` is a column name or a function
+    of ``df`` (e.g. ``lambda d: np.log10(d.params_b)``).
+    """
+    xv, yv, name = _xy(df, y, x)
+    return pd.DataFrame([{"y": y, "x": name, **_ols_arrays(xv, yv, level)}])
+
+
+def rank_correlation(df: pd.DataFrame, x: Predictor, y: str) -> pd.DataFrame:
+    """Spearman's rho and Kendall's tau-b of ``x`` and ``y`` with two-sided p-values (two rows)."""
+    xv, yv, name = _xy(df, y, x)
+    if len(xv) < 3:
+        raise ValueError(f"rank correlation needs at least 3 complete rows, got {len(xv)}.")
+    sp = _st.spearmanr(xv, yv)
+    kt = _st.kendalltau(xv, yv)
+    return pd.DataFrame(
+        [
+            {
+                "x": name,
+                "y": y,
+                "method": "spearman",
+                "statistic": float(sp.statistic),
+                "p": float(sp.pvalue),
+                "n": len(xv),
+            },
+            {
+                "x": name,
+                "y": y,
+                "method": "kendall",
+                "statistic": float(kt.statistic),
+                "p": float(kt.pvalue),
+                "n": len(xv),
+            },
+        ]
+    )
+
+
+def bootstrap_ci(
+    df: pd.DataFrame,
+    statistic: Callable[[pd.DataFrame], float | Mapping[str, float]],
+    *,
+    n_resamples: int = 2000,
+    level: float = 0.95,
+    seed: int = 0,
+) -> pd.DataFrame:
+    """Percentile bootstrap CI of ``statistic(df)``, resampling rows with replacement.
+
+    ``statistic`` returns a float or a mapping name -> float (several statistics from the
+    same resamples). Seeded (``numpy.random.default_rng(seed)``), so reruns agree exactly.
+    Resamples where a statistic is not finite (e.g. a constant predictor) are skipped and
+    counted in ``n_valid``. One row per statistic: ``statistic, estimate, ci_low, ci_high,
+    level, n_resamples, n_valid, seed``.
+    """
+    if n_resamples < 10:
+        raise ValueError(f"n_resamples must be at least 10, got {n_resamples}.")
+
+    def as_dict(value) -> dict[str, float]:
+        if isinstance(value, Mapping):
+            return {str(k): float(v) for k, v in value.items()}
+        return {"statistic": float(value)}
+
+    estimate = as_dict(statistic(df))
+    rng = np.random.default_rng(seed)
+    n = len(df)
+    draws: dict[str, list[float]] = {k: [] for k in estimate}
+    for _ in range(n_resamples):
+        sample = df.iloc[rng.integers(0, n, size=n)]
+        try:
+            value = as_dict(statistic(sample))
+        except (ValueError, ZeroDivisionError, FloatingPointError):
+            value = dict.fromkeys(estimate, np.nan)
+        for k in estimate:
+            draws[k].append(value.get(k, np.nan))
+    alpha = (1.0 - level) / 2.0
+    rows = []
+    for k, est in estimate.items():
+        arr = np.asarray(draws[k], dtype=float)
+        arr = arr[np.isfinite(arr)]
+        lo, hi = np.quantile(arr, [alpha, 1.0 - alpha]) if len(arr) else (np.nan, np.nan)
+        rows.append(
+            {
+                "statistic": k,
+                "estimate": est,
+                "ci_low": float(lo),
+                "ci_high": float(hi),
+                "level": level,
+                "n_resamples": n_resamples,
+                "n_valid": int(len(arr)),
+                "seed": seed,
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def compare_predictors(
+    df: pd.DataFrame,
+    y: str,
+    xs: Sequence[Predictor] | Mapping[str, Predictor],
+    *,
+    level: float = 0.95,
+    complete_cases: bool = True,
+) -> pd.DataFrame:
+    """One row per predictor of ``y``: ``n, r2, slope (+ CI), p, spearman (+ p), kendall (+ p)``.
+
+    ``xs``: column names, or a mapping label -> column name / function of ``df`` (for
+    transformed predictors such as log parameters). With ``complete_cases`` (default) every
+    predictor is fitted on the same rows (those complete for ``y`` and all predictors), so
+    the R² values are comparable.
+    """
+    items = (
+        list(xs.items())
+        if isinstance(xs, Mapping)
+        else [(x if isinstance(x, str) else getattr(x, "__name__", "x"), x) for x in xs]
+    )
+    if not items:
+        raise ValueError("compare_predictors needs at least one predictor.")
+    cols = {}
+    for label, x in items:
+        if callable(x):
+            cols[label] = pd.to_numeric(pd.Series(x(df), index=df.index), errors="coerce")
+        else:
+            if x not in df.columns:
+                raise KeyError(f"column {x!r} not in the table (columns: {list(df.columns)})")
+            cols[label] = pd.to_numeric(df[x], errors="coerce")
+    if y not in df.columns:
+        raise KeyError(f"column {y!r} not in the table (columns: {list(df.columns)})")
+    work = pd.DataFrame(cols, index=df.index).astype(float)
+    work["__y__"] = pd.to_numeric(df[y], errors="coerce").astype(float)
+    if complete_cases:
+        work = work[np.isfinite(work.to_numpy()).all(axis=1)]
+    rows = []
+    for label, _ in items:
+        fit = ols(work, "__y__", label, level=level).iloc[0]
+        rc = rank_correlation(work, label, "__y__").set_index("method")
+        rows.append(
+            {
+                "predictor": label,
+                "y": y,
+                "n": int(fit["n"]),
+                "r2": fit["r2"],
+                "slope": fit["slope"],
+                "slope_ci_low": fit["slope_ci_low"],
+                "slope_ci_high": fit["slope_ci_high"],
+                "p": fit["p"],
+                "spearman": rc.loc["spearman", "statistic"],
+                "spearman_p": rc.loc["spearman", "p"],
+                "kendall": rc.loc["kendall", "statistic"],
+                "kendall_p": rc.loc["kendall", "p"],
+                "level": level,
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+__all__ = ["ols", "rank_correlation", "bootstrap_ci", "compare_predictors"]

@@ -1,0 +1,595 @@
+"""Geometry of token trajectories through the residual stream.
+
+A token's trajectory is its sequence of block-boundary hidden states ``x^0, x^1, ..., x^L``
+(``blocks.residual_stream`` returns them for all tokens as ``traj[L+1, T, d]``). The paper
+reports that, as coupling emerges during training, trajectories become more linear and their
+steps grow exponentially with depth. This module measures that:
+
+- :func:`step_norms`: step sizes ``‖x^l − x^{l-1}‖`` per layer and token;
+- :func:`line_shape_score`: Gai & Zhang's (2021) line-shape score (1 = a straight line);
+- :func:`expodistance`: how far the steps are from exact geometric growth. The paper's
+  formula is not public; both variants here are **this project's reconstruction**;
+- :func:`linearization_cosine`: propagate ``x^0`` through ``∏_l (I + J^l_tt)`` and compare
+  the result with the true ``x^L`` (cosine), also layer by layer; from stored Jacobians, or
+  straight from a model with forward-mode products (:func:`model_linearization_cosine`);
+- :func:`trajectory_pca`: a 2-D or 3-D principal-component view of the trajectories.
+
+Conventions: ``layer`` in every table is the residual-stream index ``l`` (0..L); the step
+``x^l − x^{l-1}`` and the Jacobian ``J^l`` belong to block ``l`` (``model.layers[l-1]``).
+Stacks of Jacobians are ordered by block: ``J[0]`` is ``J^1`` (first block). ``token`` is the
+position in the prompt. Computations run in float64.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import torch
+
+__all__ = [
+    "step_norms",
+    "line_shape_score",
+    "expodistance",
+    "linearization_cosine",
+    "linearized_stream",
+    "model_linearization_cosine",
+    "trajectory_pca",
+    "trajectory_metrics",
+    "trajectory_tables",
+    "TrajectoryTables",
+    "EXPODISTANCE_METHODS",
+]
+
+EXPODISTANCE_METHODS = ("ratio_cv", "log_linear_r2")
+
+# steps shorter than this (relative to the trajectory's largest step) carry no direction
+_ZERO_STEP = 1e-12
+
+
+# --------------------------------------------------------------------------- validation
+def _as_traj(traj, name: str = "traj") -> torch.Tensor:
+    """Validate a trajectory stack and return it as float64 ``Tensor[L+1, T, d]``.
+
+    A single token's trajectory ``[L+1, d]`` is accepted as ``T = 1``.
+    """
+    if isinstance(traj, np.ndarray):
+        traj = torch.from_numpy(traj)
+    if not isinstance(traj, torch.Tensor):
+        raise TypeError(
+            f"{name} must be a torch.Tensor or numpy array [L+1, T, d], got {type(traj).__name__}"
+        )
+    if traj.ndim == 2:
+        traj = traj.unsqueeze(1)
+    if traj.ndim != 3:
+        raise ValueError(
+            f"{name} must have shape [L+1, T, d] (layers, tokens, width), got "
+            f"{tuple(traj.shape)}; blocks.residual_stream(model, inputs) returns it"
+        )
+    if traj.shape[0] < 2:
+        raise ValueError(
+            f"{name} needs at least two residual states (x^0 and x^1), got "
+            f"{traj.shape[0]} along the layer axis"
+        )
+    if traj.shape[1] < 1 or traj.shape[2] < 1:
+        raise ValueError(f"{name} has an empty token or width axis: shape {tuple(traj.shape)}")
+    traj = traj.detach().to(device="cpu", dtype=torch.float64)
+    if not torch.isfinite(traj).all():
+        bad = (~torch.isfinite(traj)).nonzero()[0].tolist()
+        raise ValueError(
+            f"{name} contains NaN or inf (first at layer {bad[0]}, token {bad[1]}); "
+            "the forward pass overflowed: try dtype='float32'"
+        )
+    return traj
+
+
+def _window(traj: torch.Tensor, layers) -> tuple[torch.Tensor, int]:
+    """Restrict ``traj`` to residual states ``layers=(first, last)`` (inclusive)."""
+    n = traj.shape[0]
+    if layers is None:
+        return traj, 0
+    try:
+        first, last = (int(v) for v in layers)
+    except (TypeError, ValueError):
+        raise TypeError(
+            f"layers must be a pair (first, last) of residual-stream indices, got {layers!r}"
+        ) from None
+    if last < 0:
+        last += n
+    if not 0 <= first < last < n:
+        raise ValueError(
+            f"layers=({first}, {last}) must satisfy 0 <= first < last <= {n - 1} "
+            f"(the trajectory has residual states 0..{n - 1})"
+        )
+    return traj[first : last + 1], first
+
+
+def _steps(traj: torch.Tensor) -> torch.Tensor:
+    """``x^l − x^{l-1}`` for l = 1..L: ``Tensor[L, T, d]``."""
+    return traj[1:] - traj[:-1]
+
+
+# --------------------------------------------------------------------------- step sizes
+def step_norms(traj, *, relative: bool = False) -> pd.DataFrame:
+    """Step sizes ``‖x^l − x^{l-1}‖`` per layer and token.
+
+    Returns a tidy table (token, layer, step_norm) with ``layer`` = l in 1..L. With
+    ``relative=True`` it also has ``relative_step`` = ``‖x^l − x^{l-1}‖ / ‖x^{l-1}‖``
+    (how much the block changes the stream, independent of its scale).
+    """
+    traj = _as_traj(traj)
+    norms_lt = torch.linalg.vector_norm(_steps(traj), dim=-1)  # [L, T]
+    L, T = norms_lt.shape
+    df = pd.DataFrame(
+        {
+            "token": np.tile(np.arange(T), L),
+            "layer": np.repeat(np.arange(1, L + 1), T),
+            "step_norm": norms_lt.reshape(-1).numpy(),
+        }
+    )
+    if relative:
+        prev = torch.linalg.vector_norm(traj[:-1], dim=-1).reshape(-1).numpy()
+        with np.errstate(divide="ignore", invalid="ignore"):
+            df["relative_step"] = np.where(prev > 0, df["step_norm"].to_numpy() / prev, np.nan)
+    return df
+
+
+# --------------------------------------------------------------------------- line shape
+def line_shape_score(traj, *, layers=None) -> pd.DataFrame:
+    """Gai & Zhang's (2021) line-shape score (LSS) of each token's trajectory.
+
+    Each step is replaced by its unit direction, ``x̃^l = x̃^{l-1} + (x^l − x^{l-1}) /
+    ‖x^l − x^{l-1}‖``, and ``LSS = n / ‖x̃^n − x̃^0‖`` for n steps: 1 for a straight line,
+    larger the more the path turns or doubles back (inf for a closed loop). Zero-length steps
+    have no direction and are skipped. ``layers=(first, last)`` restricts the score to residual
+    states first..last (the paper does not say which layers it used).
+    Returns (token, lss, n_steps).
+    """
+    traj, _ = _window(_as_traj(traj), layers)
+    steps = _steps(traj)  # [n, T, d]
+    norms = torch.linalg.vector_norm(steps, dim=-1, keepdim=True)  # [n, T, 1]
+    scale = norms.amax(dim=0, keepdim=True).clamp_min(torch.finfo(torch.float64).tiny)
+    moving = norms > _ZERO_STEP * scale
+    units = torch.where(moving, steps / norms.clamp_min(torch.finfo(torch.float64).tiny), 0.0)
+    n_steps = moving.squeeze(-1).sum(dim=0)  # [T]
+    chord = torch.linalg.vector_norm(units.sum(dim=0), dim=-1)  # ‖x̃^n − x̃^0‖, [T]
+    if (n_steps == 0).any():
+        t = int((n_steps == 0).nonzero()[0])
+        raise ValueError(f"token {t} never moves (all steps are zero); its line shape is undefined")
+    with np.errstate(divide="ignore"):
+        lss = n_steps.double().numpy() / chord.numpy()
+    return pd.DataFrame(
+        {"token": np.arange(traj.shape[1]), "lss": lss, "n_steps": n_steps.numpy().astype(int)}
+    )
+
+
+# --------------------------------------------------------------------------- exponential spacing
+def expodistance(traj, how: str = "ratio_cv", *, layers=None) -> pd.DataFrame:
+    """Distance of each token's step sizes from exact geometric (exponential) growth.
+
+    **This project's reconstruction**: the paper's "expodistance" formula is not published.
+    With step sizes ``s_l = ‖x^l − x^{l-1}‖``:
+
+    - ``how="ratio_cv"``: coefficient of variation (population std / mean) of the ratios
+      ``s_{l+1} / s_l``. 0 means every step is the same multiple of the previous one.
+      ``growth`` = the mean ratio.
+    - ``how="log_linear_r2"``: fit ``log s_l = a + b·l`` by least squares; the distance is
+      ``1 − R²`` (0 = an exact exponential), and ``r2`` is reported too. ``growth`` = e^b,
+      the fitted per-layer factor. (Constant steps fit exactly: R² = 1.)
+
+    Needs at least 3 steps (with 2 the answer would be 0 by construction) and no zero steps.
+    Returns (token, expodistance, growth, how[, r2]).
+    """
+    if how not in EXPODISTANCE_METHODS:
+        raise ValueError(f"how must be one of {EXPODISTANCE_METHODS}, got {how!r}")
+    traj, first = _window(_as_traj(traj), layers)
+    s_nt = torch.linalg.vector_norm(_steps(traj), dim=-1)  # [n, T]
+    n, T = s_nt.shape
+    if n < 3:
+        raise ValueError(
+            f"expodistance needs at least 3 steps (4 residual states), got {n}; widen the layer window"
+        )
+    if (s_nt <= 0).any():
+        l, t = (s_nt <= 0).nonzero()[0].tolist()
+        raise ValueError(
+            f"token {t} has a zero step at layer {first + l + 1}; step ratios and "
+            "logarithms are undefined there: exclude that layer with layers=(...)"
+        )
+    out = {"token": np.arange(T)}
+    if how == "ratio_cv":
+        ratios = s_nt[1:] / s_nt[:-1]  # [n-1, T]
+        mean = ratios.mean(dim=0)
+        out["expodistance"] = (ratios.std(dim=0, correction=0) / mean).numpy()
+        out["growth"] = mean.numpy()
+    else:
+        y = torch.log(s_nt)  # [n, T]
+        x = torch.arange(n, dtype=torch.float64).unsqueeze(1)
+        xc = x - x.mean()
+        yc = y - y.mean(dim=0, keepdim=True)
+        slope = (xc * yc).sum(dim=0) / (xc**2).sum()
+        resid = yc - slope * xc
+        ss_res = (resid**2).sum(dim=0)
+        ss_tot = (yc**2).sum(dim=0)
+        # relative tolerance: a perfect fit leaves only rounding in ss_res
+        tiny = 1e-24 * (y**2).sum(dim=0).clamp_min(1.0)
+        r2 = torch.where(ss_tot > tiny, 1 - ss_res / ss_tot.clamp_min(tiny), 1.0)
+        r2 = torch.where(ss_res <= tiny, 1.0, r2)
+        out["expodistance"] = (1 - r2).numpy()
+        out["growth"] = torch.exp(slope).numpy()
+        out["r2"] = r2.numpy()
+    out["how"] = how
+    df = pd.DataFrame(out)
+    cols = ["token", "expodistance", "growth", "how"] + (["r2"] if "r2" in df else [])
+    return df[cols]
+
+
+# --------------------------------------------------------------------------- linearisation
+def _as_jacobian_stack(jacobians, name: str = "jacobians") -> torch.Tensor:
+    """Jacobians per block -> float64 ``Tensor[n_blocks, T, d, d]``."""
+    if isinstance(jacobians, Mapping):
+        keys = sorted(jacobians)
+        if keys != list(range(keys[0], keys[0] + len(keys))):
+            raise ValueError(f"{name} must cover consecutive blocks, got keys {keys}")
+        jacobians = [jacobians[k] for k in keys]
+    if isinstance(jacobians, (list, tuple)):
+        if not jacobians:
+            raise ValueError(f"{name} is empty; pass one Jacobian stack [T, d, d] per block")
+        jacobians = torch.stack([torch.as_tensor(J) for J in jacobians])
+    if isinstance(jacobians, np.ndarray):
+        jacobians = torch.from_numpy(jacobians)
+    if not isinstance(jacobians, torch.Tensor):
+        raise TypeError(
+            f"{name} must be a tensor [n_blocks, T, d, d], a list of [T, d, d] or a "
+            f"dict block -> [T, d, d], got {type(jacobians).__name__}"
+        )
+    if jacobians.ndim == 3:  # one token: [n_blocks, d, d]
+        jacobians = jacobians.unsqueeze(1)
+    if jacobians.ndim != 4 or jacobians.shape[-1] != jacobians.shape[-2]:
+        raise ValueError(
+            f"{name} must have shape [n_blocks, T, d, d] (square per-token "
+            f"Jacobians J^l_tt), got {tuple(jacobians.shape)}"
+        )
+    jacobians = jacobians.detach().to(device="cpu", dtype=torch.float64)
+    if not torch.isfinite(jacobians).all():
+        b, t = (~torch.isfinite(jacobians)).nonzero()[0].tolist()[:2]
+        raise ValueError(
+            f"{name} contains NaN or inf (block index {b}, token {t}); recompute the Jacobians in float32"
+        )
+    return jacobians
+
+
+def linearization_cosine(
+    jacobians_per_layer, traj, *, start: int = 0, tokens=None, prefix: bool = False
+) -> pd.DataFrame:
+    """How well the product of linearised blocks ``∏_l (I + J^l_tt)`` reproduces ``x^L``.
+
+    ``jacobians_per_layer``: the residual Jacobians ``J^l_tt`` (identity already subtracted,
+    as ``jacobians.token_jacobians`` returns them), ``Tensor[n, T', d, d]`` ordered by block,
+    or a list / dict of ``[T', d, d]``. They cover blocks ``start+1 .. start+n``, i.e. the map
+    from ``x^start`` to ``x^{start+n}``. ``tokens`` lists the trajectory positions of the T'
+    Jacobian tokens (default: all T, or the last token when T' = 1).
+
+    Starting from ``y^start = x^start_t`` it applies ``y^l = (I + J^l_tt) y^{l-1}`` and reports
+    the cosine between ``y^{start+n}`` and the true ``x^{start+n}_t``: 1 when every block acts
+    on the stream as its own Jacobian (a linear block, for instance). With ``prefix=True`` it
+    returns the cosine after every block (``layer`` = start..start+n; 1 at ``layer = start``),
+    with the norm ratio ``‖y^l‖ / ‖x^l‖`` as well.
+    Returns (token, layer, cosine[, norm_ratio]).
+    """
+    traj = _as_traj(traj)
+    J = _as_jacobian_stack(jacobians_per_layer)
+    n, Tj, d, _ = J.shape
+    L1, T, dt = traj.shape
+    if d != dt:
+        raise ValueError(f"Jacobians are {d}×{d} but the trajectory has width d={dt}")
+    if start < 0 or start + n > L1 - 1:
+        raise ValueError(
+            f"{n} blocks starting after residual state {start} need states "
+            f"{start}..{start + n}, but the trajectory has 0..{L1 - 1}"
+        )
+    if tokens is None:
+        tokens = list(range(T)) if Tj == T else ([T - 1] if Tj == 1 else None)
+        if tokens is None:
+            raise ValueError(
+                f"Jacobians are given for {Tj} tokens but the trajectory has {T}; "
+                "pass tokens=[positions of the Jacobian tokens]"
+            )
+    tokens = [int(t) for t in tokens]
+    if len(tokens) != Tj or any(not -T <= t < T for t in tokens):
+        raise ValueError(f"tokens must list {Tj} positions in 0..{T - 1}, got {tokens}")
+    tokens = [t % T for t in tokens]
+
+    x = traj[:, tokens]  # [L+1, T', d]
+    y = x[start]
+    states = [y]
+    for b in range(n):
+        y = y + torch.einsum("tij,tj->ti", J[b], y)
+        states.append(y)
+    return _cosine_table(torch.stack(states), x[start : start + n + 1], tokens, start, prefix)
+
+
+def _cosine_table(
+    Y: torch.Tensor, X: torch.Tensor, tokens: Sequence[int], start: int, prefix: bool
+) -> pd.DataFrame:
+    """Cosines (and norm ratios) of linearised states ``Y`` with true states ``X`` [n+1, T', d]."""
+    n = Y.shape[0] - 1
+    cos = torch.nn.functional.cosine_similarity(Y, X, dim=-1, eps=1e-300)  # [n+1, T']
+    ratio = torch.linalg.vector_norm(Y, dim=-1) / torch.linalg.vector_norm(X, dim=-1)
+    if not prefix:
+        return pd.DataFrame({"token": list(tokens), "layer": start + n, "cosine": cos[-1].numpy()})
+    return pd.DataFrame(
+        {
+            "token": np.tile(tokens, n + 1),
+            "layer": np.repeat(np.arange(start, start + n + 1), len(tokens)),
+            "cosine": cos.reshape(-1).numpy(),
+            "norm_ratio": ratio.reshape(-1).numpy(),
+        }
+    )
+
+
+class _AllCaptured(Exception):
+    """Ends the forward pass after the last block (the LM head is not needed)."""
+
+
+@contextlib.contextmanager
+def _removing(handles):
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def _stream_and_blocks(model, inputs) -> tuple[torch.Tensor, list]:
+    """One forward pass: the residual stream ``[L+1, T, d]`` and every block as a function.
+
+    Each block's call (its input and every other argument) is captured with hooks, as
+    ``blocks.block_function`` does for one block, but for all blocks in the same pass, so the
+    linearisation costs one forward instead of one per block. The pass runs with
+    token-diagonal attention (same forward values), as the returned functions do.
+    """
+    from coupling_utils.engine.architectures import attention_mode, transformer_blocks
+    from coupling_utils.engine.blocks import BlockFunction, model_inputs, unwrap_model
+
+    model = unwrap_model(model)
+    if model.training:
+        raise ValueError(
+            "the model is in training mode (dropout would make Jacobians random); call model.eval()"
+        )
+    blocks = transformer_blocks(model)
+    calls, out = [None] * len(blocks), {}
+
+    def capture(i):
+        def hook(module, args, kwargs):
+            calls[i] = (args, kwargs)
+
+        return hook
+
+    def finish(module, args, output):
+        out["last"] = output if isinstance(output, torch.Tensor) else output[0]
+        raise _AllCaptured
+
+    handles = [b.register_forward_pre_hook(capture(i), with_kwargs=True) for i, b in enumerate(blocks)]
+    handles.append(blocks[-1].register_forward_hook(finish))
+    with (
+        _removing(handles),
+        attention_mode(model, token_diagonal=True),
+        torch.no_grad(),
+        contextlib.suppress(_AllCaptured),
+    ):
+        model(**model_inputs(model, inputs))
+    if any(c is None for c in calls) or "last" not in out:
+        raise RuntimeError("not every block was called during the forward pass")
+    fns, states = [], []
+    for i, (args, kwargs) in enumerate(calls):
+        x = args[0] if args else kwargs["hidden_states"]
+        if x.shape[0] != 1:
+            raise ValueError(f"block inputs must have batch size 1, got {tuple(x.shape)}")
+        fns.append(BlockFunction(model, blocks[i], args, kwargs, True, i))
+        states.append(x[0].detach())
+    states.append(out["last"][0].detach())
+    return torch.stack(states), fns
+
+
+def _propagate(traj: torch.Tensor, fns: list, start: int, stop: int) -> torch.Tensor:
+    """``y^l = y^{l-1} + J^l y^{l-1}`` from ``y^start = x^start`` with forward-mode products."""
+    from coupling_utils.engine.jacobians import frozen
+
+    y = traj[start].to(torch.float64)
+    states = [y]
+    with frozen(fns[0].model):
+        for layer in range(start, stop):  # block index `layer` maps x^layer -> x^{layer+1}
+            X = traj[layer]
+            _, Jy = torch.func.jvp(fns[layer], (X,), (y.to(device=X.device, dtype=X.dtype),))
+            if not torch.isfinite(Jy).all():
+                raise ValueError(f"NaN/inf in the linearised step of block {layer}; use dtype='float32'")
+            y = y + Jy.detach().to(device="cpu", dtype=torch.float64)
+            states.append(y)
+    return torch.stack(states)
+
+
+def _check_span(start: int, stop: int | None, L: int) -> tuple[int, int]:
+    stop = L if stop is None else (stop + L + 1 if stop < 0 else stop)
+    if not 0 <= start < stop <= L:
+        raise ValueError(
+            f"need 0 <= start < stop <= {L} (the model has {L} blocks), got start={start}, stop={stop}"
+        )
+    return start, stop
+
+
+def linearized_stream(model, inputs, *, start: int = 0, stop: int | None = None) -> torch.Tensor:
+    """``Y = [y^start, ..., y^stop]`` with ``y^l = (I + J^l_tt) y^{l-1}`` and ``y^start = x^start``.
+
+    The same propagation as :func:`linearization_cosine`, but without forming any Jacobian:
+    each step is one forward-mode product ``J^l_tt y_t`` for all tokens at once, through the
+    block with token-diagonal attention, taken at the true block input (all blocks captured
+    in one forward pass). Costs about one block forward per layer instead of d backward
+    passes. Returns float64 ``Tensor[stop − start + 1, T, d]``; ``stop`` defaults to L.
+    """
+    traj, fns = _stream_and_blocks(model, inputs)
+    start, stop = _check_span(start, stop, len(fns))
+    return _propagate(traj, fns, start, stop)
+
+
+def model_linearization_cosine(
+    model, inputs, *, start: int = 0, stop: int | None = None, prefix: bool = False
+) -> pd.DataFrame:
+    """:func:`linearization_cosine` for every token of a prompt, straight from the model.
+
+    Uses the forward-mode propagation of :func:`linearized_stream` (no Jacobians stored)
+    and the model's own residual stream; same table as :func:`linearization_cosine`.
+    """
+    traj, fns = _stream_and_blocks(model, inputs)
+    start, stop = _check_span(start, stop, len(fns))
+    Y = _propagate(traj, fns, start, stop)
+    X = _as_traj(traj, "the residual stream")[start : stop + 1]
+    return _cosine_table(Y, X, list(range(X.shape[1])), start, prefix)
+
+
+# --------------------------------------------------------------------------- PCA
+def trajectory_pca(traj, n_components: int = 2, *, fit: str = "joint", tokens=None) -> pd.DataFrame:
+    """Project token trajectories onto their top principal components.
+
+    ``fit="joint"`` fits one PCA to all (layer, token) states, so every trajectory shares
+    the same axes; ``fit="per_token"`` fits each token's trajectory on its own (its shape,
+    e.g. how straight it is). States are centred on their mean; component signs are fixed so
+    that each component's largest loading is positive (reproducible pictures). ``tokens``
+    selects positions. Returns (token, layer, pc1, pc2[, pc3]); ``df.attrs`` holds
+    ``explained_variance_ratio`` (a list for "joint", a dict token -> list for "per_token").
+    """
+    traj = _as_traj(traj)
+    if isinstance(n_components, bool) or n_components not in (2, 3):
+        raise ValueError(f"n_components must be 2 or 3, got {n_components!r}")
+    if fit not in ("joint", "per_token"):
+        raise ValueError(f"fit must be 'joint' or 'per_token', got {fit!r}")
+    L1, T, d = traj.shape
+    if tokens is not None:
+        tokens = [int(t) for t in tokens]
+        if not tokens or any(not -T <= t < T for t in tokens):
+            raise ValueError(f"tokens must be positions in 0..{T - 1}, got {tokens}")
+        tokens = [t % T for t in tokens]
+    else:
+        tokens = list(range(T))
+    if n_components > d:
+        raise ValueError(f"n_components={n_components} exceeds the width d={d}")
+    names = [f"pc{i + 1}" for i in range(n_components)]
+
+    def project(points: torch.Tensor) -> tuple[np.ndarray, list[float]]:
+        centred = points - points.mean(dim=0, keepdim=True)
+        _, S, Vh = torch.linalg.svd(centred, full_matrices=False)
+        comps = Vh[:n_components]
+        signs = torch.sign(comps.gather(1, comps.abs().argmax(dim=1, keepdim=True)))
+        comps = comps * torch.where(signs == 0, 1.0, signs)
+        total = (S**2).sum()
+        evr = ((S[:n_components] ** 2) / total).tolist() if total > 0 else [0.0] * n_components
+        evr += [0.0] * (n_components - len(evr))
+        proj = centred @ comps.T
+        if proj.shape[1] < n_components:  # fewer states than components
+            proj = torch.nn.functional.pad(proj, (0, n_components - proj.shape[1]))
+        return proj.numpy(), evr
+
+    sel = traj[:, tokens]  # [L+1, T', d]
+    if fit == "joint":
+        proj, evr = project(sel.transpose(0, 1).reshape(-1, d))  # token-major rows
+        df = pd.DataFrame(proj, columns=names)
+        df.insert(0, "layer", np.tile(np.arange(L1), len(tokens)))
+        df.insert(0, "token", np.repeat(tokens, L1))
+        df.attrs["explained_variance_ratio"] = evr
+        return df
+    frames, evrs = [], {}
+    for i, t in enumerate(tokens):
+        proj, evrs[t] = project(sel[:, i])
+        f = pd.DataFrame(proj, columns=names)
+        f.insert(0, "layer", np.arange(L1))
+        f.insert(0, "token", t)
+        frames.append(f)
+    df = pd.concat(frames, ignore_index=True)
+    df.attrs["explained_variance_ratio"] = evrs
+    return df
+
+
+# --------------------------------------------------------------------------- summary
+def trajectory_metrics(traj, *, layers=None, how: Sequence[str] = EXPODISTANCE_METHODS) -> pd.DataFrame:
+    """One row per token: line-shape score and expodistance(s) over the same layer window.
+
+    Columns: token, lss, and ``expodistance_<how>`` (plus ``growth_<how>``) for each method.
+    A window of fewer than 3 steps (a 2-block model, say) has no meaningful expodistance: those
+    columns are then NaN, with a warning.
+    """
+    traj = _as_traj(traj)
+    df = line_shape_score(traj, layers=layers)[["token", "lss"]]
+    n_steps = _window(traj, layers)[0].shape[0] - 1
+    if n_steps < 3:
+        warnings.warn(
+            f"only {n_steps} steps in the layer window: expodistance needs at least 3 and is left NaN",
+            stacklevel=2,
+        )
+    for h in how:
+        if n_steps < 3:
+            df[f"expodistance_{h}"] = df[f"growth_{h}"] = np.nan
+            continue
+        e = expodistance(traj, h, layers=layers)
+        df[f"expodistance_{h}"] = e["expodistance"].to_numpy()
+        df[f"growth_{h}"] = e["growth"].to_numpy()
+    return df
+
+
+# --------------------------------------------------------------------------- a model, many prompts
+@dataclass
+class TrajectoryTables:
+    """Trajectory measurements of one model over several prompts (tidy tables + raw streams).
+
+    ``streams[p]`` is prompt p's residual stream ``Tensor[L+1, T_p, d]``; the tables carry
+    ``model`` and ``prompt`` (index) columns so several models concatenate cleanly.
+    """
+
+    streams: list
+    steps: pd.DataFrame  # model, prompt, token, layer, step_norm, relative_step
+    metrics: pd.DataFrame  # model, prompt, token, lss, expodistance_<how>, growth_<how>
+    linearization: pd.DataFrame  # model, prompt, token, layer, cosine, norm_ratio (empty if off)
+
+
+def trajectory_tables(
+    model,
+    prompts_inputs: Sequence,
+    *,
+    label: str = "model",
+    layers=None,
+    linearization: bool = True,
+    skip_first_token: bool = False,
+) -> TrajectoryTables:
+    """Residual streams and every trajectory measurement of ``model`` on several prompts.
+
+    ``prompts_inputs``: one input per prompt (token ids ``[1, T]`` or a dict of model inputs).
+    ``layers=(first, last)`` is the residual-state window for the line-shape score and
+    expodistance; the linearisation always runs through all blocks. ``skip_first_token``
+    drops position 0 from the tables (often an attention sink with outsized norms); it is
+    kept in ``streams``. ``label`` fills the ``model`` column.
+    """
+    from coupling_utils.engine.blocks import residual_stream
+
+    if not len(prompts_inputs):
+        raise ValueError("prompts_inputs is empty; pass at least one prompt's inputs")
+    streams, steps, metrics, lins = [], [], [], []
+    for p, inputs in enumerate(prompts_inputs):
+        traj = _as_traj(residual_stream(model, inputs), f"the residual stream of prompt {p}")
+        streams.append(traj)
+        tag = {"model": label, "prompt": p}
+        steps.append(step_norms(traj, relative=True).assign(**tag))
+        metrics.append(trajectory_metrics(traj, layers=layers).assign(**tag))
+        if linearization:
+            lins.append(model_linearization_cosine(model, inputs, prefix=True).assign(**tag))
+
+    def tidy(frames, lead=("model", "prompt", "token")):
+        if not frames:
+            return pd.DataFrame(columns=list(lead))
+        df = pd.concat(frames, ignore_index=True)
+        if skip_first_token and df["token"].max() > 0:
+            df = df[df["token"] != 0].reset_index(drop=True)
+        return df[list(lead) + [c for c in df.columns if c not in lead]]
+
+    return TrajectoryTables(streams, tidy(steps), tidy(metrics), tidy(lins))

@@ -1,0 +1,190 @@
+"""Transformer blocks as functions of their input, and the residual stream at block boundaries.
+
+A block's inputs are captured with hooks during an ordinary forward pass of the whole model:
+the hidden states ``X`` entering block ``l`` and every other argument (masks, rotary tables,
+ALiBi biases, position ids). :func:`block_function` then returns ``f(X) = block(X) - X``, the
+block's contribution to the residual stream, as a differentiable function of ``X`` alone.
+No architecture needs to know its block's call signature; which list holds the blocks comes
+from the table in ``architectures.py``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from collections.abc import Callable, Mapping
+
+import torch
+
+from coupling_utils.engine.architectures import (
+    attention_mode,
+    find_architecture,
+    transformer_blocks,
+    unwrap_model,
+)
+
+__all__ = ["block_function", "residual_stream", "unwrap_model", "model_inputs", "BlockFunction"]
+
+Inputs = torch.Tensor | Mapping[str, torch.Tensor]
+
+
+def model_inputs(model, inputs: Inputs) -> dict[str, torch.Tensor]:
+    """Keyword inputs (batch size 1, on the model's device) for one forward pass without a cache."""
+    if isinstance(inputs, torch.Tensor):
+        if inputs.dtype not in (torch.int64, torch.int32):
+            raise TypeError(
+                f"token ids must be an integer tensor, got {inputs.dtype}; pass a dict for other inputs"
+            )
+        ids = inputs.reshape(1, -1) if inputs.ndim == 1 else inputs
+        kwargs = {"input_ids": ids.long()}
+    elif isinstance(inputs, Mapping):
+        kwargs = dict(inputs)
+    else:
+        raise TypeError(
+            f"inputs must be a LongTensor [1, T] of token ids or a dict of model inputs, got {type(inputs)}"
+        )
+    device = next(model.parameters()).device
+    out = {}
+    for key, value in kwargs.items():
+        if isinstance(value, torch.Tensor):
+            if value.shape[0] != 1:
+                raise ValueError(f"inputs must have batch size 1, got {key} of shape {tuple(value.shape)}")
+            if torch.is_floating_point(value):
+                value = value.to(device=device, dtype=model.dtype)
+            else:
+                value = value.to(device)
+        out[key] = value
+    if "use_cache" in inspect.signature(model.forward).parameters:
+        out.setdefault("use_cache", False)
+    return out
+
+
+class _Stop(Exception):
+    """Raised by a hook to end a forward pass early, once what was needed is captured."""
+
+
+@contextlib.contextmanager
+def _hooks(handles):
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def _hidden(output) -> torch.Tensor:
+    """The hidden-states tensor of a block's output (a tensor or a tuple starting with it)."""
+    return output if isinstance(output, torch.Tensor) else output[0]
+
+
+def _capture_block_call(model, inputs: Inputs, layer: int, token_diagonal: bool):
+    """(block, args, kwargs) of the call of block ``layer`` in one forward pass (stopped there)."""
+    blocks = transformer_blocks(model)
+    n = len(blocks)
+    if not -n <= layer < n:
+        raise IndexError(f"layer {layer} out of range: the model has {n} blocks (0..{n - 1})")
+    block = blocks[layer]
+    captured = {}
+
+    def pre_hook(module, args, kwargs):
+        captured["args"], captured["kwargs"] = args, kwargs
+        raise _Stop
+
+    kw = model_inputs(model, inputs)
+    handle = block.register_forward_pre_hook(pre_hook, with_kwargs=True)
+    with (
+        _hooks([handle]),
+        attention_mode(model, token_diagonal=token_diagonal),
+        torch.no_grad(),
+        contextlib.suppress(_Stop),
+    ):
+        model(**kw)
+    if "args" not in captured:
+        raise RuntimeError(f"block {layer} was not called during the forward pass")
+    return block, captured["args"], captured["kwargs"]
+
+
+class BlockFunction:
+    """``f(X) = block(X) − X`` for one block, with everything else fixed as captured.
+
+    ``X`` is ``Tensor[T, d]`` (or ``[B, T, d]``); with ``token_diagonal`` the block runs with
+    token-diagonal attention, so its Jacobian is block-diagonal over tokens with the true
+    ``J_tt`` on the diagonal; otherwise it is the ordinary block.
+    """
+
+    def __init__(self, model, block, args, kwargs, token_diagonal: bool, layer: int):
+        self.model, self.block, self.layer = model, block, layer
+        self.token_diagonal = token_diagonal
+        if args:
+            self._args, self._kwargs, self._key = tuple(args[1:]), dict(kwargs), None
+        else:
+            self._args, self._kwargs, self._key = (), dict(kwargs), "hidden_states"
+            if "hidden_states" not in kwargs:
+                raise RuntimeError(f"could not find the hidden states among block {layer}'s arguments")
+            self._kwargs.pop("hidden_states")
+
+    def __call__(self, X: torch.Tensor) -> torch.Tensor:
+        x = X.unsqueeze(0) if X.ndim == 2 else X
+        with attention_mode(self.model, token_diagonal=self.token_diagonal):
+            if self._key is None:
+                out = self.block(x, *self._args, **self._kwargs)
+            else:
+                out = self.block(*self._args, hidden_states=x, **self._kwargs)
+        y = _hidden(out)
+        if X.ndim == 2:
+            y = y.squeeze(0)
+        return y - X
+
+
+def block_function(
+    model, inputs: Inputs, layer: int, *, token_diagonal: bool = True
+) -> tuple[Callable, torch.Tensor]:
+    """``(f, X)``: block ``layer`` as a function ``f: Tensor[T,d] -> Tensor[T,d]`` and its input ``X``.
+
+    ``f(X) = block(X) − X`` is the block's residual contribution, differentiable in ``X``;
+    ``X`` is the hidden state entering the block (captured with a hook, detached).
+    With ``token_diagonal=True`` a VJP of ``f`` with a cotangent ``C[T, d]`` returns the rows
+    ``c_tᵀ J_tt`` for all tokens at once (and JVPs likewise).
+    """
+    model = unwrap_model(model)
+    find_architecture(model)
+    if model.training:
+        raise ValueError(
+            "the model is in training mode (dropout would make Jacobians random); call model.eval()"
+        )
+    block, args, kwargs = _capture_block_call(model, inputs, layer, token_diagonal)
+    x = args[0] if args else kwargs["hidden_states"]
+    if x.shape[0] != 1:
+        raise ValueError(f"block inputs must have batch size 1, got {tuple(x.shape)}")
+    f = BlockFunction(model, block, args, kwargs, token_diagonal, layer)
+    return f, x[0].detach()
+
+
+def residual_stream(model, inputs: Inputs) -> torch.Tensor:
+    """``Tensor[L+1, T, d]``: the hidden states x⁰..x^L at the block boundaries.
+
+    ``x⁰`` is the input of the first block and ``x^l`` the output of block ``l`` (hooks), so
+    the last one is *before* any final norm (unlike Hugging Face ``hidden_states[-1]``).
+    """
+    model = unwrap_model(model)
+    blocks = transformer_blocks(model)
+    states = [None] * (len(blocks) + 1)
+
+    def first(module, args, kwargs):
+        states[0] = (args[0] if args else kwargs["hidden_states"])[0].detach()
+
+    def after(index):
+        def hook(module, args, output):
+            states[index + 1] = _hidden(output)[0].detach()
+            if index == len(blocks) - 1:
+                raise _Stop
+
+        return hook
+
+    handles = [blocks[0].register_forward_pre_hook(first, with_kwargs=True)]
+    handles += [b.register_forward_hook(after(i)) for i, b in enumerate(blocks)]
+    with _hooks(handles), torch.no_grad(), contextlib.suppress(_Stop):
+        model(**model_inputs(model, inputs))
+    if any(s is None for s in states):
+        raise RuntimeError("not every block was called during the forward pass")
+    return torch.stack(states)

@@ -1,0 +1,216 @@
+"""Block Jacobians ``J^l_{t1 t2} = ∂ f^l(X)_{t2} / ∂ x_{t1}`` (rows = output coordinates).
+
+``f^l(X) = block(X) − X`` is the block's residual contribution, so the identity is subtracted
+exactly where it belongs: on the token's own Jacobian (t1 = t2) and nowhere else.
+
+- :func:`token_jacobians`: ``J_tt`` for every token in ONE sweep of d vector-Jacobian products
+  through token-diagonal attention (``attention.py``): a cotangent with a row for each token
+  returns ``c_tᵀ J_tt`` for all t at once.
+- :func:`reference_jacobians`: the authors' method, per token d VJPs through the ordinary
+  block. Slow (T sweeps instead of one) and simple: the oracle the fast path is tested against.
+- :func:`context_jacobians`: ``J_{t1 t2}`` for every input token t1 and one output token t2,
+  one sweep of d VJPs of output row t2 through the ordinary block.
+
+VJPs are batched with ``torch.func.vmap`` over chunks of ``chunk_size`` cotangents; parameters
+are frozen meanwhile; Jacobians come back in fp32 whatever the model's dtype; any NaN/inf is
+reported with its layer and token.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+
+import torch
+from tqdm.auto import tqdm
+
+from coupling_utils.engine.blocks import block_function, residual_stream, unwrap_model
+
+__all__ = [
+    "token_jacobians",
+    "reference_jacobians",
+    "context_jacobians",
+    "block_function",
+    "residual_stream",
+    "check_finite",
+    "frozen",
+]
+
+Tokens = int | Sequence[int] | None
+
+
+@contextlib.contextmanager
+def frozen(model):
+    """Parameters temporarily ``requires_grad=False`` (VJPs then build no parameter gradients)."""
+    model = unwrap_model(model)
+    changed = [p for p in model.parameters() if p.requires_grad]
+    try:
+        for p in changed:
+            p.requires_grad_(False)
+        yield model
+    finally:
+        for p in changed:
+            p.requires_grad_(True)
+
+
+def check_finite(
+    J_tdd: torch.Tensor, layer: int, tokens: Sequence[int], what: str = "block Jacobian"
+) -> None:
+    """Raise a ValueError naming the layer and tokens if ``J_tdd`` holds NaN or inf."""
+    bad = ~torch.isfinite(J_tdd).flatten(1).all(dim=1)
+    if bool(bad.any()):
+        where = [int(tokens[i]) for i in torch.nonzero(bad).flatten().tolist()]
+        raise ValueError(
+            f"NaN/inf in the {what} at layer {layer}, token(s) {where}. The block's output is not finite "
+            "there: check the model weights, or use dtype='float32' if the model runs in float16/bfloat16."
+        )
+
+
+def _token_list(tokens: Tokens, T: int) -> list:
+    if tokens is None:
+        return list(range(T))
+    if isinstance(tokens, int):
+        tokens = [tokens]
+    out = []
+    for t in tokens:
+        t = int(t)
+        if not -T <= t < T:
+            raise IndexError(f"token {t} out of range for a sequence of {T} tokens")
+        out.append(t % T)
+    return out
+
+
+def _default_chunk(d: int, T: int, chunk_size: int | None) -> int:
+    if chunk_size is not None:
+        if chunk_size < 1:
+            raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+        return int(chunk_size)
+    # bound the batched cotangents (chunk × T × d values) to about 2^24 numbers
+    return max(1, min(d, (1 << 24) // max(1, T * d)))
+
+
+def _vjp_rows(vjp_fn, make_cotangents, d: int, chunk: int, progress: bool | None, desc: str):
+    """Stack ``vjp_fn(C_i)`` for i = 0..d-1, batched over chunks: returns [d, T, d_in]."""
+    pieces = []
+    bar = tqdm(range(0, d, chunk), desc=desc, leave=False, disable=None if progress is None else not progress)
+    for start in bar:
+        C = make_cotangents(start, min(d, start + chunk))  # [c, T, d]
+        (rows,) = torch.func.vmap(vjp_fn)(C)
+        pieces.append(rows)
+    return torch.cat(pieces)
+
+
+def token_jacobians(
+    model,
+    inputs,
+    layer: int,
+    *,
+    tokens: Tokens = None,
+    chunk_size: int | None = None,
+    progress: bool | None = None,
+) -> torch.Tensor:
+    """``Tensor[T, d, d]``: ``J^l_tt − I`` for every token (or the listed ``tokens``), one sweep.
+
+    d VJPs through the block with token-diagonal attention; cotangent ``i`` is the unit vector
+    e_i on every token's row, and its VJP is row i of every ``J_tt`` at once.
+    """
+    with frozen(model):
+        f, X = block_function(model, inputs, layer, token_diagonal=True)
+        T, d = X.shape
+        keep = _token_list(tokens, T)
+        _, vjp_fn = torch.func.vjp(f, X)
+
+        def cotangents(i0, i1):
+            C = torch.zeros(i1 - i0, T, d, dtype=X.dtype, device=X.device)
+            C[torch.arange(i1 - i0), :, torch.arange(i0, i1)] = 1
+            return C
+
+        chunk = _default_chunk(d, T, chunk_size)
+        pieces = []
+        bar = tqdm(
+            range(0, d, chunk),
+            desc=f"J_tt layer {layer}",
+            leave=False,
+            disable=None if progress is None else not progress,
+        )
+        index = torch.tensor(keep, device=X.device)
+        for start in bar:
+            (rows,) = torch.func.vmap(vjp_fn)(cotangents(start, min(d, start + chunk)))  # [c, T, d]
+            pieces.append(rows.index_select(1, index).float())
+        J = torch.cat(pieces).transpose(0, 1).contiguous()  # [n, d_out, d_in]
+    check_finite(J, layer, keep)
+    return J
+
+
+def reference_jacobians(
+    model,
+    inputs,
+    layer: int,
+    *,
+    tokens: Tokens = None,
+    chunk_size: int | None = None,
+    progress: bool | None = None,
+) -> torch.Tensor:
+    """``Tensor[T, d, d]``: ``J^l_tt − I`` by the authors' method (the oracle).
+
+    For each token t, d VJPs through the ordinary block with cotangents e_i on row t only;
+    the input-row t of each result is row i of ``J_tt``. T·d backward passes in all.
+    """
+    with frozen(model):
+        f, X = block_function(model, inputs, layer, token_diagonal=False)
+        T, d = X.shape
+        keep = _token_list(tokens, T)
+        _, vjp_fn = torch.func.vjp(f, X)
+        chunk = _default_chunk(d, T, chunk_size)
+        out = []
+        for t in tqdm(
+            keep,
+            desc=f"reference J_tt layer {layer}",
+            leave=False,
+            disable=None if progress is None else not progress,
+        ):
+
+            def cotangents(i0, i1, t=t):
+                C = torch.zeros(i1 - i0, T, d, dtype=X.dtype, device=X.device)
+                C[torch.arange(i1 - i0), t, torch.arange(i0, i1)] = 1
+                return C
+
+            rows = _vjp_rows(vjp_fn, cotangents, d, chunk, False, "")
+            out.append(rows[:, t, :].float())
+        J = torch.stack(out)
+    check_finite(J, layer, keep)
+    return J
+
+
+def context_jacobians(
+    model,
+    inputs,
+    layer: int,
+    output_token: int,
+    *,
+    chunk_size: int | None = None,
+    progress: bool | None = None,
+) -> torch.Tensor:
+    """``Tensor[T, d, d]``: ``J^l_{t1, t2}`` for every input token t1 and the output token t2.
+
+    One sweep of d VJPs of output row t2 through the ordinary block: cotangent e_i on row t2
+    returns row i of ``J_{t1 t2}`` for all t1 at once. The identity is subtracted only at
+    t1 = t2 (it comes from the skip connection); in a causal model ``J_{t1 t2} = 0`` for t1 > t2.
+    """
+    with frozen(model):
+        f, X = block_function(model, inputs, layer, token_diagonal=False)
+        T, d = X.shape
+        (t2,) = _token_list(output_token, T)
+        _, vjp_fn = torch.func.vjp(f, X)
+
+        def cotangents(i0, i1):
+            C = torch.zeros(i1 - i0, T, d, dtype=X.dtype, device=X.device)
+            C[torch.arange(i1 - i0), t2, torch.arange(i0, i1)] = 1
+            return C
+
+        rows = _vjp_rows(
+            vjp_fn, cotangents, d, _default_chunk(d, T, chunk_size), progress, f"J_(t1,{t2}) layer {layer}"
+        )
+        J = rows.transpose(0, 1).float().contiguous()  # [T (input token), d_out, d_in]
+    check_finite(J, layer, list(range(T)), what=f"context Jacobian (output token {t2})")
+    return J

@@ -1,0 +1,123 @@
+"""Where the project keeps what it builds (models, runs, measurements), and atomic writes.
+
+Everything lives under one directory: ``$COUPLING_CACHE`` if set, else the user's cache
+directory (``platformdirs.user_cache_dir("coupling-book")``). Every write goes to a temporary
+name in the same directory and is renamed into place, so an interrupted run never leaves a
+half-written file behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import platformdirs
+
+ENV_VAR = "COUPLING_CACHE"
+
+
+def cache_dir(*parts: str) -> Path:
+    """The project's cache directory (created), or a subdirectory of it."""
+    root = os.environ.get(ENV_VAR) or platformdirs.user_cache_dir("coupling-book")
+    path = Path(root).expanduser().joinpath(*parts)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary file path beside ``path``; rename it onto ``path`` only on success."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    tmp = Path(tmp)
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+@contextlib.contextmanager
+def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary directory beside ``path``; move it onto ``path`` only on success.
+
+    An existing ``path`` is replaced. Used for model directories and checkpoints.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    try:
+        yield tmp
+        if path.exists():
+            old = path.with_name(f".{path.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(path, old)
+            os.replace(tmp, path)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+
+
+def atomic_write_parquet(df, path: str | os.PathLike) -> None:
+    """Write a pandas DataFrame to Parquet atomically."""
+    with atomic_path(path) as tmp:
+        df.to_parquet(tmp, index=False)
+
+
+@contextlib.contextmanager
+def file_lock(path: str | os.PathLike, what: str = "") -> Iterator[None]:
+    """Hold an exclusive inter-process lock on ``path`` (created); wait, saying so, if it is taken.
+
+    Two processes building the same model or measuring into the same folder would otherwise
+    overwrite each other's work; the second one waits and then finds the first one's results.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX: no locking
+        yield
+        return
+    with open(path, "a+") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"{what or path}: another process is working on it; waiting ...", flush=True)
+            fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def is_locked(path: str | os.PathLike) -> bool:
+    """Whether another process holds :func:`file_lock` on ``path`` right now."""
+    path = Path(path)
+    if not path.exists():
+        return False
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover
+        return False
+    with open(path, "a+") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(fh, fcntl.LOCK_UN)
+        return False

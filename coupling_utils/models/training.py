@@ -1,0 +1,362 @@
+"""Local Pythia-style language-model training runs, with checkpoints on Pythia's schedule.
+
+The paper follows coupling through the training of Pythia (GPT-NeoX) checkpoints. Offline and
+on a CPU we train the same architecture (``GPTNeoXForCausalLM``: rotary embeddings on a quarter
+of each head, parallel attention+MLP residual, untied embeddings) at a tiny size on the
+Shakespeare corpus (:mod:`coupling_utils.models.corpus`), saving checkpoints at Pythia's steps
+(0, 1, 2, 4, ..., 512, then evenly spaced to the end). A run directory looks like::
+
+    <run>/config.json, model.safetensors, tokenizer files   # the final checkpoint
+    <run>/revisions/step<N>/                                # every checkpoint (save_pretrained)
+    <run>/losses.csv, losses.parquet                        # train/val loss, val accuracy per checkpoint
+
+so ``load_model(run, revision="step512")`` finds ``<run>/revisions/step512/``. Everything is
+seeded (initialisation and data order), so the same spec gives the same weights on a CPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from coupling_utils.models.corpus import tokenized_corpus
+
+LOSS_COLUMNS = [
+    "step",
+    "tokens",
+    "train_loss",
+    "val_loss",
+    "val_acc",
+    "train_loss_running",
+    "unigram_entropy",
+    "lr",
+    "elapsed_s",
+]
+
+
+@dataclass(frozen=True)
+class LMSpec:
+    """Everything that defines one training run (its hash names the cache entry)."""
+
+    d_model: int = 128
+    n_layers: int = 4
+    n_heads: int = 4
+    d_ff: int | None = None  # default 4 * d_model
+    seq_len: int = 128
+    batch_size: int = 16
+    steps: int = 1000
+    lr: float = 2e-3
+    warmup: int = 50
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.01
+    vocab_size: int = 2048
+    seed: int = 0
+    checkpoints: str = "pythia"  # "pythia": Pythia's schedule; "final": only the end
+    n_linear: int = 8  # evenly spaced checkpoints after step 512
+    eval_windows: int = 64  # fixed validation (and train) windows of seq_len tokens
+    # torch threads while training. One: at these sizes a second thread gave no measurable speed-up
+    # on a 2-core CPU (0.51 s/step with two vs 0.55 CPU-s/step with one) yet doubled the CPU time,
+    # and on a busy machine two threads spin-wait and run several times slower.
+    threads: int = 1
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def pythia_schedule(steps: int, n_linear: int = 8) -> list[int]:
+    """Checkpoint steps: 0, then powers of two up to 512 (or ``steps``), then ``n_linear`` evenly
+    spaced steps from 512 to ``steps`` (Pythia: 0, 1, 2, ..., 512, then every 1000 to 143000)."""
+    if steps < 0:
+        raise ValueError(f"steps must be >= 0, got {steps}")
+    out = [0]
+    p = 1
+    while p <= min(512, steps):
+        out.append(p)
+        p *= 2
+    if steps > 512:
+        out += [512 + round((steps - 512) * i / n_linear) for i in range(1, n_linear + 1)]
+    out.append(steps)
+    return sorted(set(out))
+
+
+def gpt_neox_config(spec: LMSpec, tokenizer):
+    """The Pythia-architecture config for ``spec`` (GPT-NeoX, rotary_pct=0.25, parallel residual)."""
+    from transformers import GPTNeoXConfig
+
+    if spec.d_model % spec.n_heads:
+        raise ValueError(f"d_model={spec.d_model} is not divisible by n_heads={spec.n_heads}")
+    eos = tokenizer.eos_token_id
+    return GPTNeoXConfig(
+        vocab_size=spec.vocab_size,
+        hidden_size=spec.d_model,
+        num_hidden_layers=spec.n_layers,
+        num_attention_heads=spec.n_heads,
+        intermediate_size=spec.d_ff or 4 * spec.d_model,
+        hidden_act="gelu",
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+        attention_dropout=0.0,
+        hidden_dropout=0.0,
+        max_position_embeddings=max(512, spec.seq_len),
+        initializer_range=0.02,
+        layer_norm_eps=1e-5,
+        use_cache=True,
+        bos_token_id=eos,
+        eos_token_id=eos,
+        pad_token_id=eos,
+        tie_word_embeddings=False,
+        use_parallel_residual=True,
+    )
+
+
+def _eval_windows(ids: np.ndarray, seq_len: int, n: int) -> torch.Tensor:
+    """``n`` fixed windows of ``seq_len + 1`` tokens, evenly spaced over ``ids``: [n, seq_len+1]."""
+    span = seq_len + 1
+    starts = np.linspace(0, len(ids) - span, n).astype(np.int64)
+    return torch.from_numpy(np.stack([ids[s : s + span] for s in starts]).astype(np.int64))
+
+
+@torch.no_grad()
+def evaluate_lm(model, windows: torch.Tensor, batch_size: int = 32) -> tuple[float, float]:
+    """Mean next-token cross-entropy (nats) and top-1 accuracy over all positions of ``windows``."""
+    was_training = model.training
+    model.eval()
+    loss_sum, correct, count = 0.0, 0, 0
+    for i in range(0, len(windows), batch_size):
+        w = windows[i : i + batch_size]
+        logits = model(input_ids=w[:, :-1]).logits
+        target = w[:, 1:]
+        loss_sum += torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), target.reshape(-1), reduction="sum"
+        ).item()
+        correct += (logits.argmax(-1) == target).sum().item()
+        count += target.numel()
+    model.train(was_training)
+    return loss_sum / count, correct / count
+
+
+def learning_rate(step: int, spec) -> float:
+    """The learning rate at a step: linear warm-up, then cosine decay to ``min_lr_ratio * lr``.
+
+    Pythia's shape; used by the LM and the ViT runs.
+    """
+    if step < spec.warmup:
+        return spec.lr * (step + 1) / spec.warmup
+    t = (step - spec.warmup) / max(1, spec.steps - spec.warmup)
+    return spec.lr * (spec.min_lr_ratio + (1 - spec.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * t)))
+
+
+def count_parameters(model, *, non_embedding: bool = False) -> int:
+    n = sum(p.numel() for p in model.parameters())
+    if non_embedding:
+        n -= model.get_input_embeddings().weight.numel() + model.get_output_embeddings().weight.numel()
+    return n
+
+
+def optimizer_step(
+    model: torch.nn.Module, opt: torch.optim.Optimizer, loss: torch.Tensor, *, step: int, lr: float, what: str
+) -> float:
+    """One clipped optimisation step (shared by the LM and ViT runs); fails clearly on a NaN loss."""
+    if not torch.isfinite(loss):
+        raise FloatingPointError(
+            f"{what} loss became {loss.item()} at step {step}; lower the learning rate (lr={lr})"
+        )
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    return loss.item()
+
+
+@contextlib.contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """Train on ``n`` torch threads, then restore the caller's setting."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def adamw(model: torch.nn.Module, *, lr: float, weight_decay: float, betas: tuple[float, float]):
+    """AdamW with weight decay on weight matrices only (not on biases and norm scales)."""
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.ndim < 2]
+    return torch.optim.AdamW(
+        [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=lr,
+        betas=betas,
+        eps=1e-8,
+    )
+
+
+def train_steps(
+    model: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    spec,
+    *,
+    loss_at: Callable[[int], torch.Tensor],
+    checkpoint: Callable[[int, float], str],
+    progress: bool,
+    desc: str,
+    what: str,
+) -> list[int]:
+    """The loop the LM and ViT runs share; returns the checkpoint steps.
+
+    ``spec`` has steps, lr, warmup, min_lr_ratio, checkpoints ("pythia" | "final") and n_linear.
+    Each step sets the warm-up/cosine learning rate, takes ``loss_at(step)`` (the batch loss) and
+    one clipped optimiser step; at every checkpoint step ``checkpoint(step, mean running loss)``
+    saves and evaluates, returning a short text for the progress bar.
+    """
+    from tqdm.auto import tqdm
+
+    schedule = pythia_schedule(spec.steps, spec.n_linear) if spec.checkpoints == "pythia" else [spec.steps]
+    running: list[float] = []
+
+    def save(step: int) -> str:
+        note = checkpoint(step, float(np.mean(running)) if running else float("nan"))
+        running.clear()
+        return note
+
+    bar = tqdm(total=spec.steps, desc=desc, disable=not progress, leave=False)
+    if 0 in schedule and spec.steps > 0:
+        save(0)
+    for step in range(1, spec.steps + 1):
+        for g in opt.param_groups:
+            g["lr"] = learning_rate(step - 1, spec)
+        running.append(optimizer_step(model, opt, loss_at(step), step=step, lr=spec.lr, what=what))
+        bar.update(1)
+        if step in schedule:
+            bar.set_postfix_str(save(step))
+    bar.close()
+    if spec.steps == 0:
+        save(0)
+    return schedule
+
+
+def train_lm(spec: LMSpec, out_dir: str | Path, *, progress: bool = True, desc: str | None = None) -> dict:
+    """Train one GPT-NeoX model per ``spec`` into ``out_dir`` (see the module doc for the layout).
+
+    Returns the final metrics (val_loss, val_acc, unigram_entropy, n_params, seconds, ...).
+    """
+    from transformers import GPTNeoXForCausalLM
+
+    t0, c0 = time.perf_counter(), time.process_time()
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with torch_threads(spec.threads):
+        corpus = tokenized_corpus(spec.vocab_size)
+        tok = corpus.tokenizer
+        config = gpt_neox_config(spec, tok)
+        torch.manual_seed(spec.seed)
+        model = GPTNeoXForCausalLM(config)
+        model.train()
+        opt = adamw(model, lr=spec.lr, weight_decay=spec.weight_decay, betas=(0.9, 0.95))
+        gen = torch.Generator().manual_seed(spec.seed + 1_000_003)
+        train_ids = torch.from_numpy(corpus.train_ids.astype(np.int64))
+        val_w = _eval_windows(corpus.val_ids, spec.seq_len, spec.eval_windows)
+        train_w = _eval_windows(corpus.train_ids, spec.seq_len, spec.eval_windows)
+        unigram = corpus.unigram_entropy()
+        offsets = torch.arange(spec.seq_len + 1)
+        rows = []
+
+        def loss_at(step: int) -> torch.Tensor:
+            starts = torch.randint(0, len(train_ids) - spec.seq_len - 1, (spec.batch_size,), generator=gen)
+            batch = train_ids[starts[:, None] + offsets]
+            logits = model(input_ids=batch[:, :-1]).logits
+            return torch.nn.functional.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1)
+            )
+
+        def checkpoint(step: int, running_loss: float) -> str:
+            val_loss, val_acc = evaluate_lm(model, val_w)
+            train_loss, _ = evaluate_lm(model, train_w)
+            rows.append(
+                {
+                    "step": step,
+                    "tokens": step * spec.batch_size * spec.seq_len,
+                    "train_loss": train_loss,
+                    "val_loss": val_loss,
+                    "val_acc": val_acc,
+                    "train_loss_running": running_loss,
+                    "unigram_entropy": unigram,
+                    "lr": learning_rate(max(step - 1, 0), spec),
+                    "elapsed_s": time.perf_counter() - t0,
+                }
+            )
+            target = out_dir if step == spec.steps else out_dir / "revisions" / f"step{step}"
+            model.save_pretrained(target)
+            tok.save_pretrained(target)
+            if step == spec.steps and spec.checkpoints == "pythia":
+                # the final step is also a revision, like Pythia's step143000
+                model.save_pretrained(out_dir / "revisions" / f"step{step}")
+                tok.save_pretrained(out_dir / "revisions" / f"step{step}")
+            return f"val_loss={val_loss:.3f}"
+
+        schedule = train_steps(
+            model,
+            opt,
+            spec,
+            loss_at=loss_at,
+            checkpoint=checkpoint,
+            progress=progress,
+            desc=desc or "train",
+            what="training",
+        )
+        losses = pd.DataFrame(rows, columns=LOSS_COLUMNS)
+        losses.to_csv(out_dir / "losses.csv", index=False)
+        losses.to_parquet(out_dir / "losses.parquet", index=False)
+        (out_dir / "training_spec.json").write_text(
+            json.dumps(
+                {
+                    "spec": spec.to_dict(),
+                    "corpus": corpus.describe(),
+                    "checkpoints": [f"step{s}" for s in schedule] if spec.checkpoints == "pythia" else [],
+                },
+                indent=2,
+            )
+        )
+        final = rows[-1]
+        return {
+            "val_loss": final["val_loss"],
+            "val_acc": final["val_acc"],
+            "train_loss": final["train_loss"],
+            "unigram_entropy": unigram,
+            "val_loss_below_unigram": unigram - final["val_loss"],
+            "n_params": count_parameters(model),
+            "n_params_non_embedding": count_parameters(model, non_embedding=True),
+            "n_layers": spec.n_layers,
+            "d_model": spec.d_model,
+            "steps": spec.steps,
+            "seed": spec.seed,
+            "tokens": spec.steps * spec.batch_size * spec.seq_len,
+            "train_seconds": time.perf_counter() - t0,
+            "cpu_seconds": time.process_time() - c0,
+        }
+
+
+def load_losses(run_dir: str | Path) -> pd.DataFrame:
+    """The per-checkpoint loss table of a run directory."""
+    run_dir = Path(run_dir)
+    return pd.read_parquet(run_dir / "losses.parquet")
+
+
+def list_revisions(run_dir: str | Path) -> list[str]:
+    """Checkpoint names (``step<N>``) in a run directory, in step order."""
+    rev = Path(run_dir) / "revisions"
+    if not rev.is_dir():
+        return []
+    names = [p.name for p in rev.iterdir() if p.is_dir() and (p / "config.json").exists()]
+    return sorted(
+        names, key=lambda n: (int(n[4:]) if n.startswith("step") and n[4:].isdigit() else 1 << 60, n)
+    )

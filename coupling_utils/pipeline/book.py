@@ -1,0 +1,475 @@
+"""Build the book: stage sources and executed notebooks, render them with Jupyter Book 1.
+
+The book never executes code. ``coupling-book run`` executes each finding notebook
+(``notebooks/fNN_<slug>.md``, jupytext MyST) with papermill into
+``_build/notebooks/fNN_<slug>.ipynb``; :func:`build_book` then renders those outputs, so the
+book shows exactly what the run produced. The resulting HTML is self-contained: MathJax is
+served from the book itself and :func:`remote_assets` checks that no page loads anything
+from another host.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import html.parser
+import importlib.util
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from coupling_utils.files import atomic_dir
+
+__all__ = [
+    "BookError",
+    "BookPlan",
+    "TocEntry",
+    "toc_entries",
+    "plan_book",
+    "stage_book",
+    "mathjax_source",
+    "remote_assets",
+    "status_section",
+    "build_book",
+]
+
+PROSE_DIR = "book"
+STATUS_PAGE = "status"  # its tables are generated from the notebooks' outputs
+ARCHITECTURES_PAGE = "architectures"  # its table is generated from the adapter table
+NOTEBOOK_DIR = "notebooks"
+DATA_DIR = "data"  # staged too: prose may include its tables
+MATHJAX_STAGE = "_mathjax"  # an html_extra_path (see _config.yml)
+MATHJAX_ENTRY = "tex-svg.js"  # SVG output: no web fonts to load
+# What tex-svg.js may load lazily (TeX extensions, menu, accessibility); the other
+# combined builds are left out.
+MATHJAX_PARTS = ("a11y", "adaptors", "input", "output", "sre", "ui")
+
+
+class BookError(RuntimeError):
+    """The book cannot be built as asked; the message names the problem and the fix."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TocEntry:
+    """One page of the table of contents and where its content comes from.
+
+    ``status`` is "ok" (ready to stage), "no-source" (the page or notebook is not written
+    yet: left out of the book) or "not-executed" (the notebook exists but has no executed
+    copy: an error unless partial builds are allowed).
+    """
+
+    docname: str  # e.g. "book/intro" or "notebooks/f00_coupling_metric"
+    kind: str  # "prose" | "notebook"
+    source: Path  # book/<page>.md or notebooks/<name>.md in the repository
+    content: Path  # the file staged: the prose source or the executed .ipynb
+    status: str
+
+    @property
+    def run_command(self) -> str:
+        """The command that produces this notebook's executed copy."""
+        short = Path(self.docname).name.split("_", 1)[0]
+        return f"coupling-book run {short} --profile <smoke|default|paper>"
+
+
+@dataclasses.dataclass(frozen=True)
+class BookPlan:
+    """What a build would include, leave out, or miss."""
+
+    entries: tuple[TocEntry, ...]
+
+    @property
+    def included(self) -> list[TocEntry]:
+        return [e for e in self.entries if e.status == "ok"]
+
+    @property
+    def unwritten(self) -> list[TocEntry]:
+        return [e for e in self.entries if e.status == "no-source"]
+
+    @property
+    def unexecuted(self) -> list[TocEntry]:
+        return [e for e in self.entries if e.status == "not-executed"]
+
+
+def _toc_files(node) -> list[str]:
+    """Every ``file:`` of a jb-book toc (root first), in reading order."""
+    files: list[str] = []
+    if isinstance(node, dict):
+        if "root" in node:
+            files.append(str(node["root"]))
+        if "file" in node:
+            files.append(str(node["file"]))
+        for key in ("parts", "chapters", "sections"):
+            for child in node.get(key) or []:
+                files.extend(_toc_files(child))
+    return files
+
+
+def toc_entries(root: str | Path = ".") -> list[str]:
+    """The docnames listed in ``<root>/_toc.yml``, root page first."""
+    toc_path = Path(root) / "_toc.yml"
+    if not toc_path.is_file():
+        raise BookError(f"no table of contents at {toc_path}: run from the repository root")
+    toc = yaml.safe_load(toc_path.read_text(encoding="utf-8"))
+    if not isinstance(toc, dict) or toc.get("format") != "jb-book" or "root" not in toc:
+        raise BookError(f"{toc_path} is not a Jupyter Book 'jb-book' toc with a root page")
+    return _toc_files(toc)
+
+
+def plan_book(root: str | Path = ".", executed: str | Path = "_build/notebooks") -> BookPlan:
+    """Resolve every toc entry to its source and content and say whether it can be staged."""
+    root = Path(root).resolve()
+    executed = _under(root, executed)
+    entries = []
+    for docname in toc_entries(root):
+        top = docname.split("/", 1)[0]
+        if top == NOTEBOOK_DIR:
+            source = root / f"{docname}.md"
+            content = executed / f"{Path(docname).name}.ipynb"
+            if not source.is_file():
+                status = "no-source"
+            elif not content.is_file():
+                status = "not-executed"
+            else:
+                status = "ok"
+            entries.append(TocEntry(docname, "notebook", source, content, status))
+        elif top == PROSE_DIR:
+            source = root / f"{docname}.md"
+            status = "ok" if source.is_file() else "no-source"
+            entries.append(TocEntry(docname, "prose", source, source, status))
+        else:
+            raise BookError(
+                f"_toc.yml entry {docname!r} is neither under {PROSE_DIR}/ nor {NOTEBOOK_DIR}/: "
+                "put prose in book/ and finding notebooks in notebooks/"
+            )
+    if entries[0].status != "ok":
+        raise BookError(f"the book's root page {entries[0].source} is missing")
+    return BookPlan(tuple(entries))
+
+
+def _under(root: Path, path: str | Path) -> Path:
+    path = Path(path)
+    return path if path.is_absolute() else root / path
+
+
+def _staged_toc(root: Path, keep: set[str]) -> dict:
+    """The repository toc restricted to ``keep``; parts left empty are dropped."""
+    toc = yaml.safe_load((root / "_toc.yml").read_text(encoding="utf-8"))
+
+    def prune(items):
+        kept = []
+        for item in items or []:
+            if "file" in item and item["file"] not in keep:
+                continue
+            item = dict(item)
+            for key in ("chapters", "sections"):
+                if key in item:
+                    item[key] = prune(item[key])
+                    if not item[key]:
+                        del item[key]
+            if "file" in item or item.get("chapters"):
+                kept.append(item)
+        return kept
+
+    if "parts" in toc:
+        toc["parts"] = prune(toc["parts"])
+    if "chapters" in toc:
+        toc["chapters"] = prune(toc["chapters"])
+    return toc
+
+
+def mathjax_source() -> Path:
+    """The MathJax 3 ``es5`` directory shipped by the PyPI package django-static-mathjax."""
+    spec = importlib.util.find_spec("mathjax")
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    for location in locations:
+        es5 = Path(location) / "static" / "mathjax" / "es5"
+        if (es5 / MATHJAX_ENTRY).is_file():
+            return es5
+    raise BookError(
+        "MathJax files not found: the book serves MathJax itself so that it works offline; "
+        "install them with `pip install 'django-static-mathjax>=3.2.2,<4'` "
+        "(or `pip install -e '.[book]'`)"
+    )
+
+
+def stage_book(
+    root: str | Path = ".",
+    executed: str | Path = "_build/notebooks",
+    src: str | Path = "_build/src",
+    *,
+    allow_unexecuted: bool = False,
+) -> BookPlan:
+    """Lay out the Jupyter Book source tree ``src`` from the repository and executed notebooks.
+
+    Pages not written yet are left out. A written notebook without an executed copy is an
+    error naming the command that produces it, unless ``allow_unexecuted`` (then it is left
+    out too). The reproduction-status page gets its tables from the executed notebooks'
+    status outputs (:func:`status_section`). The tree is rebuilt from scratch each time.
+    """
+    root = Path(root).resolve()
+    plan = plan_book(root, executed)
+    if plan.unexecuted and not allow_unexecuted:
+        lines = "\n".join(
+            f"  - {e.docname}: expected {e.content}; run `{e.run_command}`" for e in plan.unexecuted
+        )
+        raise BookError(
+            "these notebooks are in _toc.yml but have not been executed:\n"
+            + lines
+            + "\n(or `coupling-book run --profile <profile>` for all of them; "
+            "`coupling-book build --allow-unexecuted` builds without them)"
+        )
+    src = _under(root, src).resolve()
+    if src == root or src in root.parents:
+        raise BookError(
+            f"refusing to stage the book into {src}: it would delete the repository; "
+            "choose a build folder such as _build/src"
+        )
+    if src.exists():
+        shutil.rmtree(src)
+    src.mkdir(parents=True)
+    shutil.copy2(root / "_config.yml", src / "_config.yml")
+    # prose (with whatever sits beside it: references.bib, figures)
+    shutil.copytree(
+        root / PROSE_DIR,
+        src / PROSE_DIR,
+        ignore=shutil.ignore_patterns("*.ipynb", ".ipynb_checkpoints", "__pycache__"),
+    )
+    # data the prose includes by relative path (e.g. ../data/benchmarks/*.csv tables)
+    if (root / DATA_DIR).is_dir():
+        shutil.copytree(root / DATA_DIR, src / DATA_DIR, ignore=shutil.ignore_patterns("__pycache__", "*.md"))
+    (src / NOTEBOOK_DIR).mkdir()
+    for entry in plan.included:
+        if entry.kind == "notebook":
+            shutil.copy2(entry.content, src / f"{entry.docname}.ipynb")
+    status_page = src / PROSE_DIR / f"{STATUS_PAGE}.md"
+    if status_page.is_file():
+        included = {Path(e.docname).name for e in plan.included if e.kind == "notebook"}
+        with status_page.open("a", encoding="utf-8") as page:
+            page.write("\n" + status_section(_under(root, executed), included))
+    architectures_page = src / PROSE_DIR / f"{ARCHITECTURES_PAGE}.md"
+    if architectures_page.is_file():
+        with architectures_page.open("a", encoding="utf-8") as page:
+            page.write("\n" + architectures_section())
+    keep = {e.docname for e in plan.included}
+    (src / "_toc.yml").write_text(yaml.safe_dump(_staged_toc(root, keep), sort_keys=False), encoding="utf-8")
+    target = src / MATHJAX_STAGE / "_static" / "mathjax"
+    target.mkdir(parents=True)
+    es5 = mathjax_source()
+    shutil.copy2(es5 / MATHJAX_ENTRY, target / MATHJAX_ENTRY)
+    for part in MATHJAX_PARTS:
+        shutil.copytree(es5 / part, target / part)
+    return plan
+
+
+def architectures_section() -> str:
+    """The supported-architectures table, generated from ``architectures.ARCHITECTURES``."""
+    from coupling_utils.engine.architectures import supported_architectures
+
+    df = supported_architectures()[
+        ["name", "model_types", "examples", "attention", "modality", "token_diagonal", "notes"]
+    ]
+    header = "| " + " | ".join(df.columns) + " |\n|" + "---|" * len(df.columns) + "\n"
+    rows = "".join(
+        "| " + " | ".join(str(v).replace("|", "/") for v in row) + " |\n"
+        for row in df.itertuples(index=False)
+    )
+    return header + rows
+
+
+def status_section(executed: Path, notebooks: set[str] | None = None) -> str:
+    """The reproduction-status tables, generated from the executed notebooks' status outputs.
+
+    Only ``notebooks`` (file stems) are reported when given: the ones the book includes.
+    """
+    import pandas as pd
+
+    from coupling_utils.pipeline.status import COLUMNS, collect, status_markdown
+
+    if executed.is_dir():
+        df = collect(executed)
+        if notebooks is not None:
+            attrs = dict(df.attrs)
+            df = df[df["notebook"].isin(notebooks)].reset_index(drop=True)
+            df.attrs = attrs
+    else:
+        df = pd.DataFrame(columns=["notebook", *COLUMNS, "profile", "seconds", "finished"])
+    return status_markdown(df)
+
+
+class _AssetScanner(html.parser.HTMLParser):
+    """Collect the URLs a page loads by itself (scripts, styles, images, frames, fonts)."""
+
+    LOADS = {
+        "script": ("src",),
+        "img": ("src", "srcset"),
+        "iframe": ("src",),
+        "source": ("src", "srcset"),
+        "video": ("src", "poster"),
+        "audio": ("src",),
+        "embed": ("src",),
+        "object": ("data",),
+        "input": ("src",),
+    }
+    LINK_RELS = {
+        "stylesheet",
+        "preload",
+        "prefetch",
+        "modulepreload",
+        "icon",
+        "shortcut icon",
+        "apple-touch-icon",
+        "manifest",
+        "dns-prefetch",
+        "preconnect",
+    }
+
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.urls: list[str] = []
+        self._in_style = False
+        self._in_script = False
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        for name in self.LOADS.get(tag, ()):
+            if attrs.get(name):
+                self.urls.extend(u.strip().split(" ")[0] for u in attrs[name].split(","))
+        if tag == "link" and attrs.get("href"):
+            rels = {r.strip().lower() for r in (attrs.get("rel") or "").split()}
+            if rels & self.LINK_RELS or (attrs.get("rel") or "").lower() in self.LINK_RELS:
+                self.urls.append(attrs["href"])
+        if tag == "style":
+            self._in_style = True
+        if tag == "script" and not attrs.get("src"):
+            self._in_script = True
+        if attrs.get("style"):
+            self.urls.extend(_css_urls(attrs["style"]))
+
+    def handle_endtag(self, tag):
+        if tag == "style":
+            self._in_style = False
+        if tag == "script":
+            self._in_script = False
+
+    def handle_data(self, data):
+        if self._in_style:
+            self.urls.extend(_css_urls(data))
+        if self._in_script:  # a URL in inline code is a load waiting to happen
+            self.urls.extend(_SCRIPT_URL.findall(data))
+
+
+_CSS_URL = re.compile(r"""url\(\s*['"]?([^'")]+)['"]?\s*\)|@import\s+['"]([^'"]+)['"]""")
+_SCRIPT_URL = re.compile(r"""["'`]((?:https?:)?//[^"'`\s]+)["'`]""")
+_REMOTE = re.compile(r"^(?:[a-z][a-z0-9+.-]*:)?//", re.IGNORECASE)
+
+
+def _css_urls(css: str) -> list[str]:
+    return [a or b for a, b in _CSS_URL.findall(css)]
+
+
+def _is_remote(url: str) -> bool:
+    url = url.strip()
+    return bool(_REMOTE.match(url)) and not url.lower().startswith("file:")
+
+
+def remote_assets(html_dir: str | Path) -> list[tuple[str, str]]:
+    """(file, url) for every remote resource a built page or stylesheet would load.
+
+    Links (``<a href>``) are not loads and are allowed; scripts, stylesheets, images,
+    frames, CSS ``url()``/``@import`` and URLs quoted in inline scripts pointing at another
+    host are not.
+    """
+    html_dir = Path(html_dir)
+    found = []
+    for page in sorted(html_dir.rglob("*.html")):
+        scanner = _AssetScanner()
+        scanner.feed(page.read_text(encoding="utf-8", errors="replace"))
+        found += [(str(page.relative_to(html_dir)), u) for u in scanner.urls if _is_remote(u)]
+    for sheet in sorted(html_dir.rglob("*.css")):
+        css = sheet.read_text(encoding="utf-8", errors="replace")
+        found += [(str(sheet.relative_to(html_dir)), u) for u in _css_urls(css) if _is_remote(u)]
+    return found
+
+
+_JB_MAIN = "import sys; from jupyter_book.cli.main import main; sys.exit(main())"
+
+
+def build_book(
+    root: str | Path = ".",
+    executed: str | Path = "_build/notebooks",
+    out: str | Path = "_build/html",
+    strict: bool = True,
+    *,
+    allow_unexecuted: bool = False,
+    work: str | Path = "_build",
+) -> Path:
+    """Render the book to static HTML at ``out`` and return ``out`` (``out/index.html`` exists).
+
+    Stages ``work/src`` (see :func:`stage_book`), runs ``jupyter-book build`` into
+    ``work/jb`` with execution off and, when ``strict``, every Sphinx warning an error
+    (``-W -n --keep-going``) and no remote asset allowed; then replaces ``out`` atomically.
+    """
+    root = Path(root).resolve()
+    work = _under(root, work)
+    src, jb = work / "src", work / "jb"
+    plan = stage_book(root, executed, src, allow_unexecuted=allow_unexecuted)
+    for entry in plan.unwritten:
+        print(f"[book] not written yet, left out: {entry.docname} ({entry.source})", file=sys.stderr)
+    for entry in plan.unexecuted:
+        print(f"[book] not executed, left out: {entry.docname} (run `{entry.run_command}`)", file=sys.stderr)
+    for entry in plan.included:
+        failed = entry.content.with_suffix(".failed.ipynb")
+        if (
+            entry.kind == "notebook"
+            and failed.is_file()
+            and failed.stat().st_mtime > entry.content.stat().st_mtime
+        ):
+            print(
+                f"[book] warning: the last run of {entry.docname} failed ({failed.name}); "
+                "the book shows the earlier successful run",
+                file=sys.stderr,
+            )
+        if entry.kind == "notebook" and entry.source.stat().st_mtime > entry.content.stat().st_mtime:
+            print(
+                f"[book] warning: {entry.content.name} is older than {entry.source.name}; "
+                f"rerun `{entry.run_command}` to refresh it",
+                file=sys.stderr,
+            )
+    if jb.exists():
+        shutil.rmtree(jb)
+    cmd = [
+        sys.executable,
+        "-c",
+        _JB_MAIN,
+        "build",
+        str(src),
+        "--path-output",
+        str(jb),
+        "--builder",
+        "html",
+        "--all",
+    ]
+    if strict:
+        cmd += ["-W", "-n", "--keep-going"]
+    result = subprocess.run(cmd, cwd=root)
+    built = jb / "_build" / "html"
+    if result.returncode != 0 or not (built / "index.html").is_file():
+        raise BookError(
+            f"jupyter-book build failed (exit {result.returncode}); the messages above name "
+            f"the page and the problem. Staged sources are in {src}"
+            + ("; strict mode turns every Sphinx warning into an error" if strict else "")
+        )
+    remote = remote_assets(built)
+    if remote:
+        listing = "\n".join(f"  - {page}: {url}" for page, url in remote[:20])
+        message = f"the built book loads resources from other hosts, so it would not work offline:\n{listing}"
+        if strict:
+            raise BookError(message)
+        print(f"[book] warning: {message}", file=sys.stderr)
+    out = _under(root, out)
+    with atomic_dir(out) as tmp:
+        shutil.copytree(built, tmp, dirs_exist_ok=True)
+    return out

@@ -1,0 +1,292 @@
+"""Executing the book's notebooks with papermill, under a parameter profile.
+
+Notebooks are jupytext MyST files ``notebooks/fNN_<slug>.md``; profiles are parameter files
+``notebooks/profiles/<profile>/fNN_<slug>.yaml``. A run converts a notebook to ``.ipynb``,
+checks the profile and overrides against its ``parameters`` cell, executes it with papermill and
+writes ``<output_dir>/fNN_<slug>.ipynb`` atomically (a failed run writes ``.failed.ipynb`` instead,
+so the book never shows a half-run notebook).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from coupling_utils.files import atomic_write_text
+from coupling_utils.pipeline.params import ParameterError, check_overrides, notebook_parameters
+
+__all__ = [
+    "repo_root",
+    "notebook_paths",
+    "find_notebooks",
+    "profiles",
+    "profile_values",
+    "RunResult",
+    "run_notebook",
+    "run_notebooks",
+    "embedded_models",
+]
+
+NOTEBOOK_PATTERN = re.compile(r"f\d\d_[a-z0-9_]+\.md")
+
+# The kernel's environment: no progress bars or widget warnings in the book's outputs.
+KERNEL_ENV = {
+    "TQDM_DISABLE": "1",
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+    "TRANSFORMERS_VERBOSITY": "error",
+    "TOKENIZERS_PARALLELISM": "false",
+    "OMP_WAIT_POLICY": "PASSIVE",  # no busy-waiting threads: far faster on a shared or small CPU
+    "PYTHONWARNINGS": "ignore:IProgress not found",
+}
+
+
+@contextlib.contextmanager
+def _kernel_env(extra: Mapping[str, str] | None = None) -> Iterator[None]:
+    """Set the kernel's environment (values the user already set win), restore it afterwards."""
+    wanted = {**KERNEL_ENV, **(extra or {})}
+    saved = {key: os.environ.get(key) for key in wanted}
+    os.environ.update({key: os.environ.get(key, value) for key, value in wanted.items()})
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def repo_root() -> Path:
+    """The project checkout this package was installed from (editable install)."""
+    root = Path(os.environ.get("COUPLING_BOOK_ROOT", Path(__file__).resolve().parents[2]))
+    if not (root / "notebooks").is_dir():
+        raise FileNotFoundError(
+            f"no notebooks/ folder under {root}; install the package from a clone with `pip install -e .` "
+            "or set COUPLING_BOOK_ROOT to the clone"
+        )
+    return root
+
+
+def notebook_paths(root: Path | None = None) -> list[Path]:
+    """All finding notebooks, in order."""
+    root = root or repo_root()
+    return sorted(p for p in (root / "notebooks").glob("f*.md") if NOTEBOOK_PATTERN.fullmatch(p.name))
+
+
+def find_notebooks(names: Iterable[str] = (), root: Path | None = None) -> list[Path]:
+    """Notebooks matching each name by stem or prefix (``f00`` or ``f00_coupling_metric``)."""
+    paths = notebook_paths(root)
+    names = list(names)
+    if not names:
+        return paths
+    found = []
+    for name in names:
+        stem = Path(name).stem
+        hits = [p for p in paths if p.stem == stem or p.stem.startswith(stem + "_") or p.stem == stem]
+        if not hits:
+            raise ParameterError(f"no notebook named {name!r}; available: {', '.join(p.stem for p in paths)}")
+        found.extend(h for h in hits if h not in found)
+    return found
+
+
+def profiles(root: Path | None = None) -> list[str]:
+    root = root or repo_root()
+    return sorted(p.name for p in (root / "notebooks" / "profiles").iterdir() if p.is_dir())
+
+
+def profile_values(notebook: Path, profile: str) -> dict[str, Any]:
+    """The parameter values a profile sets for a notebook (empty if the profile has no file)."""
+    root = notebook.parent
+    available = profiles(root.parent)
+    if profile not in available:
+        raise ParameterError(f"unknown profile {profile!r}; available: {', '.join(available)}")
+    path = root / "profiles" / profile / f"{notebook.stem}.yaml"
+    if not path.exists():
+        raise ParameterError(f"profile {profile!r} has no parameter file for {notebook.stem} ({path})")
+    values = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(values, dict):
+        raise ParameterError(f"{path}: a parameter file must be a mapping of name: value")
+    return values
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """``key=value`` with the value read as YAML (``k=5`` -> 5, ``models=[a, b]`` -> list)."""
+    if "=" not in text:
+        raise ParameterError(f"bad parameter override {text!r}: expected key=value")
+    key, raw = text.split("=", 1)
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as exc:
+        raise ParameterError(f"bad value for parameter {key!r}: {exc}") from None
+    return key.strip(), value
+
+
+@dataclass
+class RunResult:
+    notebook: str
+    status: str  # "ok" | "failed"
+    seconds: float
+    output: str
+    error: str = ""
+    parameters: dict = field(default_factory=dict)
+
+    def line(self) -> str:
+        tail = f"  {self.error}" if self.error else ""
+        return f"{self.notebook:<28} {self.status:<7} {self.seconds:7.1f}s{tail}"
+
+
+def _cell_error(exc: Exception) -> str:
+    """The failing cell's exception as one line ``Name: message``."""
+    ename = getattr(exc, "ename", type(exc).__name__)
+    evalue = getattr(exc, "evalue", str(exc))
+    return f"{ename}: {evalue}".strip().splitlines()[0] if evalue else ename
+
+
+def run_notebook(
+    notebook: Path,
+    profile: str,
+    overrides: dict[str, Any] | None = None,
+    output_dir: Path | None = None,
+    *,
+    kernel: str = "python3",
+) -> RunResult:
+    """Execute one notebook under a profile (plus overrides) into ``output_dir``."""
+    import jupytext
+    import papermill
+
+    root = notebook.parent.parent
+    output_dir = Path(output_dir or root / "_build" / "notebooks")
+    output_dir.mkdir(parents=True, exist_ok=True)
+    out = output_dir / f"{notebook.stem}.ipynb"
+    failed = output_dir / f"{notebook.stem}.failed.ipynb"
+    start = time.perf_counter()
+    values: dict[str, Any] = {}
+    try:
+        declared = notebook_parameters(notebook)
+        values = {**profile_values(notebook, profile), **(overrides or {})}
+        check_overrides(declared, values, where=notebook.stem)
+    except ParameterError as exc:
+        return RunResult(
+            notebook.stem, "failed", time.perf_counter() - start, "", f"ParameterError: {exc}", values
+        )
+    source = output_dir / f".{notebook.stem}.source.ipynb"
+    jupytext.write(jupytext.read(notebook), source)
+    running = output_dir / f".{notebook.stem}.running.ipynb"
+    error = ""
+    try:
+        with _kernel_env():
+            papermill.execute_notebook(
+                str(source),
+                str(running),
+                parameters=values,
+                kernel_name=kernel,
+                cwd=str(root),
+                progress_bar=False,
+                log_output=False,
+                report_mode=False,
+            )
+        os.replace(running, out)
+        failed.unlink(missing_ok=True)
+    except Exception as exc:  # papermill.PapermillExecutionError and kernel failures
+        error = _cell_error(exc)
+        if running.exists():
+            os.replace(running, failed)
+    finally:
+        source.unlink(missing_ok=True)
+    status = "failed" if error else "ok"
+    return RunResult(
+        notebook.stem, status, time.perf_counter() - start, str(out if not error else failed), error, values
+    )
+
+
+def embedded_models(values: Mapping[str, Any]) -> list[str]:
+    """The embedded models (``"embedded:<name>"`` strings, also inside lists) among parameter values."""
+    found: list[str] = []
+
+    def visit(v):
+        if isinstance(v, str) and v.startswith("embedded:"):
+            found.append(v.split("/", 1)[0])
+        elif isinstance(v, (list, tuple)):
+            for x in v:
+                visit(x)
+
+    for v in values.values():
+        visit(v)
+    return list(dict.fromkeys(found))
+
+
+def _planned_values(notebook: Path, profile: str, overrides: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Defaults, then the profile, then overrides: what a run of the notebook will use."""
+    declared = notebook_parameters(notebook)
+    values = {**profile_values(notebook, profile), **(overrides or {})}
+    check_overrides(declared, values, where=notebook.stem)
+    return {**{name: p.default for name, p in declared.items()}, **values}
+
+
+def run_notebooks(
+    names: Iterable[str],
+    profile: str,
+    overrides: dict[str, Any] | None = None,
+    output_dir: Path | None = None,
+    *,
+    jobs: int = 1,
+    echo=print,
+) -> list[RunResult]:
+    """Run several notebooks; a failure is reported and the others still run.
+
+    With ``jobs > 1`` the embedded models the notebooks name are built first, ``jobs`` at a time
+    (:func:`coupling_utils.models.zoo.prepare_many`), then up to ``jobs`` notebooks run at once (longest
+    first, by their last recorded time), each kernel with ``cpu_count // jobs`` threads.
+    """
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise ParameterError(f"jobs must be a positive integer, got {jobs!r}")
+    notebooks = find_notebooks(names)
+    output_dir = Path(output_dir or repo_root() / "_build" / "notebooks")
+    output_dir.mkdir(parents=True, exist_ok=True)
+    manifest = output_dir / "runs.json"
+    previous = json.loads(manifest.read_text()) if manifest.exists() else {}
+    if jobs > 1:  # one at a time, each notebook builds what it needs on first use
+        models: list[str] = []
+        for nb in notebooks:
+            # a bad parameter: run_notebook reports it for this notebook, before any work
+            with contextlib.suppress(ParameterError):
+                models += embedded_models(_planned_values(nb, profile, overrides))
+        if models:
+            from coupling_utils.models import zoo
+
+            zoo.prepare_many(list(dict.fromkeys(models)), jobs=jobs, echo=echo)
+    order = sorted(notebooks, key=lambda nb: -float(previous.get(nb.stem, {}).get("seconds", 0) or 0))
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+    extra = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)} if jobs > 1 else {}
+
+    def one(nb: Path) -> RunResult:
+        result = run_notebook(nb, profile, overrides, output_dir)
+        echo(result.line())
+        return result
+
+    with _kernel_env(extra):
+        if jobs == 1:
+            done = {nb: one(nb) for nb in notebooks}
+        else:
+            with ThreadPoolExecutor(max_workers=min(jobs, len(order))) as pool:
+                done = dict(zip(order, pool.map(one, order)))
+    results = [done[nb] for nb in notebooks]
+    previous = json.loads(manifest.read_text()) if manifest.exists() else {}
+    for r in results:
+        previous[r.notebook] = {
+            **asdict(r),
+            "profile": profile,
+            "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+    atomic_write_text(manifest, json.dumps(previous, indent=2, default=str))
+    return results

@@ -1,0 +1,341 @@
+"""Reproduction status: each notebook reports which of the paper's claims it reproduced.
+
+Every finding notebook ends its Results with :func:`report`, a short table of rows
+``claim | paper | ours | agree | note`` (``agree`` is "yes", "partly" or "no"). The table is
+shown on the page and also stored in the executed notebook as machine-readable JSON (in the
+output's metadata under :data:`METADATA_KEY`, which renderers ignore), so the book's
+reproduction-status page can be generated from the
+notebooks' outputs (:func:`collect`, then :func:`status_markdown`) instead of being typed by
+hand, and always says what the last run actually measured, and under which profile.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+import numbers
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+__all__ = [
+    "METADATA_KEY",
+    "COLUMNS",
+    "AGREE",
+    "StatusError",
+    "status_table",
+    "report",
+    "read_notebook_status",
+    "collect",
+    "status_markdown",
+]
+
+METADATA_KEY = "coupling_status"
+"""Key of the status in an executed notebook's output metadata.
+
+Its value: ``{"notebook": str, "rows": [row, ...]}``.
+
+Metadata rather than a MIME type of its own: Jupyter Book warns about (and, building with
+warnings as errors, fails on) output MIME types it cannot render."""
+
+COLUMNS = ("claim", "paper", "ours", "agree", "note")
+AGREE = ("yes", "partly", "no")
+_REQUIRED = ("claim", "paper", "ours", "agree")
+
+
+class StatusError(ValueError):
+    """A status row is malformed; the message names the row, the field and the fix."""
+
+
+def _value(value: Any, where: str) -> str | float | int | bool:
+    """A JSON-safe cell: strings stay, numbers (numpy/torch scalars too) become float/int.
+
+    NaN becomes text.
+    """
+    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
+        try:
+            value = value.item()  # numpy / torch scalar (a 1-element tensor too)
+        except (ValueError, RuntimeError):
+            raise StatusError(f"{where} must be a single number or a text, got an array") from None
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        value = float(value)
+        return value if math.isfinite(value) else str(value)  # JSON has no NaN / inf
+    if isinstance(value, str):
+        return value
+    raise StatusError(f"{where} must be a number or a text, got {type(value).__name__}: {value!r}")
+
+
+def status_table(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
+    """Validate status rows and return them as a DataFrame with columns :data:`COLUMNS`.
+
+    Each row is a mapping with ``claim`` (text), ``paper`` (the paper's number or statement),
+    ``ours`` (what this run measured), ``agree`` ("yes" | "partly" | "no") and an optional
+    ``note``. Raises :class:`StatusError` naming the row and field otherwise.
+    """
+    if isinstance(rows, (Mapping, str, bytes)):
+        raise StatusError("rows must be a list of dicts (one per claim), not a single mapping or text")
+    table = []
+    for i, row in enumerate(rows):
+        where = f"status row {i}"
+        if not isinstance(row, Mapping):
+            raise StatusError(
+                f"{where} must be a dict with keys {', '.join(COLUMNS)}, got {type(row).__name__}"
+            )
+        unknown = sorted(set(row) - set(COLUMNS))
+        if unknown:
+            raise StatusError(f"{where} has unknown key(s) {unknown}; the keys are {', '.join(COLUMNS)}")
+        missing = [k for k in _REQUIRED if k not in row]
+        if missing:
+            raise StatusError(
+                f"{where} lacks {missing}; every row needs {', '.join(_REQUIRED)} (note is optional)"
+            )
+        claim = row["claim"]
+        if not isinstance(claim, str) or not claim.strip():
+            raise StatusError(f"{where}: 'claim' must be a non-empty text, got {claim!r}")
+        agree = row["agree"]
+        if not isinstance(agree, str) or agree.strip().lower() not in AGREE:
+            raise StatusError(f"{where} ({claim!r}): 'agree' must be one of {list(AGREE)}, got {agree!r}")
+        note = row.get("note", "")
+        if note is None:
+            note = ""
+        if not isinstance(note, str):
+            raise StatusError(f"{where} ({claim!r}): 'note' must be a text, got {type(note).__name__}")
+        table.append(
+            {
+                "claim": claim.strip(),
+                "paper": _value(row["paper"], f"{where} ({claim!r}): 'paper'"),
+                "ours": _value(row["ours"], f"{where} ({claim!r}): 'ours'"),
+                "agree": agree.strip().lower(),
+                "note": note.strip(),
+            }
+        )
+    if not table:
+        raise StatusError("no status rows: report at least one claim with what this run found")
+    return pd.DataFrame(table, columns=list(COLUMNS))
+
+
+def _fmt(value: Any) -> str:
+    """A cell as text: numbers to 3 significant digits (``0.801``, ``617``, ``1e-10``)."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, numbers.Integral):
+        return str(int(value))
+    if isinstance(value, numbers.Real):
+        return f"{float(value):.3g}"
+    return str(value)
+
+
+def _html(df: pd.DataFrame) -> str:
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in COLUMNS)
+    body = "".join(
+        "<tr>"
+        + "".join(f'<td class="status-{html.escape(c)}">{html.escape(_fmt(r[c]))}</td>' for c in COLUMNS)
+        + "</tr>"
+        for r in df.to_dict("records")
+    )
+    return f'<table class="coupling-status"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
+def _plain(df: pd.DataFrame) -> str:
+    return df.assign(**{c: df[c].map(_fmt) for c in ("paper", "ours")}).to_string(index=False)
+
+
+def report(notebook: str, rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
+    """Show a notebook's reproduction status and store it, machine-readable, in its output.
+
+    ``notebook`` names the notebook (``"f02_generalization"`` or ``"f02"``). The table is
+    displayed (HTML, with the rows as JSON in the output metadata for :func:`collect`) and
+    glued as ``<notebook>_status`` for pages that want to embed it. Returns the validated
+    DataFrame; end the cell with ``;`` (or assign it) so it is not displayed twice.
+    """
+    from IPython.display import display
+
+    if not isinstance(notebook, str) or not notebook.strip():
+        raise StatusError(
+            f"report(notebook=...) must name the notebook, e.g. 'f02_generalization', got {notebook!r}"
+        )
+    notebook = notebook.strip()
+    df = status_table(rows)
+    payload = {"notebook": notebook, "rows": df.to_dict("records")}
+    json.dumps(payload, allow_nan=False)  # stays valid JSON in the .ipynb
+    display({"text/html": _html(df), "text/plain": _plain(df)}, metadata={METADATA_KEY: payload}, raw=True)
+    try:
+        from myst_nb import glue
+    except ImportError:  # outside the book's environment the table is still shown
+        pass
+    else:
+        glue(f"{notebook}_status", df, display=False)
+    return df
+
+
+def _read(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise StatusError(f"cannot read executed notebook {path}: {exc}") from None
+
+
+def _title(nb: dict, default: str) -> str:
+    """The notebook's first level-1 heading (``# f02 · Coupling and generalisation``)."""
+    for cell in nb.get("cells", []):
+        if cell.get("cell_type") == "markdown":
+            source = cell.get("source", "")
+            for line in (source if isinstance(source, str) else "".join(source)).splitlines():
+                if line.startswith("# "):
+                    return line[2:].strip()
+    return default
+
+
+def read_notebook_status(path: str | Path) -> pd.DataFrame:
+    """The status rows an executed notebook (``.ipynb``) reported (empty if it reported none)."""
+    return _rows(_read(Path(path)))
+
+
+def _rows(nb: dict) -> pd.DataFrame:
+    rows = []
+    for cell in nb.get("cells", []):
+        for output in cell.get("outputs", []) if cell.get("cell_type") == "code" else []:
+            payload = (output.get("metadata") or {}).get(METADATA_KEY)
+            if payload:
+                if isinstance(payload, str):  # some writers store JSON MIME data as text
+                    payload = json.loads(payload)
+                rows.extend(status_table(payload["rows"]).to_dict("records"))
+    return pd.DataFrame(rows, columns=list(COLUMNS))
+
+
+def _executed(executed_dir: Path) -> list[Path]:
+    """Executed notebooks in book order; failed (``.failed.ipynb``) and in-flight (hidden) copies left out."""
+    return sorted(
+        p
+        for p in executed_dir.glob("*.ipynb")
+        if not p.name.startswith(".") and not p.name.endswith(".failed.ipynb")
+    )
+
+
+def collect(executed_dir: str | Path) -> pd.DataFrame:
+    """All status rows reported by the executed notebooks in ``executed_dir``, in notebook order.
+
+    Columns: ``notebook`` (file stem), ``title`` (its first heading), :data:`COLUMNS`, and from
+    the runner's ``runs.json``
+    (when present) ``profile``, ``seconds`` and ``finished`` of the run that produced each
+    notebook. ``df.attrs`` holds ``runs`` (the manifest), ``without_status`` (executed notebooks
+    that reported nothing) and ``failed`` (notebooks whose last run failed).
+    """
+    executed_dir = Path(executed_dir)
+    if not executed_dir.is_dir():
+        raise StatusError(
+            f"no executed notebooks at {executed_dir}: run `coupling-book run --profile <profile>` first"
+        )
+    manifest = executed_dir / "runs.json"
+    runs = json.loads(manifest.read_text(encoding="utf-8")) if manifest.exists() else {}
+    frames, without = [], []
+    for path in _executed(executed_dir):
+        nb = _read(path)
+        rows = _rows(nb)
+        if rows.empty:
+            without.append(path.stem)
+            continue
+        run = runs.get(path.stem, {})
+        if run.get("status", "ok") != "ok":  # the last run failed: this copy is from an earlier run
+            run = {}
+        frames.append(
+            rows.assign(
+                notebook=path.stem,
+                title=_title(nb, path.stem),
+                profile=run.get("profile"),
+                seconds=run.get("seconds"),
+                finished=run.get("finished"),
+            )
+        )
+    columns = ["notebook", "title", *COLUMNS, "profile", "seconds", "finished"]
+    df = pd.concat(frames, ignore_index=True)[columns] if frames else pd.DataFrame(columns=columns)
+    df.attrs["runs"] = runs
+    df.attrs["without_status"] = without
+    df.attrs["failed"] = sorted(name for name, run in runs.items() if run.get("status") == "failed")
+    return df
+
+
+def _cell(value: Any) -> str:
+    """A markdown table cell: pipes escaped, one line."""
+    return " ".join(_fmt(value).split()).replace("|", "\\|")
+
+
+def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
+    lines += ["| " + " | ".join(_cell(v) for v in row) + " |" for row in rows]
+    return lines
+
+
+def _run_line(group: pd.DataFrame, profile: str | None) -> str:
+    first = group.iloc[0]
+    used = first.get("profile") if isinstance(first.get("profile"), str) else None
+    parts = [f"profile `{used or profile or 'unknown'}`"]
+    if isinstance(first.get("finished"), str):
+        parts.append(f"run finished {first['finished']}")
+    seconds = first.get("seconds")
+    if isinstance(seconds, numbers.Real) and not (isinstance(seconds, float) and math.isnan(seconds)):
+        parts.append(f"{float(seconds):.0f} s")
+    return "Produced by the run with " + ", ".join(parts) + "."
+
+
+def status_markdown(df: pd.DataFrame, profile: str | None = None) -> str:
+    """The reproduction-status page body (MyST markdown) from :func:`collect`'s table.
+
+    An overview table (claims per notebook that agree / partly / do not), then one section per
+    notebook with its rows and the profile and time of the run that produced them (``profile``
+    is the fallback when ``df`` has no run information).
+    """
+    lines: list[str] = []
+    if df.empty:
+        lines.append(
+            "No executed notebook has reported a reproduction status yet: run "
+            f"`coupling-book run --profile {profile or 'default'}` and rebuild the book."
+        )
+    else:
+        overview = []
+        for name, group in df.groupby("notebook", sort=False):
+            counts = group["agree"].value_counts()
+            used = (
+                group["profile"].iloc[0]
+                if "profile" in group and isinstance(group["profile"].iloc[0], str)
+                else profile
+            )
+            title = group["title"].iloc[0] if "title" in group else name
+            overview.append(
+                [f"{{ref}}`{title} <status-{name}>`", used or "", *(int(counts.get(a, 0)) for a in AGREE)]
+            )
+        lines += _table(["notebook", "profile", *AGREE], overview)
+        for name, group in df.groupby("notebook", sort=False):
+            title = group["title"].iloc[0] if "title" in group else name
+            lines += ["", f"(status-{name})=", f"## {title}", "", _run_line(group, profile), ""]
+            lines += _table(list(COLUMNS), group[list(COLUMNS)].values.tolist())
+    failed = df.attrs.get("failed", []) if hasattr(df, "attrs") else []
+    without = df.attrs.get("without_status", []) if hasattr(df, "attrs") else []
+    if failed:
+        shown = set(df["notebook"]) if "notebook" in df else set()
+        stale = [n for n in failed if n in shown]
+        gone = [n for n in failed if n not in shown]
+        if gone:
+            lines += [
+                "",
+                "The last run of " + ", ".join(f"`{n}`" for n in gone) + " failed; "
+                "its claims are not in the tables above.",
+            ]
+        if stale:
+            lines += [
+                "",
+                "The last run of " + ", ".join(f"`{n}`" for n in stale) + " failed; "
+                "its table above comes from an earlier successful run.",
+            ]
+    if without:
+        lines += ["", "Executed but reported no status: " + ", ".join(f"`{n}`" for n in without) + "."]
+    return "\n".join(lines) + "\n"

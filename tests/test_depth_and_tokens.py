@@ -1,0 +1,203 @@
+"""Trained vs random-init twins: the measurement plumbing on a tiny model, and the condensing helpers."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from coupling_utils.analysis import depth_and_tokens as tw
+from coupling_utils.engine.metric import coupling
+
+
+class _Tok:
+    def __call__(self, text, return_tensors="pt"):
+        return {"input_ids": torch.tensor([[ord(c) % 64 for c in text]])}
+
+    def convert_ids_to_tokens(self, ids):
+        return [chr(65 + i % 26) for i in ids]
+
+    def decode(self, ids):
+        return "".join(self.convert_ids_to_tokens(ids))
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(
+        vocab_size=64,
+        hidden_size=16,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=64,
+    )
+    models = {}
+    for random_init, seed in ((False, 7), (True, 0)):
+        torch.manual_seed(seed)
+        models[random_init] = LlamaForCausalLM(cfg).eval()
+    calls = []
+
+    def load(name, *, dtype, random_init, seed):
+        calls.append((random_init, seed))
+        return SimpleNamespace(
+            model=models[random_init],
+            tokenizer=_Tok(),
+            name=name,
+            revision=None,
+            dtype=dtype,
+            arch="llama",
+            n_layers=4,
+            d_model=16,
+            provenance={},
+        )
+
+    out = tmp_path_factory.mktemp("twins")
+    prompts = {"p": "abcdef", "q": "xyz!"}
+    m = tw.measure_twins(
+        "tiny", prompts, k=(2, 4), tile_layers=[1, 2], tile_k=3, token_layer=-1, load=load, out=out
+    )
+    return SimpleNamespace(m=m, models=models, prompts=prompts, load=load, out=out, calls=calls)
+
+
+def test_twin_tables(pair):
+    m = pair.m
+    assert pair.calls == [(False, 0), (True, 0)]
+    assert (m.n_layers, m.d_model, m.token_layer) == (4, 16, 3)
+    for df in (m.depthwise, m.tiles, m.tokenwise, m.context, m.summary):
+        assert set(df.weights) == set(tw.WEIGHTS) and list(df.columns[:2]) == ["model", "weights"]
+    # 2 weights x 2 prompts x 2 K x 4 x 4 blocks
+    assert len(m.depthwise) == 2 * 2 * 2 * 16
+    assert len(m.tiles) == 2 * 2 * 2 * 2 * 3 * 3 and set(m.tiles.layer_i) == {1, 2}
+    assert set(m.tokenwise.layer) == {3} and m.tokenwise.query("prompt == 'p'").token_i.nunique() == 6
+    tok = _Tok()
+    assert m.tokens == {
+        p: tok.convert_ids_to_tokens(tok(t)["input_ids"][0].tolist()) for p, t in pair.prompts.items()
+    }
+    assert m.tokens["p"] == list("HIJKLM")
+    assert len(m.summary) == 4 and m.summary.coupling.between(-1, 1).all()
+
+
+def test_twin_values_match_direct_computation(pair):
+    from coupling_utils.engine.jacobians import token_jacobians
+
+    ids = _Tok()(pair.prompts["p"])["input_ids"]
+    model = pair.models[True]
+    J0, J2 = token_jacobians(model, ids, 0)[-1], token_jacobians(model, ids, 2)[-1]
+    row = pair.m.depthwise.query(
+        "weights == 'random init' and prompt == 'p' and K == 4 and layer_i == 0 and layer_j == 2"
+    )
+    assert row.m.item() == pytest.approx(coupling(J0, J2, 4), abs=1e-5)
+
+
+def test_twins_reuse_the_cache_and_check_blocks(pair, monkeypatch):
+    import coupling_utils.engine.jacobians as jac
+
+    monkeypatch.setattr(
+        jac, "token_jacobians", lambda *a, **k: (_ for _ in ()).throw(AssertionError("recomputed"))
+    )
+    monkeypatch.setattr(
+        jac, "context_jacobians", lambda *a, **k: (_ for _ in ()).throw(AssertionError("recomputed"))
+    )
+    again = tw.measure_twins(
+        "tiny",
+        pair.prompts,
+        k=(2, 4),
+        tile_layers=[1, 2],
+        tile_k=3,
+        token_layer=-1,
+        load=pair.load,
+        out=pair.out,
+    )
+    pd.testing.assert_frame_equal(again.summary, pair.m.summary)
+    with pytest.raises(ValueError, match="token_layer=9 does not exist: tiny has 4 blocks"):
+        tw.measure_twins("tiny", pair.prompts, k=2, token_layer=9, load=pair.load)
+    smaller = tw.measure_twins(
+        "tiny",
+        pair.prompts,
+        k=(2, 4),
+        tile_layers=[1, 2],
+        tile_k=2,
+        token_layer=-1,
+        load=pair.load,
+        out=pair.out,
+    )  # a crop of the stored tiles: nothing recomputed
+    corner = pair.m.tiles.query("row < 2 and col < 2").drop(columns="K").reset_index(drop=True)
+    pd.testing.assert_frame_equal(smaller.tiles.drop(columns="K").reset_index(drop=True), corner)
+    assert set(smaller.tiles.K) == {2}
+    with pytest.raises(ValueError, match="tile_k=5 must be between 1 and max"):
+        tw.measure_twins("tiny", pair.prompts, k=(2, 4), tile_layers=[1, 2], tile_k=5, load=pair.load)
+    with pytest.raises(ValueError, match="tile_layers=-7"):
+        tw.measure_twins("tiny", pair.prompts, k=2, tile_layers=[0, -7], load=pair.load)
+
+
+# --------------------------------------------------------------------------- helpers
+def test_mean_depthwise_keeps_one_minus_m2_exact():
+    df = pd.DataFrame(
+        {"weights": "trained", "K": 2, "prompt": ["a", "b"], "layer_i": 0, "layer_j": 1, "m": [0.2, 0.6]}
+    )
+    df["coupling"] = 1 - df.m**2
+    out = tw.mean_depthwise(df).iloc[0]
+    assert out.coupling == pytest.approx((0.96 + 0.64) / 2)
+    assert 1 - out.m**2 == pytest.approx(out.coupling)
+
+
+def test_coupling_by_distance():
+    rows = [
+        {"weights": "w", "K": 2, "layer_i": i, "layer_j": j, "coupling": 1.0 if i == j else 1 / abs(i - j)}
+        for i in range(4)
+        for j in range(4)
+    ]
+    d = tw.coupling_by_distance(pd.DataFrame(rows))
+    assert list(d.distance) == [1, 2, 3]
+    np.testing.assert_allclose(d.coupling, [1, 0.5, 1 / 3])
+
+
+def test_tile_diagonality():
+    K = 4
+    eye = np.eye(K)
+    rows = []
+    for (i, j), tile in {(0, 0): eye, (0, 1): np.ones((K, K))}.items():
+        for r in range(K):
+            for c in range(K):
+                rows.append(
+                    {
+                        "weights": "w",
+                        "prompt": "a",
+                        "token": 3,
+                        "K": K,
+                        "layer_i": i,
+                        "layer_j": j,
+                        "row": r,
+                        "col": c,
+                        "value": tile[r, c],
+                    }
+                )
+    d = tw.tile_diagonality(pd.DataFrame(rows)).set_index(["layer_i", "layer_j"]).diagonal_share
+    assert d[(0, 0)] == pytest.approx(1.0) and d[(0, 1)] == pytest.approx(1 / K)
+
+
+def test_offdiag_mean_and_token_labels():
+    df = pd.DataFrame(
+        {
+            "weights": ["a", "a", "b", "b"],
+            "token_i": [0, 0, 0, 1],
+            "token_j": [0, 1, 1, 0],
+            "coupling": [1.0, 0.4, 0.2, 0.4],
+        }
+    )
+    s = tw.offdiag_mean(df, "token_i", "token_j")
+    assert s["a"] == pytest.approx(0.4) and s["b"] == pytest.approx(0.3)
+    sd = tw.offdiag_mean(df, "token_i", "token_j", how="std")
+    assert sd["b"] == pytest.approx(np.std([0.2, 0.4], ddof=1)) and np.isnan(sd["a"])
+    toks = [f"t{i}" for i in range(11)]
+    toks[3] = "Ġcapital"
+    lab = tw.label_tokens(pd.DataFrame({"token_i": [3, 10]}), toks, ["token_i"])
+    assert list(lab.token_i) == ["03 ␣capital", "10 t10"]
+    with pytest.raises(ValueError, match="outside the 11 tokens"):
+        tw.label_tokens(pd.DataFrame({"token_i": [11]}), toks, ["token_i"])
