@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from coupling_utils.pipeline.execution import (
     parse_override,
     profile_values,
     profiles,
+    run_notebooks,
 )
 from coupling_utils.pipeline.params import (
     ParameterError,
@@ -99,6 +101,20 @@ def test_overrides_are_checked_by_name_and_type(tmp_path):
         parse_override("k5")
 
 
+def test_a_single_value_for_a_list_parameter_is_a_one_element_list(tmp_path):
+    params = notebook_parameters(
+        _write_nb(tmp_path, "k = [10, 30]  # K values\nlayers = []  # blocks\nname = 'x'  # a text")
+    )
+    assert check_overrides(params, {"k": 30, "layers": 3, "name": "y"}) == {
+        "k": [30],
+        "layers": [3],
+        "name": "y",
+    }
+    assert check_overrides(params, {"k": [5, 6]}) == {"k": [5, 6]}
+    with pytest.raises(ParameterError, match="parameter 'k' must be of type list"):
+        check_overrides(params, {"k": "thirty"})  # not an element of the default's type
+
+
 def test_value_checks_name_the_parameter():
     assert check_int("k", 3, min=1) == 3
     with pytest.raises(ParameterError, match="parameter 'k' must be >= 1, got -1"):
@@ -179,3 +195,34 @@ def test_environment_yml_and_pyproject_name_the_same_packages():
     env = yaml.safe_load((ROOT / "environment.yml").read_text())
     pip = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
     assert _names(pip) == declared
+
+
+def _tiny_notebook(path: Path, body: str) -> None:
+    path.write_text(
+        "---\njupytext:\n  text_representation:\n    extension: .md\n    format_name: myst\n"
+        "kernelspec:\n  display_name: Python 3\n  language: python\n  name: python3\n---\n\n"
+        f"# {path.stem}\n\n```{{code-cell}} ipython3\n:tags: [parameters]\n\nk = [1, 2]  # K values\n```\n\n"
+        f"```{{code-cell}} ipython3\n{body}\n```\n"
+    )
+
+
+def test_run_records_each_notebook_when_it_ends(tmp_path, monkeypatch):
+    """runs.json gets a notebook's record (with its own finish time) as soon as it ends: the
+    second notebook, run after the first, finds the first already recorded, and sees the
+    scalar override as a one-element list."""
+    (tmp_path / "notebooks" / "profiles" / "p").mkdir(parents=True)
+    out = tmp_path / "out"
+    _tiny_notebook(tmp_path / "notebooks" / "f00_first.md", "assert k == [7], k")
+    _tiny_notebook(
+        tmp_path / "notebooks" / "f01_second.md",
+        f"import json\nruns = json.load(open({str(out / 'runs.json')!r}))\n"
+        "assert runs['f00_first']['status'] == 'ok' and 'f01_second' not in runs, runs",
+    )
+    for name in ("f00_first", "f01_second"):
+        (tmp_path / "notebooks" / "profiles" / "p" / f"{name}.yaml").write_text("k: [1]\n")
+    monkeypatch.setenv("COUPLING_BOOK_ROOT", str(tmp_path))
+    results = run_notebooks([], "p", {"k": 7}, output_dir=out, jobs=1, echo=lambda _: None)
+    assert [r.status for r in results] == ["ok", "ok"], [r.error for r in results]
+    runs = json.loads((out / "runs.json").read_text())
+    assert runs["f00_first"]["finished"] <= runs["f01_second"]["finished"]
+    assert runs["f00_first"]["parameters"] == {"k": [7]} and runs["f01_second"]["profile"] == "p"

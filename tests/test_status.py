@@ -27,13 +27,22 @@ ROWS = [
     },
     {"claim": "direction of the fit", "paper": "positive", "ours": "positive", "agree": "Yes"},
 ]
+REPLOT = {
+    "claim": "the paper's Fig. 1a fit",
+    "paper": 0.80,
+    "ours": 0.801,
+    "agree": "yes",
+    "rule": "yes if r2 ≥ 0.7",
+    "kind": "replot",
+}
 
 
 def test_rows_are_validated_and_normalised():
     df = status_table(ROWS)
-    assert list(df.columns) == ["claim", "paper", "ours", "agree", "note"]
+    assert list(df.columns) == ["claim", "paper", "ours", "agree", "rule", "kind", "note"]
     assert df.agree.tolist() == ["partly", "yes"]
-    assert isinstance(df.ours[0], float) and df.note[1] == ""
+    assert isinstance(df.ours[0], float) and df.note[1] == "" and df.rule[1] == ""
+    assert df.kind.tolist() == ["measured", "measured"]  # the default kind
     assert status_table([{**ROWS[0], "ours": float("nan")}]).ours[0] == "nan"  # JSON has no NaN
 
 
@@ -46,6 +55,8 @@ def test_rows_are_validated_and_normalised():
         ([{**ROWS[0], "claim": " "}], "'claim' must be a non-empty text"),
         ([{**ROWS[0], "ours": [1, 2]}], "'ours' must be a number or a text"),
         ([{**ROWS[0], "ours": np.zeros(3)}], "'ours' must be a single number"),
+        ([{**ROWS[0], "kind": "guess"}], "'kind' must be one of"),
+        ([{**ROWS[0], "rule": 3}], "'rule' must be a text"),
         ([], "no status rows"),
         (ROWS[0], "list of dicts"),
     ],
@@ -76,7 +87,7 @@ def _fake_executed(path, notebook, rows, *, json_as_text=False):
 
 def test_collect_reads_executed_notebooks_in_order_with_their_runs(tmp_path):
     _fake_executed(tmp_path / "f04_vit.ipynb", "f04_vit", [ROWS[1]], json_as_text=True)
-    _fake_executed(tmp_path / "f02_gen.ipynb", "f02_gen", ROWS)
+    _fake_executed(tmp_path / "f02_gen.ipynb", "f02_gen", [*ROWS, REPLOT])
     _fake_executed(tmp_path / "f03_train.failed.ipynb", "f03_train", ROWS)  # a failed run: ignored
     _fake_executed(tmp_path / ".f05_x.running.ipynb", "f05_x", ROWS)  # in flight: ignored
     nbformat.write(nbformat.v4.new_notebook(), tmp_path / "f01_plain.ipynb")  # reports nothing
@@ -94,9 +105,9 @@ def test_collect_reads_executed_notebooks_in_order_with_their_runs(tmp_path):
         )
     )
     df = collect(tmp_path)
-    assert df.notebook.tolist() == ["f02_gen", "f02_gen", "f04_vit"]
-    assert df.claim.tolist() == [r["claim"] for r in ROWS] + [ROWS[1]["claim"]]
-    assert df.profile.tolist()[:2] == ["smoke", "smoke"] and df.profile[2] is None
+    assert df.notebook.tolist() == ["f02_gen", "f02_gen", "f02_gen", "f04_vit"]
+    assert df.claim.tolist() == [r["claim"] for r in ROWS] + [REPLOT["claim"], ROWS[1]["claim"]]
+    assert df.profile.tolist()[:3] == ["smoke"] * 3 and df.profile[3] is None
     assert df.attrs["without_status"] == ["f01_plain"] and df.attrs["failed"] == ["f03_train"]
     assert read_notebook_status(tmp_path / "f01_plain.ipynb").empty
 
@@ -109,10 +120,15 @@ def test_collect_reads_executed_notebooks_in_order_with_their_runs(tmp_path):
     )
     assert "(status-f02_gen)=" in md
     assert "profile `smoke`" in md and "profile `default`" in md  # f04 has no run record: the fallback
-    assert "| coupling predicts the leaderboard | 0.8 | 0.612 | partly | digitised \\| replotted |" in md
+    assert "| coupling predicts the leaderboard | 0.8 | 0.612 | partly |  | digitised \\| replotted |" in md
     assert "`f03_train` failed" in md and "`f01_plain`" in md
-    # overview: one row per notebook with its counts of yes / partly / no
-    assert "| {ref}`f02_gen · A title <status-f02_gen>` | smoke | 1 | 1 | 0 |" in md
+    # overview: one row per notebook with its measured yes / partly / no, and its replots apart
+    assert "| {ref}`f02_gen · A title <status-f02_gen>` | smoke | 1 | 1 | 0 | 1 |" in md
+    # the replot is listed after the measured claims, under its own heading, never counted as "yes"
+    section = md[md.index("## f02_gen") : md.index("## f04_vit")]
+    assert section.index("Replots of the paper's own") > section.index("coupling predicts the leaderboard")
+    assert section.index("Replots of the paper's own") < section.index("the paper's Fig. 1a fit")
+    assert "| the paper's Fig. 1a fit | 0.8 | 0.801 | yes | yes if r2 ≥ 0.7 |  |" in section
 
 
 def test_collect_and_markdown_when_nothing_ran(tmp_path):

@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import re
+import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -139,6 +140,7 @@ class RunResult:
     output: str
     error: str = ""
     parameters: dict = field(default_factory=dict)
+    finished: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
 
     def line(self) -> str:
         tail = f"  {self.error}" if self.error else ""
@@ -173,8 +175,9 @@ def run_notebook(
     values: dict[str, Any] = {}
     try:
         declared = notebook_parameters(notebook)
-        values = {**profile_values(notebook, profile), **(overrides or {})}
-        check_overrides(declared, values, where=notebook.stem)
+        values = check_overrides(
+            declared, {**profile_values(notebook, profile), **(overrides or {})}, where=notebook.stem
+        )
     except ParameterError as exc:
         return RunResult(
             notebook.stem, "failed", time.perf_counter() - start, "", f"ParameterError: {exc}", values
@@ -228,8 +231,9 @@ def embedded_models(values: Mapping[str, Any]) -> list[str]:
 def _planned_values(notebook: Path, profile: str, overrides: Mapping[str, Any] | None) -> dict[str, Any]:
     """Defaults, then the profile, then overrides: what a run of the notebook will use."""
     declared = notebook_parameters(notebook)
-    values = {**profile_values(notebook, profile), **(overrides or {})}
-    check_overrides(declared, values, where=notebook.stem)
+    values = check_overrides(
+        declared, {**profile_values(notebook, profile), **(overrides or {})}, where=notebook.stem
+    )
     return {**{name: p.default for name, p in declared.items()}, **values}
 
 
@@ -269,9 +273,15 @@ def run_notebooks(
     threads = max(1, (os.cpu_count() or 1) // jobs)
     extra = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)} if jobs > 1 else {}
 
+    lock = threading.Lock()
+
     def one(nb: Path) -> RunResult:
         result = run_notebook(nb, profile, overrides, output_dir)
         echo(result.line())
+        with lock:  # each notebook is recorded when it ends, with its own finish time
+            runs = json.loads(manifest.read_text()) if manifest.exists() else {}
+            runs[result.notebook] = {**asdict(result), "profile": profile}
+            atomic_write_text(manifest, json.dumps(runs, indent=2, default=str))
         return result
 
     with _kernel_env(extra):
@@ -280,13 +290,4 @@ def run_notebooks(
         else:
             with ThreadPoolExecutor(max_workers=min(jobs, len(order))) as pool:
                 done = dict(zip(order, pool.map(one, order)))
-    results = [done[nb] for nb in notebooks]
-    previous = json.loads(manifest.read_text()) if manifest.exists() else {}
-    for r in results:
-        previous[r.notebook] = {
-            **asdict(r),
-            "profile": profile,
-            "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        }
-    atomic_write_text(manifest, json.dumps(previous, indent=2, default=str))
-    return results
+    return [done[nb] for nb in notebooks]

@@ -114,9 +114,17 @@ def _compatible(default: Any, value: Any) -> bool:
     return d == v
 
 
-def check_overrides(params: dict[str, Parameter], values: dict[str, Any], *, where: str = "") -> None:
-    """Check names and types of parameter values against a notebook's parameters cell."""
+def check_overrides(
+    params: dict[str, Parameter], values: dict[str, Any], *, where: str = ""
+) -> dict[str, Any]:
+    """Check names and types of parameter values against a notebook's parameters cell.
+
+    Returns the values to run with: a single value given to a list parameter (``-p k=30`` where
+    the default is ``[10, 30, 50]``) becomes a one-element list, when it has the type of the
+    default's elements (any type if the default list is empty).
+    """
     prefix = f"{where}: " if where else ""
+    out = {}
     for key, value in values.items():
         if key not in params:
             known = ", ".join(sorted(params))
@@ -124,11 +132,17 @@ def check_overrides(params: dict[str, Parameter], values: dict[str, Any], *, whe
                 f"{prefix}unknown parameter {key!r}; this notebook's parameters are: {known}"
             )
         p = params[key]
+        if isinstance(p.default, list) and not isinstance(value, list) and value is not None:
+            elements = p.default[:1]
+            if not elements or _compatible(elements[0], value):
+                value = [value]
         if not _compatible(p.default, value):
             raise ParameterError(
                 f"{prefix}parameter {key!r} must be of type {p.type_name} (like its default {p.default!r}), "
                 f"got {value!r} of type {_type_name(value)}"
             )
+        out[key] = value
+    return out
 
 
 # --- value checks used in notebooks' derived-values cell ---------------------------------------

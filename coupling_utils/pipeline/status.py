@@ -1,7 +1,10 @@
 """Reproduction status: each notebook reports which of the paper's claims it reproduced.
 
 Every finding notebook ends its Results with :func:`report`, a short table of rows
-``claim | paper | ours | agree | note`` (``agree`` is "yes", "partly" or "no"). The table is
+``claim | paper | ours | agree | rule | kind | note`` (``agree`` is "yes", "partly" or "no",
+reached by the ``rule`` written next to the claim: see
+:func:`coupling_utils.analysis.verdicts.claim`; ``kind`` tells this book's measurements from
+replots of the paper's own points). The table is
 shown on the page and also stored in the executed notebook as machine-readable JSON (in the
 output's metadata under :data:`METADATA_KEY`, which renderers ignore), so the book's
 reproduction-status page can be generated from the
@@ -41,8 +44,9 @@ Its value: ``{"notebook": str, "rows": [row, ...]}``.
 Metadata rather than a MIME type of its own: Jupyter Book warns about (and, building with
 warnings as errors, fails on) output MIME types it cannot render."""
 
-COLUMNS = ("claim", "paper", "ours", "agree", "note")
+COLUMNS = ("claim", "paper", "ours", "agree", "rule", "kind", "note")
 AGREE = ("yes", "partly", "no")
+KINDS = ("measured", "replot")
 _REQUIRED = ("claim", "paper", "ours", "agree")
 
 
@@ -76,8 +80,9 @@ def status_table(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
     """Validate status rows and return them as a DataFrame with columns :data:`COLUMNS`.
 
     Each row is a mapping with ``claim`` (text), ``paper`` (the paper's number or statement),
-    ``ours`` (what this run measured), ``agree`` ("yes" | "partly" | "no") and an optional
-    ``note``. Raises :class:`StatusError` naming the row and field otherwise.
+    ``ours`` (what this run measured), ``agree`` ("yes" | "partly" | "no"), and optionally
+    ``rule`` (the rule that gave the verdict, as text), ``kind`` ("measured", the default, or
+    "replot") and ``note``. Raises :class:`StatusError` naming the row and field otherwise.
     """
     if isinstance(rows, (Mapping, str, bytes)):
         raise StatusError("rows must be a list of dicts (one per claim), not a single mapping or text")
@@ -94,7 +99,8 @@ def status_table(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
         missing = [k for k in _REQUIRED if k not in row]
         if missing:
             raise StatusError(
-                f"{where} lacks {missing}; every row needs {', '.join(_REQUIRED)} (note is optional)"
+                f"{where} lacks {missing}; every row needs {', '.join(_REQUIRED)} "
+                "(rule, kind and note are optional)"
             )
         claim = row["claim"]
         if not isinstance(claim, str) or not claim.strip():
@@ -102,18 +108,26 @@ def status_table(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
         agree = row["agree"]
         if not isinstance(agree, str) or agree.strip().lower() not in AGREE:
             raise StatusError(f"{where} ({claim!r}): 'agree' must be one of {list(AGREE)}, got {agree!r}")
-        note = row.get("note", "")
-        if note is None:
-            note = ""
-        if not isinstance(note, str):
-            raise StatusError(f"{where} ({claim!r}): 'note' must be a text, got {type(note).__name__}")
+        texts = {}
+        for key in ("rule", "note"):
+            text = row.get(key, "")
+            if text is None:
+                text = ""
+            if not isinstance(text, str):
+                raise StatusError(f"{where} ({claim!r}): {key!r} must be a text, got {type(text).__name__}")
+            texts[key] = text.strip()
+        kind = row.get("kind") or "measured"
+        if kind not in KINDS:
+            raise StatusError(f"{where} ({claim!r}): 'kind' must be one of {list(KINDS)}, got {kind!r}")
         table.append(
             {
                 "claim": claim.strip(),
                 "paper": _value(row["paper"], f"{where} ({claim!r}): 'paper'"),
                 "ours": _value(row["ours"], f"{where} ({claim!r}): 'ours'"),
                 "agree": agree.strip().lower(),
-                "note": note.strip(),
+                "rule": texts["rule"],
+                "kind": kind,
+                "note": texts["note"],
             }
         )
     if not table:
@@ -290,20 +304,25 @@ def _run_line(group: pd.DataFrame, profile: str | None) -> str:
 def status_markdown(df: pd.DataFrame, profile: str | None = None) -> str:
     """The reproduction-status page body (MyST markdown) from :func:`collect`'s table.
 
-    An overview table (claims per notebook that agree / partly / do not), then one section per
-    notebook with its rows and the profile and time of the run that produced them (``profile``
-    is the fallback when ``df`` has no run information).
+    An overview table (this book's measured claims per notebook that agree / partly / do not,
+    and how many replots of the paper's own points it shows), then one section per notebook:
+    the profile and time of the run that produced it, its measured claims with the rule each
+    verdict was reached by, and, apart, its replots (``profile`` is the fallback when ``df`` has
+    no run information).
     """
     lines: list[str] = []
+    shown = [c for c in COLUMNS if c != "kind"]
     if df.empty:
         lines.append(
             "No executed notebook has reported a reproduction status yet: run "
             f"`coupling-book run --profile {profile or 'default'}` and rebuild the book."
         )
     else:
+        kinds = df["kind"].fillna("measured") if "kind" in df else pd.Series("measured", index=df.index)
         overview = []
         for name, group in df.groupby("notebook", sort=False):
-            counts = group["agree"].value_counts()
+            measured = group[kinds[group.index] == "measured"]
+            counts = measured["agree"].value_counts()
             used = (
                 group["profile"].iloc[0]
                 if "profile" in group and isinstance(group["profile"].iloc[0], str)
@@ -311,13 +330,29 @@ def status_markdown(df: pd.DataFrame, profile: str | None = None) -> str:
             )
             title = group["title"].iloc[0] if "title" in group else name
             overview.append(
-                [f"{{ref}}`{title} <status-{name}>`", used or "", *(int(counts.get(a, 0)) for a in AGREE)]
+                [
+                    f"{{ref}}`{title} <status-{name}>`",
+                    used or "",
+                    *(int(counts.get(a, 0)) for a in AGREE),
+                    int((kinds[group.index] == "replot").sum()),
+                ]
             )
-        lines += _table(["notebook", "profile", *AGREE], overview)
+        lines += _table(["notebook", "profile", *(f"measured: {a}" for a in AGREE), "replots"], overview)
         for name, group in df.groupby("notebook", sort=False):
             title = group["title"].iloc[0] if "title" in group else name
             lines += ["", f"(status-{name})=", f"## {title}", "", _run_line(group, profile), ""]
-            lines += _table(list(COLUMNS), group[list(COLUMNS)].values.tolist())
+            measured = group[kinds[group.index] == "measured"]
+            replots = group[kinds[group.index] == "replot"]
+            if not measured.empty:
+                lines += _table(shown, measured[shown].values.tolist())
+            if not replots.empty:
+                lines += [
+                    "",
+                    "Replots of the paper's own (digitised) points: they check that this book reads the "
+                    "paper's figures as the paper does, not that the finding reproduces.",
+                    "",
+                ]
+                lines += _table(shown, replots[shown].values.tolist())
     failed = df.attrs.get("failed", []) if hasattr(df, "attrs") else []
     without = df.attrs.get("without_status", []) if hasattr(df, "attrs") else []
     if failed:

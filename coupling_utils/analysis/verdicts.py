@@ -1,0 +1,231 @@
+"""Verdicts by rules stated before the result: yes / partly / no for each claim of the paper.
+
+A notebook writes a claim's rule next to the claim, before any number is computed::
+
+    RISES = Rule(yes="ratio >= 1.5 and spearman >= 0.7 and peak_position >= 2/3",
+                 partly="ratio >= 1.2 and spearman >= 0.3")
+
+and, once the measurement exists, turns it into a status row with :func:`claim`::
+
+    claim("coupling rises over training", paper="2.4×, nearly monotonic", rule=RISES,
+          values={"ratio": 1.93, "spearman": 0.29, "peak_position": 0.3}, ours="1.93×")
+
+The verdict is computed from the rule and the values, never typed, and the row carries the rule's
+text and the values it was judged on, so the status page shows why a claim got its verdict.
+Rules are small expressions over named numbers: comparisons (``<``, ``<=``, ``>``, ``>=``, ``==``,
+``!=``), ``and`` / ``or`` / ``not``, arithmetic (``+ - * /``, ``abs``) and number literals. A name
+the values do not provide is an error; a NaN value makes every comparison it enters false, so a
+missing number never earns a "yes".
+
+Shape claims ("rises", "nearly monotonic", "dense at the end") are judged on shape descriptors of
+the whole curve (rank correlation with the step, where the peak lies, the largest drop), not on
+two end points: see :func:`coupling_utils.analysis.emergence.growth_summary`.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import operator
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["Rule", "RuleError", "KINDS", "claim"]
+
+KINDS = ("measured", "replot")
+"""``measured``: this book's own measurement; ``replot``: the paper's own (digitised) points redrawn."""
+
+_COMPARE = {
+    ast.Lt: operator.lt,
+    ast.LtE: operator.le,
+    ast.Gt: operator.gt,
+    ast.GtE: operator.ge,
+    ast.Eq: operator.eq,
+    ast.NotEq: operator.ne,
+}
+_ARITH = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
+_SYMBOLS = {"<=": "≤", ">=": "≥", "!=": "≠"}
+
+
+class RuleError(ValueError):
+    """A rule that cannot be read or evaluated; the message names the rule and the fix."""
+
+
+def _names(tree: ast.AST) -> set[str]:
+    return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id != "abs"}
+
+
+def _parse(expr: str, where: str) -> ast.Expression:
+    if not isinstance(expr, str) or not expr.strip():
+        raise RuleError(f"{where} must be a non-empty expression such as 'ratio >= 1.5', got {expr!r}")
+    try:
+        tree = ast.parse(expr.strip(), mode="eval")
+    except SyntaxError as exc:
+        raise RuleError(f"{where} {expr!r} is not a valid expression: {exc.msg}") from exc
+    allowed = (
+        ast.Expression,
+        ast.BoolOp,
+        ast.And,
+        ast.Or,
+        ast.UnaryOp,
+        ast.Not,
+        ast.USub,
+        ast.UAdd,
+        ast.Compare,
+        ast.BinOp,
+        ast.Name,
+        ast.Load,
+        ast.Constant,
+        ast.Call,
+        *_COMPARE,
+        *_ARITH,
+    )
+    for node in ast.walk(tree):
+        if not isinstance(node, allowed):
+            raise RuleError(
+                f"{where} {expr!r} uses {type(node).__name__}; rules may only use comparisons, "
+                "and/or/not, + - * /, abs() and numbers"
+            )
+        if isinstance(node, ast.Call) and not (
+            isinstance(node.func, ast.Name)
+            and node.func.id == "abs"
+            and len(node.args) == 1
+            and not node.keywords
+        ):
+            raise RuleError(f"{where} {expr!r}: the only function a rule may call is abs(x)")
+        if isinstance(node, ast.Constant) and (
+            isinstance(node.value, bool) or not isinstance(node.value, (int, float))
+        ):
+            raise RuleError(f"{where} {expr!r}: literals must be numbers, got {node.value!r}")
+    return tree
+
+
+def _eval(node: ast.AST, values: Mapping[str, float]) -> Any:
+    if isinstance(node, ast.Expression):
+        return _eval(node.body, values)
+    if isinstance(node, ast.BoolOp):
+        parts = [bool(_eval(v, values)) for v in node.values]
+        return all(parts) if isinstance(node.op, ast.And) else any(parts)
+    if isinstance(node, ast.UnaryOp):
+        v = _eval(node.operand, values)
+        if isinstance(node.op, ast.Not):
+            return not bool(v)
+        return -v if isinstance(node.op, ast.USub) else +v
+    if isinstance(node, ast.Compare):
+        left = _eval(node.left, values)
+        for op, right_node in zip(node.ops, node.comparators):
+            right = _eval(right_node, values)
+            if not _COMPARE[type(op)](left, right):  # NaN compares false
+                return False
+            left = right
+        return True
+    if isinstance(node, ast.BinOp):
+        a, b = _eval(node.left, values), _eval(node.right, values)
+        if isinstance(node.op, ast.Div) and b == 0:
+            return math.nan
+        return _ARITH[type(node.op)](a, b)
+    if isinstance(node, ast.Call):
+        return abs(_eval(node.args[0], values))
+    if isinstance(node, ast.Name):
+        return values[node.id]
+    return node.value  # a number (checked by _parse)
+
+
+def _pretty(expr: str) -> str:
+    text = " ".join(expr.split())
+    for a, b in _SYMBOLS.items():
+        text = text.replace(a, b)
+    return text
+
+
+@dataclass(frozen=True)
+class Rule:
+    """When a claim is reproduced: ``yes`` and ``partly`` conditions over named numbers.
+
+    ``partly`` is optional (None: the verdict is yes or no). A rule is checked when it is made,
+    so a typo fails before any measurement runs.
+    """
+
+    yes: str
+    partly: str | None = None
+
+    def __post_init__(self):
+        _parse(self.yes, "Rule(yes=...)")
+        if self.partly is not None:
+            _parse(self.partly, "Rule(partly=...)")
+
+    @property
+    def names(self) -> set[str]:
+        """The values the rule needs."""
+        names = _names(_parse(self.yes, "yes"))
+        return names | (_names(_parse(self.partly, "partly")) if self.partly else set())
+
+    @property
+    def text(self) -> str:
+        """The rule as the status page shows it: ``yes if …; partly if …; otherwise no``."""
+        parts = [f"yes if {_pretty(self.yes)}"]
+        if self.partly:
+            parts.append(f"partly if {_pretty(self.partly)}")
+        return "; ".join(parts) + "; otherwise no"
+
+    def judge(self, values: Mapping[str, Any]) -> str:
+        """``"yes"``, ``"partly"`` or ``"no"`` for these values."""
+        missing = sorted(self.names - set(values))
+        if missing:
+            raise RuleError(
+                f"the rule '{self.text}' needs {missing}, but the values give only {sorted(values)}; "
+                "pass every number the rule names"
+            )
+        numbers = {}
+        for name in self.names:
+            try:
+                numbers[name] = float(values[name])
+            except (TypeError, ValueError) as exc:
+                raise RuleError(f"value {name!r} = {values[name]!r} is not a number") from exc
+        if _eval(_parse(self.yes, "yes"), numbers):
+            return "yes"
+        if self.partly and _eval(_parse(self.partly, "partly"), numbers):
+            return "partly"
+        return "no"
+
+
+def _fmt(value: float) -> str:
+    v = float(value)
+    return "NaN" if math.isnan(v) else f"{v:.3g}"
+
+
+def claim(
+    claim: str,
+    *,
+    paper: Any,
+    rule: Rule,
+    values: Mapping[str, Any],
+    ours: Any = None,
+    note: str = "",
+    kind: str = "measured",
+) -> dict[str, Any]:
+    """A reproduction-status row whose verdict is ``rule`` judged on ``values``.
+
+    ``ours`` is what the row shows as this run's result (default: the values the rule names);
+    the row's ``rule`` column holds the rule's text and the values it was judged on. ``kind`` is
+    "measured" (this book's measurement) or "replot" (the paper's own points redrawn), which the
+    status page keeps apart. Pass the rows to :func:`coupling_utils.pipeline.status.report`.
+    """
+    if not isinstance(rule, Rule):
+        raise RuleError(f"rule must be a Rule(yes=..., partly=...), got {type(rule).__name__}")
+    if kind not in KINDS:
+        raise RuleError(f"kind must be one of {KINDS}, got {kind!r}")
+    agree = rule.judge(values)
+    judged = ", ".join(f"{name} = {_fmt(values[name])}" for name in sorted(rule.names))
+    if ours is None:
+        ours = judged
+    return {
+        "claim": claim,
+        "paper": paper,
+        "ours": ours,
+        "agree": agree,
+        "rule": f"{rule.text} (judged on {judged})",
+        "kind": kind,
+        "note": note,
+    }

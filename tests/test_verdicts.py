@@ -1,0 +1,83 @@
+"""Verdict rules: stated before the result, judged on the values, shown with the row."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from coupling_utils.analysis.verdicts import Rule, RuleError, claim
+from coupling_utils.pipeline.status import status_table
+
+RISES = Rule(yes="ratio >= 1.5 and spearman >= 0.7 and peak_position >= 2/3", partly="ratio >= 1.2")
+
+
+@pytest.mark.parametrize(
+    "values, expected",
+    [
+        ({"ratio": 1.93, "spearman": 0.9, "peak_position": 0.9}, "yes"),
+        # the two end points say "rises", the shape does not: f03's default run today
+        ({"ratio": 1.93, "spearman": 0.29, "peak_position": 0.3}, "partly"),
+        ({"ratio": 1.1, "spearman": 0.9, "peak_position": 1.0}, "no"),
+        ({"ratio": 1.5, "spearman": 0.7, "peak_position": 2 / 3}, "yes"),  # bounds are inclusive
+        (
+            {"ratio": math.nan, "spearman": 0.9, "peak_position": 1.0},
+            "no",
+        ),  # a missing number never earns yes
+    ],
+)
+def test_rules_judge_the_values(values, expected):
+    assert RISES.judge(values) == expected
+
+
+def test_rule_without_partly_gives_yes_or_no():
+    rule = Rule(yes="abs(rho) < 0.2 or -rho > 0.5")
+    assert rule.judge({"rho": -0.6}) == "yes" and rule.judge({"rho": 0.3}) == "no"
+    assert rule.names == {"rho"}
+    assert rule.text == "yes if abs(rho) < 0.2 or -rho > 0.5; otherwise no"
+
+
+def test_division_by_zero_is_not_a_verdict():
+    assert Rule(yes="a / b > 1").judge({"a": 1, "b": 0}) == "no"
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"yes": "ratio >="}, "not a valid expression"),
+        ({"yes": "__import__('os')"}, "only function"),
+        ({"yes": "x.real > 1"}, "uses Attribute"),
+        ({"yes": "x > 'a'"}, "literals must be numbers"),
+        ({"yes": ""}, "non-empty expression"),
+        ({"yes": "x > 1", "partly": "y >"}, "partly"),
+    ],
+)
+def test_bad_rules_fail_when_made(kwargs, match):
+    with pytest.raises(RuleError, match=match):
+        Rule(**kwargs)
+
+
+def test_missing_value_names_what_the_rule_needs():
+    with pytest.raises(RuleError, match=r"needs \['peak_position', 'spearman'\]"):
+        RISES.judge({"ratio": 2.0})
+    with pytest.raises(RuleError, match="not a number"):
+        Rule(yes="x > 1").judge({"x": "high"})
+
+
+def test_claim_rows_carry_rule_values_and_kind():
+    row = claim(
+        "coupling rises over training",
+        paper="2.4×, nearly monotonic",
+        rule=RISES,
+        values={"ratio": 1.93, "spearman": 0.29, "peak_position": 0.3},
+    )
+    assert row["agree"] == "partly" and row["kind"] == "measured"
+    assert row["rule"].startswith("yes if ratio ≥ 1.5 and spearman ≥ 0.7")
+    assert "judged on peak_position = 0.3, ratio = 1.93, spearman = 0.29" in row["rule"]
+    assert row["ours"] == "peak_position = 0.3, ratio = 1.93, spearman = 0.29"
+    df = status_table(
+        [row, claim("fit", paper=0.8, rule=Rule(yes="r2 >= 0.7"), values={"r2": 0.8}, kind="replot")]
+    )
+    assert df.kind.tolist() == ["measured", "replot"] and df.agree.tolist() == ["partly", "yes"]
+    with pytest.raises(RuleError, match="kind must be one of"):
+        claim("x", paper=1, rule=RISES, values={}, kind="guess")
