@@ -1,0 +1,194 @@
+"""Every shell command the README and the book's pages document works, as written.
+
+The commands are read from the fenced ``bash``/``sh``/``shell``/``console`` blocks of README.md and
+book/*.md. Each block runs as one bash script (``set -e``), in a scratch folder, with shims in
+front of PATH that keep it small but real:
+
+- ``coupling-book run`` runs the named notebooks for real at the ``smoke`` profile (whatever
+  profile the docs name), with the documented overrides, into the documented output folder;
+- ``coupling-book build`` renders a real book from what the block ran (into the scratch folder);
+- ``coupling-book zoo prepare NAME`` prepares the smoke-sized twin of NAME (``SMOKE_TWINS``);
+- other ``coupling-book`` commands (``list``, ``zoo list``) run as they are;
+- ``make TARGET ...`` is checked with ``make -n`` (the target exists, its variables parse): the
+  real targets are this suite (``make test``) or minutes of work (``make book``, ``make bench``);
+- a command that is none of these must be listed in ``NOT_RUN`` with the reason, so a new kind
+  of documented command cannot go untested unnoticed.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "book").glob("*.md"))]
+SHELLS = {"bash", "sh", "shell", "console"}
+SMOKE_TWINS = {
+    "pythia-tiny": "pythia-smoke",
+    "lm-family": "lm-family-smoke",
+    "vit-family": "vit-family-smoke",
+    "vit-mnist": "vit-mnist-smoke",
+    "smollm2-135m": "pythia-smoke",
+}
+# first words of commands that are documented but not run here, and why
+NOT_RUN = {
+    "python": "benchmarks take minutes per case; `make bench` runs them (checked with --help)",
+    "git": "publishing and cloning need a remote",
+    "pip": "installs need the network; `make venv` is what the docs rely on",
+}
+FIRST_WORDS = {"coupling-book", "make", "for", "done", "do", ".", "source", "cd", "export", *NOT_RUN}
+
+
+def documented_blocks() -> list[tuple[str, int, str]]:
+    """(file, line, script) for every fenced shell block of the documentation."""
+    blocks = []
+    for path in DOCS:
+        lines = path.read_text(encoding="utf-8").splitlines()
+        i = 0
+        while i < len(lines):
+            m = re.match(r"^(\s*)(```+|~~~+)\s*([\w-]*)", lines[i])
+            if m and m.group(3) in SHELLS:
+                fence, start, body = m.group(2), i + 1, []
+                i += 1
+                while i < len(lines) and not lines[i].strip().startswith(fence):
+                    body.append(re.sub(r"^\$ ", "", lines[i].strip()))
+                    i += 1
+                blocks.append((path.relative_to(ROOT).as_posix(), start, "\n".join(body)))
+            i += 1
+    return blocks
+
+
+def _first_words(script: str) -> set[str]:
+    words = set()
+    for line in script.splitlines():
+        line = line.split(" #", 1)[0].strip()
+        if not line or line.startswith("#"):
+            continue
+        for part in re.split(r";|&&|\|\|", line):
+            tokens = shlex.split(part.strip(), comments=True) if part.strip() else []
+            if tokens:
+                words.add(tokens[0].rsplit("/", 1)[-1] if tokens[0].endswith("coupling-book") else tokens[0])
+    return words
+
+
+SHIM = textwrap.dedent(
+    """\
+    #!{python}
+    '''coupling-book, kept at the smoke profile and inside the scratch folder.
+
+    A notebook run identical to one already done in this test (same notebook, profile and
+    parameters) is copied from it instead of executed again.
+    '''
+    import hashlib, json, shutil, sys
+    from pathlib import Path
+
+    from coupling_utils.pipeline import execution
+    from coupling_utils.pipeline.cli import main
+
+    twins = {twins!r}
+    memo = Path({memo!r})
+    real = execution.run_notebook
+
+    def run_notebook(notebook, profile, overrides=None, output_dir=None, **kw):
+        key = hashlib.sha256(json.dumps([notebook.stem, profile, overrides], sort_keys=True,
+                                        default=str).encode()).hexdigest()[:16]
+        done = memo / key
+        if (done / "result.json").exists():
+            result = execution.RunResult(**json.loads((done / "result.json").read_text()))
+            out = Path(output_dir or execution.repo_root() / "_build" / "notebooks")
+            out.mkdir(parents=True, exist_ok=True)
+            shutil.copy(done / "run.ipynb", out / f"{{notebook.stem}}.ipynb")
+            result.output = str(out / f"{{notebook.stem}}.ipynb")
+            return result
+        result = real(notebook, profile, overrides, output_dir, **kw)
+        if result.status == "ok":
+            done.mkdir(parents=True, exist_ok=True)
+            shutil.copy(result.output, done / "run.ipynb")
+            (done / "result.json").write_text(json.dumps(result.__dict__, default=str))
+        return result
+
+    execution.run_notebook = run_notebook
+    argv = sys.argv[1:]
+    if argv[:1] == ["run"]:
+        if "--profile" in argv:
+            argv[argv.index("--profile") + 1] = "smoke"
+        else:
+            argv += ["--profile", "smoke"]
+    if argv[:2] == ["zoo", "prepare"]:
+        argv = argv[:2] + [twins.get(a.removeprefix("embedded:"), a) if not a.startswith("-") else a
+                           for a in argv[2:]]
+    sys.exit(main(argv))
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def scratch(tmp_path_factory):
+    """A scratch book root (the repository's sources linked in) and a PATH with the shims first."""
+    root = tmp_path_factory.mktemp("docs")
+    for name in ("notebooks", "book", "data", "_config.yml", "_toc.yml", "CITATION.cff"):
+        if (ROOT / name).exists():
+            (root / name).symlink_to(ROOT / name)
+    shims = root / ".shims"
+    shims.mkdir()
+    (shims / "coupling-book").write_text(
+        SHIM.format(python=sys.executable, twins=SMOKE_TWINS, memo=str(root / ".memo"))
+    )
+    make = shutil.which("make")  # the real one, resolved before the shim shadows it
+    (shims / "make").write_text(f'#!/bin/sh\nexec {make} -n -C {shlex.quote(str(ROOT))} "$@"\n')
+    for shim in shims.iterdir():
+        shim.chmod(0o755)
+    env = {
+        **os.environ,
+        "PATH": f"{shims}:{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
+        "COUPLING_BOOK_ROOT": str(root),
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+    }
+    return root, env
+
+
+BLOCKS = documented_blocks()
+
+
+def test_the_docs_document_commands():
+    assert len(BLOCKS) >= 5, BLOCKS
+    assert any("coupling-book run" in script for _, _, script in BLOCKS)
+
+
+@pytest.mark.parametrize("where, line, script", BLOCKS, ids=[f"{w}:{n}" for w, n, _ in BLOCKS])
+def test_documented_command_works(where, line, script, scratch):
+    root, env = scratch
+    unknown = _first_words(script) - FIRST_WORDS
+    assert not unknown, (
+        f"{where}:{line} documents {sorted(unknown)}, which this test does not know how to run; "
+        "teach it (a shim) or list the command in NOT_RUN with the reason"
+    )
+    lines = []
+    for text in script.splitlines():
+        words = shlex.split(text, comments=True) if text.strip() else []
+        if words and words[0] in NOT_RUN:
+            if words[0] == "python" and len(words) > 1 and words[1].endswith(".py"):
+                lines.append(
+                    f"{shlex.quote(sys.executable)} {shlex.quote(str(ROOT / words[1]))} --help >/dev/null"
+                )
+            continue  # documented, not run: see NOT_RUN
+        if words[:2] in ([".", ".venv/bin/activate"], ["source", ".venv/bin/activate"]):
+            continue  # the test already runs inside the project's environment
+        lines.append(text.replace(".venv/bin/coupling-book", "coupling-book"))
+    body = "set -euo pipefail\n" + "\n".join(lines) + "\n"
+    proc = subprocess.run(
+        ["bash", "-c", body], cwd=root, env=env, capture_output=True, text=True, timeout=1200
+    )
+    assert proc.returncode == 0, (
+        f"{where}:{line}: the documented commands failed (exit {proc.returncode}):\n{script}\n\n"
+        f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
+    )
