@@ -35,7 +35,15 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
-__all__ = ["DEVICE", "EmulatedTensor", "DeviceMismatch", "emulated_device", "on_device", "ops_seen"]
+__all__ = [
+    "DEVICE",
+    "EmulatedTensor",
+    "DeviceMismatch",
+    "emulated_device",
+    "on_device",
+    "ops_seen",
+    "host_allocations",
+]
 
 NAME = "emulated"
 
@@ -79,7 +87,9 @@ class EmulatedTensor(torch.Tensor):
     @staticmethod
     def __new__(cls, elem: torch.Tensor, requires_grad: bool | None = None):
         if isinstance(elem, EmulatedTensor) or elem.device.type != "cpu":
-            raise TypeError(f"EmulatedTensor wraps a plain CPU tensor, got {type(elem).__name__} on {elem.device}")
+            raise TypeError(
+                f"EmulatedTensor wraps a plain CPU tensor, got {type(elem).__name__} on {elem.device}"
+            )
         out = torch.Tensor._make_wrapper_subclass(
             cls,
             elem.shape,
@@ -135,11 +145,18 @@ _LIB.impl("empty.memory_format", _empty, "PrivateUse1")
 _LIB.impl("_copy_from", _copy_from, "PrivateUse1")
 
 _COUNT: dict[str, int] = {}
+_HOST: list[tuple[str, torch.dtype, int]] = []
 
 
 def ops_seen() -> dict[str, int]:
     """How many operations on emulated tensors each ATen overload ran (since the last reset)."""
     return dict(_COUNT)
+
+
+def host_allocations() -> list[tuple[str, torch.dtype, int]]:
+    """(operation, dtype, numel) of every floating-point tensor an operation produced on the host
+    (a plain CPU tensor) inside :func:`emulated_device`: what a GPU run would hold in host memory."""
+    return list(_HOST)
 
 
 def _is_emulated_device(d) -> bool:
@@ -178,17 +195,19 @@ def _check(func, args, kwargs) -> None:
         return
     if func in _INDEXING:
         # aten.index(self, indices), index_put(self, indices, values, ...): indices may be CPU
-        plain = [args[0]] + [a for a in args[2:3]]
+        plain = [args[0], *args[2:3]]
     else:
         plain = flat
     for a in plain:
-        if isinstance(a, torch.Tensor) and not isinstance(a, EmulatedTensor) and a.dim() > 0:
-            if a.device.type == "cpu":
-                raise DeviceMismatch(
-                    f"Expected all tensors to be on the same device, but found at least two devices, "
-                    f"{DEVICE} and cpu! (in {func}: a CPU tensor of shape {tuple(a.shape)} mixed with "
-                    f"tensors on {DEVICE})"
-                )
+        plain_cpu = (
+            isinstance(a, torch.Tensor) and not isinstance(a, EmulatedTensor) and a.device.type == "cpu"
+        )
+        if plain_cpu and a.dim() > 0:
+            raise DeviceMismatch(
+                f"Expected all tensors to be on the same device, but found at least two devices, "
+                f"{DEVICE} and cpu! (in {func}: a CPU tensor of shape {tuple(a.shape)} mixed with "
+                f"tensors on {DEVICE})"
+            )
 
 
 def _unwrap(x):
@@ -220,7 +239,11 @@ def _run(func, args, kwargs):
     ukwargs = tree_map(_unwrap, kwargs)
     if "device" in ukwargs and isinstance(ukwargs["device"], str) and ukwargs["device"].startswith(NAME):
         ukwargs["device"] = "cpu"
-    if "generator" in ukwargs and ukwargs["generator"] is not None and ukwargs["generator"].device.type == NAME:
+    if (
+        "generator" in ukwargs
+        and ukwargs["generator"] is not None
+        and ukwargs["generator"].device.type == NAME
+    ):
         ukwargs["generator"] = None
     if func is torch.ops.aten._efficientzerotensor.default:
         # forward-mode AD's zero tangents carry no data (ZeroTensor key), which the wrapper hides
@@ -234,7 +257,12 @@ def _run(func, args, kwargs):
         target = _is_emulated_device(device_kw) if device_kw is not None else any_emulated
     else:
         target = any_emulated
-    return tree_map(_wrap, out) if target else out
+    if target:
+        return tree_map(_wrap, out)
+    for t in tree_flatten(out)[0]:
+        if isinstance(t, torch.Tensor) and t.is_floating_point():
+            _HOST.append((str(func), t.dtype, t.numel()))
+    return out
 
 
 class _Mode(TorchDispatchMode):
@@ -246,6 +274,7 @@ class _Mode(TorchDispatchMode):
 def emulated_device():
     """Run the body with the emulated accelerator: factories on ``DEVICE`` and CUDA's device rules."""
     _COUNT.clear()
+    _HOST.clear()
     with _Mode():
         yield DEVICE
 
