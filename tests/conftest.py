@@ -30,3 +30,22 @@ def zoo_cache(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("COUPLING_CACHE", str(path))
         yield path
+
+
+@pytest.fixture(scope="session")
+def standin_hub(tmp_path_factory):
+    """The stand-in hub (tiny random models under the paper profiles' repo ids) as the HF cache.
+
+    Written once per session; ``HF_HUB_CACHE`` (and huggingface_hub's copy of it, read at import)
+    point at it for the rest of the session. Yields (path, manifest).
+    """
+    from huggingface_hub import constants
+
+    from coupling_utils.models.standin_hub import write_standin_hub
+
+    path = tmp_path_factory.mktemp("standin") / "hub"
+    manifest = write_standin_hub(path)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HF_HUB_CACHE", str(path))
+        mp.setattr(constants, "HF_HUB_CACHE", str(path))
+        yield path, manifest

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -10,7 +11,16 @@ import pytest
 import torch
 
 from coupling_utils.engine.architectures import UnsupportedArchitectureError, tiny_model
-from coupling_utils.models.loading import LoadedModel, ModelNotFoundError, load_model
+from coupling_utils.models import loading
+from coupling_utils.models.loading import (
+    GatedModelError,
+    LoadedModel,
+    MissingDependencyError,
+    ModelNotFoundError,
+    PreprocessorError,
+    QuantizationError,
+    load_model,
+)
 
 
 def q_weight(m):
@@ -79,19 +89,64 @@ def test_dtypes(llama_dir):
 
 
 def test_offline_missing_hub_model_gives_instructions(monkeypatch, tmp_path):
+    from huggingface_hub import constants
+
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "empty-hf-home"))
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "empty-hub-cache"))
     with pytest.raises(ModelNotFoundError) as e:
         load_model("EleutherAI/pythia-14m", revision="step1000")
     msg = str(e.value)
+    assert "'EleutherAI/pythia-14m'" in msg and "hf download EleutherAI/pythia-14m --revision step1000" in msg
+    assert "HF_HUB_CACHE" in msg and str(tmp_path / "empty-hub-cache") in msg and "HF_HUB_OFFLINE=1" in msg
+    assert "huggingface-cli" not in msg, "huggingface_hub 2.x installs no huggingface-cli"
+    assert isinstance(e.value.__cause__, OSError), "the hub client's error is kept as the cause"
+    assert not isinstance(e.value, GatedModelError) and "gated" not in msg
+
+
+def test_missing_gated_model_says_how_to_log_in(monkeypatch, tmp_path):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "empty-hub-cache"))
+    with pytest.raises(ModelNotFoundError) as e:
+        load_model("meta-llama/Meta-Llama-3-8B")
+    msg = str(e.value)
     assert (
-        "'EleutherAI/pythia-14m'" in msg
-        and "huggingface-cli download EleutherAI/pythia-14m --revision step1000" in msg
+        "gated" in msg
+        and "hf auth login" in msg
+        and "https://huggingface.co/meta-llama/Meta-Llama-3-8B" in msg
     )
-    assert "HF_HOME" in msg and "HF_HUB_OFFLINE=1" in msg
-    assert e.value.__cause__ is None and e.value.__suppress_context__, (
-        "the hub-client traceback must be hidden"
+    assert "hf download meta-llama/Meta-Llama-3-8B" in msg
+
+
+def test_gated_repo_refused_by_the_hub(monkeypatch, tmp_path):
+    """The hub's own GatedRepoError (as huggingface_hub raises it) becomes a GatedModelError with the fix."""
+    import httpx2
+    import transformers.utils.hub as hf_utils
+    from huggingface_hub import constants
+    from huggingface_hub.errors import GatedRepoError
+
+    url = "https://huggingface.co/google/gemma-7b/resolve/main/config.json"
+    refused = GatedRepoError(
+        "401 Client Error. Cannot access gated repo for url " + url,
+        response=httpx2.Response(
+            401, request=httpx2.Request("GET", url), headers={"X-Error-Code": "GatedRepo"}
+        ),
     )
+
+    def hub_refuses(*args, **kwargs):
+        raise refused
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "empty-hub-cache"))
+    monkeypatch.setattr(hf_utils, "hf_hub_download", hub_refuses)
+    with pytest.raises(GatedModelError) as e:
+        load_model("google/gemma-7b")
+    msg = str(e.value)
+    assert "is gated" in msg and "hf auth login" in msg and "https://huggingface.co/google/gemma-7b" in msg
+    chain, exc = [], e.value
+    while exc is not None:
+        chain.append(exc)
+        exc = exc.__cause__
+    assert refused in chain, "the hub's error stays in the chain of causes"
 
 
 def test_missing_local_path_and_non_model_directory(tmp_path):
@@ -129,11 +184,7 @@ def test_vit_loads_with_its_image_processor_when_available(tmp_path):
     )
     lm = load_model(tmp_path, device="cpu")
     assert lm.arch == "vit" and lm.n_layers == 2 and type(lm.model).__name__ == "ViTModel"
-    try:  # the processor needs Pillow/torchvision; without them there is none (and no tokenizer either)
-        expected = type(AutoImageProcessor.from_pretrained(tmp_path))
-    except ImportError:
-        expected = type(None)
-    assert type(lm.tokenizer) is expected
+    assert type(lm.tokenizer) is type(AutoImageProcessor.from_pretrained(tmp_path))  # Pillow is a dependency
 
 
 def test_embedded_names_go_through_the_zoo(monkeypatch, llama_dir):
@@ -250,3 +301,167 @@ def test_model_type_unknown_to_transformers_gets_the_table_error(tmp_path):
     (tmp_path / "config.json").write_text('{"model_type": "no_such_arch_xyz", "hidden_size": 8}')
     with pytest.raises(UnsupportedArchitectureError, match="'no_such_arch_xyz'.*Supported: GPT-2"):
         load_model(tmp_path)
+
+
+# --------------------------------------------------------------------------- errors surfaced with their fix
+@pytest.fixture(scope="module")
+def sentencepiece_only_dir(tmp_path_factory):
+    """A Llama saved with only a SentencePiece tokenizer.model (like Vicuna-7B-v1.5 and Orca-2-7B)."""
+    from coupling_utils.models.standin_hub import _sentencepiece_files, _training_text
+
+    root = tmp_path_factory.mktemp("sp-only")
+    tiny_model("llama").save_pretrained(root)
+    for name, data in _sentencepiece_files(
+        _training_text()[:20_000], "LlamaTokenizer", with_json=False
+    ).items():
+        (root / name).write_bytes(data)
+    return root
+
+
+def test_sentencepiece_only_tokenizer_loads(sentencepiece_only_dir):
+    lm = load_model(sentencepiece_only_dir, device="cpu")
+    assert not (sentencepiece_only_dir / "tokenizer.json").exists()
+    assert lm.tokenizer("What is the capital of France?").input_ids[0] == 1  # <s>
+
+
+@pytest.mark.parametrize(
+    "module,package", [("sentencepiece", "sentencepiece"), ("google.protobuf", "protobuf")]
+)
+def test_missing_sentencepiece_or_protobuf_is_named(monkeypatch, sentencepiece_only_dir, module, package):
+    monkeypatch.setitem(sys.modules, module, None)  # as if not installed
+    with pytest.raises(MissingDependencyError) as e:
+        load_model(sentencepiece_only_dir, device="cpu")
+    msg = str(e.value)
+    assert f"{package} is not installed" in msg and "pip install sentencepiece protobuf" in msg
+    assert "tokenizer.model, no tokenizer.json" in msg
+
+
+def test_broken_tokenizer_is_an_error_with_its_cause(tmp_path, llama_dir):
+    import shutil
+
+    shutil.copytree(llama_dir, tmp_path / "m", ignore=shutil.ignore_patterns("revisions"))
+    (tmp_path / "m" / "tokenizer.json").write_text("{not json")
+    with pytest.raises(PreprocessorError, match="could not load the tokenizer") as e:
+        load_model(tmp_path / "m", device="cpu")
+    assert e.value.__cause__ is not None
+
+
+def test_missing_pillow_is_named_not_guessed(monkeypatch, tmp_path):
+    import json
+
+    tiny_model("vit").save_pretrained(tmp_path)
+    (tmp_path / "preprocessor_config.json").write_text(
+        json.dumps({"image_processor_type": "ViTImageProcessor", "image_mean": [0.485], "image_std": [0.229]})
+    )
+    monkeypatch.setitem(sys.modules, "PIL", None)
+    with pytest.raises(MissingDependencyError, match=r"needs Pillow.*pip install pillow"):
+        load_model(tmp_path, device="cpu")
+
+
+# --------------------------------------------------------------------------- precision and placement
+def test_auto_device_on_a_cpu_loads_half_precision_as_float32_once(monkeypatch, capsys, llama_dir):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(loading, "_NOTICES", set())
+    a = load_model(llama_dir, dtype="float16")
+    b = load_model(llama_dir, dtype="bfloat16", random_init=True)
+    c = load_model(llama_dir, dtype="float16")
+    assert (a.dtype, b.dtype, c.dtype) == ("float32", "float32", "float32")
+    assert a.model.dtype == torch.float32 and a.provenance["dtype_requested"] == "float16"
+    out = capsys.readouterr().out
+    assert out.count("no GPU: loading in float32 instead of float16") == 1
+    assert out.count("instead of bfloat16") == 1
+
+
+def test_explicit_cpu_float16_is_kept_with_a_warning(llama_dir):
+    with pytest.warns(UserWarning, match="float16 on a CPU"):
+        lm = load_model(llama_dir, dtype="float16", device="cpu")
+    assert lm.model.dtype == torch.float16
+
+
+def test_device_map_places_the_model(llama_dir):
+    lm = load_model(llama_dir, device_map={"": "cpu"})
+    assert str(lm.device) == "cpu" and lm.provenance["device_map"] == {"": "cpu"}
+    with pytest.raises(ValueError, match="twins are built on one device"):
+        load_model(llama_dir, device_map="cpu", random_init=True)
+
+
+def test_quantization_needs_a_cuda_gpu(monkeypatch, llama_dir):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(QuantizationError, match=r"needs a CUDA GPU.*quantization=None"):
+        load_model(llama_dir, quantization="4bit")
+    with pytest.raises(ValueError, match="quantization must be one of"):
+        load_model(llama_dir, quantization="3bit", device="cuda")
+    with pytest.raises(ValueError, match="pass quantization=None for the twin"):
+        load_model(llama_dir, quantization="8bit", random_init=True)
+    monkeypatch.setattr(loading, "QUANTIZATION_DEVICES", ("cuda", "cpu"))
+    monkeypatch.setitem(sys.modules, "bitsandbytes", None)
+    with pytest.raises(MissingDependencyError, match="pip install bitsandbytes"):
+        load_model(llama_dir, quantization="4bit", device="cpu")
+
+
+@pytest.fixture(scope="module")
+def wide_llama_dir(tmp_path_factory):
+    """A small Llama 128 wide (bitsandbytes' CPU 4-bit kernels need rows of at least its block size)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    root = tmp_path_factory.mktemp("wide-llama")
+    cfg = LlamaConfig(
+        vocab_size=64,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
+    torch.manual_seed(0)
+    LlamaForCausalLM(cfg).save_pretrained(root)
+    return root
+
+
+@pytest.mark.parametrize("quantization,layer", [("4bit", "Linear4bit"), ("8bit", "Linear8bitLt")])
+def test_quantized_model_gives_the_jacobian_of_its_dequantized_weights(
+    monkeypatch, wide_llama_dir, quantization, layer
+):
+    """bitsandbytes runs on a CPU too: the real quantized path, with the CUDA-only guard widened."""
+    bnb = pytest.importorskip("bitsandbytes", reason="the gpu extra (make venv installs it)")
+    from coupling_utils import token_jacobians
+
+    llama_dir = wide_llama_dir
+
+    monkeypatch.setattr(loading, "QUANTIZATION_DEVICES", ("cuda", "cpu"))
+    q = load_model(llama_dir, quantization=quantization, dtype="float32", device="cpu")
+    proj = q.model.model.layers[0].self_attn.q_proj
+    assert type(proj).__name__ == layer and q.provenance["quantization"] == quantization
+    for module in q.model.modules():  # compute as on a GPU (dequantize, then multiply), not with the
+        if type(module).__name__ == "Linear4bit":  # CPU's repacked bf16 kernels (AVX512-BF16)
+            module.support_avx512bf16_for_cpu = False
+    ids = torch.tensor([[1, 2, 3, 4, 5, 6]])
+    J = token_jacobians(q, ids, 1)
+    assert J.dtype == torch.float32 and type(proj).__name__ == layer, "the quantized layers are restored"
+
+    # the same model with every quantized layer's weight dequantized into an ordinary Linear
+    plain = load_model(llama_dir, device="cpu")
+    for name, module in q.model.named_modules():
+        if type(module).__name__ == layer:
+            w = module.weight
+            if layer == "Linear4bit":
+                W = bnb.functional.dequantize_4bit(w.data, w.quant_state)
+            else:
+                scb = module.state.SCB if module.state.SCB is not None else w.SCB
+                W = bnb.functional.int8_vectorwise_dequant(w.data, scb)
+            plain.model.get_submodule(name).weight.copy_(W.float())
+    with torch.no_grad():
+        a, b = plain.model(ids).logits, q.model(ids).logits
+    if quantization == "4bit":  # bitsandbytes dequantizes and multiplies: the same function
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    else:  # LLM.int8 also rounds the activations: the dequantized weights give its smooth counterpart
+        assert float((a - b).norm() / b.norm()) < 0.05
+    J_plain = token_jacobians(plain, ids, 1)
+    if quantization == "4bit":
+        torch.testing.assert_close(J, J_plain, rtol=1e-4, atol=1e-5)
+    else:  # the block input comes from bitsandbytes' int8 forward through the blocks before
+        assert float((J - J_plain).norm() / J_plain.norm()) < 0.05
+    # and close to the unquantized model's (quantization noise only)
+    full = token_jacobians(load_model(llama_dir, device="cpu"), ids, 1)
+    assert float((J - full).norm() / full.norm()) < 0.3

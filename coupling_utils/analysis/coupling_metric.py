@@ -7,15 +7,15 @@ them (:func:`matrix_frame`, :func:`tile_frame`). The per-model scalar is
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 import torch
 
-from coupling_utils.engine.metric import check_k, coupling_tile, svd
+from coupling_utils.engine.metric import check_k, coupling, coupling_tile, svd
 
-__all__ = ["matrix_frame", "tile_frame", "coupling_tiles", "strength"]
+__all__ = ["matrix_frame", "tile_frame", "coupling_tiles", "strength", "random_reference", "tile_cases"]
 
 
 def _as_matrix(M, name: str = "M") -> np.ndarray:
@@ -111,3 +111,37 @@ def tile_frame(tiles, layers: Sequence | None = None) -> pd.DataFrame:
             "value": tiles.reshape(-1),
         }
     )
+
+
+def random_reference(J, *, seed: int = 0) -> torch.Tensor:
+    """A Gaussian matrix shaped like ``J`` with J's Frobenius norm in expectation: an unrelated basis.
+
+    ``R = G · ‖J‖_F / √(numel)`` with ``G`` standard normal drawn on the CPU from ``seed`` (the
+    same matrix whatever the device), then moved to J's device, in J's dtype (at least fp32).
+    f00 compares a Jacobian's coupling to its neighbour with its coupling to this matrix.
+    """
+    J = torch.as_tensor(J).detach()
+    if J.ndim != 2:
+        raise ValueError(f"J must be a matrix [d_out, d_in], got shape {tuple(J.shape)}")
+    dtype = torch.promote_types(J.dtype, torch.float32) if J.is_floating_point() else torch.float64
+    scale = float(torch.linalg.svdvals(J.to(dtype)).norm()) / J.numel() ** 0.5
+    G = torch.randn(tuple(J.shape), generator=torch.Generator().manual_seed(int(seed)), dtype=dtype)
+    return (G * scale).to(J.device)
+
+
+def tile_cases(cases: Mapping[str, tuple], k: int) -> tuple[pd.DataFrame, pd.Series]:
+    """Tiles ``|U_{B,K}ᵀ A V_{B,K}|`` and ``m_K(A, B)`` of named pairs ``{case: (A, B)}``, on the host.
+
+    Returns ``(tiles, m_K)``: a long table (case, row, col, value) of every K×K tile, and the
+    coupling of each pair as a Series indexed by case. A and B may live on any device (the same
+    one); the tables are built from host copies.
+    """
+    frames, values = [], {}
+    rows, cols = np.meshgrid(np.arange(k), np.arange(k), indexing="ij")
+    for name, (A, B) in cases.items():
+        tile = coupling_tile(A, B, k).detach().cpu().double().numpy()  # [K, K]
+        frames.append(
+            pd.DataFrame({"case": name, "row": rows.ravel(), "col": cols.ravel(), "value": tile.ravel()})
+        )
+        values[name] = coupling(A, B, k)
+    return pd.concat(frames, ignore_index=True), pd.Series(values, name="m_K")

@@ -258,6 +258,11 @@ SCHEMAS: dict[str, Schema] = {
         ),
         key=("id",),
     ),
+    # read by coupling_utils.models.loading.gated_repos (the loader says which repos need a login)
+    "gated_repos.csv": Schema(
+        (Column("model_id"), Column("gated", "bool"), Column("access", required=False), Column("source")),
+        key=("model_id",),
+    ),
 }
 
 

@@ -399,7 +399,7 @@ def _propagate(traj: torch.Tensor, fns: list, start: int, stop: int) -> torch.Te
     """``y^l = y^{l-1} + J^l y^{l-1}`` from ``y^start = x^start`` with forward-mode products."""
     from coupling_utils.engine.jacobians import frozen
 
-    y = traj[start].to(torch.float64)
+    y = traj[start].to(device="cpu", dtype=torch.float64)  # propagated on the host, in float64
     states = [y]
     with frozen(fns[0].model):
         for layer in range(start, stop):  # block index `layer` maps x^layer -> x^{layer+1}

@@ -104,17 +104,85 @@ def _capture_block_call(model, inputs: Inputs, layer: int, token_diagonal: bool)
     return block, captured["args"], captured["kwargs"]
 
 
+_QUANTIZED = ("Linear4bit", "Linear8bitLt")  # bitsandbytes' k-bit layers
+
+
+def _quantized_layers(block) -> list[str]:
+    """Names of the bitsandbytes 4-bit/8-bit linear layers inside ``block``."""
+    return [
+        name
+        for name, m in block.named_modules()
+        if type(m).__name__ in _QUANTIZED and type(m).__module__.startswith("bitsandbytes")
+    ]
+
+
+class _DequantizedLinear(torch.nn.Module):
+    """A bitsandbytes layer's function with its weight dequantized: ``x W^T + b`` in ``compute_dtype``.
+
+    4-bit (``Linear4bit``): bitsandbytes itself dequantizes the weight to the compute dtype and
+    multiplies, so this is the same function (same values up to rounding), and its Jacobian the
+    exact one. 8-bit (``Linear8bitLt``, LLM.int8): on a GPU bitsandbytes also rounds the
+    activations to int8 (outliers above its threshold in fp16), a piecewise-constant function
+    whose derivative is zero almost everywhere; this layer is its smooth counterpart with the
+    int8 weights (what the weights are), so Jacobians of 8-bit models are those of the
+    dequantized weights, not of the int8 activation rounding.
+    """
+
+    def __init__(self, layer):
+        super().__init__()
+        import bitsandbytes.functional as bnbf
+
+        w = layer.weight
+        if type(layer).__name__ == "Linear4bit":
+            W = bnbf.dequantize_4bit(w.data, w.quant_state)
+            self.compute_dtype = layer.compute_dtype or W.dtype
+        else:
+            scb = layer.state.SCB if layer.state.SCB is not None else w.SCB
+            W = bnbf.int8_vectorwise_dequant(w.data, scb)
+            self.compute_dtype = layer.bias.dtype if layer.bias is not None else torch.float16
+        self.weight = W.to(self.compute_dtype)
+        self.bias = None if layer.bias is None else layer.bias.detach().to(self.compute_dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.linear(x.to(self.compute_dtype), self.weight, self.bias).to(x.dtype)
+
+
+@contextlib.contextmanager
+def _dequantized(block, names: list[str]):
+    """Meanwhile, the quantized layers ``names`` of ``block`` are replaced by dequantized copies.
+
+    ``torch.func`` transforms cannot pass bitsandbytes' autograd functions (no ``setup_context``),
+    so a quantized block is differentiated through plain linear layers with the same weights.
+    Copies are made per call and dropped after it: one block's weights at a time in full precision.
+    """
+    saved = []
+    try:
+        for name in names:
+            parent_name, _, attr = name.rpartition(".")
+            parent = block.get_submodule(parent_name) if parent_name else block
+            layer = getattr(parent, attr)
+            saved.append((parent, attr, layer))
+            setattr(parent, attr, _DequantizedLinear(layer))
+        yield
+    finally:
+        for parent, attr, layer in reversed(saved):
+            setattr(parent, attr, layer)
+
+
 class BlockFunction:
     """``f(X) = block(X) − X`` for one block, with everything else fixed as captured.
 
     ``X`` is ``Tensor[T, d]`` (or ``[B, T, d]``); with ``token_diagonal`` the block runs with
     token-diagonal attention, so its Jacobian is block-diagonal over tokens with the true
-    ``J_tt`` on the diagonal; otherwise it is the ordinary block.
+    ``J_tt`` on the diagonal; otherwise it is the ordinary block. The block runs in the model's
+    dtype (the Jacobian functions cast their results to fp32); bitsandbytes 4-bit/8-bit layers
+    run dequantized (:class:`_DequantizedLinear` says what is exact).
     """
 
     def __init__(self, model, block, args, kwargs, token_diagonal: bool, layer: int):
         self.model, self.block, self.layer = model, block, layer
         self.token_diagonal = token_diagonal
+        self._quantized = _quantized_layers(block)
         if args:
             self._args, self._kwargs, self._key = tuple(args[1:]), dict(kwargs), None
         else:
@@ -125,7 +193,10 @@ class BlockFunction:
 
     def __call__(self, X: torch.Tensor) -> torch.Tensor:
         x = X.unsqueeze(0) if X.ndim == 2 else X
-        with attention_mode(self.model, token_diagonal=self.token_diagonal):
+        with (
+            _dequantized(self.block, self._quantized),
+            attention_mode(self.model, token_diagonal=self.token_diagonal),
+        ):
             if self._key is None:
                 out = self.block(x, *self._args, **self._kwargs)
             else:

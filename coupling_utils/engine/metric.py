@@ -168,7 +168,7 @@ def coupling_matrix(
     dtype = torch.promote_types(Js.dtype, left.dtype)
     Js, left, right = Js.to(dtype), left.to(dtype), right.to(dtype)
     s1k = s.S[:, :k].to(dtype)
-    out = torch.empty(Js.shape[0], Js.shape[0], dtype=dtype)
+    out = torch.empty(Js.shape[0], Js.shape[0], dtype=dtype, device=Js.device)
     for j in range(Js.shape[0]):
         tiles = (left[j].T @ Js @ right[j]).abs()  # [N, k, k]: J_i in J_j's basis, all i
         out[:, j] = _metric(tiles, s1k, p, normalize)

@@ -361,8 +361,17 @@ class TokenOperator:
         T, d = self.X.shape
         return (T, d, d)
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype of the products and of the solver: the block's dtype, at least fp32."""
+        return torch.promote_types(self.X.dtype, torch.float32)
+
     def _columns(self, fn: Callable[[torch.Tensor], torch.Tensor], M: torch.Tensor) -> torch.Tensor:
-        """Apply ``fn`` ([T, d] -> [T, d]) to each of the l columns of M[T, d, l], in chunks."""
+        """Apply ``fn`` ([T, d] -> [T, d]) to each of the l columns of M[T, d, l], in chunks.
+
+        The block runs in its own dtype (bf16/fp16 weights: the products are rounded there);
+        the results come back in :attr:`dtype` (fp32 or better) for the solver.
+        """
         M = M.to(self.X.dtype)
         l = M.shape[-1]
         step = self.chunk_size or l
@@ -370,7 +379,7 @@ class TokenOperator:
         for start in range(0, l, step):
             cols = M[..., start : start + step].movedim(-1, 0).contiguous()  # [c, T, d]
             res = torch.func.vmap(fn)(cols) if cols.shape[0] > 1 else fn(cols[0]).unsqueeze(0)
-            out.append(res.detach())
+            out.append(res.detach().to(self.dtype))
             self.passes += cols.shape[0]
         return torch.cat(out, 0).movedim(0, -1)
 
@@ -448,7 +457,7 @@ def operator_topk(
     T, d, _ = op.shape
     before = op.passes
     apply, apply_t = _finite_products(op.matmul), _finite_products(op.rmatmul)
-    common = dict(seed=seed, dtype=op.X.dtype, device=op.X.device, keep=keep)
+    common = dict(seed=seed, dtype=op.dtype, device=op.X.device, keep=keep)
     if solver == "lanczos":
         b, st = lanczos_plan(k, d, block=block, steps=steps)
         s, _ = block_lanczos_svd(apply, apply_t, op.shape, k, block=b, steps=st, **common)

@@ -43,7 +43,8 @@ def image_inputs(model, images) -> torch.Tensor:
     Images of the model's size with one channel (the local MNIST ViTs) get MNIST's
     normalisation, exactly as their saved image processor. Otherwise the image is resized
     (bilinear) to ``config.image_size``, replicated to ``config.num_channels`` and normalised
-    with the processor's ``image_mean``/``image_std`` (0.5 each, the ViT default, if unknown).
+    with the processor's ``image_mean``/``image_std`` (``model.tokenizer`` of a loaded model); a
+    model without a known processor is an error, never a guessed normalisation.
     """
     from coupling_utils.models.vit_training import MNIST_MEAN, MNIST_STD
 
@@ -62,8 +63,17 @@ def image_inputs(model, images) -> torch.Tensor:
             x = torch.nn.functional.interpolate(x, size=size, mode="bilinear", align_corners=False)
         x = x.expand(-1, channels, -1, -1)
         processor = getattr(model, "tokenizer", None)
-        mean = list(np.broadcast_to(getattr(processor, "image_mean", None) or 0.5, (channels,)))
-        std = list(np.broadcast_to(getattr(processor, "image_std", None) or 0.5, (channels,)))
+        mean, std = getattr(processor, "image_mean", None), getattr(processor, "image_std", None)
+        if mean is None or std is None:
+            raise ValueError(
+                f"{type(getattr(model, 'model', model)).__name__} expects {channels}-channel "
+                f"{size[0]}x{size[1]} images normalised with its image processor's mean and std, and none "
+                "is known: load it with load_model(...), which reads its preprocessor_config.json (needs "
+                "Pillow), so that model.tokenizer is the processor. (Guessing 0.5 would silently "
+                "mis-normalise: DeiT uses ImageNet's statistics.)"
+            )
+        mean = list(np.broadcast_to(mean, (channels,)))
+        std = list(np.broadcast_to(std, (channels,)))
     mean_t = torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1)
     std_t = torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1)
     return ((x - mean_t) / std_t).contiguous()

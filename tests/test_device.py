@@ -1,0 +1,189 @@
+"""Device discipline without a GPU: the engine, loader, twins, checkpoints, trajectories and f00 helpers
+under an emulated accelerator (``tests/emulated_device.py``) that fails where CUDA would."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from emulated_device import DEVICE, DeviceMismatch, emulated_device, host_allocations, on_device
+
+from coupling_utils import context_jacobians, coupling, load_model, svd, token_jacobians
+from coupling_utils.analysis import coupling_metric as cm
+from coupling_utils.analysis import trajectories as tr
+from coupling_utils.engine.architectures import ARCHITECTURES, tiny_model
+from coupling_utils.engine.blocks import residual_stream
+from coupling_utils.engine.spectra import matrix_free_topk
+
+DEMO = "What is the capital of France? The capital is"
+
+
+# --------------------------------------------------------------------------- the harness catches bugs
+def test_harness_fails_where_cuda_fails():
+    with emulated_device() as dev:
+        x = torch.randn(3, 4).to(dev)
+        y = torch.tanh(x) * 2 + torch.tensor(1.0)  # a CPU 0-dim tensor is a scalar: allowed
+        assert on_device(y) and y.device == DEVICE
+        assert isinstance(float(y.sum()), float) and len(y.tolist()) == 3  # .item(), .tolist(): fine
+        assert y.cpu().numpy().shape == (3, 4)  # explicit move to the host: fine
+        with pytest.raises(TypeError, match="can't convert emulated:0 device type tensor to numpy"):
+            y.numpy()
+        with pytest.raises(TypeError, match="to numpy"):
+            np.asarray(y)
+        with pytest.raises(DeviceMismatch, match="same device"):
+            torch.randn(3, 4) * y
+        with pytest.raises(DeviceMismatch, match="same device"):
+            torch.randn(4, 2) @ torch.randn(2, 3).to(dev)[:2]
+        with pytest.raises(DeviceMismatch, match="generator"):
+            torch.randn(3, device=dev, generator=torch.Generator().manual_seed(0))
+        C = torch.zeros(2, 3, device=dev)
+        C[torch.arange(2), torch.arange(2)] = 1  # CPU index tensors on a device tensor: allowed
+        assert float(C.sum()) == 2 and on_device(torch.tensor([1, 2], device=dev))
+
+
+def test_the_known_bugs_of_issue_10_fail_under_the_harness():
+    """The code the issue found (f00, f05, measure's tables), as it was: each raises on the device."""
+    model = tiny_model("llama")
+    ids = torch.randint(0, 64, (1, 6))
+    with emulated_device() as dev:
+        model.to(dev)
+        J = token_jacobians(model, ids, 0)[-1]
+        s = svd(J)
+        # f00 before: a CPU random matrix scaled by a device scalar, then coupled with the device J
+        with pytest.raises(DeviceMismatch):
+            J_random = torch.randn(J.shape, generator=torch.Generator().manual_seed(0)) * s.S.norm() / 32
+            coupling(J, J_random, 4)
+        # f05 before: the linearised state stayed on the device, the product came back to the host
+        traj, fns = tr._stream_and_blocks(model, ids)
+        y = traj[0].to(torch.float64)
+        _, Jy = torch.func.jvp(fns[0], (traj[0],), (y.to(traj.dtype),))
+        with pytest.raises(DeviceMismatch):
+            y + Jy.detach().to(device="cpu", dtype=torch.float64)
+        # measure's singular-value and pair-row tables before: .numpy() straight on device tensors
+        with pytest.raises(TypeError, match="numpy"):
+            s.S.double().reshape(-1).numpy()
+
+
+def test_a_twin_built_the_old_way_shows_an_fp32_host_copy():
+    """The allocation counter used below can fail: the old twin (fp32 on the host, then cast, then moved)."""
+    config = tiny_model("llama").config
+    with emulated_device() as dev:
+        type(tiny_model("llama"))._from_config(config, dtype=torch.float32).to(torch.bfloat16).to(dev)
+        big = [a for a in host_allocations() if a[1] == torch.float32 and a[2] >= 32 * 32]
+    assert big, "the counter saw no fp32 host tensors for a model built on the host"
+
+
+# --------------------------------------------------------------------------- the engine on every architecture
+ROWS = [(a.model_types[0], v) for a in ARCHITECTURES for v in (None, *sorted(a.tiny_variants))]
+
+
+def _inputs(arch):
+    if arch == "vit":
+        return {"pixel_values": torch.randn(1, 1, 8, 8, generator=torch.Generator().manual_seed(1))}
+    return torch.randint(0, 64, (1, 6), generator=torch.Generator().manual_seed(1))
+
+
+@pytest.mark.parametrize("arch,variant", ROWS, ids=[f"{a}-{v}" if v else a for a, v in ROWS])
+def test_engine_on_the_device(arch, variant):
+    model, inputs = tiny_model(arch, variant=variant), _inputs(arch)
+    J0 = token_jacobians(model, inputs, 1)
+    C0 = context_jacobians(model, inputs, 1, -1)
+    lanczos = dict(block=2, steps=3)  # few products: the emulated device runs every operation in Python
+    S0 = matrix_free_topk(model, inputs, 1, 4, **lanczos).svd.S
+    L0 = tr.model_linearization_cosine(model, inputs, prefix=True)
+    with emulated_device() as dev:
+        model.to(dev)
+        J = token_jacobians(model, inputs, 1)
+        C = context_jacobians(model, inputs, 1, -1)
+        S = matrix_free_topk(model, inputs, 1, 4, **lanczos).svd.S
+        S_sub = matrix_free_topk(model, inputs, 1, 2, solver="subspace", oversample=0, n_iter=0).svd.S
+        L = tr.model_linearization_cosine(model, inputs, prefix=True)
+        stream = residual_stream(model, inputs)
+    assert all(on_device(t) for t in (J, C, S, S_sub, stream))
+    torch.testing.assert_close(J.cpu(), J0, rtol=0, atol=0)
+    torch.testing.assert_close(C.cpu(), C0, rtol=0, atol=0)
+    torch.testing.assert_close(S.cpu(), S0, rtol=1e-5, atol=1e-6)
+    assert np.allclose(L.cosine, L0.cosine, atol=1e-12)
+
+
+# --------------------------------------------------------------------------- loading, twins, checkpoints
+def test_load_model_onto_the_device(standin_hub):
+    with emulated_device() as dev:
+        lm = load_model("meta-llama/Meta-Llama-3-8B", dtype="bfloat16", device=dev)
+        assert lm.device == DEVICE and all(on_device(p) for p in lm.model.parameters())
+        assert lm.dtype == "bfloat16" and lm.provenance["device"] == str(DEVICE)
+        ids = lm.tokenizer(DEMO, return_tensors="pt").input_ids  # on the host: moved by the engine
+        J = token_jacobians(lm, ids, 5)
+        assert on_device(J) and J.dtype == torch.float32
+        r = matrix_free_topk(lm, ids, 5, 4, block=2, steps=3)
+        assert r.svd.S.dtype == torch.float32 and on_device(r.svd.S)
+
+
+def test_twin_is_built_in_its_dtype_on_the_device_without_a_host_copy(standin_hub):
+    with emulated_device() as dev:
+        twin = load_model(
+            "meta-llama/Meta-Llama-3-8B", dtype="bfloat16", device=dev, random_init=True, seed=3
+        )
+        params = list(twin.model.parameters())
+        assert all(on_device(p) and p.dtype == torch.bfloat16 for p in params)
+        big = [a for a in host_allocations() if a[1] == torch.float32 and a[2] >= 32 * 32]
+        assert not big, f"fp32 host tensors while building a bf16 twin on the device: {big[:5]}"
+        again = load_model(
+            "meta-llama/Meta-Llama-3-8B", dtype="bfloat16", device=dev, random_init=True, seed=3
+        )
+        assert all(torch.equal(a.cpu(), b.cpu()) for a, b in zip(params, again.model.parameters()))
+        assert twin.provenance["random_init"] and twin.provenance["seed"] == 3
+
+
+def test_checkpoints_on_the_device(standin_hub):
+    repo = "EleutherAI/pythia-12b"
+    with emulated_device() as dev:
+        Js = {}
+        for rev in ("step1", "step143000"):
+            lm = load_model(repo, revision=rev, dtype="float16", device=dev)
+            assert lm.dtype == "float16"  # an explicit device keeps the dtype (auto would not, on a CPU)
+            lm32 = load_model(repo, revision=rev, device=dev)
+            ids = lm32.tokenizer(DEMO, return_tensors="pt").input_ids
+            Js[rev] = token_jacobians(lm32, ids, 10, tokens=[-1])
+    assert all(on_device(J) for J in Js.values())
+    assert not torch.equal(Js["step1"].cpu(), Js["step143000"].cpu())
+
+
+# --------------------------------------------------------------------------- f05 and f00
+def test_trajectories_on_the_device(standin_hub):
+    lm_cpu = load_model("EleutherAI/pythia-6.9b", revision="step143000", device="cpu")
+    prompts = [
+        lm_cpu.tokenizer(p, return_tensors="pt").input_ids for p in ("The quick brown fox", "Paris is")
+    ]
+    ref = tr.trajectory_tables(lm_cpu, prompts, label="m")
+    with emulated_device() as dev:
+        lm = load_model("EleutherAI/pythia-6.9b", revision="step143000", device=dev)
+        out = tr.trajectory_tables(lm, prompts, label="m")
+        pca = tr.trajectory_pca(residual_stream(lm, prompts[0]), 3)
+        Y = tr.linearized_stream(lm, prompts[0], start=2, stop=10)
+    for a, b in [(out.steps, ref.steps), (out.metrics, ref.metrics), (out.linearization, ref.linearization)]:
+        assert a.shape == b.shape and np.allclose(
+            a.select_dtypes("number"), b.select_dtypes("number"), atol=1e-9
+        )
+    assert len(pca) == 33 * prompts[0].shape[1] and not on_device(Y) and Y.dtype == torch.float64
+
+
+def test_f00_helpers_on_the_device(standin_hub):
+    lm_cpu = load_model("meta-llama/Meta-Llama-3-8B", device="cpu")
+    ids = lm_cpu.tokenizer(DEMO, return_tensors="pt").input_ids
+
+    def tables(lm):
+        J, J_next = token_jacobians(lm, ids, 12)[-1], token_jacobians(lm, ids, 13)[-1]
+        R = cm.random_reference(J, seed=0)
+        assert R.device == J.device
+        cases = {"own": (J, J), "next": (J, J_next), "random": (J, R)}
+        return cm.tile_cases(cases, 10), R
+
+    (tiles0, m0), R0 = tables(lm_cpu)
+    with emulated_device() as dev:
+        (tiles, m), R = tables(load_model("meta-llama/Meta-Llama-3-8B", device=dev))
+        assert on_device(R)
+    torch.testing.assert_close(R.cpu(), R0)  # the same matrix on every device (up to J's rounding)
+    assert list(tiles.columns) == ["case", "row", "col", "value"] and len(tiles) == 300
+    assert np.allclose(tiles.value, tiles0.value, atol=1e-6) and np.allclose(m, m0, atol=1e-6)
+    assert m["own"] == pytest.approx(0, abs=1e-5) and 0.5 < m["random"] < 1.5
