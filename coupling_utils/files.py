@@ -1,7 +1,8 @@
-"""Where the project keeps what it builds (models, runs, measurements), and atomic writes.
+"""Where the project keeps what it builds (models, runs, measurements) and reads its data, and atomic writes.
 
-Everything lives under one directory: ``$COUPLING_CACHE`` if set, else the user's cache
-directory (``platformdirs.user_cache_dir("coupling-book")``). Every write goes to a temporary
+Everything built lives under one directory: ``$COUPLING_CACHE`` if set, else the user's cache
+directory (``platformdirs.user_cache_dir("coupling-book")``). The facts the book uses (leaderboard
+scores, metadata, prompts) are read from :func:`data_dir`. Every write goes to a temporary
 name in the same directory and is renamed into place, so an interrupted run never leaves a
 half-written file behind.
 """
@@ -18,6 +19,7 @@ from pathlib import Path
 import platformdirs
 
 ENV_VAR = "COUPLING_CACHE"
+DATA_ENV_VAR = "COUPLING_DATA"
 
 
 def cache_dir(*parts: str) -> Path:
@@ -25,6 +27,31 @@ def cache_dir(*parts: str) -> Path:
     root = os.environ.get(ENV_VAR) or platformdirs.user_cache_dir("coupling-book")
     path = Path(root).expanduser().joinpath(*parts)
     path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def data_dir() -> Path:
+    """The data directory: ``$COUPLING_DATA`` if set, else the repository's ``data/``.
+
+    The package is installed editable from the repository, so ``data/`` sits next to the
+    ``coupling_utils`` package directory. Raises FileNotFoundError saying how to fix it.
+    """
+    env = os.environ.get(DATA_ENV_VAR)
+    if env:
+        path = Path(env).expanduser()
+        if not path.is_dir():
+            raise FileNotFoundError(
+                f"${DATA_ENV_VAR}={env!r} is not a directory. Point it at a copy of the "
+                "repository's data/ folder, or unset it to use the repository's own."
+            )
+        return path
+    path = Path(__file__).resolve().parents[1] / "data"
+    if not (path / "model_aliases.csv").is_file():
+        raise FileNotFoundError(
+            f"The project's data folder was not found at {path}. coupling_utils reads its data from "
+            "the repository checkout: install it editable from the repository (`pip install -e .`), "
+            f"or set ${DATA_ENV_VAR} to a copy of the repository's data/ folder."
+        )
     return path
 
 

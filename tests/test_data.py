@@ -42,7 +42,7 @@ def test_data_dir_is_the_repository_data_folder(monkeypatch):
 
 def test_data_dir_env_must_exist(monkeypatch, tmp_path):
     monkeypatch.setenv(D.ENV_VAR, str(tmp_path / "nope"))
-    with pytest.raises(D.DataError, match="COUPLING_DATA"):
+    with pytest.raises(FileNotFoundError, match="COUPLING_DATA"):
         D.data_dir()
 
 

@@ -11,7 +11,6 @@ and the paper's registry key all join to the same leaderboard row.
 from __future__ import annotations
 
 import functools
-import os
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -20,7 +19,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-ENV_VAR = "COUPLING_DATA"
+from coupling_utils.files import DATA_ENV_VAR, data_dir
+
+ENV_VAR = DATA_ENV_VAR
 
 # the six prompt categories, mirroring the Open LLM Leaderboard v1 tasks, plus the paper's demo prompt
 PROMPT_CATEGORIES = (
@@ -48,31 +49,6 @@ class TaskDataUnavailable(RuntimeError):
 
 
 # ----------------------------------------------------------------------------- locating data
-
-
-def data_dir() -> Path:
-    """The data directory: ``$COUPLING_DATA`` if set, else the repository's ``data/``.
-
-    The package is installed editable from the repository, so ``data/`` sits next to the
-    ``coupling_utils`` package directory.
-    """
-    env = os.environ.get(ENV_VAR)
-    if env:
-        path = Path(env).expanduser()
-        if not path.is_dir():
-            raise DataError(
-                f"${ENV_VAR}={env!r} is not a directory. Point it at a copy of the "
-                "repository's data/ folder, or unset it to use the repository's own."
-            )
-        return path
-    path = Path(__file__).resolve().parents[2] / "data"
-    if not (path / "model_aliases.csv").is_file():
-        raise DataError(
-            f"The project's data folder was not found at {path}. coupling_utils reads its data from "
-            "the repository checkout: install it editable from the repository (`pip install -e .`), "
-            f"or set ${ENV_VAR} to a copy of the repository's data/ folder."
-        )
-    return path
 
 
 def data_path(name: str) -> Path:

@@ -43,6 +43,7 @@ from typing import Any
 import torch
 
 from coupling_utils.engine.architectures import find_architecture, transformer_blocks
+from coupling_utils.files import data_dir
 
 __all__ = [
     "LoadedModel",
@@ -93,9 +94,15 @@ class QuantizationError(RuntimeError):
 
 
 def data_file(name: str) -> Path | None:
-    """``name`` in the project's data folder (``$COUPLING_DATA`` or the repository's ``data/``), or None."""
-    folder = Path(os.environ.get("COUPLING_DATA") or Path(__file__).resolve().parents[2] / "data")
-    path = folder / name
+    """``name`` in the project's data folder (:func:`coupling_utils.files.data_dir`), or None.
+
+    None when the file or the folder is missing (an install without the repository's data):
+    what it holds (e.g. which repos are gated) then only improves messages.
+    """
+    try:
+        path = data_dir() / name
+    except FileNotFoundError:
+        return None
     return path if path.is_file() else None
 
 
