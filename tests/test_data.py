@@ -351,8 +351,11 @@ def test_load_prompts_options():
     assert list(D.load_prompts("demo", include_demo=False)["text"]) == [D.DEMO_PROMPT]
     with pytest.raises(D.DataError, match="Unknown prompt category"):
         D.load_prompts("poetry")
-    with pytest.raises(D.DataError, match="positive integer"):
-        D.load_prompts(n=0)
+    assert list(D.load_prompts(n=0)["id"]) == ["demo-france"]  # none of the set: the demo alone
+    with pytest.raises(D.DataError, match="no prompt selected"):
+        D.load_prompts(n=0, include_demo=False)
+    with pytest.raises(D.DataError, match="non-negative integer"):
+        D.load_prompts(n=-1)
 
 
 # -------------------- task prompts through `datasets`

@@ -11,12 +11,14 @@ from pathlib import Path
 import pytest
 import yaml
 
+from coupling_utils.pipeline.checks import check_parameters, checked_names
 from coupling_utils.pipeline.execution import (
     find_notebooks,
     notebook_paths,
     parse_override,
     profile_values,
     profiles,
+    run_notebook,
     run_notebooks,
 )
 from coupling_utils.pipeline.params import (
@@ -48,8 +50,26 @@ def test_notebook_has_one_literal_parameters_cell(nb):
 @pytest.mark.parametrize("profile", ["smoke", "default", "paper"])
 @pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.stem)
 def test_every_profile_file_validates_against_its_notebook(nb, profile):
-    values = profile_values(nb, profile)
-    check_overrides(notebook_parameters(nb), values, where=f"{profile}/{nb.stem}")
+    declared = notebook_parameters(nb)
+    values = check_overrides(declared, profile_values(nb, profile), where=f"{profile}/{nb.stem}")
+    check_parameters(nb.stem, {**{n: p.default for n, p in declared.items()}, **values})
+
+
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.stem)
+def test_every_parameter_has_a_value_check(nb):
+    declared = notebook_parameters(nb)
+    unchecked = sorted(set(declared) - checked_names(nb.stem))
+    assert not unchecked, f"{nb.stem}: add a check for {unchecked} in coupling_utils/pipeline/checks.py"
+    check_parameters(nb.stem, {n: p.default for n, p in declared.items()})  # the defaults pass
+
+
+def test_bad_values_fail_before_a_kernel_starts(tmp_path):
+    nb = next(p for p in NOTEBOOKS if p.stem.startswith("f01"))
+    result = run_notebook(nb, "smoke", {"dtype": "float64", "tile_k": 4}, tmp_path)
+    assert result.status == "failed" and "parameter 'dtype' must be one of" in result.error
+    result = run_notebook(nb, "smoke", {"k": [2], "tile_k": 3}, tmp_path)
+    assert "parameter 'tile_k' must be <= max(k) = 2" in result.error
+    assert not list(tmp_path.iterdir())  # nothing was executed or written
 
 
 @pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.stem)

@@ -422,8 +422,8 @@ def load_prompts(
 
     ``category``: one category or a list (see ``PROMPT_CATEGORIES``; ``"demo"`` is the paper's
     demo prompt); None = all six. ``n``: at most ``n`` prompts, taken round-robin across the
-    chosen categories so each is represented. ``include_demo``: put the paper's demo prompt
-    first (on top of the ``n``).
+    chosen categories so each is represented (``n=0``: none of them, only the demo prompt).
+    ``include_demo``: put the paper's demo prompt first (on top of the ``n``).
     """
     table = read_table("prompts.csv")
     known = (*PROMPT_CATEGORIES, DEMO_CATEGORY)
@@ -434,8 +434,8 @@ def load_prompts(
         unknown = [c for c in cats if c not in known]
         if unknown:
             raise DataError(f"Unknown prompt category {unknown}; choose from {list(known)}.")
-    if n is not None and (not isinstance(n, (int, np.integer)) or n < 1):
-        raise DataError(f"n must be a positive integer or None, got {n!r}.")
+    if n is not None and (isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0):
+        raise DataError(f"n must be a non-negative integer or None, got {n!r}.")
     want_demo = include_demo or DEMO_CATEGORY in cats
     cats = [c for c in cats if c != DEMO_CATEGORY]
     groups = [table[table["category"] == c].reset_index(drop=True) for c in cats]
@@ -448,6 +448,8 @@ def load_prompts(
     if n is not None:
         picked = picked[: int(n)]
     rows = ([table[table["category"] == DEMO_CATEGORY].iloc[0]] if want_demo else []) + picked
+    if not rows:
+        raise DataError("no prompt selected: ask for n >= 1 prompts or include the demo prompt.")
     return pd.DataFrame(rows, columns=table.columns).reset_index(drop=True)
 
 

@@ -24,6 +24,7 @@ from typing import Any
 import yaml
 
 from coupling_utils.files import atomic_write_text
+from coupling_utils.pipeline.checks import SPECIFIC, check_parameters
 from coupling_utils.pipeline.params import ParameterError, check_overrides, notebook_parameters
 
 __all__ = [
@@ -178,6 +179,8 @@ def run_notebook(
         values = check_overrides(
             declared, {**profile_values(notebook, profile), **(overrides or {})}, where=notebook.stem
         )
+        if notebook.stem in SPECIFIC:  # the notebook's own value checks, before a kernel starts
+            check_parameters(notebook.stem, {**{n: p.default for n, p in declared.items()}, **values})
     except ParameterError as exc:
         return RunResult(
             notebook.stem, "failed", time.perf_counter() - start, "", f"ParameterError: {exc}", values
