@@ -14,7 +14,8 @@ import torch
 from coupling_utils.engine.architectures import tiny_model
 from coupling_utils.engine.jacobians import context_jacobians, token_jacobians
 from coupling_utils.engine.metric import coupling_matrix, coupling_tile
-from coupling_utils.measurement.core import _COLUMNS, TABLES, Measurement, coupling_summary, measure
+from coupling_utils.measurement import TABLES, Measurement, coupling_summary, measure
+from coupling_utils.measurement.tables import COLUMNS as _COLUMNS
 
 T = 5
 KS = (3, 8)

@@ -2,7 +2,7 @@
 
 The paper's first finding is a contrast: block Jacobians of a trained model are coupled across
 depth and tokens, those of the same architecture with random weights are not. :func:`measure_twins`
-measures both with :func:`coupling_utils.measurement.core.measure` (depth-wise coupling of the last token,
+measures both with :func:`coupling_utils.measurement.measure` (depth-wise coupling of the last token,
 raw tiles over a window of layers, token-wise self and context coupling at one block) and returns
 the tables with a ``weights`` column ("trained" / "random init"). The helpers below condense
 them for the figures: mean matrices, coupling against the distance between blocks, how diagonal
@@ -100,7 +100,7 @@ def measure_twins(
     under ``out/<model>/<weights>/<settings hash>`` and reused. ``load`` replaces
     ``loading.load_model`` (tests).
     """
-    from coupling_utils.measurement.core import coupling_summary, measure
+    from coupling_utils.measurement import coupling_summary, measure
 
     if load is None:
         from coupling_utils.models.loading import load_model as load

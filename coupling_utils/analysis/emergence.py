@@ -8,7 +8,7 @@ into tidy tables and condenses a curve into the numbers such a claim is about:
 - :func:`step_of`, :func:`checkpoint_steps`: revision names (``step<N>``) and their steps;
 - :func:`pick_checkpoints`: early / middle / final checkpoints (the paper's circle figures);
 - :func:`sweep_checkpoints`: depth-wise coupling, line-shape score, expodistance and step
-  sizes at every checkpoint (one :func:`coupling_utils.measurement.core.measure` call and one
+  sizes at every checkpoint (one :func:`coupling_utils.measurement.measure` call and one
   residual-stream pass per checkpoint and prompt), as a :class:`Sweep` of tidy tables;
 - :func:`growth_summary`: ratio final / early, Spearman correlation with the step, and how
   monotone the curve is, per group;
@@ -316,7 +316,7 @@ def sweep_checkpoints(
     """
     from coupling_utils.analysis import trajectories as tj
     from coupling_utils.engine.blocks import residual_stream
-    from coupling_utils.measurement.core import measure
+    from coupling_utils.measurement import measure
 
     if load is None:
         from coupling_utils.models.loading import load_model as load
@@ -418,7 +418,7 @@ def checkpoint_summary(
     with ``how``: mean 1 − m² over off-diagonal or adjacent layer pairs, prompts counted
     equally) and, from ``trajectories``, the mean line-shape score, expodistances and
     per-layer growth factors over prompts and tokens."""
-    from coupling_utils.measurement.core import coupling_summary
+    from coupling_utils.measurement import coupling_summary
 
     keys = [c for c in ("model", "revision", "step") if c in depthwise.columns]
     if "step" not in keys:

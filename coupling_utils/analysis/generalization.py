@@ -4,9 +4,9 @@ The paper's Fig. 1(a) sets one scalar per model ("coupling") against its Open LL
 score and finds a tighter fit than parameter count, depth or width give. This module does the
 two steps for any set of models:
 
-- :func:`family_coupling`: measure each model (:func:`coupling_utils.measurement.core.measure`) on the
+- :func:`family_coupling`: measure each model (:func:`coupling_utils.measurement.measure`) on the
   same prompts and condense its depth-wise coupling into one number
-  (:func:`coupling_utils.measurement.core.coupling_summary`; the paper's aggregation is not published,
+  (:func:`coupling_utils.measurement.coupling_summary`; the paper's aggregation is not published,
   so ``how`` and ``k`` are the reader's choice), with its spread over prompts.
 - :func:`predictor_comparison`: R², slope, p and rank correlations of a score on each
   predictor (:func:`coupling_utils.analysis.stats.compare_predictors`, on the same rows), plus seeded
@@ -193,7 +193,7 @@ def family_coupling(
     local directories, hub ids), of ``load_model`` keyword dicts (``{"name_or_path": ...,
     "revision": "step64", "random_init": True}``), or of already loaded models. References are
     loaded with ``load_model(..., dtype=dtype)`` (or ``load(**kwargs)``). ``prompts``: what
-    :func:`~coupling_utils.measurement.core.measure` takes. The scalar is ``coupling_summary(depthwise,
+    :func:`~coupling_utils.measurement.measure` takes. The scalar is ``coupling_summary(depthwise,
     how, k)``: the mean of ``1 − m_K²`` over layer pairs (``"offdiag"``: all pairs of different
     blocks; ``"adjacent"``: neighbouring blocks) and over tokens, each prompt counting once.
 
@@ -208,7 +208,7 @@ def family_coupling(
     released before the next.
     """
     from coupling_utils.files import atomic_write_text
-    from coupling_utils.measurement.core import Measurement, measure
+    from coupling_utils.measurement import Measurement, measure
 
     def label(i, m):
         if isinstance(m, str):
