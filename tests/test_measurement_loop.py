@@ -243,3 +243,24 @@ def test_the_analyses_record_failures_when_asked(tmp_path):
     assert list(sweep.failures["revision"]) == ["step1"] and list(sweep.failures["error"]) == [
         "OutOfMemoryError"
     ]
+
+
+def test_the_analyses_job_lists_pickle_with_stable_keys(tmp_path):
+    """What a cluster sweep needs: the notebook's job list, sent to another process intact."""
+    import pickle
+
+    from coupling_utils.analysis.depth_and_tokens import twin_jobs
+    from coupling_utils.analysis.emergence import checkpoint_jobs
+    from coupling_utils.analysis.generalization import family_jobs
+
+    texts = {"p": "abc"}
+    jobs = (
+        twin_jobs("org/m", texts, k=2, tile_layers=[0, 1], token_layer=-1, out=tmp_path)
+        + checkpoint_jobs("org/m", ["step8", "step1"], texts, k=2, out=tmp_path)
+        + family_jobs(["org/m", "org/n"], texts, k=2, cache=tmp_path)
+    )
+    back = pickle.loads(pickle.dumps(jobs))
+    assert back == jobs and [j.key for j in back] == [j.key for j in jobs]
+    assert [j.revision for j in jobs[2:4]] == ["step1", "step8"] and jobs[2].labels["step"] == 1
+    assert sorted(jobs[0].settings) == ["depth", "tokens"] and jobs[1].weights == "random init"
+    assert len({j.out(part) for j in jobs for part in j.settings}) == 2 * 2 + 2 + 2

@@ -53,19 +53,29 @@ def prompt_tables(
     return {name: concat(name, tables[name]) for name in TABLES}
 
 
-def _token_tiles(store: Store, s: Settings, p: Prompt, a: int, matrix_free: bool):
-    """The kmax tiles [L, L, kmax, kmax] and singular values S [L, ≥kmax] of the a-th selected token."""
+def _token_tiles(
+    store: Store, s: Settings, p: Prompt, a: int, matrix_free: bool
+) -> tuple[torch.Tensor, torch.Tensor]:  # tiles [L, L, kmax, kmax], S [L, ≥kmax]
+    """The kmax tiles and singular values of the a-th selected token over the measured layers."""
     layers = list(s.layers)
     S = torch.stack([store.basis(p.pid, l, index=a).S for l in layers])
     if matrix_free:  # tiles from the stored products
         return torch.stack([store.array(p.pid, l, "cross_tiles", a) for l in layers]), S
-    J = torch.stack([store.array(p.pid, l, "J", a) for l in layers])  # [L, d, d]
+    J = torch.stack([store.array(p.pid, l, "J", a) for l in layers])  # [L, d_out, d_in]
     basis = SVD(*(torch.stack(x) for x in zip(*(store.basis(p.pid, l, index=a) for l in layers))))
     return pair_tiles(J, basis, s.kmax, s.orientation), S
 
 
-def _depth_rows(tables, s: Settings, p: Prompt, t: int, tiles, S, tile_layers: list[int]) -> None:
-    """Depth-wise rows and raw tiles of token t from its kmax tiles [L, L, kmax, kmax] and values S."""
+def _depth_rows(
+    tables,
+    s: Settings,
+    p: Prompt,
+    t: int,
+    tiles: torch.Tensor,  # [L, L, kmax, kmax]
+    S: torch.Tensor,  # [L, ≥kmax]
+    tile_layers: list[int],
+) -> None:
+    """Depth-wise rows and raw tiles of token t."""
     layers = list(s.layers)
     if len(layers) >= 2:
         ms = couplings(tiles, S, s.k, s.p, s.normalize)

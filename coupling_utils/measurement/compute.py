@@ -4,7 +4,8 @@ matrix-free cross products between layers, and context Jacobians.
 Work happens on the model's device; what is stored or tabulated leaves it through ``host()``
 (``.detach().cpu()``) or :func:`~coupling_utils.measurement.store.save_npy`, and stored arrays
 read back on the host are moved to the device before they meet device tensors. Shapes: ``N``
-stacked Jacobians (tokens or layers), ``T`` tokens, ``d`` the width, ``r`` = kmax.
+stacked Jacobians (tokens or layers), ``T`` tokens of a prompt, ``n`` selected tokens, ``d``
+the width (``d_out``, ``d_in`` where it matters), ``kmax`` the largest K.
 """
 
 from __future__ import annotations
@@ -40,9 +41,13 @@ from coupling_utils.measurement.tables import (
 __all__ = ["LayerWork", "pair_tiles", "couplings", "as_float", "spectra"]
 
 
-def pair_tiles(J: torch.Tensor, s: SVD, kmax: int, orientation: str) -> torch.Tensor:
-    """``tiles[i, j] = |left_jᵀ J_i right_j|`` for all pairs of J [N, d_out, d_in], K = kmax:
-    [N, N, kmax, kmax].
+def pair_tiles(
+    J: torch.Tensor,  # [N, d_out, d_in]
+    s: SVD,  # of J: U [N, d_out, ≥kmax], S [N, ≥kmax], Vh [N, ≥kmax, d_in]
+    kmax: int,
+    orientation: str,
+) -> torch.Tensor:  # [N, N, kmax, kmax]
+    """``tiles[i, j] = |left_jᵀ J_i right_j|`` for all pairs, K = kmax.
 
     The K-tile of any K ≤ kmax is the top-left K×K corner of the kmax tile, since the bases
     are nested; so one product serves all K.
@@ -56,9 +61,13 @@ def pair_tiles(J: torch.Tensor, s: SVD, kmax: int, orientation: str) -> torch.Te
 
 
 def couplings(
-    tiles: torch.Tensor, S: torch.Tensor, ks: Sequence[int], p: float, normalize: str
-) -> dict[int, torch.Tensor]:
-    """``m_K[i, j]`` for every K from kmax tiles [N, N, kmax, kmax] and singular values S [N, ≥kmax]."""
+    tiles: torch.Tensor,  # [N, N, kmax, kmax]
+    S: torch.Tensor,  # [N, ≥kmax]
+    ks: Sequence[int],
+    p: float,
+    normalize: str,
+) -> dict[int, torch.Tensor]:  # K -> m_K [N, N]
+    """``m_K[i, j]`` for every K from the kmax tiles and each J_i's own singular values."""
     out = {}
     for k in ks:
         s1k = S[:, :k].unsqueeze(1).expand(-1, tiles.shape[1], -1)  # J_i's own values, per row i
@@ -66,7 +75,7 @@ def couplings(
     return out
 
 
-def as_float(J: torch.Tensor) -> torch.Tensor:
+def as_float(J: torch.Tensor) -> torch.Tensor:  # [..., d, d] -> the same, fp32 or fp64
     """Jacobians in fp32 (or fp64), refused if not finite."""
     J = J.detach()
     if J.dtype != torch.float64:
@@ -80,9 +89,13 @@ def as_float(J: torch.Tensor) -> torch.Tensor:
 
 
 def spectra(
-    J: torch.Tensor, kmax: int, n_singular: int, method: str, s: Settings
-) -> tuple[SVD, torch.Tensor]:
-    """Top-kmax triplets of J [N, d, d] and its top n_singular singular values [N, n_singular]."""
+    J: torch.Tensor,  # [N, d, d]
+    kmax: int,
+    n_singular: int,
+    method: str,
+    s: Settings,
+) -> tuple[SVD, torch.Tensor]:  # (U [N, d, kmax], S [N, kmax], Vh [N, kmax, d]), S [N, n_singular]
+    """Top-kmax triplets of J and its top n_singular singular values."""
     if method == "exact":
         with lapack_threads():
             U, S, Vh = torch.linalg.svd(J, full_matrices=False)

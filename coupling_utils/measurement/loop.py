@@ -8,6 +8,7 @@ a job that fails is recorded with its reason and the others still run.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import gc
 import json
@@ -210,6 +211,7 @@ def _load(job: Job, load):
 
 
 def _record_failure(job: Job, exc: BaseException) -> None:
+    """Leave the reason in the job's folder (best effort: the job's own error is what raises)."""
     path = _failure_path(job)
     if path is not None:
         record = {
@@ -218,7 +220,8 @@ def _record_failure(job: Job, exc: BaseException) -> None:
             "message": str(exc),
             "utc": _dt.datetime.now(_dt.timezone.utc).isoformat(),
         }
-        atomic_write_text(path, json.dumps(record, indent=2))
+        with contextlib.suppress(OSError):
+            atomic_write_text(path, json.dumps(record, indent=2))
 
 
 def collect(

@@ -78,8 +78,11 @@ def in_window(layer_i, layer_j, window: int | None):
     return np.abs(np.asarray(layer_i) - np.asarray(layer_j)) <= window
 
 
-def pair_rows(M: torch.Tensor, labels: Sequence[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Rows (label_i, label_j, value) of a matrix M [n, n] over ``labels``, row-major."""
+def pair_rows(
+    M: torch.Tensor,  # [n, n]
+    labels: Sequence[int],  # n
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # label_i, label_j, value: [n·n] each
+    """Rows (label_i, label_j, value) of a matrix over ``labels``, row-major, on the host."""
     n = len(labels)
     lab = np.asarray(labels, dtype=np.int64)
     return np.repeat(lab, n), np.tile(lab, n), host(M).double().reshape(-1).numpy()
@@ -87,7 +90,7 @@ def pair_rows(M: torch.Tensor, labels: Sequence[int]) -> tuple[np.ndarray, np.nd
 
 def coupling_frames(
     name: str,
-    ms: Mapping[int, torch.Tensor],
+    ms: Mapping[int, torch.Tensor],  # K -> m_K [n, n]
     labels: Sequence[int],
     pair: tuple[str, str],
     keep=None,
@@ -108,8 +111,13 @@ def coupling_frames(
     return out
 
 
-def singular_value_frame(pid: str, layer: int, tokens: Sequence[int], S: torch.Tensor) -> pd.DataFrame:
-    """The singular values S [n_tokens, n_s] of the selected tokens at one layer."""
+def singular_value_frame(
+    pid: str,
+    layer: int,
+    tokens: Sequence[int],  # n
+    S: torch.Tensor,  # [n, n_singular]
+) -> pd.DataFrame:
+    """The singular values of the selected tokens at one layer."""
     n_s = S.shape[-1]
     rows = {
         "prompt": pid,
@@ -122,9 +130,15 @@ def singular_value_frame(pid: str, layer: int, tokens: Sequence[int], S: torch.T
 
 
 def tile_frame(
-    pid: str, token: int, tiles: torch.Tensor, layers: list[int], tile_layers: list[int], K: int, window
+    pid: str,
+    token: int,
+    tiles: torch.Tensor,  # [L, L, kmax, kmax] over ``layers``
+    layers: list[int],  # L
+    tile_layers: list[int],
+    K: int,
+    window: int | None,
 ) -> pd.DataFrame:
-    """Raw K×K tiles of one token over ``tile_layers`` from its kmax tiles [L, L, kmax, kmax]."""
+    """Raw K×K tiles of one token over ``tile_layers`` (pairs within ``window``)."""
     idx = [layers.index(l) for l in tile_layers]
     sub = host(tiles)[idx][:, idx, :K, :K]  # [W, W, K, K]
     W = len(idx)
