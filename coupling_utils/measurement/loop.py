@@ -25,7 +25,7 @@ from coupling_utils.files import atomic_write_parquet, atomic_write_text, file_l
 from coupling_utils.measurement.core import measure_with
 from coupling_utils.measurement.jobs import Job
 from coupling_utils.measurement.store import Store
-from coupling_utils.measurement.tables import Measurement
+from coupling_utils.measurement.tables import Measurement, columnwise
 from coupling_utils.provenance import code_fingerprint
 
 __all__ = ["Result", "Collected", "run", "collect", "release_memory", "ON_ERROR"]
@@ -146,20 +146,20 @@ def _stored_extra(job: Job, reuse_stale: bool) -> dict[str, pd.DataFrame] | None
     done = json.loads(marker.read_text())
     if done["code"]["fingerprint"] != job.extra.fingerprint()["fingerprint"] and not reuse_stale:
         return None
-    return {name: pd.read_parquet(out / f"{name}.parquet") for name in done["tables"]}
+    return {name: columnwise(pd.read_parquet(out / f"{name}.parquet")) for name in done["tables"]}
 
 
 def _compute_extra(job: Job, model) -> dict[str, pd.DataFrame]:
     tables = job.extra.fn(model, job.prompts, **job.extra.options)
     out = job.extra_out()
     if out is None:
-        return tables
+        return {name: columnwise(df) for name, df in tables.items()}
     with file_lock(out / ".lock", f"{job.extra.name} into {out}"):
         for name, df in tables.items():
             atomic_write_parquet(df, out / f"{name}.parquet")
         done = {"tables": sorted(tables), "code": job.extra.fingerprint(), "options": job.extra.spec()}
         atomic_write_text(out / "done.json", json.dumps(done, indent=2, default=str))  # after the tables
-    return {name: pd.read_parquet(out / f"{name}.parquet") for name in tables}
+    return {name: columnwise(pd.read_parquet(out / f"{name}.parquet")) for name in tables}
 
 
 def _failure_path(job: Job) -> Path | None:

@@ -61,6 +61,20 @@ def typed(name: str, df: pd.DataFrame) -> pd.DataFrame:
     return df.reset_index(drop=True)
 
 
+def columnwise(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` with each column in its own block, as a frame built column by column is.
+
+    pandas sums a multi-column aggregate (``groupby(...)[["m", "coupling"]].mean()``) in a
+    different order, so differently in the last bit, when columns of one dtype share a block,
+    as they do in a frame read from Parquet. Tables read back are laid out like fresh ones, so
+    a rerun from stored results gives the very numbers of the first run.
+    """
+    df = df.copy()
+    for c in df.columns:
+        df[c] = df[c].copy()
+    return df
+
+
 def concat(name: str, frames: list[pd.DataFrame]) -> pd.DataFrame:
     """The frames of one table, joined and typed (an empty typed table for none)."""
     return typed(name, pd.concat(frames) if frames else frame(name))
@@ -206,7 +220,7 @@ class Measurement:
                 f"{out} holds no finished measurement (no provenance.json); "
                 "run measure(..., out=...) to completion first"
             )
-        tables = {name: pd.read_parquet(out / f"{name}.parquet") for name in TABLES}
+        tables = {name: typed(name, pd.read_parquet(out / f"{name}.parquet")) for name in TABLES}
         return cls(**tables, provenance=json.loads(prov_path.read_text()), out=out)
 
 
