@@ -150,7 +150,7 @@ def worker(case: str, method: str, opts: dict, outdir: Path) -> dict:
             torch.save(res.svd.S, outdir / "S.pt")
         seconds = time.perf_counter() - t0
     elif case in ("profile", "matrix_free"):
-        from coupling_utils.measurement import core as measure
+        from coupling_utils.measurement import measure
 
         if case == "profile":
             model = smollm2_twin()

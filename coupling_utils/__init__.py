@@ -41,6 +41,9 @@ _EXPORTS = {
     "measure": "measurement",
     "Measurement": "measurement",
     "coupling_summary": "measurement",
+    "TABLES": "measurement",
+    "MEASURE_METHODS": "measurement",
+    "Settings": "measurement",
     # data with provenance, and statistics
     "data_dir": "analysis.data",
     "DataError": "analysis.data",

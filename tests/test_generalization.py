@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from coupling_utils.analysis.generalization import best_predictor, family_coupling, predictor_comparison
-from coupling_utils.measurement.core import coupling_summary, measure
+from coupling_utils.measurement import coupling_summary, measure
 
 
 def _tiny_neox(n_layers: int, d: int, seed: int):

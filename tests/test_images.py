@@ -50,7 +50,7 @@ def test_hub_like_model_gets_resized_rgb_with_processor_stats():
 
 
 def test_vit_inputs_are_measurable_at_the_last_patch_token():
-    from coupling_utils.measurement.core import measure
+    from coupling_utils.measurement import measure
 
     model = _tiny_vit(28, 1, 14)  # CLS + 4 patches
     x = image_inputs(model, torch.randint(0, 256, (1, 28, 28), dtype=torch.uint8))

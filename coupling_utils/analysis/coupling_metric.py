@@ -2,7 +2,7 @@
 
 The chart builders in :mod:`coupling_utils.analysis.plots` take tidy long DataFrames; this module makes
 them (:func:`matrix_frame`, :func:`tile_frame`). The per-model scalar is
-:func:`coupling_utils.measurement.core.coupling_summary`; fits are :func:`coupling_utils.analysis.stats.ols`.
+:func:`coupling_utils.measurement.coupling_summary`; fits are :func:`coupling_utils.analysis.stats.ols`.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 The paper's first finding is a contrast: block Jacobians of a trained model are coupled across
 depth and tokens, those of the same architecture with random weights are not. :func:`measure_twins`
-measures both with :func:`coupling_utils.measurement.core.measure` (depth-wise coupling of the last token,
+measures both with :func:`coupling_utils.measurement.measure` (depth-wise coupling of the last token,
 raw tiles over a window of layers, token-wise self and context coupling at one block) and returns
 the tables with a ``weights`` column ("trained" / "random init"). The helpers below condense
 them for the figures: mean matrices, coupling against the distance between blocks, how diagonal
@@ -11,9 +11,7 @@ the tiles are, token labels for axes.
 
 from __future__ import annotations
 
-import hashlib
-import json
-import re
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,10 +20,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from coupling_utils.measurement import Job, Settings, collect, coupling_summary, plan
+
 __all__ = [
     "WEIGHTS",
     "TwinMeasurement",
     "measure_twins",
+    "twin_jobs",
     "mean_depthwise",
     "coupling_by_distance",
     "tile_diagonality",
@@ -57,20 +58,60 @@ class TwinMeasurement:
     summary: pd.DataFrame
     tokens: dict[str, list[str]] = field(default_factory=dict)
     provenance: dict = field(default_factory=dict)
-
-
-def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_") or "model"
-
-
-def _key(settings: dict) -> str:
-    return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    failures: pd.DataFrame = field(default_factory=pd.DataFrame)  # twins not measured, with the reason
 
 
 def _check_block(name: str, value: int, n_layers: int, model: str) -> int:
     if not -n_layers <= value < n_layers:
         raise ValueError(f"{name}={value} does not exist: {model} has {n_layers} blocks (0..{n_layers - 1})")
     return value % n_layers
+
+
+def _check_twin(lm, *, model: str, layers, tile_layers, token_layer) -> None:
+    """The blocks asked for exist in the loaded model, named in measure_twins' terms."""
+    L = int(lm.n_layers)
+    blocks = set(range(L)) if not layers else {_check_block("layers", int(l), L, model) for l in layers}
+    blocks |= {_check_block("tile_layers", int(l), L, model) for l in tile_layers or ()}
+    if len(blocks) < 2:
+        raise ValueError(f"depth-wise coupling needs at least two blocks, got layers={sorted(blocks)}")
+    if token_layer is not None:
+        _check_block("token_layer", int(token_layer), L, model)
+
+
+def twin_jobs(
+    model: str,
+    prompts: Any,
+    *,
+    k: int | Sequence[int] = (10, 30, 50),
+    layers: Sequence[int] | None = None,
+    tile_layers: Sequence[int] | None = None,
+    token_layer: int | None = None,
+    dtype: str = "float32",
+    seed: int = 0,
+    method: str = "exact",
+    max_tokens: int | None = None,
+    out: str | Path | None = None,
+) -> list[Job]:
+    """The two jobs of :func:`measure_twins` (trained, random init), each with a "depth" and,
+    with ``token_layer``, a "tokens" measurement; stored under ``out`` (see
+    :mod:`coupling_utils.measurement.jobs`)."""
+    ks = sorted({int(k)} if isinstance(k, (int, np.integer)) else {int(x) for x in k})
+    window = [int(l) for l in tile_layers] if tile_layers is not None and len(tile_layers) else None
+    block_list = None if layers is None or not len(layers) else [int(l) for l in layers] + (window or [])
+    # tiles are stored at K = max(k); a smaller tile_k is their top-left corner (the bases are
+    # nested), so changing tile_k needs no new measurement
+    common = dict(k=ks, method=method, max_tokens=max_tokens)
+    parts = {
+        "depth": Settings(
+            layers=block_list, tokens="last", tiles=max(ks) if window else None, tile_layers=window, **common
+        )
+    }
+    if token_layer is not None:
+        parts["tokens"] = Settings(layers=[int(token_layer)], tokens="all", context="last", **common)
+    check = functools.partial(
+        _check_twin, model=model, layers=layers, tile_layers=window, token_layer=token_layer
+    )
+    return plan([model], prompts, parts, weights=WEIGHTS, seed=seed, dtype=dtype, root=out, check=check)
 
 
 def measure_twins(
@@ -89,129 +130,66 @@ def measure_twins(
     max_tokens: int | None = None,
     out: str | Path | None = None,
     load: Callable[..., Any] | None = None,
+    on_error: str = "raise",
+    reuse_stale: bool = False,
 ) -> TwinMeasurement:
     """Measure ``model`` and its random-init twin (``load_model(..., random_init=True, seed=seed)``).
 
     Depth-wise coupling of the last token over ``layers`` (default all) for K in ``k``; with
     ``tile_layers`` (added to ``layers``) also the raw ``tile_k`` × ``tile_k`` tiles of that
     window (measured at K = max(k) and cropped); with ``token_layer`` also token-wise self
-    coupling (all tokens) and context coupling
-    (output token: the last) at that block. ``out``: a cache directory; measurements are stored
-    under ``out/<model>/<weights>/<settings hash>`` and reused. ``load`` replaces
-    ``loading.load_model`` (tests).
+    coupling (all tokens) and context coupling (output token: the last) at that block.
+    ``out``: a cache directory; measurements are stored under
+    ``out/<model>/main/<weights>/<part>-<key>`` and reused without loading the model
+    (:func:`twin_jobs`, :func:`coupling_utils.measurement.collect`). ``load`` replaces
+    ``loading.load_model`` (tests). ``on_error="record"``: a twin that cannot be loaded or
+    measured is listed in ``failures`` instead of raising; ``reuse_stale``: reuse measurements
+    made by other code (see ``measure``).
     """
-    from coupling_utils.measurement.core import coupling_summary, measure
-
-    if load is None:
-        from coupling_utils.models.loading import load_model as load
     ks = sorted({int(k)} if isinstance(k, (int, np.integer)) else {int(x) for x in k})
     if tile_layers is not None and len(tile_layers) and tile_k is None:
         tile_k = min(ks)
     if tile_k is not None and not 1 <= int(tile_k) <= max(ks):
         raise ValueError(f"tile_k={tile_k} must be between 1 and max(k) = {max(ks)}")
-    frames: dict[str, list[pd.DataFrame]] = {
-        n: [] for n in ("depthwise", "tiles", "singular_values", "tokenwise", "context")
-    }
+    jobs = twin_jobs(
+        model, prompts, k=ks, layers=layers, tile_layers=tile_layers, token_layer=token_layer,
+        dtype=dtype, seed=seed, method=method, max_tokens=max_tokens, out=out,
+    )  # fmt: skip
+    done = collect(jobs, load=load, on_error=on_error, reuse_stale=reuse_stale)
+    if not done.ok:
+        raise RuntimeError(f"{model}: no twin could be measured\n{done.report()}")
+    names = ("depthwise", "tiles", "singular_values", "tokenwise", "context")
+    frames: dict[str, list[pd.DataFrame]] = {n: [] for n in names}
     summary, tokens, prov = [], {}, {}
-    info = None
-    for weights in WEIGHTS:
-        lm = load(model, dtype=dtype, random_init=weights != "trained", seed=seed)
-        L = int(lm.n_layers)
-        block_list = (
-            list(range(L))
-            if layers is None or not len(layers)
-            else sorted({_check_block("layers", int(l), L, model) for l in layers})
-        )
-        window = None
+    for r in done.ok:
+        m, weights = r.measurements["depth"], r.job.weights
+        frames["depthwise"].append(r.labelled("depthwise", "depth"))
+        tiles = r.labelled("tiles", "depth")
         if tile_layers is not None and len(tile_layers):
-            window = sorted({_check_block("tile_layers", int(l), L, model) for l in tile_layers})
-            block_list = sorted(set(block_list) | set(window))
-        if len(block_list) < 2:
-            raise ValueError(f"depth-wise coupling needs at least two blocks, got layers={block_list}")
-        tl = None if token_layer is None else _check_block("token_layer", int(token_layer), L, model)
-        info = (L, int(lm.d_model))
-        tag = {"model": model, "weights": weights}
-        base = None if out is None else Path(out) / _slug(model) / _slug(weights)
-        # tiles are stored at K = max(k); a smaller tile_k is their top-left corner (the bases are
-        # nested), so changing tile_k needs no new measurement
-        depth_settings = {
-            "what": "depth",
-            "layers": block_list,
-            "k": ks,
-            "tiles": max(ks) if window else None,
-            "tile_layers": window,
-            "method": method,
-            "dtype": dtype,
-            "seed": seed,
-            "max_tokens": max_tokens,
-        }
-        m = measure(
-            lm,
-            prompts,
-            layers=block_list,
-            tokens="last",
-            k=ks,
-            method=method,
-            tiles=max(ks) if window else None,
-            tile_layers=window,
-            max_tokens=max_tokens,
-            out=None if base is None else base / f"depth-{_key(depth_settings)}",
-        )
-        frames["depthwise"].append(m.depthwise.assign(**tag))
-        tiles = m.tiles
-        if window:
             tiles = tiles[(tiles["row"] < tile_k) & (tiles["col"] < tile_k)].assign(K=tile_k)
-        frames["tiles"].append(tiles.assign(**tag))
-        frames["singular_values"].append(m.singular_values.assign(**tag))
+        frames["tiles"].append(tiles)
+        frames["singular_values"].append(r.labelled("singular_values", "depth"))
         for K in ks:
-            summary.append({**tag, "K": K, "coupling": coupling_summary(m.depthwise, how=how, k=K)})
-        if tl is not None:
-            token_settings = {
-                "what": "tokens",
-                "layer": tl,
-                "k": ks,
-                "method": method,
-                "dtype": dtype,
-                "seed": seed,
-                "max_tokens": max_tokens,
-            }
-            mt = measure(
-                lm,
-                prompts,
-                layers=[tl],
-                tokens="all",
-                k=ks,
-                method=method,
-                context="last",
-                max_tokens=max_tokens,
-                out=None if base is None else base / f"tokens-{_key(token_settings)}",
-            )
-            frames["tokenwise"].append(mt.tokenwise.assign(**tag))
-            frames["context"].append(mt.context.assign(**tag))
+            summary.append({**r.job.labels, "K": K, "coupling": coupling_summary(m.depthwise, how=how, k=K)})
+        if "tokens" in r.measurements:
+            frames["tokenwise"].append(r.labelled("tokenwise", "tokens"))
+            frames["context"].append(r.labelled("context", "tokens"))
         if weights == "trained":
-            tok = getattr(lm, "tokenizer", None)
-            for pid, ids in zip(m.prompts["prompt"], m.prompts["input_ids"]):
-                ids = [int(i) for i in ids]
-                conv = getattr(tok, "convert_ids_to_tokens", None)
-                tokens[str(pid)] = list(conv(ids)) if conv else [str(i) for i in ids]
+            for entry, ids in zip(m.provenance["prompts"], m.prompts["input_ids"]):
+                tokens[str(entry["prompt"])] = entry.get("tokens") or [str(int(i)) for i in ids]
         prov[weights] = m.provenance
-        del lm
-    tables = {}
-    for name, fs in frames.items():
-        df = pd.concat(fs, ignore_index=True) if fs else pd.DataFrame()
-        tables[name] = (
-            df[["model", "weights", *[c for c in df.columns if c not in ("model", "weights")]]]
-            if not df.empty
-            else df
-        )
+    tables = {n: pd.concat(fs, ignore_index=True) if fs else pd.DataFrame() for n, fs in frames.items()}
+    facts = done.ok[0].model
+    L = int(facts["n_layers"])
     return TwinMeasurement(
         model,
-        info[0],
-        info[1],
-        token_layer if token_layer is None else int(token_layer) % info[0],
+        L,
+        int(facts["d_model"]),
+        token_layer if token_layer is None else int(token_layer) % L,
         summary=pd.DataFrame(summary),
         tokens=tokens,
         provenance=prov,
+        failures=done.failures,
         **tables,
     )
 

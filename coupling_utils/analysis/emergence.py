@@ -8,7 +8,7 @@ into tidy tables and condenses a curve into the numbers such a claim is about:
 - :func:`step_of`, :func:`checkpoint_steps`: revision names (``step<N>``) and their steps;
 - :func:`pick_checkpoints`: early / middle / final checkpoints (the paper's circle figures);
 - :func:`sweep_checkpoints`: depth-wise coupling, line-shape score, expodistance and step
-  sizes at every checkpoint (one :func:`coupling_utils.measurement.core.measure` call and one
+  sizes at every checkpoint (one :func:`coupling_utils.measurement.measure` call and one
   residual-stream pass per checkpoint and prompt), as a :class:`Sweep` of tidy tables;
 - :func:`growth_summary`: ratio final / early, Spearman correlation with the step, and how
   monotone the curve is, per group;
@@ -18,8 +18,6 @@ into tidy tables and condenses a curve into the numbers such a claim is about:
 
 from __future__ import annotations
 
-import hashlib
-import json
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -28,6 +26,8 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+
+from coupling_utils.measurement import Extra, Job, Settings, collect, plan, relabel
 
 __all__ = [
     "step_of",
@@ -39,6 +39,8 @@ __all__ = [
     "run_checkpoints",
     "Sweep",
     "sweep_checkpoints",
+    "checkpoint_jobs",
+    "trajectory_tables",
     "checkpoint_summary",
     "mean_matrices",
     "edge_counts",
@@ -278,10 +280,80 @@ class Sweep:
     step_norms: pd.DataFrame
     summary: pd.DataFrame
     provenance: dict = field(default_factory=dict)
+    failures: pd.DataFrame = field(default_factory=pd.DataFrame)  # checkpoints not measured, and why
 
 
-def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_") or "model"
+def trajectory_tables(
+    lm, prompts: dict[str, str], *, max_tokens: int | None, layers: tuple[int, int] | None, tokens: str
+) -> dict[str, pd.DataFrame]:
+    """Residual-stream trajectories of the prompts' tokens at one checkpoint: ``trajectories``
+    (line-shape score, expodistance, growth per token) and ``step_norms`` (per token and layer)."""
+    from coupling_utils.analysis import trajectories as tj
+    from coupling_utils.engine.blocks import residual_stream
+
+    trajs, norms = [], []
+    for pid, text in prompts.items():
+        ids = lm.tokenizer(text, return_tensors="pt")["input_ids"][:, :max_tokens]
+        traj = residual_stream(lm, ids)  # [L+1, T, d]
+        if tokens == "last":
+            traj = traj[:, -1:]
+            token_ids = [ids.shape[1] - 1]
+        else:
+            token_ids = list(range(ids.shape[1]))
+        n_steps = (traj.shape[0] - 1) if layers is None else (layers[1] % traj.shape[0]) - layers[0]
+        if n_steps >= 3:
+            metrics = tj.trajectory_metrics(traj, layers=layers)
+        else:  # expodistance needs three steps; a 2-block model has only the line-shape score
+            metrics = tj.trajectory_metrics(traj, layers=layers, how=())
+            for h in tj.EXPODISTANCE_METHODS:
+                metrics[f"expodistance_{h}"] = np.nan
+                metrics[f"growth_{h}"] = np.nan
+        metrics["token"] = np.asarray(token_ids)[metrics["token"].to_numpy()]
+        trajs.append(metrics.assign(prompt=pid))
+        sn = tj.step_norms(traj, relative=True)
+        sn["token"] = np.asarray(token_ids)[sn["token"].to_numpy()]
+        norms.append(sn.assign(prompt=pid))
+    return {
+        "trajectories": pd.concat(trajs, ignore_index=True),
+        "step_norms": pd.concat(norms, ignore_index=True),
+    }
+
+
+def checkpoint_jobs(
+    model: str,
+    revisions: Sequence[str],
+    prompts: Any,
+    *,
+    k: int | Sequence[int] = (10,),
+    layers: Sequence[int] | None = None,
+    trajectory_layers: tuple[int, int] | None = None,
+    trajectory_tokens: str = "all",
+    dtype: str = "float32",
+    method: str = "exact",
+    max_tokens: int | None = None,
+    out: str | Path | None = None,
+) -> list[Job]:
+    """The jobs of :func:`sweep_checkpoints`, one per checkpoint in step order (labels model,
+    revision, step): a "depth" measurement and the trajectory tables, stored under ``out``."""
+    if isinstance(revisions, str):
+        revisions = [revisions]
+    revisions = list(revisions)
+    if not revisions:
+        raise ValueError("revisions is empty; pass checkpoint names like ['step0', 'step128']")
+    steps = checkpoint_steps(revisions)
+    if trajectory_tokens not in ("all", "last"):
+        raise ValueError(f"trajectory_tokens must be 'all' or 'last', got {trajectory_tokens!r}")
+    if isinstance(prompts, str):
+        prompts = [prompts]
+    prompts = dict(prompts) if isinstance(prompts, dict) else {str(i): p for i, p in enumerate(prompts)}
+    if not prompts:
+        raise ValueError("prompts is empty; pass at least one prompt text")
+    ordered = [revisions[i] for i in np.argsort(steps, kind="stable")]
+    settings = Settings(layers=layers, tokens="last", k=k, method=method, max_tokens=max_tokens)
+    options = {"max_tokens": max_tokens, "layers": trajectory_layers, "tokens": trajectory_tokens}
+    extra = Extra("trajectories", trajectory_tables, options, sources=("analysis/trajectories.py",))
+    jobs = plan([model], prompts, {"depth": settings}, revisions=ordered, dtype=dtype, root=out, extra=extra)
+    return relabel(jobs, lambda job: {"step": step_of(job.revision)})
 
 
 def sweep_checkpoints(
@@ -300,111 +372,49 @@ def sweep_checkpoints(
     out: str | Path | None = None,
     progress: bool = False,
     load: Callable[..., Any] | None = None,
+    on_error: str = "raise",
+    reuse_stale: bool = False,
 ) -> Sweep:
     """Measure ``model`` at every checkpoint in ``revisions`` (names like ``"step128"``).
 
     At each checkpoint: depth-wise coupling of the last token of every prompt over ``layers``
-    (``measure.measure``, method ``method``, K in ``k``), and the residual-stream trajectories
+    (``measure``, method ``method``, K in ``k``), and the residual-stream trajectories
     of the prompts' tokens (``trajectory_tokens``: "all" or "last"; ``trajectory_layers``: a
     residual-state window (first, last) for the line-shape score and expodistance, default
     all; expodistance needs three steps and is NaN for shallower windows). ``max_tokens`` cuts
     prompts to their first tokens. ``prompts``: a mapping ``{prompt_id: text}`` or a list of
-    texts. ``out``: a
-    directory; each checkpoint's measurement is stored under ``out/<model>/<revision>/<settings
-    hash>`` and
-    reused on a rerun (``measure``'s resume). ``load`` replaces ``loading.load_model`` (tests).
+    texts. ``out``: a directory; each checkpoint's tables are stored under
+    ``out/<model>/<revision>/trained/`` and read back on a rerun without loading the model
+    (:func:`checkpoint_jobs`). ``load`` replaces ``loading.load_model`` (tests).
+    ``on_error="record"``: a checkpoint that fails is listed in ``Sweep.failures`` and left
+    out; ``reuse_stale``: reuse measurements made by other code (see ``measure``).
     """
-    from coupling_utils.analysis import trajectories as tj
-    from coupling_utils.engine.blocks import residual_stream
-    from coupling_utils.measurement.core import measure
-
-    if load is None:
-        from coupling_utils.models.loading import load_model as load
-    if isinstance(revisions, str):
-        revisions = [revisions]
-    revisions = list(revisions)
-    if not revisions:
-        raise ValueError("revisions is empty; pass checkpoint names like ['step0', 'step128']")
-    steps = checkpoint_steps(revisions)
-    if trajectory_tokens not in ("all", "last"):
-        raise ValueError(f"trajectory_tokens must be 'all' or 'last', got {trajectory_tokens!r}")
-    if isinstance(prompts, str):
-        prompts = [prompts]
-    prompts = dict(prompts) if isinstance(prompts, dict) else {str(i): p for i, p in enumerate(prompts)}
-    if not prompts:
-        raise ValueError("prompts is empty; pass at least one prompt text")
-    root = None if out is None else Path(out) / _slug(model)
-    depth, trajs, norms, prov = [], [], [], {"model": model, "checkpoints": {}}
-    order = np.argsort(steps, kind="stable")
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=len(revisions), desc=f"checkpoints of {model}", unit="ckpt")
-    for i in order:
-        rev, step = revisions[i], steps[i]
-        lm = load(model, revision=rev, dtype=dtype)
-        settings = {
-            "layers": None if layers is None else sorted(int(l) for l in layers),
-            "k": k,
-            "method": method,
-            "dtype": dtype,
-            "max_tokens": max_tokens,
-        }
-        key = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:12]
-        m = measure(
-            lm,
-            prompts,
-            layers=layers,
-            tokens="last",
-            k=k,
-            method=method,
-            max_tokens=max_tokens,
-            out=None if root is None else root / _slug(rev) / key,
-        )
-        tags = {"model": model, "revision": rev, "step": step}
-        depth.append(m.depthwise.assign(**tags))
-        for pid, text in prompts.items():
-            ids = lm.tokenizer(text, return_tensors="pt")["input_ids"][:, :max_tokens]
-            traj = residual_stream(lm, ids)  # [L+1, T, d]
-            if trajectory_tokens == "last":
-                traj = traj[:, -1:]
-                token_ids = [ids.shape[1] - 1]
-            else:
-                token_ids = list(range(ids.shape[1]))
-            n_steps = (
-                (traj.shape[0] - 1)
-                if trajectory_layers is None
-                else (trajectory_layers[1] % traj.shape[0]) - trajectory_layers[0]
-            )
-            if n_steps >= 3:
-                metrics = tj.trajectory_metrics(traj, layers=trajectory_layers)
-            else:  # expodistance needs three steps; a 2-block model has only the line-shape score
-                metrics = tj.trajectory_metrics(traj, layers=trajectory_layers, how=())
-                for h in tj.EXPODISTANCE_METHODS:
-                    metrics[f"expodistance_{h}"] = np.nan
-                    metrics[f"growth_{h}"] = np.nan
-            metrics["token"] = np.asarray(token_ids)[metrics["token"].to_numpy()]
-            trajs.append(metrics.assign(prompt=pid, **tags))
-            sn = tj.step_norms(traj, relative=True)
-            sn["token"] = np.asarray(token_ids)[sn["token"].to_numpy()]
-            norms.append(sn.assign(prompt=pid, **tags))
-        prov["checkpoints"][rev] = {
-            "step": step,
+    jobs = checkpoint_jobs(
+        model, revisions, prompts, k=k, layers=layers, trajectory_layers=trajectory_layers,
+        trajectory_tokens=trajectory_tokens, dtype=dtype, method=method, max_tokens=max_tokens, out=out,
+    )  # fmt: skip
+    done = collect(
+        jobs, load=load, on_error=on_error, reuse_stale=reuse_stale, progress=progress,
+        desc=f"checkpoints of {model}",
+    )  # fmt: skip
+    if not done.ok:
+        raise RuntimeError(f"{model}: no checkpoint could be measured\n{done.report()}")
+    prov = {"model": model, "checkpoints": {}}
+    for r in done.ok:
+        m = r.measurements["depth"]
+        prov["checkpoints"][r.job.revision] = {
+            "step": r.job.labels["step"],
             "measure": m.provenance.get("settings", {}),
             "total_block_passes": m.provenance.get("total_block_passes"),
+            "code": m.provenance.get("code"),
+            "stale": r.stale,
         }
-        del lm
-        if bar is not None:
-            bar.update(1)
-    if bar is not None:
-        bar.close()
     lead = ["model", "revision", "step", "prompt"]
-    depthwise = _lead(pd.concat(depth, ignore_index=True), lead)
-    trajectories = _lead(pd.concat(trajs, ignore_index=True), lead)
-    step_norms = _lead(pd.concat(norms, ignore_index=True), lead)
+    depthwise = _lead(done.table("depthwise", "depth"), lead)
+    trajectories = _lead(done.table("trajectories", None), lead)
+    step_norms = _lead(done.table("step_norms", None), lead)
     summary = checkpoint_summary(depthwise, trajectories, how=how)
-    return Sweep(depthwise, trajectories, step_norms, summary, prov)
+    return Sweep(depthwise, trajectories, step_norms, summary, prov, done.failures)
 
 
 def _lead(df: pd.DataFrame, lead: Sequence[str]) -> pd.DataFrame:
@@ -418,7 +428,7 @@ def checkpoint_summary(
     with ``how``: mean 1 − m² over off-diagonal or adjacent layer pairs, prompts counted
     equally) and, from ``trajectories``, the mean line-shape score, expodistances and
     per-layer growth factors over prompts and tokens."""
-    from coupling_utils.measurement.core import coupling_summary
+    from coupling_utils.measurement import coupling_summary
 
     keys = [c for c in ("model", "revision", "step") if c in depthwise.columns]
     if "step" not in keys:

@@ -4,9 +4,9 @@ The paper's Fig. 1(a) sets one scalar per model ("coupling") against its Open LL
 score and finds a tighter fit than parameter count, depth or width give. This module does the
 two steps for any set of models:
 
-- :func:`family_coupling`: measure each model (:func:`coupling_utils.measurement.core.measure`) on the
+- :func:`family_coupling`: measure each model (:func:`coupling_utils.measurement.measure`) on the
   same prompts and condense its depth-wise coupling into one number
-  (:func:`coupling_utils.measurement.core.coupling_summary`; the paper's aggregation is not published,
+  (:func:`coupling_utils.measurement.coupling_summary`; the paper's aggregation is not published,
   so ``how`` and ``k`` are the reader's choice), with its spread over prompts.
 - :func:`predictor_comparison`: R², slope, p and rank correlations of a score on each
   predictor (:func:`coupling_utils.analysis.stats.compare_predictors`, on the same rows), plus seeded
@@ -21,10 +21,6 @@ prompts.
 
 from __future__ import annotations
 
-import hashlib
-import json
-import re
-import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -33,11 +29,13 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import torch
+
+from coupling_utils.measurement import Job, Result, Settings, collect, plan
 
 __all__ = [
     "corpus_prompts",
     "family_coupling",
+    "family_jobs",
     "FamilyCoupling",
     "predictor_comparison",
     "best_predictor",
@@ -69,68 +67,6 @@ def corpus_prompts(n: int, n_tokens: int, *, vocab_size: int = 2048, seed: int =
     return {f"val-{int(s)}": tc.tokenizer.decode(ids[s : s + n_tokens].tolist()) for s in starts}
 
 
-def _size(lm) -> dict[str, Any]:
-    """Depth, width and parameter count of a LoadedModel or a bare Hugging Face model."""
-    model = getattr(lm, "model", lm)
-    cfg = getattr(model, "config", None)
-    n_layers = getattr(lm, "n_layers", None)
-    d_model = getattr(lm, "d_model", None)
-    for attr in ("num_hidden_layers", "n_layer", "num_layers"):
-        n_layers = n_layers or getattr(cfg, attr, None)
-    for attr in ("hidden_size", "n_embd", "d_model"):
-        d_model = d_model or getattr(cfg, attr, None)
-    n_params = sum(p.numel() for p in model.parameters()) if hasattr(model, "parameters") else None
-    return {
-        key: None if v is None else int(v)
-        for key, v in {"n_layers": n_layers, "d_model": d_model, "n_params": n_params}.items()
-    }
-
-
-def _digest(obj) -> str:
-    """A stable hash of prompts and settings (strings, numbers, lists, dicts and tensors)."""
-    h = hashlib.sha256()
-
-    def feed(o):
-        if isinstance(o, torch.Tensor):
-            t = o.detach().cpu().contiguous()
-            h.update(f"T{tuple(t.shape)}{t.dtype}".encode())
-            h.update(t.numpy().tobytes())
-        elif isinstance(o, Mapping):
-            h.update(b"{")
-            for key in sorted(o, key=str):
-                feed(str(key))
-                feed(o[key])
-            h.update(b"}")
-        elif isinstance(o, (list, tuple)):
-            h.update(b"[")
-            for v in o:
-                feed(v)
-            h.update(b"]")
-        else:
-            h.update(repr(o).encode())
-
-    feed(obj)
-    return h.hexdigest()[:16]
-
-
-def _fingerprint(ref: str) -> str:
-    """What identifies a model reference's weights: the zoo entry's keyed path, a local path's
-    config time, or the hub id itself."""
-    if ref.startswith("embedded:"):
-        from coupling_utils.models import zoo
-
-        return str(zoo.entry_path(ref))
-    path = Path(ref).expanduser()
-    if path.exists():
-        config = path / "config.json" if path.is_dir() else path
-        return f"{path.resolve()}@{config.stat().st_mtime_ns if config.exists() else 0}"
-    return ref
-
-
-def _slug(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", name)[-60:]
-
-
 @dataclass
 class FamilyCoupling:
     """What :func:`family_coupling` measured: per model, per (model, prompt), per (model, block pair)."""
@@ -158,17 +94,27 @@ SUMMARY_COLUMNS = [
 ]
 
 
-def _load_spec(ref) -> dict | None:
-    """``load_model`` keyword arguments for a model reference, or None for a loaded model."""
-    if isinstance(ref, str):
-        return {"name_or_path": ref}
-    if isinstance(ref, Mapping):
-        if "name_or_path" not in ref:
-            raise ValueError(
-                f"a model given as a mapping needs 'name_or_path' (load_model's arguments), got {dict(ref)}"
-            )
-        return dict(ref)
-    return None
+def family_jobs(
+    models: Sequence[Any] | Mapping[str, Any],
+    prompts,
+    *,
+    k: int = 10,
+    tokens="last",
+    layers=None,
+    method: str = "exact",
+    dtype: str = "float32",
+    max_tokens: int | None = None,
+    cache: str | Path | None = None,
+    **measure_kwargs,
+) -> list[Job]:
+    """The jobs of :func:`family_coupling`: one per model, labelled ``model``, stored under ``cache``."""
+    unknown = set(measure_kwargs) - set(Settings.ARGUMENTS)
+    if unknown:
+        raise TypeError(f"family_coupling got arguments that are not measure() settings: {sorted(unknown)}")
+    settings = Settings(
+        k=[int(k)], tokens=tokens, layers=layers, method=method, max_tokens=max_tokens, **measure_kwargs
+    )
+    return plan(models, prompts, settings, dtype=dtype, root=cache)
 
 
 def family_coupling(
@@ -185,6 +131,8 @@ def family_coupling(
     load: Callable[..., Any] | None = None,
     echo: Callable[[str], None] | None = None,
     cache: str | Path | None = None,
+    on_error: str = "raise",
+    reuse_stale: bool = False,
     **measure_kwargs,
 ) -> FamilyCoupling:
     """One coupling number per model, measured the same way on the same prompts.
@@ -192,14 +140,18 @@ def family_coupling(
     ``models``: a list, or a mapping ``{name: model}``, of model references (``embedded:...``,
     local directories, hub ids), of ``load_model`` keyword dicts (``{"name_or_path": ...,
     "revision": "step64", "random_init": True}``), or of already loaded models. References are
-    loaded with ``load_model(..., dtype=dtype)`` (or ``load(**kwargs)``). ``prompts``: what
-    :func:`~coupling_utils.measurement.core.measure` takes. The scalar is ``coupling_summary(depthwise,
-    how, k)``: the mean of ``1 − m_K²`` over layer pairs (``"offdiag"``: all pairs of different
-    blocks; ``"adjacent"``: neighbouring blocks) and over tokens, each prompt counting once.
+    loaded with ``load_model(..., dtype=dtype)`` (or ``load(reference, dtype=dtype, ...)``).
+    ``prompts``: what :func:`~coupling_utils.measurement.measure` takes. The scalar is
+    ``coupling_summary(depthwise, how, k)``: the mean of ``1 − m_K²`` over layer pairs
+    (``"offdiag"``: all pairs of different blocks; ``"adjacent"``: neighbouring blocks) and
+    over tokens, each prompt counting once.
 
     ``cache``: a directory where each referenced model's measurement is kept (keyed by the
-    model's identity, the prompts and every setting), so a rerun reads it instead of
-    measuring again; loaded model objects are always measured.
+    model's identity, the prompts and every setting), so a rerun reads it without loading the
+    model; loaded model objects are always measured. ``on_error="record"``: a model that cannot
+    be loaded or measured (gated, out of memory, missing) gets a row with NaN coupling and the
+    reason in ``note``, and the others still run; ``reuse_stale``: reuse measurements made by
+    other code (see ``measure``).
 
     Returns a :class:`FamilyCoupling`: ``summary`` with one row per model (``model, coupling,
     coupling_sd, coupling_se, n_prompts, K, how, n_layers, d_model, n_params, log10_params,
@@ -207,120 +159,22 @@ def family_coupling(
     and the mean ``depthwise`` matrix of each model. Models are loaded one at a time and
     released before the next.
     """
-    from coupling_utils.files import atomic_write_text
-    from coupling_utils.measurement.core import Measurement, measure
-
-    def label(i, m):
-        if isinstance(m, str):
-            return m
-        if isinstance(m, Mapping):
-            return "@".join(str(v) for v in (m.get("name_or_path"), m.get("revision")) if v)
-        return getattr(m, "name", None) or f"model-{i}"
-
-    items = (
-        list(models.items())
-        if isinstance(models, Mapping)
-        else [(label(i, m), m) for i, m in enumerate(models)]
-    )
-    if not items:
-        raise ValueError("models is empty; pass at least one model")
-    names = [name for name, _ in items]
-    if len(set(names)) != len(names):
-        raise ValueError(f"model names must be unique, got {names}")
-    settings = {
-        "k": [int(k)],
-        "tokens": tokens,
-        "layers": None if layers is None else list(layers),
-        "method": method,
-        "max_tokens": max_tokens,
-        **measure_kwargs,
-    }
+    jobs = family_jobs(
+        models, prompts, k=k, tokens=tokens, layers=layers, method=method, dtype=dtype,
+        max_tokens=max_tokens, cache=cache, **measure_kwargs,
+    )  # fmt: skip
     rows, per_prompt, depthwise = [], [], []
-    for name, ref in items:
-        start = time.perf_counter()
-        spec = _load_spec(ref)
-        out = None
-        if cache is not None and spec is not None:
-            ident = {**spec, "name_or_path": _fingerprint(spec["name_or_path"]), "dtype": dtype}
-            key = _digest({"model": ident, "settings": settings, "prompts": prompts})
-            out = Path(cache) / f"{_slug(str(spec['name_or_path']))}-{key}"
-        cached = out is not None and (out / "provenance.json").exists() and (out / "size.json").exists()
-        if cached:
-            m = Measurement.load(out)
-            size = json.loads((out / "size.json").read_text())
-        else:
-            if spec is None:
-                lm = ref
-            elif load is not None:
-                lm = load(**spec)
-            else:
-                from coupling_utils.models.loading import load_model
 
-                lm = load_model(**{"dtype": dtype, **spec})
-            size = _size(lm)
-            if layers is None and (size["n_layers"] or 0) < 2:  # no pair of blocks to compare
-                rows.append(
-                    {
-                        "model": name,
-                        "coupling": float("nan"),
-                        "n_prompts": 0,
-                        "K": int(k),
-                        "how": how,
-                        **size,
-                        "log10_params": float(np.log10(size["n_params"]))
-                        if size["n_params"]
-                        else float("nan"),
-                        "seconds": time.perf_counter() - start,
-                        "cached": False,
-                        "note": "a single block: no pair of blocks to compare",
-                    }
-                )
-                if echo is not None:
-                    echo(f"{name}: a single block, so no coupling across depth (left out)")
-                continue
-            m = measure(lm, prompts, out=out, **settings)
-            if out is not None:
-                atomic_write_text(out / "size.json", json.dumps(size))
-            del lm
-        by_prompt = m.summary(how=how, k=int(k), per_prompt=True)
-        seconds = time.perf_counter() - start
-        n = len(by_prompt)
-        sd = float(by_prompt.std(ddof=1)) if n > 1 else float("nan")
-        rows.append(
-            {
-                "model": name,
-                "coupling": float(by_prompt.mean()),
-                "coupling_sd": sd,
-                "coupling_se": sd / np.sqrt(n) if n > 1 else float("nan"),
-                "n_prompts": n,
-                "K": int(k),
-                "how": how,
-                **size,
-                "log10_params": float(np.log10(size["n_params"])) if size["n_params"] else float("nan"),
-                "seconds": seconds,
-                "cached": cached,
-                "note": "",
-            }
-        )
-        per_prompt.append(
-            pd.DataFrame(
-                {
-                    "model": name,
-                    "prompt": by_prompt.index.astype(str),
-                    "coupling": by_prompt.to_numpy(dtype=float),
-                }
-            )
-        )
-        dw = m.depthwise[m.depthwise["K"] == int(k)]
-        depthwise.append(
-            dw.groupby(["layer_i", "layer_j"], as_index=False)[["m", "coupling"]].mean().assign(model=name)
-        )
+    def condense(r: Result) -> None:
+        name = r.job.labels["model"]
+        row, pp, dw = _condense(r, k=int(k), how=how, whole_model=layers is None)
+        rows.append(row)
+        per_prompt.extend(pp)
+        depthwise.extend(dw)
         if echo is not None:
-            echo(
-                f"{name}: coupling {rows[-1]['coupling']:.4f} over {n} prompt(s), {seconds:.1f} s"
-                + (" (cached)" if cached else "")
-            )
-        del m
+            echo(_echo_line(name, row))
+
+    collect(jobs, load=load, on_error=on_error, reuse_stale=reuse_stale, callback=condense)
     per_prompt = (
         pd.concat(per_prompt, ignore_index=True)
         if per_prompt
@@ -332,6 +186,64 @@ def family_coupling(
         else pd.DataFrame(columns=["layer_i", "layer_j", "m", "coupling", "model"])
     )[["model", "layer_i", "layer_j", "m", "coupling"]]
     return FamilyCoupling(pd.DataFrame(rows).reindex(columns=SUMMARY_COLUMNS), per_prompt, depthwise)
+
+
+def _condense(r: Result, *, k: int, how: str, whole_model: bool):
+    """One model's summary row, per-prompt frame and mean depth-wise matrix (none if left out)."""
+    name = r.job.labels["model"]
+    facts = r.model
+    size = {
+        key: None if facts.get(key) is None else int(facts[key])
+        for key in ("n_layers", "d_model", "n_params")
+    }
+    row = {
+        "model": name,
+        "K": k,
+        "how": how,
+        **size,
+        "log10_params": float(np.log10(size["n_params"])) if size["n_params"] else float("nan"),
+        "seconds": r.seconds,
+        "cached": not r.loaded,
+    }
+    if not r.ok:
+        return (
+            {**row, "coupling": float("nan"), "n_prompts": 0, "note": f"failed: {r.error}: {r.message}"},
+            [],
+            [],
+        )
+    if whole_model and (size["n_layers"] or 0) < 2:  # no pair of blocks to compare
+        return {**row, "coupling": float("nan"), "n_prompts": 0, "note": SINGLE_BLOCK}, [], []
+    m = r.measurements["measure"]
+    by_prompt = m.summary(how=how, k=k, per_prompt=True)
+    n = len(by_prompt)
+    sd = float(by_prompt.std(ddof=1)) if n > 1 else float("nan")
+    row.update(
+        coupling=float(by_prompt.mean()),
+        coupling_sd=sd,
+        coupling_se=sd / np.sqrt(n) if n > 1 else float("nan"),
+        n_prompts=n,
+        note="",
+    )
+    pp = pd.DataFrame(
+        {"model": name, "prompt": by_prompt.index.astype(str), "coupling": by_prompt.to_numpy(dtype=float)}
+    )
+    dw = m.depthwise[m.depthwise["K"] == k]
+    dw = dw.groupby(["layer_i", "layer_j"], as_index=False)[["m", "coupling"]].mean().assign(model=name)
+    return row, [pp], [dw]
+
+
+SINGLE_BLOCK = "a single block: no pair of blocks to compare"
+SIZE_COLUMNS = ("n_layers", "d_model", "n_params")
+
+
+def _echo_line(name: str, row: dict) -> str:
+    if row["note"] == SINGLE_BLOCK:
+        return f"{name}: a single block, so no coupling across depth (left out)"
+    if row["note"]:
+        return f"{name}: {row['note']}"
+    cached = " (cached)" if row["cached"] else ""
+    took = f"{row['seconds']:.1f} s{cached}"
+    return f"{name}: coupling {row['coupling']:.4f} over {row['n_prompts']} prompt(s), {took}"
 
 
 def _values(df: pd.DataFrame, x: Predictor) -> pd.Series:

@@ -16,7 +16,17 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-__all__ = ["SVD", "svd", "coupling", "coupling_tile", "coupling_matrix", "check_k"]
+__all__ = [
+    "SVD",
+    "svd",
+    "coupling",
+    "coupling_tile",
+    "coupling_matrix",
+    "check_k",
+    "check_options",
+    "bases",
+    "tile_metric",
+]
 
 NORMALIZATIONS = ("norm", "trace")
 ORIENTATIONS = ("ujv", "vju")
@@ -68,7 +78,8 @@ def check_k(k: int, d: int) -> int:
     return int(k)
 
 
-def _check_options(p: float, normalize: str, orientation: str) -> None:
+def check_options(p: float, normalize: str, orientation: str) -> None:
+    """Validate the metric's options: ``p`` > 0, ``normalize`` and ``orientation`` known."""
     if normalize not in NORMALIZATIONS:
         raise ValueError(f"normalize must be one of {NORMALIZATIONS}, got {normalize!r}")
     if orientation not in ORIENTATIONS:
@@ -85,22 +96,23 @@ def _split(x, name: str) -> tuple[torch.Tensor | None, SVD]:
     return J, svd(J)
 
 
-def _basis(s: SVD, k: int, orientation: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """The (left, right) K-column bases that diagonalise J1 in the chosen orientation."""
+def bases(s: SVD, k: int, orientation: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The (left, right) K-column bases [..., d, k] of ``s`` that diagonalise J1 in the chosen
+    orientation: (U_K, V_K) for "ujv", (V_K, U_K) for "vju"."""
     U = s.U[..., :, :k]
     V = s.Vh[..., :k, :].transpose(-1, -2)
     return (U, V) if orientation == "ujv" else (V, U)
 
 
 def _tile(J1: torch.Tensor, s2: SVD, k: int, orientation: str) -> torch.Tensor:
-    left, right = _basis(s2, k, orientation)
+    left, right = bases(s2, k, orientation)
     dtype = torch.promote_types(J1.dtype, left.dtype)
     return (left.transpose(-1, -2).to(dtype) @ J1.to(dtype) @ right.to(dtype)).abs()
 
 
 def coupling_tile(J1, J2, k: int, *, orientation: str = "ujv") -> torch.Tensor:
     """``|U_{2,K}ᵀ J1 V_{2,K}|``: the K×K tile the paper draws (diagonal when coupled)."""
-    _check_options(2, "norm", orientation)
+    check_options(2, "norm", orientation)
     if isinstance(J1, SVD):
         J1 = (J1.U * J1.S.unsqueeze(-2)) @ J1.Vh
     J1 = _as_tensor(J1, "J1")
@@ -116,7 +128,7 @@ def coupling(J1, J2, k: int, *, p: float = 2, normalize: str = "norm", orientati
     ``SVD`` tuples (from :func:`svd`) to avoid recomputing decompositions in loops. ``J1`` is
     needed as a matrix (or its full SVD); only J2's top-K singular vectors are used.
     """
-    _check_options(p, normalize, orientation)
+    check_options(p, normalize, orientation)
     J1m, s1 = _split(J1, "J1")
     if J1m is None:
         J1m = (s1.U * s1.S.unsqueeze(-2)) @ s1.Vh
@@ -129,11 +141,12 @@ def coupling(J1, J2, k: int, *, p: float = 2, normalize: str = "norm", orientati
     if orientation == "vju" and J1m.shape[-1] != J1m.shape[-2]:
         raise ValueError("the 'vju' orientation needs square matrices")
     k = check_k(k, min(s1.S.shape[-1], s2.S.shape[-1]))
-    value = _metric(_tile(J1m, s2, k, orientation), s1.S[..., :k], p, normalize)
+    value = tile_metric(_tile(J1m, s2, k, orientation), s1.S[..., :k], p, normalize)
     return float(value) if value.ndim == 0 else value
 
 
-def _metric(tile: torch.Tensor, s1k: torch.Tensor, p: float, normalize: str) -> torch.Tensor:
+def tile_metric(tile: torch.Tensor, s1k: torch.Tensor, p: float, normalize: str) -> torch.Tensor:
+    """``m_K`` from tiles ``|U_2ᵀ J1 V_2|`` [..., k, k] and J1's top singular values s1k [..., k]."""
     s1k = s1k.to(tile.dtype)
     diff = tile - torch.diag_embed(s1k)
     num = torch.linalg.matrix_norm(diff, ord="fro")
@@ -156,7 +169,7 @@ def coupling_matrix(
 
     Not symmetric. Pass ``svds`` (a batched :func:`svd` of ``Js``) to reuse decompositions.
     """
-    _check_options(p, normalize, orientation)
+    check_options(p, normalize, orientation)
     if not isinstance(Js, torch.Tensor):
         Js = torch.stack([_as_tensor(J, "Js[i]") for J in Js])
     Js = _as_tensor(Js, "Js")
@@ -164,12 +177,12 @@ def coupling_matrix(
         raise ValueError(f"Js must be a stack [N, d_out, d_in], got shape {tuple(Js.shape)}")
     s = svds if svds is not None else svd(Js)
     k = check_k(k, s.S.shape[-1])
-    left, right = _basis(s, k, orientation)  # [N, d, k]
+    left, right = bases(s, k, orientation)  # [N, d, k]
     dtype = torch.promote_types(Js.dtype, left.dtype)
     Js, left, right = Js.to(dtype), left.to(dtype), right.to(dtype)
     s1k = s.S[:, :k].to(dtype)
     out = torch.empty(Js.shape[0], Js.shape[0], dtype=dtype, device=Js.device)
     for j in range(Js.shape[0]):
         tiles = (left[j].T @ Js @ right[j]).abs()  # [N, k, k]: J_i in J_j's basis, all i
-        out[:, j] = _metric(tiles, s1k, p, normalize)
+        out[:, j] = tile_metric(tiles, s1k, p, normalize)
     return out

@@ -48,6 +48,7 @@ __all__ = [
     "block_passes",
     "solver_passes",
     "lapack_threads",
+    "check_randomized",
     "METHODS",
     "SOLVERS",
     "LANCZOS_STEPS",
@@ -65,7 +66,8 @@ LANCZOS_BLOCK_DIVISOR = 10
 Apply = Callable[[torch.Tensor], torch.Tensor]
 
 
-def _check_randomized(oversample: int, n_iter: int) -> None:
+def check_randomized(oversample: int, n_iter: int) -> None:
+    """Validate subspace iteration's settings: non-negative integers."""
     if isinstance(oversample, bool) or not isinstance(oversample, int) or oversample < 0:
         raise ValueError(f"oversample must be a non-negative integer, got {oversample!r}")
     if isinstance(n_iter, bool) or not isinstance(n_iter, int) or n_iter < 0:
@@ -134,7 +136,7 @@ def solver_passes(
     """
     _check_solver(solver)
     if solver == "subspace":
-        _check_randomized(oversample, n_iter)
+        check_randomized(oversample, n_iter)
         return block_passes(k, oversample=oversample, n_iter=n_iter, d=d)
     b, s = lanczos_plan(k, d, block=block, steps=steps)
     return (2 * s - 1) * b
@@ -257,7 +259,7 @@ def randomized_svd(
     triplets (a rank-l approximation of J) instead of the top k. ``products`` counts the
     columns pushed through ``apply``/``apply_t``: ``(2·n_iter + 2)·l``.
     """
-    _check_randomized(oversample, n_iter)
+    check_randomized(oversample, n_iter)
     *batch, m, n = shape
     k = check_k(k, min(m, n))
     if keep not in ("k", "all"):
@@ -453,7 +455,7 @@ def operator_topk(
     counted in ``block_passes`` equal :func:`solver_passes` for the same settings.
     """
     _check_solver(solver)
-    _check_randomized(oversample, n_iter)
+    check_randomized(oversample, n_iter)
     T, d, _ = op.shape
     before = op.passes
     apply, apply_t = _finite_products(op.matmul), _finite_products(op.rmatmul)

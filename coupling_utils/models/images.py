@@ -1,6 +1,6 @@
 """MNIST digits as inputs of any Vision Transformer: the "prompts" of the ViT measurements.
 
-:func:`coupling_utils.measurement.core.measure` takes a ViT input as a dict ``{"pixel_values":
+:func:`coupling_utils.measurement.measure` takes a ViT input as a dict ``{"pixel_values":
 Tensor[1, C, H, W]}``. The local MNIST ViTs (``embedded:vit-mnist``) see 28×28 greyscale
 images normalised with MNIST's mean and std (:func:`coupling_utils.models.vit_training.pixel_values`); a hub
 ViT (``google/vit-base-patch16-224``) expects 3-channel images of its own size normalised with

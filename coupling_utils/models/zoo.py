@@ -39,6 +39,7 @@ from pathlib import Path
 import pandas as pd
 
 from coupling_utils.files import atomic_dir, atomic_write_text, cache_dir, file_lock, is_locked
+from coupling_utils.provenance import versions
 
 __all__ = [
     "REGISTRY",
@@ -684,15 +685,10 @@ def _loadavg() -> list[float] | None:
 
 
 def _versions() -> dict:
+    """Library versions (one helper for the whole package), and the threads the build used."""
     import torch
-    import transformers
 
-    return {
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "threads": torch.get_num_threads(),
-        "cpu_count": os.cpu_count(),
-    }
+    return {**versions(), "threads": torch.get_num_threads(), "cpu_count": os.cpu_count()}
 
 
 def _write_manifest(

@@ -1,0 +1,120 @@
+"""The tables of one prompt, assembled from its stored layers once all of them are done.
+
+Depth-wise coupling compares layers, so it waits until every layer of a prompt is stored; it is
+then computed one token at a time from memory-mapped files (on the host), so the Jacobians of
+all layers never sit in memory at once.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import torch
+
+from coupling_utils.engine.metric import SVD
+from coupling_utils.measurement.compute import couplings, pair_tiles
+from coupling_utils.measurement.inputs import Prompt, token_positions
+from coupling_utils.measurement.settings import Settings
+from coupling_utils.measurement.store import Store
+from coupling_utils.measurement.tables import TABLES, concat, coupling_frames, frame, in_window, tile_frame
+
+__all__ = ["prompt_tables"]
+
+
+def prompt_tables(
+    store: Store, s: Settings, p: Prompt, metas: list[dict], cross: list[dict] | None
+) -> dict[str, pd.DataFrame]:
+    """Every table of prompt ``p`` from its stored layers (``metas``: their markers; ``cross``:
+    the matrix-free cross-product markers, None for formed Jacobians)."""
+    layers = list(s.layers)
+    tables: dict[str, list[pd.DataFrame]] = {name: [] for name in TABLES}
+    per_layer = ("singular_values", "tokenwise") + (("context",) if s.context is not False else ())
+    for meta in metas:
+        ldir = store.layer_dir(p.pid, meta["layer"])
+        for name in per_layer:
+            tables[name].append(pd.read_parquet(ldir / f"{name}.parquet"))
+    tile_layers = [l for l in layers if l in set(s.tile_layers)] if s.tiles else []
+    if len(layers) >= 2 or tile_layers:
+        for a, t in enumerate(metas[0]["tokens"]):
+            tiles, S = _token_tiles(store, s, p, a, cross is not None)
+            _depth_rows(tables, s, p, t, tiles, S, tile_layers)
+    if s.context is not False and len(layers) >= 2:
+        tables["context"] += _cross_layer_context(store, s, p, metas)
+    extra = {c["layer"]: c for c in (cross or [])}
+    timings = {
+        "prompt": p.pid,
+        "layer": [m["layer"] for m in metas],
+        "seconds": [m["seconds"] + extra.get(m["layer"], {}).get("seconds", 0.0) for m in metas],
+        "block_passes": [m["block_passes"] + extra.get(m["layer"], {}).get("block_passes", 0) for m in metas],
+    }
+    tables["timings"].append(frame("timings", timings))
+    T = metas[0]["T"]
+    prompt_row = {"prompt": [p.pid], "text": [p.text], "n_tokens": [T], "input_ids": [p.input_ids]}
+    tables["prompts"].append(frame("prompts", prompt_row))
+    return {name: concat(name, tables[name]) for name in TABLES}
+
+
+def _token_tiles(
+    store: Store, s: Settings, p: Prompt, a: int, matrix_free: bool
+) -> tuple[torch.Tensor, torch.Tensor]:  # tiles [L, L, kmax, kmax], S [L, ≥kmax]
+    """The kmax tiles and singular values of the a-th selected token over the measured layers."""
+    layers = list(s.layers)
+    S = torch.stack([store.basis(p.pid, l, index=a).S for l in layers])
+    if matrix_free:  # tiles from the stored products
+        return torch.stack([store.array(p.pid, l, "cross_tiles", a) for l in layers]), S
+    J = torch.stack([store.array(p.pid, l, "J", a) for l in layers])  # [L, d_out, d_in]
+    basis = SVD(*(torch.stack(x) for x in zip(*(store.basis(p.pid, l, index=a) for l in layers))))
+    return pair_tiles(J, basis, s.kmax, s.orientation), S
+
+
+def _depth_rows(
+    tables,
+    s: Settings,
+    p: Prompt,
+    t: int,
+    tiles: torch.Tensor,  # [L, L, kmax, kmax]
+    S: torch.Tensor,  # [L, ≥kmax]
+    tile_layers: list[int],
+) -> None:
+    """Depth-wise rows and raw tiles of token t."""
+    layers = list(s.layers)
+    if len(layers) >= 2:
+        ms = couplings(tiles, S, s.k, s.p, s.normalize)
+        keep = lambda li, lj: in_window(li, lj, s.depth_window)  # noqa: E731
+        tables["depthwise"] += coupling_frames(
+            "depthwise", ms, layers, ("layer_i", "layer_j"), keep, prompt=p.pid, token=t
+        )
+    if tile_layers:
+        tables["tiles"].append(tile_frame(p.pid, t, tiles, layers, tile_layers, s.tiles, s.depth_window))
+
+
+def _cross_layer_context(store: Store, s: Settings, p: Prompt, metas: list[dict]) -> list[pd.DataFrame]:
+    """Context coupling across layers, for each input token t1 that every layer sees."""
+    layers = list(s.layers)
+    t2 = token_positions(s.context, metas[0]["T"], "context")[0]
+    common = sorted(set.intersection(*(set(m["context_tokens"]) for m in metas)))
+    rows = []
+    for t1 in common:
+        Js, bases = [], []
+        for meta in metas:
+            i = meta["context_tokens"].index(t1)
+            Js.append(store.array(p.pid, meta["layer"], "ctx_J", i))
+            bases.append(store.basis(p.pid, meta["layer"], "ctx_", i))
+        basis = SVD(*(torch.stack(x) for x in zip(*bases)))
+        tiles = pair_tiles(torch.stack(Js), basis, s.kmax, s.orientation)
+        ms = couplings(tiles, basis.S, s.k, s.p, s.normalize)
+
+        def keep(li, lj):  # same-layer rows are the token slice, stored per layer
+            return (li != lj) & in_window(li, lj, s.depth_window)
+
+        rows += coupling_frames(
+            "context",
+            ms,
+            layers,
+            ("layer_i", "layer_j"),
+            keep,
+            prompt=p.pid,
+            output_token=t2,
+            token_i=t1,
+            token_j=t1,
+        )
+    return rows

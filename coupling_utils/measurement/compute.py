@@ -1,0 +1,293 @@
+"""The computation behind measure(): per (prompt, layer) Jacobians or matrix-free spectra, the
+matrix-free cross products between layers, and context Jacobians.
+
+Work happens on the model's device; what is stored or tabulated leaves it through ``host()``
+(``.detach().cpu()``) or :func:`~coupling_utils.measurement.store.save_npy`, and stored arrays
+read back on the host are moved to the device before they meet device tensors. Shapes: ``N``
+stacked Jacobians (tokens or layers), ``T`` tokens of a prompt, ``n`` selected tokens, ``d``
+the width (``d_out``, ``d_in`` where it matters), ``kmax`` the largest K.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import pandas as pd
+import torch
+
+from coupling_utils.engine import jacobians
+from coupling_utils.engine.blocks import block_function
+from coupling_utils.engine.metric import SVD, bases, check_k, tile_metric
+from coupling_utils.engine.spectra import (
+    TokenOperator,
+    block_lanczos_svd,
+    lapack_threads,
+    operator_topk,
+    topk_svd,
+)
+from coupling_utils.files import atomic_write_parquet
+from coupling_utils.measurement.inputs import ModelInfo, Prompt, token_positions
+from coupling_utils.measurement.settings import Settings
+from coupling_utils.measurement.store import Store, save_npy, write_json
+from coupling_utils.measurement.tables import (
+    concat,
+    coupling_frames,
+    host,
+    in_window,
+    singular_value_frame,
+)
+
+__all__ = ["LayerWork", "pair_tiles", "couplings", "as_float", "spectra"]
+
+
+def pair_tiles(
+    J: torch.Tensor,  # [N, d_out, d_in]
+    s: SVD,  # of J: U [N, d_out, ≥kmax], S [N, ≥kmax], Vh [N, ≥kmax, d_in]
+    kmax: int,
+    orientation: str,
+) -> torch.Tensor:  # [N, N, kmax, kmax]
+    """``tiles[i, j] = |left_jᵀ J_i right_j|`` for all pairs, K = kmax.
+
+    The K-tile of any K ≤ kmax is the top-left K×K corner of the kmax tile, since the bases
+    are nested; so one product serves all K.
+    """
+    left, right = bases(s, kmax, orientation)  # [N, d, kmax]
+    N, d = J.shape[0], J.shape[-1]
+    R = right.permute(1, 0, 2).reshape(d, N * kmax)  # all right bases side by side
+    JR = (J @ R).reshape(N, J.shape[-2], N, kmax)  # [i, d_out, j, kmax]
+    # tiles[i, j] = left_jᵀ (J_i right_j)
+    return torch.einsum("jdr,idjc->ijrc", left, JR).abs()
+
+
+def couplings(
+    tiles: torch.Tensor,  # [N, N, kmax, kmax]
+    S: torch.Tensor,  # [N, ≥kmax]
+    ks: Sequence[int],
+    p: float,
+    normalize: str,
+) -> dict[int, torch.Tensor]:  # K -> m_K [N, N]
+    """``m_K[i, j]`` for every K from the kmax tiles and each J_i's own singular values."""
+    out = {}
+    for k in ks:
+        s1k = S[:, :k].unsqueeze(1).expand(-1, tiles.shape[1], -1)  # J_i's own values, per row i
+        out[k] = tile_metric(tiles[..., :k, :k], s1k, p, normalize)
+    return out
+
+
+def as_float(J: torch.Tensor) -> torch.Tensor:  # [..., d, d] -> the same, fp32 or fp64
+    """Jacobians in fp32 (or fp64), refused if not finite."""
+    J = J.detach()
+    if J.dtype != torch.float64:
+        J = J.float()
+    if not torch.isfinite(J).all():
+        raise ValueError(
+            "the block Jacobians contain NaN or inf; measure the model in float32 "
+            "(load_model(..., dtype='float32')) or check the prompt"
+        )
+    return J
+
+
+def spectra(
+    J: torch.Tensor,  # [N, d, d]
+    kmax: int,
+    n_singular: int,
+    method: str,
+    s: Settings,
+) -> tuple[SVD, torch.Tensor]:  # (U [N, d, kmax], S [N, kmax], Vh [N, kmax, d]), S [N, n_singular]
+    """Top-kmax triplets of J and its top n_singular singular values."""
+    if method == "exact":
+        with lapack_threads():
+            U, S, Vh = torch.linalg.svd(J, full_matrices=False)
+        top = SVD(U[..., :kmax].contiguous(), S[..., :kmax].contiguous(), Vh[..., :kmax, :].contiguous())
+        return top, S[..., :n_singular]
+    if s.solver == "lanczos":
+        Jt = J.transpose(-1, -2)
+        res, _ = block_lanczos_svd(
+            lambda V: J @ V,
+            lambda U: Jt @ U,
+            tuple(J.shape),
+            kmax,
+            block=s.block,
+            steps=s.steps,
+            seed=s.seed,
+            dtype=J.dtype,
+            device=J.device,
+            keep="all",
+        )
+    else:
+        res = topk_svd(
+            J, max(kmax, n_singular), "randomized", oversample=s.oversample, n_iter=s.n_iter, seed=s.seed
+        )
+    top = SVD(
+        res.U[..., :kmax].contiguous(), res.S[..., :kmax].contiguous(), res.Vh[..., :kmax, :].contiguous()
+    )
+    return top, res.S[..., :n_singular]
+
+
+class LayerWork:
+    """The per-(prompt, layer) computations of one run, stored under ``store``."""
+
+    def __init__(self, info: ModelInfo, settings: Settings, store: Store):
+        self.model = info.model
+        self.s = settings
+        self.store = store
+        self.kmax = settings.kmax
+
+    def compute_layer(self, p: Prompt, layer: int) -> dict:
+        """Spectra of the selected tokens' J_tt, token-wise and context tables; marker last."""
+        s, t0 = self.s, time.perf_counter()
+        ldir = self.store.layer_dir(p.pid, layer)
+        ldir.mkdir(parents=True, exist_ok=True)
+        if s.method == "matrix_free":
+            T, sel, basis, S_top, tw_tiles, passes = self._matrix_free_layer(p, layer)
+        else:
+            T, sel, basis, S_top, tw_tiles, passes = self._formed_layer(p, layer)
+        for name, arr in zip(("U", "S", "Vh"), basis):
+            save_npy(ldir / f"basis_{name}.npy", arr)
+        sv = singular_value_frame(p.pid, layer, sel, S_top)
+        self.store_table(ldir, "singular_values", [sv])
+        rows = []
+        if tw_tiles is not None:
+            ms = couplings(tw_tiles, basis.S, s.k, s.p, s.normalize)
+            rows = coupling_frames("tokenwise", ms, sel, ("token_i", "token_j"), prompt=p.pid, layer=layer)
+        self.store_table(ldir, "tokenwise", rows)
+        ctx_tokens: list[int] = []
+        if s.context is not False:
+            ctx_tokens, ctx_passes = self._context_layer(p, layer, T)
+            passes += ctx_passes
+        meta = {
+            "layer": layer,
+            "T": T,
+            "tokens": sel,
+            "context_tokens": ctx_tokens,
+            "seconds": time.perf_counter() - t0,
+            "block_passes": int(passes),
+        }
+        write_json(ldir / "done.json", meta)  # written last: the layer is complete
+        return meta
+
+    def store_table(self, ldir, name: str, frames: list[pd.DataFrame]) -> None:
+        atomic_write_parquet(concat(name, frames), ldir / f"{name}.parquet")
+
+    def _formed_layer(self, p: Prompt, layer: int):
+        """Exact/randomized: form J_tt with one token-diagonal sweep (d VJPs), then its spectra."""
+        s = self.s
+        J_all = as_float(jacobians.token_jacobians(self.model, p.inputs, layer))  # [T, d, d]
+        T = J_all.shape[0]
+        sel = token_positions(s.tokens, T)
+        J = J_all[sel].contiguous()  # [n, d, d]
+        del J_all
+        check_k(self.kmax, J.shape[-1])
+        basis, S_top = spectra(J, self.kmax, s.n_singular, s.method, s)
+        save_npy(self.store.layer_dir(p.pid, layer) / "J.npy", J)
+        tw_tiles = pair_tiles(J, basis, self.kmax, s.orientation) if len(sel) >= 2 else None
+        return T, sel, basis, S_top, tw_tiles, J.shape[-1]  # one VJP per output coordinate
+
+    def operator(self, p: Prompt, layer: int) -> TokenOperator:
+        f, X = block_function(self.model, p.inputs, layer, token_diagonal=True)
+        return TokenOperator(f, X, chunk_size=self.s.chunk_size)
+
+    def _matrix_free_layer(self, p: Prompt, layer: int):
+        """Matrix-free: top triplets from JVP/VJP products; token-wise tiles from products too."""
+        s, kmax = self.s, self.kmax
+        with jacobians.frozen(self.model):
+            op = self.operator(p, layer)
+            T, d = op.X.shape
+            check_k(kmax, d)
+            sel = token_positions(s.tokens, T)
+            res = operator_topk(
+                op,
+                kmax,
+                solver=s.solver,
+                block=s.block,
+                steps=s.steps,
+                oversample=s.oversample if s.oversample is not None else 10,
+                n_iter=s.n_iter if s.n_iter is not None else 2,
+                seed=s.seed,
+                keep="all",
+            )
+            U, S, Vh = (x[sel].float() if x.dtype != torch.float64 else x[sel] for x in res.svd)
+            basis = SVD(U[..., :kmax].contiguous(), S.contiguous(), Vh[..., :kmax, :].contiguous())
+            tw_tiles = None
+            if len(sel) >= 2:
+                # tiles[a, b] = |U_bᵀ J_a V_b|: token a's Jacobian applied to token b's vectors,
+                # all a at once (row a of the tangent carries V_b): n·kmax products
+                left, right = bases(basis, kmax, s.orientation)  # [n, d, kmax]
+                n = len(sel)
+                tangent = torch.zeros(T, d, n * kmax, dtype=op.X.dtype, device=op.X.device)
+                tangent[sel] = right.permute(1, 0, 2).reshape(d, n * kmax).to(tangent.dtype)
+                JV = op.matmul(tangent)[sel].float().reshape(n, d, n, kmax)  # [a, d, b, c]
+                tw_tiles = torch.einsum("bdr,adbc->abrc", left.float(), JV).abs()
+        return T, sel, basis, S[:, : s.n_singular], tw_tiles, op.passes
+
+    def compute_cross(self, p: Prompt, layer: int, metas: list[dict]) -> dict:
+        """Matrix-free depth-wise tiles ``|U_jᵀ J_i V_j|`` for block i = ``layer`` and its partners j.
+
+        J_i is applied (JVPs) to the stored top-kmax right vectors of every partner layer (all
+        other measured layers, or those within ``depth_window``): P·kmax block passes for all
+        tokens at once; the (i, i) tile is diag(S_i) exactly (both solvers diagonalise J_i in
+        its own basis; the "vju" orientation needs products for it too). Tiles of pairs outside
+        the window stay zero and are never reported.
+        """
+        s, layers, kmax = self.s, list(self.s.layers), self.kmax
+        t0 = time.perf_counter()
+        sel = metas[0]["tokens"]
+        n = len(sel)
+        partners = [
+            l
+            for l in layers
+            if (l != layer or s.orientation != "ujv") and in_window(l, layer, s.depth_window)
+        ]
+        tiles = torch.zeros(n, len(layers), kmax, kmax)  # [a, j, r, c], on the host
+        if layer not in partners:
+            tiles[:, layers.index(layer)] = torch.diag_embed(self.store.basis(p.pid, layer).S[:, :kmax])
+        with jacobians.frozen(self.model):
+            op = self.operator(p, layer)
+            if partners:
+                T, d = op.X.shape
+                dev = op.X.device
+                pairs = [bases(self.store.basis(p.pid, l), kmax, s.orientation) for l in partners]
+                V = torch.cat([right for _, right in pairs], dim=-1)  # [n, d, P·kmax]
+                tangent = torch.zeros(T, d, V.shape[-1], dtype=op.X.dtype, device=dev)
+                tangent[sel] = V.to(device=dev, dtype=tangent.dtype)
+                JV = op.matmul(tangent)[sel].float().reshape(n, d, len(partners), kmax)  # [a, d, j, c]
+                U = torch.stack([left for left, _ in pairs], dim=1).float().to(dev)  # [a, j, d, kmax]
+                cross = host(torch.einsum("ajdr,adjc->ajrc", U, JV).abs())
+                for jj, l in enumerate(partners):
+                    tiles[:, layers.index(l)] = cross[:, jj]
+        ldir = self.store.layer_dir(p.pid, layer)
+        save_npy(ldir / "cross_tiles.npy", tiles)
+        meta = {"layer": layer, "seconds": time.perf_counter() - t0, "block_passes": int(op.passes)}
+        write_json(ldir / "cross.json", meta)  # after the tiles
+        return meta
+
+    def _context_layer(self, p: Prompt, layer: int, T: int) -> tuple[list[int], int]:
+        """Context Jacobians J_{t1 t2} [n, d, d] for the fixed output token (formed: d VJPs)."""
+        s = self.s
+        t2 = token_positions(s.context, T, "context")[0]
+        Jc = as_float(jacobians.context_jacobians(self.model, p.inputs, layer, t2))  # [T, d, d]
+        nonzero = host(Jc.abs().amax(dim=(-2, -1)) > 0)
+        ctx_tokens = [int(t) for t in nonzero.nonzero().flatten().tolist()]
+        Jc = Jc[ctx_tokens].contiguous()
+        cbasis, _ = spectra(Jc, self.kmax, 1, "exact" if s.method == "exact" else "randomized", s)
+        ldir = self.store.layer_dir(p.pid, layer)
+        save_npy(ldir / "ctx_J.npy", Jc)
+        for name, arr in zip(("U", "S", "Vh"), cbasis):
+            save_npy(ldir / f"ctx_basis_{name}.npy", arr)
+        rows = []
+        if len(ctx_tokens) >= 2:
+            tiles = pair_tiles(Jc, cbasis, self.kmax, s.orientation)
+            ms = couplings(tiles, cbasis.S, s.k, s.p, s.normalize)
+            rows = coupling_frames(
+                "context",
+                ms,
+                ctx_tokens,
+                ("token_i", "token_j"),
+                prompt=p.pid,
+                output_token=t2,
+                layer_i=layer,
+                layer_j=layer,
+            )
+        self.store_table(ldir, "context", rows)
+        return ctx_tokens, Jc.shape[-1]  # one VJP per output coordinate

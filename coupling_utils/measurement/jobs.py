@@ -1,0 +1,226 @@
+"""One measurement loop: many (model, revision, weights) jobs -> measure() -> labelled tables.
+
+A :class:`Job` is one model to load (a reference with the ``load_model`` arguments that pick
+its revision, its weights, trained or random init, and its dtype), the prompts, one or more
+measurements of it (:class:`Settings` by part name, e.g. ``{"depth": ..., "tokens": ...}``),
+optional :class:`Extra` tables computed from the loaded model, and the labels its rows get.
+Each measurement is stored under ``root/<model>/<revision>/<weights>/<part>-<key>``, the key a
+hash of everything that determines it, so the three steps can run in one process (a notebook)
+or apart (one cluster job per :class:`Job`, then a notebook that only reads):
+
+- :func:`plan` makes the job list (the same arguments give the same jobs, keys and folders);
+- :func:`~coupling_utils.measurement.loop.run` does one job: it loads the model only if a
+  measurement is missing or was made by other code, measures what is missing, and releases
+  the model (``gc``, CUDA cache);
+- :func:`~coupling_utils.measurement.loop.collect` runs (or, with ``compute=False``, only
+  reads) every job and returns a :class:`~coupling_utils.measurement.loop.Collected`: results,
+  labelled tables, and a ``failures`` table of the jobs that are missing with the reason
+  (exception type and message), so a notebook can say which models are missing instead of
+  aborting. ``on_error="raise"`` stops at the first failure instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from coupling_utils.measurement.settings import Settings
+from coupling_utils.provenance import code_fingerprint, slug, stable_hash
+
+__all__ = [
+    "Job",
+    "Extra",
+    "plan",
+    "relabel",
+    "model_identity",
+    "WEIGHTS",
+]
+
+WEIGHTS = ("trained", "random init")
+
+
+def model_identity(ref: str) -> str:
+    """What identifies a model reference's weights: the zoo entry's keyed path, a local path
+    with its config's modification time, or the hub id itself (the revision is a load argument)."""
+    if ref.startswith("embedded:"):
+        from coupling_utils.models import zoo
+
+        return str(zoo.entry_path(ref))
+    path = Path(ref).expanduser()
+    if path.exists():
+        config = path / "config.json" if path.is_dir() else path
+        return f"{path.resolve()}@{config.stat().st_mtime_ns if config.exists() else 0}"
+    return ref
+
+
+@dataclass(frozen=True)
+class Extra:
+    """More tables a job computes from the loaded model: ``fn(model, prompts, **options)``
+    returns ``{table name: DataFrame}``. ``sources``: package files (beside the measurement's
+    own, e.g. ``"analysis/trajectories.py"``) that determine its numbers; ``fn``'s own source
+    always counts."""
+
+    name: str
+    fn: Callable[..., dict[str, pd.DataFrame]]
+    options: Mapping[str, Any] = field(default_factory=dict)
+    sources: tuple[str, ...] = ()
+
+    def spec(self) -> dict:
+        return {
+            "name": self.name,
+            "fn": f"{self.fn.__module__}.{self.fn.__qualname__}",
+            "options": self.options,
+        }
+
+    def fingerprint(self) -> dict:
+        code = code_fingerprint(self.sources)
+        own = stable_hash(inspect.getsource(self.fn), 16)
+        return {**code, "fingerprint": stable_hash([code["fingerprint"], own], 16), "fn_source": own}
+
+
+@dataclass(frozen=True)
+class Job:
+    """One model to load and what to measure on it (see the module doc).
+
+    ``model``: a reference for ``load`` (``embedded:...``, a directory, a hub id) or an already
+    loaded model (then nothing is stored); ``load_kwargs``: the other arguments ``load`` gets;
+    ``settings``: one :class:`Settings` or ``{part: Settings}``; ``check(model)`` runs on the
+    loaded model before measuring (e.g. to name a bad layer in the caller's terms).
+    """
+
+    model: Any
+    prompts: Any
+    settings: Mapping[str, Settings]
+    load_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    labels: Mapping[str, Any] = field(default_factory=dict)
+    root: Path | None = None
+    extra: Extra | None = None
+    check: Callable[[Any], None] | None = field(default=None, compare=False)
+
+    def __post_init__(self):
+        if isinstance(self.settings, Settings):
+            object.__setattr__(self, "settings", {"measure": self.settings})
+        if self.root is not None:
+            object.__setattr__(self, "root", Path(self.root))
+
+    @property
+    def revision(self) -> str | None:
+        return self.load_kwargs.get("revision")
+
+    @property
+    def weights(self) -> str:
+        return WEIGHTS[1] if self.load_kwargs.get("random_init") else WEIGHTS[0]
+
+    @property
+    def storable(self) -> bool:
+        return self.root is not None and isinstance(self.model, str)
+
+    def _key(self, what) -> str:
+        ident = {"model": model_identity(self.model), "load": dict(self.load_kwargs), "prompts": self.prompts}
+        return stable_hash({**ident, "what": what})
+
+    @property
+    def key(self) -> str:
+        """The job's stable key: model, load arguments, prompts, every measurement and extra."""
+        if not isinstance(self.model, str):
+            return f"object-{id(self.model):x}"
+        parts = {part: s.to_dict(runtime=False) for part, s in self.settings.items()}
+        return self._key({"parts": parts, "extra": self.extra.spec() if self.extra else None})
+
+    @property
+    def folder(self) -> Path | None:
+        """``root/<model>/<revision>/<weights>`` (None for a job that stores nothing)."""
+        if not self.storable:
+            return None
+        return self.root / slug(self.model) / slug(self.revision or "main") / slug(self.weights)
+
+    def out(self, part: str) -> Path | None:
+        """Where measurement ``part`` is stored: ``<folder>/<part>-<key of that measurement>``."""
+        if not self.storable:
+            return None
+        return self.folder / f"{part}-{self._key(self.settings[part].to_dict(runtime=False))}"
+
+    def extra_out(self) -> Path | None:
+        if not self.storable or self.extra is None:
+            return None
+        return self.folder / f"{self.extra.name}-{self._key(self.extra.spec())}"
+
+    def describe(self) -> str:
+        """A readable name: labels, else the reference with revision and weights."""
+        if self.labels:
+            return ", ".join(f"{k}={v}" for k, v in self.labels.items())
+        name = self.model if isinstance(self.model, str) else type(self.model).__name__
+        return f"{name}@{self.revision or 'main'} ({self.weights})"
+
+
+def plan(
+    models: Sequence[Any] | Mapping[str, Any],
+    prompts: Any,
+    settings: Settings | Mapping[str, Settings],
+    *,
+    revisions: Sequence[str] | None = None,
+    weights: Sequence[str] | None = None,
+    seed: int = 0,
+    dtype: str = "float32",
+    root: str | Path | None = None,
+    extra: Extra | None = None,
+    check: Callable[[Any], None] | None = None,
+) -> list[Job]:
+    """The jobs for every model × revision × weights, in that order.
+
+    ``models``: a list, or ``{name: model}``, of references (``embedded:...``, directories, hub
+    ids), ``load_model`` keyword dicts (``{"name_or_path": ..., "revision": ...}``) or loaded
+    models. ``revisions``: None (no revision argument) or one job per revision; ``weights``:
+    None (no random_init argument) or one job per entry of ("trained", "random init"), random
+    init drawn with ``seed``. Labels: ``model`` (the name), and ``revision`` / ``weights``
+    when those are given. ``root``: where measurements are stored (None: nowhere).
+    """
+    items = (
+        list(models.items())
+        if isinstance(models, Mapping)
+        else [(_name(i, m), m) for i, m in enumerate(models)]
+    )
+    if not items:
+        raise ValueError("models is empty; pass at least one model")
+    names = [name for name, _ in items]
+    if len(set(names)) != len(names):
+        raise ValueError(f"model names must be unique, got {names}")
+    for w in weights or ():
+        if w not in WEIGHTS:
+            raise ValueError(f"weights must be among {WEIGHTS}, got {w!r}")
+    jobs = []
+    for name, ref in items:
+        spec = dict(ref) if isinstance(ref, Mapping) else {}
+        if spec and "name_or_path" not in spec:
+            raise ValueError(
+                f"a model given as a mapping needs 'name_or_path' (load_model's arguments), got {spec}"
+            )
+        model = spec.pop("name_or_path", ref)
+        for rev in [None] if revisions is None else revisions:
+            for w in [None] if weights is None else weights:
+                kw = {"dtype": dtype, **({"revision": rev} if revisions is not None else {})}
+                kw.update({"random_init": w == WEIGHTS[1], "seed": seed} if weights is not None else {})
+                kw.update(spec)
+                labels = {"model": name, **({"revision": rev} if revisions is not None else {})}
+                labels.update({"weights": w} if weights is not None else {})
+                jobs.append(Job(model, prompts, settings, kw, labels, root, extra, check))
+    return jobs
+
+
+def _name(i: int, m) -> str:
+    if isinstance(m, str):
+        return m
+    if isinstance(m, Mapping):
+        return "@".join(str(v) for v in (m.get("name_or_path"), m.get("revision")) if v)
+    return getattr(m, "name", None) or f"model-{i}"
+
+
+def relabel(jobs: Sequence[Job], labels: Callable[[Job], Mapping[str, Any]]) -> list[Job]:
+    """The jobs with more labels: ``labels(job)`` is added to each job's own."""
+    return [dataclasses.replace(job, labels={**job.labels, **labels(job)}) for job in jobs]

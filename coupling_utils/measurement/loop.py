@@ -1,0 +1,284 @@
+"""Running the measurement loop: :func:`run` one job, :func:`collect` many, into a :class:`Collected`.
+
+See :mod:`coupling_utils.measurement.jobs` for the jobs themselves. A job whose measurements
+(and extra tables) are stored, made by today's code, loads no model at all; between jobs the
+model is released (deleted, ``gc.collect()``, ``torch.cuda.empty_cache()`` when CUDA is there);
+a job that fails is recorded with its reason and the others still run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import gc
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+
+from coupling_utils.files import atomic_write_parquet, atomic_write_text, file_lock
+from coupling_utils.measurement.core import measure_with
+from coupling_utils.measurement.jobs import Job
+from coupling_utils.measurement.store import Store
+from coupling_utils.measurement.tables import Measurement, columnwise
+from coupling_utils.provenance import code_fingerprint
+
+__all__ = ["Result", "Collected", "run", "collect", "release_memory", "ON_ERROR"]
+
+ON_ERROR = ("record", "raise")
+
+
+def release_memory() -> None:
+    """Free what a released model held: Python's cycles, and CUDA's cached blocks."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+@dataclass
+class Result:
+    """What one job gave: its measurements by part, its extra tables, and how it went."""
+
+    job: Job
+    measurements: dict[str, Measurement] = field(default_factory=dict)
+    extra: dict[str, pd.DataFrame] = field(default_factory=dict)
+    loaded: bool = False  # whether the model was loaded (False: everything was read from the store)
+    seconds: float = 0.0
+    error: str | None = None  # the exception's type, for a job that failed
+    message: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @property
+    def stale(self) -> bool:
+        """Whether some of its numbers were made by other code (reused with reuse_stale=True)."""
+        return any(m.stale for m in self.measurements.values())
+
+    @property
+    def model(self) -> dict:
+        """The measured model's facts (name, n_layers, d_model, n_params, ...)."""
+        m = next(iter(self.measurements.values()), None)
+        return dict(m.provenance.get("model", {})) if m is not None else {}
+
+    def labelled(self, table: str, part: str | None = None) -> pd.DataFrame:
+        """Table ``table`` of measurement ``part`` (or an extra table, part None) with the job's
+        labels as the first columns."""
+        df = self.extra[table] if part is None else getattr(self.measurements[part], table)
+        labels = dict(self.job.labels)
+        df = df.assign(**labels)
+        return df[[*labels, *[c for c in df.columns if c not in labels]]]
+
+
+@dataclass
+class Collected:
+    """The results of :func:`collect`, in job order (failed and missing jobs included)."""
+
+    results: list[Result]
+
+    @property
+    def ok(self) -> list[Result]:
+        return [r for r in self.results if r.ok]
+
+    @property
+    def missing(self) -> list[Job]:
+        """Jobs without a result (failed, or not measured with ``compute=False``)."""
+        return [r.job for r in self.results if not r.ok]
+
+    @property
+    def stale(self) -> list[Job]:
+        return [r.job for r in self.results if r.ok and r.stale]
+
+    @property
+    def failures(self) -> pd.DataFrame:
+        """One row per missing job: its labels, ``job`` (readable), ``key``, ``error``, ``message``."""
+        rows = [
+            {
+                **r.job.labels,
+                "job": r.job.describe(),
+                "key": r.job.key,
+                "error": r.error,
+                "message": r.message,
+            }
+            for r in self.results
+            if not r.ok
+        ]
+        return pd.DataFrame(rows, columns=None if rows else ["job", "key", "error", "message"])
+
+    def table(self, table: str, part: str | None = "measure") -> pd.DataFrame:
+        """A table of every successful job, labelled and concatenated (``part=None``: an extra table)."""
+        frames = [r.labelled(table, part) for r in self.ok]
+        return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+    def report(self) -> str:
+        """Lines a notebook can print: what is missing and why, and what is stale."""
+        lines = [f"missing {r.job.describe()}: {r.error}: {r.message}" for r in self.results if not r.ok]
+        lines += [f"stale (made by other code, reused) {job.describe()}" for job in self.stale]
+        return "\n".join(lines)
+
+
+def _stored(job: Job, reuse_stale: bool) -> tuple[dict[str, Measurement], dict[str, pd.DataFrame] | None]:
+    """The job's finished measurements (by part) and its extra tables ({} if it has none;
+    None if they are not stored)."""
+    if not job.storable:
+        return {}, None if job.extra is not None else {}
+    fingerprint = code_fingerprint()["fingerprint"]
+    found = {}
+    for part in job.settings:
+        m = Store(job.out(part)).finished(fingerprint, reuse_stale=reuse_stale)
+        if m is not None:
+            found[part] = m
+    extra = _stored_extra(job, reuse_stale) if job.extra is not None else {}
+    return found, extra
+
+
+def _stored_extra(job: Job, reuse_stale: bool) -> dict[str, pd.DataFrame] | None:
+    out = job.extra_out()
+    marker = out / "done.json"
+    if not marker.exists():
+        return None
+    done = json.loads(marker.read_text())
+    if done["code"]["fingerprint"] != job.extra.fingerprint()["fingerprint"] and not reuse_stale:
+        return None
+    return {name: columnwise(pd.read_parquet(out / f"{name}.parquet")) for name in done["tables"]}
+
+
+def _compute_extra(job: Job, model) -> dict[str, pd.DataFrame]:
+    tables = job.extra.fn(model, job.prompts, **job.extra.options)
+    out = job.extra_out()
+    if out is None:
+        return {name: columnwise(df) for name, df in tables.items()}
+    with file_lock(out / ".lock", f"{job.extra.name} into {out}"):
+        for name, df in tables.items():
+            atomic_write_parquet(df, out / f"{name}.parquet")
+        done = {"tables": sorted(tables), "code": job.extra.fingerprint(), "options": job.extra.spec()}
+        atomic_write_text(out / "done.json", json.dumps(done, indent=2, default=str))  # after the tables
+    return {name: columnwise(pd.read_parquet(out / f"{name}.parquet")) for name in tables}
+
+
+def _failure_path(job: Job) -> Path | None:
+    return None if job.folder is None else job.folder / f"failed-{job.key}.json"
+
+
+def run(job: Job, *, load: Callable[..., Any] | None = None, reuse_stale: bool = False) -> Result:
+    """Do one job: read what is stored; load the model only for what is missing; release it.
+
+    ``load(model, **job.load_kwargs)`` loads a reference (default: ``load_model``). A job that
+    raises leaves a ``failed-<key>.json`` record (type and message) in its folder, for
+    :func:`collect` with ``compute=False``; a later success removes it.
+    """
+    t0 = time.perf_counter()
+    measurements, extra = _stored(job, reuse_stale)
+    if len(measurements) == len(job.settings) and extra is not None:
+        return Result(job, measurements, extra, loaded=False, seconds=time.perf_counter() - t0)
+    try:
+        lm = _load(job, load)
+        try:
+            if job.check is not None:
+                job.check(lm)
+            for part, settings in job.settings.items():
+                if part not in measurements:
+                    out = job.out(part)
+                    measurements[part] = measure_with(
+                        lm, job.prompts, settings, out=out, reuse_stale=reuse_stale
+                    )
+            if extra is None:
+                extra = _compute_extra(job, lm)
+        finally:
+            del lm  # the model goes before the next job's arrives
+            release_memory()
+    except Exception as exc:
+        _record_failure(job, exc)
+        raise
+    failed = _failure_path(job)
+    if failed is not None:
+        failed.unlink(missing_ok=True)
+    return Result(job, measurements, extra, loaded=True, seconds=time.perf_counter() - t0)
+
+
+def _load(job: Job, load):
+    if not isinstance(job.model, str):
+        return job.model  # already loaded
+    if load is None:
+        from coupling_utils.models.loading import load_model as load
+    return load(job.model, **job.load_kwargs)
+
+
+def _record_failure(job: Job, exc: BaseException) -> None:
+    """Leave the reason in the job's folder (best effort: the job's own error is what raises)."""
+    path = _failure_path(job)
+    if path is not None:
+        record = {
+            "job": job.describe(),
+            "error": type(exc).__name__,
+            "message": str(exc),
+            "utc": _dt.datetime.now(_dt.timezone.utc).isoformat(),
+        }
+        with contextlib.suppress(OSError):
+            atomic_write_text(path, json.dumps(record, indent=2))
+
+
+def collect(
+    jobs: Sequence[Job],
+    *,
+    load: Callable[..., Any] | None = None,
+    on_error: str = "record",
+    reuse_stale: bool = False,
+    compute: bool = True,
+    progress: bool = False,
+    desc: str = "jobs",
+    callback: Callable[[Result], None] | None = None,
+) -> Collected:
+    """Run every job (see :func:`run`) and gather the results, in job order.
+
+    ``on_error="record"``: a job that raises (a gated repo, out of memory, a missing model) is
+    recorded with its exception type and message (``Collected.failures``, ``report()``) and the
+    others still run; ``"raise"``: the first failure propagates. ``compute=False``: nothing is
+    loaded or measured; jobs not stored are missing (with a stored failure's reason, if any).
+    ``reuse_stale``: reuse measurements made by other code (marked stale) instead of measuring
+    again. ``callback(result)`` runs after each job.
+    """
+    if on_error not in ON_ERROR:
+        raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(jobs), desc=desc, unit="job")
+    results = []
+    for job in jobs:
+        result = _one(job, load, on_error, reuse_stale, compute)
+        results.append(result)
+        if callback is not None:
+            callback(result)
+        if bar is not None:
+            bar.update(1)
+    if bar is not None:
+        bar.close()
+    return Collected(results)
+
+
+def _one(job: Job, load, on_error: str, reuse_stale: bool, compute: bool) -> Result:
+    if not compute:
+        measurements, extra = _stored(job, reuse_stale)
+        if len(measurements) == len(job.settings) and extra is not None:
+            return Result(job, measurements, extra)
+        path = _failure_path(job)
+        if path is not None and path.exists():
+            record = json.loads(path.read_text())
+            return Result(job, error=record["error"], message=record["message"])
+        return Result(job, error="NotMeasured", message="not measured yet (collect with compute=True)")
+    try:
+        return run(job, load=load, reuse_stale=reuse_stale)
+    except Exception as exc:
+        if on_error == "raise":
+            raise
+        result = Result(job, error=type(exc).__name__, message=str(exc))
+    release_memory()  # the exception's frames, and the tensors they held, are gone now
+    return result

@@ -1,0 +1,274 @@
+"""What a measure() call computes: one frozen :class:`Settings`, validated once, stored as JSON.
+
+A ``Settings`` is made from measure()'s keyword arguments and checks everything that needs no
+model on construction, so a sweep's job list is checked before any model is loaded. Against a
+model, :meth:`Settings.resolve` checks the rest (K and n_singular against the width, layers
+against the depth, the Lanczos plan) and fills in what the defaults mean for that model: the
+result is what ``settings.json`` stores and what a resumed run must match.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from coupling_utils.engine.metric import check_k, check_options
+from coupling_utils.engine.spectra import SOLVERS, check_randomized, lanczos_plan
+from coupling_utils.measurement.inputs import ModelInfo, check_tokens_spec
+
+__all__ = ["Settings", "MEASURE_METHODS", "FORMAT"]
+
+MEASURE_METHODS = ("exact", "randomized", "matrix_free")
+FORMAT = 1  # bump when the stored layout changes
+# fields that change how a run goes, not its numbers: never stored, never part of a key
+RUNTIME = ("chunk_size",)
+# fields a resolved Settings takes from the model
+MODEL_FIELDS = ("model", "revision", "dtype")
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+
+
+def _ints(values) -> tuple[int, ...]:
+    return tuple(int(v) for v in ([values] if _is_int(values) else values))
+
+
+@dataclass(frozen=True)
+class Settings:
+    """measure()'s settings (see :func:`coupling_utils.measurement.measure` for each one).
+
+    ``max_tokens`` cuts token prompts (it changes the inputs, whose digests are stored, not the
+    settings file); ``chunk_size`` only trades memory for speed. ``model``, ``revision`` and
+    ``dtype`` are set by :meth:`resolve`.
+    """
+
+    method: str = "exact"
+    k: tuple[int, ...] = (10, 30, 50)
+    layers: tuple[int, ...] | None = None
+    tokens: str | tuple[int, ...] = "last"
+    context: str | int | bool = False
+    tiles: int | None = None
+    tile_layers: tuple[int, ...] | None = None
+    n_singular: int | None = None
+    solver: str | None = "lanczos"
+    block: int | None = None
+    steps: int | None = None
+    oversample: int | None = 10
+    n_iter: int | None = 2
+    seed: int | None = 0
+    depth_window: int | None = None
+    p: float = 2
+    normalize: str = "norm"
+    orientation: str = "ujv"
+    max_tokens: int | None = None
+    chunk_size: int | None = 64
+    model: str | None = None
+    revision: str | None = None
+    dtype: str | None = None
+
+    # measure()'s keyword arguments that are settings (all fields but the model's)
+    ARGUMENTS: ClassVar[tuple[str, ...]] = ()
+
+    def __post_init__(self):
+        set_ = self._set
+        if self.method not in MEASURE_METHODS:
+            raise ValueError(f"method must be one of {MEASURE_METHODS}, got {self.method!r}")
+        check_options(self.p, self.normalize, self.orientation)
+        ks = tuple(sorted(set(_ints(self.k))))
+        if not ks:
+            raise ValueError("k must name at least one K, e.g. k=(10, 30, 50)")
+        for kk in ks:
+            check_k(kk, max(ks))
+        set_("k", ks)
+        n = self.n_singular
+        if isinstance(n, bool) or (n is not None and (not _is_int(n) or n < 1)):
+            raise ValueError(f"n_singular must be a positive integer or None, got {n!r}")
+        set_("n_singular", None if n is None else int(n))
+        if self.solver not in SOLVERS and not (self.method == "exact" and self.solver is None):
+            raise ValueError(f"solver must be one of {SOLVERS}, got {self.solver!r}")
+        w = self.depth_window
+        if w is not None and (not _is_int(w) or w < 1):
+            raise ValueError(
+                f"depth_window must be a positive integer (the largest |layer_i - layer_j| "
+                f"kept) or None for all layer pairs, got {w!r}"
+            )
+        set_("depth_window", None if w is None else int(w))
+        self._check_solver()
+        self._check_selection(set_)
+        for name in ("max_tokens", "chunk_size"):
+            v = getattr(self, name)
+            if v is not None and (not _is_int(v) or v < 1):
+                raise ValueError(f"{name} must be a positive integer or None, got {v!r}")
+
+    def _set(self, name: str, value) -> None:
+        object.__setattr__(self, name, value)  # normalising a frozen instance while it is made
+
+    def _check_solver(self) -> None:
+        """The solver's own settings, and whether it computes n_singular values."""
+        n_singular = self.n_singular or max(self.k)
+        if self.lanczos:
+            block, steps = lanczos_plan(max(self.k), None, block=self.block, steps=self.steps)
+            if n_singular > block * steps:
+                raise ValueError(
+                    f"the lanczos solver computes block·steps = {block * steps} singular values; "
+                    f"n_singular={n_singular} is more (raise block or steps)"
+                )
+        elif self.subspace:
+            check_randomized(self.oversample, self.n_iter)
+            if self.method == "matrix_free" and n_singular > max(self.k) + self.oversample:
+                raise ValueError(
+                    f"matrix_free computes max(k) + oversample = {max(self.k) + self.oversample} "
+                    f"singular values; n_singular={n_singular} is more"
+                )
+
+    def _check_selection(self, set_) -> None:
+        """Layers, tokens, context and tiles (all that needs no model)."""
+        if self.layers is not None:
+            set_("layers", _ints(self.layers))
+            if not self.layers:
+                raise ValueError("layers selects no block")
+        tokens = check_tokens_spec(self.tokens)
+        set_("tokens", tokens if isinstance(tokens, str) else tuple(tokens))
+        context = "last" if self.context is True else self.context
+        if context is not False:
+            spec = check_tokens_spec(context)
+            if not isinstance(context, str) and len(spec) != 1:
+                raise ValueError(f"context names one output token ('last' or a position), got {context!r}")
+            context = context if isinstance(context, str) else int(spec[0])
+            if context == "all":
+                raise ValueError("context names one output token ('last' or a position), not 'all'")
+        set_("context", context)
+        if self.tiles is not None:
+            set_("tiles", check_k(self.tiles, self.tiles))
+            if self.tiles > max(self.k):
+                raise ValueError(f"tiles={self.tiles} exceeds max(k)={max(self.k)}; add it to k")
+        if self.tile_layers is not None:
+            set_("tile_layers", _ints(self.tile_layers))
+
+    @property
+    def lanczos(self) -> bool:
+        return self.method != "exact" and self.solver == "lanczos"
+
+    @property
+    def subspace(self) -> bool:
+        return self.method != "exact" and self.solver == "subspace"
+
+    @property
+    def resolved(self) -> bool:
+        """Whether :meth:`resolve` made these settings (they then name a model)."""
+        return self.model is not None
+
+    @property
+    def kmax(self) -> int:
+        return max(self.k)
+
+    def resolve(self, info: ModelInfo) -> Settings:
+        """These settings for one model: checked against its size, defaults made concrete."""
+        d, L, ks = info.d_model, info.n_layers, self.k
+        for kk in ks:
+            check_k(kk, d if d else max(ks))
+        n_singular = self.n_singular or max(ks)
+        if d and n_singular > d:
+            raise ValueError(f"n_singular={n_singular} exceeds the width d={d}")
+        block, steps = self.block, self.steps
+        if self.lanczos:
+            block, steps = lanczos_plan(max(ks), d or None, block=block, steps=steps)
+        layers = list(range(L)) if self.layers is None else list(self.layers)
+        layers = sorted({_in_range("layers", l, L) for l in layers})
+        tile_layers = None
+        if self.tiles is not None:
+            check_k(self.tiles, d if d else self.tiles)
+            tile_layers = layers if self.tile_layers is None else self.tile_layers
+            tile_layers = sorted({_in_range("tile_layers", l, L) for l in tile_layers})
+            if not set(tile_layers) <= set(layers):
+                missing = sorted(set(tile_layers) - set(layers))
+                raise ValueError(f"tile_layers {missing} are not measured; add them to layers")
+        exact = self.method == "exact"
+        return dataclasses.replace(
+            self,
+            layers=tuple(layers),
+            tile_layers=None if tile_layers is None else tuple(tile_layers),
+            n_singular=n_singular,
+            solver=None if exact else self.solver,
+            block=block if self.lanczos else None,
+            steps=steps if self.lanczos else None,
+            oversample=self.oversample if self.subspace else None,
+            n_iter=self.n_iter if self.subspace else None,
+            seed=None if exact else self.seed,
+            model=info.name,
+            revision=info.revision,
+            dtype=info.dtype,
+        )
+
+    # ------------------------------------------------------------------ serialising
+    def to_dict(self, *, runtime: bool = True) -> dict[str, Any]:
+        """Every field as JSON data (tuples as lists); ``runtime=False`` leaves out chunk_size."""
+        out = {}
+        for f in dataclasses.fields(self):
+            if runtime or f.name not in RUNTIME:
+                v = getattr(self, f.name)
+                out[f.name] = list(v) if isinstance(v, tuple) else v
+        return out
+
+    def stored(self) -> dict[str, Any]:
+        """What ``settings.json`` holds: the resolved settings that determine the numbers."""
+        if not self.resolved:
+            raise ValueError("only resolved settings are stored; call resolve(model) first")
+        out = self.to_dict(runtime=False)
+        del out["max_tokens"]  # the prompts' digests carry it
+        return {**out, "format": FORMAT}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Settings:
+        """Settings from :meth:`to_dict` or from a stored ``settings.json`` (older ones upgraded)."""
+        data = upgrade(data) if "format" in data else dict(data)
+        data.pop("format", None)
+        unknown = set(data) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise ValueError(
+                f"unknown settings {sorted(unknown)}; known: {[f.name for f in dataclasses.fields(cls)]}"
+            )
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
+
+    @classmethod
+    def from_json(cls, text: str) -> Settings:
+        return cls.from_dict(json.loads(text))
+
+    def differences(self, stored: dict[str, Any]) -> list[str]:
+        """The names of the settings in which a stored ``settings.json`` differs from these."""
+        stored = upgrade(stored)
+        mine = json.loads(json.dumps(self.stored(), default=str))
+        return sorted(k for k in set(stored) | set(mine) if stored.get(k) != mine.get(k))
+
+
+Settings.ARGUMENTS = tuple(f.name for f in dataclasses.fields(Settings) if f.name not in MODEL_FIELDS)
+
+
+def _in_range(name: str, layer: int, L: int) -> int:
+    if not -L <= layer < L:
+        where = "layer" if name == "layers" else f"{name}: layer"
+        raise ValueError(f"{where} {layer} does not exist: the model has {L} blocks (0..{L - 1})")
+    return layer % L
+
+
+def upgrade(stored: dict[str, Any]) -> dict[str, Any]:
+    """Stored settings from before the solver and depth_window settings, in today's terms.
+
+    Those runs used subspace iteration (for non-exact methods) and all layer pairs, so they
+    resume under the equivalent settings ``solver="subspace"``, ``depth_window=None``.
+    """
+    stored = dict(stored)
+    stored.setdefault("depth_window", None)
+    if "solver" not in stored:
+        stored["solver"] = None if stored.get("method") == "exact" else "subspace"
+        stored.setdefault("block", None)
+        stored.setdefault("steps", None)
+    return stored

@@ -1,0 +1,185 @@
+"""Where a measurement lives on disk: its folder, resume markers, atomic files and finished results.
+
+Layout of ``out/``::
+
+    settings.json            the resolved settings (a resumed run must match them)
+    code.json                the fingerprint of the code that made what is stored
+    _work/<prompt>/prompt.json, layer_<l>/{J.npy, basis_*.npy, *.parquet, done.json, cross.json}
+    prompts/<prompt>/{<table>.parquet, done.json}
+    <table>.parquet ..., provenance.json
+
+Every file is written atomically (a temporary name, then a rename), and every completion marker
+(``done.json``, ``cross.json``, ``provenance.json``) only after the data it vouches for, so a
+process killed at any point leaves a folder that a rerun resumes from. One process at a time
+works in a folder (:func:`coupling_utils.files.file_lock` on ``out/.lock``).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from coupling_utils.engine.metric import SVD
+from coupling_utils.files import atomic_path, atomic_write_parquet, atomic_write_text
+from coupling_utils.measurement.settings import Settings
+from coupling_utils.measurement.tables import TABLES, Measurement
+
+__all__ = ["Store", "write_json", "save_npy", "load_npy"]
+
+MARKERS = ("done.json", "cross.json", "provenance.json")
+
+
+def write_json(path: Path, obj) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str))
+
+
+def save_npy(path: Path, arr: torch.Tensor | np.ndarray) -> None:
+    """Save an array atomically; a tensor is moved to the host first."""
+    arr = arr.detach().cpu().numpy() if isinstance(arr, torch.Tensor) else np.asarray(arr)
+    with atomic_path(path) as tmp, open(tmp, "wb") as fh:
+        np.save(fh, np.ascontiguousarray(arr))
+
+
+def load_npy(path: Path, mmap: bool = True) -> np.ndarray:
+    return np.load(path, mmap_mode="r" if mmap else None)
+
+
+def _read_json(path: Path) -> dict | None:
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+class Store:
+    """The folder of one measurement: paths, markers, and what a run may reuse."""
+
+    def __init__(self, out: Path):
+        self.out = Path(out)
+
+    # -- paths
+    def work(self, pid: str) -> Path:
+        return self.out / "_work" / pid
+
+    def layer_dir(self, pid: str, layer: int) -> Path:
+        return self.work(pid) / f"layer_{layer:04d}"
+
+    def done_dir(self, pid: str) -> Path:
+        return self.out / "prompts" / pid
+
+    # -- opening a folder for a run
+    def open(self, settings: Settings, code: dict, *, resume: bool, reuse_stale: bool) -> dict:
+        """Prepare the folder for a run with ``settings`` by ``code`` (its fingerprint).
+
+        Refuses stored work of other settings (unless ``resume=False``, which clears it).
+        Stored work of other code is cleared and recomputed, or, with ``reuse_stale=True``,
+        kept. Returns the fingerprint of the code behind what the folder holds afterwards.
+        """
+        self.out.mkdir(parents=True, exist_ok=True)
+        for tmp in self.out.rglob(".*.tmp"):  # left by a killed writer; we hold the lock
+            tmp.unlink(missing_ok=True)
+        stored = _read_json(self.out / "settings.json")
+        if stored is not None and resume:
+            diff = settings.differences(stored)
+            if diff:
+                raise ValueError(
+                    f"{self.out} holds a measurement with other settings ({', '.join(diff)}); "
+                    "use another out directory, or resume=False to replace it"
+                )
+        made_by = _read_json(self.out / "code.json")
+        if not resume or not self.holds_work():
+            self.clear()
+            made_by = code
+        elif (made_by or {}).get("fingerprint") != code["fingerprint"]:
+            if reuse_stale:  # kept as it is, and said so in the provenance
+                made_by = made_by or {"fingerprint": None, "note": "stored before code fingerprints"}
+            else:  # made by other code: measured again
+                self.clear()
+                made_by = code
+        write_json(self.out / "code.json", made_by)
+        write_json(self.out / "settings.json", settings.stored())
+        return made_by
+
+    def holds_work(self) -> bool:
+        """Whether anything computed is stored (work, finished prompts or tables)."""
+        return any((self.out / name).exists() for name in ("_work", "prompts", "provenance.json"))
+
+    def clear(self) -> None:
+        """Remove every computed file (the work first, the code stamp last)."""
+        for name in ("provenance", *TABLES):
+            (self.out / f"{name}.{'json' if name == 'provenance' else 'parquet'}").unlink(missing_ok=True)
+        for name in ("_work", "prompts"):
+            shutil.rmtree(self.out / name, ignore_errors=True)
+        (self.out / "code.json").unlink(missing_ok=True)
+
+    # -- markers
+    def layer_meta(self, pid: str, layer: int, stage: str = "done") -> dict | None:
+        """The completion marker of a layer's stage ("done" or "cross"), None if not complete."""
+        return _read_json(self.layer_dir(pid, layer) / f"{stage}.json")
+
+    def start_prompt(self, pid: str, digest: str, text: str) -> None:
+        """Work folder of a prompt, cleared if it holds work for other inputs under this id."""
+        work = self.work(pid)
+        meta = _read_json(work / "prompt.json")
+        if meta is not None and meta.get("digest") != digest:
+            shutil.rmtree(work)
+        work.mkdir(parents=True, exist_ok=True)
+        write_json(work / "prompt.json", {"prompt": pid, "digest": digest, "text": text})
+
+    def finished_prompt(self, pid: str, digest: str) -> dict[str, pd.DataFrame] | None:
+        """The stored tables of a finished prompt (None if not finished)."""
+        ddir = self.done_dir(pid)
+        marker = _read_json(ddir / "done.json")
+        if marker is None:
+            return None
+        if marker.get("digest") != digest:
+            raise ValueError(
+                f"{self.out}: prompt {pid!r} was measured with other inputs; use another "
+                "out directory, other prompt ids, or resume=False"
+            )
+        return {name: pd.read_parquet(ddir / f"{name}.parquet") for name in TABLES}
+
+    def finish_prompt(self, pid: str, digest: str, tables: dict[str, pd.DataFrame], keep_work: bool) -> None:
+        """Store a prompt's tables, then its marker; then drop its work files."""
+        ddir = self.done_dir(pid)
+        ddir.mkdir(parents=True, exist_ok=True)
+        for name, df in tables.items():
+            atomic_write_parquet(df, ddir / f"{name}.parquet")
+        write_json(ddir / "done.json", {"prompt": pid, "digest": digest})  # after the tables
+        if not keep_work:
+            shutil.rmtree(self.work(pid), ignore_errors=True)
+
+    def finish(self, tables: dict[str, pd.DataFrame], provenance: dict) -> None:
+        """Store the final tables, then ``provenance.json``: the measurement is complete."""
+        for name, df in tables.items():
+            atomic_write_parquet(df, self.out / f"{name}.parquet")
+        write_json(self.out / "provenance.json", provenance)
+
+    def finished(self, fingerprint: str, *, reuse_stale: bool = False) -> Measurement | None:
+        """The finished measurement here, if today's code made it (or any code, with
+        ``reuse_stale=True``, then marked stale); None otherwise. Reads no model."""
+        prov = _read_json(self.out / "provenance.json")
+        if prov is None:
+            return None
+        made_by = (prov.get("code") or {}).get("fingerprint")
+        if made_by != fingerprint and not reuse_stale:
+            return None
+        m = Measurement.load(self.out)
+        m.provenance["stale"] = made_by != fingerprint
+        return m
+
+    # -- stored arrays
+    def basis(self, pid: str, layer: int, prefix: str = "", index=None) -> SVD:
+        """A layer's stored top singular triplets (all tokens, or token ``index``), on the host."""
+        ldir = self.layer_dir(pid, layer)
+        parts = []
+        for name in ("U", "S", "Vh"):
+            arr = load_npy(ldir / f"{prefix}basis_{name}.npy")
+            parts.append(torch.from_numpy(np.array(arr if index is None else arr[index])))
+        return SVD(*parts)
+
+    def array(self, pid: str, layer: int, name: str, index: int) -> torch.Tensor:
+        """Row ``index`` of a layer's stored array ``name`` (e.g. "J"), on the host."""
+        return torch.from_numpy(np.array(load_npy(self.layer_dir(pid, layer) / f"{name}.npy")[index]))

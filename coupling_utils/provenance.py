@@ -1,0 +1,152 @@
+"""Where a stored number came from: file-safe names, stable hashes, version stamps, code fingerprints.
+
+One helper each, used by every layer that stores results:
+
+- :func:`slug`: a model name or revision as one safe path component;
+- :func:`stable_hash`: a short hash of settings and inputs (dicts, lists, numbers, strings,
+  tensors and arrays), the same in every process and on every machine;
+- :func:`versions`: the versions of the package and of the libraries behind its numbers;
+- :func:`code_fingerprint`: a hash of the code that determines a measurement's numbers, so a
+  stored result made by other code is recognised as stale.
+
+What determines a measurement's numbers (:data:`NUMBER_SOURCES`): the Jacobian engine
+(``engine/``: the metric, spectra, attention, blocks, Jacobians and the architecture table),
+``measure()`` itself (``measurement/``) and how a model is loaded (``models/loading.py``: dtype,
+device, random initialisation), together with the installed torch and transformers. The inputs
+(prompts, images) and the model's identity are not code: they are part of a measurement's key.
+Sources are hashed as syntax trees without docstrings, so comments, docstrings and formatting
+do not make a result stale; any change to the code itself does.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import hashlib
+import json
+import platform
+import re
+import sys
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+__all__ = ["slug", "stable_hash", "versions", "code_fingerprint", "NUMBER_SOURCES"]
+
+PACKAGE = Path(__file__).resolve().parent
+NUMBER_SOURCES = ("engine", "measurement", "models/loading.py")
+
+
+def slug(text: str, max_len: int = 80) -> str:
+    """``text`` as one file-name-safe path component: runs of other characters become ``_``.
+
+    Keeps the end of long names (a path's tail names the model); never empty, never ``.``/``..``
+    or a hidden name.
+    """
+    s = re.sub(r"[^A-Za-z0-9_.-]+", "_", str(text))[-max_len:]
+    return s.strip("._") or "x"
+
+
+def stable_hash(obj, length: int = 12) -> str:
+    """A short sha256 of JSON-like data: mappings (in key order), lists and tuples, strings,
+    numbers, None, paths, numpy arrays and torch tensors (by dtype, shape and bytes)."""
+    h = hashlib.sha256()
+    _feed(h, obj)
+    return h.hexdigest()[:length]
+
+
+def _feed(h, o) -> None:
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(o, torch.Tensor):
+        t = o.detach().cpu().contiguous()
+        h.update(f"T{tuple(t.shape)}{t.dtype}".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    elif type(o).__module__ == "numpy" and getattr(o, "ndim", None) == 0 and hasattr(o, "item"):
+        _feed(h, o.item())  # a numpy scalar hashes like the Python number
+    elif type(o).__module__ == "numpy" and hasattr(o, "tobytes"):
+        h.update(f"A{getattr(o, 'shape', ())}{o.dtype}".encode())
+        h.update(o.tobytes())
+    elif isinstance(o, Mapping):
+        h.update(b"{")
+        for key in sorted(o, key=str):
+            _feed(h, str(key))
+            _feed(h, o[key])
+        h.update(b"}")
+    elif isinstance(o, (list, tuple)):
+        h.update(b"[")
+        for v in o:
+            _feed(h, v)
+        h.update(b"]")
+    elif isinstance(o, Path):
+        _feed(h, str(o))
+    elif o is None or isinstance(o, (str, bool, int, float)):
+        h.update(json.dumps(o).encode())
+    else:
+        raise TypeError(
+            f"cannot hash a {type(o).__name__} stably; pass strings, numbers, lists, dicts or tensors"
+        )
+
+
+def versions() -> dict[str, str]:
+    """Versions of coupling_utils, Python and the libraries behind the numbers."""
+    import numpy
+    import pandas
+    import torch
+    import transformers
+
+    from coupling_utils import __version__
+
+    return {
+        "coupling_utils": __version__,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "numpy": numpy.__version__,
+        "pandas": pandas.__version__,
+    }
+
+
+def code_fingerprint(extra: Iterable[str] = ()) -> dict[str, object]:
+    """The fingerprint of the code behind a measurement's numbers (see the module doc).
+
+    ``extra``: more sources (paths relative to the package, e.g. ``"analysis/trajectories.py"``)
+    for results that other code computes. Returns ``fingerprint`` (16 hex digits, what to
+    compare), ``sources`` (the hash of the code alone), the torch and transformers versions and
+    ``covers`` (what was hashed).
+    """
+    import torch
+    import transformers
+
+    covers = tuple(NUMBER_SOURCES) + tuple(sorted(set(extra) - set(NUMBER_SOURCES)))
+    sources = _sources_hash(covers)
+    stamp = {"sources": sources, "torch": torch.__version__, "transformers": transformers.__version__}
+    return {"fingerprint": stable_hash(stamp, 16), **stamp, "covers": list(covers)}
+
+
+@functools.cache
+def _sources_hash(covers: tuple[str, ...]) -> str:
+    h = hashlib.sha256()
+    for rel in covers:
+        path = PACKAGE / rel
+        if not path.exists():
+            raise FileNotFoundError(f"code_fingerprint: {rel} is not a part of coupling_utils")
+        files = sorted(path.rglob("*.py")) if path.is_dir() else [path]
+        for f in files:
+            h.update(str(f.relative_to(PACKAGE)).encode() + b"\0")
+            h.update(_code_only(f.read_text(encoding="utf-8")).encode() + b"\0")
+    return h.hexdigest()
+
+
+def _code_only(source: str) -> str:
+    """A module's syntax tree without docstrings: what the code does, not how it is written."""
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (
+            isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+            and body
+            and isinstance(body[0], ast.Expr)
+            and isinstance(body[0].value, ast.Constant)
+            and isinstance(body[0].value.value, str)
+        ):
+            node.body = body[1:] or [ast.Pass()]
+    return ast.dump(tree)
