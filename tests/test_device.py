@@ -1,9 +1,12 @@
-"""Device discipline without a GPU: the engine, loader, twins, checkpoints, trajectories and f00 helpers
-under an emulated accelerator (``tests/emulated_device.py``) that fails where CUDA would."""
+"""Device discipline without a GPU: the engine, loader, measure(), twins, checkpoints, trajectories and
+f00 helpers under an emulated accelerator (``tests/emulated_device.py``) that fails where CUDA would."""
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from emulated_device import DEVICE, DeviceMismatch, emulated_device, host_allocations, on_device
@@ -187,3 +190,56 @@ def test_f00_helpers_on_the_device(standin_hub):
     assert list(tiles.columns) == ["case", "row", "col", "value"] and len(tiles) == 300
     assert np.allclose(tiles.value, tiles0.value, atol=1e-6) and np.allclose(m, m0, atol=1e-6)
     assert m["own"] == pytest.approx(0, abs=1e-5) and 0.5 < m["random"] < 1.5
+
+
+# --------------------------------------------------------------------------- measure() and the loops
+MEASURE_CASES = {
+    "exact": dict(tokens="all", k=(2, 4), context="last", tiles=2),
+    "randomized": dict(tokens=[0, -1], k=3, method="randomized", block=2, steps=6),
+    "matrix_free": dict(tokens="all", k=(2, 4), method="matrix_free", tiles=2, depth_window=1),
+}
+
+
+@pytest.mark.parametrize("case", MEASURE_CASES)
+def test_measure_on_the_device(case, standin_hub):
+    """measure() with the model on the device: every table equals the host run's."""
+    from coupling_utils.measurement import TABLES, measure
+
+    repo, layers = "Qwen/Qwen2-7B", [3, 4, 5]
+    ref = measure(load_model(repo, device="cpu"), [DEMO], layers=layers, **MEASURE_CASES[case])
+    with emulated_device() as dev:
+        got = measure(load_model(repo, device=dev), [DEMO], layers=layers, **MEASURE_CASES[case])
+    for name in TABLES:
+        if name != "timings":
+            pd.testing.assert_frame_equal(got.tables[name], ref.tables[name], check_exact=False, atol=1e-6)
+
+
+def test_twins_and_checkpoint_sweeps_on_the_device(standin_hub, tmp_path):
+    """The loops behind f01 and f03 (twins, checkpoints, trajectories) with every model on the device."""
+    from coupling_utils.analysis.depth_and_tokens import measure_twins
+    from coupling_utils.analysis.emergence import sweep_checkpoints
+
+    prompts = {"demo": DEMO}
+    with emulated_device() as dev:
+        load = functools.partial(load_model, device=dev)
+        pair = measure_twins(
+            "meta-llama/Meta-Llama-3-8B",
+            prompts,
+            k=(2, 4),
+            layers=[0, 1, 2],
+            tile_layers=[1, 2],
+            token_layer=2,
+            out=tmp_path / "twins",
+            load=load,
+        )
+        sweep = sweep_checkpoints(
+            "EleutherAI/pythia-12b",
+            ["step1", "step143000"],
+            prompts,
+            k=(2,),
+            layers=[0, 1, 2],
+            out=tmp_path / "sweep",
+            load=load,
+        )
+    assert set(pair.summary.weights) == {"trained", "random init"} and not pair.context.empty
+    assert sorted(sweep.summary.step.unique()) == [1, 143000] and not sweep.trajectories.empty
