@@ -33,7 +33,7 @@ BIB_KEYS = {
     "wang2020minilm",
     "lecun1998mnist",
 }
-BOOK_PAGES = ["intro", "notation-and-method", "running", "teaching", "status", "bibliography"]
+BOOK_PAGES = ["intro", "notation-and-method", "running", "teaching", "status", "performance", "glossary", "bibliography"]
 
 
 def config() -> dict:
@@ -318,6 +318,8 @@ def test_to_svg_rejects_what_is_not_a_chart():
 
 # --- a whole build -------------------------------------------------------------------------
 
+SAMPLE_REPOSITORY = "https://github.com/example-org/coupling-book"
+
 SCRATCH_NOTEBOOK = """\
 ---
 jupytext:
@@ -338,25 +340,53 @@ $$
 1 - m_K^2 .
 $$
 
-See {doc}`../book/notation-and-method` and {cite}`aubry2025coupling`.
+See {doc}`../book/notation-and-method`, {cite}`aubry2025coupling`, the {term}`coupling` of
+{term}`block Jacobians <block Jacobian>`, and {numref}`Fig. %s <fig-scratch-curve>`.
 
 ```{code-cell} ipython3
-import altair as alt
-import pandas as pd
-from coupling_utils.analysis.display import show
+:tags: [remove-cell, companion-install]
 
-show(alt.Chart(pd.DataFrame({"layer": [0, 1, 2], "coupling": [0.2, 0.6, 0.9]}))
-     .mark_line(point=True).encode(x="layer:Q", y="coupling:Q"))
+REPOSITORY = ""  # the book build writes _config.yml's repository.url here
+```
+
+```{code-cell} ipython3
+import pandas as pd
+from coupling_utils.analysis import plots
+from coupling_utils.analysis.display import show, show_table
+
+curve = pd.DataFrame({"layer": [0, 1, 2], "coupling": [0.2, 0.6, 0.9]})
+show(plots.layer_profile(curve, "coupling", title="Scratch curve"), name="fig-scratch-curve",
+     caption="Coupling rises with depth ({term}`coupling`, $1 - m_K^2$).",
+     alt="Line chart: coupling rises from 0.2 at layer 0 to 0.9 at layer 2.")
+show_table(curve, "curve", caption="The curve's values")
+```
+
+```{exercise}
+:label: ex-scratch
+
+Predict the coupling at layer 3, then check it.
+```
+
+```{solution} ex-scratch
+:class: dropdown
+
+It keeps rising.
 ```
 """
 
 
-def build_scratch_book(tmp_path: Path) -> Path:
-    """Build the real prose plus one executed scratch notebook (chart + formulas) to HTML."""
+def build_scratch_book(tmp_path: Path, repository: str = "") -> Path:
+    """Build the real prose plus one executed scratch notebook (a captioned chart, a table,
+    formulas, an exercise) to HTML, with ``repository.url`` set to ``repository``."""
     import jupytext
     from nbclient import NotebookClient
 
     root = _scratch_root(tmp_path, [])
+    shutil.copy2(ROOT / "CITATION.cff", root / "CITATION.cff")
+    if repository:
+        cfg = yaml.safe_load((root / "_config.yml").read_text())
+        cfg["repository"]["url"] = repository
+        (root / "_config.yml").write_text(yaml.safe_dump(cfg, sort_keys=False, allow_unicode=True))
     for page in {p.stem for p in (root / "book").glob("*.md")} - set(BOOK_PAGES):
         (root / "book" / f"{page}.md").unlink()  # other helpers' pages: tested by the full build
     source = root / "notebooks" / "f00_coupling_metric.md"
@@ -372,13 +402,61 @@ def build_scratch_book(tmp_path: Path) -> Path:
 
 
 @pytest.mark.slow
-def test_build_renders_executed_outputs_offline(tmp_path):
-    html = build_scratch_book(tmp_path)
+def test_build_renders_live_charts_figures_downloads_and_links(tmp_path):
+    """One strict build with a sample public repository: every feature of a chapter page."""
+    html = build_scratch_book(tmp_path, repository=SAMPLE_REPOSITORY)
     assert (html / "index.html").is_file()
     page = (html / "notebooks" / "f00_coupling_metric.html").read_text()
-    assert re.search(r'<img[^>]+src="[^"]+\.svg"', page), "the chart's SVG output is not shown"
-    assert "_static/mathjax/tex-svg.js" in page
+    # the chart: a numbered, captioned figure with the live view, its spec and a static picture
+    figure = re.search(r'<figure class="[^"]*coupling-chart[^"]*" id="fig-scratch-curve">(.*?)</figure>', page, re.S)
+    assert figure, "the captioned chart is not a figure labelled fig-scratch-curve"
+    assert 'class="coupling-chart-spec"' in figure.group(1)
+    assert re.search(r'<img alt="Line chart: coupling rises[^"]*" class="[^"]*coupling-chart-static', figure.group(1))
+    assert re.search(r'<span class="caption-number">Fig\. \d+ </span>', figure.group(1))
+    assert 'href="../book/glossary.html#term-coupling"' in figure.group(1), "the caption is MyST: {term} works"
+    static = re.search(r'<img alt="Line chart[^"]*" class="[^"]*" src="([^"]+)"', figure.group(1)).group(1)
+    assert (html / "notebooks" / static).resolve().is_file(), static
+    assert re.search(r'<a class="reference internal" href="#fig-scratch-curve"><span class="std std-numref">Fig\. \d+', page)
+    # the chart runtime: one file per build, loaded by this page only, not from _static's injected set
+    assert page.count("_static/coupling/charts.js") == 1
+    assert (html / "_static" / "coupling" / "charts.js").stat().st_size > 500_000
+    intro = (html / "book" / "intro.html").read_text()
+    assert "coupling/charts.js" not in intro and "_static/coupling/book.css" in intro
+    # downloads: the executed notebook and the table, next to the page
+    assert 'href="f00_coupling_metric.ipynb" download' in page
+    assert 'href="f00_coupling_metric/curve.csv" download' in page
+    assert (html / "notebooks" / "f00_coupling_metric" / "curve.csv").read_text().splitlines() == [
+        "layer,coupling",
+        "0,0.2",
+        "1,0.6",
+        "2,0.9",
+    ]
+    published = nbformat.read(html / "notebooks" / "f00_coupling_metric.ipynb", as_version=4)
+    install = [c for c in published.cells if book.INSTALL_TAG in c.metadata.get("tags", [])]
+    assert install and f"REPOSITORY = '{SAMPLE_REPOSITORY}.git'" in install[0].source
+    assert "REPOSITORY" not in page, "the install cell is removed from the page"
+    # links: repository button, edit link to the Markdown source, chapter source, Colab
+    assert f'href="{SAMPLE_REPOSITORY}"' in page
+    assert f"{SAMPLE_REPOSITORY}/edit/main/notebooks/f00_coupling_metric.md" in page
+    assert f"{SAMPLE_REPOSITORY}/edit/main/book/intro.md" in intro
+    assert f'href="{SAMPLE_REPOSITORY}/blob/main/notebooks/f00_coupling_metric.md"' in page
+    colab = (
+        "https://colab.research.google.com/github/example-org/coupling-book/blob/gh-pages/"
+        "notebooks/f00_coupling_metric.ipynb"
+    )
+    assert f'href="{colab}"' in page
+    # exercise and hidden solution (sphinx-exercise)
+    assert re.search(r'class="[^"]*exercise[^"]*"', page) and "Predict the coupling" in page
+    assert re.search(r'class="[^"]*solution[^"]*dropdown', page) or "toggle" in page
+    # glossary terms fill the index; the companion's citation comes from CITATION.cff
+    genindex = (html / "genindex.html").read_text()
+    for term in ("block Jacobian", "m_K", "twin", "expodistance", "profile"):
+        assert term in genindex, term
+    bibliography = re.sub(r"<[^>]+>", "", (html / "book" / "bibliography.html").read_text())
+    assert "Cite this companion" in bibliography and "@software{coupling_companion" in bibliography
+    assert "version 0.1.0" in bibliography
+    assert "MathJax" not in page or "_static/mathjax/tex-svg.js" in page
     assert (html / "_static" / "mathjax" / "tex-svg.js").is_file()
     assert remote_assets(html) == []
-    for page in ("intro", "notation-and-method", "running", "teaching", "status", "bibliography"):
-        assert (html / "book" / f"{page}.html").is_file(), page
+    for name in BOOK_PAGES:
+        assert (html / "book" / f"{name}.html").is_file(), name
