@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import io
 import re
 import shutil
 from pathlib import Path
@@ -33,7 +35,16 @@ BIB_KEYS = {
     "wang2020minilm",
     "lecun1998mnist",
 }
-BOOK_PAGES = ["intro", "notation-and-method", "running", "teaching", "status", "performance", "glossary", "bibliography"]
+BOOK_PAGES = [
+    "intro",
+    "notation-and-method",
+    "running",
+    "teaching",
+    "status",
+    "performance",
+    "glossary",
+    "bibliography",
+]
 
 
 def config() -> dict:
@@ -49,7 +60,15 @@ def test_toc_order_is_the_books_reading_order():
         + [f"notebooks/{f}" for f in FINDINGS]
         + [
             f"book/{p}"
-            for p in ("status", "architectures", "performance", "running", "teaching", "bibliography")
+            for p in (
+                "status",
+                "architectures",
+                "performance",
+                "running",
+                "teaching",
+                "glossary",
+                "bibliography",
+            )
         ]
     )
     assert toc_entries(ROOT) == expected
@@ -75,7 +94,11 @@ def test_config_renders_without_executing_and_without_remote_code():
     # MathJax comes from the book itself, outside _static (which Jupyter Book injects
     # into every page), and the path Sphinx writes is the file build_book stages.
     assert sphinx["mathjax_path"] == f"mathjax/{book.MATHJAX_ENTRY}"
-    assert sphinx["html_extra_path"] == [book.MATHJAX_STAGE]
+    assert sphinx["html_extra_path"] == [book.EXTRA_STAGE] and book.EXTRA_STAGE in cfg["exclude_patterns"]
+    assert {"sphinx_exercise", "coupling_utils.pipeline.book_extension"} <= set(extensions)
+    # shipped without a public repository: no buttons, no Colab (a fork sets repository.url)
+    assert cfg["repository"]["url"] == "" and book.repository_links(cfg) == {}
+    assert sphinx["html_theme_options"]["navbar_persistent"] == [], "one search box: no header search"
     assert not (ROOT / "_static").exists()
     for bib in cfg["bibtex_bibfiles"]:
         assert (ROOT / bib).is_file(), bib
@@ -187,7 +210,7 @@ def test_staging_keeps_what_exists_and_prunes_the_toc(tmp_path):
     assert (src / "notebooks" / "f00_coupling_metric.ipynb").is_file()
     assert not (src / "notebooks" / "f01_depth_and_tokens.ipynb").exists()
     assert not (src / "stale.txt").exists(), "the staged tree is rebuilt from scratch"
-    assert (src / book.MATHJAX_STAGE / "_static" / "mathjax" / book.MATHJAX_ENTRY).is_file()
+    assert (src / book.EXTRA_STAGE / "_static" / "mathjax" / book.MATHJAX_ENTRY).is_file()
     assert (src / "data").is_dir() == (root / "data").is_dir()
     status = (src / "book" / "status.md").read_text()
     assert status.startswith((root / "book" / "status.md").read_text())
@@ -213,6 +236,102 @@ def test_toc_entry_outside_book_and_notebooks_is_refused(tmp_path):
         plan_book(root)
 
 
+def test_repository_url_decides_the_links():
+    assert book.repository_links({"repository": {"url": ""}}) == {}
+    gh = book.repository_links({"repository": {"url": "https://github.com/org/repo.git/", "branch": "dev"}})
+    assert gh == {
+        "url": "https://github.com/org/repo",
+        "branch": "dev",
+        "path": "",
+        "host": "github",
+        "owner_repo": "org/repo",
+        "pages_branch": "gh-pages",
+    }
+    gl = book.repository_links(
+        {"repository": {"url": "https://gitlab.com/g/sub/repo", "path_to_book": "docs/"}, "coupling_book": {}}
+    )
+    assert gl["host"] == "gitlab" and gl["path"] == "docs"
+    assert (
+        book._repo_file_url(gl, "notebooks/f00.md")
+        == "https://gitlab.com/g/sub/repo/-/blob/main/docs/notebooks/f00.md"
+    )
+    other = book.repository_links({"repository": {"url": "https://git.example.org/repo"}})
+    assert other["host"] == "" and other["owner_repo"] == ""
+    with pytest.raises(BookError, match="repository.url"):
+        book.repository_links({"repository": {"url": "git@github.com:org/repo.git"}})
+    staged = book._staged_config(
+        {"repository": {"url": ""}, "coupling_book": {"pages_branch": "x"}, "html": {}}, {}
+    )
+    assert "coupling_book" not in staged and not staged["html"]  # no repository: nothing turned on
+    on = book._staged_config(config(), gh)
+    theme = on["sphinx"]["config"]["html_theme_options"]
+    assert (
+        theme["repository_url"] == gh["url"]
+        and theme["use_edit_page_button"]
+        and theme["use_repository_button"]
+    )
+    assert on["html"]["use_repository_button"] and "coupling_book" not in on
+
+
+def test_staging_publishes_notebooks_tables_and_the_download_box(tmp_path):
+    from coupling_utils.analysis.display import table_bundle
+
+    root = _scratch_root(tmp_path, ["f00_coupling_metric"])
+    cfg = yaml.safe_load((root / "_config.yml").read_text())
+    cfg["repository"]["url"] = "https://github.com/org/repo"
+    (root / "_config.yml").write_text(yaml.safe_dump(cfg))
+    (root / "CITATION.cff").write_text((ROOT / "CITATION.cff").read_text())
+    executed = tmp_path / "executed"
+    _executed_notebook(executed / "f00_coupling_metric.ipynb")
+    nb = nbformat.read(executed / "f00_coupling_metric.ipynb", as_version=4)
+    install = nbformat.v4.new_code_cell('REPOSITORY = ""  # set by the build')
+    install.metadata["tags"] = ["remove-cell", book.INSTALL_TAG]
+    cell = nbformat.v4.new_code_cell("show_table(...)")
+    import pandas as pd
+
+    for name in ("per_prompt", "fits"):
+        data, meta = table_bundle(pd.DataFrame({"a": [1, 2], "b": ["x", "y"]}), name)
+        cell.outputs.append(nbformat.v4.new_output("display_data", data=data, metadata=meta))
+    nb.cells[1:1] = [install, cell]
+    nbformat.write(nb, executed / "f00_coupling_metric.ipynb")
+    src = tmp_path / "src"
+    book.stage_book(root, executed, src, allow_unexecuted=True)
+    extra = src / book.EXTRA_STAGE / "notebooks"
+    assert (extra / "f00_coupling_metric" / "per_prompt.csv").read_text() == "a,b\n1,x\n2,y\n"
+    assert (extra / "f00_coupling_metric" / "fits.csv").is_file()
+    published = nbformat.read(extra / "f00_coupling_metric.ipynb", as_version=4)
+    assert "REPOSITORY = 'https://github.com/org/repo.git'" in published.cells[1].source
+    assert "chapter-links" not in published.cells[0].source  # the download is the run, untouched
+    page = nbformat.read(src / "notebooks" / "f00_coupling_metric.ipynb", as_version=4)
+    title = page.cells[0].source
+    assert title.startswith("# Scratch finding\n\n```{chapter-links}")
+    assert ":notebook: f00_coupling_metric.ipynb" in title
+    assert ":tables: f00_coupling_metric/per_prompt.csv f00_coupling_metric/fits.csv" in title
+    assert (
+        ":colab: https://colab.research.google.com/github/org/repo/blob/gh-pages/notebooks/f00_coupling_metric.ipynb"
+        in title
+    )
+    assert ":source: https://github.com/org/repo/blob/main/notebooks/f00_coupling_metric.md" in title
+    cite = (src / "book" / "bibliography.md").read_text()
+    assert "## Cite this companion" in cite and "url     = {https://github.com/org/repo}" in cite
+    # two tables of one name in one notebook: an error naming it
+    cell.outputs.append(cell.outputs[0])
+    nbformat.write(nb, executed / "f00_coupling_metric.ipynb")
+    with pytest.raises(BookError, match="two tables named 'per_prompt'"):
+        book.stage_book(root, executed, src, allow_unexecuted=True)
+
+
+def test_citation_comes_from_citation_cff(tmp_path):
+    text = book.citation_section(ROOT / "CITATION.cff")
+    meta = yaml.safe_load((ROOT / "CITATION.cff").read_text())
+    assert meta["title"] in text and f"version {meta['version']}" in text
+    assert "{cite:t}`aubry2025coupling`" in text  # the preferred citation: the paper
+    bad = tmp_path / "CITATION.cff"
+    bad.write_text("cff-version: 1.2.0\n")
+    with pytest.raises(BookError, match="no title"):
+        book.citation_section(bad)
+
+
 # --- remote assets ---------------------------------------------------------------------------
 
 
@@ -222,6 +341,7 @@ def test_remote_assets_finds_loads_from_other_hosts_but_not_links(tmp_path):
         '<html><head><script src="_static/a.js"></script>'
         '<link rel="stylesheet" href="_static/a.css"></head>'
         '<body><a href="https://example.org/paper">a link is fine</a>'
+        '<script type="application/json">{"$schema": "https://vega.github.io/schema/vega-lite/v6.json"}</script>'
         '<img src="data:image/png;base64,AAAA"></body></html>'
     )
     (tmp_path / "sub" / "bad.html").write_text(
@@ -265,48 +385,127 @@ def test_to_svg_draws_the_chart_without_a_browser():
     assert to_svg(_chart().to_dict()) == svg
 
 
-def test_show_displays_an_svg_picture(monkeypatch):
+def _displayed(monkeypatch) -> list:
     import IPython.display
+
+    shown = []
+    monkeypatch.setattr(IPython.display, "display", lambda obj, **kw: shown.append((obj, kw)))
+    return shown
+
+
+def test_show_displays_a_live_chart_with_a_static_picture(monkeypatch):
+    import json
 
     from coupling_utils.analysis import display
 
-    shown = []
-    monkeypatch.setattr(IPython.display, "display", lambda obj: shown.append(obj))
-    assert display.show(_chart()) is None
-    assert len(shown) == 1 and isinstance(shown[0], IPython.display.SVG)
-    assert "<svg" in shown[0].data
+    shown = _displayed(monkeypatch)
+    assert display.show(_chart(), caption="Coupling rises.", name="fig-x", alt="A rising line.") is None
+    ((bundle, kw),) = shown
+    assert kw["raw"] is True
+    assert kw["metadata"][display.METADATA_KEY]["chart"] == {
+        "name": "fig-x",
+        "caption": "Coupling rises.",
+        "alt": "A rising line.",
+    }
+    assert set(bundle) == {"text/html", "image/svg+xml", "text/plain"}  # HTML, and a picture fallback
+    assert bundle["text/plain"] == "A rising line."
+    parts = display.chart_parts(bundle["text/html"])
+    assert parts.mime == "image/svg+xml" and parts.content == bundle["image/svg+xml"]
+    assert parts.alt == "A rising line." and parts.width and parts.width < display.FIT_WIDTH
+    spec = json.loads(re.search(r'class="coupling-chart-spec"[^>]*>(.*?)</script>', parts.live).group(1))
+    assert spec["description"] == "A rising line." and spec["mark"]["type"] == "line"
+    assert spec["config"]["mark"]["tooltip"] == {"content": "encoding"}  # marks without one still tell
+    # no alt given: a description from the chart, never a file name
+    display.show(_chart().properties(title="Coupling by layer"))
+    alt_text = shown[-1][1]["metadata"][display.METADATA_KEY]["chart"]["alt"]
+    assert alt_text.startswith("Chart: Coupling by layer") and "coupling against layer" in alt_text
+
+
+def test_show_refuses_unusable_figure_names():
+    from coupling_utils.analysis.display import chart_bundle
+
+    with pytest.raises(ValueError, match="no caption"):
+        chart_bundle(_chart(), name="fig-x")
+    with pytest.raises(ValueError, match="letters, digits"):
+        chart_bundle(_chart(), name="fig x", caption="c")
+    with pytest.raises(ValueError, match="non-empty"):
+        chart_bundle(_chart(), caption=" ")
+
+
+def test_chart_spec_cannot_close_its_script_element():
+    import altair as alt
+    import pandas as pd
+
+    from coupling_utils.analysis.display import chart_bundle, chart_parts
+
+    data = pd.DataFrame({"label": ["</script><script>alert(1)</script>"], "x": [1.0]})
+    bundle, _ = chart_bundle(alt.Chart(data).mark_point().encode(x="x:Q", tooltip="label:N"))
+    live = chart_parts(bundle["text/html"]).live
+    assert live.count("</script>") == 1 and "\\u003c/script>" in live
 
 
 def test_show_switches_to_png_for_a_large_chart(monkeypatch):
-    import IPython.display
-
     from coupling_utils.analysis import display
 
-    shown = []
-    monkeypatch.setattr(IPython.display, "display", lambda obj: shown.append(obj))
-    svg_bytes = len(display.to_svg(_chart()).encode())
+    shown = _displayed(monkeypatch)
+    svg_bytes = len(display.to_svg(display.chart_spec(_chart())[0]).encode())
     display.show(_chart(), max_svg_bytes=svg_bytes)  # at the limit: still SVG
     display.show(_chart(), max_svg_bytes=svg_bytes - 1)  # over it: PNG at twice the resolution
-    assert isinstance(shown[0], IPython.display.SVG) and isinstance(shown[1], IPython.display.Image)
-    png = shown[1].data
-    assert png.startswith(b"\x89PNG") and shown[1].width == int.from_bytes(png[16:20], "big") // 2
-    assert 0 < shown[1].width < 2000
+    (svg, _), (png, kw) = shown
+    assert "image/svg+xml" in svg and "image/png" in png and 'data-renderer="svg"' in svg["text/html"]
+    assert 'data-renderer="canvas"' in png["text/html"]  # many marks: a canvas live view
+    parts = display.chart_parts(png["text/html"])
+    raw = base64.b64decode(parts.content)
+    assert raw.startswith(b"\x89PNG") and parts.width == int.from_bytes(raw[16:20], "big") // 2
+    assert kw["metadata"]["image/png"] == {"width": parts.width} and 0 < parts.width < 2000
 
 
-def test_static_renderer_makes_bare_charts_svg():
+def test_show_wraps_charts_wider_than_the_column():
+    from coupling_utils.analysis import display
+
+    wide = _chart().properties(width=300) | _chart().properties(width=300) | _chart().properties(width=300)
+    spec, svg = display.chart_spec(wide)
+    assert "hconcat" not in spec and spec["columns"] == 1
+    assert display._svg_width(svg) <= display.FIT_WIDTH
+    kept, svg = display.chart_spec(wide, fit=False)
+    assert "hconcat" in kept and display._svg_width(svg) > display.FIT_WIDTH
+
+
+def test_book_renderer_makes_bare_charts_live_too():
     import altair as alt
 
-    from coupling_utils.analysis.display import RENDERER_NAME, use_static_charts
+    from coupling_utils.analysis.display import METADATA_KEY, RENDERER_NAME, use_book_charts
 
     previous = alt.renderers.active
     try:
-        use_static_charts()
+        use_book_charts()
         assert alt.renderers.active == RENDERER_NAME
-        bundle = alt.renderers.get()(_chart().to_dict())
-        assert "<svg" in bundle["image/svg+xml"]
-        assert "text/html" not in bundle  # nothing that would load vega from a CDN
+        bundle, metadata = alt.renderers.get()(_chart().to_dict())
+        assert "coupling-chart-spec" in bundle["text/html"] and "<svg" in bundle["image/svg+xml"]
+        assert metadata[METADATA_KEY]["chart"]["caption"] is None
     finally:
         alt.renderers.enable(previous)
+
+
+def test_show_table_wraps_text_and_stores_the_csv(monkeypatch):
+    import pandas as pd
+
+    from coupling_utils.analysis import display
+
+    shown = _displayed(monkeypatch)
+    df = pd.DataFrame({"prompt": [f"p{k}" for k in range(40)], "text": ["KING RICHARD II:\nRight, you"] * 40})
+    display.show_table(df, "prompts", max_rows=5)
+    ((bundle, kw),) = shown
+    page = bundle["text/html"]
+    assert "\\n" not in page and "KING RICHARD II: ↵ Right, you" in page
+    assert "First 5 of 40 rows" in page and page.count("<tr>") == 5  # the body rows shown
+    table = kw["metadata"][display.METADATA_KEY]["table"]
+    assert table["name"] == "prompts" and table["rows"] == 40
+    assert pd.read_csv(io.StringIO(table["csv"])).equals(df)  # the whole table, newlines kept
+    with pytest.raises(ValueError, match="file name"):
+        display.show_table(df, "my table")
+    with pytest.raises(TypeError, match="DataFrame"):
+        display.show_table([1, 2], "x")
 
 
 def test_to_svg_rejects_what_is_not_a_chart():
@@ -408,15 +607,24 @@ def test_build_renders_live_charts_figures_downloads_and_links(tmp_path):
     assert (html / "index.html").is_file()
     page = (html / "notebooks" / "f00_coupling_metric.html").read_text()
     # the chart: a numbered, captioned figure with the live view, its spec and a static picture
-    figure = re.search(r'<figure class="[^"]*coupling-chart[^"]*" id="fig-scratch-curve">(.*?)</figure>', page, re.S)
+    figure = re.search(
+        r'<figure class="[^"]*coupling-chart[^"]*" id="fig-scratch-curve">(.*?)</figure>', page, re.S
+    )
     assert figure, "the captioned chart is not a figure labelled fig-scratch-curve"
     assert 'class="coupling-chart-spec"' in figure.group(1)
-    assert re.search(r'<img alt="Line chart: coupling rises[^"]*" class="[^"]*coupling-chart-static', figure.group(1))
+    assert re.search(
+        r'<img alt="Line chart: coupling rises[^"]*" class="[^"]*coupling-chart-static', figure.group(1)
+    )
     assert re.search(r'<span class="caption-number">Fig\. \d+ </span>', figure.group(1))
-    assert 'href="../book/glossary.html#term-coupling"' in figure.group(1), "the caption is MyST: {term} works"
+    assert 'href="../book/glossary.html#term-coupling"' in figure.group(1), (
+        "the caption is MyST: {term} works"
+    )
     static = re.search(r'<img alt="Line chart[^"]*" class="[^"]*" src="([^"]+)"', figure.group(1)).group(1)
     assert (html / "notebooks" / static).resolve().is_file(), static
-    assert re.search(r'<a class="reference internal" href="#fig-scratch-curve"><span class="std std-numref">Fig\. \d+', page)
+    assert re.search(
+        r'<a class="reference internal" href="#fig-scratch-curve"><span class="std std-numref">Fig\. \d+',
+        page,
+    )
     # the chart runtime: one file per build, loaded by this page only, not from _static's injected set
     assert page.count("_static/coupling/charts.js") == 1
     assert (html / "_static" / "coupling" / "charts.js").stat().st_size > 500_000

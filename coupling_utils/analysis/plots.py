@@ -27,6 +27,7 @@ coupled, about 0 = unrelated), as in the authors' figures; pass ``show="m"`` to 
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 import warnings
@@ -63,6 +64,8 @@ OKABE_ITO = ["#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "
 SHOWS = ("1-m^2", "m", "raw")
 DIAGONAL_COLOUR = "#c8c8c8"
 _BIG = 60_000  # rows beyond which a figure gets heavy (one element per mark)
+# Pan/zoom selections need their own names: Altair merges identical unnamed ones across views.
+_ZOOMS = itertools.count(1)
 
 #: Human names of the columns the book's tables use: titles of axes, legends and tooltips.
 TITLES = {
@@ -593,7 +596,7 @@ def scatter_fit(
         tooltip.insert(0, _tip(color, "N"))
     if label:
         tooltip.insert(0, _tip(label, "N"))
-    zoom = alt.selection_interval(bind="scales")
+    zoom = alt.selection_interval(bind="scales", name=f"zoom_{next(_ZOOMS)}")  # each view its own
     enc = dict(x=xs, y=ys, tooltip=tooltip)
     enc["color"] = _categorical(color) if color else alt.value(OKABE_ITO[0])
     params = [zoom]
@@ -625,16 +628,16 @@ def scatter_fit(
     if label:
         px = (data[x].to_numpy(float) - xdom[0]) / (xdom[1] - xdom[0]) * width
         py = (1 - (data[y].to_numpy(float) - ydom[0]) / (ydom[1] - ydom[0])) * height
-        data["_place"] = place_labels(px, py, data[label].astype(str).tolist(), width, height)
+        placed = data.assign(_place=place_labels(px, py, data[label].astype(str).tolist(), width, height))
         for place, (dx, dy, align, baseline) in enumerate(LABEL_PLACES):
-            rows = data[data["_place"] == place][[x, y, label]]
+            rows = placed[placed["_place"] == place][[x, y, label]]
             if len(rows):
                 layers.append(
                     alt.Chart(rows)
                     .mark_text(align=align, baseline=baseline, dx=dx, dy=dy, fontSize=9, color="#333333")
                     .encode(x=xs, y=ys, text=f"{label}:N")
                 )
-        hidden = int(data["_place"].isna().sum())
+        hidden = int(placed["_place"].isna().sum())
         if hidden:
             notes.append(f"{hidden} label{'s' if hidden > 1 else ''} left to the tooltip")
     subtitle = "; ".join(notes) or None
@@ -780,6 +783,7 @@ def trajectory_pca_chart(
             y=alt.Y(f"{y}:Q", title=title_of(y)),
             detail=f"{token}:N",
             order=f"{layer}:Q",
+            tooltip=([_tip(facet, "N")] if facet else []) + [_tip(token, "N", title="trajectory of token")],
         )
     )
     dots = (
@@ -794,7 +798,7 @@ def trajectory_pca_chart(
         )
     )
     if facet is None:
-        dots = dots.add_params(alt.selection_interval(bind="scales"))
+        dots = dots.add_params(alt.selection_interval(bind="scales", name=f"zoom_{next(_ZOOMS)}"))
     end = (
         alt.Chart()
         .transform_joinaggregate(last=f"max({layer})", groupby=[token] + ([facet] if facet else []))

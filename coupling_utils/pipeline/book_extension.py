@@ -177,18 +177,50 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
+def _table(header: list[str], rows: list[list[str]]) -> nodes.table:
+    table = nodes.table(classes=["tidy-table"])
+    group = nodes.tgroup(cols=len(header))
+    table += group
+    for _ in header:
+        group += nodes.colspec(colwidth=1)
+    head, body = nodes.thead(), nodes.tbody()
+    group += head
+    group += body
+    row = nodes.row()
+    for text in header:
+        row += nodes.entry("", nodes.paragraph(text=text))
+    head += row
+    for values in rows:
+        row = nodes.row()
+        for text in values:
+            row += nodes.entry("", nodes.paragraph(text=text))
+        body += row
+    return table
+
+
 class TidyTable(SphinxDirective):
     """A CSV file as a narrow table: ``{tidy-table} path/to.csv`` (relative to the page).
 
-    The columns that hold the same value on every row (machine, versions, date, command) are
-    said once in a line above the table; ``:columns:`` (comma-separated) chooses and orders the
-    table's columns (default: all the others); the remaining columns are named below it, with
-    a link to download the whole CSV.
+    The columns that hold the same value on every row (machine, versions, date, command; or
+    those named in ``:once:``) are said once, in a line above the table; ``:columns:``
+    (comma-separated) chooses and orders the table's columns (default: all the others); the
+    remaining columns are named below it, with a link to download the whole CSV. A CSV of one
+    row is shown as a two-column table (column, value).
     """
 
     required_arguments = 1
     has_content = False
-    option_spec = {"columns": directives.unchanged}
+    option_spec = {"columns": directives.unchanged, "once": directives.unchanged}
+
+    def _names(self, option: str, df) -> list[str]:
+        names = [c.strip() for c in (self.options.get(option) or "").split(",") if c.strip()]
+        unknown = [c for c in names if c not in df.columns]
+        if unknown:
+            raise self.error(
+                f"tidy-table: {self.arguments[0]} has no column(s) {unknown} (:{option}:); "
+                f"it has {list(df.columns)}"
+            )
+        return names
 
     def run(self):
         import pandas as pd
@@ -201,51 +233,38 @@ class TidyTable(SphinxDirective):
         df = pd.read_csv(path)
         if df.empty:
             raise self.error(f"tidy-table: {self.arguments[0]} has no rows")
-        constant = [c for c in df.columns if df[c].nunique(dropna=False) == 1] if len(df) > 1 else []
-        if self.options.get("columns"):
-            shown = [c.strip() for c in self.options["columns"].split(",") if c.strip()]
-            unknown = [c for c in shown if c not in df.columns]
-            if unknown:
-                raise self.error(
-                    f"tidy-table: {self.arguments[0]} has no column(s) {unknown}; it has {list(df.columns)}"
-                )
-        else:
-            shown = [c for c in df.columns if c not in constant]
-        rest = [c for c in df.columns if c not in shown and c not in constant]
+        once = self._names("once", df)
+        varying = [c for c in once if df[c].nunique(dropna=False) > 1]
+        if varying:
+            raise self.error(
+                f"tidy-table: :once: columns {varying} differ between rows of {self.arguments[0]}"
+            )
+        if len(df) > 1:
+            once += [c for c in df.columns if c not in once and df[c].nunique(dropna=False) == 1]
+        shown = self._names("columns", df) or [c for c in df.columns if c not in once]
+        rest = [c for c in df.columns if c not in shown and c not in once]
         out: list[nodes.Node] = []
-        if constant:
+        if once:
             para = nodes.paragraph(classes=["tidy-table-constants"])
-            para += nodes.strong(text="Same on every row: ")
-            for k, c in enumerate(constant):
+            para += nodes.strong(text="Same on every row: " if len(df) > 1 else "Measured with: ")
+            for k, c in enumerate(once):
                 if k:
                     para += nodes.Text("; ")
                 para += nodes.Text(f"{c.replace('_', ' ')} ")
                 para += nodes.literal(text=_cell(df[c].iloc[0]))
             out.append(para)
-        table = nodes.table(classes=["tidy-table"])
-        group = nodes.tgroup(cols=len(shown))
-        table += group
-        for _ in shown:
-            group += nodes.colspec(colwidth=1)
-        head, body = nodes.thead(), nodes.tbody()
-        group += head
-        group += body
-        row = nodes.row()
-        for c in shown:
-            row += nodes.entry("", nodes.paragraph(text=c.replace("_", " ")))
-        head += row
-        for record in df[shown].itertuples(index=False):
-            row = nodes.row()
-            for value in record:
-                row += nodes.entry("", nodes.paragraph(text=_cell(value)))
-            body += row
-        out.append(table)
+        if len(df) == 1:
+            out.append(
+                _table(["column", "value"], [[c.replace("_", " "), _cell(df[c].iloc[0])] for c in shown])
+            )
+        else:
+            rows = [[_cell(v) for v in record] for record in df[shown].itertuples(index=False)]
+            out.append(_table([c.replace("_", " ") for c in shown], rows))
         para = nodes.paragraph(classes=["tidy-table-constants"])
-        para += nodes.Text(
-            f"More columns in the CSV ({', '.join(c.replace('_', ' ') for c in rest)}): "
-            if rest
-            else "The CSV: "
-        )
+        if rest:
+            para += nodes.Text(f"More columns in the CSV ({', '.join(c.replace('_', ' ') for c in rest)}): ")
+        else:
+            para += nodes.Text("The CSV: ")
         para += addnodes.download_reference(
             "", "", nodes.literal(text=Path(path).name), reftarget=self.arguments[0], refdoc=self.env.docname
         )
