@@ -332,6 +332,30 @@ def test_citation_comes_from_citation_cff(tmp_path):
         book.citation_section(bad)
 
 
+def test_publishing_workflow_runs_what_the_repository_has():
+    """The GitHub Actions workflow: valid YAML, on pushes to main, make targets that exist, the
+    model cache where the notebooks look, and the Pages branch the Colab links point at."""
+    wf = yaml.safe_load((ROOT / ".github" / "workflows" / "book.yml").read_text())
+    on = wf.get("on", wf.get(True))  # YAML 1.1 reads a bare `on` as true
+    assert on["push"]["branches"] == ["main"]
+    assert wf["permissions"]["contents"] == "write"
+    steps = wf["jobs"]["book"]["steps"]
+    runs = "\n".join(step.get("run", "") for step in steps)
+    targets = set(re.findall(r"^\s*([\w-]+):", (ROOT / "Makefile").read_text(), re.MULTILINE))
+    used = set(re.findall(r"\bmake (?:-s )?([\w-]+)", runs))
+    assert used >= {"venv", "zoo-key", "book"} and used <= targets, used - targets
+    assert "PROFILE=default" in runs
+    caches = [s["with"] for s in steps if s.get("uses", "").startswith("actions/cache")]
+    assert any(
+        c["path"] == "${{ env.COUPLING_CACHE }}" and "steps.zoo.outputs.key" in c["key"] for c in caches
+    )
+    assert wf["env"]["COUPLING_CACHE"].endswith(".cache/coupling")
+    pages = config()["coupling_book"]["pages_branch"]
+    assert f"git init -q -b {pages}" in runs and runs.rstrip().endswith(pages)
+    assert "touch .nojekyll" in runs  # otherwise Pages drops _static/ and _images/
+    assert {"serve", "zoo-key"} <= targets
+
+
 # --- remote assets ---------------------------------------------------------------------------
 
 

@@ -573,8 +573,8 @@ def scatter_fit(
     title: str | None = None,
     x_title: str | None = None,
     y_title: str | None = None,
-    width: int = 320,
-    height: int = 260,
+    width: int = 400,
+    height: int = 280,
 ):
     """Points, their OLS line, and text labels: the paper's correlation plots (Fig. 1a).
 
@@ -582,8 +582,8 @@ def scatter_fit(
     zoom; hovering one highlights it, and the point with the same ``label`` in any scatter
     concatenated with this one (``scatter_fit(...) | scatter_fit(...)``: the same runs seen
     two ways). Labels are placed where they overlap nothing (:func:`place_labels`); the others
-    are left to the tooltip, and the subtitle says how many. ``width`` × ``height`` in pixels
-    (two side by side fit the book's column at the default 320).
+    are left to the tooltip, and the subtitle says how many. ``width`` × ``height`` in pixels:
+    two side by side fit the book's column at ``width=280``; at the default, ``show`` stacks them.
     """
     _need(df, x, y, label, color)
     data = df[[c for c in dict.fromkeys((x, y, label, color)) if c]].dropna(subset=[x, y]).copy()
@@ -602,7 +602,7 @@ def scatter_fit(
     params = [zoom]
     if label:
         pick = alt.selection_point(
-            name=_param_name("pick", label), fields=[label], on="pointerover", clear="pointerout"
+            name=_param_name("pick", label), fields=[label], on="pointerover", clear="pointerout", empty=False
         )
         params.append(pick)
         enc["size"] = alt.condition(pick, alt.value(150), alt.value(55))
