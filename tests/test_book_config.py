@@ -643,7 +643,9 @@ def test_build_renders_live_charts_figures_downloads_and_links(tmp_path):
     assert 'href="../book/glossary.html#term-coupling"' in figure.group(1), (
         "the caption is MyST: {term} works"
     )
-    static = re.search(r'<img alt="Line chart[^"]*" class="[^"]*" src="([^"]+)"', figure.group(1)).group(1)
+    image = re.search(r'<img alt="Line chart[^"]*"[^>]*>', figure.group(1)).group(0)
+    assert 'loading="lazy"' in image  # not fetched once the live view hides it
+    static = re.search(r'src="([^"]+)"', image).group(1)
     assert (html / "notebooks" / static).resolve().is_file(), static
     assert re.search(
         r'<a class="reference internal" href="#fig-scratch-curve"><span class="std std-numref">Fig\. \d+',

@@ -108,6 +108,7 @@ class ChartFigures:
         )[0]
         image["alt"] = parts.alt
         image["classes"] = [*image.get("classes", []), "coupling-chart-static"]
+        image["loading"] = "lazy"  # hidden behind a drawn live view, it is never fetched
         caption, name = chart.get("caption"), chart.get("name")
         if not caption:
             return [nodes.container("", live, image, classes=["coupling-chart"])]
