@@ -74,6 +74,11 @@ async (waitMs) => {
     }
   }
   const brief = el => (el.getAttribute('src') || el.textContent || el.outerHTML).trim().slice(0, 100);
+  // A chart's static picture loads lazily (for print, or readers without JavaScript): fetch
+  // every one now, so that a missing or broken file is caught like any other image.
+  const lazy = [...document.querySelectorAll('img[loading="lazy"]')];
+  lazy.forEach(i => { i.loading = 'eager'; });
+  await Promise.all(lazy.map(i => i.decode().catch(() => null)));
   const unrendered = maths.filter(el => !el.querySelector('mjx-container')).map(brief);
   const mathErrors = [...document.querySelectorAll('mjx-merror, [data-mjx-error]')].map(brief);
   const images = [...document.querySelectorAll('img')];
@@ -414,6 +419,7 @@ def test_the_check_catches_a_broken_page(tmp_path, browser_context):
         '<script src="https://cdn.example.com/vega.js"></script></head><body><article>'
         '<span class="math notranslate nohighlight">\\(m_K\\)</span>'
         '<div class="cell_output"><img src="missing.svg"></div>'
+        '<div style="height: 5000px"></div><img loading="lazy" style="display: none" src="missing-lazy.svg">'
         '<figure id="fig-x"><img src="data:image/gif;base64,R0lGODlhAQABAAAAACw="></figure>'
         '<a class="reference internal" href="#fig-gone"><span class="std std-numref">Fig. 2</span></a>'
         '<div class="coupling-chart" id="dead-chart"><div class="coupling-chart-view"></div></div>'
@@ -425,6 +431,7 @@ def test_the_check_catches_a_broken_page(tmp_path, browser_context):
     assert "request to another host: https://cdn.example.com/vega.js" in text
     assert "request to another host: http://img.example.org/p.png" in text
     assert "image not loaded: missing.svg" in text and "chart not rendered" in text
+    assert "image not loaded: missing-lazy.svg" in text  # hidden, far below, lazy: still checked
     assert "1 of 1 formulas not rendered" in text and "MathJax never loaded" in text
     assert "console error: boom" in text
     assert "figure without a numbered caption: fig-x" in text
