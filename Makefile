@@ -15,7 +15,7 @@ STAMP := $(VENV)/.installed
 # Idle OpenMP threads sleep instead of spinning: much faster on a small or shared CPU.
 export OMP_WAIT_POLICY ?= PASSIVE
 
-.PHONY: help venv book run build test lint format unit browser bench clean
+.PHONY: help venv book run build test lint format unit browser bench clean serve zoo-key
 help:
 	@sed -n 's/^#   //p' Makefile | head -3
 
@@ -65,6 +65,20 @@ test: $(STAMP) browser lint
 
 bench: $(STAMP)
 	$(PY) bench/bench_jacobians.py
+
+# Preview the built book at http://localhost:$(PORT)/ (as a web server would publish it).
+PORT ?= 8000
+serve:
+	@test -f _build/html/index.html || { echo "no book at _build/html: run make book first"; exit 1; }
+	$(PYTHON) -m http.server $(PORT) --bind 127.0.0.1 --directory _build/html
+
+# One line naming every embedded model's spec (training settings, data, code format): the CI
+# cache key of $$COUPLING_CACHE, so a cached model is reused exactly while its spec is unchanged.
+zoo-key: $(STAMP)
+	@$(PY) -c 'import hashlib; from coupling_utils.models import zoo; \
+	keys = []; \
+	[keys.append(f"{e.name}={e.key()}") for e in zoo.REGISTRY.values() if not e.opt_in]; \
+	print("zoo-" + hashlib.sha256(" ".join(sorted(keys)).encode()).hexdigest()[:16])'
 
 clean:
 	rm -rf _build

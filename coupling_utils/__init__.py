@@ -80,8 +80,9 @@ _EXPORTS = {
     "matrix_frame": "analysis.coupling_metric",
     "tile_frame": "analysis.coupling_metric",
     "coupling_tiles": "analysis.coupling_metric",
-    # the book: static charts, the build step
+    # the book: live charts and downloadable tables, the build step
     "show": "analysis.display",
+    "show_table": "analysis.display",
     "to_svg": "analysis.display",
     "build_book": "pipeline.book",
     # the embedded model zoo and the local training runs

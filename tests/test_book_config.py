@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import io
 import re
 import shutil
 from pathlib import Path
@@ -33,7 +35,16 @@ BIB_KEYS = {
     "wang2020minilm",
     "lecun1998mnist",
 }
-BOOK_PAGES = ["intro", "notation-and-method", "running", "teaching", "status", "bibliography"]
+BOOK_PAGES = [
+    "intro",
+    "notation-and-method",
+    "running",
+    "teaching",
+    "status",
+    "performance",
+    "glossary",
+    "bibliography",
+]
 
 
 def config() -> dict:
@@ -49,7 +60,15 @@ def test_toc_order_is_the_books_reading_order():
         + [f"notebooks/{f}" for f in FINDINGS]
         + [
             f"book/{p}"
-            for p in ("status", "architectures", "performance", "running", "teaching", "bibliography")
+            for p in (
+                "status",
+                "architectures",
+                "performance",
+                "running",
+                "teaching",
+                "glossary",
+                "bibliography",
+            )
         ]
     )
     assert toc_entries(ROOT) == expected
@@ -75,7 +94,11 @@ def test_config_renders_without_executing_and_without_remote_code():
     # MathJax comes from the book itself, outside _static (which Jupyter Book injects
     # into every page), and the path Sphinx writes is the file build_book stages.
     assert sphinx["mathjax_path"] == f"mathjax/{book.MATHJAX_ENTRY}"
-    assert sphinx["html_extra_path"] == [book.MATHJAX_STAGE]
+    assert sphinx["html_extra_path"] == [book.EXTRA_STAGE] and book.EXTRA_STAGE in cfg["exclude_patterns"]
+    assert {"sphinx_exercise", "coupling_utils.pipeline.book_extension"} <= set(extensions)
+    # shipped without a public repository: no buttons, no Colab (a fork sets repository.url)
+    assert cfg["repository"]["url"] == "" and book.repository_links(cfg) == {}
+    assert sphinx["html_theme_options"]["navbar_persistent"] == [], "one search box: no header search"
     assert not (ROOT / "_static").exists()
     for bib in cfg["bibtex_bibfiles"]:
         assert (ROOT / bib).is_file(), bib
@@ -187,7 +210,7 @@ def test_staging_keeps_what_exists_and_prunes_the_toc(tmp_path):
     assert (src / "notebooks" / "f00_coupling_metric.ipynb").is_file()
     assert not (src / "notebooks" / "f01_depth_and_tokens.ipynb").exists()
     assert not (src / "stale.txt").exists(), "the staged tree is rebuilt from scratch"
-    assert (src / book.MATHJAX_STAGE / "_static" / "mathjax" / book.MATHJAX_ENTRY).is_file()
+    assert (src / book.EXTRA_STAGE / "_static" / "mathjax" / book.MATHJAX_ENTRY).is_file()
     assert (src / "data").is_dir() == (root / "data").is_dir()
     status = (src / "book" / "status.md").read_text()
     assert status.startswith((root / "book" / "status.md").read_text())
@@ -213,6 +236,126 @@ def test_toc_entry_outside_book_and_notebooks_is_refused(tmp_path):
         plan_book(root)
 
 
+def test_repository_url_decides_the_links():
+    assert book.repository_links({"repository": {"url": ""}}) == {}
+    gh = book.repository_links({"repository": {"url": "https://github.com/org/repo.git/", "branch": "dev"}})
+    assert gh == {
+        "url": "https://github.com/org/repo",
+        "branch": "dev",
+        "path": "",
+        "host": "github",
+        "owner_repo": "org/repo",
+        "pages_branch": "gh-pages",
+    }
+    gl = book.repository_links(
+        {"repository": {"url": "https://gitlab.com/g/sub/repo", "path_to_book": "docs/"}, "coupling_book": {}}
+    )
+    assert gl["host"] == "gitlab" and gl["path"] == "docs"
+    assert (
+        book._repo_file_url(gl, "notebooks/f00.md")
+        == "https://gitlab.com/g/sub/repo/-/blob/main/docs/notebooks/f00.md"
+    )
+    other = book.repository_links({"repository": {"url": "https://git.example.org/repo"}})
+    assert other["host"] == "" and other["owner_repo"] == ""
+    with pytest.raises(BookError, match="repository.url"):
+        book.repository_links({"repository": {"url": "git@github.com:org/repo.git"}})
+    staged = book._staged_config(
+        {"repository": {"url": ""}, "coupling_book": {"pages_branch": "x"}, "html": {}}, {}
+    )
+    assert "coupling_book" not in staged and not staged["html"]  # no repository: nothing turned on
+    on = book._staged_config(config(), gh)
+    theme = on["sphinx"]["config"]["html_theme_options"]
+    assert (
+        theme["repository_url"] == gh["url"]
+        and theme["use_edit_page_button"]
+        and theme["use_repository_button"]
+    )
+    assert on["html"]["use_repository_button"] and "coupling_book" not in on
+
+
+def test_staging_publishes_notebooks_tables_and_the_download_box(tmp_path):
+    from coupling_utils.analysis.display import table_bundle
+
+    root = _scratch_root(tmp_path, ["f00_coupling_metric"])
+    cfg = yaml.safe_load((root / "_config.yml").read_text())
+    cfg["repository"]["url"] = "https://github.com/org/repo"
+    (root / "_config.yml").write_text(yaml.safe_dump(cfg))
+    (root / "CITATION.cff").write_text((ROOT / "CITATION.cff").read_text())
+    executed = tmp_path / "executed"
+    _executed_notebook(executed / "f00_coupling_metric.ipynb")
+    nb = nbformat.read(executed / "f00_coupling_metric.ipynb", as_version=4)
+    install = nbformat.v4.new_code_cell('REPOSITORY = ""  # set by the build')
+    install.metadata["tags"] = ["remove-cell", book.INSTALL_TAG]
+    cell = nbformat.v4.new_code_cell("show_table(...)")
+    import pandas as pd
+
+    for name in ("per_prompt", "fits"):
+        data, meta = table_bundle(pd.DataFrame({"a": [1, 2], "b": ["x", "y"]}), name)
+        cell.outputs.append(nbformat.v4.new_output("display_data", data=data, metadata=meta))
+    nb.cells[1:1] = [install, cell]
+    nbformat.write(nb, executed / "f00_coupling_metric.ipynb")
+    src = tmp_path / "src"
+    book.stage_book(root, executed, src, allow_unexecuted=True)
+    extra = src / book.EXTRA_STAGE / "notebooks"
+    assert (extra / "f00_coupling_metric" / "per_prompt.csv").read_text() == "a,b\n1,x\n2,y\n"
+    assert (extra / "f00_coupling_metric" / "fits.csv").is_file()
+    published = nbformat.read(extra / "f00_coupling_metric.ipynb", as_version=4)
+    assert "REPOSITORY = 'https://github.com/org/repo.git'" in published.cells[1].source
+    assert "chapter-links" not in published.cells[0].source  # the download is the run, untouched
+    page = nbformat.read(src / "notebooks" / "f00_coupling_metric.ipynb", as_version=4)
+    title = page.cells[0].source
+    assert title.startswith("# Scratch finding\n\n```{chapter-links}")
+    assert ":notebook: f00_coupling_metric.ipynb" in title
+    assert ":tables: f00_coupling_metric/per_prompt.csv f00_coupling_metric/fits.csv" in title
+    assert (
+        ":colab: https://colab.research.google.com/github/org/repo/blob/gh-pages/notebooks/f00_coupling_metric.ipynb"
+        in title
+    )
+    assert ":source: https://github.com/org/repo/blob/main/notebooks/f00_coupling_metric.md" in title
+    cite = (src / "book" / "bibliography.md").read_text()
+    assert "## Cite this companion" in cite and "url     = {https://github.com/org/repo}" in cite
+    # two tables of one name in one notebook: an error naming it
+    cell.outputs.append(cell.outputs[0])
+    nbformat.write(nb, executed / "f00_coupling_metric.ipynb")
+    with pytest.raises(BookError, match="two tables named 'per_prompt'"):
+        book.stage_book(root, executed, src, allow_unexecuted=True)
+
+
+def test_citation_comes_from_citation_cff(tmp_path):
+    text = book.citation_section(ROOT / "CITATION.cff")
+    meta = yaml.safe_load((ROOT / "CITATION.cff").read_text())
+    assert meta["title"] in text and f"version {meta['version']}" in text
+    assert "{cite:t}`aubry2025coupling`" in text  # the preferred citation: the paper
+    bad = tmp_path / "CITATION.cff"
+    bad.write_text("cff-version: 1.2.0\n")
+    with pytest.raises(BookError, match="no title"):
+        book.citation_section(bad)
+
+
+def test_publishing_workflow_runs_what_the_repository_has():
+    """The GitHub Actions workflow: valid YAML, on pushes to main, make targets that exist, the
+    model cache where the notebooks look, and the Pages branch the Colab links point at."""
+    wf = yaml.safe_load((ROOT / ".github" / "workflows" / "book.yml").read_text())
+    on = wf.get("on", wf.get(True))  # YAML 1.1 reads a bare `on` as true
+    assert on["push"]["branches"] == ["main"]
+    assert wf["permissions"]["contents"] == "write"
+    steps = wf["jobs"]["book"]["steps"]
+    runs = "\n".join(step.get("run", "") for step in steps)
+    targets = set(re.findall(r"^\s*([\w-]+):", (ROOT / "Makefile").read_text(), re.MULTILINE))
+    used = set(re.findall(r"\bmake (?:-s )?([\w-]+)", runs))
+    assert used >= {"venv", "zoo-key", "book"} and used <= targets, used - targets
+    assert "PROFILE=default" in runs
+    caches = [s["with"] for s in steps if s.get("uses", "").startswith("actions/cache")]
+    assert any(
+        c["path"] == "${{ env.COUPLING_CACHE }}" and "steps.zoo.outputs.key" in c["key"] for c in caches
+    )
+    assert wf["env"]["COUPLING_CACHE"].endswith(".cache/coupling")
+    pages = config()["coupling_book"]["pages_branch"]
+    assert f"git init -q -b {pages}" in runs and runs.rstrip().endswith(pages)
+    assert "touch .nojekyll" in runs  # otherwise Pages drops _static/ and _images/
+    assert {"serve", "zoo-key"} <= targets
+
+
 # --- remote assets ---------------------------------------------------------------------------
 
 
@@ -222,6 +365,7 @@ def test_remote_assets_finds_loads_from_other_hosts_but_not_links(tmp_path):
         '<html><head><script src="_static/a.js"></script>'
         '<link rel="stylesheet" href="_static/a.css"></head>'
         '<body><a href="https://example.org/paper">a link is fine</a>'
+        '<script type="application/json">{"$schema": "https://vega.github.io/schema/vega-lite/v6.json"}</script>'
         '<img src="data:image/png;base64,AAAA"></body></html>'
     )
     (tmp_path / "sub" / "bad.html").write_text(
@@ -265,48 +409,127 @@ def test_to_svg_draws_the_chart_without_a_browser():
     assert to_svg(_chart().to_dict()) == svg
 
 
-def test_show_displays_an_svg_picture(monkeypatch):
+def _displayed(monkeypatch) -> list:
     import IPython.display
+
+    shown = []
+    monkeypatch.setattr(IPython.display, "display", lambda obj, **kw: shown.append((obj, kw)))
+    return shown
+
+
+def test_show_displays_a_live_chart_with_a_static_picture(monkeypatch):
+    import json
 
     from coupling_utils.analysis import display
 
-    shown = []
-    monkeypatch.setattr(IPython.display, "display", lambda obj: shown.append(obj))
-    assert display.show(_chart()) is None
-    assert len(shown) == 1 and isinstance(shown[0], IPython.display.SVG)
-    assert "<svg" in shown[0].data
+    shown = _displayed(monkeypatch)
+    assert display.show(_chart(), caption="Coupling rises.", name="fig-x", alt="A rising line.") is None
+    ((bundle, kw),) = shown
+    assert kw["raw"] is True
+    assert kw["metadata"][display.METADATA_KEY]["chart"] == {
+        "name": "fig-x",
+        "caption": "Coupling rises.",
+        "alt": "A rising line.",
+    }
+    assert set(bundle) == {"text/html", "image/svg+xml", "text/plain"}  # HTML, and a picture fallback
+    assert bundle["text/plain"] == "A rising line."
+    parts = display.chart_parts(bundle["text/html"])
+    assert parts.mime == "image/svg+xml" and parts.content == bundle["image/svg+xml"]
+    assert parts.alt == "A rising line." and parts.width and parts.width < display.FIT_WIDTH
+    spec = json.loads(re.search(r'class="coupling-chart-spec"[^>]*>(.*?)</script>', parts.live).group(1))
+    assert spec["description"] == "A rising line." and spec["mark"]["type"] == "line"
+    assert spec["config"]["mark"]["tooltip"] == {"content": "encoding"}  # marks without one still tell
+    # no alt given: a description from the chart, never a file name
+    display.show(_chart().properties(title="Coupling by layer"))
+    alt_text = shown[-1][1]["metadata"][display.METADATA_KEY]["chart"]["alt"]
+    assert alt_text.startswith("Chart: Coupling by layer") and "coupling against layer" in alt_text
+
+
+def test_show_refuses_unusable_figure_names():
+    from coupling_utils.analysis.display import chart_bundle
+
+    with pytest.raises(ValueError, match="no caption"):
+        chart_bundle(_chart(), name="fig-x")
+    with pytest.raises(ValueError, match="letters, digits"):
+        chart_bundle(_chart(), name="fig x", caption="c")
+    with pytest.raises(ValueError, match="non-empty"):
+        chart_bundle(_chart(), caption=" ")
+
+
+def test_chart_spec_cannot_close_its_script_element():
+    import altair as alt
+    import pandas as pd
+
+    from coupling_utils.analysis.display import chart_bundle, chart_parts
+
+    data = pd.DataFrame({"label": ["</script><script>alert(1)</script>"], "x": [1.0]})
+    bundle, _ = chart_bundle(alt.Chart(data).mark_point().encode(x="x:Q", tooltip="label:N"))
+    live = chart_parts(bundle["text/html"]).live
+    assert live.count("</script>") == 1 and "\\u003c/script>" in live
 
 
 def test_show_switches_to_png_for_a_large_chart(monkeypatch):
-    import IPython.display
-
     from coupling_utils.analysis import display
 
-    shown = []
-    monkeypatch.setattr(IPython.display, "display", lambda obj: shown.append(obj))
-    svg_bytes = len(display.to_svg(_chart()).encode())
+    shown = _displayed(monkeypatch)
+    svg_bytes = len(display.to_svg(display.chart_spec(_chart())[0]).encode())
     display.show(_chart(), max_svg_bytes=svg_bytes)  # at the limit: still SVG
     display.show(_chart(), max_svg_bytes=svg_bytes - 1)  # over it: PNG at twice the resolution
-    assert isinstance(shown[0], IPython.display.SVG) and isinstance(shown[1], IPython.display.Image)
-    png = shown[1].data
-    assert png.startswith(b"\x89PNG") and shown[1].width == int.from_bytes(png[16:20], "big") // 2
-    assert 0 < shown[1].width < 2000
+    (svg, _), (png, kw) = shown
+    assert "image/svg+xml" in svg and "image/png" in png and 'data-renderer="svg"' in svg["text/html"]
+    assert 'data-renderer="canvas"' in png["text/html"]  # many marks: a canvas live view
+    parts = display.chart_parts(png["text/html"])
+    raw = base64.b64decode(parts.content)
+    assert raw.startswith(b"\x89PNG") and parts.width == int.from_bytes(raw[16:20], "big") // 2
+    assert kw["metadata"]["image/png"] == {"width": parts.width} and 0 < parts.width < 2000
 
 
-def test_static_renderer_makes_bare_charts_svg():
+def test_show_wraps_charts_wider_than_the_column():
+    from coupling_utils.analysis import display
+
+    wide = _chart().properties(width=300) | _chart().properties(width=300) | _chart().properties(width=300)
+    spec, svg = display.chart_spec(wide)
+    assert "hconcat" not in spec and spec["columns"] == 1
+    assert display._svg_width(svg) <= display.FIT_WIDTH
+    kept, svg = display.chart_spec(wide, fit=False)
+    assert "hconcat" in kept and display._svg_width(svg) > display.FIT_WIDTH
+
+
+def test_book_renderer_makes_bare_charts_live_too():
     import altair as alt
 
-    from coupling_utils.analysis.display import RENDERER_NAME, use_static_charts
+    from coupling_utils.analysis.display import METADATA_KEY, RENDERER_NAME, use_book_charts
 
     previous = alt.renderers.active
     try:
-        use_static_charts()
+        use_book_charts()
         assert alt.renderers.active == RENDERER_NAME
-        bundle = alt.renderers.get()(_chart().to_dict())
-        assert "<svg" in bundle["image/svg+xml"]
-        assert "text/html" not in bundle  # nothing that would load vega from a CDN
+        bundle, metadata = alt.renderers.get()(_chart().to_dict())
+        assert "coupling-chart-spec" in bundle["text/html"] and "<svg" in bundle["image/svg+xml"]
+        assert metadata[METADATA_KEY]["chart"]["caption"] is None
     finally:
         alt.renderers.enable(previous)
+
+
+def test_show_table_wraps_text_and_stores_the_csv(monkeypatch):
+    import pandas as pd
+
+    from coupling_utils.analysis import display
+
+    shown = _displayed(monkeypatch)
+    df = pd.DataFrame({"prompt": [f"p{k}" for k in range(40)], "text": ["KING RICHARD II:\nRight, you"] * 40})
+    display.show_table(df, "prompts", max_rows=5)
+    ((bundle, kw),) = shown
+    page = bundle["text/html"]
+    assert "\\n" not in page and "KING RICHARD II: ↵ Right, you" in page
+    assert "First 5 of 40 rows" in page and page.count("<tr>") == 5  # the body rows shown
+    table = kw["metadata"][display.METADATA_KEY]["table"]
+    assert table["name"] == "prompts" and table["rows"] == 40
+    assert pd.read_csv(io.StringIO(table["csv"])).equals(df)  # the whole table, newlines kept
+    with pytest.raises(ValueError, match="file name"):
+        display.show_table(df, "my table")
+    with pytest.raises(TypeError, match="DataFrame"):
+        display.show_table([1, 2], "x")
 
 
 def test_to_svg_rejects_what_is_not_a_chart():
@@ -317,6 +540,8 @@ def test_to_svg_rejects_what_is_not_a_chart():
 
 
 # --- a whole build -------------------------------------------------------------------------
+
+SAMPLE_REPOSITORY = "https://github.com/example-org/coupling-book"
 
 SCRATCH_NOTEBOOK = """\
 ---
@@ -338,25 +563,53 @@ $$
 1 - m_K^2 .
 $$
 
-See {doc}`../book/notation-and-method` and {cite}`aubry2025coupling`.
+See {doc}`../book/notation-and-method`, {cite}`aubry2025coupling`, the {term}`coupling` of
+{term}`block Jacobians <block Jacobian>`, and {numref}`Fig. %s <fig-scratch-curve>`.
 
 ```{code-cell} ipython3
-import altair as alt
-import pandas as pd
-from coupling_utils.analysis.display import show
+:tags: [remove-cell, companion-install]
 
-show(alt.Chart(pd.DataFrame({"layer": [0, 1, 2], "coupling": [0.2, 0.6, 0.9]}))
-     .mark_line(point=True).encode(x="layer:Q", y="coupling:Q"))
+REPOSITORY = ""  # the book build writes _config.yml's repository.url here
+```
+
+```{code-cell} ipython3
+import pandas as pd
+from coupling_utils.analysis import plots
+from coupling_utils.analysis.display import show, show_table
+
+curve = pd.DataFrame({"layer": [0, 1, 2], "coupling": [0.2, 0.6, 0.9]})
+show(plots.layer_profile(curve, "coupling", title="Scratch curve"), name="fig-scratch-curve",
+     caption="Coupling rises with depth ({term}`coupling`, $1 - m_K^2$).",
+     alt="Line chart: coupling rises from 0.2 at layer 0 to 0.9 at layer 2.")
+show_table(curve, "curve", caption="The curve's values")
+```
+
+```{exercise}
+:label: ex-scratch
+
+Predict the coupling at layer 3, then check it.
+```
+
+```{solution} ex-scratch
+:class: dropdown
+
+It keeps rising.
 ```
 """
 
 
-def build_scratch_book(tmp_path: Path) -> Path:
-    """Build the real prose plus one executed scratch notebook (chart + formulas) to HTML."""
+def build_scratch_book(tmp_path: Path, repository: str = "") -> Path:
+    """Build the real prose plus one executed scratch notebook (a captioned chart, a table,
+    formulas, an exercise) to HTML, with ``repository.url`` set to ``repository``."""
     import jupytext
     from nbclient import NotebookClient
 
     root = _scratch_root(tmp_path, [])
+    shutil.copy2(ROOT / "CITATION.cff", root / "CITATION.cff")
+    if repository:
+        cfg = yaml.safe_load((root / "_config.yml").read_text())
+        cfg["repository"]["url"] = repository
+        (root / "_config.yml").write_text(yaml.safe_dump(cfg, sort_keys=False, allow_unicode=True))
     for page in {p.stem for p in (root / "book").glob("*.md")} - set(BOOK_PAGES):
         (root / "book" / f"{page}.md").unlink()  # other helpers' pages: tested by the full build
     source = root / "notebooks" / "f00_coupling_metric.md"
@@ -372,13 +625,72 @@ def build_scratch_book(tmp_path: Path) -> Path:
 
 
 @pytest.mark.slow
-def test_build_renders_executed_outputs_offline(tmp_path):
-    html = build_scratch_book(tmp_path)
+def test_build_renders_live_charts_figures_downloads_and_links(tmp_path):
+    """One strict build with a sample public repository: every feature of a chapter page."""
+    html = build_scratch_book(tmp_path, repository=SAMPLE_REPOSITORY)
     assert (html / "index.html").is_file()
     page = (html / "notebooks" / "f00_coupling_metric.html").read_text()
-    assert re.search(r'<img[^>]+src="[^"]+\.svg"', page), "the chart's SVG output is not shown"
-    assert "_static/mathjax/tex-svg.js" in page
+    # the chart: a numbered, captioned figure with the live view, its spec and a static picture
+    figure = re.search(
+        r'<figure class="[^"]*coupling-chart[^"]*" id="fig-scratch-curve">(.*?)</figure>', page, re.S
+    )
+    assert figure, "the captioned chart is not a figure labelled fig-scratch-curve"
+    assert 'class="coupling-chart-spec"' in figure.group(1)
+    assert re.search(
+        r'<img alt="Line chart: coupling rises[^"]*" class="[^"]*coupling-chart-static', figure.group(1)
+    )
+    assert re.search(r'<span class="caption-number">Fig\. \d+ </span>', figure.group(1))
+    assert 'href="../book/glossary.html#term-coupling"' in figure.group(1), (
+        "the caption is MyST: {term} works"
+    )
+    image = re.search(r'<img alt="Line chart[^"]*"[^>]*>', figure.group(1)).group(0)
+    assert 'loading="lazy"' in image  # not fetched once the live view hides it
+    static = re.search(r'src="([^"]+)"', image).group(1)
+    assert (html / "notebooks" / static).resolve().is_file(), static
+    assert re.search(
+        r'<a class="reference internal" href="#fig-scratch-curve"><span class="std std-numref">Fig\. \d+',
+        page,
+    )
+    # the chart runtime: one file per build, loaded by this page only, not from _static's injected set
+    assert page.count("_static/coupling/charts.js") == 1
+    assert (html / "_static" / "coupling" / "charts.js").stat().st_size > 500_000
+    intro = (html / "book" / "intro.html").read_text()
+    assert "coupling/charts.js" not in intro and "_static/coupling/book.css" in intro
+    # downloads: the executed notebook and the table, next to the page
+    assert 'href="f00_coupling_metric.ipynb" download' in page
+    assert 'href="f00_coupling_metric/curve.csv" download' in page
+    assert (html / "notebooks" / "f00_coupling_metric" / "curve.csv").read_text().splitlines() == [
+        "layer,coupling",
+        "0,0.2",
+        "1,0.6",
+        "2,0.9",
+    ]
+    published = nbformat.read(html / "notebooks" / "f00_coupling_metric.ipynb", as_version=4)
+    install = [c for c in published.cells if book.INSTALL_TAG in c.metadata.get("tags", [])]
+    assert install and f"REPOSITORY = '{SAMPLE_REPOSITORY}.git'" in install[0].source
+    assert "REPOSITORY" not in page, "the install cell is removed from the page"
+    # links: repository button, edit link to the Markdown source, chapter source, Colab
+    assert f'href="{SAMPLE_REPOSITORY}"' in page
+    assert f"{SAMPLE_REPOSITORY}/edit/main/notebooks/f00_coupling_metric.md" in page
+    assert f"{SAMPLE_REPOSITORY}/edit/main/book/intro.md" in intro
+    assert f'href="{SAMPLE_REPOSITORY}/blob/main/notebooks/f00_coupling_metric.md"' in page
+    colab = (
+        "https://colab.research.google.com/github/example-org/coupling-book/blob/gh-pages/"
+        "notebooks/f00_coupling_metric.ipynb"
+    )
+    assert f'href="{colab}"' in page
+    # exercise and hidden solution (sphinx-exercise)
+    assert re.search(r'class="[^"]*exercise[^"]*"', page) and "Predict the coupling" in page
+    assert re.search(r'class="[^"]*solution[^"]*dropdown', page) or "toggle" in page
+    # glossary terms fill the index; the companion's citation comes from CITATION.cff
+    genindex = (html / "genindex.html").read_text()
+    for term in ("block Jacobian", "m_K", "twin", "expodistance", "profile"):
+        assert term in genindex, term
+    bibliography = re.sub(r"<[^>]+>", "", (html / "book" / "bibliography.html").read_text())
+    assert "Cite this companion" in bibliography and "@software{coupling_companion" in bibliography
+    assert "version 0.1.0" in bibliography
+    assert "MathJax" not in page or "_static/mathjax/tex-svg.js" in page
     assert (html / "_static" / "mathjax" / "tex-svg.js").is_file()
     assert remote_assets(html) == []
-    for page in ("intro", "notation-and-method", "running", "teaching", "status", "bibliography"):
-        assert (html / "book" / f"{page}.html").is_file(), page
+    for name in BOOK_PAGES:
+        assert (html / "book" / f"{name}.html").is_file(), name

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pandas as pd
@@ -87,7 +88,7 @@ def test_coupling_heatmap_shows_one_minus_m_squared(coupled):
     assert sorted(data["layer_j"].unique()) == [3, 4, 5, 6]  # square: labels_j = labels_i
     render(chart)
     raw = P.coupling_heatmap(df, "layer_j", "layer_i", "value", show="m")
-    assert raw.to_dict()["encoding"]["color"]["scale"]["reverse"] is True
+    assert raw.to_dict()["layer"][1]["encoding"]["color"]["scale"]["reverse"] is True
     faceted = P.coupling_heatmap(
         pd.concat([df.assign(step=s) for s in (1, 143000)]),
         "layer_j",
@@ -96,10 +97,41 @@ def test_coupling_heatmap_shows_one_minus_m_squared(coupled):
         facet="step",
         title="t",
     )
-    assert faceted.to_dict()["facet"]["field"] == "step"
+    facet = faceted.to_dict()["facet"]
+    assert facet["field"] == "step" and facet["title"] is None  # headers: the values only
     render(faceted)
     with pytest.raises(ValueError, match="show must be"):
         P.coupling_heatmap(df, "layer_j", "layer_i", "value", show="log")
+    with pytest.raises(ValueError, match="diagonal"):
+        P.coupling_heatmap(df, "layer_j", "layer_i", "value", diagonal="hide")
+
+
+def test_coupling_heatmap_keeps_the_diagonal_out_of_the_colour_scale(coupled):
+    """The diagonal (m = 0, 1 − m² = 1) gets its own grey; the scale spans the rest."""
+    _, M = coupled
+    df = A.matrix_frame(M, [3, 4, 5, 6])
+    spec = P.coupling_heatmap(df, "layer_j", "layer_i", "value").to_dict()
+    diag, off = spec["layer"]
+    assert diag["transform"][0]["filter"] == "datum['layer_j'] == datum['layer_i']"
+    assert diag["mark"]["color"] == P.DIAGONAL_COLOUR and "color" not in diag["encoding"]
+    assert off["transform"][0]["filter"] == "datum['layer_j'] != datum['layer_i']"
+    assert "domain" not in off["encoding"]["color"]["scale"]  # from the off-diagonal data
+    assert off["encoding"]["x"]["title"] == "layer j" and off["encoding"]["y"]["title"] == "layer i"
+    # weakly coupled blocks, as in the paper's finding: 1 − m² of 0.02 to 0.19 off the diagonal
+    rng = np.random.default_rng(0)
+    weak = pd.DataFrame(
+        [(i, j, 0.0 if i == j else rng.uniform(0.9, 0.99)) for i in range(6) for j in range(6)],
+        columns=["layer_i", "layer_j", "value"],
+    )
+    off_max = float((1 - weak[weak.layer_i != weak.layer_j]["value"] ** 2).max())
+    svg = render(P.coupling_heatmap(weak, "layer_j", "layer_i", "value"))
+    assert P.DIAGONAL_COLOUR in svg and "grey: i = j" in svg
+    legend = [float(t) for t in re.findall(r">(0\.\d+|1\.0)</text>", svg)]
+    assert legend and max(legend) <= off_max < 0.2, (legend, off_max)  # not stretched to 1
+    shared = render(P.coupling_heatmap(weak, "layer_j", "layer_i", "value", diagonal="scale"))
+    assert max(float(t) for t in re.findall(r">(0\.\d+|1\.0)</text>", shared)) == 1.0
+    whole = P.coupling_heatmap(df, "layer_j", "layer_i", "value", diagonal="scale")
+    assert "layer" not in whole.to_dict()
 
 
 def test_layer_coupling_graph_draws_edges_above_threshold(coupled):
@@ -154,6 +186,127 @@ def test_scatter_fit_reports_ols():
     noisy = df.assign(score=[1.0, 0.0, 3.0, 2.0, 5.0, 4.0])
     r2 = ols(noisy, "score", "coupling").loc[0, "r2"]
     assert f"R² = {r2:.3f}" in spec_text(P.scatter_fit(noisy, "coupling", "score"))
+
+
+# pytest resets warning filters per test; notebooks keep the one plots sets for this merge
+@pytest.mark.filterwarnings("ignore:Automatically deduplicated selection parameter")
+def test_scatter_fit_pans_zooms_and_links_side_by_side_views():
+    df = pd.DataFrame(
+        {
+            "coupling": [0.90, 0.91, 0.93, 0.95],
+            "val_acc": [0.30, 0.31, 0.35, 0.40],
+            "val_loss": [3.1, 3.0, 2.8, 2.6],
+            "run": ["tiny", "small", "medium", "large"],
+        }
+    )
+    acc = P.scatter_fit(df, "coupling", "val_acc", label="run")
+    loss = P.scatter_fit(df, "coupling", "val_loss", label="run")
+    spec = (acc | loss).to_dict()
+    pick = [p for p in spec["params"] if p["name"] == "pick_run"]
+    assert len(pick) == 1 and len(pick[0]["views"]) == 2, "one hover selection shared by both views"
+    assert pick[0]["select"]["fields"] == ["run"]
+    zooms = [p for p in spec["params"] if p.get("bind") == "scales"]
+    assert len(zooms) == 2 and len({z["name"] for z in zooms}) == 2, "each view pans and zooms on its own"
+    points = spec["hconcat"][0]["layer"][1]
+    assert (
+        points["mark"]["type"] == "circle" and points["encoding"]["size"]["condition"]["param"] == "pick_run"
+    )
+    render(acc | loss)
+
+
+def test_place_labels_never_overlaps_and_leaves_crowded_points_to_the_tooltip():
+    rng = np.random.default_rng(1)
+    px = np.concatenate([rng.uniform(100, 120, 12), [20.0, 260.0]])  # a crowd and two loners
+    py = np.concatenate([rng.uniform(100, 120, 12), [20.0, 200.0]])
+    texts = [f"model-{k}" for k in range(14)]
+    places = P.place_labels(px, py, texts, 280, 240)
+    assert places[12] is not None and places[13] is not None  # isolated points keep their label
+    assert any(p is None for p in places[:12])  # the crowd cannot all be labelled
+    boxes = []
+    for k, place in enumerate(places):
+        if place is None:
+            continue
+        dx, dy, align, baseline = P.LABEL_PLACES[place]
+        w, h = 0.6 * 9 * len(texts[k]), 1.2 * 9
+        x0 = px[k] + dx - {"left": 0, "center": w / 2, "right": w}[align]
+        y0 = py[k] + dy - {"top": 0, "middle": h / 2, "bottom": h}[baseline]
+        assert x0 >= 0 and x0 + w <= 280 and y0 >= 0 and y0 + h <= 240
+        boxes.append((x0, y0, x0 + w, y0 + h))
+    for a in range(len(boxes)):
+        for b in range(a + 1, len(boxes)):
+            A_, B_ = boxes[a], boxes[b]
+            assert not (A_[0] < B_[2] and B_[0] < A_[2] and A_[1] < B_[3] and B_[1] < A_[3]), (a, b)
+    df = pd.DataFrame({"coupling": px, "score": -py, "model": texts})
+    chart = P.scatter_fit(df, "coupling", "score", "model", width=280, height=240)
+    hidden = sum(p is None for p in P.place_labels(px, py, texts, 280, 240))
+    assert f"{hidden} labels left to the tooltip" in spec_text(chart)
+    drawn = sum(len(d) for d in datasets(chart) if set(d.columns) == {"coupling", "score", "model"})
+    assert drawn == 14 + (14 - hidden)  # every point, and one text per placed label
+
+
+def _units(spec: dict):
+    """Every single-view spec (one with a mark) inside a chart spec."""
+    if "mark" in spec:
+        yield spec
+    for key in ("layer", "hconcat", "vconcat", "concat"):
+        for child in spec.get(key, []):
+            yield from _units(child)
+    if isinstance(spec.get("spec"), dict):
+        yield from _units(spec["spec"])
+
+
+def test_every_builder_names_its_marks_in_tooltips_and_titles(coupled):
+    """Each data mark has a tooltip; no axis, legend or tooltip shows a raw column name."""
+    Js, M = coupled
+    mat = A.matrix_frame(M, [3, 4, 5, 6])
+    traj = torch.randn(6, 4, 10, dtype=torch.float64).cumsum(0)
+    steps = T.step_norms(traj).assign(model="trained")
+    curve = pd.DataFrame(
+        {"step": [0, 10, 100] * 2, "val_loss": [3, 2, 1.5, 3.2, 2.4, 2], "model_id": list("aaabbb")}
+    )
+    fam = pd.DataFrame({"coupling": [0.9, 0.92, 0.95], "val_acc": [0.3, 0.35, 0.4], "run": ["s", "m", "l"]})
+    charts = {
+        "tile_grid": P.tile_grid(A.tile_frame(A.coupling_tiles(Js, 4), layers=[0, 1, 2, 3])),
+        "coupling_heatmap": P.coupling_heatmap(
+            mat.assign(model="x"), "layer_j", "layer_i", "value", facet="model"
+        ),
+        "layer_coupling_graph": P.layer_coupling_graph(mat, 0.1),
+        "training_curve": P.training_curve(curve, "step", "val_loss", "model_id"),
+        "scatter_fit": P.scatter_fit(fam, "coupling", "val_acc", label="run"),
+        "layer_profile": P.layer_profile(steps, "step_norm", color="model"),
+        "bars": P.bars(steps, "model", "step_norm"),
+        "trajectory_pca_chart": P.trajectory_pca_chart(T.trajectory_pca(traj)),
+    }
+    for name, chart in charts.items():
+        spec = chart.to_dict()
+        units = list(_units(spec))
+        data_units = [
+            u
+            for u in units
+            if (u["mark"] if isinstance(u["mark"], str) else u["mark"]["type"])
+            not in ("text", "errorband", "errorbar")
+            and "x" in u.get("encoding", {})
+        ]
+        assert data_units, name
+        for u in data_units:
+            assert "tooltip" in u["encoding"], f"{name}: a {u['mark']} mark without a tooltip"
+        for u in units:
+            for channel, enc in u.get("encoding", {}).items():
+                entries = enc if isinstance(enc, list) else [enc]
+                for e in entries:
+                    if not isinstance(e, dict) or "_" not in str(e.get("field", "")):
+                        continue
+                    title = e.get(
+                        "title",
+                        (e.get("axis") or {}).get("title") if isinstance(e.get("axis"), dict) else None,
+                    )
+                    shown_axis = not (isinstance(e.get("axis"), dict) and e["axis"].get("labels") is False)
+                    if channel in ("x", "y", "color", "tooltip") and shown_axis:
+                        assert title and title != e["field"], (
+                            f"{name}: {channel} shows the raw name {e['field']!r}"
+                        )
+        render(chart)
+    assert P.title_of("val_acc") == "held-out accuracy" and P.title_of("some_column") == "some column"
 
 
 def test_layer_profile_and_bars():

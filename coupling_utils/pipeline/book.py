@@ -3,9 +3,18 @@
 The book never executes code. ``coupling-book run`` executes each finding notebook
 (``notebooks/fNN_<slug>.md``, jupytext MyST) with papermill into
 ``_build/notebooks/fNN_<slug>.ipynb``; :func:`build_book` then renders those outputs, so the
-book shows exactly what the run produced. The resulting HTML is self-contained: MathJax is
-served from the book itself and :func:`remote_assets` checks that no page loads anything
-from another host.
+book shows exactly what the run produced. The resulting HTML is self-contained: MathJax and
+the chart runtime are served from the book itself and :func:`remote_assets` checks that no page
+loads anything from another host.
+
+Staging also makes each chapter downloadable and linked: the executed notebook is published
+next to its page (``notebooks/<name>.ipynb``) and the tables its ``display.show_table`` calls
+stored go to ``notebooks/<name>/<table>.csv``, both listed in a ``chapter-links`` box under
+the chapter title. ``repository.url`` in ``_config.yml`` (empty: none of this) turns on the
+theme's repository and "edit this page" buttons, a link to each chapter's source and, on
+github.com, an "Open in Colab" link to the notebook as published on the Pages branch
+(``coupling_book.pages_branch``). The bibliography page gets "Cite this companion" from
+``CITATION.cff``.
 """
 
 from __future__ import annotations
@@ -13,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import html.parser
 import importlib.util
+import json
 import re
 import shutil
 import subprocess
@@ -33,6 +43,9 @@ __all__ = [
     "mathjax_source",
     "remote_assets",
     "status_section",
+    "citation_section",
+    "repository_links",
+    "notebook_tables",
     "build_book",
 ]
 
@@ -40,8 +53,11 @@ PROSE_DIR = "book"
 STATUS_PAGE = "status"  # its tables are generated from the notebooks' outputs
 ARCHITECTURES_PAGE = "architectures"  # its table is generated from the adapter table
 NOTEBOOK_DIR = "notebooks"
+BIBLIOGRAPHY_PAGE = "bibliography"  # gets "Cite this companion" from CITATION.cff
 DATA_DIR = "data"  # staged too: prose may include its tables
-MATHJAX_STAGE = "_mathjax"  # an html_extra_path (see _config.yml)
+EXTRA_STAGE = "_extra"  # an html_extra_path (see _config.yml): copied as is to the HTML root
+BOOK_KEY = "coupling_book"  # our own section of _config.yml, removed from the staged copy
+INSTALL_TAG = "companion-install"  # the notebooks' first cell: installs the package when missing
 MATHJAX_ENTRY = "tex-svg.js"  # SVG output: no web fonts to load
 # What tex-svg.js may load lazily (TeX extensions, menu, accessibility); the other
 # combined builds are left out.
@@ -230,7 +246,11 @@ def stage_book(
     if src.exists():
         shutil.rmtree(src)
     src.mkdir(parents=True)
-    shutil.copy2(root / "_config.yml", src / "_config.yml")
+    config = yaml.safe_load((root / "_config.yml").read_text(encoding="utf-8")) or {}
+    links = repository_links(config)
+    (src / "_config.yml").write_text(
+        yaml.safe_dump(_staged_config(config, links), sort_keys=False, allow_unicode=True), encoding="utf-8"
+    )
     # prose (with whatever sits beside it: references.bib, figures)
     shutil.copytree(
         root / PROSE_DIR,
@@ -241,9 +261,10 @@ def stage_book(
     if (root / DATA_DIR).is_dir():
         shutil.copytree(root / DATA_DIR, src / DATA_DIR, ignore=shutil.ignore_patterns("__pycache__", "*.md"))
     (src / NOTEBOOK_DIR).mkdir()
+    extra = src / EXTRA_STAGE
     for entry in plan.included:
         if entry.kind == "notebook":
-            shutil.copy2(entry.content, src / f"{entry.docname}.ipynb")
+            _stage_notebook(entry, src, extra, links)
     status_page = src / PROSE_DIR / f"{STATUS_PAGE}.md"
     if status_page.is_file():
         included = {Path(e.docname).name for e in plan.included if e.kind == "notebook"}
@@ -253,15 +274,188 @@ def stage_book(
     if architectures_page.is_file():
         with architectures_page.open("a", encoding="utf-8") as page:
             page.write("\n" + architectures_section())
+    bibliography_page = src / PROSE_DIR / f"{BIBLIOGRAPHY_PAGE}.md"
+    if bibliography_page.is_file() and (root / "CITATION.cff").is_file():
+        with bibliography_page.open("a", encoding="utf-8") as page:
+            page.write("\n" + citation_section(root / "CITATION.cff", links.get("url", "")))
     keep = {e.docname for e in plan.included}
     (src / "_toc.yml").write_text(yaml.safe_dump(_staged_toc(root, keep), sort_keys=False), encoding="utf-8")
-    target = src / MATHJAX_STAGE / "_static" / "mathjax"
+    target = extra / "_static" / "mathjax"
     target.mkdir(parents=True)
     es5 = mathjax_source()
     shutil.copy2(es5 / MATHJAX_ENTRY, target / MATHJAX_ENTRY)
     for part in MATHJAX_PARTS:
         shutil.copytree(es5 / part, target / part)
     return plan
+
+
+_HOSTS = {"github.com": "github", "gitlab.com": "gitlab"}
+
+
+def repository_links(config: dict) -> dict:
+    """What ``repository.url`` in ``_config.yml`` turns on: {} when it is empty.
+
+    Otherwise ``url``, ``branch``, ``path`` (the book's folder in the repository, "" for its
+    root), ``host`` ("github", "gitlab" or "" for another host), ``pages_branch`` (where the
+    workflow publishes the HTML) and ``owner_repo`` ("owner/name" on github.com or gitlab.com).
+    A URL that is not http(s) is an error naming the setting.
+    """
+    repo = config.get("repository") or {}
+    url = str(repo.get("url") or "").strip().rstrip("/")
+    if not url:
+        return {}
+    m = re.match(r"^https?://([^/]+)/(.+?)(?:\.git)?$", url)
+    if m is None:
+        raise BookError(
+            f"_config.yml repository.url must be the repository's web address, such as "
+            f"https://github.com/OWNER/REPO, got {url!r}"
+        )
+    host = _HOSTS.get(m.group(1).lower(), "")
+    url = f"https://{m.group(1)}/{m.group(2)}"
+    own = config.get(BOOK_KEY) or {}
+    return {
+        "url": url,
+        "branch": str(repo.get("branch") or "main"),
+        "path": str(repo.get("path_to_book") or "").strip("/"),
+        "host": host,
+        "owner_repo": m.group(2) if host else "",
+        "pages_branch": str(own.get("pages_branch") or "gh-pages"),
+    }
+
+
+def _staged_config(config: dict, links: dict) -> dict:
+    """The _config.yml Jupyter Book sees: our own section dropped, buttons on with a repository."""
+    config = json.loads(json.dumps(config))  # a deep copy
+    config.pop(BOOK_KEY, None)
+    if links:
+        html_cfg = config.setdefault("html", {})
+        html_cfg["use_repository_button"] = True
+        html_cfg["use_edit_page_button"] = True
+        theme = config.setdefault("sphinx", {}).setdefault("config", {}).setdefault("html_theme_options", {})
+        theme.update(
+            repository_url=links["url"],
+            repository_branch=links["branch"],
+            path_to_docs=links["path"],
+            use_repository_button=True,
+            use_edit_page_button=True,
+        )
+    return config
+
+
+def _repo_file_url(links: dict, path: str) -> str:
+    """The web page of a file in the repository (GitHub and GitLab spell it differently)."""
+    sep = "/-/blob/" if links["host"] == "gitlab" else "/blob/"
+    full = f"{links['path']}/{path}" if links["path"] else path
+    return f"{links['url']}{sep}{links['branch']}/{full}"
+
+
+def notebook_tables(nb) -> dict[str, str]:
+    """{name: CSV text} of the tables a notebook's ``display.show_table`` calls stored."""
+    from coupling_utils.analysis.display import METADATA_KEY
+
+    tables: dict[str, str] = {}
+    for cell in nb.cells:
+        for output in cell.get("outputs", []):
+            table = ((output.get("metadata") or {}).get(METADATA_KEY) or {}).get("table")
+            if not isinstance(table, dict):
+                continue
+            name = str(table.get("name"))
+            if name in tables:
+                raise BookError(
+                    f"two tables named {name!r} in one notebook: give each show_table(...) call its own name"
+                )
+            tables[name] = str(table.get("csv", ""))
+    return tables
+
+
+_REPOSITORY_LINE = re.compile(r"^REPOSITORY = .*$", re.MULTILINE)
+
+
+def _stage_notebook(entry: TocEntry, src: Path, extra: Path, links: dict) -> None:
+    """Stage one executed notebook: the page (with its chapter-links box), its published copy
+    (for download and Colab; the install cell knows the repository) and its tables as CSV."""
+    import nbformat
+
+    name = Path(entry.docname).name
+    nb = nbformat.read(entry.content, as_version=4)
+    published = extra / NOTEBOOK_DIR / f"{name}.ipynb"
+    published.parent.mkdir(parents=True, exist_ok=True)
+    for cell in nb.cells:
+        if cell.cell_type == "code" and INSTALL_TAG in cell.metadata.get("tags", []) and links:
+            cell.source = _REPOSITORY_LINE.sub(
+                f"REPOSITORY = {links['url'] + '.git'!r}  # from the book's _config.yml", cell.source, count=1
+            )
+    nbformat.write(nb, published)
+    tables = notebook_tables(nb)
+    for table, csv in tables.items():
+        path = extra / NOTEBOOK_DIR / name / f"{table}.csv"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(csv, encoding="utf-8")
+    options = [f":notebook: {name}.ipynb"]
+    if tables:
+        options.append(":tables: " + " ".join(f"{name}/{t}.csv" for t in tables))
+    if links.get("host") == "github":
+        options.append(
+            f":colab: https://colab.research.google.com/github/{links['owner_repo']}/blob/"
+            f"{links['pages_branch']}/{NOTEBOOK_DIR}/{name}.ipynb"
+        )
+    if links.get("host"):
+        options.append(f":source: {_repo_file_url(links, f'{NOTEBOOK_DIR}/{name}.md')}")
+    box = "\n```{chapter-links}\n" + "\n".join(options) + "\n```\n"
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            lines = cell.source.split("\n")
+            title = next((k for k, line in enumerate(lines) if line.startswith("# ")), None)
+            if title is not None:
+                lines.insert(title + 1, box)
+                cell.source = "\n".join(lines)
+                break
+    else:
+        raise BookError(f"{entry.content}: no markdown cell with a '# title' line to put the downloads under")
+    nbformat.write(nb, src / f"{entry.docname}.ipynb")
+
+
+def citation_section(cff: Path, url: str = "") -> str:
+    """ "Cite this companion": a sentence and a BibTeX entry generated from ``CITATION.cff``."""
+    meta = yaml.safe_load(Path(cff).read_text(encoding="utf-8")) or {}
+
+    def names(people) -> list[str]:
+        out = []
+        for p in people or []:
+            if p.get("name"):
+                out.append(str(p["name"]))
+            else:
+                out.append(" ".join(str(p[k]) for k in ("given-names", "family-names") if p.get(k)))
+        return out
+
+    title = str(meta.get("title", "")).strip()
+    if not title:
+        raise BookError(f"{cff} has no title: CITATION.cff needs title, authors, version")
+    authors = names(meta.get("authors"))
+    version = str(meta.get("version", "")).strip()
+    date = str(meta.get("date-released", "")).strip()
+    link = url or str(meta.get("repository-code") or meta.get("url") or "").strip()
+    year = date[:4] if date[:4].isdigit() else ""
+    sentence = f"{' and '.join(authors) or 'The authors'}. *{title}*"
+    sentence += f", version {version}" if version else ""
+    sentence += f" ({date})" if date else ""
+    sentence += f". <{link}>" if link else "."
+    fields = [("title", title), ("author", " and ".join(f"{{{a}}}" if " " in a else a for a in authors))]
+    fields += [("version", version), ("year", year), ("url", link)]
+    body = ",\n".join(f"  {k:<7} = {{{v}}}" for k, v in fields if v)
+    preferred = meta.get("preferred-citation") or {}
+    paper = (
+        "It reproduces {cite:t}`aubry2025coupling`; please cite the paper as well "
+        "(CITATION.cff names it as the preferred citation).\n"
+        if preferred
+        else ""
+    )
+    return (
+        "## Cite this companion\n\n"
+        "Generated from the repository's `CITATION.cff` when the book was built.\n\n"
+        f"{sentence}\n\n{paper}\n"
+        f"```bibtex\n@software{{coupling_companion,\n{body}\n}}\n```\n"
+    )
 
 
 def architectures_section() -> str:
@@ -343,8 +537,8 @@ class _AssetScanner(html.parser.HTMLParser):
                 self.urls.append(attrs["href"])
         if tag == "style":
             self._in_style = True
-        if tag == "script" and not attrs.get("src"):
-            self._in_script = True
+        if tag == "script" and not attrs.get("src") and _is_code(attrs.get("type")):
+            self._in_script = True  # data blocks (a chart's JSON spec) name URLs without loading them
         if attrs.get("style"):
             self.urls.extend(_css_urls(attrs["style"]))
 
@@ -359,6 +553,14 @@ class _AssetScanner(html.parser.HTMLParser):
             self.urls.extend(_css_urls(data))
         if self._in_script:  # a URL in inline code is a load waiting to happen
             self.urls.extend(_SCRIPT_URL.findall(data))
+
+
+_JS_TYPES = {"", "text/javascript", "application/javascript", "module", "text/ecmascript"}
+
+
+def _is_code(script_type: str | None) -> bool:
+    """Whether a ``<script type=...>`` is run (JavaScript), not a data block such as JSON."""
+    return (script_type or "").strip().lower() in _JS_TYPES
 
 
 _CSS_URL = re.compile(r"""url\(\s*['"]?([^'")]+)['"]?\s*\)|@import\s+['"]([^'"]+)['"]""")
