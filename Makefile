@@ -35,7 +35,9 @@ run: $(STAMP)
 build: $(STAMP)
 	$(BIN)/coupling-book build
 
+# After the default run, the chapters' typed prose is checked against its numbers (tests/test_default_book.py).
 book: run build
+	@if [ "$(PROFILE)" = default ]; then $(PY) -m pytest -q -m default_book tests/test_default_book.py; fi
 
 # Headless Chromium for the offline browser test (Debian/Ubuntu package; needs root).
 browser:
@@ -54,12 +56,12 @@ format: $(STAMP)
 	$(BIN)/ruff format .
 
 unit: $(STAMP)
-	$(PY) -m pytest -m "not book"
+	$(PY) -m pytest -m "not book and not default_book"
 
 # Unit, oracle and pipeline tests plus a papermill smoke run of every notebook (tests/test_notebooks.py,
 # into _build/smoke/notebooks); then the smoke book is built and browsed offline.
 test: $(STAMP) browser lint
-	$(PY) -m pytest -m "not book"
+	$(PY) -m pytest -m "not book and not default_book"
 	$(BIN)/coupling-book build --executed _build/smoke/notebooks --out _build/smoke/html
 	COUPLING_BOOK_HTML=_build/smoke/html $(PY) -m pytest -m book
 

@@ -81,3 +81,33 @@ def test_claim_rows_carry_rule_values_and_kind():
     assert df.kind.tolist() == ["measured", "replot"] and df.agree.tolist() == ["partly", "yes"]
     with pytest.raises(RuleError, match="kind must be one of"):
         claim("x", paper=1, rule=RISES, values={}, kind="guess")
+
+
+def test_assumptions_are_recorded_and_a_broken_one_shows_and_fails(tmp_path, monkeypatch):
+    """assume(): silent when it holds, a warning on the page when not; the default-book check reads both."""
+    import nbformat
+
+    import tests.test_default_book as check
+    from coupling_utils.analysis.verdicts import ASSUMPTION_KEY, assume
+    from coupling_utils.pipeline.status import read_assumptions
+
+    shown = []
+    monkeypatch.setattr("IPython.display.display", lambda data, metadata, raw: shown.append((data, metadata)))
+    assert assume("twin-flat", 0.01 < 0.05, "the twin sits at chance level") is True
+    assert assume("rises", False, "coupling rises") is False
+    assert shown[0][0] == {"text/html": ""} and "contradicts" in shown[1][0]["text/html"]
+    outputs = [nbformat.v4.new_output("display_data", data=d, metadata=m) for d, m in shown]
+    nbformat.write(
+        nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x", outputs=outputs)]),
+        tmp_path / "f09_demo.ipynb",
+    )
+    df = read_assumptions(tmp_path / "f09_demo.ipynb")
+    assert df.to_dict("records") == [
+        {"key": "twin-flat", "holds": True, "text": "the twin sits at chance level"},
+        {"key": "rises", "holds": False, "text": "coupling rises"},
+    ]
+    assert shown[1][1][ASSUMPTION_KEY]["holds"] is False
+    (tmp_path / "runs.json").write_text('{"f09_demo": {"profile": "default", "status": "ok"}}')
+    monkeypatch.setattr(check, "EXECUTED", tmp_path)
+    with pytest.raises(AssertionError, match="f09_demo: rises: the text assumes that coupling rises"):
+        check.test_typed_prose_holds_on_the_default_run()

@@ -25,13 +25,14 @@ two end points: see :func:`coupling_utils.analysis.emergence.growth_summary`.
 from __future__ import annotations
 
 import ast
+import html
 import math
 import operator
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Rule", "RuleError", "KINDS", "claim"]
+__all__ = ["Rule", "RuleError", "KINDS", "claim", "assume", "ASSUMPTION_KEY"]
 
 KINDS = ("measured", "replot")
 """``measured``: this book's own measurement; ``replot``: the paper's own (digitised) points redrawn."""
@@ -229,3 +230,38 @@ def claim(
         "kind": kind,
         "note": note,
     }
+
+
+ASSUMPTION_KEY = "coupling_assumption"
+"""Output-metadata key under which :func:`assume` stores ``{"key", "holds", "text"}``."""
+
+
+def assume(key: str, holds: bool, text: str) -> bool:
+    """Record that the prose next to this cell assumes ``text`` about this run's numbers.
+
+    A sentence typed into a chapter that depends on the result ("the twin sits at chance
+    level") is paired with the condition it assumes. When the condition holds, nothing shows;
+    when a rerun breaks it, the page shows a warning naming the sentence's assumption, and the
+    check on the executed default notebooks (``tests/test_default_book.py``, run by ``make book``)
+    fails. The record is kept in the output's metadata (renderers ignore it).
+    """
+    from IPython.display import display
+
+    if not isinstance(key, str) or not key.strip():
+        raise RuleError(f"assume() needs a key naming the assumption, got {key!r}")
+    holds = bool(holds)
+    payload = {ASSUMPTION_KEY: {"key": key.strip(), "holds": holds, "text": str(text)}}
+    if holds:
+        display({"text/html": ""}, metadata=payload, raw=True)
+    else:
+        warning = (
+            '<div class="admonition warning"><p class="admonition-title">This run contradicts the text</p>'
+            f"<p>The text here assumes that {html.escape(str(text))}; this run's numbers do not "
+            "satisfy it. Read the numbers, not the sentence.</p></div>"
+        )
+        display(
+            {"text/html": warning, "text/plain": f"WARNING: the text assumes that {text}"},
+            metadata=payload,
+            raw=True,
+        )
+    return holds

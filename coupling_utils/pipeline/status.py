@@ -32,6 +32,7 @@ __all__ = [
     "status_table",
     "report",
     "read_notebook_status",
+    "read_assumptions",
     "collect",
     "status_markdown",
 ]
@@ -224,6 +225,22 @@ def _rows(nb: dict) -> pd.DataFrame:
                     payload = json.loads(payload)
                 rows.extend(status_table(payload["rows"]).to_dict("records"))
     return pd.DataFrame(rows, columns=list(COLUMNS))
+
+
+def read_assumptions(path: str | Path) -> pd.DataFrame:
+    """What the prose of an executed notebook assumes (``key, holds, text``), in page order.
+
+    Written by :func:`coupling_utils.analysis.verdicts.assume`; empty if the notebook made none.
+    """
+    from coupling_utils.analysis.verdicts import ASSUMPTION_KEY
+
+    rows = []
+    for cell in _read(Path(path)).get("cells", []):
+        for output in cell.get("outputs", []) if cell.get("cell_type") == "code" else []:
+            record = (output.get("metadata") or {}).get(ASSUMPTION_KEY)
+            if record:
+                rows.append({"key": record["key"], "holds": bool(record["holds"]), "text": record["text"]})
+    return pd.DataFrame(rows, columns=["key", "holds", "text"])
 
 
 def _executed(executed_dir: Path) -> list[Path]:
