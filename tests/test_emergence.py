@@ -382,3 +382,37 @@ def test_the_stored_search_is_complete():
         assert g.peak_step == row.peak_step and g.final == pytest.approx(row.final, abs=1e-5)
         assert g.spearman == pytest.approx(row.spearman, abs=1e-4)
         assert search.provenance[row.config]["spec"]["d_model"] == row.d_model
+
+
+def test_one_factor_effects_compare_runs_that_differ_in_one_factor_only():
+    runs = pd.DataFrame(
+        {
+            "config": ["base", "long", "longer", "deep", "wide-long"],
+            "d_model": [64, 64, 64, 64, 128],
+            "n_layers": [4, 4, 4, 8, 4],
+            "steps": [1024, 2048, 4096, 1024, 2048],
+            "lr": [3e-3] * 5,
+            "data_tokens": [0] * 5,
+            "final": [0.24, 0.2, 0.15, 0.3, 0.25],
+        }
+    )
+    fx = em.one_factor_effects(runs)
+    steps = fx[fx.factor == "steps"]
+    assert list(steps.config) == ["base", "long", "longer"] and set(steps.direction) == {"lower"}
+    depth = fx[fx.factor == "n_layers"]
+    assert list(depth.config) == ["base", "deep"] and set(depth.direction) == {"higher"}
+    width = fx[fx.factor == "d_model"]  # "long" and "wide-long" differ in width only
+    assert list(width.config) == ["long", "wide-long"] and set(width.direction) == {"higher"}
+    assert fx[fx.factor == "lr"].empty
+    with pytest.raises(ValueError, match="lacks columns"):
+        em.one_factor_effects(runs.drop(columns="lr"))
+
+
+def test_the_chapter_run_is_a_searched_run():
+    """embedded:pythia-tiny is trained with exactly the spec of one searched configuration, so the
+    chapter's own run and its row in the search table are the same run."""
+    from coupling_utils.models import zoo
+
+    spec = zoo.REGISTRY["pythia-tiny"].specs().to_dict()
+    matches = [c for c, p in em.load_search().provenance.items() if p["spec"] == spec]
+    assert matches == ["w64-l4-s4096"]

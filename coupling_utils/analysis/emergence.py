@@ -43,6 +43,8 @@ __all__ = [
     "Sweep",
     "sweep_checkpoints",
     "sweep_runs",
+    "model_width",
+    "main_k",
     "checkpoint_jobs",
     "trajectory_tables",
     "checkpoint_summary",
@@ -53,6 +55,7 @@ __all__ = [
     "Search",
     "load_search",
     "judge_rows",
+    "one_factor_effects",
 ]
 
 _STEP = re.compile(r"step(\d+)")
@@ -136,13 +139,15 @@ def graph_checkpoints(
 @dataclass
 class Checkpoints:
     """The checkpoints of one training run: revision names in step order, and (for a local
-    run) its directory and its per-checkpoint losses (``training.load_losses``)."""
+    run) its directory, its per-checkpoint losses (``training.load_losses``) and its training
+    spec (``training_spec.json``: the ``LMSpec`` fields it was trained with)."""
 
     model: str
     revisions: list[str]
     steps: list[int]
     path: Path | None = None
     losses: pd.DataFrame | None = None
+    spec: dict | None = None
 
 
 def run_checkpoints(model: str, revisions: Sequence[str] = ()) -> Checkpoints:
@@ -186,7 +191,12 @@ def run_checkpoints(model: str, revisions: Sequence[str] = ()) -> Checkpoints:
         from coupling_utils.models.training import load_losses
 
         losses = load_losses(path)
-    return Checkpoints(model, revisions, [step_of(r) for r in revisions], path, losses)
+    spec = None
+    if path is not None and (path / "training_spec.json").exists():
+        import json
+
+        spec = json.loads((path / "training_spec.json").read_text()).get("spec")
+    return Checkpoints(model, revisions, [step_of(r) for r in revisions], path, losses, spec)
 
 
 # --------------------------------------------------------------------------- curves
@@ -498,16 +508,31 @@ def sweep_runs(
     a ``panel`` column (e.g. "held-out text" and "quiz prompts", measured separately and shown
     side by side). With ``on_error="record"`` (the default) a checkpoint that cannot be loaded or
     measured (a revision the hub does not have, a gated repo, out of memory) is listed in
-    ``failures`` and left out, and so is a run none of whose checkpoints could be measured, so
-    a notebook shows what is missing instead of aborting. Other keyword arguments go to
-    :func:`sweep_checkpoints`. Raises if nothing at all could be measured.
+    ``failures`` and left out, and so is a run none of whose checkpoints could be measured, and
+    every K larger than a run's width (:func:`model_width`; e.g. the paper's K = 50 on a narrow
+    stand-in model), so a notebook shows what is missing instead of aborting. Other keyword
+    arguments go to :func:`sweep_checkpoints`. Raises if nothing at all could be measured.
     """
     if on_error not in ("record", "raise"):
         raise ValueError(f"on_error must be 'record' or 'raise', got {on_error!r}")
+    k = kwargs.pop("k", (10,))
+    ks = [int(k)] if isinstance(k, (int, np.integer)) else [int(x) for x in k]
     sweeps, failures = [], []
     for run in runs:
+        width = next((w for w in (model_width(run.model, r) for r in reversed(run.revisions)) if w), None)
+        fit = [x for x in ks if width is None or x <= width]
+        if len(fit) < len(ks):
+            too_big = [x for x in ks if x not in fit]
+            message = f"K = {too_big} exceed the width d = {width} of {run.model}: not measured at these K"
+            if on_error == "raise":
+                raise ValueError(f"{message}; choose K <= {width}")
+            failures.append(
+                pd.DataFrame([{"model": run.model, "error": "K wider than the model", "message": message}])
+            )
+            if not fit:
+                continue
         try:
-            sw = sweep_checkpoints(run.model, run.revisions, prompts, on_error=on_error, **kwargs)
+            sw = sweep_checkpoints(run.model, run.revisions, prompts, k=fit, on_error=on_error, **kwargs)
         except RuntimeError as exc:
             if on_error == "raise" or "no checkpoint could be measured" not in str(exc):
                 raise
@@ -535,6 +560,43 @@ def sweep_runs(
         {sw.provenance["model"]: sw.provenance for sw in sweeps},
         failed if panel is None else failed.assign(panel=panel),
     )
+
+
+def model_width(model: str, revision: str | None = None) -> int | None:
+    """The width d (hidden size) of ``model`` from its config, read without loading weights: an
+    embedded name, a local directory, or a hub id in the Hugging Face cache. None if unknown."""
+    import json
+
+    try:
+        if str(model).startswith("embedded:"):
+            from coupling_utils.models.zoo import resolve
+
+            path = Path(resolve(model, progress=False))
+        else:
+            path = Path(model).expanduser()
+        if path.is_dir():
+            config = json.loads((path / "config.json").read_text())
+        else:
+            from transformers import AutoConfig
+
+            config = AutoConfig.from_pretrained(model, revision=revision).to_dict()
+    except (OSError, ValueError):  # not found or not readable: measure() then says what is wrong
+        return None
+    widths = [config.get(key) for key in ("hidden_size", "n_embd", "d_model")]
+    return next((int(w) for w in widths if isinstance(w, int) and not isinstance(w, bool)), None)
+
+
+def main_k(summary: pd.DataFrame, k_main: int, model: str) -> tuple[int, str]:
+    """The K of the headline numbers for ``model``: ``k_main`` if it was measured, else the largest
+    measured K below it (a K wider than the model is not measured), and a note saying so."""
+    measured = sorted(int(x) for x in summary.loc[summary["model"] == model, "K"].unique())
+    if not measured:
+        raise ValueError(f"{model!r} has no measurement in the summary")
+    if k_main in measured:
+        return int(k_main), ""
+    below = [x for x in measured if x < k_main]
+    chosen = below[-1] if below else measured[0]
+    return chosen, f"K = {k_main} was not measured for {model} (wider than the model?): using K = {chosen}"
 
 
 def _lead(df: pd.DataFrame, lead: Sequence[str]) -> pd.DataFrame:
@@ -615,6 +677,49 @@ def load_search(folder: str | Path | None = None) -> Search:
     if unexplained:
         raise ValueError(f"{folder}: configurations {unexplained} have no provenance entry")
     return Search(*tables, provenance)
+
+
+SEARCH_FACTORS = ("d_model", "n_layers", "steps", "lr", "data_tokens")
+
+
+def one_factor_effects(
+    runs: pd.DataFrame, value: str = "final", *, factors: Sequence[str] = SEARCH_FACTORS
+) -> pd.DataFrame:
+    """The search read one factor at a time: for each factor, the runs that differ only in it.
+
+    ``runs``: one row per configuration (the search's ``runs`` at one K). For every factor, rows
+    are grouped by all the other factors; a group with two or more values of the factor is a
+    one-factor comparison. Columns: factor, group (the group's number), level (the factor's
+    value), config, ``value``, and direction ("higher" / "lower" / "flat": how ``value`` moves
+    from the lowest to the highest level of the factor in that group, by the sign of the change).
+    """
+    missing = [c for c in (*factors, "config", value) if c not in runs.columns]
+    if missing:
+        raise ValueError(f"runs lacks columns {missing}")
+    frames, n = [], 0
+    for factor in factors:
+        others = [f for f in factors if f != factor]
+        for _, g in runs.groupby(others, sort=True, dropna=False):
+            if g[factor].nunique() < 2:
+                continue
+            g = g.sort_values(factor)
+            change = float(g[value].iloc[-1] - g[value].iloc[0])
+            direction = "higher" if change > 0 else ("lower" if change < 0 else "flat")
+            frames.append(
+                pd.DataFrame(
+                    {
+                        "factor": factor,
+                        "group": n,
+                        "level": g[factor].to_numpy(),
+                        "config": g["config"].to_numpy(),
+                        value: g[value].to_numpy(),
+                        "direction": direction,
+                    }
+                )
+            )
+            n += 1
+    columns = ["factor", "group", "level", "config", value, "direction"]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=columns)
 
 
 def judge_rows(rows: pd.DataFrame, rule, *, column: str = "verdict") -> pd.DataFrame:
