@@ -542,9 +542,9 @@ REGISTRY: dict[str, ZooEntry] = {
         ZooEntry(
             "pythia-tiny",
             "lm-run",
-            "Pythia-style GPT-NeoX (4 blocks, d=64, BPE 2048) trained on Shakespeare for 4096 steps (4.2 M "
-            "tokens, 2.6 epochs) until its validation loss flattens; checkpoints at steps 0, 1, 2, 4, ..., 512, "
-            "then every 448 steps; train/val loss per checkpoint.",
+            "Pythia-style GPT-NeoX (4 blocks, d=64, BPE 2048) trained on Shakespeare for 4096 steps "
+            "(4.2 M tokens, 2.6 epochs) until its validation loss flattens; checkpoints at steps 0, 1, 2, "
+            "4, ..., 512, then every 448 steps; train/val loss per checkpoint.",
             _SHAKESPEARE,
             "~5 min (one thread: 265 CPU-s measured), 40 MB",
             spec=_pythia_tiny,
