@@ -257,7 +257,8 @@ def collect(executed_dir: str | Path) -> pd.DataFrame:
 
     Columns: ``notebook`` (file stem), ``title`` (its first heading), :data:`COLUMNS`, and from
     the runner's ``runs.json``
-    (when present) ``profile``, ``seconds`` and ``finished`` of the run that produced each
+    (when present) ``profile``, ``seconds``, ``finished`` and ``code`` (the fingerprint of the code
+    behind its numbers, :func:`coupling_utils.provenance.code_fingerprint`) of the run that produced each
     notebook. ``df.attrs`` holds ``runs`` (the manifest), ``without_status`` (executed notebooks
     that reported nothing) and ``failed`` (notebooks whose last run failed).
     """
@@ -285,9 +286,10 @@ def collect(executed_dir: str | Path) -> pd.DataFrame:
                 profile=run.get("profile"),
                 seconds=run.get("seconds"),
                 finished=run.get("finished"),
+                code=run.get("code"),
             )
         )
-    columns = ["notebook", "title", *COLUMNS, "profile", "seconds", "finished"]
+    columns = ["notebook", "title", *COLUMNS, "profile", "seconds", "finished", "code"]
     df = pd.concat(frames, ignore_index=True)[columns] if frames else pd.DataFrame(columns=columns)
     df.attrs["runs"] = runs
     df.attrs["without_status"] = without
@@ -315,6 +317,8 @@ def _run_line(group: pd.DataFrame, profile: str | None) -> str:
     seconds = first.get("seconds")
     if isinstance(seconds, numbers.Real) and not (isinstance(seconds, float) and math.isnan(seconds)):
         parts.append(f"{float(seconds):.0f} s")
+    if isinstance(first.get("code"), str):
+        parts.append(f"code fingerprint `{first['code']}`")
     return "Produced by the run with " + ", ".join(parts) + "."
 
 
