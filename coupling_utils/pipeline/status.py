@@ -260,7 +260,8 @@ def collect(executed_dir: str | Path) -> pd.DataFrame:
     (when present) ``profile``, ``seconds``, ``finished`` and ``code`` (the fingerprint of the code
     behind its numbers, :func:`coupling_utils.provenance.code_fingerprint`) of the run that produced each
     notebook. ``df.attrs`` holds ``runs`` (the manifest), ``without_status`` (executed notebooks
-    that reported nothing) and ``failed`` (notebooks whose last run failed).
+    that reported nothing), ``failed`` (notebooks whose last run failed) and ``contradicted``
+    (``(notebook, assumption)`` pairs of typed prose the run does not support).
     """
     executed_dir = Path(executed_dir)
     if not executed_dir.is_dir():
@@ -269,9 +270,10 @@ def collect(executed_dir: str | Path) -> pd.DataFrame:
         )
     manifest = executed_dir / "runs.json"
     runs = json.loads(manifest.read_text(encoding="utf-8")) if manifest.exists() else {}
-    frames, without = [], []
+    frames, without, contradicted = [], [], []
     for path in _executed(executed_dir):
         nb = _read(path)
+        contradicted += [(path.stem, r.text) for r in read_assumptions(path).itertuples() if not r.holds]
         rows = _rows(nb)
         if rows.empty:
             without.append(path.stem)
@@ -293,6 +295,7 @@ def collect(executed_dir: str | Path) -> pd.DataFrame:
     df = pd.concat(frames, ignore_index=True)[columns] if frames else pd.DataFrame(columns=columns)
     df.attrs["runs"] = runs
     df.attrs["without_status"] = without
+    df.attrs["contradicted"] = contradicted
     df.attrs["failed"] = sorted(name for name, run in runs.items() if run.get("status") == "failed")
     return df
 
@@ -392,6 +395,11 @@ def status_markdown(df: pd.DataFrame, profile: str | None = None) -> str:
                 "The last run of " + ", ".join(f"`{n}`" for n in stale) + " failed; "
                 "its table above comes from an earlier successful run.",
             ]
+    contradicted = df.attrs.get("contradicted", []) if hasattr(df, "attrs") else []
+    if contradicted:
+        lines += ["", "```{warning}", "The text of these chapters assumes what their last run does not show:", ""]
+        lines += [f"- `{name}`: that {text}" for name, text in contradicted]
+        lines += ["```"]
     if without:
         lines += ["", "Executed but reported no status: " + ", ".join(f"`{n}`" for n in without) + "."]
     return "\n".join(lines) + "\n"
