@@ -397,7 +397,8 @@ def status_markdown(df: pd.DataFrame, profile: str | None = None) -> str:
             ]
     contradicted = df.attrs.get("contradicted", []) if hasattr(df, "attrs") else []
     if contradicted:
-        lines += ["", "```{warning}", "The text of these chapters assumes what their last run does not show:", ""]
+        lines += ["", "```{warning}", "The text of these chapters assumes what their last run does not show:"]
+        lines += [""]
         lines += [f"- `{name}`: that {text}" for name, text in contradicted]
         lines += ["```"]
     if without:
