@@ -138,3 +138,36 @@ def test_registered_under_its_name_in_transformers():
 
     assert AttentionInterface._global_mapping[TOKEN_DIAGONAL] is hf_token_diagonal_attention
     assert AttentionMaskInterface._global_mapping[TOKEN_DIAGONAL] is eager_mask
+
+
+def test_low_precision_scores_are_computed_in_fp32():
+    """bf16 queries and keys: logits and softmax in fp32, then cast to the value dtype."""
+    q, k, v = (t.to(torch.bfloat16) for t in _qkv(seed=3))
+    out, a = plain_attention(q, k, v, scaling=0.5)
+    z = (q.float() @ k.float().transpose(-1, -2)) * 0.5
+    want = torch.softmax(z, dim=-1).to(torch.bfloat16)
+    assert torch.equal(a, want) and torch.equal(out, want @ v)
+    td, _ = token_diagonal_attention(q, k, v, scaling=0.5)
+    assert torch.equal(td, out)
+
+
+def test_masks_stay_on_the_device_of_their_input():
+    keep = torch.ones(2, 2, dtype=torch.bool, device="meta")
+    assert mask_to_bias(keep, 2, 2, causal_if_none=False).device.type == "meta"
+    q, k, v = (t.to("meta") for t in _qkv())
+    out, _ = hf_token_diagonal_attention(_Module(is_causal=True), q, k, v, None)
+    assert out.device.type == "meta"
+
+
+def test_hf_wrapper_cuts_a_mask_as_long_as_the_head_count():
+    """A mask longer than the keys is cut to the keys even when its length equals the heads."""
+    g = torch.Generator().manual_seed(2)
+    q = torch.randn(1, 4, 3, 8, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(1, 2, 3, 8, generator=g, dtype=torch.float64) for _ in range(2))
+    mask = torch.zeros(1, 1, 3, 4, dtype=torch.float64)
+    mask[..., 1] = NEG
+    got = hf_token_diagonal_attention(_Module(), q, k, v, mask)[0]
+    want = torch.nn.functional.scaled_dot_product_attention(
+        q, repeat_kv(k, 2), repeat_kv(v, 2), attn_mask=mask[..., :3]
+    ).transpose(1, 2)
+    torch.testing.assert_close(got, want)

@@ -24,6 +24,7 @@ def test_cache_dir_follows_the_environment(tmp_path, monkeypatch):
     assert files.cache_dir() == tmp_path / "c" and (tmp_path / "c").is_dir()
     sub = files.cache_dir("zoo", "x")
     assert sub == tmp_path / "c" / "zoo" / "x" and sub.is_dir()
+    assert files.cache_dir("zoo", "x") == sub  # an existing folder is fine
     monkeypatch.delenv(files.ENV_VAR)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert files.cache_dir() == tmp_path / "xdg" / "coupling-book"
@@ -54,11 +55,14 @@ def test_atomic_path_leaves_the_old_file_on_failure(tmp_path):
     assert not fresh.exists() and _leftovers(tmp_path) == []
 
 
-def test_atomic_parquet(tmp_path):
-    df = pd.DataFrame({"a": [1, 2], "b": ["x", "y"]})
+def test_atomic_parquet_and_text(tmp_path):
+    df = pd.DataFrame({"a": [1, 2], "b": ["x", "y"]}, index=[7, 9])
     files.atomic_write_parquet(df, tmp_path / "t.parquet")
-    pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "t.parquet"), df)
+    back = pd.read_parquet(tmp_path / "t.parquet")
+    pd.testing.assert_frame_equal(back, df.reset_index(drop=True))  # the index is not stored
     assert _leftovers(tmp_path) == []
+    files.atomic_write_text(tmp_path / "t.txt", "coupling ≈ 0.9, ρ")
+    assert (tmp_path / "t.txt").read_bytes() == "coupling ≈ 0.9, ρ".encode()
 
 
 def test_atomic_dir_replaces_whole_directories_only_on_success(tmp_path):

@@ -507,3 +507,102 @@ def test_progress_bars_only_when_asked(capsys):
         fn(model, x, *args, progress=True, chunk_size=8)
         err = capsys.readouterr().err
         assert desc in err and err.endswith("\r"), (desc, err[-80:])  # leave=False: the bar is cleared
+
+
+def test_a_block_the_forward_pass_skips_is_reported():
+    """The config says 1 block, the list holds 2: block 1 is never called."""
+    from coupling_utils.engine.blocks import residual_stream
+
+    model = tiny_model("llama")
+    model.config.num_hidden_layers = 1
+    x = _inputs(model)
+    with pytest.raises(RuntimeError) as info:
+        block_function(model, x, 1)
+    assert str(info.value) == "block 1 was not called during the forward pass"
+    with pytest.raises(RuntimeError) as info:
+        residual_stream(model, x)
+    assert str(info.value) == "not every block was called during the forward pass"
+
+
+def test_block_function_object():
+    from coupling_utils.engine.blocks import BlockFunction
+
+    model = tiny_model("llama")
+    x = _inputs(model, T=5)
+    f, X = block_function(model, x, 1)
+    assert f.layer == 1 and f.token_diagonal
+    torch.testing.assert_close(f(X[None]), f(X)[None])  # a batch [1, T, d] as well as [T, d]
+    J = torch.autograd.functional.jacobian(f, X)  # default: token-diagonal derivatives
+    assert J[3, :, 1, :].abs().max() == 0 and J[3, :, 3, :].abs().max() > 0
+    with pytest.raises(RuntimeError) as info:
+        BlockFunction(model, model.model.layers[1], (), {"attention_mask": None}, True, 7)
+    assert str(info.value) == "could not find the hidden states among block 7's arguments"
+
+
+def test_default_chunks_bound_the_cotangents_to_2_to_the_24_numbers():
+    from coupling_utils.engine.jacobians import _default_chunk
+
+    assert _default_chunk(576, 64, None) == (1 << 24) // (64 * 576) == 455
+    assert _default_chunk(4096, 4096, None) == 1
+    assert _default_chunk(4096, 8192, None) == 1  # never below one
+    assert _default_chunk(32, 10, None) == 32  # never above d
+    assert _default_chunk(32, 10, 7) == 7
+    assert all(isinstance(_default_chunk(d, T, None), int) for d, T in ((576, 64), (32, 10)))
+
+
+def test_reference_and_context_name_the_layer_of_a_nan():
+    model = tiny_model("llama")
+    ids = torch.tensor([[1, 2, 3, 7, 4, 5]])
+    with torch.no_grad():
+        model.model.embed_tokens.weight[7] = float("nan")
+    with pytest.raises(ValueError) as info:
+        reference_jacobians(model, ids, 0, tokens=[3, 5])
+    assert str(info.value) == (
+        "NaN/inf in the block Jacobian at layer 0, token(s) [3, 5]. The block's output is not finite "
+        "there: check the model weights, or use dtype='float32' if the model runs in float16/bfloat16."
+    )
+    with pytest.raises(ValueError, match=r"^NaN/inf in the context Jacobian \(output token 4\) at layer 0, "):
+        context_jacobians(model, ids, 0, 4)
+
+
+def test_context_jacobians_in_chunks():
+    model = tiny_model("gpt2")
+    x = _inputs(model, T=5)
+    C = context_jacobians(model, x, 1, 3)
+    for chunk in (1, 5, 7):
+        torch.testing.assert_close(
+            context_jacobians(model, x, 1, 3, chunk_size=chunk), C, rtol=1e-6, atol=1e-6
+        )
+
+
+class _Terminal:
+    """A stderr that says it is a terminal (tqdm then shows bars when ``disable=None``)."""
+
+    def __init__(self):
+        self.text = ""
+
+    def write(self, s):
+        self.text += s
+
+    def flush(self):
+        pass
+
+    def isatty(self):
+        return True
+
+
+def test_progress_none_means_on_a_terminal(monkeypatch):
+    model = tiny_model("gpt2")
+    x = _inputs(model, T=4)
+    for fn, args, desc in (
+        (token_jacobians, (0,), "J_tt layer 0"),
+        (reference_jacobians, (1,), "reference J_tt layer 1"),
+        (context_jacobians, (1, 2), "J_(t1,2) layer 1"),
+    ):
+        term = _Terminal()
+        monkeypatch.setattr("sys.stderr", term)
+        fn(model, x, *args)
+        assert desc in term.text, desc
+        term.text = ""
+        fn(model, x, *args, progress=False)
+        assert term.text == ""

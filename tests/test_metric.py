@@ -286,3 +286,48 @@ def test_svd_is_thin_and_integer_matrices_are_promoted():
     assert coupling(torch.eye(3, dtype=torch.int64), torch.eye(3), 2) < 1e-7
     half = coupling_tile(_rand(6).half(), _rand(6, seed=1), 2)
     assert half.dtype == torch.float64
+
+
+def test_precomputed_svds_are_checked_and_truncated_ones_bound_k():
+    from coupling_utils.engine.spectra import topk_svd
+
+    J1, J2 = _rand(6, seed=1), _rand(6, seed=2)
+    s = svd(J2)
+    bad = SVD(s.U * float("nan"), s.S, s.Vh)
+    with pytest.raises(ValueError) as info:
+        coupling(J1, bad, 2)
+    assert str(info.value) == "J2 contains NaN or inf; the Jacobian it came from is not usable"
+    half = SVD(s.U.half(), s.S.half(), s.Vh.half())  # promoted to fp32 like a matrix would be
+    assert coupling(J1, half, 3) == pytest.approx(coupling(J1, J2, 3), abs=1e-2)
+    three = topk_svd(J2, 3)  # only 3 triplets: K cannot exceed them
+    with pytest.raises(ValueError, match="k=4 exceeds the matrix size d=3"):
+        coupling_tile(J1, three, 4)
+    torch.testing.assert_close(coupling_tile(J1, three, 3), coupling_tile(J1, J2, 3))
+    batch = torch.stack([J1, J2])  # [2, 6, 6]: K is bounded by 6, not by the batch size 2
+    assert coupling_tile(batch, J2, 4).shape == (2, 4, 4)
+    NaNs = torch.stack([J1, J2 * float("nan")])
+    with pytest.raises(ValueError) as info:
+        coupling_matrix(NaNs, 2)
+    assert str(info.value) == "Js contains NaN or inf; the Jacobian it came from is not usable"
+
+
+def test_batched_wide_matrices():
+    """[B, m, n] with m < n: shapes are compared on the last two dimensions."""
+    g = torch.Generator().manual_seed(3)
+    A = torch.randn(2, 3, 5, generator=g, dtype=torch.float64)
+    values = coupling(A, A + 0.01 * torch.randn(2, 3, 5, generator=g, dtype=torch.float64), 3)
+    assert values.shape == (2,) and float(values.max()) < 0.05
+    with pytest.raises(ValueError) as info:
+        coupling(A, torch.randn(2, 3, 4, dtype=torch.float64), 2)
+    assert str(info.value) == "J1 and J2 must have the same shape, got (2, 3, 5) and (3, 4)"
+    with pytest.raises(ValueError) as info:
+        coupling(A, A, 2, orientation="vju")
+    assert str(info.value) == "the 'vju' orientation needs square matrices"
+
+
+def test_coupling_matrix_with_lower_precision_svds():
+    Js = torch.stack([_rand(8, seed=s) for s in range(3)])
+    ref = coupling_matrix(Js, 3)
+    got = coupling_matrix(Js, 3, svds=svd(Js.float()))  # float64 Jacobians, float32 bases
+    assert got.dtype == torch.float64
+    torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-5)

@@ -494,3 +494,47 @@ def test_operator_topk_counts_only_its_own_products():
     res = operator_topk(op, 2, block=1, steps=4)
     assert res.block_passes == 7 and op.passes == 10
     assert res.k == 2 and isinstance(res.k, int)
+
+
+def test_solvers_work_on_the_device_they_are_given():
+    """Random starts are drawn on the CPU (reproducible) and moved to ``device`` ("meta" here)."""
+    J = torch.randn(10, 10, device="meta")
+    for solver in (block_lanczos_svd, randomized_svd):
+        kwargs = dict(block=1, steps=4) if solver is block_lanczos_svd else {}
+        s, _ = solver(lambda V: J @ V, lambda U: J.T @ U, (10, 10), 2, device="meta", **kwargs)
+        assert s.U.device.type == s.S.device.type == "meta"
+
+
+def test_direct_solver_defaults():
+    J = _gapped(d=24, k=3, batch=())
+    apply, apply_t = (lambda V: J @ V), (lambda U: J.T @ U)
+    a, n = randomized_svd(apply, apply_t, (24, 24), 3, dtype=torch.float64)
+    b, _ = randomized_svd(apply, apply_t, (24, 24), 3, oversample=10, n_iter=2, seed=0, dtype=torch.float64)
+    assert n == 6 * 13 and all(torch.equal(x, y) for x, y in zip(a, b))
+    c, _ = block_lanczos_svd(apply, apply_t, (24, 24), 3, block=1, steps=6, dtype=torch.float64)
+    d, _ = block_lanczos_svd(apply, apply_t, (24, 24), 3, block=1, steps=6, seed=0, dtype=torch.float64)
+    e, _ = block_lanczos_svd(apply, apply_t, (24, 24), 3, block=1, steps=6, seed=1, dtype=torch.float64)
+    assert all(torch.equal(x, y) for x, y in zip(c, d)) and not torch.equal(c.U, e.U)
+    with pytest.raises(ValueError) as info:
+        lanczos_plan(9, 8)
+    assert str(info.value) == "k=9 exceeds the matrix size d=8; choose k <= 8"
+
+
+def test_operator_topk_caps_lanczos_at_the_operator_size():
+    f, X, J = _toy_token_diagonal()  # d = 12: the default 45 steps are capped at 12
+    res = operator_topk(TokenOperator(f, X), 2)
+    assert res.settings == {"block": 1, "steps": 12} and res.block_passes == 23
+    torch.testing.assert_close(res.svd.S, topk_svd(J, 2).S, atol=1e-4, rtol=1e-4)
+
+
+def test_matrix_free_topk_passes_its_settings_on():
+    model = tiny_model("llama")
+    ids = torch.randint(0, 64, (1, 3), generator=torch.Generator().manual_seed(2))  # T = 3 < k
+    res = matrix_free_topk(model, ids, 0, 5, block=2, steps=3)
+    assert res.settings == {"block": 2, "steps": 3} and res.block_passes == 10 and res.svd.S.shape == (3, 5)
+    sub = matrix_free_topk(model, ids, 0, 4, solver="subspace")
+    same = matrix_free_topk(model, ids, 0, 4, solver="subspace", oversample=10, n_iter=2, seed=0)
+    assert sub.settings == {"oversample": 10, "n_iter": 2} and torch.equal(sub.svd.S, same.svd.S)
+    other = matrix_free_topk(model, ids, 0, 4, solver="subspace", seed=1)
+    lz0, lz1 = (matrix_free_topk(model, ids, 0, 4, block=1, steps=5, seed=s) for s in (0, 1))
+    assert not torch.equal(other.svd.U, sub.svd.U) and not torch.equal(lz0.svd.U, lz1.svd.U)
