@@ -501,8 +501,32 @@ def test_solvers_work_on_the_device_they_are_given():
     J = torch.randn(10, 10, device="meta")
     for solver in (block_lanczos_svd, randomized_svd):
         kwargs = dict(block=1, steps=4) if solver is block_lanczos_svd else {}
-        s, _ = solver(lambda V: J @ V, lambda U: J.T @ U, (10, 10), 2, device="meta", **kwargs)
-        assert s.U.device.type == s.S.device.type == "meta"
+        seen = []
+
+        def apply(V, seen=seen):
+            seen.append(V.device.type)
+            return J @ V
+
+        s, _ = solver(apply, lambda U: J.T @ U, (10, 10), 2, device="meta", **kwargs)
+        assert s.U.device.type == s.S.device.type == "meta" and set(seen) == {"meta"}
+
+
+def test_operator_topk_asks_the_solvers_for_the_operator_device_and_dtype(monkeypatch):
+    import coupling_utils.engine.spectra as spectra
+
+    f, X, _ = _toy_token_diagonal()
+    asked = []
+    for name in ("block_lanczos_svd", "randomized_svd"):
+        real = getattr(spectra, name)
+
+        def spy(*args, real=real, **kwargs):
+            asked.append((kwargs["device"], kwargs["dtype"]))
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(spectra, name, spy)
+    operator_topk(TokenOperator(f, X), 2, steps=3)
+    operator_topk(TokenOperator(f, X), 2, solver="subspace")
+    assert asked == [(X.device, X.dtype)] * 2
 
 
 def test_direct_solver_defaults():

@@ -182,8 +182,8 @@ def test_ols_every_column_by_hand(noisy_line):
         "level": 0.8,
     }
     assert list(fit.index) == list(expected)
-    for key, value in expected.items():
-        assert fit[key] == (value if isinstance(value, str) else pytest.approx(value, rel=1e-9)), key
+    for key, value in expected.items():  # (abs=0: p-values are tiny, approx's default abs would hide them)
+        assert fit[key] == (value if isinstance(value, str) else pytest.approx(value, rel=1e-9, abs=0)), key
     assert 0 < fit["intercept_p"] < 0.05 and 0 < fit["p"] < 1e-6  # neither underflows to 0
 
 
