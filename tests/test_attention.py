@@ -171,3 +171,14 @@ def test_hf_wrapper_cuts_a_mask_as_long_as_the_head_count():
         q, repeat_kv(k, 2), repeat_kv(v, 2), attn_mask=mask[..., :3]
     ).transpose(1, 2)
     torch.testing.assert_close(got, want)
+
+
+def test_hf_wrapper_cuts_a_per_head_mask_as_long_as_it_is_wide():
+    """A per-head mask [B, H, T, S + 2] with H = S is still cut to the S keys."""
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(1, 3, 3, 8, generator=g, dtype=torch.float64) for _ in range(3))
+    mask = torch.zeros(1, 3, 3, 5, dtype=torch.float64)
+    mask[0, 1, :, 0] = NEG
+    got = hf_token_diagonal_attention(_Module(), q, k, v, mask)[0]
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask[..., :3]).transpose(1, 2)
+    torch.testing.assert_close(got, want)

@@ -331,3 +331,13 @@ def test_coupling_matrix_with_lower_precision_svds():
     got = coupling_matrix(Js, 3, svds=svd(Js.float()))  # float64 Jacobians, float32 bases
     assert got.dtype == torch.float64
     torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-5)
+
+
+def test_mixed_precision_is_computed_in_the_higher_one():
+    """J1 in float32, J2 in float64: the whole formula (the norm of s1 included) runs in float64."""
+    J1, J2, k = _rand(8, seed=4).float(), _rand(8, seed=5), 3
+    U, S, Vh = torch.linalg.svd(J2)
+    s1k = svd(J1).S[:k].double()  # J1's own (float32) singular values, then float64 arithmetic
+    tile = (U[:, :k].T @ J1.double() @ Vh[:k].T).abs()
+    expected = torch.linalg.norm(tile - torch.diag(s1k)) / torch.linalg.vector_norm(s1k)
+    assert coupling(J1, J2, k) == pytest.approx(float(expected), rel=1e-13, abs=0)

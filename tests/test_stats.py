@@ -374,3 +374,10 @@ def test_bootstrap_default_resamples():
     df = pd.DataFrame({"v": [1.0, 2.0, 4.0]})
     out = S.bootstrap_ci(df, lambda d: len(d))
     assert out.loc[0, "n_resamples"] == 2000 and out.loc[0, "n_valid"] == 2000
+
+
+def test_a_predictor_function_is_paired_with_rows_by_label():
+    df = pd.DataFrame({"v": [3.0, 1.0, 2.0, 5.0, 4.0]}, index=[10, 3, 7, 1, 8])
+    df["w"] = 2 * df["v"] + np.array([0.1, -0.1, 0.0, 0.2, -0.2])
+    reordered = S.ols(df, "w", lambda d: d["v"].sort_index()).iloc[0]  # same labels, other order
+    assert reordered["slope"] == pytest.approx(S.ols(df, "w", "v").loc[0, "slope"], rel=1e-12)
