@@ -14,6 +14,7 @@ verdict rules judge (:func:`depth_contrast`, :func:`tile_contrast`, :func:`token
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -227,10 +228,11 @@ class TwinSet:
             return f"all {len(self.results)} models measured, each beside its twin"
         lines = [f"{len(self.results)} models measured; left out:"]
         for model, rows in self.failures.groupby("model", sort=False):
-            why = "; ".join(
-                f"{r.weights}: {r.error}: {(str(r.message).splitlines() or [''])[0][:160]}"
-                for r in rows.itertuples()
-            )
+            reasons = {}
+            for r in rows.itertuples():
+                first = re.split(r"(?<=[.;:])\s", str(r.message).strip(), maxsplit=1)[0][:160]
+                reasons.setdefault(f"{r.error}: {first}", []).append(str(r.weights))
+            why = "; ".join(f"{' and '.join(w)}: {reason}" for reason, w in reasons.items())
             lines.append(f"  - {model} ({why})")
         return "\n".join(lines)
 

@@ -91,6 +91,7 @@ def status_chart(df: pd.DataFrame):
             color=alt.Color(
                 "agree:N",
                 title="verdict",
+                legend=alt.Legend(symbolType="square"),
                 scale=alt.Scale(domain=list(AGREE), range=[VERDICT_COLOURS[a] for a in AGREE]),
             ),
             shape=alt.Shape(
@@ -141,7 +142,8 @@ def bottom_line(df: pd.DataFrame) -> str:
     counts = measured["agree"].value_counts()
     n = len(measured)
     lines = [
-        f"**Bottom line.** This build's runs (profile {_profiles(df)}) judged {n} of the paper's "
+        f"**Bottom line.** This build's runs (profile {_profiles(df)}; {{numref}}`Fig. %s <{CHART_NAME}>`) "
+        f"judged {n} of the paper's "
         f"claims on this book's own measurements: {int(counts.get('yes', 0))} reproduced (yes), "
         f"{int(counts.get('partly', 0))} partly and {int(counts.get('no', 0))} not (no)"
         + (
