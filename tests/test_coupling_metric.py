@@ -89,3 +89,21 @@ def test_toy_properties_and_variants():
     assert list(v.K.unique()) == [1, 3] and len(v) == 8
     row = v.query("K == 3 and normalize == 'trace' and orientation == 'vju'").m_K.item()
     assert row == pytest.approx(coupling(J1, J2, 3, normalize="trace", orientation="vju"))
+
+
+def test_f00_helpers_on_an_emulated_device():
+    """f00's noise sweep, spectrum share and variants with J on a (CPU-emulated) accelerator."""
+    from emulated_device import DEVICE, emulated_device
+
+    g = torch.Generator().manual_seed(4)
+    J_cpu, J2_cpu = torch.randn(24, 24, generator=g), torch.randn(24, 24, generator=g)
+    ref = (A.noise_sweep(J_cpu, [0.0, 0.5, 2.0], 3, seed=1), A.metric_variants(J_cpu, J2_cpu, [1, 3]))
+    with emulated_device():
+        J, J2 = J_cpu.to(DEVICE), J2_cpu.to(DEVICE)
+        got = (A.noise_sweep(J, [0.0, 0.5, 2.0], 3, seed=1), A.metric_variants(J, J2, [1, 3]))
+        from coupling_utils.engine.metric import svd
+
+        share = A.energy_share(svd(J).S, 3)
+    for a, b in zip(got, ref):
+        assert np.allclose(a.select_dtypes("number"), b.select_dtypes("number"), atol=1e-5)
+    assert share == pytest.approx(A.energy_share(torch.linalg.svdvals(J_cpu), 3), rel=1e-5)
