@@ -1,0 +1,194 @@
+"""The teaching page's list of exercises, read from the chapters' sources when the book is built.
+
+Every chapter's exercises are ``{exercise}`` blocks (sphinx-exercise), each followed by a
+``{solution}`` block naming its label. :func:`exercises` reads them from the notebooks' MyST
+sources, so that the teaching page says what is true of the exercises as they are:
+
+- an exercise **asks for a prediction first** when its text begins with "Predict first";
+- an exercise **needs a GPU** when it carries ``:class: needs-gpu`` (a class the book's
+  stylesheet may mark; the default: it runs on a laptop CPU);
+- it **has a worked solution** when a ``{solution}`` block names its label.
+
+:func:`stage_exercises` replaces the teaching page's ``% exercise-table`` line with the counts
+and a table per chapter; :func:`stage_costs` replaces its ``% costs-summary`` line with what the
+measured chapter costs (``data/benchmarks/chapter_costs.csv``, made by ``bench/bench_chapters.py``)
+say about the course plan, so that the plan's timing follows the measurement.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pandas as pd
+
+__all__ = [
+    "MARKER",
+    "COSTS_MARKER",
+    "LAB_CHAPTERS",
+    "GPU_CLASS",
+    "exercises",
+    "exercise_section",
+    "stage_exercises",
+    "costs_summary",
+    "stage_costs",
+]
+
+MARKER = "% exercise-table"
+COSTS_MARKER = "% costs-summary"
+LAB_CHAPTERS = ("f00", "f01", "f05")  # the 90-minute lab of the course plan
+LAB_COMPUTE_MINUTES = 30  # at most this much of the lab's 90 minutes may be spent waiting for runs
+GPU_CLASS = "needs-gpu"
+PREDICT = re.compile(r"^\s*predict first\b", re.IGNORECASE)
+_FENCE = re.compile(r"^(?P<fence>`{3,}|~{3,})\{(?P<kind>exercise|solution)\}\s*(?P<arg>\S*)\s*$")
+
+
+def _blocks(text: str):
+    """(kind, argument, options, body) of each exercise/solution block of a MyST source."""
+    lines = text.splitlines()
+    i = 0
+    while i < len(lines):
+        m = _FENCE.match(lines[i])
+        if not m:
+            i += 1
+            continue
+        fence, end = m.group("fence"), i + 1
+        while end < len(lines) and lines[end].strip() != fence:
+            end += 1
+        options, body = {}, []
+        for line in lines[i + 1 : end]:
+            opt = re.match(r"^:(\w[\w-]*):\s*(.*)$", line)
+            if opt and not body:
+                options[opt.group(1)] = opt.group(2).strip()
+            elif body or line.strip():
+                body.append(line)
+        yield m.group("kind"), m.group("arg"), options, "\n".join(body).strip()
+        i = end + 1
+
+
+def exercises(notebooks: list[Path] | Path) -> pd.DataFrame:
+    """One row per exercise of the given MyST notebooks (or every ``f*.md`` in a folder).
+
+    Columns: chapter (file stem), label, predict_first, needs_gpu, has_solution, text (the first
+    sentence of the exercise). An exercise without a ``:label:`` cannot have a solution, and is
+    listed with an empty label.
+    """
+    if isinstance(notebooks, Path):
+        notebooks = sorted(notebooks.glob("f*.md"))
+    rows = []
+    for path in notebooks:
+        blocks = list(_blocks(Path(path).read_text(encoding="utf-8")))
+        solved = {arg for kind, arg, _, _ in blocks if kind == "solution"}
+        for kind, _, options, body in blocks:
+            if kind != "exercise":
+                continue
+            label = options.get("label", "")
+            first = re.split(r"(?<=[.?!])\s", " ".join(body.split()), maxsplit=1)[0]
+            rows.append(
+                {
+                    "chapter": Path(path).stem,
+                    "label": label,
+                    "predict_first": bool(PREDICT.match(body)),
+                    "needs_gpu": GPU_CLASS in options.get("class", "").split(),
+                    "has_solution": bool(label) and label in solved,
+                    "text": first,
+                }
+            )
+    columns = ["chapter", "label", "predict_first", "needs_gpu", "has_solution", "text"]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def exercise_section(table: pd.DataFrame) -> str:
+    """The counts and one row per chapter (MyST markdown) for the teaching page."""
+    if table.empty:
+        return "No chapter has exercises yet.\n"
+    n = len(table)
+    lines = [
+        f"The chapters hold {n} exercises: {int(table.has_solution.sum())} with a worked solution "
+        f"(hidden until opened), {int(table.predict_first.sum())} that ask for a prediction first "
+        f"and {int(table.needs_gpu.sum())} that need a GPU; the others run on a laptop CPU. "
+        "This list is read from the chapters when the book is built.",
+        "",
+        "| chapter | exercises | with a solution | predict first | need a GPU |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for chapter, group in table.groupby("chapter", sort=True):
+        gpu = group[group.needs_gpu]
+        named = [f"{{ref}}`{label}`" for label in gpu.label if label]
+        need = f"{len(gpu)}: " + ", ".join(named) if named else str(len(gpu))
+        lines.append(
+            f"| {{doc}}`../notebooks/{chapter}` | {len(group)} | {int(group.has_solution.sum())} | "
+            f"{int(group.predict_first.sum())} | {need} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def stage_exercises(page: Path, notebooks: list[Path]) -> bool:
+    """Replace the :data:`MARKER` line of a staged page with :func:`exercise_section` of the
+    notebooks the book includes. Returns False (the page unchanged) when the page has no marker."""
+    return _replace_marker(page, MARKER, exercise_section(exercises(notebooks)))
+
+
+def _replace_marker(page: Path, marker: str, section: str) -> bool:
+    text = page.read_text(encoding="utf-8")
+    lines = text.splitlines()
+    if marker not in lines:
+        return False
+    at = lines.index(marker)
+    page.write_text(
+        "\n".join([*lines[:at], *section.splitlines(), *lines[at + 1 :]]) + "\n", encoding="utf-8"
+    )
+    return True
+
+
+def costs_summary(costs: pd.DataFrame, lab: tuple[str, ...] = LAB_CHAPTERS) -> str:
+    """What the measured chapter costs say about the course plan's lab (MyST text).
+
+    ``costs`` has the columns of ``bench/bench_chapters.py`` (chapter, state cold|warm, seconds,
+    cpu_seconds, status). The lab fits when its chapters' warm runs take together at most
+    ``LAB_COMPUTE_MINUTES`` of wall time (the rule is stated on the page with the result)."""
+    need = {"chapter", "state", "seconds", "cpu_seconds", "status"}
+    if costs.empty or not need <= set(costs.columns):
+        return "No chapter costs have been measured yet: run `python bench/bench_chapters.py`.\n"
+    ok = costs[costs.status == "ok"]
+    failed = sorted(set(costs.chapter) - set(ok.chapter))
+
+    def minutes(state: str, chapters) -> tuple[float, list[str]]:
+        rows = ok[(ok.state == state) & ok.chapter.isin(chapters)]
+        return rows.seconds.sum() / 60, sorted(set(chapters) - set(rows.chapter))
+
+    warm, missing = minutes("warm", lab)
+    cold, _ = minutes("cold", lab)
+    names = ", ".join(lab)
+    if missing:
+        verdict = (
+            f"The lab's chapters {', '.join(missing)} have no successful measurement: its timing is unknown."
+        )
+    else:
+        fits = warm <= LAB_COMPUTE_MINUTES
+        verdict = (
+            f"Warm, {names} run in {warm:.1f} minutes together on this machine (cold, building their "
+            f"models: {cold:.1f} minutes). The plan below allows at most {LAB_COMPUTE_MINUTES} of the "
+            f"lab's 90 minutes for waiting on runs, so the lab "
+            + ("**fits** with its models built beforehand." if fits else "**does not fit**: shorten it.")
+        )
+    others = sorted(set(ok.chapter) - set(lab))
+    rest = ok[ok.chapter.isin(others)]
+    if not rest.empty:
+        parts = []
+        for chapter, g in rest.groupby("chapter"):
+            by = g.set_index("state").seconds / 60
+            parts.append(
+                f"{chapter} {by.get('cold', float('nan')):.1f} cold / {by.get('warm', float('nan')):.1f} warm"
+            )
+        verdict += " The other chapters (minutes): " + "; ".join(parts) + "."
+    if failed:
+        verdict += f" Runs that failed when measured: {', '.join(failed)} (see the table)."
+    return verdict + "\n"
+
+
+def stage_costs(page: Path, costs_csv: Path) -> bool:
+    """Replace the :data:`COSTS_MARKER` line of a staged page with :func:`costs_summary` of the
+    measured costs (a missing file says how to make it). False when the page has no marker."""
+    costs = pd.read_csv(costs_csv) if Path(costs_csv).is_file() else pd.DataFrame()
+    return _replace_marker(page, COSTS_MARKER, costs_summary(costs))
