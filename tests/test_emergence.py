@@ -255,3 +255,164 @@ def test_mean_matrices_and_edge_counts():
     assert em.edge_counts(M, 0.9).edges.item() == 0
     with pytest.raises(ValueError, match="mixes K"):
         em.mean_matrices(pd.DataFrame(rows + [{**rows[0], "K": 3}]))
+
+
+# --------------------------------------------------------------------------- shapes, K levels, graph steps
+def test_growth_summary_says_where_the_peak_is():
+    # the f03 default before the search: an early peak, a fall, a final value above the early one
+    early_peak = _curve([0.05, 0.05, 0.29, 0.2, 0.1, 0.099], steps=[0, 1, 64, 256, 512, 1024])
+    s = em.growth_summary(early_peak, "value").iloc[0]
+    assert s.ratio == pytest.approx(0.099 / 0.05) and s.peak_step == 64 and s.peak == pytest.approx(0.29)
+    assert s.peak_position == pytest.approx(np.log(64) / np.log(1024))  # 0.6 on the log-step axis
+    assert s.final_vs_peak == pytest.approx(0.099 / 0.29)
+    rise = em.growth_summary(_curve([0.1, 0.1, 0.12, 0.15, 0.2, 0.24]), "value").iloc[0]
+    assert rise.peak_step == 16 and rise.peak_position == 1.0 and rise.final_vs_peak == 1.0
+    # from step 0 there is no log axis: the position is NaN (and a rule on it never says yes)
+    assert np.isnan(em.growth_summary(_curve([0.1, 0.2, 0.3]), "value", early_step=0).peak_position.item())
+
+
+def test_log_position():
+    assert em.log_position(1, 1, 4096) == 0.0 and em.log_position(4096, 1, 4096) == 1.0
+    assert em.log_position(256, 1, 4096) == pytest.approx(2 / 3)  # the last third starts at step 256
+    with pytest.raises(ValueError, match="0 < first < last"):
+        em.log_position(1, 0, 10)
+    with pytest.raises(ValueError, match="outside"):
+        em.log_position(20, 1, 10)
+
+
+def test_share_above_one_and_k_levels():
+    rows = []
+    for step, ms in ((0, [1.1, 0.9, 1.2, 0.95]), (8, [0.5, 0.6, 1.05, 0.7])):
+        for (i, j), m in zip(((0, 1), (1, 0), (0, 2), (2, 0)), ms):
+            rows.append(
+                {
+                    "model": "r",
+                    "step": step,
+                    "K": 16,
+                    "prompt": "a",
+                    "layer_i": i,
+                    "layer_j": j,
+                    "m": m,
+                    "coupling": 1 - m**2,
+                }
+            )
+        rows.append(
+            {
+                "model": "r",
+                "step": step,
+                "K": 16,
+                "prompt": "a",
+                "layer_i": 0,
+                "layer_j": 0,
+                "m": 0.0,
+                "coupling": 1.0,
+            }
+        )  # the diagonal is not a pair
+    depthwise = pd.DataFrame(rows)
+    share = em.share_above_one(depthwise).set_index("step").share_m_above_1
+    assert share.loc[0] == 0.5 and share.loc[8] == 0.25
+    summary = pd.DataFrame({"model": "r", "step": [0, 8], "K": 16, "d_model": 64.0, "coupling": [-0.05, 0.3]})
+    lv = em.k_levels(summary, depthwise).iloc[0]
+    assert lv.K_over_d == 0.25 and lv.first == -0.05 and lv.lowest == -0.05 and lv.final == 0.3
+    assert (lv.share_first, lv.share_final) == (0.5, 0.25)
+    # a mean below zero needs pairs with m > 1: 1 - m^2 < 0 exactly there
+    off = depthwise[depthwise.layer_i != depthwise.layer_j]
+    assert ((off.coupling < 0) == (off.m > 1)).all()
+
+
+def test_graph_checkpoints_replace_missing_steps_and_say_so():
+    steps = [0, 1, 2, 4, 64, 1000, 4096]
+    assert em.graph_checkpoints(steps) == (em.pick_checkpoints(steps, 3), "")
+    assert em.graph_checkpoints(steps, [1, 64, 4096]) == ([1, 64, 4096], "")
+    chosen, note = em.graph_checkpoints(steps, [1, 4000, 143000])
+    assert chosen == [1, 4096] and "step 4000 → 4096" in note and "step 143000 → 4096" in note
+    with pytest.raises(ValueError, match="no checkpoint after step 0"):
+        em.graph_checkpoints([0], [1])
+
+
+def test_sweep_runs_records_missing_checkpoints_and_runs(tiny_sweep):
+    def load(name, *, revision, dtype):
+        if name == "gone" or revision == "step4":
+            raise OSError(f"{name} has no revision {revision} on the hub")
+        return tiny_sweep.load(name, revision=revision, dtype=dtype)
+
+    runs = [
+        em.Checkpoints("tiny", ["step0", "step4", "step16"], [0, 4, 16]),
+        em.Checkpoints("gone", ["step0"], [0]),
+    ]
+    sw = em.sweep_runs(runs, tiny_sweep.prompts, panel="held-out", k=(2,), load=load)
+    assert set(sw.summary.step) == {0, 16} and set(sw.summary.panel) == {"held-out"}
+    assert sw.summary.d_model.eq(16).all()
+    failed = sw.failures
+    assert set(failed.model) == {"tiny", "gone"} and (failed.panel == "held-out").all()
+    assert "step4" in failed.astype(str).to_string()
+    with pytest.raises(RuntimeError, match="none of the runs"):
+        em.sweep_runs(runs[1:], tiny_sweep.prompts, k=(2,), load=load)
+    with pytest.raises(OSError, match="no revision step4"):
+        em.sweep_runs(runs[:1], tiny_sweep.prompts, k=(2,), load=load, on_error="raise")
+
+
+def test_load_search_and_judge_rows(tmp_path):
+    from coupling_utils.analysis.verdicts import Rule
+
+    with pytest.raises(FileNotFoundError, match="f03_emergence_search.py"):
+        em.load_search(tmp_path)
+    pd.DataFrame({"config": ["a", "b"], "spearman": [0.9, 0.1], "ratio": [2.0, 3.0]}).to_csv(
+        tmp_path / "runs.csv"
+    )
+    pd.DataFrame({"config": ["a"], "step": [0], "K": [4], "coupling": [0.1]}).to_csv(tmp_path / "curves.csv")
+    pd.DataFrame({"config": ["a"], "step": [0], "val_loss": [7.0]}).to_csv(tmp_path / "losses.csv")
+    (tmp_path / "provenance.json").write_text('{"a": {"command": "x"}}')
+    with pytest.raises(ValueError, match=r"\['b'\] have no provenance"):
+        em.load_search(tmp_path)
+    (tmp_path / "provenance.json").write_text('{"a": {"command": "x"}, "b": {"command": "y"}}')
+    search = em.load_search(tmp_path)
+    judged = em.judge_rows(search.runs, Rule(yes="spearman >= 0.7 and ratio >= 1.5"))
+    assert list(judged.verdict) == ["yes", "no"]
+
+
+def test_the_stored_search_is_complete():
+    """data/f03_search: every configuration has its curves, losses and provenance, and the
+    shape columns of runs.csv are those of its curves (the chapter re-judges them)."""
+    search = em.load_search()
+    assert set(search.runs.config) == set(search.curves.config) == set(search.losses.config)
+    for row in search.runs.itertuples():
+        curve = search.curves.query("config == @row.config and K == @row.K")
+        g = em.growth_summary(curve, "coupling", early_step=1).iloc[0]
+        assert g.peak_step == row.peak_step and g.final == pytest.approx(row.final, abs=1e-5)
+        assert g.spearman == pytest.approx(row.spearman, abs=1e-4)
+        assert search.provenance[row.config]["spec"]["d_model"] == row.d_model
+
+
+def test_one_factor_effects_compare_runs_that_differ_in_one_factor_only():
+    runs = pd.DataFrame(
+        {
+            "config": ["base", "long", "longer", "deep", "wide-long"],
+            "d_model": [64, 64, 64, 64, 128],
+            "n_layers": [4, 4, 4, 8, 4],
+            "steps": [1024, 2048, 4096, 1024, 2048],
+            "lr": [3e-3] * 5,
+            "data_tokens": [0] * 5,
+            "final": [0.24, 0.2, 0.15, 0.3, 0.25],
+        }
+    )
+    fx = em.one_factor_effects(runs)
+    steps = fx[fx.factor == "steps"]
+    assert list(steps.config) == ["base", "long", "longer"] and set(steps.direction) == {"lower"}
+    depth = fx[fx.factor == "n_layers"]
+    assert list(depth.config) == ["base", "deep"] and set(depth.direction) == {"higher"}
+    width = fx[fx.factor == "d_model"]  # "long" and "wide-long" differ in width only
+    assert list(width.config) == ["long", "wide-long"] and set(width.direction) == {"higher"}
+    assert fx[fx.factor == "lr"].empty
+    with pytest.raises(ValueError, match="lacks columns"):
+        em.one_factor_effects(runs.drop(columns="lr"))
+
+
+def test_the_chapter_run_is_a_searched_run():
+    """embedded:pythia-tiny is trained with exactly the spec of one searched configuration, so the
+    chapter's own run and its row in the search table are the same run."""
+    from coupling_utils.models import zoo
+
+    spec = zoo.REGISTRY["pythia-tiny"].specs().to_dict()
+    matches = [c for c, p in em.load_search().provenance.items() if p["spec"] == spec]
+    assert matches == ["w64-l4-s4096"]

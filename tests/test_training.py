@@ -127,6 +127,55 @@ def test_train_lm_checkpoints_and_determinism(zoo_cache, tmp_path):
     assert spec_json["spec"]["steps"] == 4 and spec_json["checkpoints"][-1] == "step4"
 
 
+def test_train_lm_on_a_data_amount(zoo_cache, tmp_path, monkeypatch):
+    """train_tokens: batches and the training-loss windows come from the first N tokens only."""
+    seen = {"eval": [], "high": []}
+    windows, randint = training._eval_windows, torch.randint
+
+    def spy_windows(ids, seq_len, n):
+        seen["eval"].append(len(ids))
+        return windows(ids, seq_len, n)
+
+    def spy_randint(low, high, *args, **kwargs):
+        seen["high"].append(high)
+        return randint(low, high, *args, **kwargs)
+
+    monkeypatch.setattr(training, "_eval_windows", spy_windows)
+    monkeypatch.setattr(torch, "randint", spy_randint)
+    training.train_lm(_smoke_spec(train_tokens=100), tmp_path / "few", progress=False)
+    val_tokens = corpus.tokenized_corpus(2048).val_ids.size
+    assert seen["eval"] == [val_tokens, 100]  # validation on the held-out plays, training loss on the 100
+    assert set(seen["high"]) == {100 - 16 - 1}  # every batch window starts inside the first 100 tokens
+
+
+def test_lm_spec_keeps_older_cache_keys():
+    assert "train_tokens" not in training.LMSpec().to_dict()  # unused new fields leave the hash alone
+    assert training.LMSpec(train_tokens=5000).to_dict()["train_tokens"] == 5000
+    with pytest.raises(ValueError, match="shorter than one training window"):
+        training.LMSpec(seq_len=64, train_tokens=50)
+
+
+def test_val_loss_plateau():
+    import pandas as pd
+
+    steps = [0, 1, 2, 4, 512, 640, 768, 896, 1024]
+    still_falling = pd.DataFrame({"step": steps, "val_loss": [7.6, 7.5, 7.4, 7.0, 5.0, 4.8, 4.6, 4.4, 4.2]})
+    p = training.val_loss_plateau(still_falling)
+    assert (p["from_step"], p["to_step"]) == (768, 1024)  # the checkpoint nearest 3/4 of training
+    assert p["drop"] == pytest.approx(0.4) and p["relative_drop"] == pytest.approx(0.4 / 4.6)
+    flat = still_falling.assign(val_loss=[7.6, 7.5, 7.4, 7.0, 4.3, 4.25, 4.21, 4.2, 4.205])
+    assert training.val_loss_plateau(flat)["relative_drop"] == pytest.approx(
+        0.01 / 4.21
+    )  # the best, not the last
+    assert training.val_loss_plateau(flat, last=0.5)["from_step"] == 512
+    with pytest.raises(ValueError, match="fraction of training"):
+        training.val_loss_plateau(flat, last=1.5)
+    with pytest.raises(ValueError, match="no column 'val_loss'"):
+        training.val_loss_plateau(flat.rename(columns={"val_loss": "loss"}))
+    with pytest.raises(ValueError, match="no checkpoint before the final one"):
+        training.val_loss_plateau(flat[flat.step >= 896], last=0.01)
+
+
 def test_mnist_is_pinned_and_preprocessed():
     data = vit.load_mnist()
     x, y = data["test"]

@@ -19,6 +19,7 @@ into tidy tables and condenses a curve into the numbers such a claim is about:
 from __future__ import annotations
 
 import re
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,17 +34,28 @@ __all__ = [
     "step_of",
     "checkpoint_steps",
     "pick_checkpoints",
+    "graph_checkpoints",
     "growth_summary",
+    "log_position",
     "relative_curve",
     "Checkpoints",
     "run_checkpoints",
     "Sweep",
     "sweep_checkpoints",
+    "sweep_runs",
+    "model_width",
+    "main_k",
     "checkpoint_jobs",
     "trajectory_tables",
     "checkpoint_summary",
     "mean_matrices",
     "edge_counts",
+    "share_above_one",
+    "k_levels",
+    "Search",
+    "load_search",
+    "judge_rows",
+    "one_factor_effects",
 ]
 
 _STEP = re.compile(r"step(\d+)")
@@ -94,16 +106,48 @@ def pick_checkpoints(steps: Sequence[int], n: int = 3) -> list[int]:
     return sorted(chosen)
 
 
+def graph_checkpoints(
+    steps: Sequence[int], requested: Sequence[int] = (), n: int = 3
+) -> tuple[list[int], str]:
+    """The checkpoints of the layer-coupling graphs, and a note on any that had to be replaced.
+
+    ``requested`` empty: ``n`` checkpoints spread over the log-step axis (:func:`pick_checkpoints`).
+    Otherwise each requested step that was not measured (a checkpoint the hub lacked, a run
+    of another length) is replaced by the nearest measured step on the log axis, and the note
+    says so, so a figure never silently shows other steps than the text names.
+    """
+    measured = sorted({int(x) for x in steps})
+    if not requested:
+        return pick_checkpoints(measured, n), ""
+    positive = [x for x in measured if x > 0]
+    if not positive:
+        raise ValueError(f"no checkpoint after step 0 was measured (steps: {measured})")
+    chosen, replaced = [], []
+    for want in requested:
+        want = int(want)
+        if want in measured:
+            got = want
+        else:
+            got = min(positive, key=lambda x: (abs(np.log(x) - np.log(max(want, 1))), x))
+            replaced.append(f"step {want} → {got}")
+        if got not in chosen:
+            chosen.append(got)
+    note = f"not measured, replaced by the nearest checkpoint: {', '.join(replaced)}" if replaced else ""
+    return sorted(chosen), note
+
+
 @dataclass
 class Checkpoints:
     """The checkpoints of one training run: revision names in step order, and (for a local
-    run) its directory and its per-checkpoint losses (``training.load_losses``)."""
+    run) its directory, its per-checkpoint losses (``training.load_losses``) and its training
+    spec (``training_spec.json``: the ``LMSpec`` fields it was trained with)."""
 
     model: str
     revisions: list[str]
     steps: list[int]
     path: Path | None = None
     losses: pd.DataFrame | None = None
+    spec: dict | None = None
 
 
 def run_checkpoints(model: str, revisions: Sequence[str] = ()) -> Checkpoints:
@@ -121,7 +165,7 @@ def run_checkpoints(model: str, revisions: Sequence[str] = ()) -> Checkpoints:
     if model.startswith("embedded:"):
         from coupling_utils.models.zoo import resolve
 
-        path = Path(resolve(model))
+        path = Path(resolve(model, progress=False))
     elif Path(model).expanduser().is_dir():
         path = Path(model).expanduser()
     if path is None:
@@ -147,7 +191,12 @@ def run_checkpoints(model: str, revisions: Sequence[str] = ()) -> Checkpoints:
         from coupling_utils.models.training import load_losses
 
         losses = load_losses(path)
-    return Checkpoints(model, revisions, [step_of(r) for r in revisions], path, losses)
+    spec = None
+    if path is not None and (path / "training_spec.json").exists():
+        import json
+
+        spec = json.loads((path / "training_spec.json").read_text()).get("spec")
+    return Checkpoints(model, revisions, [step_of(r) for r in revisions], path, losses, spec)
 
 
 # --------------------------------------------------------------------------- curves
@@ -174,7 +223,14 @@ def growth_summary(
     ratio (final / early), spearman (rank correlation of value with step over checkpoints
     from the early one on, and its p-value spearman_p), rises (fraction of consecutive
     checkpoints where the value goes up), max_drop (largest fall between consecutive
-    checkpoints, relative to the curve's range; 0 for a monotone rise) and n_checkpoints.
+    checkpoints, relative to the curve's range; 0 for a monotone rise), peak_step and peak
+    (the largest value and where it lies), peak_position (where the peak lies on the log-step
+    axis from the early to the final checkpoint: 0 = at the early one, 1 = at the end),
+    final_vs_peak (final / peak: 1 when the curve ends at its top) and n_checkpoints.
+
+    These are the shape descriptors a claim such as "rises progressively" is judged on: a curve
+    that peaks early and falls back has a small peak_position and final_vs_peak < 1, whatever
+    its two end points say.
     """
     from scipy import stats
 
@@ -219,10 +275,30 @@ def growth_summary(
                 "spearman_p": float(p),
                 "rises": float(np.mean(diffs > 0)),
                 "max_drop": float(max(0.0, -diffs.min()) / span) if span > 0 else 0.0,
+                "peak_step": int(curve.index[int(np.argmax(v))]),
+                "peak": float(v.max()),
+                "peak_position": (
+                    log_position(curve.index[int(np.argmax(v))], curve.index[0], curve.index[-1])
+                    if curve.index[0] > 0
+                    else np.nan  # no log axis from step 0
+                ),
+                "final_vs_peak": float(final / v.max()) if v.max() > 0 else np.nan,
                 "n_checkpoints": int(len(v)),
             }
         )
     return pd.DataFrame(rows)
+
+
+def log_position(step: float, first: float, last: float) -> float:
+    """Where ``step`` lies on the log-step axis from ``first`` to ``last`` (0 to 1; steps > 0).
+
+    Pythia's checkpoints are log-spaced early, so "the peak is in the last third" means a
+    position >= 2/3 on this axis (for steps 1 to 4096: from step 256 on)."""
+    if not 0 < first < last:
+        raise ValueError(f"need 0 < first < last steps for a log axis, got first={first}, last={last}")
+    if not first <= step <= last:
+        raise ValueError(f"step {step} lies outside [{first}, {last}]")
+    return float(np.log(step / first) / np.log(last / first))
 
 
 def _where(by_cols, key) -> str:
@@ -272,7 +348,8 @@ class Sweep:
     - ``trajectories``: model, revision, step, prompt, token, lss, expodistance_<how>,
       growth_<how> (one row per token);
     - ``step_norms``: model, revision, step, prompt, token, layer, step_norm, relative_step;
-    - ``summary``: one row per (model, revision, step, K), see :func:`checkpoint_summary`.
+    - ``summary``: one row per (model, revision, step, K), see :func:`checkpoint_summary`, with the
+      width ``d_model`` of the checkpoint (so K can be read as a fraction K/d of it).
     """
 
     depthwise: pd.DataFrame
@@ -304,7 +381,9 @@ def trajectory_tables(
         if n_steps >= 3:
             metrics = tj.trajectory_metrics(traj, layers=layers)
         else:  # expodistance needs three steps; a 2-block model has only the line-shape score
-            metrics = tj.trajectory_metrics(traj, layers=layers, how=())
+            with warnings.catch_warnings():  # the NaN columns below say so; no warning per prompt
+                warnings.filterwarnings("ignore", message="only 2 steps in the layer window")
+                metrics = tj.trajectory_metrics(traj, layers=layers, how=())
             for h in tj.EXPODISTANCE_METHODS:
                 metrics[f"expodistance_{h}"] = np.nan
                 metrics[f"growth_{h}"] = np.nan
@@ -408,13 +487,116 @@ def sweep_checkpoints(
             "total_block_passes": m.provenance.get("total_block_passes"),
             "code": m.provenance.get("code"),
             "stale": r.stale,
+            "d_model": (m.provenance.get("model") or {}).get("d_model"),
         }
     lead = ["model", "revision", "step", "prompt"]
     depthwise = _lead(done.table("depthwise", "depth"), lead)
     trajectories = _lead(done.table("trajectories", None), lead)
     step_norms = _lead(done.table("step_norms", None), lead)
     summary = checkpoint_summary(depthwise, trajectories, how=how)
+    width = {rev: c["d_model"] for rev, c in prov["checkpoints"].items()}
+    summary.insert(summary.columns.get_loc("K"), "d_model", summary["revision"].map(width).astype(float))
     return Sweep(depthwise, trajectories, step_norms, summary, prov, done.failures)
+
+
+def sweep_runs(
+    runs: Sequence[Checkpoints], prompts: Any, *, panel: str | None = None, on_error: str = "record", **kwargs
+) -> Sweep:
+    """:func:`sweep_checkpoints` for several runs on the same prompts, as one :class:`Sweep`.
+
+    ``runs``: what :func:`run_checkpoints` gave for each model. ``panel`` labels every table with
+    a ``panel`` column (e.g. "held-out text" and "quiz prompts", measured separately and shown
+    side by side). With ``on_error="record"`` (the default) a checkpoint that cannot be loaded or
+    measured (a revision the hub does not have, a gated repo, out of memory) is listed in
+    ``failures`` and left out, and so is a run none of whose checkpoints could be measured, and
+    every K larger than a run's width (:func:`model_width`; e.g. the paper's K = 50 on a narrow
+    stand-in model), so a notebook shows what is missing instead of aborting. Other keyword
+    arguments go to :func:`sweep_checkpoints`. Raises if nothing at all could be measured.
+    """
+    if on_error not in ("record", "raise"):
+        raise ValueError(f"on_error must be 'record' or 'raise', got {on_error!r}")
+    k = kwargs.pop("k", (10,))
+    ks = [int(k)] if isinstance(k, (int, np.integer)) else [int(x) for x in k]
+    sweeps, failures = [], []
+    for run in runs:
+        width = next((w for w in (model_width(run.model, r) for r in reversed(run.revisions)) if w), None)
+        fit = [x for x in ks if width is None or x <= width]
+        if len(fit) < len(ks):
+            too_big = [x for x in ks if x not in fit]
+            message = f"K = {too_big} exceed the width d = {width} of {run.model}: not measured at these K"
+            if on_error == "raise":
+                raise ValueError(f"{message}; choose K <= {width}")
+            failures.append(
+                pd.DataFrame([{"model": run.model, "error": "K wider than the model", "message": message}])
+            )
+            if not fit:
+                continue
+        try:
+            sw = sweep_checkpoints(run.model, run.revisions, prompts, k=fit, on_error=on_error, **kwargs)
+        except RuntimeError as exc:
+            if on_error == "raise" or "no checkpoint could be measured" not in str(exc):
+                raise
+            failures.append(
+                pd.DataFrame([{"model": run.model, "error": "no checkpoint", "message": str(exc)}])
+            )
+            continue
+        sweeps.append(sw)
+        if not sw.failures.empty:
+            failures.append(sw.failures.assign(model=run.model))
+    if not sweeps:
+        detail = "\n".join(str(f["message"].iloc[0]) for f in failures)
+        raise RuntimeError(f"none of the runs {[r.model for r in runs]} could be measured\n{detail}")
+
+    def cat(name: str) -> pd.DataFrame:
+        out = pd.concat([getattr(sw, name) for sw in sweeps], ignore_index=True)
+        return out if panel is None else out.assign(panel=panel)
+
+    failed = pd.concat(failures, ignore_index=True) if failures else pd.DataFrame(columns=["model", "error"])
+    return Sweep(
+        cat("depthwise"),
+        cat("trajectories"),
+        cat("step_norms"),
+        cat("summary"),
+        {sw.provenance["model"]: sw.provenance for sw in sweeps},
+        failed if panel is None else failed.assign(panel=panel),
+    )
+
+
+def model_width(model: str, revision: str | None = None) -> int | None:
+    """The width d (hidden size) of ``model`` from its config, read without loading weights: an
+    embedded name, a local directory, or a hub id in the Hugging Face cache. None if unknown."""
+    import json
+
+    try:
+        if str(model).startswith("embedded:"):
+            from coupling_utils.models.zoo import resolve
+
+            path = Path(resolve(model, progress=False))
+        else:
+            path = Path(model).expanduser()
+        if path.is_dir():
+            config = json.loads((path / "config.json").read_text())
+        else:
+            from transformers import AutoConfig
+
+            config = AutoConfig.from_pretrained(model, revision=revision).to_dict()
+    except (OSError, ValueError):  # not found or not readable: measure() then says what is wrong
+        return None
+    widths = [config.get(key) for key in ("hidden_size", "n_embd", "d_model")]
+    return next((int(w) for w in widths if isinstance(w, int) and not isinstance(w, bool)), None)
+
+
+def main_k(summary: pd.DataFrame, k_main: int, model: str) -> tuple[int, str]:
+    """The K of the headline numbers for ``model``: ``k_main`` if it was measured, else the largest
+    measured K below it (a K wider than the model is not measured), and a note saying so."""
+    measured = sorted(int(x) for x in summary.loc[summary["model"] == model, "K"].unique())
+    if not measured:
+        raise ValueError(f"{model!r} has no measurement in the summary")
+    if k_main in measured:
+        return int(k_main), ""
+    below = [x for x in measured if x < k_main]
+    chosen = below[-1] if below else measured[0]
+    return chosen, f"K = {k_main} was not measured for {model} (wider than the model?): using K = {chosen}"
 
 
 def _lead(df: pd.DataFrame, lead: Sequence[str]) -> pd.DataFrame:
@@ -453,6 +635,99 @@ def checkpoint_summary(
     return summary.sort_values([c for c in ("model", "step", "K") if c in summary.columns], ignore_index=True)
 
 
+# --------------------------------------------------------------------------- the search of local runs
+SEARCH_FOLDER = "f03_search"
+
+
+@dataclass
+class Search:
+    """The stored search over local training runs (``scripts/f03_emergence_search.py``).
+
+    - ``runs``: one row per configuration and K: the spec (d_model, n_layers, steps, lr,
+      data_tokens, epochs, ...), its cost (train_s, measure_s), losses (val_loss, plateau_drop)
+      and the shape of its coupling curve (:func:`growth_summary` columns, step0);
+    - ``curves``: config, step, K, coupling, share_m_above_1;
+    - ``losses``: each configuration's per-checkpoint losses;
+    - ``provenance``: per configuration, the command, commit, date, machine and versions.
+    """
+
+    runs: pd.DataFrame
+    curves: pd.DataFrame
+    losses: pd.DataFrame
+    provenance: dict
+
+
+def load_search(folder: str | Path | None = None) -> Search:
+    """Read the search tables from ``folder`` (default: ``data/f03_search``)."""
+    import json
+
+    from coupling_utils.files import data_dir
+
+    folder = Path(folder) if folder is not None else data_dir() / SEARCH_FOLDER
+    names = ("runs.csv", "curves.csv", "losses.csv", "provenance.json")
+    missing = [n for n in names if not (folder / n).is_file()]
+    if missing:
+        raise FileNotFoundError(
+            f"the f03 search tables {missing} are not in {folder}; run "
+            "`python scripts/f03_emergence_search.py --out <scratch folder>` to make them"
+        )
+    tables = [pd.read_csv(folder / n) for n in names[:3]]
+    provenance = json.loads((folder / "provenance.json").read_text())
+    unexplained = sorted(set(tables[0]["config"]) - set(provenance))
+    if unexplained:
+        raise ValueError(f"{folder}: configurations {unexplained} have no provenance entry")
+    return Search(*tables, provenance)
+
+
+SEARCH_FACTORS = ("d_model", "n_layers", "steps", "lr", "data_tokens")
+
+
+def one_factor_effects(
+    runs: pd.DataFrame, value: str = "final", *, factors: Sequence[str] = SEARCH_FACTORS
+) -> pd.DataFrame:
+    """The search read one factor at a time: for each factor, the runs that differ only in it.
+
+    ``runs``: one row per configuration (the search's ``runs`` at one K). For every factor, rows
+    are grouped by all the other factors; a group with two or more values of the factor is a
+    one-factor comparison. Columns: factor, group (the group's number), level (the factor's
+    value), config, ``value``, and direction ("higher" / "lower" / "flat": how ``value`` moves
+    from the lowest to the highest level of the factor in that group, by the sign of the change).
+    """
+    missing = [c for c in (*factors, "config", value) if c not in runs.columns]
+    if missing:
+        raise ValueError(f"runs lacks columns {missing}")
+    frames, n = [], 0
+    for factor in factors:
+        others = [f for f in factors if f != factor]
+        for _, g in runs.groupby(others, sort=True, dropna=False):
+            if g[factor].nunique() < 2:
+                continue
+            g = g.sort_values(factor)
+            change = float(g[value].iloc[-1] - g[value].iloc[0])
+            direction = "higher" if change > 0 else ("lower" if change < 0 else "flat")
+            frames.append(
+                pd.DataFrame(
+                    {
+                        "factor": factor,
+                        "group": n,
+                        "level": g[factor].to_numpy(),
+                        "config": g["config"].to_numpy(),
+                        value: g[value].to_numpy(),
+                        "direction": direction,
+                    }
+                )
+            )
+            n += 1
+    columns = ["factor", "group", "level", "config", value, "direction"]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=columns)
+
+
+def judge_rows(rows: pd.DataFrame, rule, *, column: str = "verdict") -> pd.DataFrame:
+    """``rows`` with ``column`` = ``rule.judge(row)`` for each row (a :class:`~verdicts.Rule`
+    judged on the shape columns each row carries, e.g. the search's runs)."""
+    return rows.assign(**{column: [rule.judge(r) for r in rows.to_dict("records")]})
+
+
 # --------------------------------------------------------------------------- matrices and graphs
 def mean_matrices(depthwise: pd.DataFrame, *, by: str | Sequence[str] = "step") -> pd.DataFrame:
     """Depth-wise coupling matrices averaged over prompts and tokens, per group ``by``:
@@ -464,6 +739,62 @@ def mean_matrices(depthwise: pd.DataFrame, *, by: str | Sequence[str] = "step") 
     if "K" in depthwise.columns and depthwise["K"].nunique() > 1 and "K" not in by_cols:
         raise ValueError(f"depthwise mixes K = {sorted(depthwise['K'].unique())}; select one K first")
     return depthwise.groupby([*by_cols, "layer_i", "layer_j"], as_index=False)[["m", "coupling"]].mean()
+
+
+def share_above_one(
+    depthwise: pd.DataFrame, *, by: str | Sequence[str] = ("model", "step", "K")
+) -> pd.DataFrame:
+    """Per group: how many pair values have m > 1, where ``1 − m²`` is negative (``share_m_above_1``).
+
+    m_K lies in [0, √2], so 1 − m² lies in [−1, 1]. Two unrelated Jacobians give m near 1, and
+    above 1 when the K×K block |U₂ᵀ J₁ V₂| carries more off-diagonal energy than its diagonal
+    removes, which grows with K/d: a curve of mean 1 − m² below zero is at (or below) the level
+    of unrelated matrices, not "anti-coupled". Pairs of a layer with itself are left out.
+    """
+    by_cols = [by] if isinstance(by, str) else list(by)
+    need = {*by_cols, "layer_i", "layer_j", "m"}
+    if not need <= set(depthwise.columns):
+        raise ValueError(f"depthwise lacks columns {sorted(need - set(depthwise.columns))}")
+    off = depthwise[depthwise["layer_i"] != depthwise["layer_j"]]
+    return (
+        off.assign(share_m_above_1=(off["m"] > 1).astype(float))
+        .groupby(by_cols, as_index=False)["share_m_above_1"]
+        .mean()
+    )
+
+
+def k_levels(
+    summary: pd.DataFrame, depthwise: pd.DataFrame, *, by: str | Sequence[str] = "model"
+) -> pd.DataFrame:
+    """Per group and K: how the level of 1 − m² depends on K relative to the width.
+
+    Columns: by..., K, d_model, K_over_d, first_step, first (coupling at the first checkpoint,
+    for a local run step 0: the random initialisation, where no block is related to another),
+    final, lowest (the curve's minimum), share_first and share_final (share of layer pairs
+    with m > 1, i.e. 1 − m² < 0, at those checkpoints; :func:`share_above_one`).
+    """
+    by_cols = [by] if isinstance(by, str) else list(by)
+    shares = share_above_one(depthwise, by=[*by_cols, "step", "K"])
+    rows = []
+    for key, g in summary.groupby([*by_cols, "K"], sort=True):
+        curve = g.groupby("step", sort=True)["coupling"].mean()
+        share = shares.set_index([*by_cols, "K", "step"])["share_m_above_1"]
+        first, last = int(curve.index[0]), int(curve.index[-1])
+        d = float(g["d_model"].iloc[0]) if "d_model" in g and g["d_model"].notna().all() else np.nan
+        rows.append(
+            {
+                **dict(zip([*by_cols, "K"], key)),
+                "d_model": d,
+                "K_over_d": key[-1] / d,
+                "first_step": first,
+                "first": float(curve.iloc[0]),
+                "final": float(curve.iloc[-1]),
+                "lowest": float(curve.min()),
+                "share_first": float(share.loc[(*key, first)]),
+                "share_final": float(share.loc[(*key, last)]),
+            }
+        )
+    return pd.DataFrame(rows)
 
 
 def edge_counts(

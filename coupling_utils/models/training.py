@@ -68,9 +68,31 @@ class LMSpec:
     # on a 2-core CPU (0.51 s/step with two vs 0.55 CPU-s/step with one) yet doubled the CPU time,
     # and on a busy machine two threads spin-wait and run several times slower.
     threads: int = 1
+    # the data amount: train on the first ``train_tokens`` tokens of the training split only
+    # (None: all of it, about 1.6 M tokens at vocab 2048). Fewer tokens repeat as epochs.
+    train_tokens: int | None = None
+
+    def __post_init__(self):
+        if self.train_tokens is not None and self.train_tokens < self.seq_len + 2:
+            raise ValueError(
+                f"train_tokens={self.train_tokens} is shorter than one training window "
+                f"(seq_len + 2 = {self.seq_len + 2}); pass None for the whole training split"
+            )
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        for (
+            name,
+            default,
+        ) in _OPTIONAL_DEFAULTS.items():  # absent at their default: older specs keep their hash
+            if d[name] == default:
+                del d[name]
+        return d
+
+
+# Fields added after runs were cached: left out of ``LMSpec.to_dict`` at these values, so the
+# specs that do not use them keep their cache keys.
+_OPTIONAL_DEFAULTS = {"train_tokens": None}
 
 
 def pythia_schedule(steps: int, n_linear: int = 8) -> list[int]:
@@ -263,9 +285,9 @@ def train_lm(spec: LMSpec, out_dir: str | Path, *, progress: bool = True, desc: 
         model.train()
         opt = adamw(model, lr=spec.lr, weight_decay=spec.weight_decay, betas=(0.9, 0.95))
         gen = torch.Generator().manual_seed(spec.seed + 1_000_003)
-        train_ids = torch.from_numpy(corpus.train_ids.astype(np.int64))
+        train_ids = torch.from_numpy(corpus.train_ids[: spec.train_tokens].astype(np.int64))
         val_w = _eval_windows(corpus.val_ids, spec.seq_len, spec.eval_windows)
-        train_w = _eval_windows(corpus.train_ids, spec.seq_len, spec.eval_windows)
+        train_w = _eval_windows(corpus.train_ids[: spec.train_tokens], spec.seq_len, spec.eval_windows)
         unigram = corpus.unigram_entropy()
         offsets = torch.arange(spec.seq_len + 1)
         rows = []
@@ -343,6 +365,40 @@ def train_lm(spec: LMSpec, out_dir: str | Path, *, progress: bool = True, desc: 
             "train_seconds": time.perf_counter() - t0,
             "cpu_seconds": time.process_time() - c0,
         }
+
+
+def val_loss_plateau(losses: pd.DataFrame, *, last: float = 0.25, column: str = "val_loss") -> dict:
+    """How much the loss still fell over the last ``last`` fraction of training (has it flattened?).
+
+    ``losses``: a run's per-checkpoint table (:func:`load_losses`). Compares the loss at the
+    checkpoint closest to ``(1 - last) * final_step`` with the lowest loss from there to the end:
+    ``drop`` (nats) and ``relative_drop`` (drop / the earlier loss). A run whose validation loss
+    still falls steeply at the end was stopped mid-descent; one that flattened has a small
+    relative drop (chapter f03 states its threshold). Returns {from_step, to_step, from_loss,
+    best_loss, drop, relative_drop}.
+    """
+    if not 0 < last < 1:
+        raise ValueError(f"last must be a fraction of training in (0, 1), got {last}")
+    for col in ("step", column):
+        if col not in losses.columns:
+            raise ValueError(f"losses has no column {col!r}; pass a run's loss table (load_losses)")
+    curve = losses.sort_values("step")
+    final_step = int(curve["step"].iloc[-1])
+    if final_step <= 0 or len(curve) < 2:
+        raise ValueError("need at least two checkpoints, the last after step 0, to judge a plateau")
+    start = int(curve["step"].iloc[(curve["step"] - (1 - last) * final_step).abs().argmin()])
+    if start == final_step:
+        raise ValueError(f"no checkpoint before the final one within the last {last:.0%} of training")
+    before = float(curve.loc[curve["step"] == start, column].iloc[0])
+    best = float(curve.loc[curve["step"] >= start, column].min())
+    return {
+        "from_step": start,
+        "to_step": final_step,
+        "from_loss": before,
+        "best_loss": best,
+        "drop": before - best,
+        "relative_drop": (before - best) / before,
+    }
 
 
 def load_losses(run_dir: str | Path) -> pd.DataFrame:

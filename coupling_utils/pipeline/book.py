@@ -554,7 +554,11 @@ class _AssetScanner(html.parser.HTMLParser):
         attrs = dict(attrs)
         for name in self.LOADS.get(tag, ()):
             if attrs.get(name):
-                self.urls.extend(u.strip().split(" ")[0] for u in attrs[name].split(","))
+                value = attrs[name]
+                if name.endswith("srcset") and not value.startswith("data:"):  # "a.png 1x, b.png 2x"
+                    self.urls.extend(u.strip().split(" ")[0] for u in value.split(","))
+                else:  # one URL; a data: URI carries commas of its own
+                    self.urls.append(value.strip())
         if tag == "link" and attrs.get("href"):
             rels = {r.strip().lower() for r in (attrs.get("rel") or "").split()}
             if rels & self.LINK_RELS or (attrs.get("rel") or "").lower() in self.LINK_RELS:

@@ -122,11 +122,14 @@ SPECIFIC: dict[str, dict[str, Check]] = {
         "tokens": choice("last", "all"),
     },
     "f03_training_emergence": {
+        "n_windows": integer(min=1),
+        "window_tokens": integer(min=2),
         "k_main": check_k,
         "early_step": integer(min=1),
         "graph_steps": list_of(integer(min=0), min_len=0, max_len=3),
         "graph_threshold": number(min=0.0, max=1.0),
         "trajectory_tokens": choice("all", "last"),
+        "plateau_fraction": number(min=0.05, max=0.95),
     },
     "f04_vision_transformers": {
         "n_images": integer(min=2),
@@ -183,7 +186,10 @@ def _pca_prompt_exists(v: Mapping[str, Any]) -> str | None:
 RULES: dict[str, list[Callable[[Mapping[str, Any]], str | None]]] = {
     "f00_coupling_metric": [_k_within_toy],
     "f01_depth_and_tokens": [_need_a_prompt, _tile_k_within_k],
-    "f03_training_emergence": [_need_a_prompt, _k_main_in_k, _three_graph_steps],
+    "f03_training_emergence": [
+        _k_main_in_k,
+        _three_graph_steps,
+    ],  # no quiz prompt is fine: windows are the main panel
     "f05_token_trajectories": [_pca_prompt_exists],
 }
 
