@@ -95,7 +95,12 @@ def _spec(chart: Any) -> dict:
     to_dict = getattr(chart, "to_dict", None)
     if to_dict is None:
         raise TypeError(f"expected an Altair chart or a Vega-Lite spec, got {type(chart).__name__}")
-    return to_dict()
+    import altair as alt
+
+    # the book embeds each chart's data in its spec: K x K tiles at the paper's K = 50 and
+    # layer heatmaps of deep models exceed Altair's default 5000-row guard
+    with alt.data_transformers.disable_max_rows():
+        return to_dict()
 
 
 def to_svg(chart: Any) -> str:

@@ -51,8 +51,6 @@ __all__ = [
     "place_labels",
 ]
 
-# tiles and heatmaps can have many rows; the book embeds data in the spec
-alt.data_transformers.disable_max_rows()
 # Scatters put into one figure share their hover selection on purpose (that is the link);
 # Altair merges the identical parameters and would warn about it in every notebook output.
 warnings.filterwarnings(
