@@ -80,15 +80,27 @@ def test_twin_tables(pair):
         p: tok.convert_ids_to_tokens(tok(t)["input_ids"][0].tolist()) for p, t in pair.prompts.items()
     }
     assert m.tokens["p"] == list("HIJKLM")
-    assert len(m.summary) == 4 and m.summary.coupling.between(-1, 1).all()
+    assert len(m.summary) == 4
+    # the summary is the mean of 1 − m² over off-diagonal block pairs, prompts counted equally,
+    # computed here from the m column (not from the table's own coupling column)
+    off = m.depthwise.query("layer_i != layer_j")
+    by_hand = (
+        off.assign(c=1 - off.m**2)
+        .groupby(["weights", "K", "prompt"])
+        .c.mean()
+        .groupby(["weights", "K"])
+        .mean()
+    )
+    got = m.summary.set_index(["weights", "K"]).coupling
+    pd.testing.assert_series_equal(got.sort_index(), by_hand.sort_index(), check_names=False, rtol=1e-12)
 
 
 def test_twin_values_match_direct_computation(pair):
-    from coupling_utils.engine.jacobians import token_jacobians
+    from coupling_utils.engine.jacobians import reference_jacobians  # the oracle, not the fast path
 
     ids = _Tok()(pair.prompts["p"])["input_ids"]
     model = pair.models[True]
-    J0, J2 = token_jacobians(model, ids, 0)[-1], token_jacobians(model, ids, 2)[-1]
+    J0, J2 = (reference_jacobians(model, ids, layer, tokens=[-1])[0] for layer in (0, 2))
     row = pair.m.depthwise.query(
         "weights == 'random init' and prompt == 'p' and K == 4 and layer_i == 0 and layer_j == 2"
     )
