@@ -298,7 +298,7 @@ def _pythia_smoke():
     )
 
 
-LM_FAMILY_TOKENS_PER_PARAMETER = 4
+LM_FAMILY_TOKENS_PER_PARAMETER = 2
 """Training tokens per model parameter in ``lm-family``: one budget for every member, so the
 members differ in size and seed, not in how far their training got (each run's learning rate
 decays to the end of its own budget, so its held-out loss is flat there)."""
