@@ -421,7 +421,7 @@ def closest_miss(judged: pd.DataFrame, figure: str) -> pd.Series | None:
 def candidate_label(row: Mapping[str, Any], *, k: bool = True) -> str:
     """A short readable name of a candidate, e.g. ``depth, last token, all pairs, with ends, K 50``."""
     parts = [
-        f"{row['view']}-wise",
+        "depth-wise" if row["view"] == "depth" else "token-wise",
         "last token" if row["tokens"] == "last" else "all tokens",
         "adjacent pairs" if row["pairs"] == "adjacent" else "all pairs",
         "with ends" if row["ends"] == "with" else "no end blocks",
