@@ -334,7 +334,7 @@ def _lm_family() -> dict:
         for seed in (0, 1)
     }
     # one thread per run: these small models gain little from a second thread, and a single
-    # thread keeps the whole family predictable on a busy machine (~8 CPU-minutes in all)
+    # thread keeps the whole family predictable on a busy machine (4.3 CPU-minutes in all, measured)
     return _family_specs(
         runs,
         LM_FAMILY_TOKENS_PER_PARAMETER,
@@ -587,7 +587,7 @@ REGISTRY: dict[str, ZooEntry] = {
             f"on {LM_FAMILY_TOKENS_PER_PARAMETER} tokens per parameter (learning curve evaluated, final "
             "model kept): held-out loss and next-token accuracy for the generalisation analysis.",
             _SHAKESPEARE,
-            "~8 CPU-min (one thread per run; 2 builds at once with --jobs 2), 20 MB",
+            "~4.5 CPU-min (one thread per run; 2 builds at once with --jobs 2), 11 MB",
             spec=_lm_family,
         ),
         ZooEntry(
