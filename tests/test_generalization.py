@@ -139,3 +139,96 @@ def test_corpus_prompts_are_seeded_held_out_windows():
     assert len(a) == 3 and all(k.startswith("val-") and len(v) > 10 for k, v in a.items())
     with pytest.raises(ValueError, match="n_tokens"):
         corpus_prompts(1, 1)
+
+
+def _twin_loader(calls):
+    """load_model's stand-in: model "a" has 2 blocks, "b" 3; the random init depends on the seed."""
+
+    def load(name, *, dtype="float32", random_init=False, seed=0):
+        calls.append((name, random_init, seed))
+        return _tiny_neox(2 if name == "a" else 3, 8, (1 if name == "a" else 2) + (100 + seed) * random_init)
+
+    return load
+
+
+def test_family_coupling_with_twins_reports_the_excess_over_each_twin():
+    calls = []
+    load = _twin_loader(calls)
+    prompts = {"p0": torch.tensor([[1, 2, 3, 4, 5]]), "p1": torch.tensor([[6, 7, 8, 9]])}
+    fam = family_coupling(["a", "b"], prompts, k={"a": 2, "b": 4}, twins=True, twin_seed=5, load=load)
+    assert calls == [("a", False, 5), ("a", True, 5), ("b", False, 5), ("b", True, 5)]
+    s = fam.summary.set_index("model")
+    assert list(s.index) == ["a", "b"] and s.K.tolist() == [2, 4]  # one K per model
+    pp = fam.per_prompt.pivot_table(index=["model", "prompt"], columns="weights", values="coupling")
+    for name, K in (("a", 2), ("b", 4)):
+        twin = coupling_summary(measure(load(name, random_init=True, seed=5), prompts, k=[K]).depthwise, k=K)
+        trained = coupling_summary(measure(load(name), prompts, k=[K]).depthwise, k=K)
+        assert s.loc[name, "twin_coupling"] == pytest.approx(twin, abs=1e-9)
+        assert s.loc[name, "coupling"] == pytest.approx(trained, abs=1e-9)
+        paired = pp.loc[name, "trained"] - pp.loc[name, "random init"]
+        assert s.loc[name, "excess"] == pytest.approx(paired.mean(), abs=1e-12)
+        assert s.loc[name, "excess"] == pytest.approx(trained - twin, abs=1e-9)  # prompts count equally
+        assert s.loc[name, "excess_se"] == pytest.approx(paired.std(ddof=1) / np.sqrt(2), abs=1e-12)
+    assert set(fam.depthwise.weights) == {"trained", "random init"} and s.twin_note.tolist() == ["", ""]
+    # without twins the tables keep their old columns
+    plain = family_coupling(["a"], prompts, k=2, load=load)
+    assert "weights" not in plain.per_prompt and "excess" not in plain.summary
+    with pytest.raises(ValueError, match=r"no K for the model\(s\) \['b'\]"):
+        family_coupling(["a", "b"], prompts, k={"a": 2}, load=load)
+
+
+def test_a_missing_twin_leaves_the_excess_empty_with_the_reason():
+    def load(name, *, dtype="float32", random_init=False, seed=0):
+        if random_init:
+            raise OSError("no config to build a twin from")
+        return _tiny_neox(2, 8, 1)
+
+    fam = family_coupling(
+        ["a"], {"p": torch.tensor([[1, 2, 3]])}, k=2, twins=True, load=load, on_error="record"
+    )
+    row = fam.summary.iloc[0]
+    assert np.isfinite(row.coupling) and np.isnan(row.twin_coupling) and np.isnan(row.excess)
+    assert row.twin_note == "failed: OSError: no config to build a twin from"
+
+
+def test_k_for_width_keeps_k_over_d_fixed():
+    from coupling_utils.analysis.generalization import k_for_width
+
+    assert [k_for_width(d, 0.125) for d in (32, 64, 128)] == [4, 8, 16]
+    assert k_for_width(4, 0.1) == 1 and k_for_width(10, 1.0) == 10
+    with pytest.raises(ValueError, match="K/d"):
+        k_for_width(64, 0)
+    with pytest.raises(ValueError, match="positive integer"):
+        k_for_width(0, 0.5)
+
+
+def _member(tmp_path, run, steps, losses):
+    path = tmp_path / run
+    path.mkdir()
+    curve = {"step": steps, "tokens": [s * 10 for s in steps], "val_loss": losses}
+    pd.DataFrame({**curve, "val_acc": np.linspace(0, 0.2, len(steps))}).to_parquet(path / "losses.parquet")
+    return {"run": run, "path": str(path)}
+
+
+def test_training_stage_measures_the_drop_over_the_last_stretch(tmp_path):
+    from coupling_utils.analysis.generalization import learning_curves, training_stage
+
+    members = pd.DataFrame([
+        _member(tmp_path, "flat", [0, 25, 50, 75, 100], [8.0, 5.0, 4.5, 4.41, 4.4]),
+        _member(tmp_path, "falling", [0, 25, 50, 75, 100], [8.0, 7.0, 6.0, 5.0, 4.0]),
+        _member(tmp_path, "end-only", [100], [4.4]),
+    ])  # fmt: skip
+    stage = training_stage(members, tail=0.25).set_index("run")
+    assert stage.loc["flat", "tail_start_loss"] == 4.41 and stage.loc["flat", "initial_loss"] == 8.0
+    assert stage.loc["flat", "tail_drop"] == pytest.approx(0.01)
+    assert stage.loc["flat", "tail_share"] == pytest.approx(0.01 / 3.6)
+    assert stage.loc["falling", "tail_share"] == pytest.approx(0.25)
+    assert np.isnan(stage.loc["end-only", "tail_drop"]) and "only at its end" in stage.loc["end-only", "note"]
+    # a tail that starts between evaluations starts at the last evaluation before it
+    assert training_stage(members, tail=0.3).set_index("run").loc["flat", "tail_start_loss"] == 4.5
+    curves = learning_curves(members)
+    assert list(curves.columns) == ["run", "step", "tokens", "val_loss", "val_acc"] and len(curves) == 11
+    with pytest.raises(ValueError, match="tail"):
+        training_stage(members, tail=1.0)
+    with pytest.raises(ValueError, match="path"):
+        training_stage(members[["run"]])

@@ -216,3 +216,37 @@ def test_train_vit_tiny(tmp_path):
     assert m["test_acc"] == float((predicted == y[:32]).double().mean()) == acc["test_acc"].iloc[-1]
     pre = json.loads((tmp_path / "v" / "preprocessor_config.json").read_text())
     assert pre["image_mean"] == [vit.MNIST_MEAN] and pre["do_rescale"]
+
+
+def test_curve_schedule_evaluates_evenly_and_keeps_only_the_final_model(zoo_cache, tmp_path):
+    from transformers import GPTNeoXForCausalLM
+
+    spec = _smoke_spec(steps=6, checkpoints="curve", n_linear=3)
+    assert training.checkpoint_steps(spec) == [0, 2, 4, 6]
+    assert training.checkpoint_steps(_smoke_spec(steps=6, checkpoints="final")) == [6]
+    with pytest.raises(ValueError, match="checkpoints must be one of"):
+        training.checkpoint_steps(_smoke_spec(checkpoints="every"))
+    with pytest.raises(ValueError, match="n_linear >= 1"):
+        training.checkpoint_steps(_smoke_spec(checkpoints="curve", n_linear=0))
+    metrics = training.train_lm(spec, tmp_path / "run", progress=False)
+    assert training.list_revisions(tmp_path / "run") == []  # the curve is evaluated, not saved
+    losses = training.load_losses(tmp_path / "run")
+    assert list(losses["step"]) == [0, 2, 4, 6] and losses["val_loss"].iloc[-1] == metrics["val_loss"]
+    assert list(losses["tokens"]) == [s * spec.batch_size * spec.seq_len for s in (0, 2, 4, 6)]
+    # the same weights as a run evaluated only at its end: evaluating does not touch training
+    training.train_lm(_smoke_spec(steps=6, checkpoints="final"), tmp_path / "final", progress=False)
+    a = GPTNeoXForCausalLM.from_pretrained(tmp_path / "run").state_dict()
+    b = GPTNeoXForCausalLM.from_pretrained(tmp_path / "final").state_dict()
+    assert all(torch.equal(v, b[k]) for k, v in a.items())
+
+
+@pytest.mark.parametrize("kw", [dict(d_model=16, n_layers=1), dict(d_model=24, n_layers=3, d_ff=40)])
+def test_n_parameters_counts_the_built_model(zoo_cache, kw):
+    from transformers import GPTNeoXForCausalLM
+
+    from coupling_utils.models.corpus import tokenized_corpus
+
+    spec = _smoke_spec(**{"n_heads": 2, **kw})
+    tok = tokenized_corpus(spec.vocab_size).tokenizer
+    model = GPTNeoXForCausalLM(training.gpt_neox_config(spec, tok))
+    assert training.n_parameters(spec) == training.count_parameters(model)

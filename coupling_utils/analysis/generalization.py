@@ -7,7 +7,13 @@ two steps for any set of models:
 - :func:`family_coupling`: measure each model (:func:`coupling_utils.measurement.measure`) on the
   same prompts and condense its depth-wise coupling into one number
   (:func:`coupling_utils.measurement.coupling_summary`; the paper's aggregation is not published,
-  so ``how`` and ``k`` are the reader's choice), with its spread over prompts.
+  so ``how`` and ``k`` are the reader's choice), with its spread over prompts. With
+  ``twins=True`` each model's random-init twin (same config, same K, same prompts) is measured
+  too, and the summary adds the twin's coupling and the *excess* over it: the chance level of
+  ``1 − m²`` depends on the width, K and architecture, so raw coupling compares those as much
+  as training. ``k`` may differ per model (:func:`k_for_width` keeps K/d fixed across widths).
+- :func:`training_stage`: whether each member of a trained family has reached the flat part
+  of its learning curve (the drop of held-out loss over the last stretch of training).
 - :func:`predictor_comparison`: R², slope, p and rank correlations of a score on each
   predictor (:func:`coupling_utils.analysis.stats.compare_predictors`, on the same rows), plus seeded
   bootstrap confidence intervals of R² and Spearman's rho, which matter with few models.
@@ -21,6 +27,7 @@ prompts.
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -31,12 +38,17 @@ import numpy as np
 import pandas as pd
 
 from coupling_utils.measurement import Job, Result, Settings, collect, plan
+from coupling_utils.measurement.jobs import WEIGHTS
 
 __all__ = [
     "corpus_prompts",
     "family_coupling",
     "family_jobs",
     "FamilyCoupling",
+    "k_for_width",
+    "training_stage",
+    "learning_curves",
+    "TWIN_COLUMNS",
     "predictor_comparison",
     "best_predictor",
     "r2_difference",
@@ -69,11 +81,16 @@ def corpus_prompts(n: int, n_tokens: int, *, vocab_size: int = 2048, seed: int =
 
 @dataclass
 class FamilyCoupling:
-    """What :func:`family_coupling` measured: per model, per (model, prompt), per (model, block pair)."""
+    """What :func:`family_coupling` measured: per model, per (model, prompt), per (model, block pair).
+
+    With ``twins=True`` the per-prompt and depth-wise tables hold both weights (a ``weights``
+    column: "trained", "random init") and the summary, one row per model, adds
+    :data:`TWIN_COLUMNS`.
+    """
 
     summary: pd.DataFrame  # one row per model
-    per_prompt: pd.DataFrame  # model, prompt, coupling
-    depthwise: pd.DataFrame  # model, layer_i, layer_j, m, coupling (K = k, mean over prompts and tokens)
+    per_prompt: pd.DataFrame  # model, [weights,] prompt, coupling
+    depthwise: pd.DataFrame  # model, [weights,] layer_i, layer_j, m, coupling (mean over prompts and tokens)
 
 
 SUMMARY_COLUMNS = [
@@ -92,6 +109,23 @@ SUMMARY_COLUMNS = [
     "cached",
     "note",
 ]
+TWIN_COLUMNS = ["twin_coupling", "twin_coupling_sd", "excess", "excess_se", "twin_note"]
+"""Summary columns :func:`family_coupling` adds with ``twins=True``: the random-init twin's
+coupling (mean, sd over prompts), the excess ``coupling − twin_coupling`` (mean over prompts of
+the paired difference, and its standard error) and why a twin is missing (empty if measured)."""
+
+
+def k_for_width(d_model: int, ratio: float) -> int:
+    """K for a model of width ``d_model`` at a fixed ``K/d = ratio`` (at least 1, at most d).
+
+    The chance level of ``1 − m_K²`` grows with K/d (two random K-dimensional subspaces of R^d
+    overlap more when K/d is larger), so models of different widths are compared at one K/d.
+    """
+    if isinstance(d_model, bool) or int(d_model) != d_model or d_model < 1:
+        raise ValueError(f"d_model must be a positive integer, got {d_model!r}")
+    if not 0 < ratio <= 1:
+        raise ValueError(f"K/d must lie in (0, 1], got {ratio!r}")
+    return int(min(d_model, max(1, round(ratio * d_model))))
 
 
 def family_jobs(
@@ -105,16 +139,38 @@ def family_jobs(
     dtype: str = "float32",
     max_tokens: int | None = None,
     cache: str | Path | None = None,
+    twins: bool = False,
+    twin_seed: int = 0,
     **measure_kwargs,
 ) -> list[Job]:
-    """The jobs of :func:`family_coupling`: one per model, labelled ``model``, stored under ``cache``."""
+    """The jobs of :func:`family_coupling`: one per model (two with ``twins``: trained, then random
+    init), labelled ``model`` (and ``weights``), stored under ``cache``. ``k``: one K, or
+    ``{model name: K}``."""
     unknown = set(measure_kwargs) - set(Settings.ARGUMENTS)
     if unknown:
         raise TypeError(f"family_coupling got arguments that are not measure() settings: {sorted(unknown)}")
+    per_model = isinstance(k, Mapping)
+    first = next(iter(k.values()), None) if per_model else k
+    if first is None:
+        raise ValueError("k is an empty mapping; give a K for every model")
     settings = Settings(
-        k=[int(k)], tokens=tokens, layers=layers, method=method, max_tokens=max_tokens, **measure_kwargs
+        k=[int(first)], tokens=tokens, layers=layers, method=method, max_tokens=max_tokens, **measure_kwargs
     )
-    return plan(models, prompts, settings, dtype=dtype, root=cache)
+    jobs = plan(
+        models, prompts, settings, dtype=dtype, root=cache, weights=WEIGHTS if twins else None, seed=twin_seed
+    )
+    if not per_model:
+        return jobs
+    names = list(dict.fromkeys(j.labels["model"] for j in jobs))
+    missing = [n for n in names if n not in k]
+    if missing:
+        raise ValueError(f"k gives no K for the model(s) {missing}; give one for each of {names}")
+    return [
+        dataclasses.replace(
+            j, settings={"measure": dataclasses.replace(settings, k=(int(k[j.labels["model"]]),))}
+        )
+        for j in jobs
+    ]
 
 
 def family_coupling(
@@ -133,6 +189,8 @@ def family_coupling(
     cache: str | Path | None = None,
     on_error: str = "raise",
     reuse_stale: bool = False,
+    twins: bool = False,
+    twin_seed: int = 0,
     **measure_kwargs,
 ) -> FamilyCoupling:
     """One coupling number per model, measured the same way on the same prompts.
@@ -153,6 +211,12 @@ def family_coupling(
     reason in ``note``, and the others still run; ``reuse_stale``: reuse measurements made by
     other code (see ``measure``).
 
+    ``k``: one K for every model, or ``{model name: K}`` (e.g. :func:`k_for_width` of each
+    member's width, to compare widths at one K/d). ``twins=True``: each model's random-init twin
+    (``load_model(..., random_init=True, seed=twin_seed)``: same config, K and prompts) is
+    measured as well, and the summary adds :data:`TWIN_COLUMNS` (``excess`` = coupling − twin's,
+    paired prompt by prompt).
+
     Returns a :class:`FamilyCoupling`: ``summary`` with one row per model (``model, coupling,
     coupling_sd, coupling_se, n_prompts, K, how, n_layers, d_model, n_params, log10_params,
     seconds, cached, note``; a single-block model gets NaN coupling and a note), ``per_prompt``
@@ -161,36 +225,71 @@ def family_coupling(
     """
     jobs = family_jobs(
         models, prompts, k=k, tokens=tokens, layers=layers, method=method, dtype=dtype,
-        max_tokens=max_tokens, cache=cache, **measure_kwargs,
+        max_tokens=max_tokens, cache=cache, twins=twins, twin_seed=twin_seed, **measure_kwargs,
     )  # fmt: skip
     rows, per_prompt, depthwise = [], [], []
 
     def condense(r: Result) -> None:
-        name = r.job.labels["model"]
-        row, pp, dw = _condense(r, k=int(k), how=how, whole_model=layers is None)
+        row, pp, dw = _condense(r, how=how, whole_model=layers is None)
         rows.append(row)
         per_prompt.extend(pp)
         depthwise.extend(dw)
         if echo is not None:
-            echo(_echo_line(name, row))
+            echo(_echo_line(r.job.describe() if twins else r.job.labels["model"], row))
 
     collect(jobs, load=load, on_error=on_error, reuse_stale=reuse_stale, callback=condense)
+    labels = ["model", "weights"] if twins else ["model"]
     per_prompt = (
         pd.concat(per_prompt, ignore_index=True)
         if per_prompt
-        else pd.DataFrame(columns=["model", "prompt", "coupling"])
-    )
+        else pd.DataFrame(columns=[*labels, "prompt", "coupling"])
+    )[[*labels, "prompt", "coupling"]]
     depthwise = (
         pd.concat(depthwise, ignore_index=True)
         if depthwise
-        else pd.DataFrame(columns=["layer_i", "layer_j", "m", "coupling", "model"])
-    )[["model", "layer_i", "layer_j", "m", "coupling"]]
-    return FamilyCoupling(pd.DataFrame(rows).reindex(columns=SUMMARY_COLUMNS), per_prompt, depthwise)
+        else pd.DataFrame(columns=[*labels, "layer_i", "layer_j", "m", "coupling"])
+    )[[*labels, "layer_i", "layer_j", "m", "coupling"]]
+    summary = pd.DataFrame(rows)
+    if not twins:
+        return FamilyCoupling(summary.reindex(columns=SUMMARY_COLUMNS), per_prompt, depthwise)
+    return FamilyCoupling(_with_twins(summary, per_prompt), per_prompt, depthwise)
 
 
-def _condense(r: Result, *, k: int, how: str, whole_model: bool):
+def _with_twins(rows: pd.DataFrame, per_prompt: pd.DataFrame) -> pd.DataFrame:
+    """One row per model: the trained model's summary, its twin's coupling and the excess."""
+    trained = rows[rows["weights"] == WEIGHTS[0]].reindex(columns=SUMMARY_COLUMNS).reset_index(drop=True)
+    twin = rows[rows["weights"] == WEIGHTS[1]].set_index("model")
+    paired = (
+        per_prompt.pivot_table(index=["model", "prompt"], columns="weights", values="coupling")
+        if not per_prompt.empty
+        else pd.DataFrame()
+    )
+    out = []
+    for row in trained.to_dict("records"):
+        name = row["model"]
+        t = twin.loc[name] if name in twin.index else None
+        diff = (
+            (paired[WEIGHTS[0]] - paired[WEIGHTS[1]]).xs(name, level="model").dropna()
+            if set(WEIGHTS) <= set(paired.columns) and name in paired.index.get_level_values("model")
+            else pd.Series(dtype=float)
+        )
+        n = len(diff)
+        row.update(
+            twin_coupling=float("nan") if t is None else float(t["coupling"]),
+            twin_coupling_sd=float("nan") if t is None else float(t["coupling_sd"]),
+            excess=float(diff.mean()) if n else float("nan"),
+            excess_se=float(diff.std(ddof=1) / np.sqrt(n)) if n > 1 else float("nan"),
+            twin_note="not measured" if t is None else str(t["note"]),
+        )
+        out.append(row)
+    return pd.DataFrame(out).reindex(columns=SUMMARY_COLUMNS + TWIN_COLUMNS)
+
+
+def _condense(r: Result, *, how: str, whole_model: bool):
     """One model's summary row, per-prompt frame and mean depth-wise matrix (none if left out)."""
     name = r.job.labels["model"]
+    k = int(r.job.settings["measure"].k[0])
+    weights = {"weights": r.job.labels["weights"]} if "weights" in r.job.labels else {}
     facts = r.model
     size = {
         key: None if facts.get(key) is None else int(facts[key])
@@ -198,6 +297,7 @@ def _condense(r: Result, *, k: int, how: str, whole_model: bool):
     }
     row = {
         "model": name,
+        **weights,
         "K": k,
         "how": how,
         **size,
@@ -225,10 +325,19 @@ def _condense(r: Result, *, k: int, how: str, whole_model: bool):
         note="",
     )
     pp = pd.DataFrame(
-        {"model": name, "prompt": by_prompt.index.astype(str), "coupling": by_prompt.to_numpy(dtype=float)}
+        {
+            "model": name,
+            **weights,
+            "prompt": by_prompt.index.astype(str),
+            "coupling": by_prompt.to_numpy(dtype=float),
+        }
     )
     dw = m.depthwise[m.depthwise["K"] == k]
-    dw = dw.groupby(["layer_i", "layer_j"], as_index=False)[["m", "coupling"]].mean().assign(model=name)
+    dw = (
+        dw.groupby(["layer_i", "layer_j"], as_index=False)[["m", "coupling"]]
+        .mean()
+        .assign(model=name, **weights)
+    )
     return row, [pp], [dw]
 
 
@@ -244,6 +353,80 @@ def _echo_line(name: str, row: dict) -> str:
     cached = " (cached)" if row["cached"] else ""
     took = f"{row['seconds']:.1f} s{cached}"
     return f"{name}: coupling {row['coupling']:.4f} over {row['n_prompts']} prompt(s), {took}"
+
+
+STAGE_COLUMNS = [
+    "run",
+    "steps",
+    "tokens",
+    "initial_loss",
+    "val_loss",
+    "tail_start_loss",
+    "tail_drop",
+    "tail_share",
+    "note",
+]
+
+
+def training_stage(members: pd.DataFrame, *, tail: float = 0.25) -> pd.DataFrame:
+    """How far along its learning curve each member of a trained family is.
+
+    ``members``: a family table (:func:`coupling_utils.models.zoo.family_table`: ``run`` and
+    ``path`` of each member's directory, whose ``losses.parquet`` holds the held-out loss at the
+    evaluated steps). Per member: ``initial_loss`` (step 0), final ``val_loss``,
+    ``tail_start_loss`` (at the last evaluation at or before ``1 − tail`` of the steps),
+    ``tail_drop`` = tail_start_loss − val_loss (nats: how much the loss still fell over the last
+    ``tail`` of training) and ``tail_share`` = tail_drop / (initial_loss − val_loss), the share
+    of the whole descent that came in that stretch. A flat end has a small drop and share. A
+    run evaluated only at its end (``checkpoints="final"``) gets NaN and a note.
+    """
+    from coupling_utils.models.training import load_losses
+
+    if not 0 < tail < 1:
+        raise ValueError(f"tail must be a fraction of training in (0, 1), got {tail!r}")
+    missing = {"run", "path"} - set(members.columns)
+    if missing:
+        raise ValueError(f"members lacks {sorted(missing)}; pass zoo.family_table(...)")
+    rows = []
+    for run, path in members[["run", "path"]].itertuples(index=False):
+        curve = load_losses(path).sort_values("step")
+        last = curve.iloc[-1]
+        steps = int(last["step"])
+        row = {"run": run, "steps": steps, "tokens": int(last["tokens"]), "val_loss": float(last["val_loss"])}
+        start = curve[curve["step"] == 0]
+        before = curve[curve["step"] <= (1 - tail) * steps]
+        if start.empty or before.empty or len(curve) < 3:
+            rows.append({**row, "note": "evaluated only at its end: no learning curve"})
+            continue
+        initial, at = float(start["val_loss"].iloc[0]), float(before["val_loss"].iloc[-1])
+        drop = at - row["val_loss"]
+        total = initial - row["val_loss"]
+        rows.append(
+            {
+                **row,
+                "initial_loss": initial,
+                "tail_start_loss": at,
+                "tail_drop": drop,
+                "tail_share": drop / total if total > 0 else float("nan"),
+                "note": "",
+            }
+        )
+    return pd.DataFrame(rows).reindex(columns=STAGE_COLUMNS)
+
+
+def learning_curves(members: pd.DataFrame) -> pd.DataFrame:
+    """The held-out learning curve of every member: ``run, step, tokens, val_loss, val_acc``
+    (from each member's ``losses.parquet``; ``members`` as for :func:`training_stage`)."""
+    from coupling_utils.models.training import load_losses
+
+    missing = {"run", "path"} - set(members.columns)
+    if missing:
+        raise ValueError(f"members lacks {sorted(missing)}; pass zoo.family_table(...)")
+    frames = [
+        load_losses(path)[["step", "tokens", "val_loss", "val_acc"]].assign(run=run)
+        for run, path in members[["run", "path"]].itertuples(index=False)
+    ]
+    return pd.concat(frames, ignore_index=True)[["run", "step", "tokens", "val_loss", "val_acc"]]
 
 
 def _values(df: pd.DataFrame, x: Predictor) -> pd.Series:
@@ -343,11 +526,14 @@ def predictor_comparison(
     return out.sort_values("predictor", key=lambda s: s.map(order)).reset_index(drop=True)
 
 
-def best_predictor(comparison: pd.DataFrame) -> str:
-    """The predictor with the highest R² in a :func:`predictor_comparison` table."""
+def best_predictor(comparison: pd.DataFrame, among: Sequence[str] | None = None) -> str:
+    """The predictor with the highest R² in a :func:`predictor_comparison` table (``among``: only
+    these predictors, e.g. the size measures when asking which rival coupling has to beat)."""
     fitted = comparison.dropna(subset=["r2"])
+    if among is not None:
+        fitted = fitted[fitted["predictor"].isin(list(among))]
     if fitted.empty:
-        raise ValueError("no predictor could be fitted")
+        raise ValueError("no predictor could be fitted" + ("" if among is None else f" among {list(among)}"))
     return str(fitted.loc[fitted["r2"].idxmax(), "predictor"])
 
 

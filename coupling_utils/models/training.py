@@ -61,8 +61,10 @@ class LMSpec:
     weight_decay: float = 0.01
     vocab_size: int = 2048
     seed: int = 0
-    checkpoints: str = "pythia"  # "pythia": Pythia's schedule; "final": only the end
-    n_linear: int = 8  # evenly spaced checkpoints after step 512
+    # "pythia": saved checkpoints on Pythia's schedule; "final": only the end; "curve": only the end
+    # saved, but the loss evaluated at step 0 and n_linear evenly spaced steps (the learning curve)
+    checkpoints: str = "pythia"
+    n_linear: int = 8  # evenly spaced checkpoints after step 512 ("pythia"), or evaluations ("curve")
     eval_windows: int = 64  # fixed validation (and train) windows of seq_len tokens
     # torch threads while training. One: at these sizes a second thread gave no measurable speed-up
     # on a 2-core CPU (0.51 s/step with two vs 0.55 CPU-s/step with one) yet doubled the CPU time,
@@ -109,6 +111,39 @@ def pythia_schedule(steps: int, n_linear: int = 8) -> list[int]:
         out += [512 + round((steps - 512) * i / n_linear) for i in range(1, n_linear + 1)]
     out.append(steps)
     return sorted(set(out))
+
+
+CHECKPOINTS = ("pythia", "final", "curve")
+
+
+def checkpoint_steps(spec) -> list[int]:
+    """The steps at which a run is evaluated (and, for "pythia", saved), from ``spec.checkpoints``.
+
+    "pythia": :func:`pythia_schedule`; "final": the last step; "curve": step 0 and ``n_linear``
+    evenly spaced steps up to the last, so the learning curve shows whether the loss flattened.
+    """
+    if spec.checkpoints == "pythia":
+        return pythia_schedule(spec.steps, spec.n_linear)
+    if spec.checkpoints == "curve":
+        if spec.n_linear < 1:
+            raise ValueError(f"checkpoints='curve' needs n_linear >= 1 evaluations, got {spec.n_linear}")
+        return sorted({0, *(round(spec.steps * i / spec.n_linear) for i in range(1, spec.n_linear + 1))})
+    if spec.checkpoints == "final":
+        return [spec.steps]
+    raise ValueError(f"checkpoints must be one of {CHECKPOINTS}, got {spec.checkpoints!r}")
+
+
+def n_parameters(spec: LMSpec) -> int:
+    """The parameter count of the model ``spec`` trains (what :func:`count_parameters` gives).
+
+    GPT-NeoX with untied embeddings: input and output embeddings (2·V·d), per block two layer
+    norms (4d), the fused QKV projection (3d² + 3d), the attention output (d² + d) and the MLP
+    (2·d·d_ff + d_ff + d), and the final layer norm (2d). Lets a family fix the tokens per
+    parameter before any model is built.
+    """
+    d, ff, V = spec.d_model, spec.d_ff or 4 * spec.d_model, spec.vocab_size
+    block = 4 * d + (3 * d * d + 3 * d) + (d * d + d) + (2 * d * ff + ff + d)
+    return 2 * V * d + spec.n_layers * block + 2 * d
 
 
 def gpt_neox_config(spec: LMSpec, tokenizer):
@@ -235,14 +270,15 @@ def train_steps(
 ) -> list[int]:
     """The loop the LM and ViT runs share; returns the checkpoint steps.
 
-    ``spec`` has steps, lr, warmup, min_lr_ratio, checkpoints ("pythia" | "final") and n_linear.
+    ``spec`` has steps, lr, warmup, min_lr_ratio, checkpoints (see :func:`checkpoint_steps`) and
+    n_linear.
     Each step sets the warm-up/cosine learning rate, takes ``loss_at(step)`` (the batch loss) and
     one clipped optimiser step; at every checkpoint step ``checkpoint(step, mean running loss)``
     saves and evaluates, returning a short text for the progress bar.
     """
     from tqdm.auto import tqdm
 
-    schedule = pythia_schedule(spec.steps, spec.n_linear) if spec.checkpoints == "pythia" else [spec.steps]
+    schedule = checkpoint_steps(spec)
     running: list[float] = []
 
     def save(step: int) -> str:
@@ -316,13 +352,14 @@ def train_lm(spec: LMSpec, out_dir: str | Path, *, progress: bool = True, desc: 
                     "elapsed_s": time.perf_counter() - t0,
                 }
             )
-            target = out_dir if step == spec.steps else out_dir / "revisions" / f"step{step}"
-            model.save_pretrained(target)
-            tok.save_pretrained(target)
-            if step == spec.steps and spec.checkpoints == "pythia":
-                # the final step is also a revision, like Pythia's step143000
-                model.save_pretrained(out_dir / "revisions" / f"step{step}")
-                tok.save_pretrained(out_dir / "revisions" / f"step{step}")
+            # "pythia" keeps every checkpoint as a revision (the final step too, like Pythia's
+            # step143000); the other schedules keep only the final model
+            targets = [out_dir / "revisions" / f"step{step}"] if spec.checkpoints == "pythia" else []
+            if step == spec.steps:
+                targets.append(out_dir)
+            for target in targets:
+                model.save_pretrained(target)
+                tok.save_pretrained(target)
             return f"val_loss={val_loss:.3f}"
 
         schedule = train_steps(

@@ -120,6 +120,13 @@ SPECIFIC: dict[str, dict[str, Check]] = {
         "n_prompts": integer(min=1),
         "prompt_tokens": integer(min=2),
         "tokens": choice("last", "all"),
+        "k_per_d": number(min=0.001, max=1.0),
+        "tail": number(min=0.05, max=0.5),
+        "scale_models": list_of(check_model),
+        "scale_reference": check_model,
+        "scale_k": list_of(check_k),
+        "scale_prompts": integer(min=0),
+        "scale_max_tokens": integer(min=2),
     },
     "f03_training_emergence": {
         "n_windows": integer(min=1),
@@ -177,6 +184,15 @@ def _k_within_toy(v: Mapping[str, Any]) -> str | None:
     return None
 
 
+def _scale_reference_measured(v: Mapping[str, Any]) -> str | None:
+    if v["scale_reference"] not in v["scale_models"]:
+        return (
+            f"parameter 'scale_reference' must be one of scale_models = {v['scale_models']}, "
+            f"got {v['scale_reference']!r}"
+        )
+    return None
+
+
 def _pca_prompt_exists(v: Mapping[str, Any]) -> str | None:
     if v["pca_prompt"] >= len(v["prompts"]):
         return f"parameter 'pca_prompt' must be < len(prompts) = {len(v['prompts'])}, got {v['pca_prompt']}"
@@ -186,6 +202,7 @@ def _pca_prompt_exists(v: Mapping[str, Any]) -> str | None:
 RULES: dict[str, list[Callable[[Mapping[str, Any]], str | None]]] = {
     "f00_coupling_metric": [_k_within_toy],
     "f01_depth_and_tokens": [_need_a_prompt, _tile_k_within_k],
+    "f02_generalization": [_scale_reference_measured],
     "f03_training_emergence": [
         _k_main_in_k,
         _three_graph_steps,
