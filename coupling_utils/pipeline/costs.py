@@ -22,11 +22,12 @@ weights) and from the engine's throughput measured by ``bench/bench_costs.py``
 - **download**: the weights in the dtype the repo stores (``torch_dtype``), per (model, revision);
   random-init twins need none.
 
-CPU time divides the pass FLOPs by the throughput measured for that method and thread count
-(the median over the benchmarked block shapes and prompt lengths) and adds the measured time of a
-``d × d`` SVD scaled as ``d³``. A 4-core estimate assumes the speed-up from 2 to 4 threads is the
-one measured from 1 to 2 (:func:`cpu_rates`); the page says so beside the numbers. GPU time is
-not predicted: no GPU throughput has been measured here (run ``bench/bench_costs.py`` on one).
+CPU time divides the pass FLOPs by the throughput measured on one core for that method (the
+median over the benchmarked block shapes and prompt lengths, in CPU time, so that a shared
+machine's waiting is left out) and adds the measured time of a ``d × d`` SVD scaled as ``d³``.
+On ``c`` cores it is the one-core time over ``c``: perfect scaling, so a lower bound, with the
+one-core time the upper bound; the profiles and the page give both. GPU time is not predicted:
+no GPU throughput has been measured here (run ``bench/bench_costs.py`` on one).
 
 Which measurements a notebook makes comes from the same job lists the notebook and the sweep use
 (:func:`coupling_utils.pipeline.sweep.notebook_jobs`, for f01, f02, f03) or, for the notebooks
@@ -241,58 +242,32 @@ def _bench(path: str | Path | None = None) -> pd.DataFrame:
 
 @dataclass(frozen=True)
 class Rates:
-    """Throughput measured by ``bench/bench_costs.py`` at ``threads`` torch threads."""
+    """The engine's throughput on one core, measured by ``bench/bench_costs.py`` (one torch
+    thread, CPU time: the median over the benchmarked block shapes and prompt lengths)."""
 
-    threads: float
     exact_flops_per_s: float
     matrix_free_flops_per_s: float
     svd_seconds_per_d3: float
     machine: str = ""
-    extrapolated: bool = False
 
 
-def cpu_rates(threads: int = 4, bench: pd.DataFrame | None = None) -> Rates:
-    """The engine's CPU throughput at ``threads`` threads: measured if the benchmark ran at that
-    count, else extrapolated from the highest two measured counts ``a < b``, assuming each
-    doubling of threads speeds up as ``a → b`` did (``rate_b · (rate_b / rate_a)^log2(threads/b)``)."""
+def cpu_rates(bench: pd.DataFrame | None = None) -> Rates:
+    """The per-core throughput of the benchmark's one-thread rows (see :class:`Rates`)."""
     df = _bench() if bench is None else bench
-
-    def measured(n: int) -> Rates:
-        rows = df[df.torch_threads == n]
-        if rows.empty:
-            raise KeyError(n)
-        svd = rows[rows.what == "svd"]
-        return Rates(
-            n,
-            float(rows[rows.what == "exact"].flops_per_s.median()),
-            float(rows[rows.what == "matrix_free"].flops_per_s.median()),
-            float((svd.seconds / svd.d.astype(float) ** 3).median()),
-            str(rows.machine.iloc[0]),
-        )
-
-    counts = sorted(int(n) for n in df.torch_threads.unique())
-    if threads in counts:
-        return measured(threads)
-    if len(counts) < 2 or threads < counts[-1]:
-        raise ValueError(f"the benchmark ran at {counts} threads; cannot extrapolate to {threads}")
-    a, b = measured(counts[-2]), measured(counts[-1])
-    steps = math.log2(threads / b.threads) / math.log2(b.threads / a.threads)
-
-    def grow(x_a: float, x_b: float) -> float:
-        return x_b * (x_b / x_a) ** steps
-
+    rows = df[df.torch_threads == 1]
+    if rows.empty:
+        raise ValueError("the benchmark has no one-thread rows: run python bench/bench_costs.py --threads 1")
+    svd = rows[rows.what == "svd"]
     return Rates(
-        threads,
-        grow(a.exact_flops_per_s, b.exact_flops_per_s),
-        grow(a.matrix_free_flops_per_s, b.matrix_free_flops_per_s),
-        b.svd_seconds_per_d3 / (a.svd_seconds_per_d3 / b.svd_seconds_per_d3) ** steps,
-        b.machine,
-        extrapolated=True,
+        float(rows[rows.what == "exact"].flops_per_s.median()),
+        float(rows[rows.what == "matrix_free"].flops_per_s.median()),
+        float((svd.seconds / svd.d.astype(float) ** 3).median()),
+        str(rows.machine.iloc[0]),
     )
 
 
 def cpu_seconds(cost: Cost, rates: Rates) -> float:
-    """Predicted CPU seconds of a :class:`Cost` at ``rates``."""
+    """Predicted seconds of a :class:`Cost` on one core at ``rates``."""
     if cost.size is None:
         return math.nan
     rate = rates.matrix_free_flops_per_s if cost.work.method == "matrix_free" else rates.exact_flops_per_s
@@ -346,7 +321,11 @@ def _f00_work(v: Mapping[str, Any]) -> list[Work]:
 
 def _f04_work(v: Mapping[str, Any]) -> list[Work]:
     """f04's hub ViTs, each trained and at random init, on ``n_images`` images (197 tokens at 224 px)."""
-    out = []
+    # the run over its checkpoints and the family: embedded models, listed apart (the zoo's cost)
+    out = [
+        Work(m, None, v["dtype"], v["n_images"], 0, None, 1, what="embedded")
+        for m in (v["model"], v["family"])
+    ]
     for hub_id in v["hub_models"]:
         size = model_size(hub_id)
         T = 197 if size is None else 1 + (224 // 16) ** 2
@@ -438,7 +417,7 @@ class NotebookCost:
             "profile": self.profile,
             "hub models": len({c.work.model for c in known}),
             "checkpoints": len(loads),
-            "PFLOP": sum(c.flops for c in known) / 1e15,
+            "TFLOP": sum(c.flops for c in known) / 1e12,
             "GPU memory (GB)": None if big is None else big.device_gb,
             "largest": None if big is None else big.work.model,
             "host memory (GB)": max((c.host_gb for c in known), default=0.0),
@@ -451,7 +430,7 @@ class NotebookCost:
             names = sorted({c.work.model.split("/")[-1] + f" ({gpu_fit(c, gb)})" for c in worst})
             row[f"{gb} GB GPU"] = "all" if not worst else "all but " + ", ".join(names)
         if rates is not None:
-            row["CPU hours"] = sum(cpu_seconds(c, rates) for c in known) / 3600
+            row["one-core seconds"] = sum(cpu_seconds(c, rates) for c in known)
         if self.embedded:
             row["embedded (zoo cost)"] = ", ".join(self.embedded)
         return row
@@ -494,30 +473,77 @@ def _sig(x: float, digits: int = 3) -> float:
 def profile_costs_table(
     profiles: Sequence[str] = ("paper", "laptop"),
     notebooks: Sequence[str] | None = None,
-    threads: int = 4,
+    cores: int = 4,
     bench: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
     """The performance page's table: one row per (notebook, profile), numbers to three significant
-    digits, CPU time at ``threads`` threads in words (:func:`duration`)."""
+    digits, CPU time on ``cores`` cores (perfect scaling) and on one core in words (:func:`duration`)."""
     from coupling_utils.pipeline.execution import notebook_paths
 
-    rates = cpu_rates(threads, bench)
+    rates = cpu_rates(bench)
     names = [p.stem for p in notebook_paths()] if notebooks is None else list(notebooks)
     rows = []
     for profile in profiles:
         for nb in names:
             row = notebook_costs(nb, profile).totals(rates)
-            hours = row.pop("CPU hours")
-            for key in ("PFLOP", "GPU memory (GB)", "host memory (GB)", "download (GB)"):
+            seconds = row.pop("one-core seconds")
+            for key in ("TFLOP", "GPU memory (GB)", "host memory (GB)", "download (GB)"):
                 row[key] = _sig(row[key]) if row[key] is not None else None
-            row[f"{threads}-core CPU time"] = duration(hours * 3600)
+            row[f"{cores}-core CPU time"] = duration(seconds / cores)
+            row["1-core CPU time"] = duration(seconds)
             row.setdefault("embedded (zoo cost)", "")
             rows.append(row)
     return pd.DataFrame(rows)
 
 
+EXPECTED_TIME = "# expected time on a 4-core CPU: "
+
+
+def expected_time_line(row: Mapping[str, Any]) -> str:
+    """The comment line a ``laptop`` profile file states its time in, from its row of
+    :func:`profile_costs_table`."""
+    four, one = row["4-core CPU time"], row["1-core CPU time"]
+    span = (
+        f"{one} (on one core already)"
+        if four == one
+        else f"{four} (the 4 cores scaling perfectly) to {one} (one core)"
+    )
+    line = f"{EXPECTED_TIME}{span}, predicted from the engine's measured throughput"
+    line += " (book/performance.md, What a run costs)"
+    if row.get("embedded (zoo cost)"):
+        line += f"; plus the embedded models' own cost ({row['embedded (zoo cost)']}: coupling-book zoo list)"
+    return line
+
+
+def state_laptop_times(table: pd.DataFrame, folder: str | Path | None = None) -> list[Path]:
+    """Rewrite the expected-time line of every ``laptop`` profile file from ``table`` (the profile
+    files state what the cost model predicts, never a typed guess); returns the files changed."""
+    import re
+
+    from coupling_utils.files import atomic_write_text
+    from coupling_utils.pipeline.execution import repo_root
+
+    rows = table[table.profile == "laptop"].set_index("notebook")
+    changed = []
+    for path in sorted(Path(folder or repo_root() / "notebooks" / "profiles" / "laptop").glob("*.yaml")):
+        if path.stem not in rows.index:
+            raise ValueError(f"{path.name}: no laptop row in the cost table for {path.stem}")
+        text = path.read_text()
+        line = expected_time_line(rows.loc[path.stem])
+        if not re.search(f"^{re.escape(EXPECTED_TIME)}.*$", text, flags=re.M):
+            raise ValueError(
+                f"{path.name} has no line starting with {EXPECTED_TIME!r}: add one after its comment"
+            )
+        new = re.sub(f"^{re.escape(EXPECTED_TIME)}.*$", lambda _, line=line: line, text, count=1, flags=re.M)
+        if new != text:
+            atomic_write_text(path, new)
+            changed.append(path)
+    return changed
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Write ``data/benchmarks/profile_costs.csv`` (the performance page's table) and print it."""
+    """Write ``data/benchmarks/profile_costs.csv`` (the performance page's table), state each
+    ``laptop`` profile's predicted time in its file, and print the table."""
     import argparse
 
     from coupling_utils.files import atomic_path, data_dir
@@ -531,6 +557,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     with pd.option_context("display.width", 250, "display.max_columns", 30, "display.max_colwidth", 60):
         print(table.to_string(index=False))
     print(f"wrote {args.out}")
+    for path in state_laptop_times(table):
+        print(f"stated the predicted time in {path}")
     return 0
 
 
