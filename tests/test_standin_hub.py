@@ -15,7 +15,7 @@ from coupling_utils.models import standin_hub as S
 from coupling_utils.models.loading import gated_repos, load_model
 
 ROOT = Path(__file__).resolve().parents[1]
-PAPER = S.profile_repos()
+PAPER = S.profile_repos()  # the paper and laptop profiles' repos
 DEMO = "What is the capital of France? The capital is"
 
 
@@ -27,13 +27,18 @@ def test_profiles_and_standin_name_the_same_repos(standin_hub):
     # read independently of profile_repos: every hub id in the YAML files is in the stand-in
     import yaml
 
-    for f in sorted((ROOT / "notebooks" / "profiles" / "paper").glob("*.yaml")):
+    files = [f for p in S.HUB_PROFILES for f in sorted((ROOT / "notebooks" / "profiles" / p).glob("*.yaml"))]
+    assert {f.parent.name for f in files} == {"paper", "laptop"}
+    for f in files:
         text = yaml.safe_load(f.read_text())
         for key in ("model", "more_models", "hub_models", "models"):
             values = text.get(key) or []
             for v in [values] if isinstance(values, str) else values:
                 if not v.startswith("embedded:"):
                     assert v in manifest, f"{f.name}: {key} names {v}, which the stand-in lacks"
+                    revs = text.get("revisions") or ([text["revision"]] if text.get("revision") else [])
+                    missing = set(revs) - set(manifest[v]["revisions"])
+                    assert not missing, f"{f.parent.name}/{f.name}: {v} lacks revisions {sorted(missing)}"
     revs = PAPER["EleutherAI/pythia-6.9b"]
     assert (
         "step1" in revs
@@ -49,7 +54,7 @@ def test_profiles_and_standin_name_the_same_repos(standin_hub):
 def test_a_new_profile_entry_cannot_go_untested(tmp_path):
     profile = tmp_path / "f99.yaml"
     profile.write_text('model: "someorg/brand-new-model"\nrevision: "step7"\nprompt: "a / b"\n')
-    repos = S.profile_repos([*S.paper_profiles(), profile])
+    repos = S.profile_repos([*S.hub_profiles(), profile])
     assert repos["someorg/brand-new-model"] == ("step7",) and "a / b" not in repos
     with pytest.raises(S.StandInError, match=r"someorg/brand-new-model.*add exactly one rule"):
         S.write_standin_hub(tmp_path / "hub", repos=repos)
@@ -94,7 +99,7 @@ EXPECTED_SWITCHES = {
     "meta-llama/Meta-Llama-3-8B": ["GQA"],
     "Qwen/Qwen2-7B": ["GQA"],
     "google/gemma-2b": ["MQA"],
-    "google/gemma-7b": ["head_dim 16 != hidden/heads 8"],
+    "google/gemma-7b": ["head_dim 32 != hidden/heads 16"],
     "mistralai/Mistral-7B-v0.1": ["GQA", "sliding window 4"],
     "mistralai/Mistral-7B-Instruct-v0.1": ["sliding window 4"],
     "mistralai/Mistral-7B-v0.3": ["GQA"],

@@ -239,6 +239,24 @@ SCHEMAS: dict[str, Schema] = {
         (Column("model_id"), Column("gated", "bool"), Column("access", required=False), Column("source")),
         key=("model_id",),
     ),
+    # read by coupling_utils.pipeline.costs: the configuration fields a run's cost depends on
+    "model_configs.csv": Schema(
+        (
+            Column("model_id"),
+            Column("model_type"),
+            Column("n_layers", "int", min=1, max=1000),
+            Column("d_model", "int", min=1, max=100_000),
+            Column("n_heads", "int", min=1, max=1000),
+            Column("n_kv_heads", "int", min=1, max=1000),
+            Column("intermediate_size", "int", min=1, max=1_000_000),
+            Column("vocab_size", "int", min=0, max=10_000_000),
+            Column("tie_word_embeddings", "bool"),
+            Column("extra"),
+            Column("torch_dtype", choices=("float32", "float16", "bfloat16")),
+            Column("source"),
+        ),
+        key=("model_id",),
+    ),
 }
 
 

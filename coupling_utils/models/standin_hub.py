@@ -1,6 +1,7 @@
-"""A stand-in for the Hugging Face hub: tiny random models under the paper's repo ids, offline.
+"""A stand-in for the Hugging Face hub: tiny random models under the hub profiles' repo ids, offline.
 
-The ``paper`` profiles (``notebooks/profiles/paper/*.yaml``) name hub models that cannot be
+The ``paper`` and ``laptop`` profiles (``notebooks/profiles/{paper,laptop}/*.yaml``, the
+:data:`HUB_PROFILES`) name hub models that cannot be
 downloaded here (no network, no GPU). :func:`write_standin_hub` writes a Hugging Face cache
 directory, the layout ``HF_HUB_CACHE`` points at, holding a tiny randomly initialised model
 under every repo id and revision those profiles name, so the whole hub path (``load_model`` by
@@ -22,13 +23,14 @@ tokenizer the real repo ships (a byte-level BPE ``tokenizer.json``; a SentencePi
 ``tokenizer.model`` with or without a ``tokenizer.json``: Vicuna-7B-v1.5 and Orca-2-7B ship only
 the SentencePiece model), the weight format (``model.safetensors``, sharded safetensors with an
 index, or ``pytorch_model.bin``), and the ViT/DeiT image processors (DeiT normalises with
-ImageNet's mean and std, ViT with 0.5). Widths are tiny (d = 32, 4 heads); weights are random
-(seeded by repo id and revision, so every revision of a Pythia model has its own weights).
+ImageNet's mean and std, ViT with 0.5). Widths are tiny (d = 64, 4 heads: wide enough for the
+paper's K = 50); weights are random (seeded by repo id and revision, so every revision of a Pythia
+model has its own weights).
 Tokenizers are trained here, in a fraction of a second, on a slice of the project's corpus
 (``models.corpus``).
 
 From a shell: ``python -m coupling_utils.models.standin_hub DIR`` writes it, then
-``HF_HUB_CACHE=DIR HF_HUB_OFFLINE=1`` makes every hub id of the paper profiles loadable.
+``HF_HUB_CACHE=DIR HF_HUB_OFFLINE=1`` makes every hub id of those profiles loadable.
 """
 
 from __future__ import annotations
@@ -56,7 +58,8 @@ __all__ = [
     "Family",
     "StandInError",
     "profile_repos",
-    "paper_profiles",
+    "hub_profiles",
+    "HUB_PROFILES",
     "family_of",
     "switches",
     "write_standin_hub",
@@ -64,7 +67,8 @@ __all__ = [
 ]
 
 HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
-WIDTH, HEADS, FFN = 32, 4, 64
+WIDTH, HEADS, FFN = 64, 4, 128  # wide enough for the paper's K = 50
+HUB_PROFILES = ("paper", "laptop")  # the profiles that name hub models
 TEXT_CHARS = 150_000
 WEIGHT_FILE = re.compile(
     r"pytorch_model.*\.bin|model.*\.safetensors(\.index\.json)?"
@@ -167,7 +171,7 @@ FAMILIES: tuple[Family, ...] = (
         "gemma",
         "GemmaForCausalLM",
         kv_heads=1,
-        config=dict(head_dim=8),
+        config=dict(head_dim=16),
         tokenizer="sentencepiece",
         tokenizer_class="GemmaTokenizer",
         source="config.json: multi-query attention (1 key/value head), head_dim 256 = hidden/heads",
@@ -176,11 +180,11 @@ FAMILIES: tuple[Family, ...] = (
         r"google/gemma-7b",
         "gemma",
         "GemmaForCausalLM",
-        config=dict(head_dim=16),
+        config=dict(head_dim=32),
         tokenizer="sentencepiece",
         tokenizer_class="GemmaTokenizer",
         weights="sharded",
-        source="config.json: head_dim 256 while hidden/heads = 3072/16 = 192 (here 16 vs 32/4 = 8)",
+        source="config.json: head_dim 256 while hidden/heads = 3072/16 = 192 (here 32 vs 64/4 = 16)",
     ),
     Family(
         r"lmsys/vicuna-7b-v1\.5|microsoft/Orca-2-7b",
@@ -291,34 +295,39 @@ def family_of(repo: str) -> Family:
             f"{len(hits)} stand-in family rules match {repo!r}"
             + (f" ({', '.join(f.pattern for f in hits)})" if hits else "")
             + ": add exactly one rule for it to coupling_utils.models.standin_hub.FAMILIES (model_type, the "
-            "switches that matter, tokenizer kind, weight format), so the paper profile that names it is "
+            "switches that matter, tokenizer kind, weight format), so the hub profile that names it is "
             "tested offline"
         )
     return hits[0]
 
 
 # --------------------------------------------------------------------------- the profiles
-def paper_profiles() -> list[Path]:
-    """The ``paper`` profile files of this checkout (``$COUPLING_BOOK_ROOT`` or the repository)."""
+def hub_profiles(names: Iterable[str] = HUB_PROFILES) -> list[Path]:
+    """The profile files of the profiles ``names`` (default: :data:`HUB_PROFILES`) in this checkout
+    (``$COUPLING_BOOK_ROOT`` or the repository)."""
     root = Path(os.environ.get("COUPLING_BOOK_ROOT", Path(__file__).resolve().parents[2]))
-    folder = root / "notebooks" / "profiles" / "paper"
-    files = sorted(folder.glob("*.yaml"))
-    if not files:
-        raise FileNotFoundError(
-            f"no paper profiles in {folder}; run from a clone (pip install -e .) or set COUPLING_BOOK_ROOT"
-        )
+    files = []
+    for name in names:
+        folder = root / "notebooks" / "profiles" / name
+        found = sorted(folder.glob("*.yaml"))
+        if not found:
+            raise FileNotFoundError(
+                f"no {name} profiles in {folder}; run from a clone (pip install -e .) or set "
+                "COUPLING_BOOK_ROOT"
+            )
+        files += found
     return files
 
 
 def profile_repos(profiles: Iterable[str | os.PathLike] | None = None) -> dict[str, tuple[str, ...]]:
-    """``{repo id: revisions}`` named by the profile files (default: :func:`paper_profiles`).
+    """``{repo id: revisions}`` named by the profile files (default: :func:`hub_profiles`).
 
     A repo id is any string value (or list item) of the form ``org/name`` (not ``embedded:...``,
     not a path); the ``revision``/``revisions`` of a profile apply to every repo it names.
     "main" is implied; revisions are sorted by training step where they are ``stepN``.
     """
     out: dict[str, set[str]] = {}
-    for path in paper_profiles() if profiles is None else profiles:
+    for path in hub_profiles() if profiles is None else profiles:
         values = yaml.safe_load(Path(path).read_text()) or {}
         revs = values.get("revisions") or []
         revs = [revs] if isinstance(revs, str) else list(revs)
@@ -602,7 +611,7 @@ def write_standin_hub(
 ) -> dict[str, dict]:
     """Write the stand-in hub cache to ``dest`` (replaced atomically) and return its manifest.
 
-    ``repos``: ``{repo id: revisions}`` (default: :func:`profile_repos` of the paper profiles).
+    ``repos``: ``{repo id: revisions}`` (default: :func:`profile_repos` of the hub profiles).
     Every repo gets ``main`` and each listed revision, each its own commit with its own weights.
     The manifest (also written as ``dest/standin.json``) gives, per repo: model_type, switches,
     layers, tokenizer kind, weight files, revisions -> commit, and the seconds the writing took.
@@ -663,7 +672,7 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(
         prog="python -m coupling_utils.models.standin_hub",
-        description="Write a Hugging Face cache with tiny random stand-ins of every hub model the paper "
+        description="Write a Hugging Face cache with tiny random stand-ins of every hub model the hub "
         "profiles name; then run with HF_HUB_CACHE=DIR HF_HUB_OFFLINE=1.",
     )
     parser.add_argument("dir", help="the cache directory to write (replaced)")

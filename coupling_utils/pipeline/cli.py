@@ -4,6 +4,10 @@ coupling-book list
 coupling-book run [NOTEBOOK ...] --profile smoke|default|paper [-p key=value ...] [--jobs N]
 coupling-book build [--executed DIR] [--out DIR] [--no-strict] [--allow-unexecuted]
 coupling-book zoo list | zoo prepare NAME ... [--jobs N]
+coupling-book sweep NOTEBOOK --profile P [-p key=value ...] --executor local|slurm [--partition ...]
+              [--gpus-per-job N] [--time T] [--max-parallel N] [--dry-run] | sweep [NOTEBOOK] --status
+coupling-book measure MODEL [MODEL ...] [--revision R ...] [--prompts FILE] [--k K ...] [--executor ...]
+              --out DIR
 """
 
 from __future__ import annotations
@@ -118,9 +122,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=_cmd_build)
 
+    from coupling_utils.pipeline.cli_sweep import add_sweep_commands
     from coupling_utils.pipeline.cli_zoo import add_zoo_commands
 
     add_zoo_commands(sub)
+    add_sweep_commands(sub)
     return parser
 
 

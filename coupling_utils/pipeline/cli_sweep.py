@@ -1,0 +1,212 @@
+"""``coupling-book sweep`` (a notebook's measurements as cluster jobs) and ``coupling-book measure``
+(any model, tidy tables): the commands that submit measurement jobs.
+
+coupling-book sweep f02 --profile paper --executor slurm --partition gpu --gpus-per-job 1 --time 4:00:00
+coupling-book sweep f02 --profile paper --status        # done / running / pending / failed / interrupted
+coupling-book sweep --status                           # every sweep recorded in the cache
+coupling-book measure openai-community/gpt2 ./my-model --k 10 30 --out results/
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+__all__ = ["add_sweep_commands"]
+
+
+def _executor_options(p: argparse.ArgumentParser, *, default: str | None) -> None:
+    choices = ("local", "slurm") if default else ("none", "local", "slurm")
+    p.add_argument(
+        "--executor",
+        choices=choices,
+        default=default or "none",
+        help="where the jobs run: local (this machine, --max-parallel at a time; waits for them) or slurm "
+        "(one job array, returns at once)" + ("" if default else "; none (default): in this process"),
+    )
+    p.add_argument("--partition", help="SLURM partition")
+    p.add_argument("--account", help="SLURM account")
+    p.add_argument(
+        "--gpus-per-job", type=int, help="GPUs each job gets (SLURM --gpus-per-node; local: visible GPUs)"
+    )
+    p.add_argument("--cpus-per-job", type=int, help="CPUs each SLURM job gets")
+    p.add_argument("--mem-gb", type=float, help="host memory each SLURM job gets, in GB")
+    p.add_argument(
+        "--time", help="time limit per job: minutes, HH:MM:SS or D-HH:MM (default 60 min on SLURM)"
+    )
+    p.add_argument(
+        "--max-parallel",
+        type=int,
+        help="jobs at once (SLURM: the array's %%N; local: default 1, one model on the device at a time)",
+    )
+    p.add_argument(
+        "--dry-run", action="store_true", help="show what would be submitted (and the batch script)"
+    )
+
+
+def _submit_kwargs(args) -> dict:
+    return dict(
+        executor=args.executor,
+        partition=args.partition,
+        account=args.account,
+        gpus_per_job=args.gpus_per_job,
+        cpus_per_job=args.cpus_per_job,
+        mem_gb=args.mem_gb,
+        time_limit=args.time,
+        max_parallel=args.max_parallel,
+        dry_run=args.dry_run,
+    )
+
+
+def _print_states(title: str, states) -> None:
+    from coupling_utils.pipeline.sweep import summary_line
+
+    print(f"{title}: {summary_line(states)}")
+    for s in states:
+        print(f"  {s.line()}")
+        if s.log and s.state in ("failed", "interrupted"):
+            print(f"  {'':<12} log: {s.log}")
+
+
+def _cmd_sweep(args) -> int:
+    from coupling_utils.pipeline.execution import parse_override
+    from coupling_utils.pipeline.params import ParameterError
+    from coupling_utils.pipeline.sweep import (
+        SweepError,
+        load_sweep,
+        plan_sweep,
+        recorded_sweeps,
+        submit,
+        sweep_status,
+    )
+
+    try:
+        if args.status and not args.notebook:
+            folders = recorded_sweeps()
+            if not folders:
+                print("no sweeps recorded in this cache (`coupling-book sweep NOTEBOOK` records one)")
+            for folder in folders:
+                sweep = load_sweep(folder)
+                _print_states(
+                    f"{sweep.name} ({sweep.notebook}, profile {sweep.profile})", sweep_status(sweep)
+                )
+            return 0
+        if not args.notebook:
+            print("error: name a notebook (e.g. f02), or pass --status", file=sys.stderr)
+            return 2
+        overrides = dict(parse_override(o) for o in args.param)
+        sweep = plan_sweep(args.notebook, args.profile, overrides)
+        if args.status:
+            _print_states(f"{sweep.name} ({sweep.folder})", sweep_status(sweep))
+            return 0
+        print(f"{sweep.name}: {len(sweep.tasks)} task(s), one per (model, revision); state in {sweep.folder}")
+        states = submit(sweep, **_submit_kwargs(args))
+    except (ParameterError, SweepError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    _print_states(sweep.name, states)
+    if args.executor == "local" and not args.dry_run:
+        return 0 if all(s.state == "done" for s in states) else 1
+    return 0
+
+
+def _cmd_measure(args) -> int:
+    from coupling_utils.pipeline.measure_models import MeasureError, measure_models, read_prompts
+    from coupling_utils.pipeline.sweep import SweepError
+
+    try:
+        prompts = read_prompts(args.prompts, n=args.n_prompts)
+        report = measure_models(
+            args.models,
+            prompts,
+            out=Path(args.out),
+            revisions=args.revision or None,
+            k=args.k,
+            tokens=args.tokens,
+            method=args.method,
+            dtype=args.dtype,
+            max_tokens=args.max_tokens,
+            layers=args.layers,
+            how=args.how,
+            **({} if args.executor == "none" else _submit_kwargs(args)),
+        )
+    except (MeasureError, SweepError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(report.text())
+    return 0 if report.complete else 1
+
+
+def add_sweep_commands(subparsers) -> None:
+    """Add ``sweep`` and ``measure`` to an argparse subparsers object."""
+    p = subparsers.add_parser(
+        "sweep",
+        help="run a notebook's measurements as jobs (SLURM job array or this machine), resumable",
+        description="Turn the measurements NOTEBOOK needs at --profile into one job per (model, revision), "
+        "submitted with submitit; all write into $COUPLING_CACHE, which the notebook then reads. "
+        "Resubmitting runs only what is missing.",
+    )
+    p.add_argument("notebook", nargs="?", help="notebook name or prefix, e.g. f02")
+    p.add_argument("--profile", default="paper", help="parameter profile (default: paper)")
+    p.add_argument(
+        "-p",
+        "--param",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one parameter, as for `coupling-book run`; repeatable",
+    )
+    p.add_argument(
+        "--status", action="store_true", help="list done / running / pending / failed tasks and stop"
+    )
+    _executor_options(p, default="local")
+    p.set_defaults(func=_cmd_sweep)
+
+    from coupling_utils.pipeline.measure_models import HOWS, METHODS
+
+    p = subparsers.add_parser(
+        "measure",
+        help="measure any models (hub ids, local directories, .gguf files) into tidy tables",
+        description="Measure the block coupling of MODEL(s) on prompts and write tidy tables (CSV) to --out.",
+    )
+    p.add_argument(
+        "models",
+        nargs="+",
+        metavar="MODEL",
+        help="hub id, save_pretrained directory, .gguf file or embedded:NAME",
+    )
+    p.add_argument(
+        "--out", required=True, help="output folder (tables, provenance, and the stored measurements)"
+    )
+    p.add_argument(
+        "--revision",
+        action="append",
+        metavar="R",
+        help="revision(s) of every model, e.g. step1000; repeatable",
+    )
+    p.add_argument(
+        "--prompts",
+        metavar="FILE",
+        help="prompts: .txt (one per line), .csv (columns id, text) or .json (a list or {id: prompt}; "
+        "a prompt may be a list of token ids); default: the project's prompt set",
+    )
+    p.add_argument(
+        "--n-prompts",
+        type=int,
+        default=6,
+        help="prompts from the project's set when --prompts is not given (plus the demo prompt)",
+    )
+    p.add_argument("--k", type=int, nargs="+", default=[10, 30, 50], help="K values (default: 10 30 50)")
+    p.add_argument("--tokens", default="last", choices=("last", "all"), help="tokens compared across depth")
+    p.add_argument("--method", default="exact", choices=METHODS, help="Jacobian SVDs")
+    p.add_argument(
+        "--dtype", default="float32", choices=("float32", "bfloat16", "float16"), help="weights' dtype"
+    )
+    p.add_argument("--max-tokens", type=int, help="cut prompts to this many tokens")
+    p.add_argument("--layers", type=int, nargs="+", help="blocks to measure (default: all)")
+    p.add_argument(
+        "--how", default="offdiag", choices=HOWS, help="one number per model: offdiag or adjacent pairs"
+    )
+    _executor_options(p, default=None)
+    p.set_defaults(func=_cmd_measure)

@@ -1,0 +1,566 @@
+"""What a run costs: FLOPs, device and host memory, download size and CPU time, per notebook and profile.
+
+Predicted from the models' configurations (``data/model_configs.csv``: each model is built on
+PyTorch's meta device, so its parameters per block and in all are counted exactly without any
+weights) and from the engine's throughput measured by ``bench/bench_costs.py``
+(``data/benchmarks/costs.csv``). The arithmetic, per measurement of one model on one prompt of
+``T`` tokens, over ``L`` measured blocks of width ``d`` with ``P`` parameters each:
+
+- a **block pass** (one VJP or JVP through one block, for all tokens at once) costs
+  :func:`pass_flops` = ``2·P·T + 4·T²·d`` FLOPs (matrix products, attention);
+- the **exact** method makes ``d`` passes per block (one row of every token's Jacobian each),
+  plus one forward pass, then a full SVD of each measured token's ``d × d`` Jacobian
+  (``21·d³`` FLOPs, Golub & Van Loan's count for U, Σ and V);
+- **matrix-free** makes the Lanczos solver's passes for the largest K plus ``K`` per partner
+  block for the tiles (:func:`coupling_utils.engine.spectra.solver_passes`), and no SVD of size d;
+- **memory** on the device: the weights in the run's dtype, one chunk of 64 VJP cotangents through
+  one block (``64·T·P/d`` floats: the block's activations per token are about ``P/d`` numbers),
+  and three ``d × d`` float32 matrices per measured token (the Jacobian, U, V), plus
+  :data:`DEVICE_ALLOWANCE_GB` for the CUDA context and the allocator (an allowance, not measured);
+- **host memory** of a GPU run: the weights once, as transformers loads them; of a CPU run, the
+  device memory above;
+- **download**: the weights in the dtype the repo stores (``torch_dtype``), per (model, revision);
+  random-init twins need none.
+
+CPU time divides the pass FLOPs by the throughput measured on one core for that method (the
+median over the benchmarked block shapes and prompt lengths, in CPU time, so that a shared
+machine's waiting is left out) and adds the measured time of a ``d × d`` SVD scaled as ``d³``.
+On ``c`` cores it is the one-core time over ``c``: perfect scaling, so a lower bound, with the
+one-core time the upper bound; the profiles and the page give both. GPU time is not predicted:
+no GPU throughput has been measured here (run ``bench/bench_costs.py`` on one).
+
+Which measurements a notebook makes comes from the same job lists the notebook and the sweep use
+(:func:`coupling_utils.pipeline.sweep.notebook_jobs`, for f01, f02, f03) or, for the notebooks
+that measure inside their own cells (f00, f04, f05), from their parameters as those cells use
+them (:data:`WORKLOADS`). Embedded models (trained here) are listed apart: their cost is the
+zoo's (``coupling-book zoo list``).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+__all__ = [
+    "pass_flops",
+    "svd_flops",
+    "ModelSize",
+    "model_size",
+    "Work",
+    "work_cost",
+    "cpu_rates",
+    "notebook_work",
+    "notebook_costs",
+    "gpu_fit",
+    "profile_costs_table",
+    "duration",
+    "cpu_seconds",
+    "BYTES",
+    "GPU_SIZES_GB",
+    "DEVICE_ALLOWANCE_GB",
+    "CHUNK",
+]
+
+BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "8bit": 1, "4bit": 0.5}
+GPU_SIZES_GB = (24, 40, 80)
+DEVICE_ALLOWANCE_GB = 1.0  # CUDA context, kernels and allocator slack: an allowance, not a measurement
+CHUNK = 64  # VJP cotangents per batch (measure()'s chunk_size default)
+SVD_FLOPS_PER_D3 = 21  # full SVD (U, S, V) of a square matrix: 4n³ + 8n³ + 9n³ (Golub & Van Loan)
+GB = 1e9
+
+
+def pass_flops(block_params: int, T: int, d: int) -> float:
+    """FLOPs of one block pass over ``T`` tokens: ``2 · block_params · T`` for the matrix
+    products and ``4 · T² · d`` for attention's scores and weighted values."""
+    return 2.0 * block_params * T + 4.0 * T * T * d
+
+
+def svd_flops(d: int) -> float:
+    """FLOPs of a full SVD (U, Σ, V) of a ``d × d`` matrix: ``21 d³``."""
+    return SVD_FLOPS_PER_D3 * float(d) ** 3
+
+
+# --------------------------------------------------------------------------- model sizes
+@dataclass(frozen=True)
+class ModelSize:
+    """A model's size as its configuration gives it (exact parameter counts)."""
+
+    model: str
+    model_type: str
+    n_layers: int
+    d_model: int
+    n_params: int
+    block_params: int  # parameters of one transformer block
+    stored_dtype: str  # the dtype the repo stores its weights in
+
+    def weights_gb(self, dtype: str) -> float:
+        return self.n_params * BYTES[dtype] / GB
+
+
+def _configs() -> pd.DataFrame:
+    from coupling_utils.analysis.data import read_table
+
+    return read_table("model_configs.csv").set_index("model_id")
+
+
+def build_config(row: Mapping[str, Any]):
+    """The transformers config of a ``model_configs.csv`` row."""
+    import transformers
+
+    mt = row["model_type"]
+    L, d, h, kv = (int(row[c]) for c in ("n_layers", "d_model", "n_heads", "n_kv_heads"))
+    ffn, V = int(row["intermediate_size"]), int(row["vocab_size"])
+    if mt == "gpt2":
+        kw = dict(n_embd=d, n_layer=L, n_head=h, n_inner=ffn, vocab_size=V)
+    elif mt == "vit":
+        kw = dict(hidden_size=d, num_hidden_layers=L, num_attention_heads=h, intermediate_size=ffn)
+    elif mt == "falcon":
+        kw = dict(
+            hidden_size=d, num_hidden_layers=L, num_attention_heads=h, num_kv_heads=kv, ffn_hidden_size=ffn,
+            vocab_size=V,
+        )  # fmt: skip
+    else:
+        kw = dict(
+            hidden_size=d, num_hidden_layers=L, num_attention_heads=h, intermediate_size=ffn, vocab_size=V
+        )
+        if mt != "gpt_neox":
+            kw["num_key_value_heads"] = kv
+    kw.update(json.loads(row["extra"] or "{}"))
+    if mt != "vit":
+        kw["tie_word_embeddings"] = bool(row["tie_word_embeddings"])
+    return transformers.AutoConfig.for_model(mt, **kw)
+
+
+@functools.cache
+def model_size(model: str) -> ModelSize | None:
+    """The size of hub model ``model`` from ``data/model_configs.csv`` (None if it has no row):
+    the model is built on the meta device and its parameters counted."""
+    import torch
+    import transformers
+
+    from coupling_utils.engine.architectures import transformer_blocks
+
+    table = _configs()
+    if model not in table.index:
+        return None
+    row = table.loc[model].to_dict()
+    config = build_config(row)
+    with torch.device("meta"):
+        if row["model_type"] == "vit":
+            net = transformers.ViTForImageClassification(config)
+        else:
+            net = transformers.AutoModelForCausalLM.from_config(config)
+    n_params = sum(p.numel() for p in net.parameters())
+    block = sum(p.numel() for p in transformer_blocks(net)[0].parameters())
+    return ModelSize(
+        model,
+        row["model_type"],
+        int(row["n_layers"]),
+        int(row["d_model"]),
+        n_params,
+        block,
+        row["torch_dtype"],
+    )
+
+
+# --------------------------------------------------------------------------- one measurement
+@dataclass(frozen=True)
+class Work:
+    """One model measured on prompts: ``n_prompts`` prompts of ``T`` tokens, ``layers`` blocks,
+    ``n_tokens`` measured tokens per prompt and block (1: the last), with ``method`` and ``k``.
+    ``download``: whether its weights are downloaded (a random-init twin needs none);
+    ``revision``: the checkpoint (each one a download of its own); ``extra_passes``: further
+    block passes per prompt (trajectories, linearisation)."""
+
+    model: str
+    revision: str | None
+    dtype: str
+    n_prompts: int
+    T: int
+    layers: int | None  # None: all blocks
+    n_tokens: int
+    method: str = "exact"
+    k: int = 50
+    download: bool = True
+    extra_passes: int = 0
+    what: str = ""
+
+
+@dataclass
+class Cost:
+    """A :class:`Work`'s predicted cost."""
+
+    work: Work
+    size: ModelSize | None
+    flops: float = math.nan
+    passes: int = 0  # block passes in all
+    svds: int = 0  # d × d SVDs in all
+    device_gb: float = math.nan
+    host_gb: float = math.nan
+    download_gb: float = 0.0
+
+
+def work_cost(work: Work) -> Cost:
+    """The FLOPs, passes, SVDs, device memory, host memory and download of one :class:`Work`."""
+    size = model_size(work.model)
+    if size is None:
+        return Cost(work, None)
+    from coupling_utils.engine.spectra import solver_passes
+
+    d, P = size.d_model, size.block_params
+    L = size.n_layers if work.layers is None else int(work.layers)
+    if work.method == "matrix_free":
+        per_layer = solver_passes(work.k, d=d) + max(L - 1, 0) * work.k
+        svds = 0
+    else:
+        per_layer = d + 1
+        svds = L * work.n_tokens * work.n_prompts
+    passes = work.n_prompts * (L * per_layer + work.extra_passes)
+    flops = passes * pass_flops(P, work.T, d) + svds * svd_flops(d)
+    weights = size.weights_gb(work.dtype)
+    buffers = (CHUNK * work.T * P / d + 3 * work.n_tokens * d * d) * 4 / GB
+    device = weights + buffers + DEVICE_ALLOWANCE_GB
+    download = size.weights_gb(size.stored_dtype) if work.download else 0.0
+    return Cost(work, size, flops, passes, svds, device, weights, download)
+
+
+# --------------------------------------------------------------------------- measured throughput
+def _bench(path: str | Path | None = None) -> pd.DataFrame:
+    if path is None:
+        from coupling_utils.files import data_dir
+
+        path = data_dir() / "benchmarks" / "costs.csv"
+    return pd.read_csv(path)
+
+
+@dataclass(frozen=True)
+class Rates:
+    """The engine's throughput on one core, measured by ``bench/bench_costs.py`` (one torch
+    thread, CPU time: the median over the benchmarked block shapes and prompt lengths)."""
+
+    exact_flops_per_s: float
+    matrix_free_flops_per_s: float
+    svd_seconds_per_d3: float
+    machine: str = ""
+
+
+def cpu_rates(bench: pd.DataFrame | None = None) -> Rates:
+    """The per-core throughput of the benchmark's one-thread rows (see :class:`Rates`)."""
+    df = _bench() if bench is None else bench
+    rows = df[df.torch_threads == 1]
+    if rows.empty:
+        raise ValueError("the benchmark has no one-thread rows: run python bench/bench_costs.py --threads 1")
+    svd = rows[rows.what == "svd"]
+    return Rates(
+        float(rows[rows.what == "exact"].flops_per_s.median()),
+        float(rows[rows.what == "matrix_free"].flops_per_s.median()),
+        float((svd.seconds / svd.d.astype(float) ** 3).median()),
+        str(rows.machine.iloc[0]),
+    )
+
+
+def cpu_seconds(cost: Cost, rates: Rates) -> float:
+    """Predicted seconds of a :class:`Cost` on one core at ``rates``."""
+    if cost.size is None:
+        return math.nan
+    rate = rates.matrix_free_flops_per_s if cost.work.method == "matrix_free" else rates.exact_flops_per_s
+    pass_part = cost.passes * pass_flops(cost.size.block_params, cost.work.T, cost.size.d_model) / rate
+    return pass_part + cost.svds * rates.svd_seconds_per_d3 * float(cost.size.d_model) ** 3
+
+
+# --------------------------------------------------------------------------- what a notebook measures
+def _prompt_tokens(text: Any, max_tokens: int | None) -> int:
+    """Tokens of a prompt: ``max_tokens`` if set (an upper bound), else about 4/3 per word."""
+    if max_tokens:
+        return int(max_tokens)
+    if hasattr(text, "shape"):
+        return int(text.shape[-1])
+    return max(1, math.ceil(len(str(text).split()) * 4 / 3))
+
+
+def _from_jobs(jobs) -> list[Work]:
+    out = []
+    for job in jobs:
+        prompts = job.prompts if isinstance(job.prompts, Mapping) else dict(enumerate(job.prompts))
+        for part, s in job.settings.items():
+            T = max(_prompt_tokens(p, s.max_tokens) for p in prompts.values())
+            n_tok = T if s.tokens == "all" else (1 if s.tokens == "last" else len(s.tokens))
+            out.append(
+                Work(
+                    job.model,
+                    job.revision,
+                    job.load_kwargs.get("dtype", "float32"),
+                    len(prompts),
+                    T,
+                    None if s.layers is None else len(s.layers),
+                    n_tok,
+                    s.method,
+                    max(s.k),
+                    download=job.weights == "trained",
+                    extra_passes=0 if job.extra is None else 1,
+                    what=part,
+                )
+            )
+    return out
+
+
+def _f00_work(v: Mapping[str, Any]) -> list[Work]:
+    """f00: the token Jacobians of blocks ``layer`` and ``layer + 1`` for every token of the prompt."""
+    T = _prompt_tokens(v["prompt"], None)
+    return [
+        Work(v["model"], v["revision"] or None, v["dtype"], 1, T, 2, T, "exact", v["k"], what="jacobians")
+    ]
+
+
+def _f04_work(v: Mapping[str, Any]) -> list[Work]:
+    """f04's hub ViTs, each trained and at random init, on ``n_images`` images (197 tokens at 224 px)."""
+    # the run over its checkpoints and the family: embedded models, listed apart (the zoo's cost)
+    out = [
+        Work(m, None, v["dtype"], v["n_images"], 0, None, 1, what="embedded")
+        for m in (v["model"], v["family"])
+    ]
+    for hub_id in v["hub_models"]:
+        size = model_size(hub_id)
+        T = 197 if size is None else 1 + (224 // 16) ** 2
+        n_tok = 1
+        for twin in (False, True):
+            out.append(
+                Work(hub_id, None, v["dtype"], v["n_images"], T, None, n_tok, v["method"], v["k"], not twin,
+                     what="random init" if twin else "trained")
+            )  # fmt: skip
+    return out
+
+
+def _f05_work(v: Mapping[str, Any]) -> list[Work]:
+    """f05: forward passes for the trajectories and one JVP per block and prompt (linearisation),
+    for the model and, with ``compare_random_init``, its twin."""
+    prompts = v["prompts"]
+    T = max(_prompt_tokens(p, None) for p in prompts)
+    size = model_size(v["model"])
+    L = size.n_layers if size is not None else 0
+    out = []
+    for twin in (False, True) if v["compare_random_init"] else (False,):
+        out.append(
+            Work(v["model"], v["revision"] or None, v["dtype"], len(prompts), T, 0, 0, "exact", 1, not twin,
+                 extra_passes=(2 * L if v["linearization"] else L), what="trajectories")
+        )  # fmt: skip
+    return out
+
+
+def _swept(notebook: str) -> Callable[[Mapping[str, Any]], list[Work]]:
+    def work(v: Mapping[str, Any]) -> list[Work]:
+        from coupling_utils.pipeline.sweep import NOTEBOOK_JOBS
+
+        return _from_jobs(NOTEBOOK_JOBS[notebook](v))
+
+    return work
+
+
+WORKLOADS: dict[str, Callable[[Mapping[str, Any]], list[Work]]] = {
+    "f00_coupling_metric": _f00_work,
+    "f01_depth_and_tokens": _swept("f01_depth_and_tokens"),
+    "f02_generalization": _swept("f02_generalization"),
+    "f03_training_emergence": _swept("f03_training_emergence"),
+    "f04_vision_transformers": _f04_work,
+    "f05_token_trajectories": _f05_work,
+}
+
+
+def notebook_work(notebook: str, profile: str, overrides: Mapping[str, Any] | None = None) -> list[Work]:
+    """The measurements ``notebook`` makes at ``profile`` (with ``overrides``)."""
+    from coupling_utils.pipeline.sweep import planned_values
+
+    values = planned_values(notebook, profile, overrides)
+    from coupling_utils.pipeline.sweep import _notebook
+
+    return WORKLOADS[_notebook(notebook).stem](values)
+
+
+# --------------------------------------------------------------------------- tables
+def gpu_fit(cost: Cost, gpu_gb: float) -> str:
+    """Whether a measurement fits on a GPU of ``gpu_gb`` GB: "yes" at its dtype, else the
+    lightest quantization that fits ("8bit", "4bit"), else "no"."""
+    if cost.size is None:
+        return "?"
+    if cost.device_gb <= gpu_gb:
+        return "yes"
+    other = cost.device_gb - cost.size.weights_gb(cost.work.dtype)
+    for q in ("8bit", "4bit"):
+        if cost.size.weights_gb(q) + other <= gpu_gb:
+            return q
+    return "no"
+
+
+@dataclass
+class NotebookCost:
+    """One notebook at one profile: its measurements' costs and the totals."""
+
+    notebook: str
+    profile: str
+    costs: list[Cost]
+    embedded: list[str] = field(default_factory=list)  # embedded models: the zoo's cost, not counted here
+    unknown: list[str] = field(default_factory=list)  # hub models without a model_configs.csv row
+
+    def totals(self, rates: Rates | None = None) -> dict[str, Any]:
+        known = [c for c in self.costs if c.size is not None]
+        loads = {(c.work.model, c.work.revision) for c in known if c.work.download}
+        big = max(known, key=lambda c: c.device_gb, default=None)
+        row: dict[str, Any] = {
+            "notebook": self.notebook,
+            "profile": self.profile,
+            "hub models": len({c.work.model for c in known}),
+            "checkpoints": len(loads),
+            "TFLOP": sum(c.flops for c in known) / 1e12,
+            "GPU memory (GB)": None if big is None else big.device_gb,
+            "largest": None if big is None else big.work.model,
+            "host memory (GB)": max((c.host_gb for c in known), default=0.0),
+            "download (GB)": sum(
+                max(c.download_gb for c in known if (c.work.model, c.work.revision) == key) for key in loads
+            ),
+        }
+        for gb in GPU_SIZES_GB:
+            worst = [c for c in known if gpu_fit(c, gb) != "yes"]
+            names = sorted({c.work.model.split("/")[-1] + f" ({gpu_fit(c, gb)})" for c in worst})
+            row[f"{gb} GB GPU"] = "all" if not worst else "all but " + ", ".join(names)
+        if rates is not None:
+            row["one-core seconds"] = sum(cpu_seconds(c, rates) for c in known)
+        if self.embedded:
+            row["embedded (zoo cost)"] = ", ".join(self.embedded)
+        return row
+
+
+def notebook_costs(notebook: str, profile: str, overrides: Mapping[str, Any] | None = None) -> NotebookCost:
+    """The predicted cost of every measurement ``notebook`` makes at ``profile``."""
+    from coupling_utils.pipeline.sweep import _notebook
+
+    stem = _notebook(notebook).stem
+    works = notebook_work(stem, profile, overrides)
+    costs, embedded, unknown = [], [], []
+    for w in works:
+        if w.model.startswith("embedded:"):
+            embedded.append(w.model.split("/")[0])
+            continue
+        cost = work_cost(w)
+        if cost.size is None:
+            unknown.append(w.model)
+        costs.append(cost)
+    return NotebookCost(stem, profile, costs, list(dict.fromkeys(embedded)), list(dict.fromkeys(unknown)))
+
+
+def duration(seconds: float) -> str:
+    """``seconds`` in words, two significant digits: "about 25 min", "about 3.1 h", "about 12 days"."""
+    if not math.isfinite(seconds):
+        return "unknown"
+    if seconds < 60:
+        return "under a minute"
+    for unit, size in (("days", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= 2 * size or unit == "min":
+            return f"about {float(f'{seconds / size:.2g}'):g} {unit}"
+    raise AssertionError("unreachable")
+
+
+def _sig(x: float, digits: int = 3) -> float:
+    return float(f"{x:.{digits}g}") if x and math.isfinite(x) else x
+
+
+def profile_costs_table(
+    profiles: Sequence[str] = ("paper", "laptop"),
+    notebooks: Sequence[str] | None = None,
+    cores: int = 4,
+    bench: pd.DataFrame | None = None,
+) -> pd.DataFrame:
+    """The performance page's table: one row per (notebook, profile), numbers to three significant
+    digits, CPU time on ``cores`` cores (perfect scaling) and on one core in words (:func:`duration`)."""
+    from coupling_utils.pipeline.execution import notebook_paths
+
+    rates = cpu_rates(bench)
+    names = [p.stem for p in notebook_paths()] if notebooks is None else list(notebooks)
+    rows = []
+    for profile in profiles:
+        for nb in names:
+            row = notebook_costs(nb, profile).totals(rates)
+            seconds = row.pop("one-core seconds")
+            for key in ("TFLOP", "GPU memory (GB)", "host memory (GB)", "download (GB)"):
+                row[key] = _sig(row[key]) if row[key] is not None else None
+            row[f"{cores}-core CPU time"] = duration(seconds / cores)
+            row["1-core CPU time"] = duration(seconds)
+            row.setdefault("embedded (zoo cost)", "")
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+EXPECTED_TIME = "# expected time on a 4-core CPU: "
+
+
+def expected_time_line(row: Mapping[str, Any]) -> str:
+    """The comment line a ``laptop`` profile file states its time in, from its row of
+    :func:`profile_costs_table`."""
+    four, one = row["4-core CPU time"], row["1-core CPU time"]
+    span = (
+        f"{one} (on one core already)"
+        if four == one
+        else f"{four} (the 4 cores scaling perfectly) to {one} (one core)"
+    )
+    line = f"{EXPECTED_TIME}{span}, predicted from the engine's measured throughput"
+    line += " (book/performance.md, What a run costs)"
+    if row.get("embedded (zoo cost)"):
+        line += f"; plus the embedded models' own cost ({row['embedded (zoo cost)']}: coupling-book zoo list)"
+    return line
+
+
+def state_laptop_times(table: pd.DataFrame, folder: str | Path | None = None) -> list[Path]:
+    """Rewrite the expected-time line of every ``laptop`` profile file from ``table`` (the profile
+    files state what the cost model predicts, never a typed guess); returns the files changed."""
+    import re
+
+    from coupling_utils.files import atomic_write_text
+    from coupling_utils.pipeline.execution import repo_root
+
+    rows = table[table.profile == "laptop"].set_index("notebook")
+    changed = []
+    for path in sorted(Path(folder or repo_root() / "notebooks" / "profiles" / "laptop").glob("*.yaml")):
+        if path.stem not in rows.index:
+            raise ValueError(f"{path.name}: no laptop row in the cost table for {path.stem}")
+        text = path.read_text()
+        line = expected_time_line(rows.loc[path.stem])
+        if not re.search(f"^{re.escape(EXPECTED_TIME)}.*$", text, flags=re.M):
+            raise ValueError(
+                f"{path.name} has no line starting with {EXPECTED_TIME!r}: add one after its comment"
+            )
+        new = re.sub(f"^{re.escape(EXPECTED_TIME)}.*$", lambda _, line=line: line, text, count=1, flags=re.M)
+        if new != text:
+            atomic_write_text(path, new)
+            changed.append(path)
+    return changed
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Write ``data/benchmarks/profile_costs.csv`` (the performance page's table), state each
+    ``laptop`` profile's predicted time in its file, and print the table."""
+    import argparse
+
+    from coupling_utils.files import atomic_path, data_dir
+
+    ap = argparse.ArgumentParser(prog="python -m coupling_utils.pipeline.costs", description=main.__doc__)
+    ap.add_argument("--out", default=str(data_dir() / "benchmarks" / "profile_costs.csv"))
+    args = ap.parse_args(argv)
+    table = profile_costs_table()
+    with atomic_path(args.out) as tmp:
+        table.to_csv(tmp, index=False)
+    with pd.option_context("display.width", 250, "display.max_columns", 30, "display.max_colwidth", 60):
+        print(table.to_string(index=False))
+    print(f"wrote {args.out}")
+    for path in state_laptop_times(table):
+        print(f"stated the predicted time in {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

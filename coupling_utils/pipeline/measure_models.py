@@ -1,0 +1,267 @@
+"""Measuring any models into tidy tables: what ``coupling-book measure`` does.
+
+For models the book never heard of (hub ids, ``save_pretrained`` directories, ``.gguf`` files,
+``embedded:`` names), at any revisions: one :class:`~coupling_utils.measurement.Job` per
+(model, revision) (:func:`coupling_utils.measurement.plan`), run in this process or as a sweep
+(``executor="local"`` or ``"slurm"``, :mod:`coupling_utils.pipeline.sweep`), stored under
+``OUT/store/`` (resumable: a rerun measures only what is missing), then written as tidy CSV
+tables in ``OUT/``:
+
+- ``summary.csv``: one row per (model, revision, K): the coupling number (mean ``1 − m_K²``
+  over block pairs, ``how``), its spread over prompts, and the model's size;
+- ``depthwise.csv``, ``singular_values.csv``, ``prompts.csv``, ``timings.csv`` (and
+  ``tokenwise``/``context``/``tiles`` when measured): :func:`~coupling_utils.measurement.measure`'s
+  tables with ``model`` and ``revision`` columns first;
+- ``failures.csv``: the models that could not be measured, with the reason;
+- ``provenance.json``: the settings, the prompts, each measurement's provenance (model commit,
+  code fingerprint, versions) and the command.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from coupling_utils.files import atomic_write_text
+from coupling_utils.measurement import MEASURE_METHODS, TABLES, Settings, collect, coupling_summary, plan
+from coupling_utils.measurement.tables import SUMMARY_HOWS
+
+__all__ = ["MeasureError", "MeasureReport", "measure_models", "read_prompts", "METHODS", "HOWS"]
+
+METHODS = MEASURE_METHODS
+HOWS = SUMMARY_HOWS
+
+
+class MeasureError(ValueError):
+    """Bad input to ``coupling-book measure`` (prompts file, model list, settings)."""
+
+
+def read_prompts(path: str | Path | None, *, n: int = 6) -> dict[str, Any]:
+    """``{id: prompt}`` from a file, or the project's prompt set (``n`` prompts and the demo prompt).
+
+    ``.txt``: one prompt per line (blank lines skipped), ids ``p0, p1, ...``; ``.csv``: a ``text``
+    column and optionally an ``id`` column; ``.json``: a list or an ``{id: prompt}`` mapping, each
+    prompt a string or a list of token ids (for a model without a tokenizer).
+    """
+    if path is None:
+        from coupling_utils.analysis.data import load_prompts
+
+        table = load_prompts(n=n, include_demo=True)
+        return dict(zip(table["id"], table["text"]))
+    path = Path(path)
+    if not path.is_file():
+        raise MeasureError(f"prompts file {path} does not exist")
+    suffix = path.suffix.lower()
+    if suffix == ".json":
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except ValueError as exc:
+            raise MeasureError(f"{path}: not valid JSON ({exc})") from exc
+        items = (
+            list(data.items())
+            if isinstance(data, dict)
+            else list(enumerate(data))
+            if isinstance(data, list)
+            else None
+        )
+        if items is None:
+            raise MeasureError(f"{path}: expected a list of prompts or an {{id: prompt}} mapping")
+        out = {}
+        for key, p in items:
+            pid = str(key) if isinstance(data, dict) else f"p{key}"
+            out[pid] = _json_prompt(path, pid, p)
+    elif suffix == ".csv":
+        with open(path, newline="", encoding="utf-8") as f:
+            rows = list(csv.DictReader(f))
+        if not rows or "text" not in rows[0]:
+            raise MeasureError(f"{path}: a prompts CSV needs a 'text' column (and optionally 'id')")
+        out = {str(r.get("id") or f"p{i}"): r["text"] for i, r in enumerate(rows)}
+        if len(out) != len(rows):
+            raise MeasureError(f"{path}: prompt ids must be unique")
+    else:
+        lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
+        out = {f"p{i}": line for i, line in enumerate(x for x in lines if x)}
+    if not out:
+        raise MeasureError(f"{path} holds no prompts")
+    return out
+
+
+def _json_prompt(path: Path, pid: str, p):
+    if isinstance(p, str) and p.strip():
+        return p
+    if (
+        isinstance(p, list)
+        and p
+        and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in p)
+    ):
+        import torch
+
+        return torch.tensor([p], dtype=torch.long)
+    raise MeasureError(f"{path}: prompt {pid!r} must be a non-empty string or a list of token ids, got {p!r}")
+
+
+@dataclass
+class MeasureReport:
+    """What :func:`measure_models` wrote (``tables``: name -> path) and what is missing or pending."""
+
+    out: Path
+    tables: dict[str, Path] = field(default_factory=dict)
+    failures: pd.DataFrame = field(default_factory=pd.DataFrame)
+    pending: list[str] = field(default_factory=list)
+    n_jobs: int = 0
+
+    @property
+    def complete(self) -> bool:
+        return self.failures.empty and not self.pending
+
+    def text(self) -> str:
+        n_done = self.n_jobs - len(self.failures) - len(self.pending)
+        lines = [f"{n_done} of {self.n_jobs} measured into {self.out}"]
+        lines += [f"  {name}: {path}" for name, path in self.tables.items()]
+        for row in self.failures.itertuples(index=False):
+            lines.append(f"  missing {row.job}: {row.error}: {row.message}")
+        lines += [
+            f"  not finished yet: {name} (rerun this command when its job has ended)" for name in self.pending
+        ]
+        return "\n".join(lines)
+
+
+def _reference(model: str) -> str:
+    """A local path as an absolute one (so that cluster jobs find it); anything else unchanged."""
+    p = Path(model).expanduser()
+    return str(p.resolve()) if p.exists() else model
+
+
+def measure_models(
+    models: Sequence[str],
+    prompts: Mapping[str, Any] | Sequence[Any],
+    *,
+    out: str | Path,
+    revisions: Sequence[str] | None = None,
+    k: Sequence[int] = (10, 30, 50),
+    tokens: str = "last",
+    method: str = "exact",
+    dtype: str = "float32",
+    max_tokens: int | None = None,
+    layers: Sequence[int] | None = None,
+    how: str = "offdiag",
+    executor: str | None = None,
+    **submit_kwargs,
+) -> MeasureReport:
+    """Measure ``models`` (at each of ``revisions``) on ``prompts`` and write tidy tables to ``out``.
+
+    ``executor``: None (here, one model after the other; a model that fails is recorded and the
+    others still run), ``"local"`` or ``"slurm"`` (one job per (model, revision) through
+    :func:`coupling_utils.pipeline.sweep.submit`, with ``submit_kwargs``; SLURM returns at once, and
+    the tables hold what has finished: rerun the same command later to complete them).
+    """
+    models = list(models)
+    if not models:
+        raise MeasureError("name at least one model")
+    if len(set(models)) != len(models):
+        raise MeasureError(f"a model is named twice: {models}")
+    if how not in HOWS:
+        raise MeasureError(f"how must be one of {HOWS}, got {how!r}")
+    try:
+        settings = Settings(k=tuple(k), tokens=tokens, layers=layers, method=method, max_tokens=max_tokens)
+    except (TypeError, ValueError) as exc:
+        raise MeasureError(f"bad measurement settings: {exc}") from exc
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    refs = {m: _reference(m) for m in models}
+    jobs = plan(refs, prompts, {"measure": settings}, revisions=revisions, dtype=dtype, root=out / "store")
+    pending: list[str] = []
+    if executor is None:
+        done = collect(jobs, on_error="record", progress=sys.stderr.isatty(), desc="models")
+    else:
+        from coupling_utils.pipeline.sweep import group_tasks, record_sweep, submit
+
+        info = {
+            "notebook": "measure",
+            "profile": "cli",
+            "overrides": {},
+            "models": models,
+            "revisions": list(revisions or []),
+            "settings": settings.to_dict(runtime=False),
+        }
+        sweep = record_sweep(out / "sweep", group_tasks(jobs), info)
+        states = submit(sweep, executor=executor, **submit_kwargs)
+        pending = [s.task.name for s in states if s.state in ("running", "pending")]
+        done = collect(jobs, compute=False)
+    report = MeasureReport(out, n_jobs=len(jobs), pending=pending)
+    _write_tables(done, report, how=how, settings=settings, prompts=prompts, models=refs)
+    return report
+
+
+def _size(r, key):
+    v = r.model.get(key)
+    return None if v is None else int(v)
+
+
+def _write_tables(done, report: MeasureReport, *, how, settings, prompts, models) -> None:
+    out = report.out
+    lead = ["model", "revision"]
+
+    def tidy(df: pd.DataFrame) -> pd.DataFrame:
+        if "revision" not in df.columns:
+            df = df.assign(revision="main")
+        return df[[*lead, *[c for c in df.columns if c not in lead]]]
+
+    frames = {}
+    for name in TABLES:
+        df = done.table(name, "measure")
+        if not df.empty:
+            frames[name] = tidy(df)
+    rows = []
+    for r in done.ok:
+        m = r.measurements["measure"]
+        for K in sorted(m.depthwise["K"].unique()) if not m.depthwise.empty else []:
+            per = coupling_summary(m.depthwise, how=how, k=int(K), per_prompt=True)
+            rows.append(
+                {
+                    "model": r.job.labels["model"],
+                    "revision": r.job.revision or "main",
+                    "K": int(K),
+                    "how": how,
+                    "coupling": float(per.mean()),
+                    "coupling_sd": float(per.std(ddof=1)) if len(per) > 1 else float("nan"),
+                    "n_prompts": int(len(per)),
+                    "n_layers": _size(r, "n_layers"),
+                    "d_model": _size(r, "d_model"),
+                    "n_params": _size(r, "n_params"),
+                }
+            )
+    if rows:
+        frames = {"summary": pd.DataFrame(rows), **frames}
+    failures = done.failures
+    report.failures = failures[failures["error"] != "NotMeasured"] if not failures.empty else failures
+    if not report.failures.empty:
+        frames["failures"] = report.failures.drop(columns=["key"], errors="ignore")
+    else:
+        (out / "failures.csv").unlink(missing_ok=True)
+    for name, df in frames.items():
+        path = out / f"{name}.csv"
+        atomic_write_text(path, df.to_csv(index=False))
+        report.tables[name] = path
+    provenance = {
+        "what": "coupling-book measure: block-coupling measurements of these models (measure())",
+        "command": " ".join(sys.argv) if sys.argv and sys.argv[0].endswith("coupling-book") else None,
+        "models": models,
+        "settings": settings.to_dict(runtime=False),
+        "summary": {"how": how, "definition": "mean over prompts of the mean of 1 - m_K^2 over block pairs"},
+        "prompts": {pid: (p if isinstance(p, str) else f"<{int(p.shape[-1])} token ids>") for pid, p in
+                    (prompts.items() if isinstance(prompts, Mapping) else enumerate(prompts))},
+        "measurements": {
+            r.job.describe(): r.measurements["measure"].provenance for r in done.ok
+        },
+        "store": str(out / "store"),
+    }  # fmt: skip
+    atomic_write_text(out / "provenance.json", json.dumps(provenance, indent=2, default=str))
+    report.tables["provenance"] = out / "provenance.json"

@@ -1,0 +1,666 @@
+"""Sweeps: the measurements a notebook needs, run as cluster jobs that fill the cache it reads.
+
+A notebook at a profile (plus ``-p`` overrides) measures a list of models, revisions and twins.
+:func:`notebook_jobs` derives that list, the :class:`~coupling_utils.measurement.Job` objects,
+from the notebook's planned parameter values through the same job-list function its analysis
+calls (``twin_jobs`` for f01, ``family_jobs`` for f02, ``checkpoint_jobs`` for f03), with the
+same arguments the notebook passes, so the sweep and the notebook cannot disagree (a test runs
+each notebook after its sweep with model loading forbidden). :func:`plan_sweep` groups the jobs
+into :class:`Task` objects, one per (model, revision), so that one cluster job loads or downloads
+a checkpoint once (a random-init twin travels with its trained model).
+
+:func:`submit` hands the tasks to ``submitit``: on SLURM as one job array (``--partition``,
+``--gpus-per-job``, ``--time``, ``--max-parallel`` as the array's ``%N``), on this machine with
+its local executor, ``max_parallel`` at a time. Every job writes into the cache the notebook
+reads (``$COUPLING_CACHE``, which must be a shared filesystem on a cluster). A resubmission
+runs only the tasks that are not done and not running. The state of a sweep lives in
+``$COUPLING_CACHE/sweeps/<notebook>-<profile>-<hash of its values>/``: ``plan.pkl`` (the tasks),
+``sweep.json`` (what it is), ``submissions.json`` (which executor job runs which task) and one
+``tasks/<task>.json`` per started task (host, process, SLURM job, start and end, each job's
+outcome), from which :func:`sweep_status` tells each task's state:
+
+- ``done``: every measurement is stored (made by today's code);
+- ``running``: its worker process is alive (checked on this host, or asked of SLURM);
+- ``pending``: submitted, not started yet;
+- ``failed``: a job raised; the reason is the stored failure record (exception and message);
+- ``interrupted``: the worker stopped without a result or a failure record (killed, out of
+  memory, out of time, preempted); the reason says what is known (SLURM's state, the log);
+- ``missing``: never submitted (or measured by other code).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import pickle
+import re
+import shlex
+import socket
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from coupling_utils.files import atomic_path, atomic_write_text, cache_dir, file_lock
+from coupling_utils.measurement.jobs import Job
+from coupling_utils.provenance import stable_hash
+
+__all__ = [
+    "SweepError",
+    "Task",
+    "Sweep",
+    "TaskState",
+    "NOTEBOOK_JOBS",
+    "EXECUTORS",
+    "STATES",
+    "FORWARDED_ENV",
+    "notebook_jobs",
+    "plan_sweep",
+    "record_sweep",
+    "load_sweep",
+    "group_tasks",
+    "planned_values",
+    "summary_line",
+    "submit",
+    "run_task",
+    "sweep_status",
+    "recorded_sweeps",
+    "parse_time",
+]
+
+EXECUTORS = ("local", "slurm")
+STATES = ("done", "running", "pending", "failed", "interrupted", "missing")
+# environment a worker needs to find the same cache, hub cache and data (never tokens: SLURM passes
+# the submitting environment on by default, HF_TOKEN included, without writing it into a script)
+FORWARDED_ENV = (
+    "COUPLING_CACHE",
+    "COUPLING_BOOK_ROOT",
+    "COUPLING_DATA",
+    "HF_HOME",
+    "HF_HUB_CACHE",
+    "HF_HUB_OFFLINE",
+    "TRANSFORMERS_OFFLINE",
+    "HF_DATASETS_OFFLINE",
+)
+
+
+class SweepError(ValueError):
+    """A sweep cannot be planned or submitted (bad notebook, executor or option)."""
+
+
+# --------------------------------------------------------------------------- job lists per notebook
+def _f01_jobs(v: Mapping[str, Any]) -> list[Job]:
+    """f01's ``measure_twins`` calls: the first model with its tiles and token block, the others
+    without (the notebook's ``all_models`` loop)."""
+    from coupling_utils.analysis.data import load_prompts
+    from coupling_utils.analysis.depth_and_tokens import twin_jobs
+
+    table = load_prompts(n=v["n_prompts"], include_demo=v["include_demo"])
+    prompts = dict(zip(table["id"], table["text"]))
+    models = [v["model"], *[m for m in v["more_models"] if m != v["model"]]]
+    if v.get("include_gemma") and "embedded:gemma3-270m" not in models:
+        models.append("embedded:gemma3-270m")
+    jobs: list[Job] = []
+    for name in models:
+        first = name == v["model"]
+        jobs += twin_jobs(
+            name, prompts, k=v["k"], layers=v["layers"] or None,
+            tile_layers=v["tile_layers"] if first else None, token_layer=v["token_layer"] if first else None,
+            dtype=v["dtype"], seed=v["seed"], method=v["method"], max_tokens=v["max_tokens"],
+            out=cache_dir("f01", v["method"]),
+        )  # fmt: skip
+    return jobs
+
+
+def _family_members(family: str) -> dict[str, str]:
+    """``{run: "embedded:<family>/<run>"}`` from the zoo's registry (nothing is trained here)."""
+    from coupling_utils.models import zoo
+
+    name = family.removeprefix("embedded:")
+    entry = zoo.REGISTRY.get(name)
+    if entry is None or not entry.is_family:
+        families = ", ".join(e.name for e in zoo.REGISTRY.values() if e.is_family)
+        raise SweepError(f"{family!r} is not an embedded family; families: {families}")
+    return {run: f"embedded:{name}/{run}" for run in entry.members()}
+
+
+def _f02_jobs(v: Mapping[str, Any]) -> list[Job]:
+    """f02's two ``family_coupling`` calls (the family, then ``hub_models``), same prompts and cache."""
+    from coupling_utils.analysis.generalization import corpus_prompts, family_jobs
+
+    if v["prompt_source"] == "corpus":
+        prompts = corpus_prompts(v["n_prompts"], v["prompt_tokens"], seed=v["seed"])
+    else:
+        from coupling_utils.analysis.data import load_prompts
+
+        table = load_prompts(n=v["n_prompts"], include_demo=False)
+        prompts = dict(zip(table["id"], table["text"]))
+    cache = cache_dir("f02") if v["use_cache"] else None
+    if cache is None:
+        raise SweepError(
+            "use_cache=False: the notebook would not read what a sweep stores; drop the override"
+        )
+    kw = dict(
+        k=v["k"], tokens=v["tokens"], method=v["method"], dtype=v["dtype"], max_tokens=v["prompt_tokens"],
+        cache=cache,
+    )  # fmt: skip
+    jobs = family_jobs(_family_members(v["family"]), prompts, **kw)
+    if v["hub_models"]:
+        jobs += family_jobs(v["hub_models"], prompts, **kw)
+    return jobs
+
+
+def _f03_jobs(v: Mapping[str, Any]) -> list[Job]:
+    """f03's ``sweep_checkpoints`` call per model, over the checkpoints ``run_checkpoints`` lists."""
+    from coupling_utils.analysis import emergence
+    from coupling_utils.analysis.data import load_prompts
+
+    table = load_prompts(n=v["n_prompts"], include_demo=v["include_demo"])
+    prompts = dict(zip(table["id"], table["text"]))
+    jobs: list[Job] = []
+    for m in v["models"]:
+        runs = emergence.run_checkpoints(m, v["revisions"])
+        jobs += emergence.checkpoint_jobs(
+            m, runs.revisions, prompts, k=v["k"], dtype=v["dtype"], method=v["method"],
+            max_tokens=v["max_tokens"], trajectory_tokens=v["trajectory_tokens"],
+            out=cache_dir("f03", v["method"]),
+        )  # fmt: skip
+    return jobs
+
+
+# notebook -> the function from its planned parameter values to the jobs its analyses run
+NOTEBOOK_JOBS: dict[str, Callable[[Mapping[str, Any]], list[Job]]] = {
+    "f01_depth_and_tokens": _f01_jobs,
+    "f02_generalization": _f02_jobs,
+    "f03_training_emergence": _f03_jobs,
+}
+NOT_SWEPT = {
+    "f00_coupling_metric": "it loads its one model inside the notebook (Jacobians of two blocks)",
+    "f04_vision_transformers": "it loads each ViT inside the notebook (image preprocessing needs the model)",
+    "f05_token_trajectories": "it loads its model and twin inside the notebook (trajectories, linearisation)",
+}
+
+
+def _notebook(name: str) -> Path:
+    from coupling_utils.pipeline.execution import find_notebooks
+
+    found = find_notebooks([name])
+    if len(found) != 1:
+        raise SweepError(f"{name!r} names {len(found)} notebooks; name one, e.g. f02")
+    return found[0]
+
+
+def planned_values(notebook: str, profile: str, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """What a run of ``notebook`` at ``profile`` with ``overrides`` uses: defaults, profile, overrides,
+    with the notebook's own value checks applied (as ``coupling-book run`` does before a kernel)."""
+    from coupling_utils.pipeline.checks import SPECIFIC, check_parameters
+    from coupling_utils.pipeline.execution import _planned_values
+
+    nb = _notebook(notebook)
+    values = _planned_values(nb, profile, overrides)
+    if nb.stem in SPECIFIC:
+        check_parameters(nb.stem, dict(values))
+    return values
+
+
+def notebook_jobs(notebook: str, profile: str, overrides: Mapping[str, Any] | None = None) -> list[Job]:
+    """The measurement jobs ``notebook`` runs at ``profile`` with ``overrides`` (see the module doc)."""
+    nb = _notebook(notebook)
+    if nb.stem not in NOTEBOOK_JOBS:
+        why = NOT_SWEPT.get(nb.stem, "it has no job list")
+        raise SweepError(
+            f"{nb.stem} is not swept: {why}. Run it on the GPU node with "
+            f"`coupling-book run {nb.stem[:3]} --profile {profile}`; sweepable: " + ", ".join(NOTEBOOK_JOBS)
+        )
+    return NOTEBOOK_JOBS[nb.stem](planned_values(nb.stem, profile, overrides))
+
+
+# --------------------------------------------------------------------------- tasks and the sweep
+@dataclass(frozen=True)
+class Task:
+    """One cluster job: the jobs of one (model, revision), run one after the other in one process."""
+
+    id: str  # stable: a hash of its jobs' keys
+    model: str
+    revision: str | None
+    jobs: tuple[Job, ...]
+
+    @property
+    def name(self) -> str:
+        return f"{self.model}@{self.revision or 'main'}"
+
+
+def group_tasks(jobs: Sequence[Job]) -> list[Task]:
+    """One :class:`Task` per (model, revision), in the order the jobs first name them."""
+    groups: dict[tuple[str, str | None], list[Job]] = {}
+    for job in jobs:
+        if not job.storable:
+            raise SweepError(
+                f"job {job.describe()} stores nothing (a loaded model or no cache folder): a sweep needs "
+                "every job to write into the cache"
+            )
+        groups.setdefault((job.model, job.revision), []).append(job)
+    tasks = []
+    for (model, revision), group in groups.items():
+        tid = stable_hash(sorted(j.key for j in group), 12)
+        tasks.append(Task(tid, model, revision, tuple(group)))
+    return tasks
+
+
+@dataclass
+class Sweep:
+    """A notebook's planned sweep: its tasks and the folder that records their state."""
+
+    notebook: str
+    profile: str
+    overrides: dict[str, Any]
+    tasks: list[Task]
+    folder: Path
+
+    @property
+    def name(self) -> str:
+        return self.folder.name
+
+    def task(self, tid: str) -> Task:
+        return next(t for t in self.tasks if t.id == tid)
+
+
+def plan_sweep(
+    notebook: str,
+    profile: str,
+    overrides: Mapping[str, Any] | None = None,
+    *,
+    root: str | Path | None = None,
+) -> Sweep:
+    """Plan (and record) the sweep of ``notebook`` at ``profile``: its tasks and state folder.
+
+    ``root``: where sweep folders live (default ``$COUPLING_CACHE/sweeps``). Recording the plan
+    (``plan.pkl``, ``sweep.json``) lets ``sweep_status`` report on it later without the notebook.
+    """
+    nb = _notebook(notebook)
+    overrides = dict(overrides or {})
+    values = planned_values(nb.stem, profile, overrides)
+    tasks = group_tasks(notebook_jobs(nb.stem, profile, overrides))
+    folder = Path(root) if root is not None else cache_dir("sweeps")
+    info = {"notebook": nb.stem, "profile": profile, "overrides": overrides, "values": values}
+    return record_sweep(folder / f"{nb.stem}-{profile}-{stable_hash(values, 8)}", tasks, info)
+
+
+def record_sweep(folder: str | Path, tasks: Sequence[Task], info: Mapping[str, Any]) -> Sweep:
+    """Record ``tasks`` as a sweep in ``folder`` (``plan.pkl`` and ``sweep.json`` with ``info``:
+    ``notebook``, ``profile``, ``overrides`` and anything else worth keeping)."""
+    folder = Path(folder)
+    (folder / "tasks").mkdir(parents=True, exist_ok=True)
+    info = {**info, "cache": str(cache_dir())}
+    info["tasks"] = [{"id": t.id, "name": t.name, "jobs": [j.describe() for j in t.jobs]} for t in tasks]
+    with file_lock(folder / ".lock", f"sweep {folder.name}"):
+        with atomic_path(folder / "plan.pkl") as tmp:
+            tmp.write_bytes(pickle.dumps(list(tasks)))
+        atomic_write_text(folder / "sweep.json", json.dumps(info, indent=2, default=str))
+    return Sweep(info["notebook"], info["profile"], dict(info.get("overrides") or {}), list(tasks), folder)
+
+
+def load_sweep(folder: str | Path) -> Sweep:
+    """A recorded sweep (its ``plan.pkl`` and ``sweep.json``)."""
+    folder = Path(folder)
+    info = json.loads((folder / "sweep.json").read_text())
+    tasks = pickle.loads((folder / "plan.pkl").read_bytes())
+    return Sweep(info["notebook"], info["profile"], info.get("overrides", {}), tasks, folder)
+
+
+def recorded_sweeps(root: str | Path | None = None) -> list[Path]:
+    """The sweep folders under ``root`` (default ``$COUPLING_CACHE/sweeps``), oldest first."""
+    root = Path(root) if root is not None else cache_dir("sweeps")
+    found = list(root.glob("*/sweep.json")) if root.exists() else []
+    return [p.parent for p in sorted(found, key=lambda p: p.stat().st_mtime)]
+
+
+# --------------------------------------------------------------------------- the worker
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def _slurm_id() -> str | None:
+    array, index = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
+    if array and index:
+        return f"{array}_{index}"
+    return os.environ.get("SLURM_JOB_ID")
+
+
+def run_task(task: Task, folder: str) -> dict:
+    """Run one task in this process (what a cluster job executes): each job with
+    :func:`coupling_utils.measurement.loop.run`, which reads what is stored, measures what is
+    missing and leaves a failure record for a job that raises; the others still run. The task's
+    marker ``tasks/<id>.json`` says who runs it, and when it ended, with each job's outcome."""
+    from coupling_utils.measurement.loop import run
+
+    marker = Path(folder) / "tasks" / f"{task.id}.json"
+    info = {
+        "task": task.name,
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "slurm_job": _slurm_id(),
+        "started": _now(),
+        "finished": None,
+        "jobs": [],
+    }
+    atomic_write_text(marker, json.dumps(info, indent=2))
+    for job in task.jobs:
+        t0 = time.perf_counter()
+        try:
+            result = run(job)
+            outcome = {"ok": True, "loaded": result.loaded}
+        except Exception as exc:  # recorded by run() in the job's folder too
+            outcome = {"ok": False, "error": type(exc).__name__, "message": str(exc)}
+        info["jobs"].append({"job": job.describe(), "seconds": round(time.perf_counter() - t0, 2), **outcome})
+        atomic_write_text(marker, json.dumps(info, indent=2))
+    info["finished"] = _now()
+    atomic_write_text(marker, json.dumps(info, indent=2))
+    return info
+
+
+# --------------------------------------------------------------------------- state
+@dataclass
+class TaskState:
+    """One task's state (see :data:`STATES`) and why."""
+
+    task: Task
+    state: str
+    reason: str = ""
+    log: str | None = None
+
+    def line(self) -> str:
+        tail = f"  {self.reason}" if self.reason else ""
+        return f"{self.state:<12} {self.task.name}{tail}"
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie (ended, not yet reaped by its parent) is not alive
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][:1] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def _slurm_state(folder: Path, job_id: str) -> str:
+    try:
+        import submitit
+
+        return str(submitit.SlurmJob(folder=folder, job_id=job_id).state)
+    except Exception as exc:  # no sacct here, or SLURM does not answer
+        return f"UNKNOWN ({type(exc).__name__}: {exc})"
+
+
+SLURM_ALIVE = ("PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "RESIZING", "SUSPENDED")
+
+
+def _alive(record: Mapping[str, Any], folder: Path) -> tuple[bool | None, str]:
+    """Whether the process a record names is alive (None: cannot tell from here), and what is known."""
+    if record.get("executor") == "slurm" or record.get("slurm_job"):
+        job_id = record.get("slurm_job") or record.get("job_id")
+        state = _slurm_state(folder / "slurm", str(job_id))
+        if state.startswith("UNKNOWN"):
+            return None, f"SLURM job {job_id}: state {state}"
+        return state.split()[0] in SLURM_ALIVE, f"SLURM job {job_id}: {state}"
+    host, pid = record.get("host"), record.get("pid")
+    if host != socket.gethostname():
+        return None, f"process {pid} on {host} (another host: not checked)"
+    return _pid_alive(int(pid)), f"process {pid} on {host}"
+
+
+def _log_tail(folder: Path, submission: Mapping[str, Any] | None) -> tuple[str | None, str]:
+    """The worker's stderr log (submitit's) and its last non-empty line."""
+    if not submission:
+        return None, ""
+    logs = sorted((folder / submission["executor"]).glob(f"{submission['job_id']}_*_log.err"))
+    if not logs:
+        return None, ""
+    lines = [x for x in logs[0].read_text(errors="replace").splitlines() if x.strip()]
+    return str(logs[0]), (lines[-1].strip()[:200] if lines else "")
+
+
+def task_state(sweep: Sweep, task: Task, submissions: Mapping[str, list] | None = None) -> TaskState:
+    """The state of one task (see the module doc for the order in which states are decided)."""
+    from coupling_utils.measurement.loop import collect
+
+    done = collect(list(task.jobs), compute=False)
+    if not done.missing:
+        return TaskState(task, "done")
+    if submissions is None:
+        submissions = _read_json(sweep.folder / "submissions.json") or {}
+    tries = submissions.get(task.id, [])
+    last = tries[-1] if tries else None
+    marker = _read_json(sweep.folder / "tasks" / f"{task.id}.json")
+    log, tail = _log_tail(sweep.folder, last)
+    if marker is not None and marker.get("finished") is None:
+        alive, what = _alive(marker, sweep.folder)
+        if alive or alive is None:
+            return TaskState(
+                task, "running", what if alive is None else f"{what} since {marker['started']}", log
+            )
+    if last is not None and (marker is None or marker["started"] < last["submitted"]):
+        alive, what = _alive(last, sweep.folder)
+        if alive:
+            return TaskState(task, "pending", f"submitted {last['submitted']} ({what})", log)
+    reasons = [
+        f"{r.job.describe()}: {r.error}: {r.message}"
+        for r in done.results
+        if not r.ok and r.error != "NotMeasured"
+    ]
+    if reasons:
+        return TaskState(task, "failed", "; ".join(reasons), log)
+    if marker is not None and marker.get("finished") is None:
+        _, what = _alive(marker, sweep.folder)
+        reason = (
+            f"the worker ({what}) stopped without finishing (killed, out of memory, out of time or "
+            "preempted)" + (f"; last log line: {tail}" if tail else "")
+        )
+        return TaskState(task, "interrupted", reason, log)
+    if last is not None:
+        return TaskState(
+            task,
+            "interrupted",
+            "submitted, but its job ended before starting" + (f": {tail}" if tail else ""),
+            log,
+        )
+    if any(r.error == "NotMeasured" for r in done.results) and marker is not None:
+        return TaskState(task, "missing", "measured by other code or deleted: submit again", log)
+    return TaskState(task, "missing", "not submitted")
+
+
+def sweep_status(sweep: Sweep) -> list[TaskState]:
+    """The state of every task of ``sweep``, in task order."""
+    submissions = _read_json(sweep.folder / "submissions.json") or {}
+    return [task_state(sweep, t, submissions) for t in sweep.tasks]
+
+
+def _record_submission(sweep: Sweep, task: Task, executor: str, job_id: str) -> None:
+    path = sweep.folder / "submissions.json"
+    with file_lock(sweep.folder / ".lock", f"sweep {sweep.name}"):
+        subs = _read_json(path) or {}
+        entry = {"executor": executor, "job_id": str(job_id), "submitted": _now()}
+        if executor == "local":
+            entry.update(host=socket.gethostname(), pid=int(job_id))
+        subs.setdefault(task.id, []).append(entry)
+        atomic_write_text(path, json.dumps(subs, indent=2))
+
+
+# --------------------------------------------------------------------------- submitting
+_TIME = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?")
+
+
+def parse_time(text: str | int | None) -> int | None:
+    """A SLURM time limit in minutes: ``M``, ``M:S``, ``H:M:S``, ``D-H``, ``D-H:M`` or ``D-H:M:S``
+    (as ``sbatch --time`` reads them; seconds round up)."""
+    if text is None:
+        return None
+    if isinstance(text, int) and not isinstance(text, bool):
+        minutes = text
+    else:
+        m = _TIME.fullmatch(str(text).strip())
+        if m is None:
+            raise SweepError(f"time {text!r}: use minutes, HH:MM:SS or D-HH:MM (as sbatch --time reads them)")
+        days, a, b, c = m.groups()
+        if days is None:  # M | M:S | H:M:S
+            h, mi, sec = (a, b, c) if c is not None else (0, a, b or 0)
+        else:  # D-H | D-H:M | D-H:M:S
+            h, mi, sec = a, b or 0, c or 0
+        minutes = int(days or 0) * 1440 + int(h) * 60 + int(mi) + (int(sec) > 0)
+    if minutes < 1:
+        raise SweepError(f"time {text!r} is less than a minute")
+    return minutes
+
+
+def _setup_lines() -> list[str]:
+    """Shell lines that give the worker this process's cache and hub settings (absolute paths)."""
+    env = {"COUPLING_CACHE": str(cache_dir())}
+    for key in FORWARDED_ENV:
+        if key in os.environ and key not in env:
+            env[key] = os.environ[key]
+    return [f"export {k}={shlex.quote(v)}" for k, v in env.items()]
+
+
+def _import_submitit():
+    try:
+        import submitit
+    except ImportError as exc:
+        raise SweepError(
+            "sweeps need submitit: pip install 'submitit>=1.5' (or the project's extra: "
+            "pip install -e '.[cluster]')"
+        ) from exc
+    return submitit
+
+
+def submit(
+    sweep: Sweep,
+    *,
+    executor: str = "local",
+    partition: str | None = None,
+    gpus_per_job: int | None = None,
+    cpus_per_job: int | None = None,
+    mem_gb: float | None = None,
+    time_limit: str | int | None = None,
+    max_parallel: int | None = None,
+    account: str | None = None,
+    dry_run: bool = False,
+    echo: Callable[[str], None] = print,
+    poll_s: float = 0.5,
+) -> list[TaskState]:
+    """Submit the tasks of ``sweep`` that are not done, running or pending; return the states after.
+
+    ``executor="slurm"``: one job array (``partition``, ``gpus_per_job`` GPUs, ``time_limit``,
+    ``max_parallel`` tasks at once, ``account``), returned at once: follow it with
+    :func:`sweep_status`. ``executor="local"``: the tasks run on this machine, ``max_parallel``
+    (default 1) at a time, and this call returns when they have ended. ``dry_run``: say what
+    would be submitted (and, for SLURM, the batch script) without submitting.
+    """
+    if executor not in EXECUTORS:
+        raise SweepError(f"executor must be one of {EXECUTORS}, got {executor!r}")
+    if max_parallel is not None and (isinstance(max_parallel, bool) or int(max_parallel) < 1):
+        raise SweepError(f"max_parallel must be a positive integer, got {max_parallel!r}")
+    if gpus_per_job is not None and int(gpus_per_job) < 0:
+        raise SweepError(f"gpus_per_job must be 0 or more, got {gpus_per_job!r}")
+    if executor == "local" and (partition or account):
+        raise SweepError("--partition and --account are SLURM options; drop them for --executor local")
+    minutes = parse_time(time_limit)
+    states = sweep_status(sweep)
+    todo = [s.task for s in states if s.state in ("failed", "interrupted", "missing")]
+    for s in states:
+        if s.state not in ("failed", "interrupted", "missing"):
+            echo(f"skip  {s.line()}")
+    if not todo:
+        echo(f"{sweep.name}: nothing to submit ({len(states)} tasks)")
+        return states
+    submitit = None if dry_run and executor == "local" else _import_submitit()
+    if executor == "slurm":
+        return _submit_slurm(
+            submitit, sweep, todo, partition=partition, gpus=gpus_per_job, cpus=cpus_per_job, mem_gb=mem_gb,
+            minutes=minutes or 60, max_parallel=max_parallel, account=account, dry_run=dry_run, echo=echo,
+        )  # fmt: skip
+    if dry_run:
+        for t in todo:
+            echo(f"would run  {t.name} ({len(t.jobs)} job(s))")
+        return states
+    return _run_local(submitit, sweep, todo, gpus_per_job, minutes, max_parallel or 1, echo, poll_s)
+
+
+def _submit_slurm(submitit, sweep, todo, *, partition, gpus, cpus, mem_gb, minutes, max_parallel, account,
+                  dry_run, echo):  # fmt: skip
+    params = {
+        "job_name": f"coupling-{sweep.notebook[:3]}-{sweep.profile}",
+        "time": minutes,
+        "setup": _setup_lines(),
+        "array_parallelism": max_parallel or len(todo),
+    }
+    if partition:
+        params["partition"] = partition
+    if gpus:
+        params["gpus_per_node"] = int(gpus)
+    if cpus:
+        params["cpus_per_task"] = int(cpus)
+    if mem_gb:
+        params["mem"] = f"{int(mem_gb)}GB"
+    if account:
+        params["account"] = account
+    if dry_run:
+        from submitit.slurm.slurm import _make_sbatch_string
+
+        script = _make_sbatch_string(
+            command="python -u -m submitit.core._submit <folder>", folder=sweep.folder / "slurm",
+            map_count=len(todo), **params,
+        )  # fmt: skip
+        echo(f"would submit {len(todo)} task(s) as one SLURM job array:")
+        for t in todo:
+            echo(f"  {t.name} ({len(t.jobs)} job(s))")
+        echo(script)
+        return sweep_status(sweep)
+    ex = submitit.SlurmExecutor(folder=sweep.folder / "slurm")
+    ex.update_parameters(**params)
+    jobs = ex.map_array(run_task, todo, [str(sweep.folder)] * len(todo))
+    for task, job in zip(todo, jobs):
+        _record_submission(sweep, task, "slurm", job.job_id)
+        echo(f"submitted  {task.name}  (SLURM job {job.job_id})")
+    return sweep_status(sweep)
+
+
+def _run_local(submitit, sweep, todo, gpus, minutes, max_parallel, echo, poll_s):
+    ex = submitit.LocalExecutor(folder=sweep.folder / "local")
+    params: dict[str, Any] = {"timeout_min": minutes or 24 * 60, "setup": _setup_lines()}
+    if gpus:
+        params["gpus_per_node"] = int(gpus)
+    ex.update_parameters(**params)
+    queue, running = list(todo), {}
+    while queue or running:
+        while queue and len(running) < max_parallel:
+            task = queue.pop(0)
+            job = ex.submit(run_task, task, str(sweep.folder))
+            _record_submission(sweep, task, "local", job.job_id)
+            running[task.id] = (task, job)
+            echo(f"started  {task.name}")
+        for tid, (task, job) in list(running.items()):
+            if job.done():
+                del running[tid]
+                echo(task_state(sweep, task).line())
+        if running:
+            time.sleep(poll_s)
+    return sweep_status(sweep)
+
+
+def summary_line(states: Sequence[TaskState]) -> str:
+    """``3 done, 1 failed`` in the order of :data:`STATES`."""
+    counts = {s: sum(1 for x in states if x.state == s) for s in STATES}
+    return ", ".join(f"{n} {s}" for s, n in counts.items() if n) or "no tasks"

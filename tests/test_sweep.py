@@ -1,0 +1,288 @@
+"""Sweeps: a notebook's measurements as submitit jobs, killed, resumed, then read by the notebook.
+
+The end-to-end test runs ``coupling-book sweep f02 --executor local`` on the stand-in hub in a
+private cache, kills one worker with SIGKILL while it measures, checks that ``--status`` says so,
+resubmits (only the killed task runs again) and then executes the notebook with model loading
+counted in its kernel (:mod:`notebook_loads`): it must load nothing. The SLURM path runs against
+a stand-in ``sbatch``/``srun``/``sacct`` that executes the job array here, as SLURM would.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from notebook_loads import counting_kernel, loads
+
+from coupling_utils.pipeline import sweep as S
+
+ROOT = Path(__file__).resolve().parents[1]
+HUB = ["openai-community/gpt2", "EleutherAI/pythia-1.4b", "Qwen/Qwen1.5-0.5B"]
+F02 = ["-p", f"hub_models=[{', '.join(HUB)}]", "-p", "n_prompts=1", "-p", "prompt_tokens=8"]
+
+
+@pytest.fixture
+def private_cache(tmp_path, monkeypatch):
+    """A fresh COUPLING_CACHE for measurements and sweeps; the embedded models and the corpus
+    tokenizer are shared with the session's cache (linked), so they are built at most once."""
+    from coupling_utils.files import cache_dir
+
+    shared = cache_dir()
+    mine = tmp_path / "cache"
+    mine.mkdir()
+    for part in ("zoo", "corpus"):
+        (shared / part).mkdir(exist_ok=True)
+        (mine / part).symlink_to(shared / part)
+    monkeypatch.setenv("COUPLING_CACHE", str(mine))
+    return mine
+
+
+def _cli(*args: str, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "coupling_utils.pipeline.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        **kw,
+    )
+
+
+# --------------------------------------------------------------------------- unit level
+def test_time_limits_read_like_sbatch():
+    assert [S.parse_time(t) for t in ("30", "4:00:00", "90:30", "1-0", "1-2:30", "0:0:1", 45)] == [
+        30, 240, 91, 1440, 1590, 1, 45,
+    ]  # fmt: skip
+    for bad in ("soon", "1:2:3:4", "0"):
+        with pytest.raises(S.SweepError, match="time"):
+            S.parse_time(bad)
+
+
+def test_the_paper_profiles_give_one_task_per_model_and_revision(standin_hub):
+    f01 = S.group_tasks(S.notebook_jobs("f01", "paper"))
+    values = S.planned_values("f01", "paper")
+    models = list(dict.fromkeys([values["model"], *values["more_models"]]))
+    assert [t.model for t in f01] == models and len(models) == 28
+    # each task: the trained model and its random-init twin, loaded in one job
+    assert all({j.weights for j in t.jobs} == {"trained", "random init"} for t in f01)
+    f03 = S.group_tasks(S.notebook_jobs("f03", "paper"))
+    v3 = S.planned_values("f03", "paper")
+    assert [(t.model, t.revision) for t in f03] == [(m, r) for m in v3["models"] for r in v3["revisions"]]
+    assert len({t.id for t in f03}) == len(f03) == 26
+
+
+def test_notebooks_that_load_their_own_models_are_not_swept():
+    with pytest.raises(S.SweepError, match=r"f05_token_trajectories is not swept.*coupling-book run f05"):
+        S.notebook_jobs("f05", "paper")
+
+
+def test_task_ids_follow_the_measurements(standin_hub, private_cache):
+    a = S.group_tasks(S.notebook_jobs("f03", "paper"))
+    b = S.group_tasks(S.notebook_jobs("f03", "paper", {"k": [10], "k_main": 10}))
+    c = S.group_tasks(S.notebook_jobs("f03", "paper"))
+    assert [t.id for t in a] == [t.id for t in c]
+    assert not {t.id for t in a} & {t.id for t in b}
+
+
+# --------------------------------------------------------------------------- end to end, local
+def _wait_for_marker(folder: Path, name: str, proc: subprocess.Popen, timeout: float = 600) -> dict:
+    """The running marker of the task named ``name`` as soon as its worker has started."""
+    sweep_json = folder / "sweep.json"
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        if sweep_json.exists():
+            tid = next(t["id"] for t in json.loads(sweep_json.read_text())["tasks"] if t["name"] == name)
+            marker = folder / "tasks" / f"{tid}.json"
+            if marker.exists():
+                info = json.loads(marker.read_text())
+                if info["finished"] is None:
+                    return info
+        if proc.poll() is not None:
+            raise AssertionError(f"the sweep ended before {name} started:\n{proc.stdout.read()}")
+        time.sleep(0.02)
+    raise AssertionError(f"{name} did not start within {timeout} s")
+
+
+def test_a_sweep_resumes_after_a_killed_job_and_the_notebook_then_loads_no_model(
+    standin_hub, private_cache, tmp_path, monkeypatch
+):
+    args = ["sweep", "f02", "--profile", "smoke", *F02, "--executor", "local", "--max-parallel", "2"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "coupling_utils.pipeline.cli", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    folders = []
+    while not folders and proc.poll() is None:
+        folders = list((private_cache / "sweeps").glob("f02_generalization-smoke-*"))
+        time.sleep(0.05)
+    folder = folders[0]
+    victim = f"{HUB[0]}@main"
+    marker = _wait_for_marker(folder, victim, proc)
+    os.kill(marker["pid"], signal.SIGKILL)  # as the OOM killer or a preemption would
+    out = proc.communicate(timeout=900)[0]
+    assert proc.returncode == 1, out
+    assert re.search(rf"interrupted\s+{re.escape(victim)}.*stopped without finishing", out), out
+
+    status = _cli("sweep", "f02", "--profile", "smoke", *F02, "--status")
+    assert status.returncode == 0, status.stderr
+    lines = {line.split()[1]: line.split()[0] for line in status.stdout.splitlines()[1:] if line.strip()}
+    assert lines.pop(victim) == "interrupted" and set(lines.values()) == {"done"}, status.stdout
+    assert len(lines) == 3 + len(HUB) - 1  # the three smoke family members and the other hub models
+
+    again = _cli(*args)
+    assert again.returncode == 0, again.stdout + again.stderr
+    started = [line.split(None, 1)[1] for line in again.stdout.splitlines() if line.startswith("started")]
+    assert started == [victim], again.stdout  # only the killed task runs again
+    assert "6 done" in again.stdout
+
+    env = counting_kernel(tmp_path)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    from coupling_utils.pipeline.execution import find_notebooks, parse_override, run_notebook
+
+    overrides = dict(parse_override(p) for p in F02[1::2])
+    result = run_notebook(find_notebooks(["f02"])[0], "smoke", overrides, tmp_path / "executed")
+    assert result.status == "ok", result.error
+    assert loads(env) == []  # everything the notebook needed was measured by the sweep
+
+
+def test_the_load_counter_sees_a_kernel_load(standin_hub, tmp_path, monkeypatch):
+    """The counter the test above relies on does see loads in a papermill kernel."""
+    import nbformat
+    import papermill
+
+    env = counting_kernel(tmp_path)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [
+        nbformat.v4.new_code_cell(
+            f"from coupling_utils import load_model\nlm = load_model({HUB[0]!r}, device='cpu')"
+        )
+    ]
+    nbformat.write(nb, tmp_path / "load.ipynb")
+    papermill.execute_notebook(
+        str(tmp_path / "load.ipynb"), str(tmp_path / "out.ipynb"), kernel_name="python3", progress_bar=False
+    )
+    assert loads(env)[0] == ["load_model", HUB[0]]
+    assert any(kind == "from_pretrained" for kind, _ in loads(env))
+
+
+# --------------------------------------------------------------------------- SLURM
+FAKE_SBATCH = """\
+#!{python}
+'''sbatch, here: record the script, print the job id and return; a detached process then runs
+the array's tasks one after the other, keeping each one's state where the fake sacct reads it.'''
+import os, re, subprocess, sys
+from pathlib import Path
+
+script, job = sys.argv[-1], "4242"
+text = Path(script).read_text()
+log, states = Path(os.environ["FAKE_SLURM_LOG"]), Path(os.environ["FAKE_SLURM_STATES"])
+log.write_text((log.read_text() if log.exists() else "") + text)
+m = re.search(r"#SBATCH --array=0-(\\d+)", text)
+n = int(m.group(1)) + 1 if m else 1
+states.mkdir(exist_ok=True)
+for i in range(n):
+    (states / f"{{job}}_{{i}}").write_text("PENDING")
+if os.fork() == 0:  # the "cluster": after sbatch has returned (and closed its output)
+    os.setsid()
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
+    for i in range(n):
+        (states / f"{{job}}_{{i}}").write_text("RUNNING")
+        env = dict(os.environ, SLURM_JOB_ID=str(5000 + i), SLURM_ARRAY_JOB_ID=job, SLURM_ARRAY_TASK_ID=str(i),
+                   SLURM_NTASKS="1", SLURM_PROCID="0", SLURM_LOCALID="0", SLURM_NODEID="0",
+                   SLURM_JOB_NUM_NODES="1", SLURM_JOB_NODELIST="localhost")
+        rc = subprocess.run(["bash", script], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL).returncode
+        (states / f"{{job}}_{{i}}").write_text("COMPLETED" if rc == 0 else "FAILED")
+    os._exit(0)
+print(f"Submitted batch job {{job}}", flush=True)
+"""
+FAKE_SRUN = """\
+#!{python}
+'''srun, here: run the command with its output and error where srun's options say.'''
+import os, subprocess, sys
+
+args, files = sys.argv[1:], {{}}
+while args and args[0].startswith("--"):
+    opt = args.pop(0)
+    if opt in ("--output", "--error"):
+        files[opt] = (args.pop(0).replace("%A", os.environ["SLURM_ARRAY_JOB_ID"])
+                      .replace("%a", os.environ["SLURM_ARRAY_TASK_ID"]).replace("%t", "0"))
+with open(files["--output"], "a") as out, open(files["--error"], "a") as err:
+    sys.exit(subprocess.run(args, stdout=out, stderr=err).returncode)
+"""
+FAKE_SACCT = """\
+#!/bin/sh
+# sacct, here: the states the fake sbatch keeps
+echo "JobID|State|NodeList"
+for f in "$FAKE_SLURM_STATES"/*; do echo "$(basename "$f")|$(cat "$f")|localhost"; done
+"""
+
+
+def test_slurm_job_array_runs_every_task_and_resubmits_only_what_is_missing(
+    standin_hub, private_cache, tmp_path, monkeypatch
+):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text(FAKE_SBATCH.format(python=sys.executable))
+    (bin_dir / "srun").write_text(FAKE_SRUN.format(python=sys.executable))
+    (bin_dir / "sacct").write_text(FAKE_SACCT)
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_SLURM_LOG", str(tmp_path / "sbatch.log"))
+    monkeypatch.setenv("FAKE_SLURM_STATES", str(tmp_path / "slurm-states"))
+    revs = "revisions=[step1, step128]"
+    args = ["sweep", "f03", "--profile", "paper", "-p", "models=[EleutherAI/pythia-6.9b]", "-p", revs]
+    args += ["-p", "n_prompts=0", "-p", "max_tokens=6", "-p", "k=[4]", "-p", "k_main=4", "-p", "early_step=1"]
+    slurm = ["--executor", "slurm", "--partition", "gpu", "--gpus-per-job", "1", "--time", "2:00:00"]
+    first = _cli(*args, *slurm, "--max-parallel", "1")
+    assert first.returncode == 0, first.stdout + first.stderr
+    script = (tmp_path / "sbatch.log").read_text()
+    for line in (
+        "#SBATCH --partition=gpu",
+        "#SBATCH --gpus-per-node=1",
+        "#SBATCH --time=120",
+        "--array=0-1%1",
+    ):
+        assert line in script, script
+    assert f"export COUPLING_CACHE={private_cache}" in script and "HF_TOKEN" not in script
+    sweep = S.load_sweep(next((private_cache / "sweeps").glob("f03_training_emergence-paper-*")))
+    seen, t0 = set(), time.monotonic()
+    while time.monotonic() - t0 < 600:  # the array runs after sbatch has returned, as on a cluster
+        states = [s.state for s in S.sweep_status(sweep)]
+        seen |= set(states)
+        if states == ["done", "done"]:
+            break
+        time.sleep(0.5)
+    status = _cli(*args, "--status")
+    assert "2 done" in status.stdout, status.stdout
+    assert seen <= {"pending", "running", "done"}, status.stdout
+    assert json.loads(next((private_cache / "sweeps").glob("*/tasks/*.json")).read_text())[
+        "slurm_job"
+    ].startswith("4242_")
+    again = _cli(*args, *slurm)
+    assert again.returncode == 0 and "nothing to submit" in again.stdout, again.stdout
+    assert script == (tmp_path / "sbatch.log").read_text()  # nothing was submitted again
+
+
+def test_dry_run_shows_the_batch_script_without_submitting(standin_hub, private_cache):
+    out = _cli(
+        "sweep", "f03", "--profile", "paper", "--executor", "slurm", "--partition", "a100", "--dry-run"
+    )
+    assert out.returncode == 0, out.stderr
+    assert "would submit 26 task(s)" in out.stdout and "#SBATCH --partition=a100" in out.stdout
+    assert "--array=0-25%26" in out.stdout
+    assert not list((private_cache / "sweeps").glob("*/submissions.json"))
