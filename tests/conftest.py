@@ -1,4 +1,10 @@
-"""Shared test settings: offline, CPU, deterministic, and a private cache directory."""
+"""Shared test settings: offline, CPU, deterministic, and a private cache directory.
+
+Every test runs with ``COUPLING_CACHE`` pointing into pytest's temporary folder, so no test can
+read or write the user's real cache (``~/.cache/coupling-book``). The embedded models the smoke
+notebooks use are built once per session there (:func:`smoke_zoo`) and shared by the tests
+that need them.
+"""
 
 from __future__ import annotations
 
@@ -23,9 +29,9 @@ def _seed():
     yield
 
 
-@pytest.fixture(scope="module")
-def zoo_cache(tmp_path_factory):
-    """A private model cache shared by the zoo and training tests (the tokenizer is built once)."""
+@pytest.fixture(scope="session", autouse=True)
+def session_cache(tmp_path_factory):
+    """The session's private ``COUPLING_CACHE`` (whatever the caller's environment says)."""
     path = tmp_path_factory.getbasetemp() / "coupling-cache"
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("COUPLING_CACHE", str(path))
@@ -49,3 +55,34 @@ def standin_hub(tmp_path_factory):
         mp.setenv("HF_HUB_CACHE", str(path))
         mp.setattr(constants, "HF_HUB_CACHE", str(path))
         yield path, manifest
+
+
+@pytest.fixture(scope="module")
+def zoo_cache(session_cache):
+    """The model cache shared by the zoo and training tests (the tokenizer is built once)."""
+    return session_cache
+
+
+def smoke_zoo_names() -> list[str]:
+    """The embedded models the notebooks use under the smoke profile (as ``make test`` runs them)."""
+    from coupling_utils.pipeline.execution import _planned_values, embedded_models, notebook_paths
+
+    names: list[str] = []
+    for nb in notebook_paths():
+        names += embedded_models(_planned_values(nb, "smoke", None))
+    return [n.removeprefix("embedded:") for n in dict.fromkeys(names)]
+
+
+@pytest.fixture(scope="session")
+def smoke_zoo(session_cache):
+    """The smoke notebooks' embedded models, built once per session into the session cache.
+
+    Returns the cache folder; its ``zoo`` and ``corpus`` folders are then only read.
+    """
+    from coupling_utils.models import zoo
+
+    names = smoke_zoo_names()
+    status = zoo.prepare_many(names, jobs=2, echo=lambda line: None)
+    failed = {k: v for k, v in status.items() if v != "ready"}
+    assert not failed, f"could not build the smoke models: {failed}"
+    return session_cache

@@ -44,3 +44,66 @@ def test_strength():
     J = torch.randn(6, 6, dtype=torch.float64)
     assert A.strength(0.5) == pytest.approx(0.75)
     assert A.strength(coupling(J, J, 3)) == pytest.approx(1.0)
+
+
+def test_energy_share():
+    S = torch.tensor([3.0, 2.0, 1.0, 0.0])
+    assert A.energy_share(S, 1) == pytest.approx(9 / 14)
+    assert A.energy_share(S, 3) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="all zero"):
+        A.energy_share(torch.zeros(3), 1)
+    G = torch.randn(400, 400, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    share = A.energy_share(torch.linalg.svdvals(G), 10)  # a spread spectrum: about 4k/d
+    assert 0.5 * 40 / 400 < share < 1.5 * 40 / 400
+
+
+def test_noise_sweep_and_its_reading():
+    J = torch.randn(48, 48, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    J[:4, :4] += 20 * torch.eye(4, dtype=torch.float64)  # a few strong directions
+    sweep = A.noise_sweep(J, [0.0, 0.1, 1.0, 30.0], 4, seed=3)
+    assert list(sweep.columns) == ["noise", "m_K", "coupling"]
+    assert sweep.m_K.iloc[0] == pytest.approx(0, abs=1e-9)
+    assert sweep.m_K.iloc[-1] > sweep.m_K.iloc[1] and sweep.m_K.iloc[-1] > 0.5
+    R = A.random_reference(J, seed=3)
+    assert sweep.m_K.iloc[2] == pytest.approx(coupling(J, J + R, 4))
+    eps = A.noise_equivalent(sweep, float(sweep.m_K.iloc[2]))
+    assert eps == pytest.approx(1.0)
+    half = (sweep.m_K.iloc[2] + sweep.m_K.iloc[3]) / 2
+    assert 1.0 < A.noise_equivalent(sweep, half) < 30.0
+    assert np.isnan(A.noise_equivalent(sweep, 10.0))
+    with pytest.raises(ValueError, match="noise levels"):
+        A.noise_sweep(J, [-1.0], 4)
+
+
+def test_toy_properties_and_variants():
+    toy = A.toy_properties(16, 4, 30, seed=0)
+    value = dict(zip(toy.table.case, toy.table.value))
+    assert value["m(J, J)"] == pytest.approx(0, abs=1e-9)
+    assert value["m(J, J with flipped singular-pair signs) − m(J, J)"] == pytest.approx(0, abs=1e-9)
+    assert value["m(cyclic shift of diag(s), diag(s)), K = d"] == pytest.approx(np.sqrt(2))
+    assert len(toy.random_pairs) == 30 and (toy.random_pairs.m_K <= np.sqrt(2)).all()
+    assert 0.8 < toy.random_pairs.m_K.mean() < 1.2
+    g = torch.Generator().manual_seed(2)
+    J1, J2 = torch.randn(12, 12, generator=g), torch.randn(12, 12, generator=g)
+    v = A.metric_variants(J1, J2, [3, 1, 3])
+    assert list(v.K.unique()) == [1, 3] and len(v) == 8
+    row = v.query("K == 3 and normalize == 'trace' and orientation == 'vju'").m_K.item()
+    assert row == pytest.approx(coupling(J1, J2, 3, normalize="trace", orientation="vju"))
+
+
+def test_f00_helpers_on_an_emulated_device():
+    """f00's noise sweep, spectrum share and variants with J on a (CPU-emulated) accelerator."""
+    from emulated_device import DEVICE, emulated_device
+
+    g = torch.Generator().manual_seed(4)
+    J_cpu, J2_cpu = torch.randn(24, 24, generator=g), torch.randn(24, 24, generator=g)
+    ref = (A.noise_sweep(J_cpu, [0.0, 0.5, 2.0], 3, seed=1), A.metric_variants(J_cpu, J2_cpu, [1, 3]))
+    with emulated_device():
+        J, J2 = J_cpu.to(DEVICE), J2_cpu.to(DEVICE)
+        got = (A.noise_sweep(J, [0.0, 0.5, 2.0], 3, seed=1), A.metric_variants(J, J2, [1, 3]))
+        from coupling_utils.engine.metric import svd
+
+        share = A.energy_share(svd(J).S, 3)
+    for a, b in zip(got, ref):
+        assert np.allclose(a.select_dtypes("number"), b.select_dtypes("number"), atol=1e-5)
+    assert share == pytest.approx(A.energy_share(torch.linalg.svdvals(J_cpu), 3), rel=1e-5)

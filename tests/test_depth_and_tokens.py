@@ -80,15 +80,27 @@ def test_twin_tables(pair):
         p: tok.convert_ids_to_tokens(tok(t)["input_ids"][0].tolist()) for p, t in pair.prompts.items()
     }
     assert m.tokens["p"] == list("HIJKLM")
-    assert len(m.summary) == 4 and m.summary.coupling.between(-1, 1).all()
+    assert len(m.summary) == 4
+    # the summary is the mean of 1 − m² over off-diagonal block pairs, prompts counted equally,
+    # computed here from the m column (not from the table's own coupling column)
+    off = m.depthwise.query("layer_i != layer_j")
+    by_hand = (
+        off.assign(c=1 - off.m**2)
+        .groupby(["weights", "K", "prompt"])
+        .c.mean()
+        .groupby(["weights", "K"])
+        .mean()
+    )
+    got = m.summary.set_index(["weights", "K"]).coupling
+    pd.testing.assert_series_equal(got.sort_index(), by_hand.sort_index(), check_names=False, rtol=1e-12)
 
 
 def test_twin_values_match_direct_computation(pair):
-    from coupling_utils.engine.jacobians import token_jacobians
+    from coupling_utils.engine.jacobians import reference_jacobians  # the oracle, not the fast path
 
     ids = _Tok()(pair.prompts["p"])["input_ids"]
     model = pair.models[True]
-    J0, J2 = token_jacobians(model, ids, 0)[-1], token_jacobians(model, ids, 2)[-1]
+    J0, J2 = (reference_jacobians(model, ids, layer, tokens=[-1])[0] for layer in (0, 2))
     row = pair.m.depthwise.query(
         "weights == 'random init' and prompt == 'p' and K == 4 and layer_i == 0 and layer_j == 2"
     )
@@ -201,3 +213,70 @@ def test_offdiag_mean_and_token_labels():
     assert list(lab.token_i) == ["03 ␣capital", "10 t10"]
     with pytest.raises(ValueError, match="outside the 11 tokens"):
         tw.label_tokens(pd.DataFrame({"token_i": [11]}), toks, ["token_i"])
+
+
+# --------------------------------------------------------------------------- many models; f01's numbers
+def test_measure_models_lists_what_it_cannot_measure(pair):
+    def load(name, **kw):
+        if name == "gated":
+            raise OSError("401 Client Error: access to model gated is restricted")
+        return pair.load(name, **kw)
+
+    kw = dict(k=(2, 4), tile_layers=[1, 2], tile_k=3, token_layer=-1, load=load, out=pair.out)
+    got = tw.measure_models(["tiny", "gated", "tiny"], pair.prompts, **kw)
+    assert list(got.results) == ["tiny"] and set(got.failures.model) == {"gated"}
+    assert set(got.failures.weights) == set(tw.WEIGHTS) and "401" in " ".join(got.failures.message)
+    assert "gated" in got.report() and "left out" in got.report()
+    pd.testing.assert_frame_equal(got.results["tiny"].summary, pair.m.summary)  # the same as one twin
+    wide = tw.summary_table(got)
+    assert list(wide.columns) == ["model", "K", "trained", "random init", "trained − random"]
+    assert np.allclose(wide["trained − random"], wide["trained"] - wide["random init"])
+    with pytest.raises(RuntimeError, match="gated: the chapter's main model"):
+        tw.measure_models(["gated", "tiny"], pair.prompts, **kw)
+
+
+def test_depth_contrast_counts_pairs_where_trained_beats_the_twin():
+    rows = []
+    for weights, base in (("trained", 0.5), ("random init", 0.1)):
+        for K in (2, 4):
+            for i in range(3):
+                for j in range(3):
+                    c = 0.0 if i == j else base + (0.6 if (weights, i, j) == ("random init", 0, 2) else 0)
+                    rows.append(dict(model="m", weights=weights, prompt="p", K=K, layer_i=i, layer_j=j,
+                                     coupling=c, m=float(np.sqrt(1 - c))))  # fmt: skip
+    pair = SimpleNamespace(model="m", depthwise=pd.DataFrame(rows))
+    pair.summary = pd.DataFrame(
+        [dict(model="m", weights=w, K=K, coupling=pair.depthwise.query("weights == @w and K == @K and "
+              "layer_i != layer_j").coupling.mean()) for w in tw.WEIGHTS for K in (2, 4)]
+    )  # fmt: skip
+    got = tw.depth_contrast(pair, how="offdiag")
+    assert got["share_above"] == pytest.approx(5 / 6)  # one pair of six: the twin is higher, at both K
+    assert got["trained"] == pytest.approx(0.5) and got["twin"] == pytest.approx(0.2)
+    assert got["excess"] == pytest.approx(0.3)
+    adjacent = tw.depth_contrast(pair, how="adjacent")  # (0, 2) is not a neighbour pair
+    assert adjacent["share_above"] == 1.0
+    with pytest.raises(ValueError, match="how must be"):
+        tw.depth_contrast(pair, how="all")
+
+
+def test_tile_and_token_contrast(pair):
+    tiles = tw.tile_contrast(pair.m.tiles, 3)
+    assert tiles["chance"] == pytest.approx(1 / 3)
+    assert 0 <= tiles["diagonal_twin"] <= 1 and 0 <= tiles["diagonal_trained"] <= 1
+    diag = tw.tile_diagonality(pair.m.tiles)
+    off = diag[diag.layer_i != diag.layer_j]
+    assert tiles["trained"] == pytest.approx(off[off.weights == "trained"].diagonal_share.mean())
+    tokens = tw.token_contrast(pair.m, 2)
+    tok = pair.m.tokenwise.query("K == 2 and token_i != token_j")
+    assert tokens["self_trained"] == pytest.approx(tok[tok.weights == "trained"].coupling.mean())
+    assert tokens["self_twin"] == pytest.approx(tok[tok.weights == "random init"].coupling.mean())
+    assert set(tokens) == {
+        "self_trained",
+        "self_twin",
+        "self_sd",
+        "context_trained",
+        "context_twin",
+        "context_sd",
+    }
+    trend = tw.distance_trend(tw.coupling_by_distance(pair.m.depthwise))
+    assert set(trend.weights) == set(tw.WEIGHTS) and trend.spearman.between(-1, 1).all()

@@ -6,7 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from coupling_utils.engine.architectures import ARCHITECTURES, find_architecture, tiny_model
+from coupling_utils.engine.architectures import (
+    ARCHITECTURES,
+    find_architecture,
+    tiny_model,
+    transformer_blocks,
+)
 from coupling_utils.engine.blocks import block_function
 from coupling_utils.engine.jacobians import (
     check_finite,
@@ -65,17 +70,61 @@ def test_token_context_and_reference_jacobians_agree(model_type, variant):
         assert later > 0, "a bidirectional block's output depends on later tokens"
 
 
+def _block_output(model, inputs, layer, delta):
+    """Block ``layer``'s output hidden states [T, d] with ``delta`` [T, d] added to its input.
+
+    Uses hooks on an ordinary forward pass only (nothing from ``blocks.py``), so finite
+    differences of it are an oracle independent of ``block_function``.
+    """
+    block = transformer_blocks(model)[layer]
+    out = {}
+
+    def pre(module, args, kwargs):
+        if args:
+            return (args[0] + delta, *args[1:]), kwargs
+        return args, {**kwargs, "hidden_states": kwargs["hidden_states"] + delta}
+
+    def post(module, args, output):
+        out["y"] = (output if isinstance(output, torch.Tensor) else output[0])[0].detach()
+
+    handles = [block.register_forward_pre_hook(pre, with_kwargs=True), block.register_forward_hook(post)]
+    try:
+        with torch.no_grad():
+            model(input_ids=inputs)
+    finally:
+        for h in handles:
+            h.remove()
+    return out["y"]
+
+
 def test_identity_subtracted_only_on_the_diagonal():
-    """f = block(X) − X: the own-token Jacobian is ∂F/∂x − I, cross-token ones carry no identity."""
-    model = tiny_model("llama")
-    x = _inputs(model)
-    f, X = block_function(model, x, 0, token_diagonal=False)
-    block = lambda X: f(X) + X  # noqa: E731  (the block itself, F(X))
-    G = torch.autograd.functional.jacobian(block, X, vectorize=True)
-    C = context_jacobians(model, x, 0, 5)
-    eye = torch.eye(X.shape[1])
-    torch.testing.assert_close(C[5], G[5, :, 5, :] - eye, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(C[2], G[5, :, 2, :], rtol=1e-5, atol=1e-5)
+    """f = block(X) − X: against central finite differences of the block's own output.
+
+    ∂block(X)_{t2}/∂x_{t1} is measured by perturbing the block's input in an ordinary forward
+    pass (hooks); the own-token Jacobian must be that minus I, a cross-token one exactly that.
+    """
+    model = tiny_model("llama").double()
+    x = torch.randint(0, 64, (1, 6))
+    layer, t2, eps = 1, 4, 1e-3
+    T, d = x.shape[1], model.config.hidden_size
+    G = torch.zeros(T, d, d, dtype=torch.float64)  # [t1, out, in] = ∂block(X)_{t2} / ∂x_{t1}
+    for t1 in (t2, 1):
+        for i in range(d):
+            D = torch.zeros(T, d, dtype=torch.float64)
+            D[t1, i] = eps
+            G[t1, :, i] = (_block_output(model, x, layer, D) - _block_output(model, x, layer, -D))[t2] / (
+                2 * eps
+            )
+    eye = torch.eye(d, dtype=torch.float64)
+    C = context_jacobians(model, x, layer, t2).double()
+    # (the block computes its norms in fp32, so differences are good to ~1e-4; I is of size 1)
+    torch.testing.assert_close(C[t2], G[t2] - eye, rtol=0, atol=2e-3)
+    torch.testing.assert_close(C[1], G[1], rtol=0, atol=2e-3)
+    assert float(G[1].abs().max()) > 0.05, "the cross-token Jacobian is not trivially zero"
+    J = token_jacobians(model, x, layer).double()
+    torch.testing.assert_close(J[t2], G[t2] - eye, rtol=0, atol=2e-3)
+    R = reference_jacobians(model, x, layer, tokens=[t2]).double()
+    torch.testing.assert_close(R[0], G[t2] - eye, rtol=0, atol=2e-3)
 
 
 def test_chunking_token_subsets_and_negative_indices():
@@ -106,13 +155,103 @@ def test_forward_mode_products_through_token_diagonal_blocks():
     torch.testing.assert_close(jv, torch.einsum("tij,tj->ti", J, V), rtol=1e-4, atol=1e-5)
 
 
+class _Passes(torch.autograd.Function):
+    """Identity on a block's output that counts the products through it (a test probe).
+
+    ``backward`` runs once per VJP (per vmapped chunk: one VJP with ``chunk_size=1``), ``jvp``
+    once per forward-mode product.
+    """
+
+    generate_vmap_rule = True
+    counts: dict = {}
+
+    @staticmethod
+    def forward(x):
+        return x.view_as(x)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        pass
+
+    @staticmethod
+    def backward(ctx, g):
+        _Passes.counts["vjp"] += 1
+        return g
+
+    @staticmethod
+    def jvp(ctx, t):
+        _Passes.counts["jvp"] += 1
+        return t
+
+
+def _probe_block(model, layer):
+    """Count the block's forward calls and the products through it; record requires_grad at each call."""
+    counts = {"forward": 0, "vjp": 0, "jvp": 0, "requires_grad": []}
+    _Passes.counts = counts
+
+    def hook(module, args, output):
+        counts["forward"] += 1
+        counts["requires_grad"].append(sorted({p.requires_grad for p in model.parameters()}))
+        if isinstance(output, torch.Tensor):
+            return _Passes.apply(output)
+        return (_Passes.apply(output[0]), *output[1:])
+
+    return counts, transformer_blocks(model)[layer].register_forward_hook(hook)
+
+
 def test_parameters_frozen_during_and_restored_after():
+    """frozen(): every parameter is requires_grad=False while the block runs, restored afterwards."""
+    from coupling_utils.engine.spectra import matrix_free_topk
+
     model = tiny_model("llama").requires_grad_(True)
+    model.model.layers[0].mlp.up_proj.weight.requires_grad_(False)  # one that was already frozen
     attn = model.config._attn_implementation
-    token_jacobians(model, _inputs(model), 0)
-    context_jacobians(model, _inputs(model), 0, 3)
-    assert all(p.requires_grad and p.grad is None for p in model.parameters())
+    x = _inputs(model)
+    counts, handle = _probe_block(model, 0)
+    try:
+        token_jacobians(model, x, 0)
+        reference_jacobians(model, x, 0, tokens=[2])
+        context_jacobians(model, x, 0, 3)
+        matrix_free_topk(model, x, 0, 2, steps=2)
+    finally:
+        handle.remove()
+    assert counts["forward"] >= 4 and all(seen == [False] for seen in counts["requires_grad"]), counts
+    frozen_before = model.model.layers[0].mlp.up_proj.weight
+    assert all(p.requires_grad for p in model.parameters() if p is not frozen_before)
+    assert not frozen_before.requires_grad, "a parameter frozen before the sweep must stay frozen"
+    assert all(p.grad is None for p in model.parameters())
     assert model.config._attn_implementation == attn
+
+
+def test_block_passes_per_sweep():
+    """The fast path makes d VJPs through the block for all T tokens; the reference T·d.
+
+    Counted on the block itself (forward calls and the products through its output), with
+    ``chunk_size=1`` so that each product is one call; matrix-free solvers make exactly
+    ``solver_passes`` products.
+    """
+    from coupling_utils.engine.spectra import matrix_free_topk, solver_passes
+
+    model = tiny_model("llama")
+    T, layer = 7, 1
+    x = _inputs(model, T=T)
+    d = model.config.hidden_size
+    counts, handle = _probe_block(model, layer)
+    try:
+        token_jacobians(model, x, layer, chunk_size=1)
+        assert (counts["forward"], counts["vjp"], counts["jvp"]) == (1, d, 0), counts
+        counts.update(forward=0, vjp=0)
+        context_jacobians(model, x, layer, 3, chunk_size=1)
+        assert (counts["forward"], counts["vjp"]) == (1, d), counts
+        counts.update(forward=0, vjp=0)
+        reference_jacobians(model, x, layer, chunk_size=1)
+        assert (counts["forward"], counts["vjp"]) == (1, T * d), counts
+        counts.update(forward=0, vjp=0)
+        result = matrix_free_topk(model, x, layer, 4, chunk_size=1)
+    finally:
+        handle.remove()
+    assert counts["jvp"] + counts["vjp"] == result.block_passes == solver_passes(4, d=d), counts
+    assert counts["forward"] == counts["jvp"] + 1  # each JVP is a forward pass, plus the VJP's one
 
 
 def test_nan_is_reported_with_layer_and_tokens():
@@ -210,3 +349,260 @@ def test_multimodal_gemma3_uses_its_language_model_blocks():
     assert find_architecture(model) is row and len(transformer_blocks(model)) == 2
     x = torch.randint(0, 64, (1, 10))
     assert rel(token_jacobians(model, x, 1), reference_jacobians(model, x, 1)) <= 1e-5
+
+
+def test_errors_name_the_problem_and_the_fix():
+    from coupling_utils.engine.blocks import model_inputs
+
+    model = tiny_model("llama")  # 2 blocks
+    x = _inputs(model, T=6)
+    cases = [
+        (
+            lambda: token_jacobians(model, x, 2),
+            IndexError,
+            "layer 2 out of range: the model has 2 blocks (0..1)",
+        ),
+        (
+            lambda: token_jacobians(model, x, -3),
+            IndexError,
+            "layer -3 out of range: the model has 2 blocks (0..1)",
+        ),
+        (
+            lambda: token_jacobians(model, x, 0, tokens=[6]),
+            IndexError,
+            "token 6 out of range for a sequence of 6 tokens",
+        ),
+        (
+            lambda: context_jacobians(model, x, 0, -7),
+            IndexError,
+            "token -7 out of range for a sequence of 6 tokens",
+        ),
+        (
+            lambda: token_jacobians(model, x.float(), 0),
+            TypeError,
+            "token ids must be an integer tensor, got torch.float32; pass a dict for other inputs",
+        ),
+        (
+            lambda: token_jacobians(model, [1, 2, 3], 0),
+            TypeError,
+            "inputs must be a LongTensor [1, T] of token ids or a dict of model inputs, got <class 'list'>",
+        ),
+        (
+            lambda: model_inputs(model, {"input_ids": torch.zeros(2, 3, dtype=torch.long)}),
+            ValueError,
+            "inputs must have batch size 1, got input_ids of shape (2, 3)",
+        ),
+        (lambda: token_jacobians(model, x, 0, chunk_size=0), ValueError, "chunk_size must be >= 1, got 0"),
+    ]
+    for call, error, message in cases:
+        with pytest.raises(error) as info:
+            call()
+        assert str(info.value) == message
+    model.train()
+    with pytest.raises(ValueError) as info:
+        token_jacobians(model, x, 0)
+    assert str(info.value) == (
+        "the model is in training mode (dropout would make Jacobians random); call model.eval()"
+    )
+
+
+def test_negative_layers_and_tokens_count_from_the_end():
+    model = tiny_model("gpt2")
+    x = _inputs(model, T=6)
+    J = token_jacobians(model, x, 0)
+    torch.testing.assert_close(token_jacobians(model, x, -2), J)  # -n is the first block
+    torch.testing.assert_close(token_jacobians(model, x, 0, tokens=[-6, 5]), J[[0, 5]])
+    torch.testing.assert_close(context_jacobians(model, x, 0, -6)[0], J[0], rtol=1e-5, atol=1e-6)
+
+
+def test_model_inputs_forms():
+    """1-D ids become a batch of one; float inputs take the model's dtype; use_cache is turned off."""
+    from coupling_utils.engine.blocks import model_inputs
+
+    model = tiny_model("llama")
+    ids = torch.tensor([3, 1, 4, 1, 5], dtype=torch.int32)
+    kw = model_inputs(model, ids)
+    assert kw["input_ids"].shape == (1, 5) and kw["input_ids"].dtype == torch.int64
+    assert kw["use_cache"] is False
+    torch.testing.assert_close(token_jacobians(model, ids, 1), token_jacobians(model, ids[None].long(), 1))
+    two_d = torch.tensor([[3, 1, 4]])
+    assert model_inputs(model, two_d)["input_ids"] is two_d
+    assert model_inputs(model, {"input_ids": two_d, "use_cache": True})["use_cache"] is True
+    vit = tiny_model("vit").to(torch.float64)
+    pixels = _inputs(vit)["pixel_values"]  # float32 in, the model's float64 out
+    assert model_inputs(vit, {"pixel_values": pixels})["pixel_values"].dtype == torch.float64
+    assert "use_cache" not in model_inputs(vit, {"pixel_values": pixels})
+    meta = tiny_model("llama").to("meta")
+    assert model_inputs(meta, two_d)["input_ids"].device.type == "meta"
+    assert model_inputs(meta, {"x": pixels})["x"].device.type == "meta"
+
+
+def test_double_precision_models_give_double_accurate_jacobians():
+    """Cotangents follow the model's dtype: in float64 the fast path and the oracle agree to 1e-12."""
+    model = tiny_model("gpt2").double()
+    x = _inputs(model, T=5)
+    J, R = token_jacobians(model, x, 1), reference_jacobians(model, x, 1)
+    assert J.dtype == R.dtype == torch.float32  # returned in fp32 as documented
+    f, X = block_function(model, x, 1, token_diagonal=False)
+    F = torch.autograd.functional.jacobian(f, X)
+    C = context_jacobians(model, x, 1, 4)
+    torch.testing.assert_close(C.double(), F[4].permute(1, 0, 2), rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(J[2].double(), F[2, :, 2, :], rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(R[3].double(), F[3, :, 3, :], rtol=1e-6, atol=1e-7)
+
+
+def test_blocks_called_with_keyword_hidden_states():
+    """A model that passes hidden_states by keyword (no positional args) is captured the same way."""
+    from coupling_utils.engine.blocks import residual_stream
+
+    model = tiny_model("llama")
+    x = _inputs(model, T=6)
+    J, R = token_jacobians(model, x, 1), residual_stream(model, x)
+
+    def by_keyword(module, args, kwargs):
+        if args:
+            return (), {"hidden_states": args[0], **kwargs}
+        return None
+
+    handles = [
+        b.register_forward_pre_hook(by_keyword, with_kwargs=True, prepend=True) for b in model.model.layers
+    ]
+    try:
+        torch.testing.assert_close(token_jacobians(model, x, 1), J)
+        torch.testing.assert_close(residual_stream(model, x), R)
+        f, X = block_function(model, x, 1)
+        assert f._key == "hidden_states" and "hidden_states" not in f._kwargs and f._args == ()
+        torch.testing.assert_close(X, R[1])
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def test_residual_stream_stops_after_the_last_block_and_cleans_up():
+    from coupling_utils.engine.blocks import residual_stream
+
+    model = tiny_model("llama")
+    calls = []
+    handle = model.model.norm.register_forward_hook(lambda *a: calls.append("final norm"))
+    try:
+        residual_stream(model, _inputs(model))
+    finally:
+        handle.remove()
+    assert calls == [], "the forward pass went on past the last block"
+    for block in model.model.layers:
+        assert not block._forward_hooks and not block._forward_pre_hooks
+
+
+def test_progress_bars_only_when_asked(capsys):
+    model = tiny_model("gpt2")
+    x = _inputs(model, T=4)
+    for fn, args, desc in (
+        (token_jacobians, (0,), "J_tt layer 0"),
+        (reference_jacobians, (1,), "reference J_tt layer 1"),
+        (context_jacobians, (1, 2), "J_(t1,2) layer 1"),
+    ):
+        fn(model, x, *args, progress=False)
+        fn(model, x, *args)  # None: only on a terminal (pytest's capture is not one)
+        assert capsys.readouterr().err == ""
+        fn(model, x, *args, progress=True, chunk_size=8)
+        err = capsys.readouterr().err
+        assert desc in err and err.endswith("\r"), (desc, err[-80:])  # leave=False: the bar is cleared
+
+
+def test_a_block_the_forward_pass_skips_is_reported():
+    """The config says 1 block, the list holds 2: block 1 is never called."""
+    from coupling_utils.engine.blocks import residual_stream
+
+    model = tiny_model("llama")
+    model.config.num_hidden_layers = 1
+    x = _inputs(model)
+    with pytest.raises(RuntimeError) as info:
+        block_function(model, x, 1)
+    assert str(info.value) == "block 1 was not called during the forward pass"
+    with pytest.raises(RuntimeError) as info:
+        residual_stream(model, x)
+    assert str(info.value) == "not every block was called during the forward pass"
+
+
+def test_block_function_object():
+    from coupling_utils.engine.blocks import BlockFunction
+
+    model = tiny_model("llama")
+    x = _inputs(model, T=5)
+    f, X = block_function(model, x, 1)
+    assert f.layer == 1 and f.token_diagonal
+    torch.testing.assert_close(f(X[None]), f(X)[None])  # a batch [1, T, d] as well as [T, d]
+    J = torch.autograd.functional.jacobian(f, X)  # default: token-diagonal derivatives
+    assert J[3, :, 1, :].abs().max() == 0 and J[3, :, 3, :].abs().max() > 0
+    with pytest.raises(RuntimeError) as info:
+        BlockFunction(model, model.model.layers[1], (), {"attention_mask": None}, True, 7)
+    assert str(info.value) == "could not find the hidden states among block 7's arguments"
+
+
+def test_default_chunks_bound_the_cotangents_to_2_to_the_24_numbers():
+    from coupling_utils.engine.jacobians import _default_chunk
+
+    assert _default_chunk(576, 64, None) == (1 << 24) // (64 * 576) == 455
+    assert _default_chunk(4096, 4096, None) == 1
+    assert _default_chunk(4096, 8192, None) == 1  # never below one
+    assert _default_chunk(32, 10, None) == 32  # never above d
+    assert _default_chunk(32, 10, 7) == 7
+    assert all(isinstance(_default_chunk(d, T, None), int) for d, T in ((576, 64), (32, 10)))
+
+
+def test_reference_and_context_name_the_layer_of_a_nan():
+    model = tiny_model("llama")
+    ids = torch.tensor([[1, 2, 3, 7, 4, 5]])
+    with torch.no_grad():
+        model.model.embed_tokens.weight[7] = float("nan")
+    with pytest.raises(ValueError) as info:
+        reference_jacobians(model, ids, 0, tokens=[3, 5])
+    assert str(info.value) == (
+        "NaN/inf in the block Jacobian at layer 0, token(s) [3, 5]. The block's output is not finite "
+        "there: check the model weights, or use dtype='float32' if the model runs in float16/bfloat16."
+    )
+    with pytest.raises(ValueError, match=r"^NaN/inf in the context Jacobian \(output token 4\) at layer 0, "):
+        context_jacobians(model, ids, 0, 4)
+
+
+def test_context_jacobians_in_chunks():
+    model = tiny_model("gpt2")
+    x = _inputs(model, T=5)
+    C = context_jacobians(model, x, 1, 3)
+    for chunk in (1, 5, 7):
+        torch.testing.assert_close(
+            context_jacobians(model, x, 1, 3, chunk_size=chunk), C, rtol=1e-6, atol=1e-6
+        )
+
+
+class _Terminal:
+    """A stderr that says it is a terminal (tqdm then shows bars when ``disable=None``)."""
+
+    def __init__(self):
+        self.text = ""
+
+    def write(self, s):
+        self.text += s
+
+    def flush(self):
+        pass
+
+    def isatty(self):
+        return True
+
+
+def test_progress_none_means_on_a_terminal(monkeypatch):
+    model = tiny_model("gpt2")
+    x = _inputs(model, T=4)
+    for fn, args, desc in (
+        (token_jacobians, (0,), "J_tt layer 0"),
+        (reference_jacobians, (1,), "reference J_tt layer 1"),
+        (context_jacobians, (1, 2), "J_(t1,2) layer 1"),
+    ):
+        term = _Terminal()
+        monkeypatch.setattr("sys.stderr", term)
+        fn(model, x, *args)
+        assert desc in term.text, desc
+        term.text = ""
+        fn(model, x, *args, progress=False)
+        assert term.text == ""

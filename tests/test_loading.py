@@ -465,3 +465,50 @@ def test_quantized_model_gives_the_jacobian_of_its_dequantized_weights(
     # and close to the unquantized model's (quantization noise only)
     full = token_jacobians(load_model(llama_dir, device="cpu"), ids, 1)
     assert float((J - full).norm() / full.norm()) < 0.3
+
+
+@pytest.fixture(scope="module")
+def hub_cache(tmp_path_factory):
+    """A stand-in Hugging Face hub cache: one repo id, ``main`` and ``step1`` at different commits.
+
+    The layout ``huggingface_hub`` reads offline: ``models--ORG--NAME/refs/<rev>`` holds a commit
+    hash, ``snapshots/<commit>/`` the files. The two revisions hold different weights (seeds 0, 1).
+    """
+    root = tmp_path_factory.mktemp("hub")
+    repo = root / "models--test-org--tiny-llama"
+    commits = {"main": "a" * 40, "step1": "b" * 40}
+    for (rev, commit), seed in zip(commits.items(), (0, 1)):
+        (repo / "refs").mkdir(parents=True, exist_ok=True)
+        (repo / "refs" / rev).write_text(commit)
+        tiny_model("llama", seed=seed).save_pretrained(repo / "snapshots" / commit)
+    return root, commits
+
+
+def test_hub_revision_reaches_the_weights(hub_cache, monkeypatch):
+    """A hub id with ``revision`` loads that revision's weights (served offline from the cache)."""
+    import huggingface_hub.constants
+
+    root, _ = hub_cache
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(root))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    main = load_model("test-org/tiny-llama", device="cpu")
+    step1 = load_model("test-org/tiny-llama", revision="step1", device="cpu")
+    assert main.provenance["source"] == "hub" and step1.revision == "step1"
+    torch.testing.assert_close(q_weight(main.model), q_weight(tiny_model("llama", seed=0)), rtol=0, atol=0)
+    torch.testing.assert_close(q_weight(step1.model), q_weight(tiny_model("llama", seed=1)), rtol=0, atol=0)
+    with pytest.raises(ModelNotFoundError, match="revision 'step2'"):
+        load_model("test-org/tiny-llama", revision="step2", device="cpu")
+
+
+@pytest.mark.parametrize("source", ["local", "hub", "random_init"])
+def test_device_reaches_the_model(source, llama_dir, hub_cache, monkeypatch):
+    """``device`` is where the weights end up ("meta" stands in for an accelerator on a CPU machine)."""
+    import huggingface_hub.constants
+
+    root, _ = hub_cache
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(root))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    name = "test-org/tiny-llama" if source == "hub" else llama_dir
+    lm = load_model(name, device="meta", random_init=source == "random_init")
+    assert all(p.device.type == "meta" for p in lm.model.parameters())
+    assert lm.device.type == "meta" and lm.provenance["device"] == "meta"

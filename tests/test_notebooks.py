@@ -1,38 +1,99 @@
 """A papermill smoke run of every notebook (profile "smoke"), into _build/smoke/notebooks.
 
-All notebooks run in one ``run_notebooks(..., jobs=2)`` call, the way ``make book`` runs them
-(models built first, two notebooks at a time); each notebook then has its own test. The executed
-notebooks are what the book-phase tests (``pytest -m book``) build and browse.
+All notebooks run in one ``run_notebooks(..., jobs=2)`` call, the way ``make book`` runs them,
+in a temporary ``COUPLING_CACHE``: the embedded models come from the session's smoke build
+(``conftest.smoke_zoo``), shared read-only, and everything the notebooks measure is written to the
+temporary cache, never to the user's. Each notebook then has its own test: it ran, and it reported
+the values pinned in ``tests/pinned/smoke_values.yaml`` (its status rows and glued numbers, within
+the stated tolerances; ``.venv/bin/python tests/pinned.py smoke`` regenerates them on purpose).
+The executed notebooks are what the book-phase tests (``pytest -m book``) build and browse.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
+from types import SimpleNamespace
 
+import pinned
 import pytest
 
 from coupling_utils.pipeline.execution import embedded_models, notebook_paths, run_notebooks
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE_DIR = ROOT / "_build" / "smoke" / "notebooks"
+SHARED = ("zoo", "corpus")  # read-only in the notebook runs
+
+
+def _snapshot(folder: Path) -> dict[str, tuple[int, int]]:
+    """Every file under ``folder`` (symlinks followed) with its size and modification time."""
+    return {
+        str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns)
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 @pytest.fixture(scope="module")
-def smoke_runs():
+def smoke_runs(smoke_zoo, tmp_path_factory):
+    cache = tmp_path_factory.mktemp("notebook-cache")
+    for name in SHARED:
+        (cache / name).symlink_to(smoke_zoo / name, target_is_directory=True)
+    user_cache = tmp_path_factory.mktemp("xdg-cache")  # where platformdirs would put the user's cache
+    before = {name: _snapshot(smoke_zoo / name) for name in SHARED}
     lines: list[str] = []
-    results = run_notebooks([], "smoke", output_dir=SMOKE_DIR, jobs=2, echo=lines.append)
-    return {r.notebook: r for r in results}, lines
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("COUPLING_CACHE", str(cache))
+        mp.setenv("XDG_CACHE_HOME", str(user_cache))
+        results = run_notebooks([], "smoke", output_dir=SMOKE_DIR, jobs=2, echo=lines.append)
+    return SimpleNamespace(
+        results={r.notebook: r for r in results},
+        lines=lines,
+        cache=cache,
+        user_cache=user_cache,
+        shared=smoke_zoo,
+        before=before,
+    )
 
 
 @pytest.mark.parametrize("nb", notebook_paths(ROOT), ids=lambda p: p.stem)
 def test_smoke_run(nb, smoke_runs):
-    results, lines = smoke_runs
-    result = results[nb.stem]
+    result = smoke_runs.results[nb.stem]
     assert result.status == "ok", f"{nb.stem} failed: {result.error} (see {result.output})"
     assert Path(result.output).exists()
     record = json.loads((SMOKE_DIR / "runs.json").read_text())[nb.stem]
     assert record["status"] == "ok" and record["profile"] == "smoke"
+    expected = pinned.load_smoke_values()
+    want = expected["notebooks"].get(nb.stem)
+    assert want is not None, f"{nb.stem} has no pinned values; add them with `{pinned.UPDATE_SMOKE}`"
+    assert want.get("status") or want.get("glue"), f"{nb.stem}: no values pinned"
+    problems = pinned.compare(want, pinned.notebook_values(Path(result.output)), expected["tolerance"])
+    assert not problems, (
+        f"{nb.stem} reports other values than tests/pinned/smoke_values.yaml:\n  "
+        + "\n  ".join(problems)
+        + f"\nIf the change is intended, regenerate them with `{pinned.UPDATE_SMOKE}`"
+        + " and say why in the commit."
+    )
+
+
+def test_smoke_runs_write_only_their_own_cache(smoke_runs):
+    """The shared models are only read; the notebooks' tables land in the temporary cache."""
+    for name in SHARED:
+        after = _snapshot(smoke_runs.shared / name)
+        changed = sorted(set(after.items()) ^ set(smoke_runs.before[name].items()))
+        assert not changed, f"the notebooks wrote into the shared {name}/: {changed[:5]}"
+    written = sorted(p.name for p in smoke_runs.cache.iterdir() if p.name not in SHARED)
+    assert {"f01", "f03"} <= set(written), written  # measurement tables of f01 and f03
+    assert not (smoke_runs.user_cache / "coupling-book").exists(), "something wrote to the user's cache"
+
+
+def test_no_test_can_touch_the_user_cache(session_cache):
+    """Every test runs with COUPLING_CACHE set to the session's temporary folder."""
+    from coupling_utils.files import cache_dir
+
+    assert os.environ["COUPLING_CACHE"] == str(session_cache)
+    assert cache_dir("x").is_relative_to(session_cache)
 
 
 def test_embedded_models_are_found_in_parameter_values():

@@ -31,6 +31,7 @@ from coupling_utils.pipeline.params import (
     check_overrides,
     notebook_parameters,
 )
+from coupling_utils.provenance import code_fingerprint
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = notebook_paths(ROOT)
@@ -246,3 +247,4 @@ def test_run_records_each_notebook_when_it_ends(tmp_path, monkeypatch):
     runs = json.loads((out / "runs.json").read_text())
     assert runs["f00_first"]["finished"] <= runs["f01_second"]["finished"]
     assert runs["f00_first"]["parameters"] == {"k": [7]} and runs["f01_second"]["profile"] == "p"
+    assert runs["f00_first"]["code"] == code_fingerprint()["fingerprint"]

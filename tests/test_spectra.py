@@ -328,3 +328,237 @@ def test_matrix_free_matches_exact_on_a_tiny_model(arch):
     lz = matrix_free_topk(model, ids, 1, 5, block=4, steps=8)
     assert lz.block_passes == (2 * 8 - 1) * 4 and lz.solver == "lanczos"
     torch.testing.assert_close(lz.svd.S, ex.S, atol=1e-4 * ex.S.max().item(), rtol=1e-4)
+
+
+def test_documented_defaults():
+    """Defaults the docstrings promise: oversample 10, two power iterations, seed 0, chunks of 64."""
+    assert block_passes(5) == (2 * 2 + 2) * 15 == solver_passes(5, solver="subspace")
+    assert block_passes(5, d=12) == 6 * 12 == solver_passes(5, solver="subspace", d=12)
+    assert solver_passes(5, d=12) == (2 * 12 - 1) * 1  # Lanczos: block 1, steps capped at 12
+    assert solver_passes(25) == (2 * 45 - 1) * 3
+    J = _gapped(d=30, k=4, batch=())
+    for method in ("randomized", "lanczos"):
+        a, b = topk_svd(J, 4, method), topk_svd(J, 4, method, seed=0)
+        assert all(torch.equal(x, y) for x, y in zip(a, b))
+        c = topk_svd(J, 4, method, seed=1)
+        assert not torch.equal(a.U, c.U)
+    explicit = topk_svd(J, 4, "randomized", oversample=10, n_iter=2, seed=0)
+    assert all(torch.equal(x, y) for x, y in zip(topk_svd(J, 4, "randomized"), explicit))
+    other = topk_svd(J, 4, "randomized", oversample=11, n_iter=2, seed=0)
+    assert not torch.equal(other.U, explicit.U)
+    fewer = topk_svd(J, 4, "randomized", oversample=10, n_iter=3, seed=0)
+    assert not torch.equal(fewer.U, explicit.U)
+    lz = topk_svd(J, 4, "lanczos", block=1, steps=30, seed=0)
+    assert all(torch.equal(x, y) for x, y in zip(topk_svd(J, 4, "lanczos", block=1, steps=30), lz))
+    f, X, _ = _toy_token_diagonal()
+    assert TokenOperator(f, X).chunk_size == 64
+    res = operator_topk(TokenOperator(f, X), 3, solver="subspace")
+    assert res.settings == {"oversample": 10, "n_iter": 2} and res.rank == 12 and res.k == 3
+    assert res.block_passes == 6 * 12
+    again = operator_topk(TokenOperator(f, X), 3, solver="subspace", oversample=10, n_iter=2, seed=0)
+    assert torch.equal(res.svd.S, again.svd.S)
+    assert isinstance(res.k, int)
+
+
+def test_spectra_keep_the_dtype_and_device_of_their_input():
+    J = _gapped(d=20, k=3, batch=(2,))
+    for method in ("exact", "randomized", "lanczos"):
+        s = topk_svd(J, 3, method)
+        assert s.U.dtype == s.S.dtype == s.Vh.dtype == torch.float64, method
+        assert s.U.shape == (2, 20, 3) and s.Vh.shape == (2, 3, 20)
+    s32 = topk_svd(J.float(), 3, "lanczos")
+    assert s32.U.dtype == torch.float32
+    f, X, Jt = _toy_token_diagonal()
+    res = operator_topk(TokenOperator(lambda Y: f(Y.float()).double(), X.double()), 2)
+    assert res.svd.U.dtype == res.svd.S.dtype == torch.float64
+
+
+def test_randomized_on_rectangular_operators_and_keep_all():
+    """The sketch holds l = min(k + oversample, m, n) vectors (here n < k + oversample < m)."""
+    g = torch.Generator().manual_seed(4)
+    A = torch.randn(30, 8, generator=g, dtype=torch.float64)
+    s, products = randomized_svd(
+        lambda V: A @ V,
+        lambda U: A.T @ U,
+        (30, 8),
+        3,
+        oversample=10,
+        n_iter=1,
+        keep="all",
+        dtype=torch.float64,
+    )
+    assert s.S.shape == (8,) and products == (2 * 1 + 2) * 8
+    torch.testing.assert_close(s.S, torch.linalg.svdvals(A), rtol=1e-10, atol=1e-10)
+    wide = A.T.contiguous()  # 8 x 30
+    s, products = randomized_svd(
+        lambda V: wide @ V, lambda U: wide.T @ U, (8, 30), 3, oversample=10, keep="all", dtype=torch.float64
+    )
+    assert s.S.shape == (8,) and products == 6 * 8
+    with pytest.raises(ValueError) as info:
+        randomized_svd(lambda V: A @ V, lambda U: A.T @ U, (30, 8), 3, keep="some")
+    assert str(info.value) == "keep must be 'k' or 'all', got 'some'"
+    lz, _ = block_lanczos_svd(
+        lambda V: A @ V, lambda U: A.T @ U, (30, 8), 3, block=2, steps=4, keep="all", dtype=torch.float64
+    )
+    torch.testing.assert_close(lz.S, torch.linalg.svdvals(A), rtol=1e-10, atol=1e-10)
+    assert lz.U.shape == (30, 8) and lz.Vh.shape == (8, 8)
+
+
+def test_lanczos_plan_edges():
+    assert lanczos_plan(10) == (1, 45) and lanczos_plan(11) == (2, 45) and lanczos_plan(10, 10) == (1, 10)
+    assert lanczos_plan(4, 8, block=8, steps=1) == (8, 1)  # block = size is allowed
+    assert lanczos_plan(6, 12, block=2, steps=3) == (2, 3)  # block·steps = k is enough
+    with pytest.raises(ValueError) as info:
+        lanczos_plan(0)
+    assert str(info.value) == "k must be a positive integer, got 0"
+    with pytest.raises(ValueError) as info:
+        lanczos_plan(7, block=2, steps=3)
+    assert str(info.value) == (
+        "block·steps = 2·3 = 6 Lanczos vectors cannot give k=7 triplets; choose block·steps >= k"
+    )
+    assert lanczos_plan(5, 8, block=5) == (5, 1)
+    with pytest.raises(ValueError) as info:
+        lanczos_plan(6, 8, block=5)
+    assert str(info.value) == (
+        "block·steps = 5·1 = 5 Lanczos vectors (steps capped at 8 // 5 = 1 by the matrix size) "
+        "cannot give k=6 triplets; choose block·steps >= k"
+    )
+
+
+def test_argument_checks_say_what_is_wrong():
+    J = _gapped(d=12, k=2, batch=())
+    cases = [
+        (
+            lambda: topk_svd(J, 2, "qr"),
+            "method must be one of ('exact', 'randomized', 'lanczos'), got 'qr' "
+            "(for products through a model block use matrix_free_topk)",
+        ),
+        (
+            lambda: topk_svd(J, 2, "randomized", oversample=-1),
+            "oversample must be a non-negative integer, got -1",
+        ),
+        (
+            lambda: topk_svd(J, 2, "randomized", oversample=True),
+            "oversample must be a non-negative integer, got True",
+        ),
+        (
+            lambda: topk_svd(J, 2, "randomized", oversample=1.0),
+            "oversample must be a non-negative integer, got 1.0",
+        ),
+        (lambda: topk_svd(J, 2, "randomized", n_iter=-1), "n_iter must be a non-negative integer, got -1"),
+        (
+            lambda: topk_svd(J, 2, "randomized", n_iter=False),
+            "n_iter must be a non-negative integer, got False",
+        ),
+        (lambda: solver_passes(2, solver="qr"), "solver must be one of ('lanczos', 'subspace'), got 'qr'"),
+        (lambda: topk_svd(torch.ones(3), 1), "J must be a matrix (or a stack of matrices), got shape (3,)"),
+        (
+            lambda: TokenOperator(lambda x: x, torch.ones(2, 3, 4)),
+            "X must be the block input [T, d], got shape (2, 3, 4)",
+        ),
+    ]
+    for call, message in cases:
+        with pytest.raises(ValueError) as info:
+            call()
+        assert str(info.value) == message
+    assert topk_svd(J, 2, "randomized", oversample=0).S.shape == (2,)  # zero oversampling is allowed
+    f, X, _ = _toy_token_diagonal()
+    nan = TokenOperator(lambda Y: Y * torch.log(-Y.abs() - 1), X)
+    with pytest.raises(ValueError) as info:
+        operator_topk(nan, 2)
+    assert str(info.value) == (
+        "the matrix-free products returned NaN or inf; the block is not usable at this input "
+        "(check the model's dtype: use float32)"
+    )
+
+
+def test_token_operator_chunks_and_single_columns():
+    f, X, J = _toy_token_diagonal()  # T = 5, d = 12
+    V = torch.randn(5, 12, 5, dtype=torch.float64)  # float64 in: computed in X's dtype
+    for chunk in (None, 1, 2, 5, 64):
+        op = TokenOperator(f, X, chunk_size=chunk)
+        out = op.matmul(V)
+        assert out.dtype == X.dtype and out.shape == (5, 12, 5)
+        torch.testing.assert_close(out, J @ V.to(X.dtype), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(
+            op.rmatmul(V[..., :1]), J.transpose(-1, -2) @ V[..., :1].to(X.dtype), atol=1e-5, rtol=1e-5
+        )
+        assert op.passes == 6
+    assert not TokenOperator(f, X).X.requires_grad
+
+
+def test_operator_topk_counts_only_its_own_products():
+    f, X, J = _toy_token_diagonal()
+    op = TokenOperator(f, X)
+    op.matmul(torch.randn(5, 12, 3))  # three products made before
+    res = operator_topk(op, 2, block=1, steps=4)
+    assert res.block_passes == 7 and op.passes == 10
+    assert res.k == 2 and isinstance(res.k, int)
+
+
+def test_solvers_work_on_the_device_they_are_given():
+    """Random starts are drawn on the CPU (reproducible) and moved to ``device`` ("meta" here)."""
+    J = torch.randn(10, 10, device="meta")
+    for solver in (block_lanczos_svd, randomized_svd):
+        kwargs = dict(block=1, steps=4) if solver is block_lanczos_svd else {}
+        seen = []
+
+        def apply(V, seen=seen):
+            seen.append(V.device.type)
+            return J @ V
+
+        s, _ = solver(apply, lambda U: J.T @ U, (10, 10), 2, device="meta", **kwargs)
+        assert s.U.device.type == s.S.device.type == "meta" and set(seen) == {"meta"}
+
+
+def test_operator_topk_asks_the_solvers_for_the_operator_device_and_dtype(monkeypatch):
+    import coupling_utils.engine.spectra as spectra
+
+    f, X, _ = _toy_token_diagonal()
+    asked = []
+    for name in ("block_lanczos_svd", "randomized_svd"):
+        real = getattr(spectra, name)
+
+        def spy(*args, real=real, **kwargs):
+            asked.append((kwargs["device"], kwargs["dtype"]))
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(spectra, name, spy)
+    operator_topk(TokenOperator(f, X), 2, steps=3)
+    operator_topk(TokenOperator(f, X), 2, solver="subspace")
+    assert asked == [(X.device, X.dtype)] * 2
+
+
+def test_direct_solver_defaults():
+    J = _gapped(d=24, k=3, batch=())
+    apply, apply_t = (lambda V: J @ V), (lambda U: J.T @ U)
+    a, n = randomized_svd(apply, apply_t, (24, 24), 3, dtype=torch.float64)
+    b, _ = randomized_svd(apply, apply_t, (24, 24), 3, oversample=10, n_iter=2, seed=0, dtype=torch.float64)
+    assert n == 6 * 13 and all(torch.equal(x, y) for x, y in zip(a, b))
+    c, _ = block_lanczos_svd(apply, apply_t, (24, 24), 3, block=1, steps=6, dtype=torch.float64)
+    d, _ = block_lanczos_svd(apply, apply_t, (24, 24), 3, block=1, steps=6, seed=0, dtype=torch.float64)
+    e, _ = block_lanczos_svd(apply, apply_t, (24, 24), 3, block=1, steps=6, seed=1, dtype=torch.float64)
+    assert all(torch.equal(x, y) for x, y in zip(c, d)) and not torch.equal(c.U, e.U)
+    with pytest.raises(ValueError) as info:
+        lanczos_plan(9, 8)
+    assert str(info.value) == "k=9 exceeds the matrix size d=8; choose k <= 8"
+
+
+def test_operator_topk_caps_lanczos_at_the_operator_size():
+    f, X, J = _toy_token_diagonal()  # d = 12: the default 45 steps are capped at 12
+    res = operator_topk(TokenOperator(f, X), 2)
+    assert res.settings == {"block": 1, "steps": 12} and res.block_passes == 23
+    torch.testing.assert_close(res.svd.S, topk_svd(J, 2).S, atol=1e-4, rtol=1e-4)
+
+
+def test_matrix_free_topk_passes_its_settings_on():
+    model = tiny_model("llama")
+    ids = torch.randint(0, 64, (1, 3), generator=torch.Generator().manual_seed(2))  # T = 3 < k
+    res = matrix_free_topk(model, ids, 0, 5, block=2, steps=3)
+    assert res.settings == {"block": 2, "steps": 3} and res.block_passes == 10 and res.svd.S.shape == (3, 5)
+    sub = matrix_free_topk(model, ids, 0, 4, solver="subspace")
+    same = matrix_free_topk(model, ids, 0, 4, solver="subspace", oversample=10, n_iter=2, seed=0)
+    assert sub.settings == {"oversample": 10, "n_iter": 2} and torch.equal(sub.svd.S, same.svd.S)
+    other = matrix_free_topk(model, ids, 0, 4, solver="subspace", seed=1)
+    lz0, lz1 = (matrix_free_topk(model, ids, 0, 4, block=1, steps=5, seed=s) for s in (0, 1))
+    assert not torch.equal(other.svd.U, sub.svd.U) and not torch.equal(lz0.svd.U, lz1.svd.U)

@@ -143,3 +143,241 @@ def test_fig1a_coupling_beats_size_depth_and_width():
     assert r2["depth"] == pytest.approx(0.196, abs=0.003)
     assert r2["coupling"] > max(r2["log10 params"], r2["depth"], r2["width"])
     assert (cmp["slope_ci_low"] > 0).all()  # all four relations are positive
+
+
+# ----------------------------------------------------------------------------- every column, by hand
+def test_ols_every_column_by_hand(noisy_line):
+    """Each output column against its textbook formula (independent of scipy's linregress too)."""
+    df = noisy_line.assign(y=noisy_line.y + 0.5, x=noisy_line.x + 3.0)  # means away from 0
+    x, y = df.x.to_numpy(), df.y.to_numpy()
+    n = len(x)
+    X = np.column_stack([np.ones(n), x])
+    beta, *_ = np.linalg.lstsq(X, y, rcond=None)
+    resid = y - X @ beta
+    s2 = resid @ resid / (n - 2)
+    cov = s2 * np.linalg.inv(X.T @ X)
+    se_int, se_slope = np.sqrt(np.diag(cov))
+    r2 = 1 - resid @ resid / ((y - y.mean()) @ (y - y.mean()))
+    t = st.t.ppf(0.9, n - 2)  # level 0.8
+    fit = S.ols(df, "y", "x", level=0.8).iloc[0]
+    expected = {
+        "y": "y",
+        "x": "x",
+        "n": n,
+        "slope": beta[1],
+        "slope_se": se_slope,
+        "slope_ci_low": beta[1] - t * se_slope,
+        "slope_ci_high": beta[1] + t * se_slope,
+        "intercept": beta[0],
+        "intercept_se": se_int,
+        "intercept_ci_low": beta[0] - t * se_int,
+        "intercept_ci_high": beta[0] + t * se_int,
+        "r2": r2,
+        "r2_adj": 1 - (1 - r2) * (n - 1) / (n - 2),
+        "r": np.corrcoef(x, y)[0, 1],
+        "t": beta[1] / se_slope,
+        "p": 2 * st.t.sf(abs(beta[1] / se_slope), n - 2),
+        "intercept_p": 2 * st.t.sf(abs(beta[0] / se_int), n - 2),
+        "residual_se": np.sqrt(s2),
+        "level": 0.8,
+    }
+    assert list(fit.index) == list(expected)
+    for key, value in expected.items():  # (abs=0: p-values are tiny, approx's default abs would hide them)
+        assert fit[key] == (value if isinstance(value, str) else pytest.approx(value, rel=1e-9, abs=0)), key
+    assert 0 < fit["intercept_p"] < 0.05 and 0 < fit["p"] < 1e-6  # neither underflows to 0
+
+
+def test_ols_on_three_rows_a_negative_slope_and_a_flat_line():
+    three = S.ols(pd.DataFrame({"x": [0.0, 1.0, 2.0], "y": [2.0, 1.2, 0.1]}), "y", "x").iloc[0]
+    assert three["n"] == 3 and three["slope"] == pytest.approx(-0.95) and three["r"] < 0
+    assert three["r"] == pytest.approx(-np.sqrt(three["r2"]))
+    flat = S.ols(pd.DataFrame({"x": [0.0, 1.0, 2.0, 3.0], "y": [5.0] * 4}), "y", "x").iloc[0]
+    assert flat["slope"] == 0 and flat["p"] == 0.0 and np.isinf(flat["t"])  # a perfect (flat) fit
+    assert np.isnan(flat["r2"]) and np.isnan(flat["r2_adj"]) and np.isnan(flat["r"])
+    assert flat["intercept"] == 5.0 and flat["intercept_p"] == 0.0
+    small = S.ols(pd.DataFrame({"x": [0.0, 1.0, 2.0, 3.0], "y": [0.0, 0.1, 0.2, 0.31]}), "y", "x").iloc[0]
+    assert small["r2"] == pytest.approx(st.linregress([0, 1, 2, 3], [0, 0.1, 0.2, 0.31]).rvalue ** 2)
+    assert 0 < small["slope_se"] < 1 and small["p"] == pytest.approx(
+        2 * st.t.sf(abs(small["slope"] / small["slope_se"]), 2), rel=1e-9
+    )
+
+
+def test_inputs_as_text_and_functions_keep_their_rows():
+    df = pd.DataFrame({"x": ["1", "2", "oops", "4", "5"], "y": ["2.0", "4.1", "6", "8.2", "9.9"]})
+    fit = S.ols(df, "y", "x").iloc[0]
+    assert fit["n"] == 4  # the unreadable row is dropped
+    ref = st.linregress([1, 2, 4, 5], [2.0, 4.1, 8.2, 9.9])
+    assert fit["slope"] == pytest.approx(ref.slope)
+    shuffled = pd.DataFrame({"v": [3.0, 1.0, 2.0, 5.0]}, index=[10, 3, 7, 1])
+    shuffled["w"] = 2 * shuffled["v"] + 1
+    by_function = S.ols(shuffled, "w", lambda d: d["v"] * 1.0).iloc[0]
+    assert by_function["x"] == "<lambda>" and by_function["slope"] == pytest.approx(2.0)
+    named = S.ols(shuffled, "w", lambda d: d["v"])
+    assert named.loc[0, "x"] == "<lambda>"
+    rc = S.rank_correlation(shuffled, lambda d: -d["v"], "w").set_index("method")
+    assert rc.loc["spearman", "statistic"] == pytest.approx(-1.0)
+    cmp = S.compare_predictors(shuffled, "w", [lambda d: d["v"] ** 2])
+    assert cmp.loc[0, "predictor"] == "<lambda>" and cmp.loc[0, "n"] == 4
+
+
+def test_rank_correlation_columns_and_minimum():
+    df = pd.DataFrame({"a": [1.0, 2, 3, 4], "b": [1.0, 3, 2, 4]})
+    rc = S.rank_correlation(df, "a", "b")
+    assert list(rc.columns) == ["x", "y", "method", "statistic", "p", "n"]
+    assert (
+        list(rc["x"]) == ["a", "a"]
+        and list(rc["y"]) == ["b", "b"]
+        and list(rc["method"]) == ["spearman", "kendall"]
+    )
+    sp, kt = st.spearmanr(df.a, df.b), st.kendalltau(df.a, df.b)
+    assert rc["statistic"].tolist() == pytest.approx([sp.statistic, kt.statistic])
+    assert rc["p"].tolist() == pytest.approx([sp.pvalue, kt.pvalue])
+    assert S.rank_correlation(df.head(3), "a", "b")["n"].tolist() == [3, 3]
+    with pytest.raises(ValueError) as info:
+        S.rank_correlation(df.head(2), "a", "b")
+    assert str(info.value) == "rank correlation needs at least 3 complete rows, got 2."
+
+
+def test_bootstrap_is_the_percentile_bootstrap_of_its_documentation():
+    """Resample rows with numpy's default_rng(seed).integers(0, n, n), take percentiles."""
+    rng0 = np.random.default_rng(5)
+    df = pd.DataFrame({"v": rng0.normal(size=30)})
+    stat = lambda d: float(d["v"].mean())  # noqa: E731
+    out = S.bootstrap_ci(df, stat, n_resamples=50, level=0.8, seed=3)
+    rng = np.random.default_rng(3)
+    draws = [stat(df.iloc[rng.integers(0, 30, size=30)]) for _ in range(50)]
+    lo, hi = np.quantile(draws, [0.1, 0.9])
+    assert list(out.columns) == [
+        "statistic",
+        "estimate",
+        "ci_low",
+        "ci_high",
+        "level",
+        "n_resamples",
+        "n_valid",
+        "seed",
+    ]
+    row = out.iloc[0]
+    assert row["statistic"] == "statistic" and row["estimate"] == stat(df)
+    assert (row["ci_low"], row["ci_high"]) == (pytest.approx(lo, rel=1e-12), pytest.approx(hi, rel=1e-12))
+    assert (row["level"], row["n_resamples"], row["n_valid"], row["seed"]) == (0.8, 50, 50, 3)
+    default = S.bootstrap_ci(df, stat, n_resamples=10)  # seed 0 by default
+    assert default.equals(S.bootstrap_ci(df, stat, n_resamples=10, seed=0))
+    assert default.loc[0, "seed"] == 0 and default.loc[0, "level"] == 0.95
+    with pytest.raises(ValueError) as info:
+        S.bootstrap_ci(df, stat, n_resamples=9)
+    assert str(info.value) == "n_resamples must be at least 10, got 9."
+    import inspect
+
+    assert inspect.signature(S.bootstrap_ci).parameters["n_resamples"].default == 2000
+
+
+def test_bootstrap_with_every_resample_failing_or_missing_a_statistic():
+    df = pd.DataFrame({"x": [1.0, 1.0, 1.0, 2.0], "y": [0.0, 1.0, 2.0, 3.0]})
+
+    def fails_unless_full(d):
+        if len(set(d.index)) < 4:
+            raise ValueError("degenerate")
+        return 1.0
+
+    out = S.bootstrap_ci(df, fails_unless_full, n_resamples=10, seed=1)
+    assert out.loc[0, "n_valid"] < 10 and out.loc[0, "estimate"] == 1.0
+    none_valid = S.bootstrap_ci(
+        df,
+        lambda d: 1.0 if len(d.index.unique()) == 4 and d.index.is_monotonic_increasing else float("nan"),
+        n_resamples=10,
+    )
+    assert none_valid.loc[0, "n_valid"] == 0
+    assert np.isnan(none_valid.loc[0, "ci_low"]) and np.isnan(none_valid.loc[0, "ci_high"])
+
+    def partial(d):
+        return {"a": 1.0} if d.index[0] == 0 else {"a": 1.0, "b": 2.0}
+
+    both = S.bootstrap_ci(df, lambda d: {"a": 1.0, "b": 2.0}, n_resamples=10).set_index("statistic")
+    assert both.loc["b", "n_valid"] == 10
+    some = S.bootstrap_ci(df.iloc[::-1], partial, n_resamples=20, seed=2).set_index("statistic")
+    assert some.loc["a", "n_valid"] == 20 and 0 < some.loc["b", "n_valid"] < 20
+
+
+def test_compare_predictors_columns_values_and_errors(noisy_line):
+    cmp = S.compare_predictors(noisy_line, "y", {"the x": "x"}, level=0.9).iloc[0]
+    fit = S.ols(noisy_line, "y", "x", level=0.9).iloc[0]
+    rc = S.rank_correlation(noisy_line, "x", "y").set_index("method")
+    expected = {
+        "predictor": "the x",
+        "y": "y",
+        "n": 40,
+        "r2": fit["r2"],
+        "slope": fit["slope"],
+        "slope_ci_low": fit["slope_ci_low"],
+        "slope_ci_high": fit["slope_ci_high"],
+        "p": fit["p"],
+        "spearman": rc.loc["spearman", "statistic"],
+        "spearman_p": rc.loc["spearman", "p"],
+        "kendall": rc.loc["kendall", "statistic"],
+        "kendall_p": rc.loc["kendall", "p"],
+        "level": 0.9,
+    }
+    assert list(cmp.index) == list(expected)
+    for key, value in expected.items():
+        assert cmp[key] == (value if isinstance(value, str) else pytest.approx(value, rel=1e-12)), key
+    text = noisy_line.astype(str).assign(x=lambda d: d.x.where(d.index != 3, "n/a"))
+    assert S.compare_predictors(text, "y", ["x"]).loc[0, "n"] == 39
+    shuffled = noisy_line.sample(frac=1, random_state=0)
+    same = S.compare_predictors(shuffled, "y", {"f": lambda d: d["x"]})
+    assert same.loc[0, "r2"] == pytest.approx(cmp["r2"], rel=1e-12)
+    with pytest.raises(ValueError) as info:
+        S.compare_predictors(noisy_line, "y", [])
+    assert str(info.value) == "compare_predictors needs at least one predictor."
+    with pytest.raises(KeyError) as info:
+        S.compare_predictors(noisy_line, "y", ["nope"])
+    assert info.value.args[0] == "column 'nope' not in the table (columns: ['x', 'y', 'z'])"
+    with pytest.raises(KeyError) as info:
+        S.compare_predictors(noisy_line, "score", ["x"])
+    assert info.value.args[0] == "column 'score' not in the table (columns: ['x', 'y', 'z'])"
+    with pytest.raises(KeyError) as info:
+        S.ols(noisy_line, "score", "x")
+    assert info.value.args[0] == "column 'score' not in the table (columns: ['x', 'y', 'z'])"
+    with pytest.raises(ValueError) as info:
+        S.ols(pd.DataFrame({"x": [1.0, 1.0, 1.0], "y": [1.0, 2.0, 3.0]}), "y", "x")
+    assert str(info.value) == "OLS: the predictor is constant, so the slope is undefined."
+    with pytest.raises(ValueError) as info:
+        S.ols(pd.DataFrame({"x": [1.0, 2.0], "y": [1.0, 2.0]}), "y", "x")
+    assert str(info.value) == "OLS needs at least 3 complete rows, got 2."
+
+
+def test_predictors_without_a_name_and_arrays_on_any_index():
+    import functools
+
+    df = pd.DataFrame({"v": [3.0, 1.0, 2.0, 5.0, 4.0]}, index=[10, 3, 7, 1, 8])
+    df["w"] = 2 * df["v"] + np.array([0.1, -0.1, 0.0, 0.2, -0.2])
+    scaled = functools.partial(lambda d, a: a * d["v"], a=2.0)  # no __name__
+    assert S.ols(df, "w", scaled).loc[0, "x"] == "x"
+    assert S.rank_correlation(df, scaled, "w").loc[0, "x"] == "x"
+    assert S.compare_predictors(df, "w", [scaled]).loc[0, "predictor"] == "x"
+    as_array = S.compare_predictors(df, "w", {"v": lambda d: d["v"].to_numpy()}).iloc[0]
+    by_column = S.compare_predictors(df, "w", ["v"]).iloc[0]
+    assert as_array["n"] == 5 and as_array["r2"] == pytest.approx(by_column["r2"], rel=1e-12)
+    assert S.ols(df, "w", lambda d: d["v"].to_numpy()).loc[0, "slope"] == pytest.approx(by_column["slope"])
+
+
+def test_unreadable_values_become_missing_everywhere():
+    df = pd.DataFrame(
+        {"x": [1.0, 2, 3, 4, 5], "y": ["2", "4.2", "?", "8.1", "9.9"], "z": ["1", "0", "3", "x", "2"]}
+    )
+    assert S.ols(df, "y", "x").loc[0, "n"] == 4
+    cmp = S.compare_predictors(df, "y", {"x": "x", "z as text": lambda d: d["z"]})
+    assert cmp["n"].tolist() == [3, 3]
+
+
+def test_bootstrap_default_resamples():
+    df = pd.DataFrame({"v": [1.0, 2.0, 4.0]})
+    out = S.bootstrap_ci(df, lambda d: len(d))
+    assert out.loc[0, "n_resamples"] == 2000 and out.loc[0, "n_valid"] == 2000
+
+
+def test_a_predictor_function_is_paired_with_rows_by_label():
+    df = pd.DataFrame({"v": [3.0, 1.0, 2.0, 5.0, 4.0]}, index=[10, 3, 7, 1, 8])
+    df["w"] = 2 * df["v"] + np.array([0.1, -0.1, 0.0, 0.2, -0.2])
+    reordered = S.ols(df, "w", lambda d: d["v"].sort_index()).iloc[0]  # same labels, other order
+    assert reordered["slope"] == pytest.approx(S.ols(df, "w", "v").loc[0, "slope"], rel=1e-12)

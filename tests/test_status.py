@@ -99,6 +99,7 @@ def test_collect_reads_executed_notebooks_in_order_with_their_runs(tmp_path):
                     "profile": "smoke",
                     "seconds": 12.5,
                     "finished": "2025-01-01T00:00:00Z",
+                    "code": "0123456789abcdef",
                 },
                 "f03_train": {"status": "failed", "profile": "default", "seconds": 3.0},
             }
@@ -119,6 +120,7 @@ def test_collect_reads_executed_notebooks_in_order_with_their_runs(tmp_path):
         and md.index("## f02_gen") < md.index("## f04_vit")
     )
     assert "(status-f02_gen)=" in md
+    assert "code fingerprint `0123456789abcdef`" in md  # the code behind the run's numbers
     assert "profile `smoke`" in md and "profile `default`" in md  # f04 has no run record: the fallback
     assert "| coupling predicts the leaderboard | 0.8 | 0.612 | partly |  | digitised \\| replotted |" in md
     assert "`f03_train` failed" in md and "`f01_plain`" in md

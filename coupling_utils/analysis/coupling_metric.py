@@ -1,13 +1,18 @@
-"""From coupling matrices and tiles to tidy tables.
+"""The coupling metric, chapter f00: its tables, its reference cases and its properties.
 
 The chart builders in :mod:`coupling_utils.analysis.plots` take tidy long DataFrames; this module makes
-them (:func:`matrix_frame`, :func:`tile_frame`). The per-model scalar is
+them (:func:`matrix_frame`, :func:`tile_frame`). Chapter f00's experiments live here too: the
+share of a spectrum in its top K (:func:`energy_share`), a random matrix to compare a basis with
+(:func:`random_reference`), tiles of named pairs (:func:`tile_cases`), the metric under growing
+noise (:func:`noise_sweep`), its variants (:func:`metric_variants`) and its properties on toy
+matrices whose answer is known (:func:`toy_properties`). The per-model scalar is
 :func:`coupling_utils.measurement.coupling_summary`; fits are :func:`coupling_utils.analysis.stats.ols`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -15,7 +20,20 @@ import torch
 
 from coupling_utils.engine.metric import check_k, coupling, coupling_tile, svd
 
-__all__ = ["matrix_frame", "tile_frame", "coupling_tiles", "strength", "random_reference", "tile_cases"]
+__all__ = [
+    "matrix_frame",
+    "tile_frame",
+    "coupling_tiles",
+    "strength",
+    "energy_share",
+    "random_reference",
+    "tile_cases",
+    "noise_sweep",
+    "noise_equivalent",
+    "metric_variants",
+    "ToyProperties",
+    "toy_properties",
+]
 
 
 def _as_matrix(M, name: str = "M") -> np.ndarray:
@@ -145,3 +163,112 @@ def tile_cases(cases: Mapping[str, tuple], k: int) -> tuple[pd.DataFrame, pd.Ser
         )
         values[name] = coupling(A, B, k)
     return pd.concat(frames, ignore_index=True), pd.Series(values, name="m_K")
+
+
+def energy_share(S, k: int) -> float:
+    """The share of the squared Frobenius norm held by the top ``k`` singular values ``S[r]``.
+
+    ``sum(S[:k]²) / sum(S²)``: 1 when the matrix has rank ≤ k; about 4k/r for k ≪ r for a
+    square Gaussian matrix of size r (its spectrum is spread: the quarter-circle law).
+    """
+    S = torch.as_tensor(S).detach().to(device="cpu", dtype=torch.float64).flatten()
+    k = check_k(k, S.numel())
+    total = float((S**2).sum())
+    if total <= 0:
+        raise ValueError("the singular values are all zero: a zero matrix has no spectrum to share")
+    return float((S[:k] ** 2).sum()) / total
+
+
+def noise_sweep(J, levels: Iterable[float], k: int, *, seed: int = 0) -> pd.DataFrame:
+    """``m_K(J, J + ε R)`` for each noise level ε, with R = :func:`random_reference` (J, seed).
+
+    R has J's Frobenius norm (in expectation), so ε is the noise's size relative to J: ε = 0 gives
+    0 (J in its own basis), and as ε grows J + εR's top singular vectors become R's, so the value
+    tends to J's coupling with a random basis. Works on any device (R is made on J's).
+    Returns (noise, m_K, coupling) with coupling = 1 − m_K².
+    """
+    J = torch.as_tensor(J).detach()
+    levels = [float(e) for e in levels]
+    if not levels or any(not np.isfinite(e) or e < 0 for e in levels):
+        raise ValueError(f"levels must be finite noise levels >= 0 (at least one), got {levels}")
+    R = random_reference(J, seed=seed)
+    Jf = J.to(R.dtype)
+    values = [coupling(Jf, Jf + e * R, k) for e in levels]
+    return pd.DataFrame({"noise": levels, "m_K": values, "coupling": strength(values)})
+
+
+def noise_equivalent(sweep: pd.DataFrame, m: float) -> float:
+    """The smallest noise level ε at which :func:`noise_sweep`'s ``m_K`` reaches ``m``.
+
+    Interpolated linearly between the two swept levels that bracket ``m``; NaN when no swept
+    level reaches it (sweep further). Reads a coupling value as "as far from diagonal as noise
+    of relative size ε".
+    """
+    df = sweep.sort_values("noise").reset_index(drop=True)
+    above = np.flatnonzero(df["m_K"].to_numpy() >= m)
+    if not len(above):
+        return float("nan")
+    i = int(above[0])
+    if i == 0:
+        return float(df["noise"].iloc[0])
+    (e0, m0), (e1, m1) = df.loc[i - 1, ["noise", "m_K"]], df.loc[i, ["noise", "m_K"]]
+    return float(e0 + (e1 - e0) * (m - m0) / (m1 - m0)) if m1 > m0 else float(e1)
+
+
+def metric_variants(J1, J2, ks: Iterable[int]) -> pd.DataFrame:
+    """``m_K(J1, J2)`` under the authors' variants: denominator ("norm" or "trace") and
+    orientation ("ujv" or "vju"), for each K in ``ks``. Returns (K, normalize, orientation, m_K)."""
+    s2 = svd(J2)
+    return pd.DataFrame(
+        [
+            {"K": int(kk), "normalize": norm, "orientation": ori,
+             "m_K": coupling(J1, s2, int(kk), normalize=norm, orientation=ori)}
+            for kk in sorted({int(kk) for kk in ks})
+            for norm in ("norm", "trace")
+            for ori in ("ujv", "vju")
+        ]
+    )  # fmt: skip
+
+
+@dataclass
+class ToyProperties:
+    """The metric's properties checked on random toy matrices (see :func:`toy_properties`).
+
+    ``table``: (case, value, expected) rows; ``random_pairs``: m_K of each unrelated pair.
+    """
+
+    table: pd.DataFrame
+    random_pairs: pd.DataFrame
+
+
+def toy_properties(d: int, k: int, n_random: int, *, seed: int = 0) -> ToyProperties:
+    """Check the definition where the answer is known, on Gaussian ``d × d`` matrices (float64, CPU).
+
+    m(J, J) = 0; m is unchanged when the signs of singular pairs flip; unrelated random pairs give
+    about 1 and never more than √2; a cyclic shift of ``diag(s)`` against ``diag(s)`` with K = d
+    reaches √2, the bound (each of J1's singular directions lands on a different one of J2's).
+    """
+    k = check_k(k, d)
+    if n_random < 1:
+        raise ValueError(f"n_random must be at least 1, got {n_random}")
+    gen = torch.Generator().manual_seed(int(seed))
+
+    def gaussian():
+        return torch.randn(d, d, generator=gen, dtype=torch.float64)
+
+    A = gaussian()
+    sA = svd(A)
+    flip = torch.where(torch.rand(d, generator=gen, dtype=torch.float64) < 0.5, -1.0, 1.0)
+    flipped = sA._replace(U=sA.U * flip, Vh=sA.Vh * flip[:, None])  # the same matrix, other signs
+    pairs = pd.DataFrame({"m_K": [coupling(gaussian(), gaussian(), k) for _ in range(n_random)]})
+    shift = torch.roll(torch.eye(d, dtype=torch.float64), 1, dims=0) @ torch.diag(sA.S)
+    sign_change = coupling(A, flipped, k) - coupling(A, A, k)
+    bound = coupling(shift, torch.diag(sA.S), d)
+    rows = [
+        ("m(J, J)", coupling(A, A, k), "0"),
+        ("m(J, J with flipped singular-pair signs) − m(J, J)", sign_change, "0"),
+        (f"mean m over {n_random} unrelated random pairs", float(pairs.m_K.mean()), "≈ 1"),
+        (f"max m over {n_random} unrelated random pairs", float(pairs.m_K.max()), "≤ √2 ≈ 1.414"),
+        ("m(cyclic shift of diag(s), diag(s)), K = d", bound, "√2 (the bound)"),
+    ]
+    return ToyProperties(pd.DataFrame(rows, columns=["case", "value", "expected"]), pairs)

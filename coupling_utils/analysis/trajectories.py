@@ -12,7 +12,9 @@ steps grow exponentially with depth. This module measures that:
 - :func:`linearization_cosine`: propagate ``x^0`` through ``∏_l (I + J^l_tt)`` and compare
   the result with the true ``x^L`` (cosine), also layer by layer; from stored Jacobians, or
   straight from a model with forward-mode products (:func:`model_linearization_cosine`);
-- :func:`trajectory_pca`: a 2-D or 3-D principal-component view of the trajectories.
+- :func:`trajectory_pca`: a 2-D or 3-D principal-component view of the trajectories;
+- :func:`model_means`, :func:`linearity_contrast`, :func:`growth_contrast`: a trained model
+  against its random twin, condensed into the numbers chapter f05's verdict rules judge.
 
 Conventions: ``layer`` in every table is the residual-stream index ``l`` (0..L); the step
 ``x^l − x^{l-1}`` and the Jacobian ``J^l`` belong to block ``l`` (``model.layers[l-1]``).
@@ -43,6 +45,10 @@ __all__ = [
     "trajectory_tables",
     "TrajectoryTables",
     "EXPODISTANCE_METHODS",
+    "layer_window",
+    "model_means",
+    "linearity_contrast",
+    "growth_contrast",
 ]
 
 EXPODISTANCE_METHODS = ("ratio_cv", "log_linear_r2")
@@ -593,3 +599,69 @@ def trajectory_tables(
         return df[list(lead) + [c for c in df.columns if c not in lead]]
 
     return TrajectoryTables(streams, tidy(steps), tidy(metrics), tidy(lins))
+
+
+# --------------------------------------------------------------------------- a model against its twin
+def layer_window(first: int, last: int, n_layers: int) -> tuple[int, int]:
+    """The residual-state window ``(first, last)`` of a model with ``n_layers`` blocks.
+
+    ``last`` may count from the end (-1: x^L, the output of the last block). A ValueError names
+    both parameters when the window is empty or outside 0..L.
+    """
+    stop = last + n_layers + 1 if last < 0 else last
+    if not 0 <= first < stop <= n_layers:
+        raise ValueError(
+            f"first_layer={first} and last_layer={last} must give a window 0 <= first < last <= "
+            f"{n_layers} of residual states (the model has {n_layers} blocks; -1 is the last state)"
+        )
+    return first, stop
+
+
+def model_means(metrics: pd.DataFrame, column: str) -> pd.Series:
+    """Mean of ``column`` over each model's tokens and prompts (a Series indexed by model)."""
+    if column not in metrics.columns or "model" not in metrics.columns:
+        raise ValueError(f"metrics lacks 'model' or {column!r}; it has {list(metrics.columns)}")
+    return metrics.groupby("model", sort=False)[column].mean()
+
+
+def _paired(metrics: pd.DataFrame, column: str, trained: str, twin: str) -> pd.DataFrame:
+    keys = ["prompt", "token"]
+    a = metrics[metrics["model"] == trained].set_index(keys)[column]
+    b = metrics[metrics["model"] == twin].set_index(keys)[column]
+    return pd.concat({"trained": a, "twin": b}, axis=1).dropna()
+
+
+def linearity_contrast(metrics: pd.DataFrame, trained: str = "trained", twin: str = "random init") -> dict:
+    """Line-shape scores of a trained model against its twin, token by token.
+
+    ``lss_trained``, ``lss_twin``: mean LSS (1 = straight); ``lss_ratio`` = their ratio (< 1: the
+    trained model's paths are straighter); ``share_lower``: the share of (prompt, token)
+    trajectories whose LSS is lower in the trained model than in the twin (the same token of the
+    same prompt). NaN where the twin was not measured.
+    """
+    pairs = _paired(metrics, "lss", trained, twin)
+    means = model_means(metrics, "lss")
+    a, b = float(means.get(trained, np.nan)), float(means.get(twin, np.nan))
+    return {
+        "lss_trained": a,
+        "lss_twin": b,
+        "lss_ratio": a / b if b > 0 else np.nan,
+        "share_lower": float((pairs["trained"] < pairs["twin"]).mean()) if len(pairs) else np.nan,
+    }
+
+
+def growth_contrast(metrics: pd.DataFrame, trained: str = "trained", twin: str = "random init") -> dict:
+    """Exponential spacing of a trained model's steps against its twin's (both reconstructions).
+
+    ``growth``: the trained model's mean fitted growth per block (``growth_log_linear_r2``);
+    ``<how>_trained``, ``<how>_twin`` and ``<how>_ratio`` (trained / twin; < 1: closer to an
+    exact exponential) for each expodistance in :data:`EXPODISTANCE_METHODS`. NaN where a
+    number is missing (a window of fewer than 3 steps, or no twin).
+    """
+    out = {"growth": float(model_means(metrics, "growth_log_linear_r2").get(trained, np.nan))}
+    for how in EXPODISTANCE_METHODS:
+        means = model_means(metrics, f"expodistance_{how}")
+        a, b = float(means.get(trained, np.nan)), float(means.get(twin, np.nan))
+        out[f"{how}_trained"], out[f"{how}_twin"] = a, b
+        out[f"{how}_ratio"] = a / b if b > 0 else np.nan
+    return out

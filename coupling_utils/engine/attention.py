@@ -83,9 +83,11 @@ def _scores(q, k, scaling: float, softcap: float | None):
 
 
 def plain_attention(query, key, value, bias=None, *, scaling: float, softcap: float | None = None):
-    """Ordinary eager attention. Shapes: q [B,H,T,e], k/v [B,H,S,e], bias broadcastable to [B,H,T,S].
+    """Ordinary eager attention.
 
-    Returns (output [B,H,T,e] in value's dtype, weights [B,H,T,S]).
+    ``query: Tensor  # [B, H, T, e]``, ``key``, ``value: Tensor  # [B, H, S, e]``, ``bias``
+    broadcastable to ``[B, H, T, S]``. Returns ``(output: Tensor  # [B, H, T, e]`` in value's
+    dtype, ``weights: Tensor  # [B, H, T, S])``.
     """
     z = _scores(query, key, scaling, softcap)
     if bias is not None:
@@ -132,7 +134,7 @@ def token_diagonal_attention(
 
 
 def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
-    """[B, Hkv, S, e] -> [B, Hkv·n_rep, S, e] (grouped-query attention)."""
+    """``x: Tensor  # [B, Hkv, S, e]`` -> ``Tensor  # [B, Hkv·n_rep, S, e]`` (grouped-query attention)."""
     if n_rep == 1:
         return x
     B, H, S, e = x.shape

@@ -172,11 +172,12 @@ def _dequantized(block, names: list[str]):
 class BlockFunction:
     """``f(X) = block(X) − X`` for one block, with everything else fixed as captured.
 
-    ``X`` is ``Tensor[T, d]`` (or ``[B, T, d]``); with ``token_diagonal`` the block runs with
-    token-diagonal attention, so its Jacobian is block-diagonal over tokens with the true
-    ``J_tt`` on the diagonal; otherwise it is the ordinary block. The block runs in the model's
-    dtype (the Jacobian functions cast their results to fp32); bitsandbytes 4-bit/8-bit layers
-    run dequantized (:class:`_DequantizedLinear` says what is exact).
+    ``X: Tensor  # [T, d]`` (or ``[B, T, d]``) -> ``Tensor  # [T, d]`` (or ``[B, T, d]``); with
+    ``token_diagonal`` the block runs with token-diagonal attention, so its Jacobian is
+    block-diagonal over tokens with the true ``J_tt`` on the diagonal; otherwise it is the ordinary
+    block. The block runs in the model's dtype (the Jacobian functions cast their results to fp32);
+    bitsandbytes 4-bit/8-bit layers run dequantized (:class:`_DequantizedLinear` says what is
+    exact).
     """
 
     def __init__(self, model, block, args, kwargs, token_diagonal: bool, layer: int):
@@ -210,12 +211,13 @@ class BlockFunction:
 def block_function(
     model, inputs: Inputs, layer: int, *, token_diagonal: bool = True
 ) -> tuple[Callable, torch.Tensor]:
-    """``(f, X)``: block ``layer`` as a function ``f: Tensor[T,d] -> Tensor[T,d]`` and its input ``X``.
+    """``(f, X)``: block ``layer`` as a function and its input.
 
-    ``f(X) = block(X) − X`` is the block's residual contribution, differentiable in ``X``;
-    ``X`` is the hidden state entering the block (captured with a hook, detached).
-    With ``token_diagonal=True`` a VJP of ``f`` with a cotangent ``C[T, d]`` returns the rows
-    ``c_tᵀ J_tt`` for all tokens at once (and JVPs likewise).
+    ``f(X: Tensor  # [T, d]) -> Tensor  # [T, d]`` is ``block(X) − X``, the block's residual
+    contribution, differentiable in ``X``; ``X: Tensor  # [T, d]`` is the hidden state entering
+    the block (captured with a hook, detached). With ``token_diagonal=True`` a VJP of ``f`` with
+    a cotangent ``C: Tensor  # [T, d]`` returns the rows ``c_tᵀ J_tt`` for all tokens at once
+    (and JVPs likewise).
     """
     model = unwrap_model(model)
     find_architecture(model)
@@ -232,7 +234,7 @@ def block_function(
 
 
 def residual_stream(model, inputs: Inputs) -> torch.Tensor:
-    """``Tensor[L+1, T, d]``: the hidden states x⁰..x^L at the block boundaries.
+    """The hidden states x⁰..x^L at the block boundaries: ``traj: Tensor  # [L+1, T, d]``.
 
     ``x⁰`` is the input of the first block and ``x^l`` the output of block ``l`` (hooks), so
     the last one is *before* any final norm (unlike Hugging Face ``hidden_states[-1]``).

@@ -53,11 +53,10 @@ def frozen(model):
             p.requires_grad_(True)
 
 
-def check_finite(
-    J_tdd: torch.Tensor, layer: int, tokens: Sequence[int], what: str = "block Jacobian"
-) -> None:
-    """Raise a ValueError naming the layer and tokens if ``J_tdd`` holds NaN or inf."""
-    bad = ~torch.isfinite(J_tdd).flatten(1).all(dim=1)
+def check_finite(J: torch.Tensor, layer: int, tokens: Sequence[int], what: str = "block Jacobian") -> None:
+    """Raise a ValueError naming the layer and tokens if ``J: Tensor  # [T, d_out, d_in]`` holds
+    NaN or inf (``tokens`` names the T positions)."""
+    bad = ~torch.isfinite(J).flatten(1).all(dim=1)
     if bool(bad.any()):
         where = [int(tokens[i]) for i in torch.nonzero(bad).flatten().tolist()]
         raise ValueError(
@@ -109,10 +108,12 @@ def token_jacobians(
     chunk_size: int | None = None,
     progress: bool | None = None,
 ) -> torch.Tensor:
-    """``Tensor[T, d, d]``: ``J^l_tt − I`` for every token (or the listed ``tokens``), one sweep.
+    """``J^l_tt − I`` for every token (or the listed ``tokens``), in one sweep.
 
-    d VJPs through the block with token-diagonal attention; cotangent ``i`` is the unit vector
-    e_i on every token's row, and its VJP is row i of every ``J_tt`` at once.
+    Returns ``J: Tensor  # [T, d_out, d_in]`` (fp32; T = the tokens kept). d VJPs through the
+    block with token-diagonal attention; cotangent ``i`` is the unit vector e_i on every token's
+    row, and its VJP is row i of every ``J_tt`` at once. ``inputs``: token ids ``[1, T]`` or a
+    dict of model inputs.
     """
     with frozen(model):
         f, X = block_function(model, inputs, layer, token_diagonal=True)
@@ -151,10 +152,11 @@ def reference_jacobians(
     chunk_size: int | None = None,
     progress: bool | None = None,
 ) -> torch.Tensor:
-    """``Tensor[T, d, d]``: ``J^l_tt − I`` by the authors' method (the oracle).
+    """``J^l_tt − I`` by the authors' method (the oracle).
 
-    For each token t, d VJPs through the ordinary block with cotangents e_i on row t only;
-    the input-row t of each result is row i of ``J_tt``. T·d backward passes in all.
+    Returns ``J: Tensor  # [T, d_out, d_in]`` (fp32), as :func:`token_jacobians`. For each
+    token t, d VJPs through the ordinary block with cotangents e_i on row t only; the input-row
+    t of each result is row i of ``J_tt``. T·d backward passes in all.
     """
     with frozen(model):
         f, X = block_function(model, inputs, layer, token_diagonal=False)
@@ -191,10 +193,11 @@ def context_jacobians(
     chunk_size: int | None = None,
     progress: bool | None = None,
 ) -> torch.Tensor:
-    """``Tensor[T, d, d]``: ``J^l_{t1, t2}`` for every input token t1 and the output token t2.
+    """``J^l_{t1, t2}`` for every input token t1 and the one output token t2.
 
-    One sweep of d VJPs of output row t2 through the ordinary block: cotangent e_i on row t2
-    returns row i of ``J_{t1 t2}`` for all t1 at once. The identity is subtracted only at
+    Returns ``J: Tensor  # [T, d_out, d_in]`` (fp32), indexed by the input token t1. One sweep
+    of d VJPs of output row t2 through the ordinary block: cotangent e_i on row t2 returns row i
+    of ``J_{t1 t2}`` for all t1 at once. The identity is subtracted only at
     t1 = t2 (it comes from the skip connection); in a causal model ``J_{t1 t2} = 0`` for t1 > t2.
     """
     with frozen(model):

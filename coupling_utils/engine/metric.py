@@ -61,7 +61,8 @@ def _as_tensor(J: MatrixLike, name: str) -> torch.Tensor:
 
 
 def svd(J: MatrixLike) -> SVD:
-    """Full (thin) SVD in fp32 or better; batched over leading dimensions."""
+    """Full (thin) SVD in fp32 or better of ``J: Tensor  # [..., d_out, d_in]``, batched over
+    leading dimensions: ``U  # [..., d_out, r]``, ``S  # [..., r]``, ``Vh  # [..., r, d_in]``."""
     J = _as_tensor(J, "J")
     U, S, Vh = torch.linalg.svd(J, full_matrices=False)
     return SVD(U, S, Vh)
@@ -97,8 +98,8 @@ def _split(x, name: str) -> tuple[torch.Tensor | None, SVD]:
 
 
 def bases(s: SVD, k: int, orientation: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """The (left, right) K-column bases [..., d, k] of ``s`` that diagonalise J1 in the chosen
-    orientation: (U_K, V_K) for "ujv", (V_K, U_K) for "vju"."""
+    """The (left, right) K-column bases (each ``Tensor  # [..., d, K]``) of ``s`` that diagonalise
+    J1 in the chosen orientation: (U_K, V_K) for "ujv", (V_K, U_K) for "vju"."""
     U = s.U[..., :, :k]
     V = s.Vh[..., :k, :].transpose(-1, -2)
     return (U, V) if orientation == "ujv" else (V, U)
@@ -111,7 +112,11 @@ def _tile(J1: torch.Tensor, s2: SVD, k: int, orientation: str) -> torch.Tensor:
 
 
 def coupling_tile(J1, J2, k: int, *, orientation: str = "ujv") -> torch.Tensor:
-    """``|U_{2,K}ᵀ J1 V_{2,K}|``: the K×K tile the paper draws (diagonal when coupled)."""
+    """``|U_{2,K}ᵀ J1 V_{2,K}|``: the K×K tile the paper draws (diagonal when coupled).
+
+    ``J1: Tensor  # [..., d_out, d_in]`` (or its SVD), ``J2`` the same shape or its SVD;
+    returns ``tile: Tensor  # [..., K, K]``.
+    """
     check_options(2, "norm", orientation)
     if isinstance(J1, SVD):
         J1 = (J1.U * J1.S.unsqueeze(-2)) @ J1.Vh
@@ -124,7 +129,8 @@ def coupling_tile(J1, J2, k: int, *, orientation: str = "ujv") -> torch.Tensor:
 def coupling(J1, J2, k: int, *, p: float = 2, normalize: str = "norm", orientation: str = "ujv") -> float:
     """The paper's coupling metric ``m_K(J1, J2)`` (lower = more coupled; 0 on itself).
 
-    ``J1`` and ``J2`` are square-or-rectangular matrices of the same shape, or precomputed
+    ``J1``, ``J2: Tensor  # [d_out, d_in]`` (square or rectangular, the same shape; a stack
+    ``[..., d_out, d_in]`` gives a tensor of values), or precomputed
     ``SVD`` tuples (from :func:`svd`) to avoid recomputing decompositions in loops. ``J1`` is
     needed as a matrix (or its full SVD); only J2's top-K singular vectors are used.
     """
@@ -146,7 +152,8 @@ def coupling(J1, J2, k: int, *, p: float = 2, normalize: str = "norm", orientati
 
 
 def tile_metric(tile: torch.Tensor, s1k: torch.Tensor, p: float, normalize: str) -> torch.Tensor:
-    """``m_K`` from tiles ``|U_2ᵀ J1 V_2|`` [..., k, k] and J1's top singular values s1k [..., k]."""
+    """``m_K  # [...]`` from ``tile: Tensor  # [..., K, K]`` (``|U_2ᵀ J1 V_2|``) and J1's top
+    singular values ``s1k: Tensor  # [..., K]``."""
     s1k = s1k.to(tile.dtype)
     diff = tile - torch.diag_embed(s1k)
     num = torch.linalg.matrix_norm(diff, ord="fro")
@@ -165,7 +172,7 @@ def coupling_matrix(
     normalize: str = "norm",
     orientation: str = "ujv",
 ) -> torch.Tensor:
-    """``M[i, j] = m_K(J_i, J_j)`` for a stack of N Jacobians ``Js`` [N, d, d] -> [N, N].
+    """``M[i, j] = m_K(J_i, J_j)``: ``Js: Tensor  # [N, d_out, d_in]`` -> ``M: Tensor  # [N, N]``.
 
     Not symmetric. Pass ``svds`` (a batched :func:`svd` of ``Js``) to reuse decompositions.
     """

@@ -252,7 +252,8 @@ def randomized_svd(
 ) -> tuple[SVD, int]:
     """Top-k SVD of a (batched) linear operator given only its products; returns (SVD, products).
 
-    ``apply(V[..., n, l]) -> J V [..., m, l]`` and ``apply_t(U[..., m, l]) -> Jᵀ U [..., n, l]``;
+    ``apply(V: Tensor  # [..., n, l]) -> Tensor  # [..., m, l]`` (``J V``) and
+    ``apply_t(U: Tensor  # [..., m, l]) -> Tensor  # [..., n, l]`` (``Jᵀ U``);
     ``shape = (*batch, m, n)``. Halko et al. (2011): a Gaussian sketch, ``n_iter`` power
     iterations re-orthonormalised by QR after every product (their Alg. 4.4), then the SVD of
     the small ``Qᵀ J`` (Alg. 5.1). ``keep="all"`` returns all ``l = k + oversample`` computed
@@ -290,7 +291,9 @@ def topk_svd(
     steps: int | None = None,
     seed: int = 0,
 ) -> SVD:
-    """Top-k singular triplets of J [..., m, n] (batched over leading dims), in fp32 or better.
+    """Top-k singular triplets of ``J: Tensor  # [..., m, n]`` (batched over leading dims), in fp32
+    or better: an :class:`~coupling_utils.engine.metric.SVD` with ``U  # [..., m, K]``,
+    ``S  # [..., K]``, ``Vh  # [..., K, n]``.
 
     ``method="exact"``: ``torch.linalg.svd`` truncated to k. ``method="randomized"``: Halko et
     al.'s randomized SVD with ``k + oversample`` probe vectors and ``n_iter`` power iterations
@@ -340,8 +343,9 @@ def topk_svd(
 class TokenOperator:
     """The token Jacobians ``J_tt`` of a token-diagonal ``f: [T, d] -> [T, d]`` at X, as products.
 
-    ``matmul(V[T, d, l])`` returns ``J_tt V_t`` for every token (forward-mode JVPs, one per
-    column) and ``rmatmul(U[T, d, l])`` returns ``J_ttᵀ U_t`` (reverse-mode VJPs from a single
+    ``matmul(V: Tensor  # [T, d, l])`` returns ``J_tt V_t  # [T, d, l]`` for every token
+    (forward-mode JVPs, one per column) and ``rmatmul(U: Tensor  # [T, d, l])`` returns
+    ``J_ttᵀ U_t  # [T, d, l]`` (reverse-mode VJPs from a single
     forward graph). ``f`` must be token-diagonal in its derivatives (``block_function(...,
     token_diagonal=True)``); otherwise the products mix tokens and are not ``J_tt``.
     ``passes`` counts the products (each one is one pass through the block for all T tokens).
@@ -386,7 +390,7 @@ class TokenOperator:
         return torch.cat(out, 0).movedim(0, -1)
 
     def matmul(self, V: torch.Tensor) -> torch.Tensor:
-        """``J_tt V_t`` for all tokens: V [T, d, l] -> [T, d, l] (forward-mode products)."""
+        """``J_tt V_t`` for all tokens: ``V: Tensor  # [T, d, l]`` -> ``Tensor  # [T, d, l]`` (JVPs)."""
         X = self.X
 
         def jvp(v):
@@ -396,7 +400,7 @@ class TokenOperator:
             return self._columns(jvp, V)
 
     def rmatmul(self, U: torch.Tensor) -> torch.Tensor:
-        """``J_ttᵀ U_t`` for all tokens: U [T, d, l] -> [T, d, l] (reverse-mode products)."""
+        """``J_ttᵀ U_t`` for all tokens: ``U: Tensor  # [T, d, l]`` -> ``Tensor  # [T, d, l]`` (VJPs)."""
         with torch.enable_grad():
             if self._vjp_fn is None:
                 _, self._vjp_fn = torch.func.vjp(self.f, self.X)
@@ -408,11 +412,11 @@ class TokenOperator:
 class MatrixFreeSVD:
     """Top singular triplets of all T token Jacobians of one block, without forming them.
 
-    ``svd``: batched over tokens (U [T, d, r], S [T, r], Vh [T, r, d]); ``block_passes``: the
-    products used (compare with d for the exact token-diagonal sweep, T·d for the reference);
-    ``rank``: the number of triplets computed (block·steps for Lanczos, k + oversample for
-    subspace iteration); ``solver`` and ``settings`` say how (the resolved block and steps, or
-    oversample and n_iter).
+    ``svd``: batched over tokens (``U  # [T, d, r]``, ``S  # [T, r]``, ``Vh  # [T, r, d]``);
+    ``block_passes``: the products used (compare with d for the exact token-diagonal sweep, T·d for
+    the reference); ``rank``: the number of triplets computed (block·steps for Lanczos, k +
+    oversample for subspace iteration); ``solver`` and ``settings`` say how (the resolved block and
+    steps, or oversample and n_iter).
     """
 
     svd: SVD

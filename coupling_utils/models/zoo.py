@@ -54,6 +54,7 @@ __all__ = [
     "list_entries",
     "family_table",
     "revisions",
+    "weights_checksums",
     "prepare_many",
     "estimated_seconds",
     "GEMMA_TERMS_URL",
@@ -829,6 +830,40 @@ def revisions(name: str) -> list[str]:
     from coupling_utils.models.training import list_revisions
 
     return list_revisions(prepare(name, progress=False))
+
+
+def tensors_sha256(path: str | Path) -> str:
+    """SHA-256 of the tensors in one safetensors file: names, dtypes, shapes and bytes, in name order.
+
+    Independent of the file's metadata and layout, so it changes only when a weight does.
+    """
+    import torch
+    from safetensors import safe_open
+
+    h = hashlib.sha256()
+    with safe_open(str(path), "pt") as st:
+        for key in sorted(st.keys()):  # noqa: SIM118 (safe_open is not iterable)
+            t = st.get_tensor(key).contiguous()
+            h.update(f"{key}|{t.dtype}|{tuple(t.shape)}|".encode())
+            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def weights_checksums(name: str) -> dict[str, str]:
+    """``{relative path: tensors_sha256}`` of every weight file of a prepared entry (checkpoints too).
+
+    What the pinned checksums of the smoke builds (``tests/pinned/zoo_checksums.json``) compare.
+    """
+    entry, member = _split(name)
+    root = cache_dir("zoo") / entry.name / entry.key()
+    if not is_ready(name):
+        raise ZooError(f"embedded:{name} is not prepared; run `coupling-book zoo prepare {name}` first")
+    root = root / member if member else root
+    return {
+        f.relative_to(root).as_posix(): tensors_sha256(f)
+        for f in sorted(root.rglob("*.safetensors"))
+        if not any(part.startswith(".") for part in f.relative_to(root).parts)
+    }
 
 
 def manifest(name: str) -> dict | None:

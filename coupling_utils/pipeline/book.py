@@ -51,6 +51,8 @@ __all__ = [
 
 PROSE_DIR = "book"
 STATUS_PAGE = "status"  # its tables are generated from the notebooks' outputs
+INTRO_PAGE = "intro"  # gets the reproduction summary (bottom line and chart) at its marker
+TEACHING_PAGE = "teaching"  # gets the list of the chapters' exercises at its marker
 ARCHITECTURES_PAGE = "architectures"  # its table is generated from the adapter table
 NOTEBOOK_DIR = "notebooks"
 BIBLIOGRAPHY_PAGE = "bibliography"  # gets "Cite this companion" from CITATION.cff
@@ -223,7 +225,10 @@ def stage_book(
     Pages not written yet are left out. A written notebook without an executed copy is an
     error naming the command that produces it, unless ``allow_unexecuted`` (then it is left
     out too). The reproduction-status page gets its tables from the executed notebooks'
-    status outputs (:func:`status_section`). The tree is rebuilt from scratch each time.
+    status outputs (:func:`status_section`), and the intro page its bottom line and summary
+    chart from the same rows (:func:`coupling_utils.pipeline.summary.stage_summary`); the
+    teaching page lists the chapters' exercises (:func:`coupling_utils.pipeline.teaching.
+    stage_exercises`). The tree is rebuilt from scratch each time.
     """
     root = Path(root).resolve()
     plan = plan_book(root, executed)
@@ -270,6 +275,17 @@ def stage_book(
         included = {Path(e.docname).name for e in plan.included if e.kind == "notebook"}
         with status_page.open("a", encoding="utf-8") as page:
             page.write("\n" + status_section(_under(root, executed), included))
+    intro_page = src / PROSE_DIR / f"{INTRO_PAGE}.md"
+    if intro_page.is_file():
+        from coupling_utils.pipeline.summary import stage_summary
+
+        included = {Path(e.docname).name for e in plan.included if e.kind == "notebook"}
+        stage_summary(intro_page, _status_rows(_under(root, executed), included))
+    teaching_page = src / PROSE_DIR / f"{TEACHING_PAGE}.md"
+    if teaching_page.is_file():
+        from coupling_utils.pipeline.teaching import stage_exercises
+
+        stage_exercises(teaching_page, [e.source for e in plan.included if e.kind == "notebook"])
     architectures_page = src / PROSE_DIR / f"{ARCHITECTURES_PAGE}.md"
     if architectures_page.is_file():
         with architectures_page.open("a", encoding="utf-8") as page:
@@ -473,24 +489,31 @@ def architectures_section() -> str:
     return header + rows
 
 
+def _status_rows(executed: Path, notebooks: set[str] | None = None):
+    """The executed notebooks' status rows (:func:`~coupling_utils.pipeline.status.collect`),
+    only those of ``notebooks`` (file stems) when given; an empty table without executed ones."""
+    import pandas as pd
+
+    from coupling_utils.pipeline.status import COLUMNS, collect
+
+    if not executed.is_dir():
+        return pd.DataFrame(columns=["notebook", *COLUMNS, "profile", "seconds", "finished"])
+    df = collect(executed)
+    if notebooks is not None:
+        attrs = dict(df.attrs)
+        df = df[df["notebook"].isin(notebooks)].reset_index(drop=True)
+        df.attrs = attrs
+    return df
+
+
 def status_section(executed: Path, notebooks: set[str] | None = None) -> str:
     """The reproduction-status tables, generated from the executed notebooks' status outputs.
 
     Only ``notebooks`` (file stems) are reported when given: the ones the book includes.
     """
-    import pandas as pd
+    from coupling_utils.pipeline.status import status_markdown
 
-    from coupling_utils.pipeline.status import COLUMNS, collect, status_markdown
-
-    if executed.is_dir():
-        df = collect(executed)
-        if notebooks is not None:
-            attrs = dict(df.attrs)
-            df = df[df["notebook"].isin(notebooks)].reset_index(drop=True)
-            df.attrs = attrs
-    else:
-        df = pd.DataFrame(columns=["notebook", *COLUMNS, "profile", "seconds", "finished"])
-    return status_markdown(df)
+    return status_markdown(_status_rows(executed, notebooks))
 
 
 class _AssetScanner(html.parser.HTMLParser):

@@ -14,8 +14,10 @@
   ``myst_nb.mime_renderers`` entry point in ``pyproject.toml``), because only myst-nb's parser
   can turn a caption into nodes early enough for Sphinx to number the figure;
 - adds the directives ``chapter-links`` (the chapter's downloads and links, written into each
-  staged notebook by :func:`coupling_utils.pipeline.book.stage_book`) and ``tidy-table`` (a CSV
-  as a narrow table: the columns that hold one value on every row are said once, above it);
+  staged notebook by :func:`coupling_utils.pipeline.book.stage_book`), ``tidy-table`` (a CSV
+  as a narrow table: the columns that hold one value on every row are said once, above it) and
+  ``chart-figure`` (a chart saved by the build, such as the intro page's reproduction summary,
+  as a live, numbered figure in a prose page);
 - makes the theme's "edit this page" link point at the Markdown source: the repository holds
   every page, notebooks included, as ``.md`` (jupytext), while the book renders executed
   ``.ipynb`` copies.
@@ -32,7 +34,7 @@ from docutils import nodes
 from docutils.parsers.rst import directives
 from sphinx.util.docutils import SphinxDirective
 
-__all__ = ["setup", "ChartFigures", "chart_runtime", "ChapterLinks", "TidyTable"]
+__all__ = ["setup", "ChartFigures", "chart_runtime", "ChapterLinks", "TidyTable", "ChartFigure"]
 
 STATIC = Path(__file__).resolve().parent / "book_static"
 RUNTIME = "coupling/charts.js"  # under _static/
@@ -273,10 +275,62 @@ class TidyTable(SphinxDirective):
         return out
 
 
+class ChartFigure(SphinxDirective):
+    """A saved chart as a numbered figure in a prose page: ``{chart-figure} path.html``.
+
+    The argument (relative to the page) is the ``text/html`` of a
+    :func:`coupling_utils.analysis.display.chart_bundle`; the content is the caption (MyST);
+    ``:name:`` labels it for ``{numref}``. The figure holds the live view (drawn by the chart
+    runtime, like a notebook's charts) and the static picture for print.
+    """
+
+    required_arguments = 1
+    has_content = True
+    option_spec = {"name": directives.unchanged}
+
+    def run(self):
+        import base64
+
+        from coupling_utils.analysis.display import chart_parts
+
+        rel, path = self.env.relfn2path(self.arguments[0], self.env.docname)
+        if not Path(path).is_file():
+            raise self.error(f"chart-figure: no chart file at {self.arguments[0]} (looked for {path})")
+        if not self.content:
+            raise self.error("chart-figure needs a caption (the directive's content)")
+        self.env.note_dependency(rel)
+        parts = chart_parts(Path(path).read_text(encoding="utf-8"))
+        data = parts.content  # PNG: base64 already; SVG: text
+        if parts.mime == "image/svg+xml":
+            data = base64.b64encode(data.encode()).decode()
+        image = nodes.image(
+            uri=f"data:{parts.mime};base64,{data}",
+            alt=parts.alt,
+            classes=["coupling-chart-static"],
+            loading="lazy",
+        )
+        if parts.width:
+            image["width"] = f"{parts.width}px"
+        holder = nodes.container()
+        self.state.nested_parse(self.content, self.content_offset, holder)
+        first = holder.children[0] if holder.children else None
+        if not isinstance(first, nodes.paragraph):
+            raise self.error("chart-figure: the caption must be a paragraph of text")
+        figure = nodes.figure("", classes=["coupling-chart"])
+        figure += nodes.raw("", parts.live, format="html")
+        figure += image
+        figure += nodes.caption(first.rawsource, "", *first.children)
+        if len(holder.children) > 1:
+            figure += nodes.legend("", *holder.children[1:])
+        self.add_name(figure)
+        return [figure]
+
+
 def setup(app) -> dict:
     app.connect("builder-inited", _write_assets)
     app.connect("html-page-context", _page_context, priority=400)  # before the theme's buttons
     app.add_css_file(STYLESHEET)
     app.add_directive("chapter-links", ChapterLinks)
     app.add_directive("tidy-table", TidyTable)
+    app.add_directive("chart-figure", ChartFigure)
     return {"version": "1", "parallel_read_safe": True, "parallel_write_safe": True}

@@ -115,6 +115,7 @@ SPECIFIC: dict[str, dict[str, Check]] = {
     "f00_coupling_metric": {
         "prompt": text(),
         "layer": block,
+        "noise_levels": list_of(number(min=0.0)),
         "d_toy": integer(min=2),
         "n_random": integer(min=2),
     },

@@ -26,6 +26,7 @@ import yaml
 from coupling_utils.files import atomic_write_text
 from coupling_utils.pipeline.checks import SPECIFIC, check_parameters
 from coupling_utils.pipeline.params import ParameterError, check_overrides, notebook_parameters
+from coupling_utils.provenance import code_fingerprint
 
 __all__ = [
     "repo_root",
@@ -142,6 +143,9 @@ class RunResult:
     error: str = ""
     parameters: dict = field(default_factory=dict)
     finished: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    code: str = field(
+        default_factory=lambda: code_fingerprint()["fingerprint"]
+    )  # the code behind its numbers
 
     def line(self) -> str:
         tail = f"  {self.error}" if self.error else ""

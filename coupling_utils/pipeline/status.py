@@ -257,9 +257,11 @@ def collect(executed_dir: str | Path) -> pd.DataFrame:
 
     Columns: ``notebook`` (file stem), ``title`` (its first heading), :data:`COLUMNS`, and from
     the runner's ``runs.json``
-    (when present) ``profile``, ``seconds`` and ``finished`` of the run that produced each
+    (when present) ``profile``, ``seconds``, ``finished`` and ``code`` (the fingerprint of the code
+    behind its numbers, :func:`coupling_utils.provenance.code_fingerprint`) of the run that produced each
     notebook. ``df.attrs`` holds ``runs`` (the manifest), ``without_status`` (executed notebooks
-    that reported nothing) and ``failed`` (notebooks whose last run failed).
+    that reported nothing), ``failed`` (notebooks whose last run failed) and ``contradicted``
+    (``(notebook, assumption)`` pairs of typed prose the run does not support).
     """
     executed_dir = Path(executed_dir)
     if not executed_dir.is_dir():
@@ -268,9 +270,10 @@ def collect(executed_dir: str | Path) -> pd.DataFrame:
         )
     manifest = executed_dir / "runs.json"
     runs = json.loads(manifest.read_text(encoding="utf-8")) if manifest.exists() else {}
-    frames, without = [], []
+    frames, without, contradicted = [], [], []
     for path in _executed(executed_dir):
         nb = _read(path)
+        contradicted += [(path.stem, r.text) for r in read_assumptions(path).itertuples() if not r.holds]
         rows = _rows(nb)
         if rows.empty:
             without.append(path.stem)
@@ -285,12 +288,14 @@ def collect(executed_dir: str | Path) -> pd.DataFrame:
                 profile=run.get("profile"),
                 seconds=run.get("seconds"),
                 finished=run.get("finished"),
+                code=run.get("code"),
             )
         )
-    columns = ["notebook", "title", *COLUMNS, "profile", "seconds", "finished"]
+    columns = ["notebook", "title", *COLUMNS, "profile", "seconds", "finished", "code"]
     df = pd.concat(frames, ignore_index=True)[columns] if frames else pd.DataFrame(columns=columns)
     df.attrs["runs"] = runs
     df.attrs["without_status"] = without
+    df.attrs["contradicted"] = contradicted
     df.attrs["failed"] = sorted(name for name, run in runs.items() if run.get("status") == "failed")
     return df
 
@@ -315,6 +320,8 @@ def _run_line(group: pd.DataFrame, profile: str | None) -> str:
     seconds = first.get("seconds")
     if isinstance(seconds, numbers.Real) and not (isinstance(seconds, float) and math.isnan(seconds)):
         parts.append(f"{float(seconds):.0f} s")
+    if isinstance(first.get("code"), str):
+        parts.append(f"code fingerprint `{first['code']}`")
     return "Produced by the run with " + ", ".join(parts) + "."
 
 
@@ -388,6 +395,12 @@ def status_markdown(df: pd.DataFrame, profile: str | None = None) -> str:
                 "The last run of " + ", ".join(f"`{n}`" for n in stale) + " failed; "
                 "its table above comes from an earlier successful run.",
             ]
+    contradicted = df.attrs.get("contradicted", []) if hasattr(df, "attrs") else []
+    if contradicted:
+        lines += ["", "```{warning}", "The text of these chapters assumes what their last run does not show:"]
+        lines += [""]
+        lines += [f"- `{name}`: that {text}" for name, text in contradicted]
+        lines += ["```"]
     if without:
         lines += ["", "Executed but reported no status: " + ", ".join(f"`{n}`" for n in without) + "."]
     return "\n".join(lines) + "\n"

@@ -1,0 +1,140 @@
+"""What each chapter costs on this machine at the default profile: cold (fresh cache) and warm.
+
+For the teaching page's course plan: each finding notebook is run alone with
+``coupling-book run <chapter> --profile default --jobs 1``, first with an empty
+``COUPLING_CACHE`` (so the run builds or trains the embedded models it needs, as on a student's
+first run), then again with the cache it filled (the second run of a class). Each run is one
+subprocess; its wall time, the CPU time of the process and its children (user + system: less
+sensitive than wall time to other load on a shared machine) and the largest resident memory of
+any of its processes are written to ``data/benchmarks/chapter_costs.csv`` with the machine's
+description and the command. Offline: only the embedded models are used.
+
+    python bench/bench_chapters.py                       # all six chapters, cold then warm
+    python bench/bench_chapters.py --chapters f00 f05    # some of them
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime as dt
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CHAPTERS = ("f00", "f01", "f02", "f03", "f04", "f05")
+COLUMNS = [
+    "chapter",
+    "state",
+    "seconds",
+    "cpu_seconds",
+    "peak_rss_mib",
+    "status",
+    "profile",
+    "machine",
+    "memory_gib",
+    "torch",
+    "coupling_utils",
+    "date_utc",
+    "command",
+]
+
+
+def machine() -> dict:
+    import torch
+
+    import coupling_utils
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return {
+        "machine": f"{os.cpu_count()} CPU ({cpu}), no GPU, load {os.getloadavg()[0]:.1f} at start",
+        "memory_gib": round(memory, 1),
+        "torch": torch.__version__,
+        "coupling_utils": coupling_utils.__version__,
+    }
+
+
+def run(chapter: str, cache: Path, out: Path) -> dict:
+    """One ``coupling-book run`` of ``chapter`` in a subprocess; its wall and CPU time, peak RSS."""
+    env = dict(os.environ, COUPLING_CACHE=str(cache), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    cmd = [str(Path(sys.executable).parent / "coupling-book"), "run", chapter, "--profile", "default"]
+    cmd += ["--jobs", "1", "--output-dir", str(out)]
+    # a fresh wrapper process per run, so that its children's peak memory is this run's alone
+    wrapper = (
+        "import json, resource, subprocess, sys, time; t = time.perf_counter(); "
+        "rc = subprocess.run(sys.argv[1:]).returncode; s = time.perf_counter() - t; "
+        "u = resource.getrusage(resource.RUSAGE_CHILDREN); "
+        "print(json.dumps({'rc': rc, 'seconds': s, 'cpu': u.ru_utime + u.ru_stime, 'rss_kib': u.ru_maxrss}))"
+    )
+    wrapped = [sys.executable, "-c", wrapper, *cmd]
+    done = subprocess.run(wrapped, env=env, cwd=ROOT, capture_output=True, text=True)
+    usage = json.loads(done.stdout.strip().splitlines()[-1])
+    done.returncode = usage["rc"]
+    seconds, cpu = usage["seconds"], usage["cpu"]
+    if done.returncode:
+        print(done.stdout[-2000:], done.stderr[-2000:], sep="\n", file=sys.stderr)
+    return {
+        "seconds": round(seconds, 1),
+        "cpu_seconds": round(cpu, 1),
+        "peak_rss_mib": round(usage["rss_kib"] / 1024),  # the largest process of the run (KiB on Linux)
+        "status": "ok" if done.returncode == 0 else f"failed (exit {done.returncode})",
+    }
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--chapters", nargs="*", default=list(CHAPTERS), help=f"from {CHAPTERS}")
+    ap.add_argument("--out", default=str(ROOT / "data" / "benchmarks" / "chapter_costs.csv"))
+    args = ap.parse_args(argv)
+    unknown = [c for c in args.chapters if c not in CHAPTERS]
+    if unknown:
+        ap.error(f"unknown chapters {unknown}; choose from {CHAPTERS}")
+    command = "python bench/bench_chapters.py" + (
+        "" if args.chapters == list(CHAPTERS) else " --chapters " + " ".join(args.chapters)
+    )
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="chapter-costs-") as tmp:
+        for chapter in args.chapters:
+            cache, out = Path(tmp) / f"cache-{chapter}", Path(tmp) / f"runs-{chapter}"
+            facts = machine()
+            for state in ("cold", "warm"):
+                result = run(chapter, cache, out)
+                row = {"chapter": chapter, "state": state, **result, "profile": "default", **facts}
+                now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M")
+                row |= {"date_utc": now, "command": command}
+                rows.append(row)
+                print(
+                    f"{chapter} {state}: {row['seconds']} s wall, {row['cpu_seconds']} s CPU, "
+                    f"{row['peak_rss_mib']} MiB peak, {row['status']}",
+                    flush=True,
+                )
+            shutil.rmtree(cache, ignore_errors=True)
+    target = Path(args.out)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp_target = target.with_suffix(".tmp")
+    with tmp_target.open("w", newline="", encoding="utf-8") as fh:
+        writer = csv.DictWriter(fh, fieldnames=COLUMNS)
+        writer.writeheader()
+        writer.writerows(rows)
+    tmp_target.replace(target)
+    print(f"wrote {target}")
+    return 0 if all(r["status"] == "ok" for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

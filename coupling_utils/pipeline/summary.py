@@ -1,0 +1,205 @@
+"""The intro page's bottom line: the reproduction status in one chart and a few generated sentences.
+
+The status rows every finding notebook reports (:func:`coupling_utils.pipeline.status.collect`)
+become, at build time, a short summary that the book puts up front on its first page: how many
+of the paper's claims this build's runs reproduced, partly reproduced or did not, which ones did
+not, and one interactive chart with a square per claim (colour: the verdict; shape: this book's
+measurement or a replot of the paper's own points; hover: the claim, the numbers and the rule).
+Nothing in it is typed by hand, so it always says what the executed notebooks found.
+
+The intro page (``book/intro.md``) marks the place with the line ``% reproduction-summary``
+(a MyST comment, invisible if the page is read unbuilt); :func:`stage_summary` replaces it.
+"""
+
+from __future__ import annotations
+
+import numbers
+from pathlib import Path
+
+import pandas as pd
+
+from coupling_utils.pipeline.status import AGREE
+
+__all__ = ["MARKER", "CHART_FILE", "VERDICT_COLOURS", "status_chart", "bottom_line", "stage_summary"]
+
+MARKER = "% reproduction-summary"
+CHART_FILE = "_generated/reproduction-summary.html"  # next to the page, in the staged book
+CHART_NAME = "fig-intro-status"
+VERDICT_COLOURS = {"yes": "#009E73", "partly": "#E69F00", "no": "#D55E00"}  # Okabe-Ito
+KIND_NAMES = {"measured": "this book's measurement", "replot": "replot of the paper's own points"}
+_CELL = 18  # px per claim
+
+
+def _chapter(row) -> str:
+    title = row.get("title") if isinstance(row.get("title"), str) else ""
+    return title or str(row["notebook"])
+
+
+def _claims(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per claim with its chart position: chapters in book order, claims grouped by
+    kind (measurements first) and verdict (yes, partly, no) within a chapter."""
+    data = df.copy()
+    data["kind"] = data["kind"].fillna("measured") if "kind" in data else "measured"
+    data["chapter"] = [_chapter(r) for r in data.to_dict("records")]
+    data["what"] = data["kind"].map(KIND_NAMES).fillna(data["kind"])
+    order = {a: i for i, a in enumerate(AGREE)}
+    data["_k"] = (data["kind"] != "measured").astype(int)
+    data["_a"] = data["agree"].map(order)
+    data["_n"] = data["notebook"].map({n: i for i, n in enumerate(dict.fromkeys(data["notebook"]))})
+    data = data.sort_values(["_n", "_k", "_a"], kind="stable")
+    data["slot"] = data.groupby("notebook", sort=False).cumcount() + 1
+    for col in ("paper", "ours"):
+        data[col] = data[col].map(_text)
+    return data.drop(columns=["_k", "_a", "_n"]).reset_index(drop=True)
+
+
+def _text(value) -> str:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return str(value)
+    return f"{float(value):.3g}"
+
+
+def status_chart(df: pd.DataFrame):
+    """One square per claim: a row per chapter, coloured by verdict, shaped by kind.
+
+    ``df`` is :func:`coupling_utils.pipeline.status.collect`'s table (at least ``notebook``,
+    ``claim``, ``paper``, ``ours``, ``agree``; ``title``, ``kind`` and ``rule`` when present).
+    Hovering a square shows the chapter, the claim, the paper's and this run's numbers, the
+    verdict and its rule. Returns an Altair chart.
+    """
+    import altair as alt
+
+    if df.empty:
+        raise ValueError("no status rows to draw: run the finding notebooks first")
+    data = _claims(df)
+    if "rule" not in data:
+        data["rule"] = ""
+    chapters = list(dict.fromkeys(data["chapter"]))
+    kinds = [k for k in KIND_NAMES.values() if k in set(data["what"])]
+    slots = int(data["slot"].max())
+    return (
+        alt.Chart(data[["chapter", "slot", "claim", "paper", "ours", "agree", "what", "rule"]])
+        .mark_point(filled=True, size=170, opacity=1)
+        .encode(
+            x=alt.X(
+                "slot:O",
+                title="claims, one square each (grouped by verdict)",
+                axis=alt.Axis(labels=False, ticks=False, domain=False),
+                scale=alt.Scale(domain=list(range(1, slots + 1))),
+            ),
+            y=alt.Y("chapter:N", title=None, sort=chapters, axis=alt.Axis(labelLimit=320)),
+            color=alt.Color(
+                "agree:N",
+                title="verdict",
+                legend=alt.Legend(symbolType="square"),
+                scale=alt.Scale(domain=list(AGREE), range=[VERDICT_COLOURS[a] for a in AGREE]),
+            ),
+            shape=alt.Shape(
+                "what:N",
+                title="kind",
+                scale=alt.Scale(domain=kinds, range=["square", "diamond"][: len(kinds)]),
+            ),
+            tooltip=[
+                alt.Tooltip("chapter:N", title="chapter"),
+                alt.Tooltip("claim:N", title="claim"),
+                alt.Tooltip("paper:N", title="paper"),
+                alt.Tooltip("ours:N", title="this run"),
+                alt.Tooltip("agree:N", title="verdict"),
+                alt.Tooltip("what:N", title="kind"),
+                alt.Tooltip("rule:N", title="rule"),
+            ],
+        )
+        .properties(
+            width=max(120, _CELL * slots),
+            height=max(60, 30 * len(chapters)),
+            title="Reproduction status: every claim this build judged",
+        )
+    )
+
+
+def _profiles(df: pd.DataFrame) -> str:
+    used = sorted({p for p in df.get("profile", pd.Series(dtype=object)) if isinstance(p, str)})
+    return ", ".join(f"`{p}`" for p in used) or "unknown"
+
+
+def _listing(rows: pd.DataFrame, limit: int = 6) -> str:
+    items = [f"{r['claim']} ({_chapter(r).split(' · ')[0]})" for r in rows.to_dict("records")]
+    shown = "; ".join(items[:limit])
+    return shown + (f"; and {len(items) - limit} more" if len(items) > limit else "")
+
+
+def bottom_line(df: pd.DataFrame) -> str:
+    """The generated sentences of the summary (MyST markdown): counts by verdict of this
+    build's measured claims, the replots apart, the profiles the runs used, and the claims that
+    were not (or only partly) reproduced."""
+    if df.empty:
+        return (
+            "**Bottom line.** No executed notebook has reported a reproduction status yet: run "
+            "`coupling-book run --profile default` and rebuild the book.\n"
+        )
+    kinds = df["kind"].fillna("measured") if "kind" in df else pd.Series("measured", index=df.index)
+    measured, replots = df[kinds == "measured"], df[kinds == "replot"]
+    counts = measured["agree"].value_counts()
+    n = len(measured)
+    lines = [
+        f"**Bottom line.** This build's runs (profile {_profiles(df)}; {{numref}}`Fig. %s <{CHART_NAME}>`) "
+        f"judged {n} of the paper's "
+        f"claims on this book's own measurements: {int(counts.get('yes', 0))} reproduced (yes), "
+        f"{int(counts.get('partly', 0))} partly and {int(counts.get('no', 0))} not (no)"
+        + (
+            f"; {len(replots)} more {'row redraws' if len(replots) == 1 else 'rows redraw'} the paper's "
+            "own digitised points, which checks how this book reads the paper, not the finding"
+            if len(replots)
+            else ""
+        )
+        + "."
+    ]
+    no, partly = measured[measured["agree"] == "no"], measured[measured["agree"] == "partly"]
+    if len(no):
+        lines.append(f"Not reproduced: {_listing(no)}.")
+    if len(partly):
+        lines.append(f"Partly: {_listing(partly)}.")
+    lines.append(
+        "Each verdict comes from a rule stated in its chapter before the result; {doc}`status` "
+        "lists every rule with the numbers it judged. A run at the `smoke` profile checks the "
+        "code, not the paper."
+    )
+    return " ".join(lines) + "\n"
+
+
+def stage_summary(page: Path, df: pd.DataFrame) -> bool:
+    """Replace the :data:`MARKER` line of a staged page with the bottom line and the chart.
+
+    The chart's HTML (from :func:`coupling_utils.analysis.display.chart_bundle`) is written to
+    :data:`CHART_FILE` next to the page and shown by the ``chart-figure`` directive of the
+    book's Sphinx extension as a numbered figure. Returns False (the page unchanged) when the
+    page has no marker.
+    """
+    from coupling_utils.analysis.display import chart_bundle
+
+    text = page.read_text(encoding="utf-8")
+    if MARKER not in text.splitlines():
+        return False
+    parts = [bottom_line(df)]
+    if not df.empty:
+        caption = (
+            "The reproduction status of this build, one square per claim: green reproduced, "
+            "orange partly, red not; squares are this book's measurements, diamonds replots of "
+            "the paper's own points. Hover a square for the claim, the numbers and the rule."
+        )
+        counts = df["agree"].value_counts()
+        alt_text = (
+            f"A row of squares per chapter, one per claim, {len(df)} in all: "
+            + ", ".join(f"{int(counts.get(a, 0))} {a}" for a in AGREE)
+            + "."
+        )
+        bundle, _ = chart_bundle(status_chart(df), caption=caption, alt=alt_text, name=CHART_NAME)
+        target = page.parent / CHART_FILE
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(bundle["text/html"], encoding="utf-8")
+        parts.append(f"\n```{{chart-figure}} {CHART_FILE}\n:name: {CHART_NAME}\n\n{caption}\n```\n")
+    lines = text.splitlines()
+    at = lines.index(MARKER)
+    new = [*lines[:at], *"\n".join(parts).splitlines(), *lines[at + 1 :]]
+    page.write_text("\n".join(new) + "\n", encoding="utf-8")
+    return True

@@ -1,0 +1,127 @@
+"""The intro page's generated bottom line and status chart, and the teaching page's exercise list."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from coupling_utils.analysis.display import chart_parts
+from coupling_utils.pipeline import summary, teaching
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _rows() -> pd.DataFrame:
+    rows = [
+        ("f01_x", "f01 · Depth", "depth coupling", "clear", "0.08 vs 0.01", "yes", "measured"),
+        ("f01_x", "f01 · Depth", "token coupling strong", "strong", 0.491, "partly", "measured"),
+        ("f02_y", "f02 · General", "R² of the fit", 0.8, 0.801, "yes", "replot"),
+        ("f02_y", "f02 · General", "family", "positive", -0.87, "no", "measured"),
+    ]
+    df = pd.DataFrame(rows, columns=["notebook", "title", "claim", "paper", "ours", "agree", "kind"])
+    return df.assign(rule="yes if a > 1; otherwise no", note="", profile="default")
+
+
+def test_bottom_line_counts_measured_claims_and_keeps_replots_apart():
+    text = summary.bottom_line(_rows())
+    assert "judged 3 of the paper's claims" in text
+    assert "1 reproduced (yes), 1 partly and 1 not (no)" in text
+    assert "1 more row redraws the paper's own digitised points" in text
+    assert "Not reproduced: family (f02)." in text and "Partly: token coupling strong (f01)." in text
+    assert "profile `default`" in text
+    assert "No executed notebook" in summary.bottom_line(_rows().iloc[0:0])
+
+
+def test_status_chart_draws_one_mark_per_claim_with_its_story():
+    spec = summary.status_chart(_rows()).to_dict()
+    data = next(iter(spec["datasets"].values()))
+    assert len(data) == 4
+    assert {d["chapter"] for d in data} == {"f01 · Depth", "f02 · General"}
+    # within a chapter: measurements first, then yes, partly, no; one slot each
+    f02 = sorted((d["slot"], d["agree"], d["what"]) for d in data if d["chapter"] == "f02 · General")
+    assert f02 == [(1, "no", "this book's measurement"), (2, "yes", "replot of the paper's own points")]
+    tips = {t["field"] for t in spec["encoding"]["tooltip"]}
+    assert {"claim", "paper", "ours", "agree", "rule"} <= tips
+    assert spec["encoding"]["color"]["scale"]["range"] == [
+        summary.VERDICT_COLOURS[a] for a in ("yes", "partly", "no")
+    ]
+    with pytest.raises(ValueError, match="no status rows"):
+        summary.status_chart(_rows().iloc[0:0])
+
+
+def test_stage_summary_replaces_the_marker(tmp_path):
+    page = tmp_path / "intro.md"
+    page.write_text("# Title\n\nBefore.\n\n% reproduction-summary\n\nAfter.\n")
+    assert summary.stage_summary(page, _rows())
+    text = page.read_text()
+    assert summary.MARKER not in text and text.index("Before.") < text.index("**Bottom line.**") < text.index(
+        "After."
+    )
+    assert f"```{{chart-figure}} {summary.CHART_FILE}\n:name: fig-intro-status" in text
+    parts = chart_parts((tmp_path / summary.CHART_FILE).read_text())
+    assert parts.mime == "image/svg+xml" and "4 in all" in parts.alt
+    plain = tmp_path / "other.md"
+    plain.write_text("# No marker\n")
+    assert not summary.stage_summary(plain, _rows()) and plain.read_text() == "# No marker\n"
+
+
+EXERCISES = """
+# f09 · A chapter
+
+```{exercise}
+:label: f09-ex-a
+
+Predict first: what happens? Then rerun.
+```
+
+```{solution} f09-ex-a
+:class: dropdown
+
+This.
+```
+
+````{exercise}
+:label: f09-ex-gpu
+:class: needs-gpu
+
+Run the paper profile. Compare.
+````
+
+```{exercise}
+Prove it.
+```
+"""
+
+
+def test_exercises_are_read_from_the_sources(tmp_path):
+    nb = tmp_path / "f09_chapter.md"
+    nb.write_text(EXERCISES)
+    table = teaching.exercises([nb])
+    assert list(table.label) == ["f09-ex-a", "f09-ex-gpu", ""]
+    assert list(table.predict_first) == [True, False, False]
+    assert list(table.needs_gpu) == [False, True, False]
+    assert list(table.has_solution) == [True, False, False]
+    assert table.text.iloc[1] == "Run the paper profile."
+    section = teaching.exercise_section(table)
+    assert (
+        "3 exercises: 1 with a worked solution" in section and "1 that ask for a prediction first" in section
+    )
+    assert "| {doc}`../notebooks/f09_chapter` | 3 | 1 | 1 | 1: {ref}`f09-ex-gpu` |" in section
+    page = tmp_path / "teaching.md"
+    page.write_text("Intro.\n\n% exercise-table\n")
+    assert teaching.stage_exercises(page, [nb]) and "| chapter | exercises |" in page.read_text()
+
+
+@pytest.mark.parametrize("chapter", ["f00_coupling_metric", "f01_depth_and_tokens", "f05_token_trajectories"])
+def test_every_exercise_has_a_label_and_a_hidden_solution(chapter):
+    source = ROOT / "notebooks" / f"{chapter}.md"
+    table = teaching.exercises([source])
+    assert len(table) >= 5 and table.label.str.len().gt(0).all() and table.label.is_unique
+    assert table.has_solution.all(), f"exercises without a solution: {list(table.label[~table.has_solution])}"
+    assert table.label.str.startswith(chapter[:3] + "-ex-").all()
+    solutions = [b for b in teaching._blocks(source.read_text()) if b[0] == "solution"]
+    assert all(options.get("class") == "dropdown" for _, _, options, _ in solutions)
+    # the teaching page calls exercises that begin "Predict first" prediction-first: most of them are
+    assert table.predict_first.sum() >= len(table) / 2
