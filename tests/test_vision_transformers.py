@@ -87,11 +87,13 @@ def test_curve_shape_judges_the_whole_curve():
     rising = pd.DataFrame({"step": steps, "coupling": np.linspace(0.1, 0.3, 8)})
     s = vt.curve_shape(rising)
     assert s["spearman"] == pytest.approx(1) and s["max_drop"] == 0 and s["peak_position"] == 1
-    assert s["ratio"] == pytest.approx(3) and s["init"] == pytest.approx(0.1) and s["n_checkpoints"] == 8
+    assert s["ratio"] == pytest.approx(3) and s["rise"] == pytest.approx(1)
+    assert s["init"] == pytest.approx(0.1) and s["n_checkpoints"] == 8
     transient = pd.DataFrame({"step": steps, "coupling": [0.1, 0.2, 0.3, 0.25, 0.2, 0.15, 0.12, 0.11]})
     t = vt.curve_shape(transient)
     assert t["peak_step"] == 2 and t["peak_position"] == pytest.approx(2 / 64)
-    assert t["ratio"] > 1 and t["spearman"] < 0 and t["max_drop"] == pytest.approx(0.05 / 0.2)
+    assert t["ratio"] > 1 and t["rise"] == pytest.approx(0.01 / 0.2)
+    assert t["spearman"] < 0 and t["max_drop"] == pytest.approx(0.05 / 0.2)
     with pytest.raises(ValueError, match="no checkpoints"):
         vt.curve_shape(rising.iloc[:0])
 
@@ -125,3 +127,25 @@ def test_curve_checkpoints_evaluate_along_the_way_and_save_only_the_final(tmp_pa
     assert json.loads((tmp_path / "c" / "training_spec.json").read_text())["checkpoints"] == []
     with pytest.raises(ValueError, match="checkpoints must be one of"):
         vit.train_vit(vit.VitSpec(checkpoints="every"), tmp_path / "x", progress=False)
+
+
+def test_describe_curve_words_follow_the_descriptors():
+    steps = [0, 1, 2, 4, 8, 16, 32, 64]
+    rising = vt.curve_shape(pd.DataFrame({"step": steps, "coupling": np.linspace(0.1, 0.3, 8)}))
+    assert vt.describe_curve(rising) == "rises and is highest at the end of training"
+    transient = vt.curve_shape(
+        pd.DataFrame({"step": steps, "coupling": [0.1, 0.2, 0.3, 0.25, 0.2, 0.15, 0.12, 0.11]})
+    )
+    assert vt.describe_curve(transient).startswith(
+        "rises to a peak of 0.300 at step 2 and falls back to 0.110"
+    )
+    dipped = vt.curve_shape(
+        pd.DataFrame({"step": steps, "coupling": [0.1, 0.2, 0.3, 0.1, 0.2, 0.3, 0.35, 0.4]})
+    )
+    assert vt.describe_curve(dipped).endswith("with a fall of 67% of its range along the way")
+    falling = vt.curve_shape(pd.DataFrame({"step": steps, "coupling": np.linspace(0.3, 0.1, 8)}))
+    assert vt.describe_curve(falling) == "falls below its value at initialisation"
+    up_down = vt.curve_shape(
+        pd.DataFrame({"step": steps, "coupling": [0.2, 0.3, 0.25, 0.2, 0.15, 0.1, 0.1, 0.1]})
+    )
+    assert vt.describe_curve(up_down) == "peaks at step 1 and ends below its value at initialisation"

@@ -14,7 +14,8 @@ test digits through the one measurement loop (:mod:`coupling_utils.measurement`)
   be reached is recorded as missing instead of stopping the others (``on_error="record"``).
 - :func:`twin_gap`: trained minus twin per model, paired over images, with a bootstrap interval.
 - :func:`curve_shape`: shape descriptors of a coupling curve over training (rank correlation
-  with the step, where the peak lies, the largest fall), for verdicts judged on the shape.
+  with the step, where the peak lies, the largest fall), for verdicts judged on the shape;
+  :func:`describe_curve` puts them into words for the prose.
 - :func:`plateau` and :func:`family_members`: whether a run's accuracy had flattened when it
   stopped, and a family's members with ``K`` fixed as a fraction of the width (``K/d``), so
   that the chance level of ``1 − m²`` is the same for every width.
@@ -43,6 +44,7 @@ __all__ = [
     "training_seed",
     "twin_gap",
     "curve_shape",
+    "describe_curve",
     "plateau",
     "k_for_width",
     "family_members",
@@ -388,7 +390,9 @@ def twin_gap(
 def curve_shape(curve: pd.DataFrame, value: str = "coupling", *, step: str = "step") -> dict[str, float]:
     """Shape descriptors of ``value`` over training, from the first checkpoint (the init) on.
 
-    ``init`` and ``final`` (first and last checkpoint), ``ratio`` = final / init, ``spearman``
+    ``init`` and ``final`` (first and last checkpoint), ``rise`` = (final − init) / the curve's
+    range (1: from its lowest to its highest value, −1: the reverse, 0 for a flat curve; unlike
+    ``ratio`` = final / init, it keeps its meaning when ``1 − m²`` is near 0 or negative), ``spearman``
     (rank correlation with the step over every checkpoint), ``rises`` (fraction of consecutive
     checkpoints that go up), ``max_drop`` (largest fall between consecutive checkpoints, as a
     fraction of the curve's range: 0 for a monotone rise), ``peak`` and ``peak_step``, and
@@ -402,9 +406,11 @@ def curve_shape(curve: pd.DataFrame, value: str = "coupling", *, step: str = "st
     g = growth_summary(curve, value, step=step, early_step=first).iloc[0]
     means = curve.groupby(step)[value].mean()
     peak_step = int(means.idxmax())
+    span = float(means.max() - means.min())
     return {
         "init": float(g["early"]),
         "final": float(g["final"]),
+        "rise": float(g["final"] - g["early"]) / span if span > 0 else 0.0,
         "ratio": float(g["ratio"]),
         "spearman": float(g["spearman"]),
         "rises": float(g["rises"]),
@@ -414,6 +420,27 @@ def curve_shape(curve: pd.DataFrame, value: str = "coupling", *, step: str = "st
         "peak_position": peak_step / float(g["final_step"]) if g["final_step"] else float("nan"),
         "n_checkpoints": int(g["n_checkpoints"]),
     }
+
+
+def describe_curve(shape: dict[str, float]) -> str:
+    """Words for a coupling curve's shape (:func:`curve_shape`), chosen from its descriptors, to
+    complete "over training the coupling ...": where it ends against its start, where its peak is."""
+    init, final, peak = shape["init"], shape["final"], shape["peak"]
+    at_end = shape["peak_position"] >= 0.9
+    drop = shape["max_drop"]
+    dip = f", with a fall of {drop:.0%} of its range along the way" if drop > 0.3 else ""
+    if final > init:
+        if at_end:
+            return f"rises and is highest at the end of training{dip}"
+        return (
+            f"rises to a peak of {peak:.3f} at step {shape['peak_step']} and falls back to {final:.3f} "
+            "by the end, still above its start"
+        )
+    if final < init:
+        if peak > init:
+            return f"peaks at step {shape['peak_step']} and ends below its value at initialisation"
+        return "falls below its value at initialisation"
+    return "ends where it started"
 
 
 def plateau(accuracy: pd.DataFrame, metric: str = "val_acc", *, tail: float = 1 / 3) -> dict[str, float]:
