@@ -10,7 +10,7 @@ any of its processes are written to ``data/benchmarks/chapter_costs.csv`` with t
 description and the command. Offline: only the embedded models are used.
 
     python bench/bench_chapters.py                       # all six chapters, cold then warm
-    python bench/bench_chapters.py --chapters f00 f05    # some of them
+    python bench/bench_chapters.py --chapters f00 f05    # some of them (the others' rows are kept)
 """
 
 from __future__ import annotations
@@ -125,6 +125,10 @@ def main(argv=None) -> int:
                 )
             shutil.rmtree(cache, ignore_errors=True)
     target = Path(args.out)
+    if target.is_file():  # keep the rows of the chapters not rerun, each with its own command and date
+        with target.open(newline="", encoding="utf-8") as fh:
+            kept = [r for r in csv.DictReader(fh) if r["chapter"] not in args.chapters]
+        rows = sorted(kept + rows, key=lambda r: (CHAPTERS.index(r["chapter"]), r["state"]))
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp_target = target.with_suffix(".tmp")
     with tmp_target.open("w", newline="", encoding="utf-8") as fh:

@@ -125,3 +125,27 @@ def test_every_exercise_has_a_label_and_a_hidden_solution(chapter):
     assert all(options.get("class") == "dropdown" for _, _, options, _ in solutions)
     # the teaching page calls exercises that begin "Predict first" prediction-first: most of them are
     assert table.predict_first.sum() >= len(table) / 2
+
+
+def test_costs_summary_follows_the_measured_costs(tmp_path):
+    """The teaching page's lab timing is read from the measured costs, verdict by the stated rule."""
+    rows = []
+    for chapter, cold, warm in [("f00", 300, 60), ("f01", 600, 240), ("f05", 200, 120), ("f03", 900, 100)]:
+        for state, sec in (("cold", cold), ("warm", warm)):
+            rows.append(
+                {"chapter": chapter, "state": state, "seconds": sec, "cpu_seconds": sec, "status": "ok"}
+            )
+    costs = pd.DataFrame(rows)
+    text = teaching.costs_summary(costs)
+    assert "7.0 minutes together" in text and "cold, building their models: 18.3 minutes" in text
+    assert "**fits**" in text and "f03 15.0 cold / 1.7 warm" in text
+    slow = costs.assign(seconds=costs.seconds * 5)
+    assert "**does not fit**" in teaching.costs_summary(slow)
+    broken = costs.assign(status=["ok"] * 2 + ["failed (exit 1)"] * 6)
+    assert "its timing is unknown" in teaching.costs_summary(broken)
+    assert "Runs that failed when measured: f01, f03, f05" in teaching.costs_summary(broken)
+    assert "run `python bench/bench_chapters.py`" in teaching.costs_summary(pd.DataFrame())
+    page = tmp_path / "teaching.md"
+    page.write_text("before\n% costs-summary\nafter\n")
+    assert teaching.stage_costs(page, tmp_path / "missing.csv")
+    assert "No chapter costs have been measured yet" in page.read_text() and "% costs" not in page.read_text()

@@ -283,9 +283,10 @@ def stage_book(
         stage_summary(intro_page, _status_rows(_under(root, executed), included))
     teaching_page = src / PROSE_DIR / f"{TEACHING_PAGE}.md"
     if teaching_page.is_file():
-        from coupling_utils.pipeline.teaching import stage_exercises
+        from coupling_utils.pipeline.teaching import stage_costs, stage_exercises
 
         stage_exercises(teaching_page, [e.source for e in plan.included if e.kind == "notebook"])
+        stage_costs(teaching_page, root / "data" / "benchmarks" / "chapter_costs.csv")
     architectures_page = src / PROSE_DIR / f"{ARCHITECTURES_PAGE}.md"
     if architectures_page.is_file():
         with architectures_page.open("a", encoding="utf-8") as page:

@@ -10,7 +10,9 @@ sources, so that the teaching page says what is true of the exercises as they ar
 - it **has a worked solution** when a ``{solution}`` block names its label.
 
 :func:`stage_exercises` replaces the teaching page's ``% exercise-table`` line with the counts
-and a table per chapter.
+and a table per chapter; :func:`stage_costs` replaces its ``% costs-summary`` line with what the
+measured chapter costs (``data/benchmarks/chapter_costs.csv``, made by ``bench/bench_chapters.py``)
+say about the course plan, so that the plan's timing follows the measurement.
 """
 
 from __future__ import annotations
@@ -20,9 +22,22 @@ from pathlib import Path
 
 import pandas as pd
 
-__all__ = ["MARKER", "GPU_CLASS", "exercises", "exercise_section", "stage_exercises"]
+__all__ = [
+    "MARKER",
+    "COSTS_MARKER",
+    "LAB_CHAPTERS",
+    "GPU_CLASS",
+    "exercises",
+    "exercise_section",
+    "stage_exercises",
+    "costs_summary",
+    "stage_costs",
+]
 
 MARKER = "% exercise-table"
+COSTS_MARKER = "% costs-summary"
+LAB_CHAPTERS = ("f00", "f01", "f05")  # the 90-minute lab of the course plan
+LAB_COMPUTE_MINUTES = 30  # at most this much of the lab's 90 minutes may be spent waiting for runs
 GPU_CLASS = "needs-gpu"
 PREDICT = re.compile(r"^\s*predict first\b", re.IGNORECASE)
 _FENCE = re.compile(r"^(?P<fence>`{3,}|~{3,})\{(?P<kind>exercise|solution)\}\s*(?P<arg>\S*)\s*$")
@@ -111,11 +126,69 @@ def exercise_section(table: pd.DataFrame) -> str:
 def stage_exercises(page: Path, notebooks: list[Path]) -> bool:
     """Replace the :data:`MARKER` line of a staged page with :func:`exercise_section` of the
     notebooks the book includes. Returns False (the page unchanged) when the page has no marker."""
+    return _replace_marker(page, MARKER, exercise_section(exercises(notebooks)))
+
+
+def _replace_marker(page: Path, marker: str, section: str) -> bool:
     text = page.read_text(encoding="utf-8")
     lines = text.splitlines()
-    if MARKER not in lines:
+    if marker not in lines:
         return False
-    at = lines.index(MARKER)
-    section = exercise_section(exercises(notebooks)).splitlines()
-    page.write_text("\n".join([*lines[:at], *section, *lines[at + 1 :]]) + "\n", encoding="utf-8")
+    at = lines.index(marker)
+    page.write_text(
+        "\n".join([*lines[:at], *section.splitlines(), *lines[at + 1 :]]) + "\n", encoding="utf-8"
+    )
     return True
+
+
+def costs_summary(costs: pd.DataFrame, lab: tuple[str, ...] = LAB_CHAPTERS) -> str:
+    """What the measured chapter costs say about the course plan's lab (MyST text).
+
+    ``costs`` has the columns of ``bench/bench_chapters.py`` (chapter, state cold|warm, seconds,
+    cpu_seconds, status). The lab fits when its chapters' warm runs take together at most
+    ``LAB_COMPUTE_MINUTES`` of wall time (the rule is stated on the page with the result)."""
+    need = {"chapter", "state", "seconds", "cpu_seconds", "status"}
+    if costs.empty or not need <= set(costs.columns):
+        return "No chapter costs have been measured yet: run `python bench/bench_chapters.py`.\n"
+    ok = costs[costs.status == "ok"]
+    failed = sorted(set(costs.chapter) - set(ok.chapter))
+
+    def minutes(state: str, chapters) -> tuple[float, list[str]]:
+        rows = ok[(ok.state == state) & ok.chapter.isin(chapters)]
+        return rows.seconds.sum() / 60, sorted(set(chapters) - set(rows.chapter))
+
+    warm, missing = minutes("warm", lab)
+    cold, _ = minutes("cold", lab)
+    names = ", ".join(lab)
+    if missing:
+        verdict = (
+            f"The lab's chapters {', '.join(missing)} have no successful measurement: its timing is unknown."
+        )
+    else:
+        fits = warm <= LAB_COMPUTE_MINUTES
+        verdict = (
+            f"Warm, {names} run in {warm:.1f} minutes together on this machine (cold, building their "
+            f"models: {cold:.1f} minutes). The plan below allows at most {LAB_COMPUTE_MINUTES} of the "
+            f"lab's 90 minutes for waiting on runs, so the lab "
+            + ("**fits** with its models built beforehand." if fits else "**does not fit**: shorten it.")
+        )
+    others = sorted(set(ok.chapter) - set(lab))
+    rest = ok[ok.chapter.isin(others)]
+    if not rest.empty:
+        parts = []
+        for chapter, g in rest.groupby("chapter"):
+            by = g.set_index("state").seconds / 60
+            parts.append(
+                f"{chapter} {by.get('cold', float('nan')):.1f} cold / {by.get('warm', float('nan')):.1f} warm"
+            )
+        verdict += " The other chapters (minutes): " + "; ".join(parts) + "."
+    if failed:
+        verdict += f" Runs that failed when measured: {', '.join(failed)} (see the table)."
+    return verdict + "\n"
+
+
+def stage_costs(page: Path, costs_csv: Path) -> bool:
+    """Replace the :data:`COSTS_MARKER` line of a staged page with :func:`costs_summary` of the
+    measured costs (a missing file says how to make it). False when the page has no marker."""
+    costs = pd.read_csv(costs_csv) if Path(costs_csv).is_file() else pd.DataFrame()
+    return _replace_marker(page, COSTS_MARKER, costs_summary(costs))
