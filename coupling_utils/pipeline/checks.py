@@ -74,6 +74,17 @@ def embedded_family(name: str, value: Any) -> str:
     return value
 
 
+def vit_token(name: str, value: Any) -> Any:
+    """A ViT token choice: "cls", "mean", "last" or "patch<N>" (see ``models.images.vit_tokens``)."""
+    from coupling_utils.models.images import vit_tokens
+
+    try:
+        vit_tokens(value)
+    except ValueError as exc:
+        raise ParameterError(f"parameter {name!r}: {exc}") from exc
+    return value
+
+
 boolean: Check = check_bool
 block: Check = integer(min=0)
 
@@ -140,7 +151,8 @@ SPECIFIC: dict[str, dict[str, Check]] = {
     },
     "f04_vision_transformers": {
         "n_images": integer(min=2),
-        "token": choice("last", "cls"),
+        "token": vit_token,
+        "family_k_over_d": number(min=0.01, max=1.0),
     },
     "f05_token_trajectories": {
         "compare_random_init": boolean,
