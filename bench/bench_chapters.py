@@ -20,7 +20,6 @@ import csv
 import datetime as dt
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -50,15 +49,9 @@ def machine() -> dict:
     import torch
 
     import coupling_utils
+    from coupling_utils.provenance import cpu_name
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    cpu = cpu_name()
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     return {
         "machine": f"{os.cpu_count()} CPU ({cpu}), no GPU, load {os.getloadavg()[0]:.1f} at start",

@@ -39,7 +39,6 @@ import argparse
 import datetime as dt
 import json
 import os
-import platform
 import resource
 import subprocess
 import sys
@@ -383,15 +382,9 @@ def provenance(threads: int, command: str) -> dict:
     import transformers
 
     import coupling_utils
+    from coupling_utils.provenance import cpu_name
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    cpu = cpu_name()
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     return {
         "machine": f"{os.cpu_count()} CPU ({cpu}), load {load:.1f} at start",

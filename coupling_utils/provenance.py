@@ -30,7 +30,7 @@ import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-__all__ = ["slug", "stable_hash", "versions", "code_fingerprint", "NUMBER_SOURCES"]
+__all__ = ["slug", "stable_hash", "versions", "cpu_name", "code_fingerprint", "NUMBER_SOURCES"]
 
 PACKAGE = Path(__file__).resolve().parent
 NUMBER_SOURCES = ("engine", "measurement", "models/loading.py")
@@ -103,6 +103,18 @@ def versions() -> dict[str, str]:
         "numpy": numpy.__version__,
         "pandas": pandas.__version__,
     }
+
+
+def cpu_name() -> str:
+    """The processor's model name (``/proc/cpuinfo`` on Linux, else what ``platform`` knows), for
+    benchmark rows that say which machine measured them."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def code_fingerprint(extra: Iterable[str] = ()) -> dict[str, object]:
