@@ -3,11 +3,14 @@
 The stand-in hub (``standin_hub`` fixture) holds a tiny random model under every repo id and
 revision the two profiles name, so the whole hub path runs offline: loading by id and revision,
 SentencePiece-only tokenizers, ``.bin`` and sharded weights, twins, checkpoints, the analyses and
-the charts. The only changes to the profiles are fewer and shorter prompts, stated once in
-``tests/profile_overrides.yaml``. Measurements go to a private cache (stand-in numbers must never
-be read back as a real model's); the embedded models are built once in the session's cache and
-shared. Notebooks run two at a time, each kernel on one thread, like ``make book``; each
-(profile, notebook) is its own test, so a failure names the notebook and its error.
+the charts. The changes to the profiles are stated once, in ``tests/profile_overrides.yaml``:
+fewer and shorter prompts, and the locally trained model families of f02 and f04 swapped for
+their smoke builds (training the full families is not the hub path and costs about 9 CPU
+minutes, too much for CI; ``make book`` trains them). Measurements go to a private cache
+(stand-in numbers must never be read back as a real model's); the embedded models are built
+once in the session's cache and shared. Notebooks run two at a time, each kernel on one
+thread, like ``make book``; each (profile, notebook) is its own test, so a failure names the
+notebook and its error.
 """
 
 from __future__ import annotations
@@ -33,13 +36,22 @@ KNOWN_FAILURES: dict[str, str] = {}
 
 
 def test_the_overrides_change_prompt_count_and_length_only():
+    """Apart from prompts, an override may only swap a trained family for its own smoke build."""
+    from coupling_utils.pipeline.execution import _planned_values
+
     allowed = {"n_prompts", "max_tokens", "prompt_tokens", "n_images", "prompts", "include_demo"}
-    allowed |= {"scale_prompts", "scale_max_tokens", "n_windows", "window_tokens"}
+    allowed |= {"scale_prompts", "scale_max_tokens", "n_windows", "window_tokens", "family"}
     assert set(OVERRIDES) == {nb.stem for nb in NOTEBOOKS}
     for nb, values in OVERRIDES.items():
         assert set(values) <= allowed, (
             f"{nb}: {sorted(set(values) - allowed)} is not a prompt count or length"
         )
+        if "family" in values:
+            for profile in PROFILES:
+                own = _planned_values(ROOT / "notebooks" / f"{nb}.md", profile, {})["family"]
+                assert values["family"] == f"{own}-smoke", (
+                    f"{nb} at {profile}: the family override must be the smoke build of {own}"
+                )
 
 
 @pytest.fixture(scope="module")
