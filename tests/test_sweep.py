@@ -138,13 +138,14 @@ def test_a_sweep_resumes_after_a_killed_job_and_the_notebook_then_loads_no_model
     # worker's log exists yet depends on timing)
     lines = {row[1]: row[0] for row in rows if row[0] != "log:"}
     assert lines.pop(victim) == "interrupted" and set(lines.values()) == {"done"}, status.stdout
-    assert len(lines) == 3 + len(HUB) - 1  # the three smoke family members and the other hub models
+    # the three smoke family members, the hub models and the scale question's own model, less the victim
+    assert len(lines) == 3 + len(HUB) + 1 - 1, status.stdout
 
     again = _cli(*args)
     assert again.returncode == 0, again.stdout + again.stderr
     started = [line.split(None, 1)[1] for line in again.stdout.splitlines() if line.startswith("started")]
     assert started == [victim], again.stdout  # only the killed task runs again
-    assert "6 done" in again.stdout
+    assert "7 done" in again.stdout
 
     env = counting_kernel(tmp_path)
     for key, value in env.items():

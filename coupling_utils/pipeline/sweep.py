@@ -127,28 +127,43 @@ def _family_members(family: str) -> dict[str, str]:
 
 
 def _f02_jobs(v: Mapping[str, Any]) -> list[Job]:
-    """f02's two ``family_coupling`` calls (the family, then ``hub_models``), same prompts and cache."""
-    from coupling_utils.analysis.generalization import corpus_prompts, family_jobs
+    """f02's three measurements, as the notebook calls them: the family with its twins (``K`` per
+    width from ``k_per_d``), the ``hub_models`` (``k``), and the scale question
+    (``scale.scale_jobs``: its models and the family, each at the ``scale_k`` that fit its width)."""
+    from coupling_utils.analysis import scale
+    from coupling_utils.analysis.data import load_prompts
+    from coupling_utils.analysis.generalization import corpus_prompts, family_jobs, k_for_width
+    from coupling_utils.models import zoo
 
     if v["prompt_source"] == "corpus":
         prompts = corpus_prompts(v["n_prompts"], v["prompt_tokens"], seed=v["seed"])
     else:
-        from coupling_utils.analysis.data import load_prompts
-
         table = load_prompts(n=v["n_prompts"], include_demo=False)
         prompts = dict(zip(table["id"], table["text"]))
-    cache = cache_dir("f02") if v["use_cache"] else None
-    if cache is None:
+    if not v["use_cache"]:
         raise SweepError(
             "use_cache=False: the notebook would not read what a sweep stores; drop the override"
         )
+    cache = cache_dir("f02")
     kw = dict(
-        k=v["k"], tokens=v["tokens"], method=v["method"], dtype=v["dtype"], max_tokens=v["prompt_tokens"],
-        cache=cache,
-    )  # fmt: skip
-    jobs = family_jobs(_family_members(v["family"]), prompts, **kw)
+        tokens=v["tokens"], method=v["method"], dtype=v["dtype"], max_tokens=v["prompt_tokens"], cache=cache
+    )
+    members = _family_members(v["family"])
+    specs = zoo.REGISTRY[v["family"].removeprefix("embedded:")].specs()
+    widths = {run: int(specs[run].d_model) for run in members}
+    family_k = {run: k_for_width(d, v["k_per_d"]) for run, d in widths.items()}
+    jobs = family_jobs(members, prompts, k=family_k, twins=True, twin_seed=v["init_seed"], **kw)
     if v["hub_models"]:
-        jobs += family_jobs(v["hub_models"], prompts, **kw)
+        jobs += family_jobs(v["hub_models"], prompts, k=v["k"], **kw)
+    scale_table = load_prompts(n=v["scale_prompts"], include_demo=True)
+    scale_ks = {name: list(v["scale_k"]) for name in v["scale_models"]}
+    scale_ks.update({members[run]: [K for K in v["scale_k"] if d >= K] for run, d in widths.items()})
+    scale_ks = {name: ks for name, ks in scale_ks.items() if ks}
+    jobs += scale.scale_jobs(
+        list(scale_ks), dict(zip(scale_table["id"], scale_table["text"])), k=scale_ks, dtype=v["dtype"],
+        seed=v["init_seed"], method=v["method"], max_tokens=v["scale_max_tokens"],
+        root=cache_dir("f02", "scale"),
+    )  # fmt: skip
     return jobs
 
 
