@@ -81,6 +81,8 @@ def _cmd_build(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from coupling_utils.pipeline.execution import add_override_option
+
     parser = argparse.ArgumentParser(prog="coupling-book", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -90,14 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="execute notebooks through papermill into _build/notebooks/")
     p.add_argument("notebooks", nargs="*", help="notebook names or prefixes (default: all), e.g. f00 f01")
     p.add_argument("--profile", default="default", help="parameter profile: smoke, default or paper")
-    p.add_argument(
-        "-p",
-        "--param",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override one parameter (value read as YAML); repeatable",
-    )
+    add_override_option(p)
     p.add_argument("--output-dir", help="where executed notebooks go (default: _build/notebooks)")
     p.add_argument(
         "-j",

@@ -140,6 +140,8 @@ def _cmd_measure(args) -> int:
 
 def add_sweep_commands(subparsers) -> None:
     """Add ``sweep`` and ``measure`` to an argparse subparsers object."""
+    from coupling_utils.pipeline.execution import add_override_option
+
     p = subparsers.add_parser(
         "sweep",
         help="run a notebook's measurements as jobs (SLURM job array or this machine), resumable",
@@ -149,14 +151,7 @@ def add_sweep_commands(subparsers) -> None:
     )
     p.add_argument("notebook", nargs="?", help="notebook name or prefix, e.g. f02")
     p.add_argument("--profile", default="paper", help="parameter profile (default: paper)")
-    p.add_argument(
-        "-p",
-        "--param",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override one parameter, as for `coupling-book run`; repeatable",
-    )
+    add_override_option(p)
     p.add_argument(
         "--status", action="store_true", help="list done / running / pending / failed tasks and stop"
     )

@@ -134,6 +134,20 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key.strip(), value
 
 
+def add_override_option(parser) -> None:
+    """Add ``-p/--param KEY=VALUE`` (parsed by :func:`parse_override`) to an argparse parser:
+    one definition for ``coupling-book run`` and ``coupling-book sweep``."""
+    parser.add_argument(
+        "-p",
+        "--param",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one parameter (value read as YAML; a scalar given to a list parameter "
+        "becomes a one-element list); repeatable",
+    )
+
+
 @dataclass
 class RunResult:
     notebook: str

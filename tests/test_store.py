@@ -1,0 +1,270 @@
+"""measure()'s folder (measurement/store.py): what a run may reuse, what it must clear, and in
+which order it writes. No model runs here: the facts are files on disk."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from coupling_utils.engine.architectures import tiny_model
+from coupling_utils.measurement import Settings
+from coupling_utils.measurement.inputs import model_info
+from coupling_utils.measurement.store import Store, load_npy, save_npy, write_json
+from coupling_utils.measurement.tables import TABLES, frame, typed
+
+CODE = {"fingerprint": "code-today", "torch": "x"}
+OLD_CODE = {"fingerprint": "code-before"}
+
+
+@pytest.fixture(scope="module")
+def info():
+    return model_info(tiny_model("llama"))  # d = 32, 2 blocks
+
+
+@pytest.fixture
+def settings(info):
+    return Settings(k=3).resolve(info)
+
+
+def tables() -> dict[str, pd.DataFrame]:
+    out = {name: frame(name) for name in TABLES}
+    row = {"prompt": ["a"], "token": [-1], "K": [3], "layer_i": [0], "layer_j": [1], "m": [0.5]}
+    out["depthwise"] = frame("depthwise", {**row, "coupling": [0.75]})
+    return out
+
+
+def with_work(store: Store) -> Store:
+    """A folder holding one computed layer file (work that a resume keeps)."""
+    (store.layer_dir("p", 0)).mkdir(parents=True)
+    (store.layer_dir("p", 0) / "J.npy").write_bytes(b"x")
+    return store
+
+
+# --------------------------------------------------------------------------- paths
+def test_paths_of_a_prompt_and_a_layer(tmp_path):
+    store = Store(str(tmp_path))
+    assert store.out == tmp_path
+    assert store.work("p") == tmp_path / "_work" / "p"
+    assert store.layer_dir("p", 3) == tmp_path / "_work" / "p" / "layer_0003"
+    assert store.layer_dir("p", 12345) == tmp_path / "_work" / "p" / "layer_12345"
+    assert store.done_dir("p") == tmp_path / "prompts" / "p"
+
+
+# --------------------------------------------------------------------------- open
+def test_open_a_new_folder_stamps_settings_and_code(tmp_path, settings):
+    out = tmp_path / "new" / "m"
+    made_by = Store(out).open(settings, CODE, resume=True, reuse_stale=False)
+    assert made_by == CODE
+    assert json.loads((out / "code.json").read_text()) == CODE
+    assert settings.differences(json.loads((out / "settings.json").read_text())) == []
+
+
+def test_open_removes_only_temporary_files_left_by_a_killed_writer(tmp_path, settings):
+    store = Store(tmp_path)
+    store.open(settings, CODE, resume=True, reuse_stale=False)
+    deep = with_work(store).layer_dir("p", 0)
+    (deep / ".J.npy.tmp").write_bytes(b"half")
+    (tmp_path / ".depthwise.parquet.tmp").write_bytes(b"half")
+    (deep / "notes.tmp").write_bytes(b"kept: not a writer's temporary name")
+    Store(tmp_path).open(settings, CODE, resume=True, reuse_stale=False)
+    assert not (deep / ".J.npy.tmp").exists() and not (tmp_path / ".depthwise.parquet.tmp").exists()
+    assert (deep / "notes.tmp").exists() and (deep / "J.npy").exists()
+
+
+def test_open_refuses_other_settings_when_resuming_and_replaces_them_when_not(tmp_path, settings, info):
+    store = Store(tmp_path)
+    store.open(settings, CODE, resume=True, reuse_stale=False)
+    with_work(store)
+    other = Settings(k=4).resolve(info)
+    with pytest.raises(ValueError, match=r"other settings \(k, n_singular\).*resume=False"):
+        store.open(other, CODE, resume=True, reuse_stale=False)
+    assert (store.layer_dir("p", 0) / "J.npy").exists()  # a refusal deletes nothing
+    store.open(other, CODE, resume=False, reuse_stale=False)
+    assert not (tmp_path / "_work").exists()
+    assert other.differences(json.loads((tmp_path / "settings.json").read_text())) == []
+
+
+def test_resume_keeps_work_of_the_same_code_and_reports_that_code(tmp_path, settings):
+    store = Store(tmp_path)
+    store.open(settings, CODE, resume=True, reuse_stale=False)
+    with_work(store)
+    assert store.open(settings, dict(CODE), resume=True, reuse_stale=False) == CODE
+    assert (store.layer_dir("p", 0) / "J.npy").exists()
+
+
+def test_resume_false_clears_work_of_the_same_settings(tmp_path, settings):
+    store = Store(tmp_path)
+    store.open(settings, CODE, resume=True, reuse_stale=False)
+    with_work(store)
+    assert store.open(settings, CODE, resume=False, reuse_stale=False) == CODE
+    assert not (tmp_path / "_work").exists()
+
+
+def test_work_of_other_code_is_measured_again_unless_reused_as_stale(tmp_path, settings):
+    store = Store(tmp_path)
+    store.open(settings, OLD_CODE, resume=True, reuse_stale=False)
+    with_work(store)
+    assert store.open(settings, CODE, resume=True, reuse_stale=True) == OLD_CODE  # kept, stamped old
+    assert (store.layer_dir("p", 0) / "J.npy").exists()
+    assert json.loads((tmp_path / "code.json").read_text()) == OLD_CODE
+    assert store.open(settings, CODE, resume=True, reuse_stale=False) == CODE  # cleared, stamped new
+    assert not (tmp_path / "_work").exists()
+    assert json.loads((tmp_path / "code.json").read_text()) == CODE
+
+
+def test_work_stored_before_code_stamps_is_stale_when_reused(tmp_path, settings):
+    store = Store(tmp_path)
+    store.open(settings, CODE, resume=True, reuse_stale=False)
+    with_work(store)
+    (tmp_path / "code.json").unlink()
+    made_by = store.open(settings, CODE, resume=True, reuse_stale=True)
+    assert made_by == {"fingerprint": None, "note": "stored before code fingerprints"}
+    assert (store.layer_dir("p", 0) / "J.npy").exists()
+
+
+@pytest.mark.parametrize("computed", ["_work", "prompts", "provenance.json"])
+def test_each_kind_of_computed_file_counts_as_work(tmp_path, computed):
+    store = Store(tmp_path)
+    (tmp_path / "settings.json").write_text("{}")
+    (tmp_path / "code.json").write_text("{}")
+    (tmp_path / "depthwise.parquet").write_bytes(b"")
+    assert not store.holds_work()
+    if computed.endswith(".json"):
+        (tmp_path / computed).write_text("{}")
+    else:
+        (tmp_path / computed).mkdir()
+    assert store.holds_work()
+
+
+def test_clear_removes_every_computed_file_and_keeps_the_rest(tmp_path):
+    store = Store(tmp_path)
+    computed = ["provenance.json", "code.json", *(f"{name}.parquet" for name in TABLES)]
+    for name in computed:
+        (tmp_path / name).write_text("x")
+    with_work(store)
+    (store.done_dir("p")).mkdir(parents=True)
+    for name in ("settings.json", "notes.txt", "provenance.parquet"):
+        (tmp_path / name).write_text("kept")
+    store.clear()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt", "provenance.parquet", "settings.json"]
+    store.clear()  # clearing an empty folder is fine
+
+
+# --------------------------------------------------------------------------- prompts and layers
+def test_layer_markers_by_stage(tmp_path):
+    store = Store(tmp_path)
+    assert store.layer_meta("p", 0) is None
+    store.layer_dir("p", 0).mkdir(parents=True)
+    write_json(store.layer_dir("p", 0) / "cross.json", {"stage": "cross"})
+    assert store.layer_meta("p", 0) is None  # "done" is the default stage
+    assert store.layer_meta("p", 0, "cross") == {"stage": "cross"}
+    write_json(store.layer_dir("p", 0) / "done.json", {"stage": "done"})
+    assert store.layer_meta("p", 0) == {"stage": "done"}
+    assert store.layer_meta("p", 1, "cross") is None
+
+
+def test_a_prompt_keeps_its_work_for_the_same_inputs_and_drops_it_for_others(tmp_path):
+    store = Store(tmp_path)
+    store.start_prompt("p", "d1", "hello")
+    assert json.loads((store.work("p") / "prompt.json").read_text()) == {
+        "prompt": "p",
+        "digest": "d1",
+        "text": "hello",
+    }
+    with_work(store)
+    store.start_prompt("p", "d1", "hello")
+    assert (store.layer_dir("p", 0) / "J.npy").exists()
+    store.start_prompt("p", "d2", "other")
+    assert not store.layer_dir("p", 0).exists()
+    assert json.loads((store.work("p") / "prompt.json").read_text())["digest"] == "d2"
+
+
+def test_a_finished_prompt_is_read_back_and_its_inputs_checked(tmp_path):
+    store = Store(tmp_path)
+    assert store.finished_prompt("p", "d1") is None
+    store.start_prompt("p", "d1", "hello")
+    with_work(store)
+    store.finish_prompt("p", "d1", tables(), keep_work=False)
+    assert not store.work("p").exists()
+    assert json.loads((store.done_dir("p") / "done.json").read_text()) == {"prompt": "p", "digest": "d1"}
+    back = store.finished_prompt("p", "d1")
+    assert sorted(back) == sorted(TABLES)
+    pd.testing.assert_frame_equal(back["depthwise"], tables()["depthwise"])
+    with pytest.raises(ValueError, match=r"prompt 'p' was measured with other inputs.*resume=False"):
+        store.finished_prompt("p", "d2")
+
+
+def test_finish_prompt_can_keep_the_work_files(tmp_path):
+    store = with_work(Store(tmp_path))
+    store.finish_prompt("p", "d1", tables(), keep_work=True)
+    assert (store.layer_dir("p", 0) / "J.npy").exists()
+
+
+def test_a_prompt_without_its_marker_is_not_finished(tmp_path):
+    """The marker is written after the tables: tables alone (a writer killed between) do not count."""
+    store = Store(tmp_path)
+    store.finish_prompt("p", "d1", tables(), keep_work=True)
+    (store.done_dir("p") / "done.json").unlink()
+    assert store.finished_prompt("p", "d1") is None
+
+
+# --------------------------------------------------------------------------- the finished measurement
+def test_finished_is_today_s_code_only_unless_stale_is_allowed(tmp_path):
+    store = Store(tmp_path)
+    assert store.finished("code-today") is None
+    store.finish(tables(), {"code": {"fingerprint": "code-today"}, "model": "m"})
+    m = store.finished("code-today")
+    assert m is not None and not m.stale and m.provenance["model"] == "m"
+    pd.testing.assert_frame_equal(m.depthwise, typed("depthwise", tables()["depthwise"]))
+    assert store.finished("code-tomorrow") is None
+    stale = store.finished("code-tomorrow", reuse_stale=True)
+    assert stale is not None and stale.stale
+    assert store.finished("code-today", reuse_stale=True).stale is False
+
+
+def test_a_measurement_stored_before_code_stamps_is_stale(tmp_path):
+    store = Store(tmp_path)
+    store.finish(tables(), {"model": "m"})
+    assert store.finished("code-today") is None
+    assert store.finished("code-today", reuse_stale=True).stale
+
+
+# --------------------------------------------------------------------------- arrays and json
+def test_arrays_round_trip_from_tensors_and_non_contiguous_views(tmp_path):
+    t = torch.arange(12.0, requires_grad=True).reshape(3, 4) * 2
+    save_npy(tmp_path / "a.npy", t.T)  # a non-contiguous view of a tensor that needs grad
+    back = load_npy(tmp_path / "a.npy")
+    assert isinstance(back, np.memmap)
+    np.testing.assert_array_equal(back, (np.arange(12.0).reshape(3, 4) * 2).T)
+    assert not isinstance(load_npy(tmp_path / "a.npy", mmap=False), np.memmap)
+    save_npy(tmp_path / "b.npy", [1, 2])
+    np.testing.assert_array_equal(load_npy(tmp_path / "b.npy"), [1, 2])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.npy", "b.npy"]  # no temporary left
+
+
+def test_stored_bases_and_arrays_by_token(tmp_path):
+    store = Store(tmp_path)
+    ldir = store.layer_dir("p", 1)
+    ldir.mkdir(parents=True)
+    U, S, Vh = torch.randn(2, 5, 3), torch.rand(2, 3), torch.randn(2, 3, 5)
+    for prefix, scale in (("", 1.0), ("ctx_", 10.0)):
+        for name, arr in zip(("U", "S", "Vh"), (U, S, Vh), strict=True):
+            save_npy(ldir / f"{prefix}basis_{name}.npy", arr * scale)
+    full = store.basis("p", 1)
+    assert all(torch.equal(a, b) for a, b in zip(full, (U, S, Vh), strict=True))
+    one = store.basis("p", 1, index=1)
+    assert all(torch.equal(a, b[1]) for a, b in zip(one, (U, S, Vh), strict=True))
+    ctx = store.basis("p", 1, prefix="ctx_", index=0)
+    assert torch.equal(ctx.S, S[0] * 10.0)
+    save_npy(ldir / "J.npy", U)
+    assert torch.equal(store.array("p", 1, "J", 1), U[1])
+
+
+def test_json_is_sorted_and_writes_paths_as_text(tmp_path):
+    write_json(tmp_path / "x.json", {"b": tmp_path, "a": 1})
+    text = (tmp_path / "x.json").read_text()
+    assert text.index('"a"') < text.index('"b"') and json.loads(text)["b"] == str(tmp_path)
