@@ -160,3 +160,35 @@ def test_file_lock_is_released_on_error(tmp_path):
     with pytest.raises(KeyError), files.file_lock(lock):
         raise KeyError
     assert not files.is_locked(lock) and os.path.exists(lock)
+
+
+# --------------------------------------------------------------------------- data_dir
+def test_data_dir_is_the_repository_s_data_folder_by_default(monkeypatch):
+    monkeypatch.delenv(files.DATA_ENV_VAR, raising=False)
+    path = files.data_dir()
+    assert path.name == "data" and (path / "model_aliases.csv").is_file()
+    assert (path.parent / "coupling_utils" / "files.py").is_file()  # beside the package
+
+
+def test_data_dir_follows_the_environment_variable(monkeypatch, tmp_path):
+    monkeypatch.setenv(files.DATA_ENV_VAR, str(tmp_path))
+    assert files.data_dir() == tmp_path
+    monkeypatch.setenv(files.DATA_ENV_VAR, str(tmp_path / "missing"))
+    message = (
+        r"^\$COUPLING_DATA='.*missing' is not a directory\. Point it at a copy of the "
+        r"repository's data/ folder, or unset it to use the repository's own\.$"
+    )
+    with pytest.raises(FileNotFoundError, match=message):
+        files.data_dir()
+
+
+def test_data_dir_says_how_to_fix_a_package_installed_without_its_data(monkeypatch, tmp_path):
+    monkeypatch.delenv(files.DATA_ENV_VAR, raising=False)
+    monkeypatch.setattr(files, "__file__", str(tmp_path / "site-packages" / "coupling_utils" / "files.py"))
+    message = (
+        r"^The project's data folder was not found at .*site-packages/data\. coupling_utils reads "
+        r"its data from the repository checkout: install it editable from the repository "
+        r"\(`pip install -e \.`\), or set \$COUPLING_DATA to a copy of the repository's data/ folder\.$"
+    )
+    with pytest.raises(FileNotFoundError, match=message):
+        files.data_dir()

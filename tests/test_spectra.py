@@ -262,6 +262,22 @@ def test_token_operator_products_equal_explicit_jacobians():
     assert op.passes == 14
 
 
+def test_token_operator_runs_a_bf16_block_in_bf16_and_returns_fp32_products():
+    f, X, J = _toy_token_diagonal()
+    seen = []
+
+    def f_bf16(Y):  # the block in its own dtype, as a bf16 model would run
+        seen.append(Y.dtype)
+        return f(Y.float()).to(torch.bfloat16)
+
+    op = TokenOperator(f_bf16, X.to(torch.bfloat16), chunk_size=3)
+    assert op.dtype == torch.float32
+    V = torch.randn(5, 12, 4)
+    out, back = op.matmul(V), op.rmatmul(V)
+    assert out.dtype == back.dtype == torch.float32 and set(seen) == {torch.bfloat16}
+    torch.testing.assert_close(out, J @ V, atol=0.1, rtol=0.05)  # bf16 rounding of X and products
+
+
 def test_operator_topk_with_full_rank_probe_is_exact():
     f, X, J = _toy_token_diagonal()
     res = operator_topk(

@@ -80,7 +80,8 @@ def test_open_refuses_other_settings_when_resuming_and_replaces_them_when_not(tm
     store.open(settings, CODE, resume=True, reuse_stale=False)
     with_work(store)
     other = Settings(k=4).resolve(info)
-    with pytest.raises(ValueError, match=r"other settings \(k, n_singular\).*resume=False"):
+    message = r"other settings \(k, n_singular\); use another out directory, or resume=False to replace it$"
+    with pytest.raises(ValueError, match=message):
         store.open(other, CODE, resume=True, reuse_stale=False)
     assert (store.layer_dir("p", 0) / "J.npy").exists()  # a refusal deletes nothing
     store.open(other, CODE, resume=False, reuse_stale=False)
@@ -194,7 +195,11 @@ def test_a_finished_prompt_is_read_back_and_its_inputs_checked(tmp_path):
     back = store.finished_prompt("p", "d1")
     assert sorted(back) == sorted(TABLES)
     pd.testing.assert_frame_equal(back["depthwise"], tables()["depthwise"])
-    with pytest.raises(ValueError, match=r"prompt 'p' was measured with other inputs.*resume=False"):
+    message = (
+        r"prompt 'p' was measured with other inputs; use another out directory, "
+        r"other prompt ids, or resume=False$"
+    )
+    with pytest.raises(ValueError, match=message):
         store.finished_prompt("p", "d2")
 
 
@@ -207,9 +212,11 @@ def test_finish_prompt_can_keep_the_work_files(tmp_path):
 def test_a_prompt_without_its_marker_is_not_finished(tmp_path):
     """The marker is written after the tables: tables alone (a writer killed between) do not count."""
     store = Store(tmp_path)
-    store.finish_prompt("p", "d1", tables(), keep_work=True)
+    store.finish_prompt("p", "d1", tables(), keep_work=False)  # no work folder to drop: fine
     (store.done_dir("p") / "done.json").unlink()
     assert store.finished_prompt("p", "d1") is None
+    store.finish_prompt("p", "d1", tables(), keep_work=False)  # the resumed run finishes it again
+    assert store.finished_prompt("p", "d1") is not None
 
 
 # --------------------------------------------------------------------------- the finished measurement
