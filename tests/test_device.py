@@ -16,6 +16,7 @@ from coupling_utils.analysis import coupling_metric as cm
 from coupling_utils.analysis import trajectories as tr
 from coupling_utils.engine.architectures import ARCHITECTURES, tiny_model
 from coupling_utils.engine.blocks import residual_stream
+from coupling_utils.engine.metric import coupling_matrix
 from coupling_utils.engine.spectra import matrix_free_topk
 
 DEMO = "What is the capital of France? The capital is"
@@ -107,6 +108,17 @@ def test_engine_on_the_device(arch, variant):
     torch.testing.assert_close(C.cpu(), C0, rtol=0, atol=0)
     torch.testing.assert_close(S.cpu(), S0, rtol=1e-5, atol=1e-6)
     assert np.allclose(L.cosine, L0.cosine, atol=1e-12)
+
+
+def test_coupling_matrix_stays_on_the_device_of_its_jacobians():
+    """(Not in `make mutants`: the emulated backend cannot run in mutmut's forked children.)"""
+    g = torch.Generator().manual_seed(0)
+    Js = torch.randn(3, 16, 16, generator=g, dtype=torch.float64)
+    M0 = coupling_matrix(Js, 5)
+    with emulated_device() as dev:
+        M = coupling_matrix(Js.to(dev), 5)
+    assert on_device(M)
+    torch.testing.assert_close(M.cpu(), M0, rtol=0, atol=1e-12)
 
 
 # --------------------------------------------------------------------------- loading, twins, checkpoints
