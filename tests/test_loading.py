@@ -468,6 +468,57 @@ def test_quantized_model_gives_the_jacobian_of_its_dequantized_weights(
 
 
 @pytest.fixture(scope="module")
+def wide_qwen2_dir(tmp_path_factory):
+    """A small Qwen2 128 wide whose q/k/v projections have biases, set large (they are zero at init)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    root = tmp_path_factory.mktemp("wide-qwen2")
+    cfg = Qwen2Config(
+        vocab_size=64,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.normal_(0.0, 1.0)
+    model.save_pretrained(root)
+    return root
+
+
+@pytest.mark.parametrize("quantization", ["4bit", "8bit"])
+def test_dequantized_layer_computes_the_quantized_function(monkeypatch, wide_qwen2_dir, quantization):
+    """The stand-in that the block Jacobians differentiate (engine/blocks.py): bitsandbytes' own
+    forward, in the model's dtype, bias included, returned in the caller's dtype."""
+    pytest.importorskip("bitsandbytes", reason="the gpu extra (make venv installs it)")
+    from coupling_utils.engine.blocks import _DequantizedLinear
+
+    monkeypatch.setattr(loading, "QUANTIZATION_DEVICES", ("cuda", "cpu"))
+    q = load_model(wide_qwen2_dir, quantization=quantization, dtype="bfloat16", device="cpu")
+    layer = q.model.model.layers[0].self_attn.q_proj
+    assert layer.bias is not None and float(layer.bias.abs().mean()) > 0.5
+    if type(layer).__name__ == "Linear4bit":  # compute as on a GPU, not with the CPU's repacked kernels
+        layer.support_avx512bf16_for_cpu = False
+    plain = _DequantizedLinear(layer)
+    assert plain.compute_dtype == torch.bfloat16  # the model's dtype
+    x = torch.randn(3, 128, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ref = layer(x.to(torch.bfloat16)).float()
+    for dtype in (torch.float32, torch.bfloat16):
+        out = plain(x.to(dtype))
+        assert out.dtype == dtype
+        err = float((out.float() - ref).norm() / ref.norm())
+        # 4-bit: the same function; 8-bit: LLM.int8 also rounds the activations
+        assert err < (1e-6 if quantization == "4bit" else 0.02), err
+
+
+@pytest.fixture(scope="module")
 def hub_cache(tmp_path_factory):
     """A stand-in Hugging Face hub cache: one repo id, ``main`` and ``step1`` at different commits.
 
