@@ -505,17 +505,19 @@ def test_dequantized_layer_computes_the_quantized_function(monkeypatch, wide_qwe
     assert layer.bias is not None and float(layer.bias.abs().mean()) > 0.5
     if type(layer).__name__ == "Linear4bit":  # compute as on a GPU, not with the CPU's repacked kernels
         layer.support_avx512bf16_for_cpu = False
-    plain = _DequantizedLinear(layer)
-    assert plain.compute_dtype == torch.bfloat16  # the model's dtype
+    before = _DequantizedLinear(layer)  # 8-bit: its scales still on the weight ...
     x = torch.randn(3, 128, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         ref = layer(x.to(torch.bfloat16)).float()
-    for dtype in (torch.float32, torch.bfloat16):
-        out = plain(x.to(dtype))
-        assert out.dtype == dtype
-        err = float((out.float() - ref).norm() / ref.norm())
-        # 4-bit: the same function; 8-bit: LLM.int8 also rounds the activations
-        assert err < (1e-6 if quantization == "4bit" else 0.02), err
+    after = _DequantizedLinear(layer)  # ... and after a forward pass, in the layer's state
+    for plain in (before, after):
+        assert plain.compute_dtype == torch.bfloat16  # the model's dtype
+        for dtype in (torch.float32, torch.bfloat16):
+            out = plain(x.to(dtype))
+            assert out.dtype == dtype
+            err = float((out.float() - ref).norm() / ref.norm())
+            # 4-bit: the same function; 8-bit: LLM.int8 also rounds the activations
+            assert err < (1e-6 if quantization == "4bit" else 0.02), err
 
 
 @pytest.fixture(scope="module")
