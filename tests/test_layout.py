@@ -1,4 +1,5 @@
-"""The package's layers import downwards only: files < engine < models < measurement < analysis < pipeline.
+"""The package's layers import downwards only (files < engine < models < measurement < analysis <
+chapters < pipeline).
 
 Every ``import`` and ``from ... import`` in every module (module level or inside a function) is
 read with ``ast``; a module may import its own layer or a lower one, never a higher one.
@@ -17,7 +18,7 @@ import coupling_utils
 
 PKG = Path(coupling_utils.__file__).resolve().parent
 # lowest first; the top-level modules (files, provenance, __init__) are the base every layer may use
-LAYERS = ["files", "engine", "models", "measurement", "analysis", "pipeline"]
+LAYERS = ["files", "engine", "models", "measurement", "analysis", "chapters", "pipeline"]
 BASE = {"files", "provenance"}  # top-level modules below every layer
 
 

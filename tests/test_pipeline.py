@@ -11,7 +11,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from coupling_utils.pipeline.checks import check_parameters, checked_names
+from coupling_utils.chapters import chapter, check_parameters
+from coupling_utils.chapters.checks import (
+    ParameterError,
+    check_choice,
+    check_int,
+    check_k,
+    check_list,
+    check_model,
+)
 from coupling_utils.pipeline.execution import (
     find_notebooks,
     notebook_paths,
@@ -21,16 +29,7 @@ from coupling_utils.pipeline.execution import (
     run_notebook,
     run_notebooks,
 )
-from coupling_utils.pipeline.params import (
-    ParameterError,
-    check_choice,
-    check_int,
-    check_k,
-    check_list,
-    check_model,
-    check_overrides,
-    notebook_parameters,
-)
+from coupling_utils.pipeline.params import check_overrides, notebook_parameters
 from coupling_utils.provenance import code_fingerprint
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -57,10 +56,15 @@ def test_every_profile_file_validates_against_its_notebook(nb, profile):
 
 
 @pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.stem)
-def test_every_parameter_has_a_value_check(nb):
+def test_every_parameter_is_a_checked_field_of_its_chapter(nb):
+    """The notebook's parameters cell and its chapter's ``Params`` agree, name for name, in order,
+    default for default (papermill reads the cell; every other caller reads the chapter)."""
     declared = notebook_parameters(nb)
-    unchecked = sorted(set(declared) - checked_names(nb.stem))
-    assert not unchecked, f"{nb.stem}: add a check for {unchecked} in coupling_utils/pipeline/checks.py"
+    Params = chapter(nb.stem).Params
+    assert list(declared) == Params.names(), f"{nb.stem}: the cell's parameters differ from {Params}"
+    defaults = Params.defaults()
+    differ = {n: (p.default, defaults[n]) for n, p in declared.items() if p.default != defaults[n]}
+    assert not differ, f"{nb.stem}: defaults differ between the cell and the chapter: {differ}"
     check_parameters(nb.stem, {n: p.default for n, p in declared.items()})  # the defaults pass
 
 

@@ -16,7 +16,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from coupling_utils.pipeline.params import ParameterError
+from coupling_utils.chapters.checks import ParameterError
 
 __all__ = ["main"]
 

@@ -70,8 +70,8 @@ def _print_states(title: str, states) -> None:
 
 
 def _cmd_sweep(args) -> int:
+    from coupling_utils.chapters.checks import ParameterError
     from coupling_utils.pipeline.execution import parse_override
-    from coupling_utils.pipeline.params import ParameterError
     from coupling_utils.pipeline.sweep import (
         SweepError,
         load_sweep,

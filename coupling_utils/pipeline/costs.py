@@ -29,10 +29,10 @@ On ``c`` cores it is the one-core time over ``c``: perfect scaling, so a lower b
 one-core time the upper bound; the profiles and the page give both. GPU time is not predicted:
 no GPU throughput has been measured here (run ``bench/bench_costs.py`` on one).
 
-Which measurements a notebook makes comes from the same job lists the notebook and the sweep use
-(:func:`coupling_utils.pipeline.sweep.notebook_jobs`, for f01, f02, f03) or, for the notebooks
-that measure inside their own cells (f00, f04, f05), from their parameters as those cells use
-them (:data:`WORKLOADS`). Embedded models (trained here) are listed apart: their cost is the
+Which measurements a notebook makes comes from its chapter's plan, ``jobs(params)``
+(``coupling_utils.chapters``), the list the notebook and the sweep use, or, for the chapters that
+still measure inside their own cells, from their parameters as those cells use them
+(:data:`UNPLANNED`). Embedded models (trained here) are listed apart: their cost is the
 zoo's (``coupling-book zoo list``).
 """
 
@@ -354,33 +354,26 @@ def _f05_work(v: Mapping[str, Any]) -> list[Work]:
     return out
 
 
-def _swept(notebook: str) -> Callable[[Mapping[str, Any]], list[Work]]:
-    def work(v: Mapping[str, Any]) -> list[Work]:
-        from coupling_utils.pipeline.sweep import NOTEBOOK_JOBS
-
-        return _from_jobs(NOTEBOOK_JOBS[notebook](v))
-
-    return work
-
-
-WORKLOADS: dict[str, Callable[[Mapping[str, Any]], list[Work]]] = {
+# the chapters that measure inside their own cells and have no ``jobs`` yet: their work as those cells do it
+UNPLANNED: dict[str, Callable[[Mapping[str, Any]], list[Work]]] = {
     "f00_coupling_metric": _f00_work,
-    "f01_depth_and_tokens": _swept("f01_depth_and_tokens"),
-    "f02_generalization": _swept("f02_generalization"),
-    "f03_training_emergence": _swept("f03_training_emergence"),
     "f04_vision_transformers": _f04_work,
     "f05_token_trajectories": _f05_work,
 }
 
 
 def notebook_work(notebook: str, profile: str, overrides: Mapping[str, Any] | None = None) -> list[Work]:
-    """The measurements ``notebook`` makes at ``profile`` (with ``overrides``)."""
-    from coupling_utils.pipeline.sweep import planned_values
+    """The measurements ``notebook`` makes at ``profile`` (with ``overrides``): its chapter's
+    ``jobs(params)``, the list the notebook and the sweep read."""
+    from coupling_utils.chapters import chapter
+    from coupling_utils.pipeline.sweep import _notebook, planned_params
 
-    values = planned_values(notebook, profile, overrides)
-    from coupling_utils.pipeline.sweep import _notebook
-
-    return WORKLOADS[_notebook(notebook).stem](values)
+    stem = _notebook(notebook).stem
+    params = planned_params(stem, profile, overrides)
+    module = chapter(stem)
+    if hasattr(module, "jobs"):
+        return _from_jobs(module.jobs(params))
+    return UNPLANNED[stem](params.values())
 
 
 # --------------------------------------------------------------------------- tables

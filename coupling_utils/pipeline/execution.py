@@ -23,9 +23,11 @@ from typing import Any
 
 import yaml
 
+from coupling_utils.chapters import NAMES as CHAPTERS
+from coupling_utils.chapters import check_parameters
+from coupling_utils.chapters.checks import ParameterError
 from coupling_utils.files import atomic_write_text
-from coupling_utils.pipeline.checks import SPECIFIC, check_parameters
-from coupling_utils.pipeline.params import ParameterError, check_overrides, notebook_parameters
+from coupling_utils.pipeline.params import check_overrides, notebook_parameters
 from coupling_utils.provenance import code_fingerprint
 
 __all__ = [
@@ -197,7 +199,7 @@ def run_notebook(
         values = check_overrides(
             declared, {**profile_values(notebook, profile), **(overrides or {})}, where=notebook.stem
         )
-        if notebook.stem in SPECIFIC:  # the notebook's own value checks, before a kernel starts
+        if notebook.stem in CHAPTERS:  # the chapter's own value checks, before a kernel starts
             check_parameters(notebook.stem, {**{n: p.default for n, p in declared.items()}, **values})
     except ParameterError as exc:
         return RunResult(

@@ -3,37 +3,21 @@
 Every notebook has exactly one code cell tagged ``parameters`` holding literal assignments, one
 per line, each with a comment. Profiles (``notebooks/profiles/<profile>/<notebook>.yaml``) and
 ``-p key=value`` overrides are checked against that cell (names and types) before a run, and the
-notebook's next cell checks values (ranges, choices, model names) with the ``check_*`` helpers
-here, which raise :class:`ParameterError` naming the parameter and the fix.
+notebook's next cell checks values (ranges, choices, model names) through its chapter's
+``Params`` (:mod:`coupling_utils.chapters`), which raise ``ParameterError`` naming the parameter
+and the fix.
 """
 
 from __future__ import annotations
 
 import ast
-import re
-from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = [
-    "ParameterError",
-    "Parameter",
-    "notebook_parameters",
-    "check_overrides",
-    "check_int",
-    "check_float",
-    "check_bool",
-    "check_str",
-    "check_choice",
-    "check_list",
-    "check_model",
-    "check_k",
-]
+from coupling_utils.chapters.checks import ParameterError
 
-
-class ParameterError(ValueError):
-    """A notebook parameter has a bad name, type or value."""
+__all__ = ["Parameter", "notebook_parameters", "check_overrides"]
 
 
 @dataclass(frozen=True)
@@ -143,100 +127,3 @@ def check_overrides(
             )
         out[key] = value
     return out
-
-
-# --- value checks used in notebooks' derived-values cell ---------------------------------------
-
-
-def _fail(name: str, message: str, value: Any) -> ParameterError:
-    return ParameterError(f"parameter {name!r} {message}, got {value!r}")
-
-
-def check_int(name: str, value: Any, *, min: int | None = None, max: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise _fail(name, "must be an integer", value)
-    if min is not None and value < min:
-        raise _fail(name, f"must be >= {min}", value)
-    if max is not None and value > max:
-        raise _fail(name, f"must be <= {max}", value)
-    return value
-
-
-def check_float(name: str, value: Any, *, min: float | None = None, max: float | None = None) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise _fail(name, "must be a number", value)
-    if min is not None and value < min:
-        raise _fail(name, f"must be >= {min}", value)
-    if max is not None and value > max:
-        raise _fail(name, f"must be <= {max}", value)
-    return float(value)
-
-
-def check_bool(name: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise _fail(name, "must be true or false", value)
-    return value
-
-
-def check_str(name: str, value: Any, *, pattern: str | None = None) -> str:
-    if not isinstance(value, str) or not value:
-        raise _fail(name, "must be a non-empty string", value)
-    if pattern is not None and not re.fullmatch(pattern, value):
-        raise _fail(name, f"must match {pattern!r}", value)
-    return value
-
-
-def check_choice(name: str, value: Any, choices: Iterable[Any]) -> Any:
-    choices = list(choices)
-    if value not in choices:
-        raise _fail(name, f"must be one of {choices}", value)
-    return value
-
-
-def check_list(
-    name: str,
-    value: Any,
-    item: Callable[[str, Any], Any] | None = None,
-    *,
-    min_len: int = 1,
-    max_len: int | None = None,
-) -> list:
-    if not isinstance(value, (list, tuple)):
-        raise _fail(name, "must be a list", value)
-    if len(value) < min_len:
-        raise _fail(name, f"must have at least {min_len} item(s)", value)
-    if max_len is not None and len(value) > max_len:
-        raise _fail(name, f"must have at most {max_len} item(s)", value)
-    if item is None:
-        return list(value)
-    return [item(f"{name}[{i}]", v) for i, v in enumerate(value)]
-
-
-def check_k(name: str, value: Any, d: int | None = None) -> int:
-    """A top-K size: a positive integer, at most the Jacobian size ``d`` when known."""
-    check_int(name, value, min=1)
-    if d is not None and value > d:
-        raise _fail(name, f"(K) must be <= the model width d={d}", value)
-    return value
-
-
-_HUB_ID = re.compile(r"[A-Za-z0-9][\w.\-]*(/[\w.\-]+)?")
-
-
-def check_model(name: str, value: Any) -> str:
-    """A model reference: ``embedded:<name>`` (known to the zoo), a local directory or file, or a hub id."""
-    check_str(name, value)
-    if value.startswith("embedded:"):
-        from coupling_utils.models import zoo
-
-        known = zoo.names()
-        if value.split(":", 1)[1] not in known and value not in known:
-            raise _fail(name, "is not a known embedded model; known: " + ", ".join(sorted(known)), value)
-        return value
-    if Path(value).expanduser().exists():
-        return value
-    if value.startswith((".", "/", "~")) or not _HUB_ID.fullmatch(value):
-        raise _fail(
-            name, "is neither an existing local path nor a Hugging Face hub id like 'org/name'", value
-        )
-    return value

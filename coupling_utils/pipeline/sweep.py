@@ -1,11 +1,11 @@
 """Sweeps: the measurements a notebook needs, run as cluster jobs that fill the cache it reads.
 
 A notebook at a profile (plus ``-p`` overrides) measures a list of models, revisions and twins.
-:func:`notebook_jobs` derives that list, the :class:`~coupling_utils.measurement.Job` objects,
-from the notebook's planned parameter values through the same job-list function its analysis
-calls (``twin_jobs`` for f01, ``family_jobs`` for f02, ``checkpoint_jobs`` for f03), with the
-same arguments the notebook passes, so the sweep and the notebook cannot disagree (a test runs
-each notebook after its sweep with model loading forbidden). :func:`plan_sweep` groups the jobs
+:func:`notebook_jobs` reads that list, the :class:`~coupling_utils.measurement.Job` objects,
+from the notebook's chapter module (``coupling_utils.chapters``): ``jobs(params)`` of its
+checked parameters, the plan the notebook itself measures, so the sweep and the notebook cannot
+disagree (a test runs each notebook after its sweep with model loading forbidden). Nothing here
+is specific to a chapter. :func:`plan_sweep` groups the jobs
 into :class:`Task` objects, one per (model, revision), so that one cluster job loads or downloads
 a checkpoint once (a random-init twin travels with its trained model).
 
@@ -52,7 +52,6 @@ __all__ = [
     "Task",
     "Sweep",
     "TaskState",
-    "NOTEBOOK_JOBS",
     "EXECUTORS",
     "STATES",
     "FORWARDED_ENV",
@@ -61,6 +60,7 @@ __all__ = [
     "record_sweep",
     "load_sweep",
     "group_tasks",
+    "planned_params",
     "planned_values",
     "summary_line",
     "submit",
@@ -90,114 +90,7 @@ class SweepError(ValueError):
     """A sweep cannot be planned or submitted (bad notebook, executor or option)."""
 
 
-# --------------------------------------------------------------------------- job lists per notebook
-def _f01_jobs(v: Mapping[str, Any]) -> list[Job]:
-    """f01's ``measure_twins`` calls: the first model with its tiles and token block, the others
-    without (the notebook's ``all_models`` loop)."""
-    from coupling_utils.analysis.data import load_prompts
-    from coupling_utils.analysis.depth_and_tokens import twin_jobs
-
-    table = load_prompts(n=v["n_prompts"], include_demo=v["include_demo"])
-    prompts = dict(zip(table["id"], table["text"]))
-    models = [v["model"], *[m for m in v["more_models"] if m != v["model"]]]
-    if v.get("include_gemma") and "embedded:gemma3-270m" not in models:
-        models.append("embedded:gemma3-270m")
-    jobs: list[Job] = []
-    for name in models:
-        first = name == v["model"]
-        jobs += twin_jobs(
-            name, prompts, k=v["k"], layers=v["layers"] or None,
-            tile_layers=v["tile_layers"] if first else None, token_layer=v["token_layer"] if first else None,
-            dtype=v["dtype"], seed=v["seed"], method=v["method"], max_tokens=v["max_tokens"],
-            out=cache_dir("f01", v["method"]),
-        )  # fmt: skip
-    return jobs
-
-
-def _family_members(family: str) -> dict[str, str]:
-    """``{run: "embedded:<family>/<run>"}`` from the zoo's registry (nothing is trained here)."""
-    from coupling_utils.models import zoo
-
-    name = family.removeprefix("embedded:")
-    entry = zoo.REGISTRY.get(name)
-    if entry is None or not entry.is_family:
-        families = ", ".join(e.name for e in zoo.REGISTRY.values() if e.is_family)
-        raise SweepError(f"{family!r} is not an embedded family; families: {families}")
-    return {run: f"embedded:{name}/{run}" for run in entry.members()}
-
-
-def _f02_jobs(v: Mapping[str, Any]) -> list[Job]:
-    """f02's three measurements, as the notebook calls them: the family with its twins (``K`` per
-    width from ``k_per_d``), the ``hub_models`` (``k``), and the scale question
-    (``scale.scale_jobs``: its models and the family, each at the ``scale_k`` that fit its width)."""
-    from coupling_utils.analysis import scale
-    from coupling_utils.analysis.data import load_prompts
-    from coupling_utils.analysis.generalization import corpus_prompts, family_jobs, k_for_width
-    from coupling_utils.models import zoo
-
-    if v["prompt_source"] == "corpus":
-        prompts = corpus_prompts(v["n_prompts"], v["prompt_tokens"], seed=v["seed"])
-    else:
-        table = load_prompts(n=v["n_prompts"], include_demo=False)
-        prompts = dict(zip(table["id"], table["text"]))
-    if not v["use_cache"]:
-        raise SweepError(
-            "use_cache=False: the notebook would not read what a sweep stores; drop the override"
-        )
-    cache = cache_dir("f02")
-    kw = dict(
-        tokens=v["tokens"], method=v["method"], dtype=v["dtype"], max_tokens=v["prompt_tokens"], cache=cache
-    )
-    members = _family_members(v["family"])
-    specs = zoo.REGISTRY[v["family"].removeprefix("embedded:")].specs()
-    widths = {run: int(specs[run].d_model) for run in members}
-    family_k = {run: k_for_width(d, v["k_per_d"]) for run, d in widths.items()}
-    jobs = family_jobs(members, prompts, k=family_k, twins=True, twin_seed=v["init_seed"], **kw)
-    if v["hub_models"]:
-        jobs += family_jobs(v["hub_models"], prompts, k=v["k"], **kw)
-    scale_table = load_prompts(n=v["scale_prompts"], include_demo=True)
-    scale_ks = {name: list(v["scale_k"]) for name in v["scale_models"]}
-    scale_ks.update({members[run]: [K for K in v["scale_k"] if d >= K] for run, d in widths.items()})
-    scale_ks = {name: ks for name, ks in scale_ks.items() if ks}
-    jobs += scale.scale_jobs(
-        list(scale_ks), dict(zip(scale_table["id"], scale_table["text"])), k=scale_ks, dtype=v["dtype"],
-        seed=v["init_seed"], method=v["method"], max_tokens=v["scale_max_tokens"],
-        root=cache_dir("f02", "scale"),
-    )  # fmt: skip
-    return jobs
-
-
-def _f03_jobs(v: Mapping[str, Any]) -> list[Job]:
-    """f03's ``sweep_checkpoints`` call per model, over the checkpoints ``run_checkpoints`` lists."""
-    from coupling_utils.analysis import emergence
-    from coupling_utils.analysis.data import load_prompts
-
-    table = load_prompts(n=v["n_prompts"], include_demo=v["include_demo"])
-    prompts = dict(zip(table["id"], table["text"]))
-    jobs: list[Job] = []
-    for m in v["models"]:
-        runs = emergence.run_checkpoints(m, v["revisions"])
-        jobs += emergence.checkpoint_jobs(
-            m, runs.revisions, prompts, k=v["k"], dtype=v["dtype"], method=v["method"],
-            max_tokens=v["max_tokens"], trajectory_tokens=v["trajectory_tokens"],
-            out=cache_dir("f03", v["method"]),
-        )  # fmt: skip
-    return jobs
-
-
-# notebook -> the function from its planned parameter values to the jobs its analyses run
-NOTEBOOK_JOBS: dict[str, Callable[[Mapping[str, Any]], list[Job]]] = {
-    "f01_depth_and_tokens": _f01_jobs,
-    "f02_generalization": _f02_jobs,
-    "f03_training_emergence": _f03_jobs,
-}
-NOT_SWEPT = {
-    "f00_coupling_metric": "it loads its one model inside the notebook (Jacobians of two blocks)",
-    "f04_vision_transformers": "it loads each ViT inside the notebook (image preprocessing needs the model)",
-    "f05_token_trajectories": "it loads its model and twin inside the notebook (trajectories, linearisation)",
-}
-
-
+# --------------------------------------------------------------------------- the chapters' plans
 def _notebook(name: str) -> Path:
     from coupling_utils.pipeline.execution import find_notebooks
 
@@ -207,29 +100,35 @@ def _notebook(name: str) -> Path:
     return found[0]
 
 
-def planned_values(notebook: str, profile: str, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """What a run of ``notebook`` at ``profile`` with ``overrides`` uses: defaults, profile, overrides,
-    with the notebook's own value checks applied (as ``coupling-book run`` does before a kernel)."""
-    from coupling_utils.pipeline.checks import SPECIFIC, check_parameters
+def planned_params(notebook: str, profile: str, overrides: Mapping[str, Any] | None = None):
+    """What a run of ``notebook`` at ``profile`` with ``overrides`` uses, as its chapter's checked
+    ``Params`` (defaults, profile, overrides, as ``coupling-book run`` checks them before a kernel)."""
+    from coupling_utils.chapters import chapter
     from coupling_utils.pipeline.execution import _planned_values
 
     nb = _notebook(notebook)
-    values = _planned_values(nb, profile, overrides)
-    if nb.stem in SPECIFIC:
-        check_parameters(nb.stem, dict(values))
-    return values
+    return chapter(nb.stem).Params.checked(_planned_values(nb, profile, overrides))
+
+
+def planned_values(notebook: str, profile: str, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """:func:`planned_params` as a plain dict."""
+    return planned_params(notebook, profile, overrides).values()
 
 
 def notebook_jobs(notebook: str, profile: str, overrides: Mapping[str, Any] | None = None) -> list[Job]:
-    """The measurement jobs ``notebook`` runs at ``profile`` with ``overrides`` (see the module doc)."""
+    """The measurement jobs ``notebook`` runs at ``profile`` with ``overrides``: its chapter's
+    ``jobs(params)`` (see the module doc)."""
+    from coupling_utils.chapters import NAMES, chapter
+
     nb = _notebook(notebook)
-    if nb.stem not in NOTEBOOK_JOBS:
-        why = NOT_SWEPT.get(nb.stem, "it has no job list")
+    module = chapter(nb.stem)
+    if not hasattr(module, "jobs"):
+        sweepable = [n for n in NAMES if hasattr(chapter(n), "jobs")]
         raise SweepError(
-            f"{nb.stem} is not swept: {why}. Run it on the GPU node with "
-            f"`coupling-book run {nb.stem[:3]} --profile {profile}`; sweepable: " + ", ".join(NOTEBOOK_JOBS)
+            f"{nb.stem} is not swept: {module.NOT_SWEPT}. Run it on the GPU node with "
+            f"`coupling-book run {nb.stem[:3]} --profile {profile}`; sweepable: " + ", ".join(sweepable)
         )
-    return NOTEBOOK_JOBS[nb.stem](planned_values(nb.stem, profile, overrides))
+    return module.jobs(planned_params(nb.stem, profile, overrides))
 
 
 # --------------------------------------------------------------------------- tasks and the sweep

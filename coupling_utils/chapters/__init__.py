@@ -1,0 +1,50 @@
+"""One module per finding: each chapter owns its parameters, its measurement plan and its claims.
+
+A chapter module (``coupling_utils.chapters.f01_depth_and_tokens`` for the notebook
+``notebooks/f01_depth_and_tokens.md``) declares
+
+- ``Params``: the notebook's papermill parameters as one checked object
+  (:class:`~coupling_utils.chapters.params.ChapterParams`);
+- ``jobs(params)``: the measurement plan, the list of
+  :class:`~coupling_utils.measurement.Job` objects the notebook measures. The notebook, the
+  sweep (``coupling-book sweep``) and the cost model read this one list, so they cannot
+  disagree.
+
+The pipeline layer iterates the chapters through :func:`chapter`; it holds no per-chapter code.
+To add a chapter: write ``notebooks/fNN_name.md`` and ``chapters/fNN_name.py`` with these
+names, and add the name to :data:`NAMES`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from types import ModuleType
+from typing import Any
+
+from coupling_utils.chapters.checks import ParameterError
+from coupling_utils.chapters.params import ChapterParams
+
+__all__ = ["NAMES", "chapter", "check_parameters", "ChapterParams", "ParameterError"]
+
+NAMES = (
+    "f00_coupling_metric",
+    "f01_depth_and_tokens",
+    "f02_generalization",
+    "f03_training_emergence",
+    "f04_vision_transformers",
+    "f05_token_trajectories",
+)
+
+
+def chapter(name: str) -> ModuleType:
+    """The chapter module of notebook ``name`` (its stem, e.g. ``"f01_depth_and_tokens"``)."""
+    if name not in NAMES:
+        raise ParameterError(f"no chapter {name!r}; chapters: {', '.join(NAMES)}")
+    return importlib.import_module(f"coupling_utils.chapters.{name}")
+
+
+def check_parameters(name: str, values: Mapping[str, Any]) -> ChapterParams:
+    """Chapter ``name``'s parameters from ``values`` (a dict or a notebook's ``globals()``),
+    checked: the one call a notebook's second cell and ``coupling-book run`` make."""
+    return chapter(name).Params.checked(values)
