@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from coupling_utils import provenance
-from coupling_utils.measurement import Settings, collect, measure, plan, run
+from coupling_utils.measurement import Options, Settings, collect, measure, plan, run
 
 PROMPTS = {"a": torch.tensor([[1, 5, 9, 3, 7]]), "b": torch.tensor([[2, 4, 6, 8]])}
 
@@ -74,24 +74,24 @@ def test_a_stored_job_loads_no_model(tmp_path):
     assert [j.labels for j in jobs] == [{"model": "m-a"}, {"model": "m-b"}]
     assert jobs[0].out("measure").parent == tmp_path / "m-a" / "main" / "trained"
     load = Loader()
-    first = collect(jobs, load=load)
+    first = collect(jobs, Options(load=load))
     assert [r.loaded for r in first.results] == [True, True] and load.calls == [
         ("m-a", None, False),
         ("m-b", None, False),
     ]
-    again = collect(plan(["m-a", "m-b"], PROMPTS, Settings(k=(2, 3)), root=tmp_path), load=_refuse)
+    again = collect(plan(["m-a", "m-b"], PROMPTS, Settings(k=(2, 3)), root=tmp_path), Options(load=_refuse))
     assert [r.loaded for r in again.results] == [False, False] and again.failures.empty
     pd.testing.assert_frame_equal(again.table("depthwise"), first.table("depthwise"))
     assert list(again.table("depthwise").columns[:2]) == ["model", "prompt"]
     # another setting is another measurement: it needs the model
-    other = collect(plan(["m-a"], PROMPTS, Settings(k=2), root=tmp_path), load=_refuse)
+    other = collect(plan(["m-a"], PROMPTS, Settings(k=2), root=tmp_path), Options(load=_refuse))
     assert other.failures.loc[0, "error"] == "AssertionError" and other.missing == [other.results[0].job]
 
 
 def test_failures_are_recorded_with_their_reason_and_the_others_still_run(tmp_path):
     load = Loader(fail={"gated/model": OSError("gated repo: log in with `hf auth login`")})
     jobs = plan(["gated/model", "m-ok"], PROMPTS, Settings(k=2), root=tmp_path, revisions=["step1"])
-    done = collect(jobs, load=load)
+    done = collect(jobs, Options(load=load))
     assert [r.ok for r in done.results] == [False, True]
     row = done.failures.iloc[0]
     assert (row["model"], row["revision"], row["error"]) == ("gated/model", "step1", "OSError")
@@ -99,13 +99,13 @@ def test_failures_are_recorded_with_their_reason_and_the_others_still_run(tmp_pa
     assert "model=gated/model, revision=step1" in done.report() and "OSError" in done.report()
     assert set(done.table("depthwise")["model"]) == {"m-ok"}
     with pytest.raises(OSError, match="gated repo"):
-        collect(jobs, load=load, on_error="raise")
+        collect(jobs, Options(load=load, on_error="raise"))
     # read-only: the stored failure's reason, and "not measured" for what never ran
     unseen = plan(["never"], PROMPTS, Settings(k=2), root=tmp_path)
-    status = collect(jobs + unseen, compute=False, load=_refuse)
+    status = collect(jobs + unseen, Options(load=_refuse, compute=False))
     assert [r.error for r in status.results] == ["OSError", None, "NotMeasured"]
     load.fail.clear()  # the repo became reachable: measured, and its failure record removed
-    assert run(jobs[0], load=load).ok and collect(jobs, compute=False).failures.empty
+    assert run(jobs[0], Options(load=load)).ok and collect(jobs, Options(compute=False)).failures.empty
 
 
 def test_models_are_released_between_jobs(tmp_path):
@@ -121,7 +121,7 @@ def test_models_are_released_between_jobs(tmp_path):
             raise ValueError("m-c: refused by check")
 
     jobs = plan(["m-a", "m-b", "m-c", "m-d"], PROMPTS, Settings(k=2), check=bad_layers)
-    done = collect(jobs, load=checking_load)
+    done = collect(jobs, Options(load=checking_load))
     assert [r.ok for r in done.results] == [True, True, False, True]
     assert seen_alive == [0, 0, 0, 0]  # no earlier model alive when the next one loads
     assert all(ref() is None for ref in load.alive)
@@ -148,14 +148,14 @@ def test_other_code_remeasures_unless_stale_results_are_reused(tmp_path, monkeyp
 
 def test_the_loop_reuses_stale_results_only_when_asked(tmp_path, monkeypatch):
     jobs = plan(["m-a"], PROMPTS, Settings(k=2), root=tmp_path)
-    collect(jobs, load=Loader())
+    collect(jobs, Options(load=Loader()))
     monkeypatch.setattr(provenance, "_sources_hash", lambda covers: "other code")
-    needs_model = collect(jobs, load=_refuse)
+    needs_model = collect(jobs, Options(load=_refuse))
     assert needs_model.failures.loc[0, "error"] == "AssertionError"
-    reused = collect(jobs, load=_refuse, reuse_stale=True)
+    reused = collect(jobs, Options(load=_refuse, reuse_stale=True))
     assert reused.results[0].ok and not reused.results[0].loaded and reused.stale == jobs
     assert "stale (made by other code, reused) model=m-a" in reused.report()
-    remade = collect(jobs, load=Loader())
+    remade = collect(jobs, Options(load=Loader()))
     assert remade.results[0].loaded and not remade.stale
 
 

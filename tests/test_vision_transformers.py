@@ -46,12 +46,13 @@ def test_the_twin_is_an_independent_draw_not_the_step0_checkpoint(tiny_run):
     ("token", "positions"), [("cls", {0}), ("last", {16}), ("patch5", {6}), ("mean", set(range(17)))]
 )
 def test_token_choice_measures_that_token(tiny_run, tmp_path, token, positions):
-    from coupling_utils.measurement import collect
+    from coupling_utils.measurement import Options, collect
 
     got = vt.vit_coupling({"run": str(tiny_run)}, k=2, n_images=1, token=token, cache=tmp_path)
     assert got.summary.token.iloc[0] == token
     stored = collect(
-        vt.vit_jobs({"run": str(tiny_run)}, k=2, n_images=1, token=token, cache=tmp_path), compute=False
+        vt.vit_jobs({"run": str(tiny_run)}, k=2, n_images=1, token=token, cache=tmp_path),
+        Options(compute=False),
     )
     assert set(stored.table("depthwise").token) == positions
 

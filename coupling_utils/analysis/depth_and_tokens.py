@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from coupling_utils.measurement import Job, Settings, collect, coupling_summary, plan
+from coupling_utils.measurement import Job, Options, Settings, collect, coupling_summary, plan
 
 __all__ = [
     "WEIGHTS",
@@ -165,7 +165,7 @@ def measure_twins(
         model, prompts, k=ks, layers=layers, tile_layers=tile_layers, token_layer=token_layer,
         dtype=dtype, seed=seed, method=method, max_tokens=max_tokens, out=out,
     )  # fmt: skip
-    done = collect(jobs, load=load, on_error=on_error, reuse_stale=reuse_stale)
+    done = collect(jobs, Options(load=load, on_error=on_error, reuse_stale=reuse_stale))
     if not done.ok:
         raise RuntimeError(f"{model}: no twin could be measured\n{done.report()}")
     window = dict(tile_layers=tile_layers, tile_k=tile_k, token_layer=token_layer)
@@ -277,7 +277,7 @@ def measure_models(
         extra = dict(tile_layers=tile_layers, token_layer=token_layer) if name == main else {}
         jobs = twin_jobs(name, prompts, k=ks, layers=layers, dtype=dtype, seed=seed, method=method,
                          max_tokens=max_tokens, out=out, **extra)  # fmt: skip
-        done = collect(jobs, load=load, on_error="record", reuse_stale=reuse_stale)
+        done = collect(jobs, Options(load=load, reuse_stale=reuse_stale))
         if len(done.ok) == len(WEIGHTS):
             results[name] = _assemble(
                 name, done, ks, tile_layers=extra.get("tile_layers"), tile_k=tile_k,

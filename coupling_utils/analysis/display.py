@@ -50,9 +50,11 @@ import html
 import json
 import math
 import re
+from collections.abc import Mapping
 from typing import Any
 
 __all__ = [
+    "glue_all",
     "FIT_WIDTH",
     "MAX_SVG_BYTES",
     "METADATA_KEY",
@@ -426,3 +428,12 @@ def use_book_charts() -> None:
     if RENDERER_NAME not in alt.renderers.names():
         alt.renderers.register(RENDERER_NAME, _renderer)
     alt.renderers.enable(RENDERER_NAME)
+
+
+def glue_all(values: Mapping[str, Any]) -> None:
+    """Glue every ``{name: value}`` for the prose (``{glue:text}`name```), not displayed: a
+    chapter's glue values, computed in its module, in one call from its notebook."""
+    from myst_nb import glue
+
+    for name, value in values.items():
+        glue(name, value, display=False)

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from coupling_utils.measurement import Extra, Job, Settings, collect, plan, relabel
+from coupling_utils.measurement import Extra, Job, Options, Settings, collect, plan, relabel
 
 __all__ = [
     "step_of",
@@ -473,7 +473,7 @@ def sweep_checkpoints(
         trajectory_tokens=trajectory_tokens, dtype=dtype, method=method, max_tokens=max_tokens, out=out,
     )  # fmt: skip
     done = collect(
-        jobs, load=load, on_error=on_error, reuse_stale=reuse_stale, progress=progress,
+        jobs, Options(load=load, on_error=on_error, reuse_stale=reuse_stale, progress=progress),
         desc=f"checkpoints of {model}",
     )  # fmt: skip
     if not done.ok:

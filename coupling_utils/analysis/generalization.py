@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from coupling_utils.measurement import Job, Result, Settings, collect, plan
+from coupling_utils.measurement import Job, Options, Result, Settings, collect, plan
 from coupling_utils.measurement.jobs import WEIGHTS
 
 __all__ = [
@@ -237,7 +237,7 @@ def family_coupling(
         if echo is not None:
             echo(_echo_line(r.job.describe() if twins else r.job.labels["model"], row))
 
-    collect(jobs, load=load, on_error=on_error, reuse_stale=reuse_stale, callback=condense)
+    collect(jobs, Options(load=load, on_error=on_error, reuse_stale=reuse_stale), callback=condense)
     labels = ["model", "weights"] if twins else ["model"]
     per_prompt = (
         pd.concat(per_prompt, ignore_index=True)

@@ -42,7 +42,7 @@ import numpy as np
 import pandas as pd
 
 from coupling_utils.analysis.verdicts import Rule
-from coupling_utils.measurement import Measurement, Result, Settings, collect, plan
+from coupling_utils.measurement import Measurement, Options, Result, Settings, collect, plan
 from coupling_utils.measurement.jobs import WEIGHTS
 
 __all__ = [
@@ -196,7 +196,7 @@ def measure_scale(
             echo(f"{labels['model']} ({labels['weights']}): {len(m.prompts)} prompt(s), {r.seconds:.1f} s"
                  + (" (cached)" if not r.loaded else ""))  # fmt: skip
 
-    got = collect(jobs, load=load, on_error=on_error, reuse_stale=reuse_stale, callback=condense)
+    got = collect(jobs, Options(load=load, on_error=on_error, reuse_stale=reuse_stale), callback=condense)
     columns = ["model", "weights", *CANDIDATE_COLUMNS, "value", "sd", "n_prompts"]
     table = pd.concat(values, ignore_index=True) if values else pd.DataFrame(columns=columns)
     return ScaleMeasurement(table[columns], pd.DataFrame(facts), got.failures)

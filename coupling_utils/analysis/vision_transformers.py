@@ -33,8 +33,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from coupling_utils.measurement import Job, Result, Settings, collect, plan, relabel
-from coupling_utils.measurement.loop import ON_ERROR
+from coupling_utils.measurement import Job, Options, Result, Settings, collect, plan, relabel
+from coupling_utils.measurement.options import ON_ERROR
 from coupling_utils.models.images import check_vit_token, image_format, mnist_inputs, vit_tokens
 
 __all__ = [
@@ -181,7 +181,7 @@ def vit_jobs(
     cache: str | Path | None = None,
 ) -> list[Job]:
     """The jobs of :func:`vit_coupling` (labels ``model`` and ``weights``), e.g. to run them
-    elsewhere (one cluster job each) and read them back with ``collect(jobs, compute=False)``."""
+    elsewhere (one cluster job each) and read them back with ``collect(jobs, Options(compute=False))``."""
     if not models:
         raise ValueError("models is empty; pass at least one {name: reference}")
     vit_tokens(token)  # a bad token fails before any model is read
@@ -283,7 +283,7 @@ def vit_coupling(
         if echo is not None:
             echo(_echo_line(r, row))
 
-    collect(jobs, on_error=on_error, reuse_stale=reuse_stale, callback=condense)
+    collect(jobs, Options(on_error=on_error, reuse_stale=reuse_stale), callback=condense)
     return ViTCoupling(
         summary=pd.DataFrame(rows).reindex(columns=SUMMARY_COLUMNS),
         per_prompt=_concat(per_prompt, ["model", "weights", "prompt", "coupling"]),

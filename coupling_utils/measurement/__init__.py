@@ -5,13 +5,14 @@ function ``coupling_utils.measure``. Its parts: :mod:`.settings` (what is comput
 once), :mod:`.inputs` (model facts, prompts), :mod:`.store` (the folder, markers, resuming),
 :mod:`.compute` (per-layer Jacobians and spectra), :mod:`.assemble` (a prompt's tables from
 its layers), :mod:`.tables` (columns, the result, the per-model summary), :mod:`.core`
-(``measure()`` itself), :mod:`.jobs` (many models or revisions: the job list) and :mod:`.loop`
-(running and collecting the jobs into labelled tables).
+(``measure()`` itself), :mod:`.jobs` (many models or revisions: the job list), :mod:`.options`
+(how jobs run) and :mod:`.loop` (running and collecting the jobs into labelled tables).
 """
 
 from coupling_utils.measurement.core import measure, measure_with
 from coupling_utils.measurement.jobs import Extra, Job, plan, relabel
 from coupling_utils.measurement.loop import Collected, Result, collect, run
+from coupling_utils.measurement.options import Options
 from coupling_utils.measurement.settings import MEASURE_METHODS, Settings
 from coupling_utils.measurement.tables import TABLES, Measurement, coupling_summary
 
@@ -27,6 +28,7 @@ __all__ = [
     "Extra",
     "plan",
     "relabel",
+    "Options",
     "run",
     "collect",
     "Result",

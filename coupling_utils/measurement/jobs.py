@@ -64,12 +64,16 @@ class Extra:
     """More tables a job computes from the loaded model: ``fn(model, prompts, **options)``
     returns ``{table name: DataFrame}``. ``sources``: package files (beside the measurement's
     own, e.g. ``"analysis/trajectories.py"``) that determine its numbers; ``fn``'s own source
-    always counts."""
+    always counts. ``passes(n_layers, d_model)``: the block passes it makes per prompt (what the
+    cost model counts; not part of the job's key)."""
 
     name: str
     fn: Callable[..., dict[str, pd.DataFrame]]
     options: Mapping[str, Any] = field(default_factory=dict)
     sources: tuple[str, ...] = ()
+    # block passes it makes per prompt, from (n_layers, d_model): for the cost model only (a
+    # module-level function, so that a sweep can pickle the job); None: one pass
+    passes: Callable[[int, int], int] | None = field(default=None, compare=False)
 
     def spec(self) -> dict:
         return {

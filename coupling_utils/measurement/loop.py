@@ -16,7 +16,6 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 import torch
@@ -24,13 +23,12 @@ import torch
 from coupling_utils.files import atomic_write_parquet, atomic_write_text, file_lock
 from coupling_utils.measurement.core import measure_with
 from coupling_utils.measurement.jobs import Job
+from coupling_utils.measurement.options import Options
 from coupling_utils.measurement.store import Store
 from coupling_utils.measurement.tables import Measurement, columnwise
 from coupling_utils.provenance import code_fingerprint
 
-__all__ = ["Result", "Collected", "run", "collect", "release_memory", "ON_ERROR"]
-
-ON_ERROR = ("record", "raise")
+__all__ = ["Result", "Collected", "run", "collect", "release_memory"]
 
 
 def release_memory() -> None:
@@ -166,13 +164,16 @@ def _failure_path(job: Job) -> Path | None:
     return None if job.folder is None else job.folder / f"failed-{job.key}.json"
 
 
-def run(job: Job, *, load: Callable[..., Any] | None = None, reuse_stale: bool = False) -> Result:
+def run(job: Job, options: Options | None = None) -> Result:
     """Do one job: read what is stored; load the model only for what is missing; release it.
 
-    ``load(model, **job.load_kwargs)`` loads a reference (default: ``load_model``). A job that
-    raises leaves a ``failed-<key>.json`` record (type and message) in its folder, for
-    :func:`collect` with ``compute=False``; a later success removes it.
+    ``options.load(model, **job.load_kwargs)`` loads a reference (default: ``load_model``);
+    ``options.reuse_stale`` reuses results made by other code. A job that raises leaves a
+    ``failed-<key>.json`` record (type and message) in its folder, for :func:`collect` with
+    ``compute=False``; a later success removes it.
     """
+    options = options or Options()
+    load, reuse_stale = options.load, options.reuse_stale
     t0 = time.perf_counter()
     measurements, extra = _stored(job, reuse_stale)
     if len(measurements) == len(job.settings) and extra is not None:
@@ -226,34 +227,30 @@ def _record_failure(job: Job, exc: BaseException) -> None:
 
 def collect(
     jobs: Sequence[Job],
+    options: Options | None = None,
     *,
-    load: Callable[..., Any] | None = None,
-    on_error: str = "record",
-    reuse_stale: bool = False,
-    compute: bool = True,
-    progress: bool = False,
     desc: str = "jobs",
     callback: Callable[[Result], None] | None = None,
 ) -> Collected:
     """Run every job (see :func:`run`) and gather the results, in job order.
 
-    ``on_error="record"``: a job that raises (a gated repo, out of memory, a missing model) is
-    recorded with its exception type and message (``Collected.failures``, ``report()``) and the
-    others still run; ``"raise"``: the first failure propagates. ``compute=False``: nothing is
-    loaded or measured; jobs not stored are missing (with a stored failure's reason, if any).
-    ``reuse_stale``: reuse measurements made by other code (marked stale) instead of measuring
-    again. ``callback(result)`` runs after each job.
+    ``options`` (:class:`~coupling_utils.measurement.options.Options`): ``on_error="record"``, a
+    job that raises (a gated repo, out of memory, a missing model) is recorded with its exception
+    type and message (``Collected.failures``, ``report()``) and the others still run; ``"raise"``,
+    the first failure propagates. ``compute=False``: nothing is loaded or measured; jobs not
+    stored are missing (with a stored failure's reason, if any). ``reuse_stale``: reuse
+    measurements made by other code (marked stale) instead of measuring again. ``progress``: a
+    bar named ``desc``. ``callback(result)`` runs after each job.
     """
-    if on_error not in ON_ERROR:
-        raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
+    options = options or Options()
     bar = None
-    if progress:
+    if options.progress:
         from tqdm.auto import tqdm
 
         bar = tqdm(total=len(jobs), desc=desc, unit="job")
     results = []
     for job in jobs:
-        result = _one(job, load, on_error, reuse_stale, compute)
+        result = _one(job, options)
         results.append(result)
         if callback is not None:
             callback(result)
@@ -264,9 +261,9 @@ def collect(
     return Collected(results)
 
 
-def _one(job: Job, load, on_error: str, reuse_stale: bool, compute: bool) -> Result:
-    if not compute:
-        measurements, extra = _stored(job, reuse_stale)
+def _one(job: Job, options: Options) -> Result:
+    if not options.compute:
+        measurements, extra = _stored(job, options.reuse_stale)
         if len(measurements) == len(job.settings) and extra is not None:
             return Result(job, measurements, extra)
         path = _failure_path(job)
@@ -275,9 +272,9 @@ def _one(job: Job, load, on_error: str, reuse_stale: bool, compute: bool) -> Res
             return Result(job, error=record["error"], message=record["message"])
         return Result(job, error="NotMeasured", message="not measured yet (collect with compute=True)")
     try:
-        return run(job, load=load, reuse_stale=reuse_stale)
+        return run(job, options)
     except Exception as exc:
-        if on_error == "raise":
+        if options.on_error == "raise":
             raise
         result = Result(job, error=type(exc).__name__, message=str(exc))
     release_memory()  # the exception's frames, and the tensors they held, are gone now

@@ -190,6 +190,7 @@ class Work:
     k: int = 50
     download: bool = True
     extra_passes: int = 0
+    extra_cost: Callable[[int, int], int] | None = None  # block passes per prompt from (n_layers, d)
     what: str = ""
 
 
@@ -222,7 +223,8 @@ def work_cost(work: Work) -> Cost:
     else:
         per_layer = d + 1
         svds = L * work.n_tokens * work.n_prompts
-    passes = work.n_prompts * (L * per_layer + work.extra_passes)
+    extra = work.extra_passes if work.extra_cost is None else work.extra_cost(size.n_layers, d)
+    passes = work.n_prompts * (L * per_layer + extra)
     flops = passes * pass_flops(P, work.T, d) + svds * svd_flops(d)
     weights = size.weights_gb(work.dtype)
     buffers = (CHUNK * work.T * P / d + 3 * work.n_tokens * d * d) * 4 / GB
@@ -305,6 +307,7 @@ def _from_jobs(jobs) -> list[Work]:
                     max(s.k),
                     download=job.weights == "trained",
                     extra_passes=0 if job.extra is None else 1,
+                    extra_cost=None if job.extra is None else job.extra.passes,
                     what=part,
                 )
             )

@@ -30,7 +30,15 @@ from typing import Any
 import pandas as pd
 
 from coupling_utils.files import atomic_write_text
-from coupling_utils.measurement import MEASURE_METHODS, TABLES, Settings, collect, coupling_summary, plan
+from coupling_utils.measurement import (
+    MEASURE_METHODS,
+    TABLES,
+    Options,
+    Settings,
+    collect,
+    coupling_summary,
+    plan,
+)
 from coupling_utils.measurement.tables import SUMMARY_HOWS
 
 __all__ = ["MeasureError", "MeasureReport", "measure_models", "read_prompts", "METHODS", "HOWS"]
@@ -179,7 +187,7 @@ def measure_models(
     jobs = plan(refs, prompts, {"measure": settings}, revisions=revisions, dtype=dtype, root=out / "store")
     pending: list[str] = []
     if executor is None:
-        done = collect(jobs, on_error="record", progress=sys.stderr.isatty(), desc="models")
+        done = collect(jobs, Options(progress=sys.stderr.isatty()), desc="models")
     else:
         from coupling_utils.pipeline.sweep import group_tasks, record_sweep, submit
 
@@ -194,7 +202,7 @@ def measure_models(
         sweep = record_sweep(out / "sweep", group_tasks(jobs), info)
         states = submit(sweep, executor=executor, **submit_kwargs)
         pending = [s.task.name for s in states if s.state in ("running", "pending")]
-        done = collect(jobs, compute=False)
+        done = collect(jobs, Options(compute=False))
     report = MeasureReport(out, n_jobs=len(jobs), pending=pending)
     _write_tables(done, report, how=how, settings=settings, prompts=prompts, models=refs)
     return report

@@ -349,9 +349,9 @@ def _log_tail(folder: Path, submission: Mapping[str, Any] | None) -> tuple[str |
 
 def task_state(sweep: Sweep, task: Task, submissions: Mapping[str, list] | None = None) -> TaskState:
     """The state of one task (see the module doc for the order in which states are decided)."""
-    from coupling_utils.measurement.loop import collect
+    from coupling_utils.measurement import Options, collect
 
-    done = collect(list(task.jobs), compute=False)
+    done = collect(list(task.jobs), Options(compute=False))
     if not done.missing:
         return TaskState(task, "done")
     if submissions is None:
