@@ -348,6 +348,8 @@ def test_sweep_runs_records_missing_checkpoints_and_runs(tiny_sweep):
     assert "step4" in failed.astype(str).to_string()
     with pytest.raises(RuntimeError, match="none of the runs"):
         em.sweep_runs(runs[1:], tiny_sweep.prompts, k=(2,), load=load)
+    with pytest.raises(em.NoCheckpointMeasured, match="gone: no checkpoint could be measured"):
+        em.sweep_checkpoints("gone", ["step0"], tiny_sweep.prompts, k=(2,), load=load, on_error="record")
     with pytest.raises(OSError, match="no revision step4"):
         em.sweep_runs(runs[:1], tiny_sweep.prompts, k=(2,), load=load, on_error="raise")
 

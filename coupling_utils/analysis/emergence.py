@@ -43,6 +43,7 @@ __all__ = [
     "Sweep",
     "sweep_checkpoints",
     "sweep_runs",
+    "NoCheckpointMeasured",
     "model_width",
     "main_k",
     "checkpoint_jobs",
@@ -382,7 +383,7 @@ def trajectory_tables(
             metrics = tj.trajectory_metrics(traj, layers=layers)
         else:  # expodistance needs three steps; a 2-block model has only the line-shape score
             with warnings.catch_warnings():  # the NaN columns below say so; no warning per prompt
-                warnings.filterwarnings("ignore", message="only 2 steps in the layer window")
+                warnings.simplefilter("ignore", tj.ShortWindowWarning)
                 metrics = tj.trajectory_metrics(traj, layers=layers, how=())
             for h in tj.EXPODISTANCE_METHODS:
                 metrics[f"expodistance_{h}"] = np.nan
@@ -435,6 +436,10 @@ def checkpoint_jobs(
     return relabel(jobs, lambda job: {"step": step_of(job.revision)})
 
 
+class NoCheckpointMeasured(RuntimeError):
+    """None of a model's checkpoints could be measured (raised by :func:`sweep_checkpoints`)."""
+
+
 def sweep_checkpoints(
     model: str,
     revisions: Sequence[str],
@@ -477,7 +482,7 @@ def sweep_checkpoints(
         desc=f"checkpoints of {model}",
     )  # fmt: skip
     if not done.ok:
-        raise RuntimeError(f"{model}: no checkpoint could be measured\n{done.report()}")
+        raise NoCheckpointMeasured(f"{model}: no checkpoint could be measured\n{done.report()}")
     prov = {"model": model, "checkpoints": {}}
     for r in done.ok:
         m = r.measurements["depth"]
@@ -533,8 +538,8 @@ def sweep_runs(
                 continue
         try:
             sw = sweep_checkpoints(run.model, run.revisions, prompts, k=fit, on_error=on_error, **kwargs)
-        except RuntimeError as exc:
-            if on_error == "raise" or "no checkpoint could be measured" not in str(exc):
+        except NoCheckpointMeasured as exc:
+            if on_error == "raise":
                 raise
             failures.append(
                 pd.DataFrame([{"model": run.model, "error": "no checkpoint", "message": str(exc)}])

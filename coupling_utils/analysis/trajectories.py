@@ -41,6 +41,7 @@ __all__ = [
     "model_linearization_cosine",
     "trajectory_pca",
     "trajectory_metrics",
+    "ShortWindowWarning",
     "trajectory_tables",
     "TrajectoryTables",
     "EXPODISTANCE_METHODS",
@@ -488,6 +489,10 @@ def trajectory_pca(traj, n_components: int = 2, *, fit: str = "joint", tokens=No
 
 
 # --------------------------------------------------------------------------- summary
+class ShortWindowWarning(UserWarning):
+    """The layer window has fewer than 3 steps: expodistance is left NaN (filter by this type)."""
+
+
 def trajectory_metrics(traj, *, layers=None, how: Sequence[str] = EXPODISTANCE_METHODS) -> pd.DataFrame:
     """One row per token: line-shape score and expodistance(s) over the same layer window.
 
@@ -501,6 +506,7 @@ def trajectory_metrics(traj, *, layers=None, how: Sequence[str] = EXPODISTANCE_M
     if n_steps < 3:
         warnings.warn(
             f"only {n_steps} steps in the layer window: expodistance needs at least 3 and is left NaN",
+            ShortWindowWarning,
             stacklevel=2,
         )
     for h in how:
