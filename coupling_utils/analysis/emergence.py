@@ -29,6 +29,8 @@ import numpy as np
 import pandas as pd
 
 from coupling_utils.measurement import Extra, Job, Settings, collect, plan, relabel
+from coupling_utils.measurement.tables import SCHEMAS as MEASURED
+from coupling_utils.schemas import Schema, check_table
 
 __all__ = [
     "step_of",
@@ -235,9 +237,7 @@ def growth_summary(
     """
     from scipy import stats
 
-    for col in (value, step):
-        if col not in df.columns:
-            raise ValueError(f"df has no column {col!r}; it has {list(df.columns)}")
+    check_table(df, Schema("df", dict.fromkeys((value, step), "any")))
     by_cols = [] if by is None else ([by] if isinstance(by, str) else list(by))
     rows = []
     for key, g in _groups(df, by):
@@ -311,9 +311,7 @@ def relative_curve(
 ) -> pd.DataFrame:
     """The curve averaged per step and rescaled: ``relative`` = value / final value, against
     ``training_fraction`` = step / final step (per group). Steps 0 are dropped (no log axis)."""
-    for col in (value, step):
-        if col not in df.columns:
-            raise ValueError(f"df has no column {col!r}; it has {list(df.columns)}")
+    check_table(df, Schema("df", dict.fromkeys((value, step), "any")))
     by_cols = [] if by is None else ([by] if isinstance(by, str) else list(by))
     frames = []
     for key, g in _groups(df, by):
@@ -698,9 +696,7 @@ def one_factor_effects(
     value), config, ``value``, and direction ("higher" / "lower" / "flat": how ``value`` moves
     from the lowest to the highest level of the factor in that group, by the sign of the change).
     """
-    missing = [c for c in (*factors, "config", value) if c not in runs.columns]
-    if missing:
-        raise ValueError(f"runs lacks columns {missing}")
+    check_table(runs, Schema("runs", dict.fromkeys((*factors, "config", value), "any")))
     frames, n = [], 0
     for factor in factors:
         others = [f for f in factors if f != factor]
@@ -738,9 +734,7 @@ def mean_matrices(depthwise: pd.DataFrame, *, by: str | Sequence[str] = "step") 
     """Depth-wise coupling matrices averaged over prompts and tokens, per group ``by``:
     columns (by..., layer_i, layer_j, m, coupling), ``coupling`` = mean of 1 − m²."""
     by_cols = [by] if isinstance(by, str) else list(by)
-    need = {*by_cols, "layer_i", "layer_j", "m", "coupling"}
-    if not need <= set(depthwise.columns):
-        raise ValueError(f"depthwise lacks columns {sorted(need - set(depthwise.columns))}")
+    check_table(depthwise, MEASURED["depthwise"].need(*by_cols, "layer_i", "layer_j", "m", "coupling"))
     if "K" in depthwise.columns and depthwise["K"].nunique() > 1 and "K" not in by_cols:
         raise ValueError(f"depthwise mixes K = {sorted(depthwise['K'].unique())}; select one K first")
     return depthwise.groupby([*by_cols, "layer_i", "layer_j"], as_index=False)[["m", "coupling"]].mean()
@@ -757,9 +751,7 @@ def share_above_one(
     of unrelated matrices, not "anti-coupled". Pairs of a layer with itself are left out.
     """
     by_cols = [by] if isinstance(by, str) else list(by)
-    need = {*by_cols, "layer_i", "layer_j", "m"}
-    if not need <= set(depthwise.columns):
-        raise ValueError(f"depthwise lacks columns {sorted(need - set(depthwise.columns))}")
+    check_table(depthwise, MEASURED["depthwise"].need(*by_cols, "layer_i", "layer_j", "m"))
     off = depthwise[depthwise["layer_i"] != depthwise["layer_j"]]
     return (
         off.assign(share_m_above_1=(off["m"] > 1).astype(float))

@@ -594,8 +594,9 @@ def layer_window(first: int, last: int, n_layers: int) -> tuple[int, int]:
 
 def model_means(metrics: pd.DataFrame, column: str) -> pd.Series:
     """Mean of ``column`` over each model's tokens and prompts (a Series indexed by model)."""
-    if column not in metrics.columns or "model" not in metrics.columns:
-        raise ValueError(f"metrics lacks 'model' or {column!r}; it has {list(metrics.columns)}")
+    from coupling_utils.schemas import Schema, check_table
+
+    check_table(metrics, Schema("metrics", {"model": "any", column: "any"}))
     return metrics.groupby("model", sort=False)[column].mean()
 
 
