@@ -63,7 +63,7 @@ def test_growth_summary_sees_drops_and_groups_and_averages_prompts():
     assert s.loc["a", "max_drop"] == pytest.approx(0.1 / 0.3)  # a fall of 0.1 over a range of 0.3
     assert s.loc["a", "early"] == pytest.approx(0.11)  # mean of the two "prompts"
     assert s.loc["b", "spearman"] == pytest.approx(-1.0) and s.loc["b", "ratio"] == pytest.approx(0.09 / 0.39)
-    with pytest.raises(ValueError, match="no column 'nope'"):
+    with pytest.raises(ValueError, match=r"df: missing column\(s\) \['nope'\]"):
         em.growth_summary(a, "nope")
     with pytest.raises(ValueError, match="no checkpoint at or after step 100"):
         em.growth_summary(a, "value", early_step=100)
@@ -348,6 +348,8 @@ def test_sweep_runs_records_missing_checkpoints_and_runs(tiny_sweep):
     assert "step4" in failed.astype(str).to_string()
     with pytest.raises(RuntimeError, match="none of the runs"):
         em.sweep_runs(runs[1:], tiny_sweep.prompts, k=(2,), load=load)
+    with pytest.raises(em.NoCheckpointMeasured, match="gone: no checkpoint could be measured"):
+        em.sweep_checkpoints("gone", ["step0"], tiny_sweep.prompts, k=(2,), load=load, on_error="record")
     with pytest.raises(OSError, match="no revision step4"):
         em.sweep_runs(runs[:1], tiny_sweep.prompts, k=(2,), load=load, on_error="raise")
 
@@ -404,7 +406,7 @@ def test_one_factor_effects_compare_runs_that_differ_in_one_factor_only():
     width = fx[fx.factor == "d_model"]  # "long" and "wide-long" differ in width only
     assert list(width.config) == ["long", "wide-long"] and set(width.direction) == {"higher"}
     assert fx[fx.factor == "lr"].empty
-    with pytest.raises(ValueError, match="lacks columns"):
+    with pytest.raises(ValueError, match=r"runs: missing column\(s\) \['lr'\]"):
         em.one_factor_effects(runs.drop(columns="lr"))
 
 

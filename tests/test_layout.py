@@ -17,9 +17,9 @@ import pytest
 import coupling_utils
 
 PKG = Path(coupling_utils.__file__).resolve().parent
-# lowest first; the top-level modules (files, provenance, __init__) are the base every layer may use
+# lowest first; the top-level modules (files, provenance, schemas, __init__) are the base every layer may use
 LAYERS = ["files", "engine", "models", "measurement", "analysis", "chapters", "pipeline"]
-BASE = {"files", "provenance"}  # top-level modules below every layer
+BASE = {"files", "provenance", "schemas"}  # top-level modules below every layer
 
 
 def _layer(dotted: str) -> str | None:

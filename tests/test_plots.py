@@ -343,7 +343,7 @@ def test_trajectory_pca_chart_facets_models():
 
 
 def test_missing_columns_and_empty_frames_are_clear():
-    with pytest.raises(ValueError, match=r"no column\(s\) \['value'\]"):
+    with pytest.raises(ValueError, match=r"DataFrame: missing column\(s\) \['value'\]"):
         P.coupling_heatmap(pd.DataFrame({"a": [1], "b": [1]}), "a", "b", "value")
     with pytest.raises(ValueError, match="empty"):
         P.bars(pd.DataFrame({"x": [], "y": []}), "x", "y")

@@ -170,7 +170,7 @@ def test_val_loss_plateau():
     assert training.val_loss_plateau(flat, last=0.5)["from_step"] == 512
     with pytest.raises(ValueError, match="fraction of training"):
         training.val_loss_plateau(flat, last=1.5)
-    with pytest.raises(ValueError, match="no column 'val_loss'"):
+    with pytest.raises(ValueError, match=r"losses: missing column\(s\) \['val_loss'\]; it has"):
         training.val_loss_plateau(flat.rename(columns={"val_loss": "loss"}))
     with pytest.raises(ValueError, match="no checkpoint before the final one"):
         training.val_loss_plateau(flat[flat.step >= 896], last=0.01)

@@ -39,5 +39,5 @@ def test_growth_contrast_and_window():
         tr.layer_window(5, 3, 30)
     with pytest.raises(ValueError, match="model has 4 blocks"):
         tr.layer_window(0, 9, 4)
-    with pytest.raises(ValueError, match="lacks 'model' or 'nope'"):
+    with pytest.raises(ValueError, match=r"metrics: missing column\(s\) \['nope'\]"):
         tr.model_means(_metrics(), "nope")

@@ -20,6 +20,8 @@ import numpy as np
 import pandas as pd
 
 from coupling_utils.files import DATA_ENV_VAR, data_dir
+from coupling_utils.schemas import Schema as TableSchema
+from coupling_utils.schemas import TableError, check_table
 
 ENV_VAR = DATA_ENV_VAR
 
@@ -40,7 +42,7 @@ V2_TASKS = ("ifeval", "bbh", "math_lvl5", "gpqa", "musr", "mmlu_pro")
 PRECISIONS = ("float32", "float16", "bfloat16", "8bit", "4bit")
 
 
-class DataError(ValueError):
+class DataError(TableError):
     """A data file is missing or does not match its schema (the message names file and row)."""
 
 
@@ -84,6 +86,11 @@ class Schema:
     columns: tuple[Column, ...]
     key: tuple[str, ...]  # unique key
     check: Callable[[pd.DataFrame, Path], None] | None = None  # table-level check
+
+    def table(self, name: str | Path) -> TableSchema:
+        """The file's columns as a table schema, names only (a file is read as strings; validate types it)."""
+        names = [c.name for c in self.columns]
+        return TableSchema(str(name), dict.fromkeys(names, "any"), fix=f"expected {names}.")
 
 
 def _score(name: str, lo: float = 0.0) -> Column:
@@ -274,9 +281,7 @@ def validate(df: pd.DataFrame, schema: Schema, path: Path) -> pd.DataFrame:
     bad value: a missing column, an empty required cell, a value of the wrong type or unit, a
     duplicated key.
     """
-    missing = [c.name for c in schema.columns if c.name not in df.columns]
-    if missing:
-        raise DataError(f"{path}: missing column(s) {missing}; expected {[c.name for c in schema.columns]}.")
+    check_table(df, schema.table(path), error=DataError)
     out = df.copy()
     for col in schema.columns:
         raw = df[col.name]
@@ -599,11 +604,8 @@ def join_scores(
     names (``arc`` ... ``average``) with ``score_precision`` and ``score_source``; metadata
     adds ``family, params_b, n_layers, d_model, n_heads, n_kv_heads, metadata_source``.
     """
-    if model_col not in df.columns:
-        raise DataError(
-            f"join_scores: column {model_col!r} not in the table (columns: {list(df.columns)}); "
-            "pass model_col= the column holding model names."
-        )
+    fix = "pass model_col= the column holding model names."
+    check_table(df, TableSchema("join_scores: the table", {model_col: "any"}, fix=fix), error=DataError)
     if model_col != "model_id" and "model_id" in df.columns:
         raise DataError(
             "join_scores: the table already has a 'model_id' column; pass model_col='model_id' or rename it."

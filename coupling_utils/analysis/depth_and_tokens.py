@@ -24,6 +24,8 @@ import numpy as np
 import pandas as pd
 
 from coupling_utils.measurement import Job, Options, Settings, collect, coupling_summary, plan
+from coupling_utils.measurement.tables import SCHEMAS as MEASURED
+from coupling_utils.schemas import Schema, check_table
 
 __all__ = [
     "WEIGHTS",
@@ -309,10 +311,12 @@ def summary_table(results: dict[str, TwinMeasurement] | TwinSet) -> pd.DataFrame
 
 
 # --------------------------------------------------------------------------- condensing
-def _need(df: pd.DataFrame, *cols: str) -> None:
-    missing = [c for c in cols if c not in df.columns]
-    if missing:
-        raise ValueError(f"table lacks column(s) {missing}; it has {list(df.columns)}")
+#: coupling_by_distance's table, as distance_trend reads it
+BY_DISTANCE = Schema(
+    "the by-distance table",
+    {"weights": "any", "K": "int", "distance": "int", "coupling": "number"},
+    fix="pass coupling_by_distance(depthwise)",
+)
 
 
 def mean_depthwise(depthwise: pd.DataFrame) -> pd.DataFrame:
@@ -321,7 +325,7 @@ def mean_depthwise(depthwise: pd.DataFrame) -> pd.DataFrame:
     ``coupling`` is the mean of 1 − m²; ``m`` is the root mean square of m, so that
     ``1 − m²`` of the result equals that mean coupling exactly (figures draw 1 − m²).
     """
-    _need(depthwise, "K", "layer_i", "layer_j", "m", "coupling")
+    check_table(depthwise, MEASURED["depthwise"].need("K", "layer_i", "layer_j", "m", "coupling"))
     keys = [c for c in ("model", "weights") if c in depthwise.columns] + ["K", "layer_i", "layer_j"]
     out = depthwise.assign(m2=depthwise["m"] ** 2).groupby(keys, as_index=False)[["m2", "coupling"]].mean()
     out["m"] = np.sqrt(out.pop("m2"))
@@ -331,7 +335,7 @@ def mean_depthwise(depthwise: pd.DataFrame) -> pd.DataFrame:
 def coupling_by_distance(depthwise: pd.DataFrame) -> pd.DataFrame:
     """Mean 1 − m² of pairs of different blocks against their distance ``|i − j|`` (in blocks),
     per (model, weights, K): how far along depth coupling reaches."""
-    _need(depthwise, "K", "layer_i", "layer_j", "coupling")
+    check_table(depthwise, MEASURED["depthwise"].need("K", "layer_i", "layer_j", "coupling"))
     keys = [c for c in ("model", "weights") if c in depthwise.columns] + ["K"]
     df = depthwise[depthwise["layer_i"] != depthwise["layer_j"]]
     df = df.assign(distance=(df["layer_i"] - df["layer_j"]).abs())
@@ -342,7 +346,7 @@ def tile_diagonality(tiles: pd.DataFrame) -> pd.DataFrame:
     """For each tile, the share of its squared entries on the diagonal (1 = perfectly diagonal,
     about 1/K for a tile with no structure). Columns: the tile's keys, layer_i, layer_j,
     diagonal_share; averaged over prompts and tokens."""
-    _need(tiles, "layer_i", "layer_j", "row", "col", "value")
+    check_table(tiles, MEASURED["tiles"].need("layer_i", "layer_j", "row", "col", "value"))
     keys = [c for c in ("model", "weights", "prompt", "token", "K") if c in tiles.columns]
     sq = tiles.assign(sq=tiles["value"].astype(float) ** 2, on=tiles["row"] == tiles["col"])
     sq["diag_sq"] = sq["sq"].where(sq["on"], 0.0)
@@ -357,7 +361,7 @@ def offdiag_mean(
 ) -> pd.Series:
     """Mean (or, with ``how="std"``, the standard deviation) of ``value`` over rows with
     ``i != j`` (e.g. pairs of different tokens), per ``by``: a Series."""
-    _need(df, i, j, value, by)
+    check_table(df, Schema("the table", dict.fromkeys((i, j, value, by), "any")))
     if how not in ("mean", "std"):
         raise ValueError(f"how must be 'mean' or 'std', got {how!r}")
     sub = df[df[i] != df[j]]
@@ -371,9 +375,9 @@ def label_tokens(df: pd.DataFrame, tokens: Sequence[str], columns: Sequence[str]
     text), which sort in position order on a chart axis."""
     width = len(str(max(len(tokens) - 1, 0)))
     labels = [f"{t:0{width}d} {_clean(s)}" for t, s in enumerate(tokens)]
+    check_table(df, Schema("the table", dict.fromkeys(columns, "any")))
     out = df.copy()
     for c in columns:
-        _need(out, c)
         pos = out[c].to_numpy()
         if len(pos) and (pos.max() >= len(tokens) or pos.min() < 0):
             raise ValueError(f"column {c!r} has positions outside the {len(tokens)} tokens given")
@@ -407,7 +411,7 @@ def depth_contrast(pair: TwinMeasurement, ks: Sequence[int] | None = None, how: 
     ``share_above``: the share of (K, block pair) cells of the prompt-mean matrices in which the
     trained model is more coupled than its twin (1: in every pair, the paper's "every tile").
     """
-    _need(pair.depthwise, "weights", "K", "layer_i", "layer_j", "coupling")
+    check_table(pair.depthwise, MEASURED["depthwise"].need("weights", "K", "layer_i", "layer_j", "coupling"))
     ks = sorted({int(x) for x in (ks if ks is not None else pair.depthwise["K"].unique())})
     wide = summary_table({pair.model: pair})
     wide = wide[wide["K"].isin(ks)]
@@ -475,7 +479,7 @@ def token_contrast(pair: TwinMeasurement, k: int) -> dict:
 def distance_trend(by_distance: pd.DataFrame) -> pd.DataFrame:
     """Per (weights, K): Spearman's ρ of coupling with the distance between blocks (−1: falls
     steadily with distance), coupling at distance 1 and at the largest distance."""
-    _need(by_distance, "weights", "K", "distance", "coupling")
+    check_table(by_distance, BY_DISTANCE)
     rows = []
     for (weights, K), g in by_distance.groupby(["weights", "K"], sort=False):
         g = g.sort_values("distance")

@@ -29,6 +29,8 @@ import numpy as np
 import pandas as pd
 
 from coupling_utils.measurement import Extra, Job, Options, Settings, collect, plan, relabel
+from coupling_utils.measurement.tables import SCHEMAS as MEASURED
+from coupling_utils.schemas import Schema, check_table
 
 __all__ = [
     "step_of",
@@ -43,6 +45,7 @@ __all__ = [
     "Sweep",
     "sweep_checkpoints",
     "sweep_runs",
+    "NoCheckpointMeasured",
     "model_width",
     "main_k",
     "checkpoint_jobs",
@@ -234,9 +237,7 @@ def growth_summary(
     """
     from scipy import stats
 
-    for col in (value, step):
-        if col not in df.columns:
-            raise ValueError(f"df has no column {col!r}; it has {list(df.columns)}")
+    check_table(df, Schema("df", dict.fromkeys((value, step), "any")))
     by_cols = [] if by is None else ([by] if isinstance(by, str) else list(by))
     rows = []
     for key, g in _groups(df, by):
@@ -310,9 +311,7 @@ def relative_curve(
 ) -> pd.DataFrame:
     """The curve averaged per step and rescaled: ``relative`` = value / final value, against
     ``training_fraction`` = step / final step (per group). Steps 0 are dropped (no log axis)."""
-    for col in (value, step):
-        if col not in df.columns:
-            raise ValueError(f"df has no column {col!r}; it has {list(df.columns)}")
+    check_table(df, Schema("df", dict.fromkeys((value, step), "any")))
     by_cols = [] if by is None else ([by] if isinstance(by, str) else list(by))
     frames = []
     for key, g in _groups(df, by):
@@ -382,7 +381,7 @@ def trajectory_tables(
             metrics = tj.trajectory_metrics(traj, layers=layers)
         else:  # expodistance needs three steps; a 2-block model has only the line-shape score
             with warnings.catch_warnings():  # the NaN columns below say so; no warning per prompt
-                warnings.filterwarnings("ignore", message="only 2 steps in the layer window")
+                warnings.simplefilter("ignore", tj.ShortWindowWarning)
                 metrics = tj.trajectory_metrics(traj, layers=layers, how=())
             for h in tj.EXPODISTANCE_METHODS:
                 metrics[f"expodistance_{h}"] = np.nan
@@ -435,6 +434,10 @@ def checkpoint_jobs(
     return relabel(jobs, lambda job: {"step": step_of(job.revision)})
 
 
+class NoCheckpointMeasured(RuntimeError):
+    """None of a model's checkpoints could be measured (raised by :func:`sweep_checkpoints`)."""
+
+
 def sweep_checkpoints(
     model: str,
     revisions: Sequence[str],
@@ -477,7 +480,7 @@ def sweep_checkpoints(
         desc=f"checkpoints of {model}",
     )  # fmt: skip
     if not done.ok:
-        raise RuntimeError(f"{model}: no checkpoint could be measured\n{done.report()}")
+        raise NoCheckpointMeasured(f"{model}: no checkpoint could be measured\n{done.report()}")
     prov = {"model": model, "checkpoints": {}}
     for r in done.ok:
         m = r.measurements["depth"]
@@ -533,8 +536,8 @@ def sweep_runs(
                 continue
         try:
             sw = sweep_checkpoints(run.model, run.revisions, prompts, k=fit, on_error=on_error, **kwargs)
-        except RuntimeError as exc:
-            if on_error == "raise" or "no checkpoint could be measured" not in str(exc):
+        except NoCheckpointMeasured as exc:
+            if on_error == "raise":
                 raise
             failures.append(
                 pd.DataFrame([{"model": run.model, "error": "no checkpoint", "message": str(exc)}])
@@ -693,9 +696,7 @@ def one_factor_effects(
     value), config, ``value``, and direction ("higher" / "lower" / "flat": how ``value`` moves
     from the lowest to the highest level of the factor in that group, by the sign of the change).
     """
-    missing = [c for c in (*factors, "config", value) if c not in runs.columns]
-    if missing:
-        raise ValueError(f"runs lacks columns {missing}")
+    check_table(runs, Schema("runs", dict.fromkeys((*factors, "config", value), "any")))
     frames, n = [], 0
     for factor in factors:
         others = [f for f in factors if f != factor]
@@ -733,9 +734,7 @@ def mean_matrices(depthwise: pd.DataFrame, *, by: str | Sequence[str] = "step") 
     """Depth-wise coupling matrices averaged over prompts and tokens, per group ``by``:
     columns (by..., layer_i, layer_j, m, coupling), ``coupling`` = mean of 1 − m²."""
     by_cols = [by] if isinstance(by, str) else list(by)
-    need = {*by_cols, "layer_i", "layer_j", "m", "coupling"}
-    if not need <= set(depthwise.columns):
-        raise ValueError(f"depthwise lacks columns {sorted(need - set(depthwise.columns))}")
+    check_table(depthwise, MEASURED["depthwise"].need(*by_cols, "layer_i", "layer_j", "m", "coupling"))
     if "K" in depthwise.columns and depthwise["K"].nunique() > 1 and "K" not in by_cols:
         raise ValueError(f"depthwise mixes K = {sorted(depthwise['K'].unique())}; select one K first")
     return depthwise.groupby([*by_cols, "layer_i", "layer_j"], as_index=False)[["m", "coupling"]].mean()
@@ -752,9 +751,7 @@ def share_above_one(
     of unrelated matrices, not "anti-coupled". Pairs of a layer with itself are left out.
     """
     by_cols = [by] if isinstance(by, str) else list(by)
-    need = {*by_cols, "layer_i", "layer_j", "m"}
-    if not need <= set(depthwise.columns):
-        raise ValueError(f"depthwise lacks columns {sorted(need - set(depthwise.columns))}")
+    check_table(depthwise, MEASURED["depthwise"].need(*by_cols, "layer_i", "layer_j", "m"))
     off = depthwise[depthwise["layer_i"] != depthwise["layer_j"]]
     return (
         off.assign(share_m_above_1=(off["m"] > 1).astype(float))

@@ -39,6 +39,7 @@ import pandas as pd
 
 from coupling_utils.measurement import Job, Options, Result, Settings, collect, plan
 from coupling_utils.measurement.jobs import WEIGHTS
+from coupling_utils.schemas import Schema, check_table
 
 __all__ = [
     "corpus_prompts",
@@ -355,6 +356,8 @@ def _echo_line(name: str, row: dict) -> str:
     return f"{name}: coupling {row['coupling']:.4f} over {row['n_prompts']} prompt(s), {took}"
 
 
+#: a trained family's members, as training_stage and learning_curves read them
+MEMBERS = Schema("members", {"run": "any", "path": "any"}, fix="pass zoo.family_table(...)")
 STAGE_COLUMNS = [
     "run",
     "steps",
@@ -384,9 +387,7 @@ def training_stage(members: pd.DataFrame, *, tail: float = 0.25) -> pd.DataFrame
 
     if not 0 < tail < 1:
         raise ValueError(f"tail must be a fraction of training in (0, 1), got {tail!r}")
-    missing = {"run", "path"} - set(members.columns)
-    if missing:
-        raise ValueError(f"members lacks {sorted(missing)}; pass zoo.family_table(...)")
+    check_table(members, MEMBERS)
     rows = []
     for run, path in members[["run", "path"]].itertuples(index=False):
         curve = load_losses(path).sort_values("step")
@@ -419,9 +420,7 @@ def learning_curves(members: pd.DataFrame) -> pd.DataFrame:
     (from each member's ``losses.parquet``; ``members`` as for :func:`training_stage`)."""
     from coupling_utils.models.training import load_losses
 
-    missing = {"run", "path"} - set(members.columns)
-    if missing:
-        raise ValueError(f"members lacks {sorted(missing)}; pass zoo.family_table(...)")
+    check_table(members, MEMBERS)
     frames = [
         load_losses(path)[["step", "tokens", "val_loss", "val_acc"]].assign(run=run)
         for run, path in members[["run", "path"]].itertuples(index=False)

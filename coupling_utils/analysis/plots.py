@@ -36,6 +36,8 @@ import altair as alt
 import numpy as np
 import pandas as pd
 
+from coupling_utils.schemas import Schema, check_table
+
 __all__ = [
     "OKABE_ITO",
     "TITLES",
@@ -138,9 +140,7 @@ def _title(text: str) -> str:
 def _need(df: pd.DataFrame, *cols: str | None) -> None:
     if not isinstance(df, pd.DataFrame):
         raise TypeError(f"expected a pandas DataFrame, got {type(df).__name__}")
-    missing = [c for c in cols if c is not None and c not in df.columns]
-    if missing:
-        raise ValueError(f"DataFrame has no column(s) {missing}; it has {list(df.columns)}")
+    check_table(df, Schema("DataFrame", dict.fromkeys((c for c in cols if c is not None), "any")))
     if df.empty:
         raise ValueError("nothing to plot: the DataFrame is empty")
 

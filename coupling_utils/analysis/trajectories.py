@@ -24,7 +24,6 @@ position in the prompt. Computations run in float64.
 
 from __future__ import annotations
 
-import contextlib
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -42,6 +41,7 @@ __all__ = [
     "model_linearization_cosine",
     "trajectory_pca",
     "trajectory_metrics",
+    "ShortWindowWarning",
     "trajectory_tables",
     "TrajectoryTables",
     "EXPODISTANCE_METHODS",
@@ -337,19 +337,6 @@ def _cosine_table(
     )
 
 
-class _AllCaptured(Exception):
-    """Ends the forward pass after the last block (the LM head is not needed)."""
-
-
-@contextlib.contextmanager
-def _removing(handles):
-    try:
-        yield
-    finally:
-        for h in handles:
-            h.remove()
-
-
 def _stream_and_blocks(model, inputs) -> tuple[torch.Tensor, list]:
     """One forward pass: the residual stream ``[L+1, T, d]`` and every block as a function.
 
@@ -360,6 +347,7 @@ def _stream_and_blocks(model, inputs) -> tuple[torch.Tensor, list]:
     """
     from coupling_utils.engine.architectures import attention_mode, transformer_blocks
     from coupling_utils.engine.blocks import BlockFunction, model_inputs, unwrap_model
+    from coupling_utils.engine.hooks import capture_blocks
 
     model = unwrap_model(model)
     if model.training:
@@ -367,37 +355,19 @@ def _stream_and_blocks(model, inputs) -> tuple[torch.Tensor, list]:
             "the model is in training mode (dropout would make Jacobians random); call model.eval()"
         )
     blocks = transformer_blocks(model)
-    calls, out = [None] * len(blocks), {}
-
-    def capture(i):
-        def hook(module, args, kwargs):
-            calls[i] = (args, kwargs)
-
-        return hook
-
-    def finish(module, args, output):
-        out["last"] = output if isinstance(output, torch.Tensor) else output[0]
-        raise _AllCaptured
-
-    handles = [b.register_forward_pre_hook(capture(i), with_kwargs=True) for i, b in enumerate(blocks)]
-    handles.append(blocks[-1].register_forward_hook(finish))
-    with (
-        _removing(handles),
-        attention_mode(model, token_diagonal=True),
-        torch.no_grad(),
-        contextlib.suppress(_AllCaptured),
-    ):
-        model(**model_inputs(model, inputs))
-    if any(c is None for c in calls) or "last" not in out:
+    L = len(blocks)
+    with attention_mode(model, token_diagonal=True):
+        got = capture_blocks(model, blocks, model_inputs(model, inputs), calls=range(L), outputs=[L - 1])
+    if len(got.calls) < L or L - 1 not in got.outputs:
         raise RuntimeError("not every block was called during the forward pass")
     fns, states = [], []
-    for i, (args, kwargs) in enumerate(calls):
+    for i, (args, kwargs) in sorted(got.calls.items()):
         x = args[0] if args else kwargs["hidden_states"]
         if x.shape[0] != 1:
             raise ValueError(f"block inputs must have batch size 1, got {tuple(x.shape)}")
         fns.append(BlockFunction(model, blocks[i], args, kwargs, True, i))
         states.append(x[0].detach())
-    states.append(out["last"][0].detach())
+    states.append(got.outputs[L - 1][0].detach())
     return torch.stack(states), fns
 
 
@@ -519,6 +489,10 @@ def trajectory_pca(traj, n_components: int = 2, *, fit: str = "joint", tokens=No
 
 
 # --------------------------------------------------------------------------- summary
+class ShortWindowWarning(UserWarning):
+    """The layer window has fewer than 3 steps: expodistance is left NaN (filter by this type)."""
+
+
 def trajectory_metrics(traj, *, layers=None, how: Sequence[str] = EXPODISTANCE_METHODS) -> pd.DataFrame:
     """One row per token: line-shape score and expodistance(s) over the same layer window.
 
@@ -532,6 +506,7 @@ def trajectory_metrics(traj, *, layers=None, how: Sequence[str] = EXPODISTANCE_M
     if n_steps < 3:
         warnings.warn(
             f"only {n_steps} steps in the layer window: expodistance needs at least 3 and is left NaN",
+            ShortWindowWarning,
             stacklevel=2,
         )
     for h in how:
@@ -619,8 +594,9 @@ def layer_window(first: int, last: int, n_layers: int) -> tuple[int, int]:
 
 def model_means(metrics: pd.DataFrame, column: str) -> pd.Series:
     """Mean of ``column`` over each model's tokens and prompts (a Series indexed by model)."""
-    if column not in metrics.columns or "model" not in metrics.columns:
-        raise ValueError(f"metrics lacks 'model' or {column!r}; it has {list(metrics.columns)}")
+    from coupling_utils.schemas import Schema, check_table
+
+    check_table(metrics, Schema("metrics", {"model": "any", column: "any"}))
     return metrics.groupby("model", sort=False)[column].mean()
 
 

@@ -22,6 +22,7 @@ from coupling_utils.engine.architectures import (
     transformer_blocks,
     unwrap_model,
 )
+from coupling_utils.engine.hooks import _hidden, capture_blocks
 
 __all__ = ["block_function", "residual_stream", "unwrap_model", "model_inputs", "BlockFunction"]
 
@@ -59,24 +60,6 @@ def model_inputs(model, inputs: Inputs) -> dict[str, torch.Tensor]:
     return out
 
 
-class _Stop(Exception):
-    """Raised by a hook to end a forward pass early, once what was needed is captured."""
-
-
-@contextlib.contextmanager
-def _hooks(handles):
-    try:
-        yield
-    finally:
-        for h in handles:
-            h.remove()
-
-
-def _hidden(output) -> torch.Tensor:
-    """The hidden-states tensor of a block's output (a tensor or a tuple starting with it)."""
-    return output if isinstance(output, torch.Tensor) else output[0]
-
-
 def _capture_block_call(model, inputs: Inputs, layer: int, token_diagonal: bool):
     """(block, args, kwargs) of the call of block ``layer`` in one forward pass (stopped there)."""
     blocks = transformer_blocks(model)
@@ -84,24 +67,13 @@ def _capture_block_call(model, inputs: Inputs, layer: int, token_diagonal: bool)
     if not -n <= layer < n:
         raise IndexError(f"layer {layer} out of range: the model has {n} blocks (0..{n - 1})")
     block = blocks[layer]
-    captured = {}
-
-    def pre_hook(module, args, kwargs):
-        captured["args"], captured["kwargs"] = args, kwargs
-        raise _Stop
-
     kw = model_inputs(model, inputs)
-    handle = block.register_forward_pre_hook(pre_hook, with_kwargs=True)
-    with (
-        _hooks([handle]),
-        attention_mode(model, token_diagonal=token_diagonal),
-        torch.no_grad(),
-        contextlib.suppress(_Stop),
-    ):
-        model(**kw)
-    if "args" not in captured:
+    with attention_mode(model, token_diagonal=token_diagonal):
+        calls = capture_blocks(model, blocks, kw, calls=[layer]).calls
+    if layer % n not in calls:
         raise RuntimeError(f"block {layer} was not called during the forward pass")
-    return block, captured["args"], captured["kwargs"]
+    args, kwargs = calls[layer % n]
+    return block, args, kwargs
 
 
 _QUANTIZED = ("Linear4bit", "Linear8bitLt")  # bitsandbytes' k-bit layers
@@ -241,23 +213,9 @@ def residual_stream(model, inputs: Inputs) -> torch.Tensor:
     """
     model = unwrap_model(model)
     blocks = transformer_blocks(model)
-    states = [None] * (len(blocks) + 1)
-
-    def first(module, args, kwargs):
-        states[0] = (args[0] if args else kwargs["hidden_states"])[0].detach()
-
-    def after(index):
-        def hook(module, args, output):
-            states[index + 1] = _hidden(output)[0].detach()
-            if index == len(blocks) - 1:
-                raise _Stop
-
-        return hook
-
-    handles = [blocks[0].register_forward_pre_hook(first, with_kwargs=True)]
-    handles += [b.register_forward_hook(after(i)) for i, b in enumerate(blocks)]
-    with _hooks(handles), torch.no_grad(), contextlib.suppress(_Stop):
-        model(**model_inputs(model, inputs))
-    if any(s is None for s in states):
+    L = len(blocks)
+    got = capture_blocks(model, blocks, model_inputs(model, inputs), calls=[0], outputs=range(L))
+    if 0 not in got.calls or len(got.outputs) < L:
         raise RuntimeError("not every block was called during the forward pass")
+    states = [got.calls[0].hidden[0].detach()] + [got.outputs[i][0].detach() for i in range(L)]
     return torch.stack(states)

@@ -16,7 +16,9 @@ import numpy as np
 import pandas as pd
 import torch
 
-__all__ = ["TABLES", "COLUMNS", "Measurement", "coupling_summary", "SUMMARY_HOWS"]
+from coupling_utils.schemas import Schema, check_table
+
+__all__ = ["TABLES", "COLUMNS", "SCHEMAS", "Measurement", "coupling_summary", "SUMMARY_HOWS"]
 
 TABLES = ("depthwise", "tokenwise", "context", "singular_values", "tiles", "prompts", "timings")
 SUMMARY_HOWS = ("offdiag", "adjacent")
@@ -39,6 +41,16 @@ DTYPES = {
     "output_token": "int64",
     "block_passes": "int64",
     "input_ids": "object",
+}
+_KINDS = {"int64": "int", "string": "str", "object": "any"}  # float64 columns: "number"
+#: the tables as schemas (:func:`coupling_utils.schemas.check_table`), from COLUMNS and DTYPES
+SCHEMAS = {
+    name: Schema(
+        f"the {name} table",
+        {c: _KINDS.get(DTYPES.get(c, "float64"), "number") for c in cols},
+        fix=f"pass Measurement.{name}",
+    )
+    for name, cols in COLUMNS.items()
 }
 
 
@@ -243,9 +255,7 @@ def coupling_summary(
     """
     if how not in SUMMARY_HOWS:
         raise ValueError(f"how must be one of {SUMMARY_HOWS}, got {how!r}")
-    missing = {"prompt", "K", "layer_i", "layer_j", "coupling"} - set(depthwise.columns)
-    if missing:
-        raise ValueError(f"depthwise table lacks columns {sorted(missing)}; pass Measurement.depthwise")
+    check_table(depthwise, SCHEMAS["depthwise"].need("prompt", "K", "layer_i", "layer_j", "coupling"))
     if depthwise.empty:
         raise ValueError("the depthwise table is empty (measure at least two layers)")
     ks = sorted(depthwise["K"].unique())

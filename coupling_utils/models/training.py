@@ -30,6 +30,7 @@ import pandas as pd
 import torch
 
 from coupling_utils.models.corpus import tokenized_corpus
+from coupling_utils.schemas import Schema, check_table
 
 LOSS_COLUMNS = [
     "step",
@@ -42,6 +43,8 @@ LOSS_COLUMNS = [
     "lr",
     "elapsed_s",
 ]
+#: a run's per-checkpoint loss table (losses.parquet, :func:`load_losses`)
+LOSSES = Schema("losses", dict.fromkeys(LOSS_COLUMNS, "number"), fix="pass a run's loss table (load_losses)")
 
 
 @dataclass(frozen=True)
@@ -416,9 +419,7 @@ def val_loss_plateau(losses: pd.DataFrame, *, last: float = 0.25, column: str = 
     """
     if not 0 < last < 1:
         raise ValueError(f"last must be a fraction of training in (0, 1), got {last}")
-    for col in ("step", column):
-        if col not in losses.columns:
-            raise ValueError(f"losses has no column {col!r}; pass a run's loss table (load_losses)")
+    check_table(losses, LOSSES.need("step", column))
     curve = losses.sort_values("step")
     final_step = int(curve["step"].iloc[-1])
     if final_step <= 0 or len(curve) < 2:
