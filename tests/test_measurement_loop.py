@@ -136,7 +136,7 @@ def test_other_code_remeasures_unless_stale_results_are_reused(tmp_path, monkeyp
     monkeypatch.setattr(provenance, "_sources_hash", lambda covers: "other code")
     new_fp = provenance.code_fingerprint()["fingerprint"]
     reused = []
-    stale = measure(model, PROMPTS, **kw, reuse_stale=True, callback=reused.append)
+    stale = measure(model, PROMPTS, **kw, options=Options(reuse_stale=True), callback=reused.append)
     assert reused == [] and stale.stale and stale.fingerprint == first.fingerprint
     assert stale.provenance["current_code"]["fingerprint"] == new_fp
     pd.testing.assert_frame_equal(stale.depthwise, first.depthwise)

@@ -58,8 +58,9 @@ import datetime as _dt
 import platform
 import shutil
 import tempfile
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import torch
@@ -69,6 +70,7 @@ from coupling_utils.measurement.assemble import prompt_tables
 from coupling_utils.measurement.compute import LayerWork
 from coupling_utils.measurement.inputs import ModelInfo, Prompt, model_info
 from coupling_utils.measurement.inputs import prompts as normalise_prompts
+from coupling_utils.measurement.options import Options
 from coupling_utils.measurement.settings import Settings
 from coupling_utils.measurement.store import Store
 from coupling_utils.measurement.tables import TABLES, Measurement, typed
@@ -80,35 +82,21 @@ __all__ = ["measure", "measure_with"]
 def measure(
     model,
     prompts,
+    settings: Settings | None = None,
     *,
-    layers: Iterable[int] | None = None,
-    tokens="last",
-    k: int | Sequence[int] = (10, 30, 50),
-    method: str = "exact",
-    context=False,
-    tiles: int | None = None,
-    tile_layers: Iterable[int] | None = None,
     out: str | Path | None = None,
+    options: Options | None = None,
     resume: bool = True,
-    n_singular: int | None = None,
-    solver: str = "lanczos",
-    block: int | None = None,
-    steps: int | None = None,
-    oversample: int = 10,
-    n_iter: int = 2,
-    seed: int = 0,
-    depth_window: int | None = None,
-    p: float = 2,
-    normalize: str = "norm",
-    orientation: str = "ujv",
-    max_tokens: int | None = None,
     keep_work: bool = False,
     callback: Callable[[dict], None] | None = None,
-    progress: bool = False,
-    chunk_size: int | None = 64,
-    reuse_stale: bool = False,
+    **fields: Any,
 ) -> Measurement:
     """Measure block Jacobians, their spectra and coupling for some prompts; see the module doc.
+
+    What is measured is one :class:`~coupling_utils.measurement.settings.Settings`: pass it as
+    ``settings``, or its fields as keyword arguments (``layers=[1, 2], k=10``), not both. How it
+    runs is ``options`` (:class:`~coupling_utils.measurement.options.Options`: ``reuse_stale``,
+    ``progress``), ``out``, ``resume``, ``keep_work`` and ``callback``. The fields:
 
     ``model``: a LoadedModel (``coupling_utils.load_model``) or a Hugging Face model.
     ``prompts``: strings (tokenised with the model's tokenizer), token tensors [1, T], or input
@@ -133,14 +121,20 @@ def measure(
     batched JVP/VJP in the matrix-free method (memory vs speed; not part of the results).
     Work stored in ``out`` by other code (another code fingerprint, see
     :func:`coupling_utils.provenance.code_fingerprint`) is measured again, unless
-    ``reuse_stale=True``: then it is reused and the result marked stale (``Measurement.stale``).
+    ``options.reuse_stale``: then it is reused and the result marked stale (``Measurement.stale``).
     """
-    arguments = locals()  # the settings are measure()'s keyword arguments of the same names
-    settings = Settings(**{name: arguments[name] for name in Settings.ARGUMENTS})
-    run = dict(
-        resume=resume, keep_work=keep_work, callback=callback, progress=progress, reuse_stale=reuse_stale
-    )
-    return measure_with(model, prompts, settings, out=out, **run)
+    if settings is not None and fields:
+        raise TypeError(f"measure(): pass settings or its fields ({', '.join(fields)}), not both")
+    if settings is None:
+        unknown = sorted(set(fields) - set(Settings.ARGUMENTS))
+        if unknown:
+            raise TypeError(
+                f"measure() got unknown setting(s) {unknown}; settings: {', '.join(Settings.ARGUMENTS)} "
+                "(how it runs goes in options=Options(...))"
+            )
+        settings = Settings(**fields)
+    run = dict(resume=resume, keep_work=keep_work, callback=callback)
+    return measure_with(model, prompts, settings, out=out, options=options, **run)
 
 
 def measure_with(
@@ -149,13 +143,14 @@ def measure_with(
     settings: Settings,
     *,
     out: str | Path | None = None,
+    options: Options | None = None,
     resume: bool = True,
     keep_work: bool = False,
     callback: Callable[[dict], None] | None = None,
-    progress: bool = False,
-    reuse_stale: bool = False,
 ) -> Measurement:
     """:func:`measure` with its settings made already (the measurement loop's entry point)."""
+    options = options or Options()
+    progress, reuse_stale = options.progress, options.reuse_stale
     info = model_info(model)
     resolved = settings.resolve(info)
     plist = normalise_prompts(prompts, info.tokenizer, settings.max_tokens)

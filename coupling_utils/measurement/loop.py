@@ -186,9 +186,7 @@ def run(job: Job, options: Options | None = None) -> Result:
             for part, settings in job.settings.items():
                 if part not in measurements:
                     out = job.out(part)
-                    measurements[part] = measure_with(
-                        lm, job.prompts, settings, out=out, reuse_stale=reuse_stale
-                    )
+                    measurements[part] = measure_with(lm, job.prompts, settings, out=out, options=options)
             if extra is None:
                 extra = _compute_extra(job, lm)
         finally:
