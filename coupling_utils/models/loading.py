@@ -427,6 +427,97 @@ def _random_init(cls, config, torch_dtype: torch.dtype, target: torch.device, se
         return cls._from_config(config, dtype=torch_dtype)
 
 
+@dataclass(frozen=True)
+class _Source:
+    """Where a model reference's files are: what ``from_pretrained`` reads, and of which kind."""
+
+    path: str  # a hub id or a local directory
+    kind: str  # "hub", "embedded", "local" or "gguf"
+    hub_revision: str | None = None
+    gguf_file: str | None = None
+
+    def load_kwargs(self) -> dict[str, Any]:
+        kw: dict[str, Any] = {}
+        if self.hub_revision:
+            kw["revision"] = self.hub_revision
+        if self.gguf_file:
+            kw["gguf_file"] = self.gguf_file
+        return kw
+
+
+def _find_source(name: str, revision: str | None) -> _Source:
+    """The files behind ``name``: an embedded model (built or found by the zoo), a local
+    directory or .gguf file, or a hub id (whose revision is the hub's)."""
+    if name.startswith(EMBEDDED):
+        from coupling_utils.models import zoo  # lazy: the zoo is optional for everything else
+
+        source = Path(zoo.resolve(name[len(EMBEDDED) :], revision=revision))
+        directory, gguf_file = _local_source(source, revision)
+        return _Source(str(directory), "embedded", None, gguf_file)
+    if Path(name).expanduser().exists():
+        directory, gguf_file = _local_source(Path(name).expanduser().resolve(), revision)
+        return _Source(str(directory), "gguf" if gguf_file else "local", None, gguf_file)
+    if _looks_like_path(name):
+        raise ModelNotFoundError(
+            f"no such model path: {name!r} (neither a directory nor a .gguf file exists there)"
+        )
+    return _Source(name, "hub", revision, None)
+
+
+def _check_options(quantization: str | None, random_init: bool, device_map) -> None:
+    if quantization is not None and random_init:
+        raise ValueError(
+            "random_init=True builds the untrained twin in dtype, unquantized (its weights are random: "
+            "quantizing them adds nothing); pass quantization=None for the twin"
+        )
+    if device_map is not None and random_init:
+        raise ValueError("random-init twins are built on one device: pass device=..., not device_map")
+
+
+def _read_config(src: _Source, name: str, revision: str | None):
+    """The model's transformers config, with the hub's or this project's reason when it fails."""
+    import transformers
+
+    try:
+        return transformers.AutoConfig.from_pretrained(src.path, **src.load_kwargs())
+    except (OSError, ValueError) as e:
+        if src.kind == "hub" and isinstance(e, OSError):
+            raise _hub_error(name, revision, e) from e
+        if src.kind != "hub":
+            _unknown_model_type(
+                Path(src.path)
+            )  # transformers does not know it: say what this project supports
+        raise
+
+
+def _weights(cls, config, src: _Source, how: dict[str, Any], name: str, revision: str | None):
+    """The model with its weights (trained, or a random-init twin), moved where ``how`` says, frozen
+    and in eval mode. ``how``: torch_dtype, target, seed, random_init, quant_config, device_map."""
+    placement = how["device_map"]
+    if how["random_init"]:
+        model = _random_init(cls, config, how["torch_dtype"], how["target"], how["seed"])
+    else:
+        load_kwargs = src.load_kwargs()
+        if how["quant_config"] is not None:
+            load_kwargs["quantization_config"] = how["quant_config"]
+            placement = placement if placement is not None else {"": how["target"]}
+        if placement is not None:
+            load_kwargs["device_map"] = placement
+        try:
+            model = cls.from_pretrained(src.path, dtype=how["torch_dtype"], **load_kwargs)
+        except OSError as e:
+            if src.kind == "hub":
+                raise _hub_error(name, revision, e) from e
+            raise
+    if placement is None:
+        model = model.to(how["target"])
+    return model.eval().requires_grad_(False)
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return next(k for k, v in DTYPES.items() if v == dtype)
+
+
 def load_model(
     name_or_path: str | os.PathLike,
     *,
@@ -445,114 +536,73 @@ def load_model(
     ``"8bit"`` or ``"4bit"`` (bitsandbytes, CUDA only). ``device_map``: passed to
     ``from_pretrained`` (e.g. ``"auto"``); the model is then not moved to ``device``.
     """
-    import transformers
-
     requested = _dtype(dtype)
     target = resolve_device(device)
     torch_dtype = requested if quantization else _precision(requested, device, target)
-    dtype_name = next(k for k, v in DTYPES.items() if v == torch_dtype)
     name = os.fspath(name_or_path)
-    hub_revision, gguf_file, source_kind = None, None, "hub"
-    if quantization is not None and random_init:
-        raise ValueError(
-            "random_init=True builds the untrained twin in dtype, unquantized (its weights are random: "
-            "quantizing them adds nothing); pass quantization=None for the twin"
-        )
-    if device_map is not None and random_init:
-        raise ValueError("random-init twins are built on one device: pass device=..., not device_map")
+    _check_options(quantization, random_init, device_map)
     quant_config = _quantization_config(quantization, torch_dtype, target) if quantization else None
-
-    if name.startswith(EMBEDDED):
-        from coupling_utils.models import zoo  # lazy: the zoo is optional for everything else
-
-        source = Path(zoo.resolve(name[len(EMBEDDED) :], revision=revision))
-        directory, gguf_file = _local_source(source, revision)
-        source, source_kind = str(directory), "embedded"
-    elif Path(name).expanduser().exists():
-        directory, gguf_file = _local_source(Path(name).expanduser().resolve(), revision)
-        source, source_kind = str(directory), ("gguf" if gguf_file else "local")
-    elif _looks_like_path(name):
-        raise ModelNotFoundError(
-            f"no such model path: {name!r} (neither a directory nor a .gguf file exists there)"
-        )
-    else:
-        source, hub_revision = name, revision
-    if quantization and gguf_file:
+    src = _find_source(name, revision)
+    if quantization and src.gguf_file:
         raise ValueError(
             f"quantization={quantization!r} does not apply to a GGUF file (it is dequantised on load)"
         )
-
-    load_kwargs = {}
-    if hub_revision:
-        load_kwargs["revision"] = hub_revision
-    if gguf_file:
-        load_kwargs["gguf_file"] = gguf_file
-    try:
-        config = transformers.AutoConfig.from_pretrained(source, **load_kwargs)
-    except (OSError, ValueError) as e:
-        if source_kind == "hub" and isinstance(e, OSError):
-            raise _hub_error(name, revision, e) from e
-        if source_kind != "hub":
-            _unknown_model_type(Path(source))  # transformers does not know it: say what this project supports
-        raise
+    config = _read_config(src, name, revision)
     row = find_architecture(config)  # unsupported architectures fail here, before any weights are read
-    cls = _model_class(config, row)
-
-    placement = device_map
-    if random_init:
-        model = _random_init(cls, config, torch_dtype, target, seed)
-    else:
-        if quant_config is not None:
-            load_kwargs["quantization_config"] = quant_config
-            placement = device_map if device_map is not None else {"": target}
-        if placement is not None:
-            load_kwargs["device_map"] = placement
-        try:
-            model = cls.from_pretrained(source, dtype=torch_dtype, **load_kwargs)
-        except OSError as e:
-            if source_kind == "hub":
-                raise _hub_error(name, revision, e) from e
-            raise
-    if placement is None:
-        model = model.to(target)
-    model = model.eval().requires_grad_(False)
-
-    tokenizer = _preprocessor(name, source, row, hub_revision, gguf_file, local=source_kind != "hub")
-    blocks = transformer_blocks(model)
+    how = dict(
+        torch_dtype=torch_dtype, target=target, seed=seed, random_init=random_init,
+        quant_config=quant_config, device_map=device_map,
+    )  # fmt: skip
+    model = _weights(_model_class(config, row), config, src, how, name, revision)
+    tokenizer = _preprocessor(name, src.path, row, src.hub_revision, src.gguf_file, local=src.kind != "hub")
+    n_layers = len(transformer_blocks(model))
     text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
     d_model = int(text_config.hidden_size)
-    provenance = {
-        "name": name,
-        "revision": revision,
-        "source": source_kind,
-        "path": source,
-        "gguf_file": gguf_file,
-        "commit": getattr(config, "_commit_hash", None)
-        or (_hub_commit(source, hub_revision) if source_kind == "hub" else None),
-        "model_type": config.model_type,
-        "architecture": row.name,
-        "class": type(model).__name__,
-        "dtype": dtype_name,
-        "dtype_requested": next(k for k, v in DTYPES.items() if v == requested),
-        "quantization": quantization,
-        "device": str(next(model.parameters()).device),
-        "device_map": device_map if isinstance(device_map, (str, type(None))) else dict(device_map),
-        "random_init": bool(random_init),
-        "seed": int(seed) if random_init else None,
-        "n_parameters": int(sum(p.numel() for p in model.parameters())),
-        "n_layers": len(blocks),
-        "d_model": d_model,
-        "transformers": transformers.__version__,
-        "torch": torch.__version__,
-    }
+    asked = dict(
+        name=name, revision=revision, dtype=_dtype_name(torch_dtype), dtype_requested=_dtype_name(requested),
+        quantization=quantization,
+        device_map=device_map, random_init=random_init, seed=seed,
+    )  # fmt: skip
+    provenance = _provenance(model, config, row, src, asked, n_layers, d_model)
     return LoadedModel(
         model=model,
         tokenizer=tokenizer,
         name=name,
         revision=revision,
-        dtype=dtype_name,
+        dtype=provenance["dtype"],
         arch=config.model_type,
-        n_layers=len(blocks),
+        n_layers=n_layers,
         d_model=d_model,
         provenance=provenance,
     )
+
+
+def _provenance(model, config, row, src: _Source, asked: dict, n_layers: int, d_model: int) -> dict:
+    """What was loaded, from where, how: the ``provenance`` of a :class:`LoadedModel`."""
+    import transformers
+
+    device_map = asked["device_map"]
+    return {
+        "name": asked["name"],
+        "revision": asked["revision"],
+        "source": src.kind,
+        "path": src.path,
+        "gguf_file": src.gguf_file,
+        "commit": getattr(config, "_commit_hash", None)
+        or (_hub_commit(src.path, src.hub_revision) if src.kind == "hub" else None),
+        "model_type": config.model_type,
+        "architecture": row.name,
+        "class": type(model).__name__,
+        "dtype": asked["dtype"],
+        "dtype_requested": asked["dtype_requested"],
+        "quantization": asked["quantization"],
+        "device": str(next(model.parameters()).device),
+        "device_map": device_map if isinstance(device_map, (str, type(None))) else dict(device_map),
+        "random_init": bool(asked["random_init"]),
+        "seed": int(asked["seed"]) if asked["random_init"] else None,
+        "n_parameters": int(sum(p.numel() for p in model.parameters())),
+        "n_layers": n_layers,
+        "d_model": d_model,
+        "transformers": transformers.__version__,
+        "torch": torch.__version__,
+    }
