@@ -342,25 +342,13 @@ def train_lm(spec: LMSpec, out_dir: str | Path, *, progress: bool = True, desc: 
         def checkpoint(step: int, running_loss: float) -> str:
             val_loss, val_acc = evaluate_lm(model, val_w)
             train_loss, _ = evaluate_lm(model, train_w)
+            losses = {"train_loss": train_loss, "val_loss": val_loss, "val_acc": val_acc}
             rows.append(
-                {
-                    "step": step,
-                    "tokens": step * spec.batch_size * spec.seq_len,
-                    "train_loss": train_loss,
-                    "val_loss": val_loss,
-                    "val_acc": val_acc,
-                    "train_loss_running": running_loss,
-                    "unigram_entropy": unigram,
-                    "lr": learning_rate(max(step - 1, 0), spec),
-                    "elapsed_s": time.perf_counter() - t0,
-                }
+                {"step": step, "tokens": step * spec.batch_size * spec.seq_len, **losses}
+                | {"train_loss_running": running_loss, "unigram_entropy": unigram}
+                | {"lr": learning_rate(max(step - 1, 0), spec), "elapsed_s": time.perf_counter() - t0}
             )
-            # "pythia" keeps every checkpoint as a revision (the final step too, like Pythia's
-            # step143000); the other schedules keep only the final model
-            targets = [out_dir / "revisions" / f"step{step}"] if spec.checkpoints == "pythia" else []
-            if step == spec.steps:
-                targets.append(out_dir)
-            for target in targets:
+            for target in checkpoint_targets(out_dir, step, spec):
                 model.save_pretrained(target)
                 tok.save_pretrained(target)
             return f"val_loss={val_loss:.3f}"
@@ -375,36 +363,55 @@ def train_lm(spec: LMSpec, out_dir: str | Path, *, progress: bool = True, desc: 
             desc=desc or "train",
             what="training",
         )
-        losses = pd.DataFrame(rows, columns=LOSS_COLUMNS)
-        losses.to_csv(out_dir / "losses.csv", index=False)
-        losses.to_parquet(out_dir / "losses.parquet", index=False)
-        (out_dir / "training_spec.json").write_text(
-            json.dumps(
-                {
-                    "spec": spec.to_dict(),
-                    "corpus": corpus.describe(),
-                    "checkpoints": [f"step{s}" for s in schedule] if spec.checkpoints == "pythia" else [],
-                },
-                indent=2,
-            )
+        _write_lm_run(out_dir, rows, spec, corpus, schedule)
+        return _lm_metrics(rows[-1], model, spec, unigram, (t0, c0))
+
+
+def checkpoint_targets(out_dir: Path, step: int, spec) -> list[Path]:
+    """Where a run saves the model at ``step``: "pythia" keeps every checkpoint as a revision
+    (the final step too, like Pythia's step143000), the other schedules only the final model."""
+    targets = [out_dir / "revisions" / f"step{step}"] if spec.checkpoints == "pythia" else []
+    if step == spec.steps:
+        targets.append(out_dir)
+    return targets
+
+
+def _write_lm_run(out_dir: Path, rows: list[dict], spec: LMSpec, corpus, schedule) -> None:
+    """The run's loss curve (``losses.csv`` and ``.parquet``) and ``training_spec.json``."""
+    losses = pd.DataFrame(rows, columns=LOSS_COLUMNS)
+    losses.to_csv(out_dir / "losses.csv", index=False)
+    losses.to_parquet(out_dir / "losses.parquet", index=False)
+    (out_dir / "training_spec.json").write_text(
+        json.dumps(
+            {
+                "spec": spec.to_dict(),
+                "corpus": corpus.describe(),
+                "checkpoints": [f"step{s}" for s in schedule] if spec.checkpoints == "pythia" else [],
+            },
+            indent=2,
         )
-        final = rows[-1]
-        return {
-            "val_loss": final["val_loss"],
-            "val_acc": final["val_acc"],
-            "train_loss": final["train_loss"],
-            "unigram_entropy": unigram,
-            "val_loss_below_unigram": unigram - final["val_loss"],
-            "n_params": count_parameters(model),
-            "n_params_non_embedding": count_parameters(model, non_embedding=True),
-            "n_layers": spec.n_layers,
-            "d_model": spec.d_model,
-            "steps": spec.steps,
-            "seed": spec.seed,
-            "tokens": spec.steps * spec.batch_size * spec.seq_len,
-            "train_seconds": time.perf_counter() - t0,
-            "cpu_seconds": time.process_time() - c0,
-        }
+    )
+
+
+def _lm_metrics(final: dict, model, spec: LMSpec, unigram: float, started: tuple[float, float]) -> dict:
+    """A finished run's final metrics; ``started``: (perf_counter, process_time) at its start."""
+    t0, c0 = started
+    return {
+        "val_loss": final["val_loss"],
+        "val_acc": final["val_acc"],
+        "train_loss": final["train_loss"],
+        "unigram_entropy": unigram,
+        "val_loss_below_unigram": unigram - final["val_loss"],
+        "n_params": count_parameters(model),
+        "n_params_non_embedding": count_parameters(model, non_embedding=True),
+        "n_layers": spec.n_layers,
+        "d_model": spec.d_model,
+        "steps": spec.steps,
+        "seed": spec.seed,
+        "tokens": spec.steps * spec.batch_size * spec.seq_len,
+        "train_seconds": time.perf_counter() - t0,
+        "cpu_seconds": time.process_time() - c0,
+    }
 
 
 def val_loss_plateau(losses: pd.DataFrame, *, last: float = 0.25, column: str = "val_loss") -> dict:

