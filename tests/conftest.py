@@ -46,8 +46,7 @@ def standin_hub(tmp_path_factory):
     point at it for the rest of the session. Yields (path, manifest).
     """
     from huggingface_hub import constants
-
-    from coupling_utils.models.standin_hub import write_standin_hub
+    from support.standin_hub import write_standin_hub
 
     path = tmp_path_factory.mktemp("standin") / "hub"
     manifest = write_standin_hub(path)

@@ -37,7 +37,7 @@ def test_configs_rebuild_the_documented_parameter_counts():
 
 
 def test_every_hub_profile_model_has_a_config():
-    from coupling_utils.models.standin_hub import profile_repos
+    from support.standin_hub import profile_repos
 
     configs = set(read_table("model_configs.csv").model_id)
     assert set(profile_repos()) <= configs

@@ -307,7 +307,7 @@ def test_model_type_unknown_to_transformers_gets_the_table_error(tmp_path):
 @pytest.fixture(scope="module")
 def sentencepiece_only_dir(tmp_path_factory):
     """A Llama saved with only a SentencePiece tokenizer.model (like Vicuna-7B-v1.5 and Orca-2-7B)."""
-    from coupling_utils.models.standin_hub import _sentencepiece_files, _training_text
+    from support.standin_hub import _sentencepiece_files, _training_text
 
     root = tmp_path_factory.mktemp("sp-only")
     tiny_model("llama").save_pretrained(root)

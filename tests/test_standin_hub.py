@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from support import standin_hub as S
 
 from coupling_utils import token_jacobians
-from coupling_utils.models import standin_hub as S
 from coupling_utils.models.loading import gated_repos, load_model
 
 ROOT = Path(__file__).resolve().parents[1]

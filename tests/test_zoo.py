@@ -85,7 +85,7 @@ def test_pythia_smoke_run_and_checkpoints(smoke_zoo):
     assert man["seconds"] > 0 and man["size_bytes"] > 0 and "val_loss" in man["metrics"]
     # a second call loads instead of retraining
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(zoo, "_build", lambda *a, **k: pytest.fail("a prepared entry was built again"))
+        mp.setattr(zoo.build, "_build", lambda *a, **k: pytest.fail("a prepared entry was built again"))
         assert zoo.resolve("pythia-smoke") == path
     assert json.loads((path / "manifest.json").read_text())["built_at"] == man["built_at"]
 
@@ -217,7 +217,7 @@ def test_smollm2_says_paris(zoo_cache):
         nxt = model(ids).logits[0, -1].argmax().item()
     assert tok.decode([nxt]) == " Paris"
     with pytest.MonkeyPatch.context() as mp:  # cached: no second dequantisation
-        mp.setattr(zoo, "_build_gguf", lambda *a, **k: pytest.fail("dequantised again"))
+        mp.setattr(zoo.build, "_build_gguf", lambda *a, **k: pytest.fail("dequantised again"))
         assert zoo.resolve("embedded:smollm2-135m") == path
     with torch.device("meta"):
         twin = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path))

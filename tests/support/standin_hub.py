@@ -29,8 +29,10 @@ model has its own weights).
 Tokenizers are trained here, in a fraction of a second, on a slice of the project's corpus
 (``models.corpus``).
 
-From a shell: ``python -m coupling_utils.models.standin_hub DIR`` writes it, then
-``HF_HUB_CACHE=DIR HF_HUB_OFFLINE=1`` makes every hub id of those profiles loadable.
+Test infrastructure, not part of the library: the tests import it as ``support.standin_hub``.
+From a shell, in the repository root: ``python -m tests.support.standin_hub DIR`` (or
+``python tests/support/standin_hub.py DIR``) writes it, then ``HF_HUB_CACHE=DIR HF_HUB_OFFLINE=1``
+makes every hub id of those profiles loadable.
 """
 
 from __future__ import annotations
@@ -294,7 +296,7 @@ def family_of(repo: str) -> Family:
         raise StandInError(
             f"{len(hits)} stand-in family rules match {repo!r}"
             + (f" ({', '.join(f.pattern for f in hits)})" if hits else "")
-            + ": add exactly one rule for it to coupling_utils.models.standin_hub.FAMILIES (model_type, the "
+            + ": add exactly one rule for it to FAMILIES in tests/support/standin_hub.py (model_type, the "
             "switches that matter, tokenizer kind, weight format), so the hub profile that names it is "
             "tested offline"
         )
@@ -305,6 +307,7 @@ def family_of(repo: str) -> Family:
 def hub_profiles(names: Iterable[str] = HUB_PROFILES) -> list[Path]:
     """The profile files of the profiles ``names`` (default: :data:`HUB_PROFILES`) in this checkout
     (``$COUPLING_BOOK_ROOT`` or the repository)."""
+    # this file is tests/support/standin_hub.py: parents[2] is the repository
     root = Path(os.environ.get("COUPLING_BOOK_ROOT", Path(__file__).resolve().parents[2]))
     files = []
     for name in names:
@@ -671,7 +674,7 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
 
     parser = argparse.ArgumentParser(
-        prog="python -m coupling_utils.models.standin_hub",
+        prog="python -m tests.support.standin_hub",
         description="Write a Hugging Face cache with tiny random stand-ins of every hub model the hub "
         "profiles name; then run with HF_HUB_CACHE=DIR HF_HUB_OFFLINE=1.",
     )

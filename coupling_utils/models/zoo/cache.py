@@ -1,0 +1,122 @@
+"""Where zoo entries live in the project cache: their keys, their directories and their build locks.
+
+An entry lives in ``<cache>/zoo/<name>/<key>``, where the key changes whenever what the entry
+produces would (a new package version or weights, a new training spec, corpus or
+:data:`ZOO_FORMAT`), so a stale build is never reused. :func:`entry_dir` is the one function that
+spells that layout; everything else asks it. The hashes the keys and the pinned checksums are made
+of live here too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from coupling_utils.files import atomic_write_text, cache_dir, file_lock, is_locked
+
+if TYPE_CHECKING:
+    from coupling_utils.models.zoo.registry import ZooEntry
+
+ZOO_FORMAT = 1  # bump when the on-disk layout or the training code changes what a spec produces
+
+# --------------------------------------------------------------------------- hashing
+_SHA_MEMO: dict[tuple[str, int, int], str] = {}
+
+
+def _stream_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def file_sha256(path: str | Path) -> str:
+    """SHA-256 of a file, memoised by (path, size, mtime) in memory and in the cache directory."""
+    path = Path(path).resolve()
+    st = path.stat()
+    key = (str(path), st.st_size, st.st_mtime_ns)
+    if key in _SHA_MEMO:
+        return _SHA_MEMO[key]
+    memo_file = cache_dir("zoo") / "sha256-memo.json"
+    try:
+        memo = json.loads(memo_file.read_text())
+    except (OSError, ValueError):
+        memo = {}
+    skey = f"{key[0]}|{key[1]}|{key[2]}"
+    digest = memo.get(skey)
+    if digest is None:
+        digest = _stream_sha256(path)
+        memo[skey] = digest
+        atomic_write_text(memo_file, json.dumps(memo, indent=1))
+    _SHA_MEMO[key] = digest
+    return digest
+
+
+def tensors_sha256(path: str | Path) -> str:
+    """SHA-256 of the tensors in one safetensors file: names, dtypes, shapes and bytes, in name order.
+
+    Independent of the file's metadata and layout, so it changes only when a weight does.
+    """
+    import torch
+    from safetensors import safe_open
+
+    h = hashlib.sha256()
+    with safe_open(str(path), "pt") as st:
+        for key in sorted(st.keys()):  # noqa: SIM118 (safe_open is not iterable)
+            t = st.get_tensor(key).contiguous()
+            h.update(f"{key}|{t.dtype}|{tuple(t.shape)}|".encode())
+            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+# --------------------------------------------------------------------------- keys
+def _data_key(kind: str) -> str:
+    if kind.startswith("lm"):
+        from coupling_utils.models.corpus import CORPUS_SHA256
+
+        return CORPUS_SHA256
+    from coupling_utils.models.vit_training import MNIST_SHA256
+
+    return MNIST_SHA256
+
+
+def _spec_key(kind: str, specs) -> str:
+    """The key of a training run (or a family's ``{run: spec}``): format, kind, data and specs."""
+    payload = {
+        "format": ZOO_FORMAT,
+        "kind": kind,
+        "data": _data_key(kind),
+        "specs": {k: v.to_dict() for k, v in specs.items()} if isinstance(specs, dict) else specs.to_dict(),
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]
+
+
+# --------------------------------------------------------------------------- paths
+def entry_dir(entry: ZooEntry, member: str | None = None) -> Path:
+    """Where an entry lives (or will live): ``<cache>/zoo/<name>/<key>``, or a family member's
+    ``<cache>/zoo/<name>/<key>/<member>``. The only place that spells this layout.
+
+    Computing the key can raise :class:`~coupling_utils.models.zoo.errors.ZooError` (a package
+    with the weights is not installed).
+    """
+    key = entry.key()
+    path = cache_dir("zoo") / entry.name / key
+    return path / member if member else path
+
+
+# --------------------------------------------------------------------------- locks
+def _lock_file(name: str) -> Path:
+    return cache_dir("zoo") / name / ".lock"
+
+
+def _lock(name: str):
+    """An inter-process lock per entry, so two processes do not build the same thing at once."""
+    return file_lock(_lock_file(name), f"embedded:{name}")
+
+
+def _is_locked(name: str) -> bool:
+    """Whether another process holds an entry's build lock right now."""
+    return is_locked(_lock_file(name))
