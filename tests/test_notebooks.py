@@ -11,6 +11,7 @@ The executed notebooks are what the book-phase tests (``pytest -m book``) build 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -105,3 +106,35 @@ def test_embedded_models_are_found_in_parameter_values():
         "again": "embedded:minilm-l6",
     }
     assert embedded_models(values) == ["embedded:smollm2-135m", "embedded:minilm-l6", "embedded:lm-family"]
+
+
+def _stored_measurements(cache: Path) -> set[str]:
+    """Every finished measurement under ``cache`` (relative paths): ``measure()`` folders (their
+    ``provenance.json``) and extra-table folders (a ``done.json`` that lists tables)."""
+    found = {p.parent for p in cache.rglob("provenance.json")}
+    for marker in cache.rglob("done.json"):
+        with contextlib.suppress(ValueError):
+            if "tables" in json.loads(marker.read_text()):
+                found.add(marker.parent)
+    return {str(p.relative_to(cache)) for p in found if not set(p.relative_to(cache).parts) & set(SHARED)}
+
+
+def test_each_notebook_measures_exactly_its_chapters_plan(smoke_runs, monkeypatch):
+    """What the smoke notebooks stored is, folder for folder, the union of their chapters'
+    ``jobs(params)``: the plan the sweep submits and the cost model counts (test_sweep.py and
+    test_costs.py check that those read the same plan at every profile)."""
+    from coupling_utils.chapters import NAMES, chapter
+    from coupling_utils.pipeline.sweep import planned_params
+
+    monkeypatch.setenv("COUPLING_CACHE", str(smoke_runs.cache))
+    planned = set()
+    for name in NAMES:
+        for job in chapter(name).jobs(planned_params(name, "smoke")):
+            planned |= {str(job.out(part).relative_to(smoke_runs.cache)) for part in job.settings}
+            if job.extra is not None:
+                planned.add(str(job.extra_out().relative_to(smoke_runs.cache)))
+    stored = _stored_measurements(smoke_runs.cache)
+    assert stored == planned, (
+        f"measured but not planned: {sorted(stored - planned)[:5]}; "
+        f"planned but not measured: {sorted(planned - stored)[:5]}"
+    )

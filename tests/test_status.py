@@ -11,8 +11,8 @@ import pytest
 from coupling_utils.pipeline.status import (
     METADATA_KEY,
     StatusError,
-    collect,
     read_notebook_status,
+    read_statuses,
     status_markdown,
     status_table,
 )
@@ -105,7 +105,7 @@ def test_collect_reads_executed_notebooks_in_order_with_their_runs(tmp_path):
             }
         )
     )
-    df = collect(tmp_path)
+    df = read_statuses(tmp_path)
     assert df.notebook.tolist() == ["f02_gen", "f02_gen", "f02_gen", "f04_vit"]
     assert df.claim.tolist() == [r["claim"] for r in ROWS] + [REPLOT["claim"], ROWS[1]["claim"]]
     assert df.profile.tolist()[:3] == ["smoke"] * 3 and df.profile[3] is None
@@ -135,13 +135,13 @@ def test_collect_reads_executed_notebooks_in_order_with_their_runs(tmp_path):
 
 def test_collect_and_markdown_when_nothing_ran(tmp_path):
     with pytest.raises(StatusError, match="coupling-book run"):
-        collect(tmp_path / "missing")
-    md = status_markdown(collect(tmp_path), profile="smoke")
+        read_statuses(tmp_path / "missing")
+    md = status_markdown(read_statuses(tmp_path), profile="smoke")
     assert "No executed notebook" in md and "--profile smoke" in md
 
 
 def test_report_in_a_kernel_stores_machine_readable_rows(tmp_path):
-    """End to end: report() in a real kernel, the notebook written, collect() reads it back."""
+    """End to end: report() in a real kernel, the notebook written, read_statuses() reads it back."""
     nbclient = pytest.importorskip("nbclient")
     nb = nbformat.v4.new_notebook(
         cells=[
@@ -168,5 +168,5 @@ def test_report_in_a_kernel_stores_machine_readable_rows(tmp_path):
     ]
     assert len(glued) == 1
     nbformat.write(nb, tmp_path / "f09_demo.ipynb")
-    df = collect(tmp_path)
+    df = read_statuses(tmp_path)
     assert df.claim.tolist() == [ROWS[1]["claim"], "c"] and df.agree.tolist() == ["yes", "no"]

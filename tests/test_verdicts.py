@@ -108,9 +108,9 @@ def test_assumptions_are_recorded_and_a_broken_one_shows_and_fails(tmp_path, mon
     ]
     assert shown[1][1][ASSUMPTION_KEY]["holds"] is False
     (tmp_path / "runs.json").write_text('{"f09_demo": {"profile": "default", "status": "ok"}}')
-    from coupling_utils.pipeline.status import collect, status_markdown
+    from coupling_utils.pipeline.status import read_statuses, status_markdown
 
-    page = status_markdown(collect(tmp_path))  # the status page names the contradicted sentence
+    page = status_markdown(read_statuses(tmp_path))  # the status page names the contradicted sentence
     assert "```{warning}" in page and "- `f09_demo`: that coupling rises" in page
     assert "chance level" not in page
     monkeypatch.setattr(check, "EXECUTED", tmp_path)

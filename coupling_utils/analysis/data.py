@@ -82,7 +82,7 @@ class Column:
 
 
 @dataclass(frozen=True)
-class Schema:
+class DataSchema:
     columns: tuple[Column, ...]
     key: tuple[str, ...]  # unique key
     check: Callable[[pd.DataFrame, Path], None] | None = None  # table-level check
@@ -161,17 +161,19 @@ _V1_COLUMNS = (
     Column("source"),
 )
 
-SCHEMAS: dict[str, Schema] = {
-    "model_aliases.csv": Schema(
+SCHEMAS: dict[str, DataSchema] = {
+    "model_aliases.csv": DataSchema(
         (Column("alias"), Column("model_id"), Column("kind"), Column("note", required=False)),
         key=("alias",),
         check=_aliases_check,
     ),
-    "open_llm_leaderboard_v1.csv": Schema(_V1_COLUMNS, key=("model_id",), check=_average_is_mean(V1_TASKS)),
-    "open_llm_leaderboard_v1_other_precision.csv": Schema(
+    "open_llm_leaderboard_v1.csv": DataSchema(
+        _V1_COLUMNS, key=("model_id",), check=_average_is_mean(V1_TASKS)
+    ),
+    "open_llm_leaderboard_v1_other_precision.csv": DataSchema(
         _V1_COLUMNS, key=("model_id", "precision"), check=_average_is_mean(V1_TASKS)
     ),
-    "open_llm_leaderboard_v2.csv": Schema(
+    "open_llm_leaderboard_v2.csv": DataSchema(
         (
             Column("model_id"),
             Column("leaderboard_id"),
@@ -186,7 +188,7 @@ SCHEMAS: dict[str, Schema] = {
         key=("model_id",),
         check=_average_is_mean(V2_TASKS),
     ),
-    "model_metadata.csv": Schema(
+    "model_metadata.csv": DataSchema(
         (
             Column("model_id"),
             Column("family"),
@@ -209,7 +211,7 @@ SCHEMAS: dict[str, Schema] = {
         key=("model_id",),
         check=_metadata_check,
     ),
-    "paper_fig1a_digitized.csv": Schema(
+    "paper_fig1a_digitized.csv": DataSchema(
         (
             Column("label"),
             Column("model_id"),
@@ -222,7 +224,7 @@ SCHEMAS: dict[str, Schema] = {
         ),
         key=("label",),
     ),
-    "paper_fig1b_digitized.csv": Schema(
+    "paper_fig1b_digitized.csv": DataSchema(
         (
             Column("model_id"),
             Column("step", "int", min=0, max=10_000_000),
@@ -232,7 +234,7 @@ SCHEMAS: dict[str, Schema] = {
         ),
         key=("model_id", "step"),
     ),
-    "prompts.csv": Schema(
+    "prompts.csv": DataSchema(
         (
             Column("id"),
             Column("category", choices=(*PROMPT_CATEGORIES, DEMO_CATEGORY)),
@@ -242,12 +244,12 @@ SCHEMAS: dict[str, Schema] = {
         key=("id",),
     ),
     # read by coupling_utils.models.loading.gated_repos (the loader says which repos need a login)
-    "gated_repos.csv": Schema(
+    "gated_repos.csv": DataSchema(
         (Column("model_id"), Column("gated", "bool"), Column("access", required=False), Column("source")),
         key=("model_id",),
     ),
     # read by coupling_utils.pipeline.costs: the configuration fields a run's cost depends on
-    "model_configs.csv": Schema(
+    "model_configs.csv": DataSchema(
         (
             Column("model_id"),
             Column("model_type"),
@@ -274,7 +276,49 @@ def _row_label(df: pd.DataFrame, i: int) -> str:
     return f"row {i}"
 
 
-def validate(df: pd.DataFrame, schema: Schema, path: Path) -> pd.DataFrame:
+def _refuse(bad: pd.Series, df: pd.DataFrame, path: Path, says) -> None:
+    """Raise DataError at the first row where ``bad`` holds: ``says(i)`` is what is wrong there."""
+    if bad.any():
+        i = int(np.flatnonzero(bad.to_numpy())[0])
+        raise DataError(f"{path}: line {i + 2} ({_row_label(df, i)}): {says(i)}")
+
+
+def _text_values(col, raw: pd.Series, empty: pd.Series, df: pd.DataFrame, path: Path) -> pd.Series:
+    if col.choices is not None:
+        bad = ~empty & ~raw.isin(col.choices)
+        _refuse(bad, df, path, lambda i: f"{col.name}={raw.iloc[i]!r} is not one of {list(col.choices)}.")
+    return raw.where(~empty, None).astype("object")
+
+
+def _bool_values(col, raw: pd.Series, empty: pd.Series, df: pd.DataFrame, path: Path) -> pd.Series:
+    lowered = raw.astype("string").str.strip().str.lower()
+    bad = ~empty & ~lowered.isin(["true", "false"])
+    _refuse(bad, df, path, lambda i: f"{col.name}={raw.iloc[i]!r} is not true or false.")
+    return lowered.map({"true": True, "false": False}).astype("boolean")
+
+
+def _number_values(col, raw: pd.Series, empty: pd.Series, df: pd.DataFrame, path: Path) -> pd.Series:
+    num = pd.to_numeric(raw.where(~empty, None), errors="coerce")
+    bad = ~empty & (num.isna() | ~np.isfinite(num.astype(float)))
+    _refuse(bad, df, path, lambda i: f"{col.name}={raw.iloc[i]!r} is not a finite number.")
+    if col.kind == "int":
+        frac = ~empty & (num.fillna(0) % 1 != 0)
+        _refuse(frac, df, path, lambda i: f"{col.name}={raw.iloc[i]!r} is not a whole number.")
+    lo_bad = pd.Series(False, index=df.index)
+    if col.min is not None:
+        lo_bad = ~empty & ((num <= col.min) if col.min_exclusive else (num < col.min))
+    hi_bad = ~empty & (num > col.max) if col.max is not None else pd.Series(False, index=df.index)
+    lo = "(" if col.min_exclusive else "["
+    unit = f" {col.unit}" if col.unit else ""
+    span = f"{lo}{col.min}, {col.max}]{unit}"
+    _refuse(
+        lo_bad | hi_bad, df, path,
+        lambda i: f"{col.name}={raw.iloc[i]} is outside {span}; check the value and its unit.",
+    )  # fmt: skip
+    return num.round().astype("Int64") if col.kind == "int" else num.astype(float)
+
+
+def validate(df: pd.DataFrame, schema: DataSchema, path: Path) -> pd.DataFrame:
     """Check ``df`` (as read, all strings) against ``schema`` and return it typed.
 
     Raises :class:`DataError` naming ``path`` and the CSV line (header = line 1) of the first
@@ -283,67 +327,13 @@ def validate(df: pd.DataFrame, schema: Schema, path: Path) -> pd.DataFrame:
     """
     check_table(df, schema.table(path), error=DataError)
     out = df.copy()
+    typed = {"str": _text_values, "bool": _bool_values}
     for col in schema.columns:
         raw = df[col.name]
         empty = raw.isna() | (raw.astype("string").str.strip() == "")
-        if col.required and empty.any():
-            i = int(np.flatnonzero(empty.to_numpy())[0])
-            raise DataError(
-                f"{path}: line {i + 2} ({_row_label(df, i)}): column {col.name!r} is empty; "
-                "every row needs a value."
-            )
-        if col.kind == "str":
-            values = raw.where(~empty, None).astype("object")
-            if col.choices is not None:
-                bad = ~empty & ~raw.isin(col.choices)
-                if bad.any():
-                    i = int(np.flatnonzero(bad.to_numpy())[0])
-                    raise DataError(
-                        f"{path}: line {i + 2} ({_row_label(df, i)}): {col.name}={raw.iloc[i]!r} is not "
-                        f"one of {list(col.choices)}."
-                    )
-        elif col.kind == "bool":
-            lowered = raw.astype("string").str.strip().str.lower()
-            bad = ~empty & ~lowered.isin(["true", "false"])
-            if bad.any():
-                i = int(np.flatnonzero(bad.to_numpy())[0])
-                raise DataError(
-                    f"{path}: line {i + 2} ({_row_label(df, i)}): {col.name}={raw.iloc[i]!r} is not "
-                    "true or false."
-                )
-            values = lowered.map({"true": True, "false": False}).astype("boolean")
-        else:
-            num = pd.to_numeric(raw.where(~empty, None), errors="coerce")
-            bad = ~empty & (num.isna() | ~np.isfinite(num.astype(float)))
-            if bad.any():
-                i = int(np.flatnonzero(bad.to_numpy())[0])
-                raise DataError(
-                    f"{path}: line {i + 2} ({_row_label(df, i)}): {col.name}={raw.iloc[i]!r} is not "
-                    f"a finite number."
-                )
-            if col.kind == "int":
-                frac = ~empty & (num.fillna(0) % 1 != 0)
-                if frac.any():
-                    i = int(np.flatnonzero(frac.to_numpy())[0])
-                    raise DataError(
-                        f"{path}: line {i + 2} ({_row_label(df, i)}): {col.name}={raw.iloc[i]!r} is not "
-                        "a whole number."
-                    )
-            lo_bad = pd.Series(False, index=df.index)
-            if col.min is not None:
-                lo_bad = ~empty & ((num <= col.min) if col.min_exclusive else (num < col.min))
-            hi_bad = ~empty & (num > col.max) if col.max is not None else pd.Series(False, index=df.index)
-            rng = lo_bad | hi_bad
-            if rng.any():
-                i = int(np.flatnonzero(rng.to_numpy())[0])
-                lo = "(" if col.min_exclusive else "["
-                unit = f" {col.unit}" if col.unit else ""
-                raise DataError(
-                    f"{path}: line {i + 2} ({_row_label(df, i)}): {col.name}={raw.iloc[i]} is outside "
-                    f"{lo}{col.min}, {col.max}]{unit}; check the value and its unit."
-                )
-            values = num.round().astype("Int64") if col.kind == "int" else num.astype(float)
-        out[col.name] = values
+        if col.required:
+            _refuse(empty, df, path, lambda i, c=col: f"column {c.name!r} is empty; every row needs a value.")
+        out[col.name] = typed.get(col.kind, _number_values)(col, raw, empty, df, path)
     dup = out.duplicated(list(schema.key), keep="first")
     if dup.any():
         i = int(np.flatnonzero(dup.to_numpy())[0])

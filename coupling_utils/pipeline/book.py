@@ -270,40 +270,46 @@ def stage_book(
     for entry in plan.included:
         if entry.kind == "notebook":
             _stage_notebook(entry, src, extra, links)
-    status_page = src / PROSE_DIR / f"{STATUS_PAGE}.md"
-    if status_page.is_file():
-        included = {Path(e.docname).name for e in plan.included if e.kind == "notebook"}
-        with status_page.open("a", encoding="utf-8") as page:
-            page.write("\n" + status_section(_under(root, executed), included))
-    intro_page = src / PROSE_DIR / f"{INTRO_PAGE}.md"
-    if intro_page.is_file():
-        from coupling_utils.pipeline.summary import stage_summary
-
-        included = {Path(e.docname).name for e in plan.included if e.kind == "notebook"}
-        stage_summary(intro_page, _status_rows(_under(root, executed), included))
-    teaching_page = src / PROSE_DIR / f"{TEACHING_PAGE}.md"
-    if teaching_page.is_file():
-        from coupling_utils.pipeline.teaching import stage_costs, stage_exercises
-
-        stage_exercises(teaching_page, [e.source for e in plan.included if e.kind == "notebook"])
-        stage_costs(teaching_page, root / "data" / "benchmarks" / "chapter_costs.csv")
-    architectures_page = src / PROSE_DIR / f"{ARCHITECTURES_PAGE}.md"
-    if architectures_page.is_file():
-        with architectures_page.open("a", encoding="utf-8") as page:
-            page.write("\n" + architectures_section())
-    bibliography_page = src / PROSE_DIR / f"{BIBLIOGRAPHY_PAGE}.md"
-    if bibliography_page.is_file() and (root / "CITATION.cff").is_file():
-        with bibliography_page.open("a", encoding="utf-8") as page:
-            page.write("\n" + citation_section(root / "CITATION.cff", links.get("url", "")))
+    _stage_generated_pages(root, src, plan, _under(root, executed), links)
     keep = {e.docname for e in plan.included}
     (src / "_toc.yml").write_text(yaml.safe_dump(_staged_toc(root, keep), sort_keys=False), encoding="utf-8")
-    target = extra / "_static" / "mathjax"
+    _stage_mathjax(extra / "_static" / "mathjax")
+    return plan
+
+
+def _stage_mathjax(target: Path) -> None:
+    """MathJax's ES5 build, served by the book itself (it is read offline)."""
     target.mkdir(parents=True)
     es5 = mathjax_source()
     shutil.copy2(es5 / MATHJAX_ENTRY, target / MATHJAX_ENTRY)
     for part in MATHJAX_PARTS:
         shutil.copytree(es5 / part, target / part)
-    return plan
+
+
+def _stage_generated_pages(root: Path, src: Path, plan: BookPlan, executed: Path, links: dict) -> None:
+    """The parts of pages made at build time: the status tables, the intro's summary, the
+    teaching page's exercises and costs, the architecture table, the citation."""
+    page = {name: src / PROSE_DIR / f"{name}.md" for name in (
+        STATUS_PAGE, INTRO_PAGE, TEACHING_PAGE, ARCHITECTURES_PAGE, BIBLIOGRAPHY_PAGE)}  # fmt: skip
+    included = {Path(e.docname).name for e in plan.included if e.kind == "notebook"}
+    if page[STATUS_PAGE].is_file():
+        with page[STATUS_PAGE].open("a", encoding="utf-8") as f:
+            f.write("\n" + status_section(executed, included))
+    if page[INTRO_PAGE].is_file():
+        from coupling_utils.pipeline.summary import stage_summary
+
+        stage_summary(page[INTRO_PAGE], _status_rows(executed, included))
+    if page[TEACHING_PAGE].is_file():
+        from coupling_utils.pipeline.teaching import stage_costs, stage_exercises
+
+        stage_exercises(page[TEACHING_PAGE], [e.source for e in plan.included if e.kind == "notebook"])
+        stage_costs(page[TEACHING_PAGE], root / "data" / "benchmarks" / "chapter_costs.csv")
+    if page[ARCHITECTURES_PAGE].is_file():
+        with page[ARCHITECTURES_PAGE].open("a", encoding="utf-8") as f:
+            f.write("\n" + architectures_section())
+    if page[BIBLIOGRAPHY_PAGE].is_file() and (root / "CITATION.cff").is_file():
+        with page[BIBLIOGRAPHY_PAGE].open("a", encoding="utf-8") as f:
+            f.write("\n" + citation_section(root / "CITATION.cff", links.get("url", "")))
 
 
 _HOSTS = {"github.com": "github", "gitlab.com": "gitlab"}
@@ -491,15 +497,15 @@ def architectures_section() -> str:
 
 
 def _status_rows(executed: Path, notebooks: set[str] | None = None):
-    """The executed notebooks' status rows (:func:`~coupling_utils.pipeline.status.collect`),
+    """The executed notebooks' status rows (:func:`~coupling_utils.pipeline.status.read_statuses`),
     only those of ``notebooks`` (file stems) when given; an empty table without executed ones."""
     import pandas as pd
 
-    from coupling_utils.pipeline.status import COLUMNS, collect
+    from coupling_utils.pipeline.status import COLUMNS, read_statuses
 
     if not executed.is_dir():
         return pd.DataFrame(columns=["notebook", *COLUMNS, "profile", "seconds", "finished"])
-    df = collect(executed)
+    df = read_statuses(executed)
     if notebooks is not None:
         attrs = dict(df.attrs)
         df = df[df["notebook"].isin(notebooks)].reset_index(drop=True)

@@ -45,8 +45,10 @@ def _executor_options(p: argparse.ArgumentParser, *, default: str | None) -> Non
     )
 
 
-def _submit_kwargs(args) -> dict:
-    return dict(
+def _resources(args):
+    from coupling_utils.pipeline.sweep import Resources
+
+    return Resources(
         executor=args.executor,
         partition=args.partition,
         account=args.account,
@@ -55,7 +57,6 @@ def _submit_kwargs(args) -> dict:
         mem_gb=args.mem_gb,
         time_limit=args.time,
         max_parallel=args.max_parallel,
-        dry_run=args.dry_run,
     )
 
 
@@ -101,7 +102,7 @@ def _cmd_sweep(args) -> int:
             _print_states(f"{sweep.name} ({sweep.folder})", sweep_status(sweep))
             return 0
         print(f"{sweep.name}: {len(sweep.tasks)} task(s), one per (model, revision); state in {sweep.folder}")
-        states = submit(sweep, **_submit_kwargs(args))
+        states = submit(sweep, _resources(args), dry_run=args.dry_run)
     except (ParameterError, SweepError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -112,24 +113,26 @@ def _cmd_sweep(args) -> int:
 
 
 def _cmd_measure(args) -> int:
-    from coupling_utils.pipeline.measure_models import MeasureError, measure_models, read_prompts
+    from coupling_utils.pipeline.measure_models import (
+        MeasureError,
+        measure_many,
+        measurement_settings,
+        read_prompts,
+    )
     from coupling_utils.pipeline.sweep import SweepError
 
     try:
         prompts = read_prompts(args.prompts, n=args.n_prompts)
-        report = measure_models(
+        settings = measurement_settings(args.k, args.tokens, args.method, args.max_tokens, args.layers)
+        report = measure_many(
             args.models,
             prompts,
+            settings,
             out=Path(args.out),
             revisions=args.revision or None,
-            k=args.k,
-            tokens=args.tokens,
-            method=args.method,
             dtype=args.dtype,
-            max_tokens=args.max_tokens,
-            layers=args.layers,
             how=args.how,
-            **({} if args.executor == "none" else _submit_kwargs(args)),
+            resources=None if args.executor == "none" else _resources(args),
         )
     except (MeasureError, SweepError) as exc:
         print(f"error: {exc}", file=sys.stderr)

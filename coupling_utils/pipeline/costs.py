@@ -288,6 +288,8 @@ def _prompt_tokens(text: Any, max_tokens: int | None) -> int:
 
 
 def _from_jobs(jobs) -> list[Work]:
+    """One :class:`Work` per measured part of each job (its extra tables counted with it), or,
+    for a job that only computes extra tables, one for those."""
     out = []
     for job in jobs:
         prompts = job.prompts if isinstance(job.prompts, Mapping) else dict(enumerate(job.prompts))
@@ -311,6 +313,15 @@ def _from_jobs(jobs) -> list[Work]:
                     what=part,
                 )
             )
+        if not job.settings and job.extra is not None:  # a job that only computes extra tables
+            T = max(_prompt_tokens(p, None) for p in prompts.values())
+            out.append(
+                Work(
+                    job.model, job.revision, job.load_kwargs.get("dtype", "float32"), len(prompts), T, 0, 0,
+                    download=job.weights == "trained", extra_passes=1, extra_cost=job.extra.passes,
+                    what=job.extra.name,
+                )
+            )  # fmt: skip
     return out
 
 

@@ -40,6 +40,7 @@ from coupling_utils.measurement import (
     plan,
 )
 from coupling_utils.measurement.tables import SUMMARY_HOWS
+from coupling_utils.pipeline.sweep import Resources
 
 __all__ = ["MeasureError", "MeasureReport", "measure_models", "read_prompts", "METHODS", "HOWS"]
 
@@ -147,28 +148,38 @@ def _reference(model: str) -> str:
     return str(p.resolve()) if p.exists() else model
 
 
-def measure_models(
-    models: Sequence[str],
-    prompts: Mapping[str, Any] | Sequence[Any],
-    *,
-    out: str | Path,
-    revisions: Sequence[str] | None = None,
+def measurement_settings(
     k: Sequence[int] = (10, 30, 50),
     tokens: str = "last",
     method: str = "exact",
-    dtype: str = "float32",
     max_tokens: int | None = None,
     layers: Sequence[int] | None = None,
-    how: str = "offdiag",
-    executor: str | None = None,
-    **submit_kwargs,
-) -> MeasureReport:
-    """Measure ``models`` (at each of ``revisions``) on ``prompts`` and write tidy tables to ``out``.
+) -> Settings:
+    """The :class:`Settings` of a ``coupling-book measure`` run; a bad one is a MeasureError."""
+    try:
+        return Settings(k=tuple(k), tokens=tokens, layers=layers, method=method, max_tokens=max_tokens)
+    except (TypeError, ValueError) as exc:
+        raise MeasureError(f"bad measurement settings: {exc}") from exc
 
-    ``executor``: None (here, one model after the other; a model that fails is recorded and the
-    others still run), ``"local"`` or ``"slurm"`` (one job per (model, revision) through
-    :func:`coupling_utils.pipeline.sweep.submit`, with ``submit_kwargs``; SLURM returns at once, and
-    the tables hold what has finished: rerun the same command later to complete them).
+
+def measure_models(
+    models: Sequence[str],
+    prompts: Mapping[str, Any] | Sequence[Any],
+    settings: Settings,
+    *,
+    out: str | Path,
+    revisions: Sequence[str] | None = None,
+    dtype: str = "float32",
+    how: str = "offdiag",
+    resources: Resources | None = None,
+) -> MeasureReport:
+    """Measure ``models`` (at each of ``revisions``) on ``prompts`` with ``settings`` (see
+    :func:`measurement_settings`) and write tidy tables to ``out``.
+
+    ``resources``: None (here, one model after the other; a model that fails is recorded and the
+    others still run), or a :class:`~coupling_utils.pipeline.sweep.Resources` (one job per
+    (model, revision) through :func:`coupling_utils.pipeline.sweep.submit`; SLURM returns at
+    once, and the tables hold what has finished: rerun the same command later to complete them).
     """
     models = list(models)
     if not models:
@@ -177,16 +188,12 @@ def measure_models(
         raise MeasureError(f"a model is named twice: {models}")
     if how not in HOWS:
         raise MeasureError(f"how must be one of {HOWS}, got {how!r}")
-    try:
-        settings = Settings(k=tuple(k), tokens=tokens, layers=layers, method=method, max_tokens=max_tokens)
-    except (TypeError, ValueError) as exc:
-        raise MeasureError(f"bad measurement settings: {exc}") from exc
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     refs = {m: _reference(m) for m in models}
     jobs = plan(refs, prompts, {"measure": settings}, revisions=revisions, dtype=dtype, root=out / "store")
     pending: list[str] = []
-    if executor is None:
+    if resources is None:
         done = collect(jobs, Options(progress=sys.stderr.isatty()), desc="models")
     else:
         from coupling_utils.pipeline.sweep import group_tasks, record_sweep, submit
@@ -200,7 +207,7 @@ def measure_models(
             "settings": settings.to_dict(runtime=False),
         }
         sweep = record_sweep(out / "sweep", group_tasks(jobs), info)
-        states = submit(sweep, executor=executor, **submit_kwargs)
+        states = submit(sweep, resources)
         pending = [s.task.name for s in states if s.state in ("running", "pending")]
         done = collect(jobs, Options(compute=False))
     report = MeasureReport(out, n_jobs=len(jobs), pending=pending)

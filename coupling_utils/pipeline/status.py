@@ -8,7 +8,7 @@ replots of the paper's own points). The table is
 shown on the page and also stored in the executed notebook as machine-readable JSON (in the
 output's metadata under :data:`METADATA_KEY`, which renderers ignore), so the book's
 reproduction-status page can be generated from the
-notebooks' outputs (:func:`collect`, then :func:`status_markdown`) instead of being typed by
+notebooks' outputs (:func:`read_statuses`, then :func:`status_markdown`) instead of being typed by
 hand, and always says what the last run actually measured, and under which profile.
 """
 
@@ -33,7 +33,7 @@ __all__ = [
     "report",
     "read_notebook_status",
     "read_assumptions",
-    "collect",
+    "read_statuses",
     "status_markdown",
 ]
 
@@ -77,6 +77,51 @@ def _value(value: Any, where: str) -> str | float | int | bool:
     raise StatusError(f"{where} must be a number or a text, got {type(value).__name__}: {value!r}")
 
 
+def _check_row_keys(row: Any, where: str) -> None:
+    if not isinstance(row, Mapping):
+        raise StatusError(f"{where} must be a dict with keys {', '.join(COLUMNS)}, got {type(row).__name__}")
+    unknown = sorted(set(row) - set(COLUMNS))
+    if unknown:
+        raise StatusError(f"{where} has unknown key(s) {unknown}; the keys are {', '.join(COLUMNS)}")
+    missing = [k for k in _REQUIRED if k not in row]
+    if missing:
+        raise StatusError(
+            f"{where} lacks {missing}; every row needs {', '.join(_REQUIRED)} "
+            "(rule, kind and note are optional)"
+        )
+
+
+def _status_row(row: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """One checked status row (see :func:`status_table`); ``where`` names it in errors."""
+    _check_row_keys(row, where)
+    claim = row["claim"]
+    if not isinstance(claim, str) or not claim.strip():
+        raise StatusError(f"{where}: 'claim' must be a non-empty text, got {claim!r}")
+    agree = row["agree"]
+    if not isinstance(agree, str) or agree.strip().lower() not in AGREE:
+        raise StatusError(f"{where} ({claim!r}): 'agree' must be one of {list(AGREE)}, got {agree!r}")
+    texts = {}
+    for key in ("rule", "note"):
+        text = row.get(key, "")
+        if text is None:
+            text = ""
+        if not isinstance(text, str):
+            raise StatusError(f"{where} ({claim!r}): {key!r} must be a text, got {type(text).__name__}")
+        texts[key] = text.strip()
+    kind = row.get("kind") or "measured"
+    if kind not in KINDS:
+        raise StatusError(f"{where} ({claim!r}): 'kind' must be one of {list(KINDS)}, got {kind!r}")
+    return {
+        "claim": claim.strip(),
+        "paper": _value(row["paper"], f"{where} ({claim!r}): 'paper'"),
+        "ours": _value(row["ours"], f"{where} ({claim!r}): 'ours'"),
+        "agree": agree.strip().lower(),
+        "rule": texts["rule"],
+        "kind": kind,
+        "note": texts["note"],
+    }
+
+
 def status_table(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
     """Validate status rows and return them as a DataFrame with columns :data:`COLUMNS`.
 
@@ -87,50 +132,7 @@ def status_table(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
     """
     if isinstance(rows, (Mapping, str, bytes)):
         raise StatusError("rows must be a list of dicts (one per claim), not a single mapping or text")
-    table = []
-    for i, row in enumerate(rows):
-        where = f"status row {i}"
-        if not isinstance(row, Mapping):
-            raise StatusError(
-                f"{where} must be a dict with keys {', '.join(COLUMNS)}, got {type(row).__name__}"
-            )
-        unknown = sorted(set(row) - set(COLUMNS))
-        if unknown:
-            raise StatusError(f"{where} has unknown key(s) {unknown}; the keys are {', '.join(COLUMNS)}")
-        missing = [k for k in _REQUIRED if k not in row]
-        if missing:
-            raise StatusError(
-                f"{where} lacks {missing}; every row needs {', '.join(_REQUIRED)} "
-                "(rule, kind and note are optional)"
-            )
-        claim = row["claim"]
-        if not isinstance(claim, str) or not claim.strip():
-            raise StatusError(f"{where}: 'claim' must be a non-empty text, got {claim!r}")
-        agree = row["agree"]
-        if not isinstance(agree, str) or agree.strip().lower() not in AGREE:
-            raise StatusError(f"{where} ({claim!r}): 'agree' must be one of {list(AGREE)}, got {agree!r}")
-        texts = {}
-        for key in ("rule", "note"):
-            text = row.get(key, "")
-            if text is None:
-                text = ""
-            if not isinstance(text, str):
-                raise StatusError(f"{where} ({claim!r}): {key!r} must be a text, got {type(text).__name__}")
-            texts[key] = text.strip()
-        kind = row.get("kind") or "measured"
-        if kind not in KINDS:
-            raise StatusError(f"{where} ({claim!r}): 'kind' must be one of {list(KINDS)}, got {kind!r}")
-        table.append(
-            {
-                "claim": claim.strip(),
-                "paper": _value(row["paper"], f"{where} ({claim!r}): 'paper'"),
-                "ours": _value(row["ours"], f"{where} ({claim!r}): 'ours'"),
-                "agree": agree.strip().lower(),
-                "rule": texts["rule"],
-                "kind": kind,
-                "note": texts["note"],
-            }
-        )
+    table = [_status_row(row, f"status row {i}") for i, row in enumerate(rows)]
     if not table:
         raise StatusError("no status rows: report at least one claim with what this run found")
     return pd.DataFrame(table, columns=list(COLUMNS))
@@ -168,7 +170,7 @@ def report(notebook: str, rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
     """Show a notebook's reproduction status and store it, machine-readable, in its output.
 
     ``notebook`` names the notebook (``"f02_generalization"`` or ``"f02"``). The table is
-    displayed (HTML, with the rows as JSON in the output metadata for :func:`collect`) and
+    displayed (HTML, with the rows as JSON in the output metadata for :func:`read_statuses`) and
     glued as ``<notebook>_status`` for pages that want to embed it. Returns the validated
     DataFrame; end the cell with ``;`` (or assign it) so it is not displayed twice.
     """
@@ -252,7 +254,7 @@ def _executed(executed_dir: Path) -> list[Path]:
     )
 
 
-def collect(executed_dir: str | Path) -> pd.DataFrame:
+def read_statuses(executed_dir: str | Path) -> pd.DataFrame:
     """All status rows reported by the executed notebooks in ``executed_dir``, in notebook order.
 
     Columns: ``notebook`` (file stem), ``title`` (its first heading), :data:`COLUMNS`, and from
@@ -326,7 +328,7 @@ def _run_line(group: pd.DataFrame, profile: str | None) -> str:
 
 
 def status_markdown(df: pd.DataFrame, profile: str | None = None) -> str:
-    """The reproduction-status page body (MyST markdown) from :func:`collect`'s table.
+    """The reproduction-status page body (MyST markdown) from :func:`read_statuses`'s table.
 
     An overview table (this book's measured claims per notebook that agree / partly / do not,
     and how many replots of the paper's own points it shows), then one section per notebook:

@@ -1,6 +1,6 @@
 """The intro page's bottom line: the reproduction status in one chart and a few generated sentences.
 
-The status rows every finding notebook reports (:func:`coupling_utils.pipeline.status.collect`)
+The status rows every finding notebook reports (:func:`coupling_utils.pipeline.status.read_statuses`)
 become, at build time, a short summary that the book puts up front on its first page: how many
 of the paper's claims this build's runs reproduced, partly reproduced or did not, which ones did
 not, and one interactive chart with a square per claim (colour: the verdict; shape: this book's
@@ -62,7 +62,7 @@ def _text(value) -> str:
 def status_chart(df: pd.DataFrame):
     """One square per claim: a row per chapter, coloured by verdict, shaped by kind.
 
-    ``df`` is :func:`coupling_utils.pipeline.status.collect`'s table (at least ``notebook``,
+    ``df`` is :func:`coupling_utils.pipeline.status.read_statuses`'s table (at least ``notebook``,
     ``claim``, ``paper``, ``ours``, ``agree``; ``title``, ``kind`` and ``rule`` when present).
     Hovering a square shows the chapter, the claim, the paper's and this run's numbers, the
     verdict and its rule. Returns an Altair chart.

@@ -51,6 +51,7 @@ __all__ = [
     "SweepError",
     "Task",
     "Sweep",
+    "Resources",
     "TaskState",
     "EXECUTORS",
     "STATES",
@@ -459,38 +460,73 @@ def _import_submitit():
     return submitit
 
 
+@dataclass(frozen=True)
+class Resources:
+    """Where and with what a sweep's tasks run: the ``executor`` ("local" or "slurm") and, for
+    SLURM, ``partition``, ``account``, ``gpus_per_job``, ``cpus_per_job``, ``mem_gb``,
+    ``time_limit`` (as ``sbatch --time`` reads it) and ``max_parallel`` (the array's ``%N``; for
+    the local executor, how many tasks run at once, default 1). Checked when made."""
+
+    executor: str = "local"
+    partition: str | None = None
+    account: str | None = None
+    gpus_per_job: int | None = None
+    cpus_per_job: int | None = None
+    mem_gb: float | None = None
+    time_limit: str | int | None = None
+    max_parallel: int | None = None
+
+    def __post_init__(self):
+        if self.executor not in EXECUTORS:
+            raise SweepError(f"executor must be one of {EXECUTORS}, got {self.executor!r}")
+        mp = self.max_parallel
+        if mp is not None and (isinstance(mp, bool) or int(mp) < 1):
+            raise SweepError(f"max_parallel must be a positive integer, got {mp!r}")
+        if self.gpus_per_job is not None and int(self.gpus_per_job) < 0:
+            raise SweepError(f"gpus_per_job must be 0 or more, got {self.gpus_per_job!r}")
+        if self.executor == "local" and (self.partition or self.account):
+            raise SweepError("--partition and --account are SLURM options; drop them for --executor local")
+        parse_time(self.time_limit)  # a bad time fails here, before anything is submitted
+
+    @property
+    def minutes(self) -> int | None:
+        return parse_time(self.time_limit)
+
+    def slurm_parameters(self, sweep: Sweep, n_tasks: int) -> dict[str, Any]:
+        """submitit's SlurmExecutor parameters for ``n_tasks`` tasks of ``sweep``."""
+        params: dict[str, Any] = {
+            "job_name": f"coupling-{sweep.notebook[:3]}-{sweep.profile}",
+            "time": self.minutes or 60,
+            "setup": _setup_lines(),
+            "array_parallelism": self.max_parallel or n_tasks,
+        }
+        optional = {
+            "partition": self.partition,
+            "gpus_per_node": int(self.gpus_per_job) if self.gpus_per_job else None,
+            "cpus_per_task": int(self.cpus_per_job) if self.cpus_per_job else None,
+            "mem": f"{int(self.mem_gb)}GB" if self.mem_gb else None,
+            "account": self.account,
+        }
+        params.update({k: v for k, v in optional.items() if v})
+        return params
+
+
 def submit(
     sweep: Sweep,
+    resources: Resources | None = None,
     *,
-    executor: str = "local",
-    partition: str | None = None,
-    gpus_per_job: int | None = None,
-    cpus_per_job: int | None = None,
-    mem_gb: float | None = None,
-    time_limit: str | int | None = None,
-    max_parallel: int | None = None,
-    account: str | None = None,
     dry_run: bool = False,
     echo: Callable[[str], None] = print,
     poll_s: float = 0.5,
 ) -> list[TaskState]:
     """Submit the tasks of ``sweep`` that are not done, running or pending; return the states after.
 
-    ``executor="slurm"``: one job array (``partition``, ``gpus_per_job`` GPUs, ``time_limit``,
-    ``max_parallel`` tasks at once, ``account``), returned at once: follow it with
-    :func:`sweep_status`. ``executor="local"``: the tasks run on this machine, ``max_parallel``
-    (default 1) at a time, and this call returns when they have ended. ``dry_run``: say what
-    would be submitted (and, for SLURM, the batch script) without submitting.
+    ``resources.executor="slurm"``: one job array (see :class:`Resources`), returned at once:
+    follow it with :func:`sweep_status`. ``"local"``: the tasks run on this machine,
+    ``max_parallel`` (default 1) at a time, and this call returns when they have ended.
+    ``dry_run``: say what would be submitted (and, for SLURM, the batch script) without submitting.
     """
-    if executor not in EXECUTORS:
-        raise SweepError(f"executor must be one of {EXECUTORS}, got {executor!r}")
-    if max_parallel is not None and (isinstance(max_parallel, bool) or int(max_parallel) < 1):
-        raise SweepError(f"max_parallel must be a positive integer, got {max_parallel!r}")
-    if gpus_per_job is not None and int(gpus_per_job) < 0:
-        raise SweepError(f"gpus_per_job must be 0 or more, got {gpus_per_job!r}")
-    if executor == "local" and (partition or account):
-        raise SweepError("--partition and --account are SLURM options; drop them for --executor local")
-    minutes = parse_time(time_limit)
+    resources = resources or Resources()
     states = sweep_status(sweep)
     todo = [s.task for s in states if s.state in ("failed", "interrupted", "missing")]
     for s in states:
@@ -499,37 +535,19 @@ def submit(
     if not todo:
         echo(f"{sweep.name}: nothing to submit ({len(states)} tasks)")
         return states
-    submitit = None if dry_run and executor == "local" else _import_submitit()
-    if executor == "slurm":
+    submitit = None if dry_run and resources.executor == "local" else _import_submitit()
+    if resources.executor == "slurm":
         return _submit_slurm(
-            submitit, sweep, todo, partition=partition, gpus=gpus_per_job, cpus=cpus_per_job, mem_gb=mem_gb,
-            minutes=minutes or 60, max_parallel=max_parallel, account=account, dry_run=dry_run, echo=echo,
-        )  # fmt: skip
+            submitit, sweep, todo, resources.slurm_parameters(sweep, len(todo)), dry_run, echo
+        )
     if dry_run:
         for t in todo:
             echo(f"would run  {t.name} ({len(t.jobs)} job(s))")
         return states
-    return _run_local(submitit, sweep, todo, gpus_per_job, minutes, max_parallel or 1, echo, poll_s)
+    return _run_local(submitit, sweep, todo, resources, echo, poll_s)
 
 
-def _submit_slurm(submitit, sweep, todo, *, partition, gpus, cpus, mem_gb, minutes, max_parallel, account,
-                  dry_run, echo):  # fmt: skip
-    params = {
-        "job_name": f"coupling-{sweep.notebook[:3]}-{sweep.profile}",
-        "time": minutes,
-        "setup": _setup_lines(),
-        "array_parallelism": max_parallel or len(todo),
-    }
-    if partition:
-        params["partition"] = partition
-    if gpus:
-        params["gpus_per_node"] = int(gpus)
-    if cpus:
-        params["cpus_per_task"] = int(cpus)
-    if mem_gb:
-        params["mem"] = f"{int(mem_gb)}GB"
-    if account:
-        params["account"] = account
+def _submit_slurm(submitit, sweep, todo, params: dict[str, Any], dry_run: bool, echo) -> list[TaskState]:
     if dry_run:
         from submitit.slurm.slurm import _make_sbatch_string
 
@@ -551,12 +569,13 @@ def _submit_slurm(submitit, sweep, todo, *, partition, gpus, cpus, mem_gb, minut
     return sweep_status(sweep)
 
 
-def _run_local(submitit, sweep, todo, gpus, minutes, max_parallel, echo, poll_s):
+def _run_local(submitit, sweep, todo, resources: Resources, echo, poll_s) -> list[TaskState]:
     ex = submitit.LocalExecutor(folder=sweep.folder / "local")
-    params: dict[str, Any] = {"timeout_min": minutes or 24 * 60, "setup": _setup_lines()}
-    if gpus:
-        params["gpus_per_node"] = int(gpus)
+    params: dict[str, Any] = {"timeout_min": resources.minutes or 24 * 60, "setup": _setup_lines()}
+    if resources.gpus_per_job:
+        params["gpus_per_node"] = int(resources.gpus_per_job)
     ex.update_parameters(**params)
+    max_parallel = resources.max_parallel or 1
     queue, running = list(todo), {}
     while queue or running:
         while queue and len(running) < max_parallel:
