@@ -12,8 +12,9 @@ import nbformat
 import pytest
 import yaml
 
-from coupling_utils.pipeline import book
-from coupling_utils.pipeline.book import BookError, plan_book, remote_assets, stage_book, toc_entries
+from coupling_utils.pipeline import book, pages
+from coupling_utils.pipeline.book import BookError, plan_book, stage_book, toc_entries
+from coupling_utils.pipeline.offline_assets import remote_assets
 
 ROOT = Path(__file__).resolve().parents[1]
 FINDINGS = [
@@ -322,14 +323,14 @@ def test_staging_publishes_notebooks_tables_and_the_download_box(tmp_path):
 
 
 def test_citation_comes_from_citation_cff(tmp_path):
-    text = book.citation_section(ROOT / "CITATION.cff")
+    text = pages.citation_section(ROOT / "CITATION.cff")
     meta = yaml.safe_load((ROOT / "CITATION.cff").read_text())
     assert meta["title"] in text and f"version {meta['version']}" in text
     assert "{cite:t}`aubry2025coupling`" in text  # the preferred citation: the paper
     bad = tmp_path / "CITATION.cff"
     bad.write_text("cff-version: 1.2.0\n")
     with pytest.raises(BookError, match="no title"):
-        book.citation_section(bad)
+        pages.citation_section(bad)
 
 
 def test_publishing_workflow_runs_what_the_repository_has():

@@ -360,7 +360,7 @@ def test_every_page_renders_offline(html_dir, browser_context):
 def page_weight(html_dir: Path, page: Path) -> int:
     """Bytes a page loads from the book: itself and every local file it references (scripts,
     styles, images, fonts, MathJax parts), each counted once."""
-    from coupling_utils.pipeline.book import _AssetScanner, _css_urls
+    from coupling_utils.pipeline.offline_assets import _AssetScanner, _css_urls
 
     seen: set[Path] = set()
     todo = [page.resolve()]

@@ -20,7 +20,6 @@ github.com, an "Open in Colab" link to the notebook as published on the Pages br
 from __future__ import annotations
 
 import dataclasses
-import html.parser
 import importlib.util
 import json
 import re
@@ -32,6 +31,14 @@ from pathlib import Path
 import yaml
 
 from coupling_utils.files import atomic_dir
+from coupling_utils.pipeline.offline_assets import remote_assets
+from coupling_utils.pipeline.pages import (
+    BookError,
+    architectures_section,
+    citation_section,
+    status_rows,
+    status_section,
+)
 
 __all__ = [
     "BookError",
@@ -64,10 +71,6 @@ MATHJAX_ENTRY = "tex-svg.js"  # SVG output: no web fonts to load
 # What tex-svg.js may load lazily (TeX extensions, menu, accessibility); the other
 # combined builds are left out.
 MATHJAX_PARTS = ("a11y", "adaptors", "input", "output", "sre", "ui")
-
-
-class BookError(RuntimeError):
-    """The book cannot be built as asked; the message names the problem and the fix."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -298,7 +301,7 @@ def _stage_generated_pages(root: Path, src: Path, plan: BookPlan, executed: Path
     if page[INTRO_PAGE].is_file():
         from coupling_utils.pipeline.summary import stage_summary
 
-        stage_summary(page[INTRO_PAGE], _status_rows(executed, included))
+        stage_summary(page[INTRO_PAGE], status_rows(executed, included))
     if page[TEACHING_PAGE].is_file():
         from coupling_utils.pipeline.teaching import stage_costs, stage_exercises
 
@@ -436,198 +439,6 @@ def _stage_notebook(entry: TocEntry, src: Path, extra: Path, links: dict) -> Non
     else:
         raise BookError(f"{entry.content}: no markdown cell with a '# title' line to put the downloads under")
     nbformat.write(nb, src / f"{entry.docname}.ipynb")
-
-
-def citation_section(cff: Path, url: str = "") -> str:
-    """ "Cite this companion": a sentence and a BibTeX entry generated from ``CITATION.cff``."""
-    meta = yaml.safe_load(Path(cff).read_text(encoding="utf-8")) or {}
-
-    def names(people) -> list[str]:
-        out = []
-        for p in people or []:
-            if p.get("name"):
-                out.append(str(p["name"]))
-            else:
-                out.append(" ".join(str(p[k]) for k in ("given-names", "family-names") if p.get(k)))
-        return out
-
-    title = str(meta.get("title", "")).strip()
-    if not title:
-        raise BookError(f"{cff} has no title: CITATION.cff needs title, authors, version")
-    authors = names(meta.get("authors"))
-    version = str(meta.get("version", "")).strip()
-    date = str(meta.get("date-released", "")).strip()
-    link = url or str(meta.get("repository-code") or meta.get("url") or "").strip()
-    year = date[:4] if date[:4].isdigit() else ""
-    sentence = f"{' and '.join(authors) or 'The authors'}. *{title}*"
-    sentence += f", version {version}" if version else ""
-    sentence += f" ({date})" if date else ""
-    sentence += f". <{link}>" if link else "."
-    fields = [("title", title), ("author", " and ".join(f"{{{a}}}" if " " in a else a for a in authors))]
-    fields += [("version", version), ("year", year), ("url", link)]
-    body = ",\n".join(f"  {k:<7} = {{{v}}}" for k, v in fields if v)
-    preferred = meta.get("preferred-citation") or {}
-    paper = (
-        "It reproduces {cite:t}`aubry2025coupling`; please cite the paper as well "
-        "(CITATION.cff names it as the preferred citation).\n"
-        if preferred
-        else ""
-    )
-    return (
-        "## Cite this companion\n\n"
-        "Generated from the repository's `CITATION.cff` when the book was built.\n\n"
-        f"{sentence}\n\n{paper}\n"
-        f"```bibtex\n@software{{coupling_companion,\n{body}\n}}\n```\n"
-    )
-
-
-def architectures_section() -> str:
-    """The supported-architectures table, generated from ``architectures.ARCHITECTURES``."""
-    from coupling_utils.engine.architectures import supported_architectures
-
-    df = supported_architectures()[
-        ["name", "model_types", "examples", "attention", "modality", "token_diagonal", "notes"]
-    ]
-    header = "| " + " | ".join(df.columns) + " |\n|" + "---|" * len(df.columns) + "\n"
-    rows = "".join(
-        "| " + " | ".join(str(v).replace("|", "/") for v in row) + " |\n"
-        for row in df.itertuples(index=False)
-    )
-    return header + rows
-
-
-def _status_rows(executed: Path, notebooks: set[str] | None = None):
-    """The executed notebooks' status rows (:func:`~coupling_utils.pipeline.status.read_statuses`),
-    only those of ``notebooks`` (file stems) when given; an empty table without executed ones."""
-    import pandas as pd
-
-    from coupling_utils.pipeline.status import COLUMNS, read_statuses
-
-    if not executed.is_dir():
-        return pd.DataFrame(columns=["notebook", *COLUMNS, "profile", "seconds", "finished"])
-    df = read_statuses(executed)
-    if notebooks is not None:
-        attrs = dict(df.attrs)
-        df = df[df["notebook"].isin(notebooks)].reset_index(drop=True)
-        df.attrs = attrs
-    return df
-
-
-def status_section(executed: Path, notebooks: set[str] | None = None) -> str:
-    """The reproduction-status tables, generated from the executed notebooks' status outputs.
-
-    Only ``notebooks`` (file stems) are reported when given: the ones the book includes.
-    """
-    from coupling_utils.pipeline.status import status_markdown
-
-    return status_markdown(_status_rows(executed, notebooks))
-
-
-class _AssetScanner(html.parser.HTMLParser):
-    """Collect the URLs a page loads by itself (scripts, styles, images, frames, fonts)."""
-
-    LOADS = {
-        "script": ("src",),
-        "img": ("src", "srcset"),
-        "iframe": ("src",),
-        "source": ("src", "srcset"),
-        "video": ("src", "poster"),
-        "audio": ("src",),
-        "embed": ("src",),
-        "object": ("data",),
-        "input": ("src",),
-    }
-    LINK_RELS = {
-        "stylesheet",
-        "preload",
-        "prefetch",
-        "modulepreload",
-        "icon",
-        "shortcut icon",
-        "apple-touch-icon",
-        "manifest",
-        "dns-prefetch",
-        "preconnect",
-    }
-
-    def __init__(self):
-        super().__init__(convert_charrefs=True)
-        self.urls: list[str] = []
-        self._in_style = False
-        self._in_script = False
-
-    def handle_starttag(self, tag, attrs):
-        attrs = dict(attrs)
-        for name in self.LOADS.get(tag, ()):
-            if attrs.get(name):
-                value = attrs[name]
-                if name.endswith("srcset") and not value.startswith("data:"):  # "a.png 1x, b.png 2x"
-                    self.urls.extend(u.strip().split(" ")[0] for u in value.split(","))
-                else:  # one URL; a data: URI carries commas of its own
-                    self.urls.append(value.strip())
-        if tag == "link" and attrs.get("href"):
-            rels = {r.strip().lower() for r in (attrs.get("rel") or "").split()}
-            if rels & self.LINK_RELS or (attrs.get("rel") or "").lower() in self.LINK_RELS:
-                self.urls.append(attrs["href"])
-        if tag == "style":
-            self._in_style = True
-        if tag == "script" and not attrs.get("src") and _is_code(attrs.get("type")):
-            self._in_script = True  # data blocks (a chart's JSON spec) name URLs without loading them
-        if attrs.get("style"):
-            self.urls.extend(_css_urls(attrs["style"]))
-
-    def handle_endtag(self, tag):
-        if tag == "style":
-            self._in_style = False
-        if tag == "script":
-            self._in_script = False
-
-    def handle_data(self, data):
-        if self._in_style:
-            self.urls.extend(_css_urls(data))
-        if self._in_script:  # a URL in inline code is a load waiting to happen
-            self.urls.extend(_SCRIPT_URL.findall(data))
-
-
-_JS_TYPES = {"", "text/javascript", "application/javascript", "module", "text/ecmascript"}
-
-
-def _is_code(script_type: str | None) -> bool:
-    """Whether a ``<script type=...>`` is run (JavaScript), not a data block such as JSON."""
-    return (script_type or "").strip().lower() in _JS_TYPES
-
-
-_CSS_URL = re.compile(r"""url\(\s*['"]?([^'")]+)['"]?\s*\)|@import\s+['"]([^'"]+)['"]""")
-_SCRIPT_URL = re.compile(r"""["'`]((?:https?:)?//[^"'`\s]+)["'`]""")
-_REMOTE = re.compile(r"^(?:[a-z][a-z0-9+.-]*:)?//", re.IGNORECASE)
-
-
-def _css_urls(css: str) -> list[str]:
-    return [a or b for a, b in _CSS_URL.findall(css)]
-
-
-def _is_remote(url: str) -> bool:
-    url = url.strip()
-    return bool(_REMOTE.match(url)) and not url.lower().startswith("file:")
-
-
-def remote_assets(html_dir: str | Path) -> list[tuple[str, str]]:
-    """(file, url) for every remote resource a built page or stylesheet would load.
-
-    Links (``<a href>``) are not loads and are allowed; scripts, stylesheets, images,
-    frames, CSS ``url()``/``@import`` and URLs quoted in inline scripts pointing at another
-    host are not.
-    """
-    html_dir = Path(html_dir)
-    found = []
-    for page in sorted(html_dir.rglob("*.html")):
-        scanner = _AssetScanner()
-        scanner.feed(page.read_text(encoding="utf-8", errors="replace"))
-        found += [(str(page.relative_to(html_dir)), u) for u in scanner.urls if _is_remote(u)]
-    for sheet in sorted(html_dir.rglob("*.css")):
-        css = sheet.read_text(encoding="utf-8", errors="replace")
-        found += [(str(sheet.relative_to(html_dir)), u) for u in _css_urls(css) if _is_remote(u)]
-    return found
 
 
 _JB_MAIN = "import sys; from jupyter_book.cli.main import main; sys.exit(main())"

@@ -1,0 +1,104 @@
+"""Sections of the book's pages made when it is built, from the repository and the executed runs.
+
+The status page's tables (from each executed notebook's status rows), the architecture page's
+table (from the adapter table) and the bibliography's "Cite this companion" (from
+``CITATION.cff``): written at build time, so a page never states what the code or the runs do
+not.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+__all__ = ["BookError", "citation_section", "architectures_section", "status_rows", "status_section"]
+
+
+class BookError(RuntimeError):
+    """The book cannot be built as asked; the message names the problem and the fix."""
+
+
+def citation_section(cff: Path, url: str = "") -> str:
+    """ "Cite this companion": a sentence and a BibTeX entry generated from ``CITATION.cff``."""
+    meta = yaml.safe_load(Path(cff).read_text(encoding="utf-8")) or {}
+
+    def names(people) -> list[str]:
+        out = []
+        for p in people or []:
+            if p.get("name"):
+                out.append(str(p["name"]))
+            else:
+                out.append(" ".join(str(p[k]) for k in ("given-names", "family-names") if p.get(k)))
+        return out
+
+    title = str(meta.get("title", "")).strip()
+    if not title:
+        raise BookError(f"{cff} has no title: CITATION.cff needs title, authors, version")
+    authors = names(meta.get("authors"))
+    version = str(meta.get("version", "")).strip()
+    date = str(meta.get("date-released", "")).strip()
+    link = url or str(meta.get("repository-code") or meta.get("url") or "").strip()
+    year = date[:4] if date[:4].isdigit() else ""
+    sentence = f"{' and '.join(authors) or 'The authors'}. *{title}*"
+    sentence += f", version {version}" if version else ""
+    sentence += f" ({date})" if date else ""
+    sentence += f". <{link}>" if link else "."
+    fields = [("title", title), ("author", " and ".join(f"{{{a}}}" if " " in a else a for a in authors))]
+    fields += [("version", version), ("year", year), ("url", link)]
+    body = ",\n".join(f"  {k:<7} = {{{v}}}" for k, v in fields if v)
+    preferred = meta.get("preferred-citation") or {}
+    paper = (
+        "It reproduces {cite:t}`aubry2025coupling`; please cite the paper as well "
+        "(CITATION.cff names it as the preferred citation).\n"
+        if preferred
+        else ""
+    )
+    return (
+        "## Cite this companion\n\n"
+        "Generated from the repository's `CITATION.cff` when the book was built.\n\n"
+        f"{sentence}\n\n{paper}\n"
+        f"```bibtex\n@software{{coupling_companion,\n{body}\n}}\n```\n"
+    )
+
+
+def architectures_section() -> str:
+    """The supported-architectures table, generated from ``architectures.ARCHITECTURES``."""
+    from coupling_utils.engine.architectures import supported_architectures
+
+    df = supported_architectures()[
+        ["name", "model_types", "examples", "attention", "modality", "token_diagonal", "notes"]
+    ]
+    header = "| " + " | ".join(df.columns) + " |\n|" + "---|" * len(df.columns) + "\n"
+    rows = "".join(
+        "| " + " | ".join(str(v).replace("|", "/") for v in row) + " |\n"
+        for row in df.itertuples(index=False)
+    )
+    return header + rows
+
+
+def status_rows(executed: Path, notebooks: set[str] | None = None):
+    """The executed notebooks' status rows (:func:`~coupling_utils.pipeline.status.read_statuses`),
+    only those of ``notebooks`` (file stems) when given; an empty table without executed ones."""
+    import pandas as pd
+
+    from coupling_utils.pipeline.status import COLUMNS, read_statuses
+
+    if not executed.is_dir():
+        return pd.DataFrame(columns=["notebook", *COLUMNS, "profile", "seconds", "finished"])
+    df = read_statuses(executed)
+    if notebooks is not None:
+        attrs = dict(df.attrs)
+        df = df[df["notebook"].isin(notebooks)].reset_index(drop=True)
+        df.attrs = attrs
+    return df
+
+
+def status_section(executed: Path, notebooks: set[str] | None = None) -> str:
+    """The reproduction-status tables, generated from the executed notebooks' status outputs.
+
+    Only ``notebooks`` (file stems) are reported when given: the ones the book includes.
+    """
+    from coupling_utils.pipeline.status import status_markdown
+
+    return status_markdown(status_rows(executed, notebooks))
