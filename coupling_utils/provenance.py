@@ -12,8 +12,9 @@ One helper each, used by every layer that stores results:
 What determines a measurement's numbers (:data:`NUMBER_SOURCES`): the Jacobian engine
 (``engine/``: the metric, spectra, attention, blocks, Jacobians and the architecture table),
 ``measure()`` itself (``measurement/``) and how a model is loaded (``models/loading.py``: dtype,
-device, random initialisation), together with the installed torch and transformers. The inputs
-(prompts, images) and the model's identity are not code: they are part of a measurement's key.
+device, random initialisation; ``models/preprocessors.py``: its tokenizer or image processor),
+together with the installed torch and transformers. The inputs (prompts, images) and the model's
+identity are not code: they are part of a measurement's key.
 Sources are hashed as syntax trees without docstrings, so comments, docstrings and formatting
 do not make a result stale; any change to the code itself does.
 """
@@ -33,7 +34,7 @@ from pathlib import Path
 __all__ = ["slug", "stable_hash", "versions", "cpu_name", "code_fingerprint", "NUMBER_SOURCES"]
 
 PACKAGE = Path(__file__).resolve().parent
-NUMBER_SOURCES = ("engine", "measurement", "models/loading.py")
+NUMBER_SOURCES = ("engine", "measurement", "models/loading.py", "models/preprocessors.py")
 
 
 def slug(text: str, max_len: int = 80) -> str:

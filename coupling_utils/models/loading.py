@@ -67,8 +67,6 @@ QUANTIZATIONS = (None, "8bit", "4bit")
 QUANTIZATION_DEVICES = ("cuda",)
 EMBEDDED = "embedded:"
 FINAL_REVISIONS = ("main", "final")  # local directories: the final checkpoint is the directory itself
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json", "vocab.txt")
-PROCESSOR_FILES = ("preprocessor_config.json",)
 LOGIN = "`hf auth login` (or set HF_TOKEN)"
 _NOTICES: set[str] = set()
 
@@ -294,27 +292,6 @@ def _model_class(config, row):
     return transformers.AutoModelForCausalLM
 
 
-def _present(source: str, names: tuple[str, ...], revision: str | None, local: bool) -> set[str]:
-    """Which of the files ``names`` the source has (a local directory, or the hub and its cache)."""
-    if local:
-        return {n for n in names if (Path(source) / n).is_file()}
-    from transformers.utils.hub import cached_file
-
-    found = set()
-    for n in names:
-        path = cached_file(
-            source,
-            n,
-            revision=revision,
-            _raise_exceptions_for_missing_entries=False,
-            _raise_exceptions_for_connection_errors=False,
-            _raise_exceptions_for_gated_repo=False,
-        )
-        if path is not None:
-            found.add(n)
-    return found
-
-
 def _hub_commit(repo: str, revision: str | None) -> str | None:
     """The commit of the cached snapshot the config was read from (``snapshots/<commit>/``)."""
     from transformers.utils.hub import cached_file
@@ -323,56 +300,6 @@ def _hub_commit(repo: str, revision: str | None) -> str | None:
     if path is None or Path(path).parent.parent.name != "snapshots":
         return None
     return Path(path).parent.name
-
-
-def _gguf_has_tokenizer(path: Path) -> bool:
-    import gguf
-
-    return gguf.GGUFReader(str(path)).get_field("tokenizer.ggml.tokens") is not None
-
-
-def _preprocessor(name: str, source: str, row, revision, gguf_file, local: bool):
-    """The tokenizer (or, for vision models, the image processor); None only if the source has none.
-
-    A tokenizer or processor that exists but cannot be loaded is an error naming its cause.
-    """
-    import transformers
-
-    kwargs = {"revision": revision} if revision else {}
-    if gguf_file:
-        if not _gguf_has_tokenizer(Path(source) / gguf_file):
-            return None
-        kind, kwargs = transformers.AutoTokenizer, {"gguf_file": gguf_file}
-    elif row.modality == "vision":
-        if not _present(source, PROCESSOR_FILES, revision, local):
-            return None
-        if _missing("PIL"):
-            raise MissingDependencyError(
-                f"the image processor of {name} (preprocessor_config.json: its resize and its normalisation "
-                "mean/std) needs Pillow, which is not installed: pip install pillow (a dependency of "
-                "coupling-utils; your environment is incomplete)"
-            )
-        kind = transformers.AutoImageProcessor
-    else:
-        present = _present(source, TOKENIZER_FILES, revision, local)
-        if not present:
-            return None
-        if "tokenizer.model" in present and "tokenizer.json" not in present:
-            missing = _missing("sentencepiece", "google.protobuf")
-            if missing:
-                names = ", ".join("protobuf" if m == "google.protobuf" else m for m in missing)
-                raise MissingDependencyError(
-                    f"the tokenizer of {name} is a SentencePiece model only (tokenizer.model, no "
-                    f"tokenizer.json); reading it needs sentencepiece and protobuf, and {names} "
-                    "is not installed: pip install sentencepiece protobuf (dependencies of coupling-utils; "
-                    "your environment is incomplete)"
-                )
-        kind = transformers.AutoTokenizer
-    try:
-        return kind.from_pretrained(source, **kwargs)
-    except Exception as exc:  # noqa: BLE001 - surfaced with its cause, whatever the loader raised
-        what = "image processor" if kind is transformers.AutoImageProcessor else "tokenizer"
-        raise PreprocessorError(f"could not load the {what} of {name}: {type(exc).__name__}: {exc}") from exc
 
 
 def _precision(torch_dtype: torch.dtype, device, target: torch.device) -> torch.dtype:
@@ -554,7 +481,11 @@ def load_model(
         quant_config=quant_config, device_map=device_map,
     )  # fmt: skip
     model = _weights(_model_class(config, row), config, src, how, name, revision)
-    tokenizer = _preprocessor(name, src.path, row, src.hub_revision, src.gguf_file, local=src.kind != "hub")
+    from coupling_utils.models.preprocessors import load_preprocessor
+
+    tokenizer = load_preprocessor(
+        name, src.path, row, src.hub_revision, src.gguf_file, local=src.kind != "hub"
+    )
     n_layers = len(transformer_blocks(model))
     text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
     d_model = int(text_config.hidden_size)
