@@ -52,7 +52,7 @@ _EXPORTS = {
     "load_metadata": "analysis.data",
     "load_paper_points": "analysis.data",
     "load_prompts": "analysis.data",
-    "load_task_prompts": "analysis.data",
+    "load_task_prompts": "analysis.task_prompts",
     "join_scores": "analysis.data",
     "fig1a_table": "analysis.data",
     "ols": "analysis.stats",

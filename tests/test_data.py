@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 
 from coupling_utils.analysis import data as D
+from coupling_utils.analysis import task_prompts as TP
 
 REPO_DATA = Path(__file__).resolve().parents[1] / "data"
 
@@ -386,7 +387,7 @@ def _fake_records(path):
 def test_task_prompts_without_datasets_package(monkeypatch):
     monkeypatch.setitem(sys.modules, "datasets", None)  # `import datasets` raises ImportError
     with pytest.raises(ImportError, match="pip install datasets"):
-        D.load_task_prompts(2)
+        TP.load_task_prompts(2)
 
 
 def test_task_prompts_offline_names_the_dataset(monkeypatch):
@@ -397,8 +398,8 @@ def test_task_prompts_offline_names_the_dataset(monkeypatch):
 
     fake.load_dataset = load_dataset
     monkeypatch.setitem(sys.modules, "datasets", fake)
-    with pytest.raises(D.TaskDataUnavailable, match=r"'gsm8k/main'.*load_dataset\('gsm8k', 'main'"):
-        D.load_task_prompts(2)
+    with pytest.raises(TP.TaskDataUnavailable, match=r"'gsm8k/main'.*load_dataset\('gsm8k', 'main'"):
+        TP.load_task_prompts(2)
 
 
 def test_task_prompts_record_shape(monkeypatch):
@@ -411,7 +412,7 @@ def test_task_prompts_record_shape(monkeypatch):
 
     fake.load_dataset = load_dataset
     monkeypatch.setitem(sys.modules, "datasets", fake)
-    a = D.load_task_prompts(3, seed=1)
+    a = TP.load_task_prompts(3, seed=1)
     assert list(a.columns) == ["id", "category", "text", "source"]
     assert (a["category"].value_counts() == 3).all() and set(a["category"]) == set(D.PROMPT_CATEGORIES)
     assert a["id"].is_unique
@@ -422,8 +423,8 @@ def test_task_prompts_record_shape(monkeypatch):
         .all()
     )
     assert a[a.category == "pronoun_resolution"]["text"].str.endswith("The blank refers to").all()
-    pd.testing.assert_frame_equal(a, D.load_task_prompts(3, seed=1))
-    assert not a["id"].equals(D.load_task_prompts(3, seed=2)["id"])
+    pd.testing.assert_frame_equal(a, TP.load_task_prompts(3, seed=1))
+    assert not a["id"].equals(TP.load_task_prompts(3, seed=2)["id"])
 
 
 # -------------------- joins
