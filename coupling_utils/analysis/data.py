@@ -465,6 +465,16 @@ def load_prompts(
 # ----------------------------------------------------------------------------- task datasets (optional)
 
 
+def _join(out: pd.DataFrame, other: pd.DataFrame, what: str, probe: str, flag: str) -> pd.DataFrame:
+    """``out`` left-joined with ``other`` on ``model_id``; ``flag`` marks rows whose ``probe`` is set."""
+    clash = [c for c in other.columns if c != "model_id" and c in out.columns]
+    if clash:
+        raise DataError(f"join_scores: columns {clash} exist in the table and in {what}; rename them first.")
+    out = out.merge(other, on="model_id", how="left", validate="many_to_one")
+    out[flag] = out[probe].notna()
+    return out
+
+
 def join_scores(
     df: pd.DataFrame,
     *,
@@ -497,24 +507,11 @@ def join_scores(
         lb = lb.drop(columns=["model_sha", "submitted"]).rename(
             columns={"precision": "score_precision", "source": "score_source"}
         )
-        clash = [c for c in lb.columns if c != "model_id" and c in out.columns]
-        if clash:
-            raise DataError(
-                f"join_scores: columns {clash} exist in the table and in the {leaderboard} leaderboard; "
-                "rename them first."
-            )
-        out = out.merge(lb, on="model_id", how="left", validate="many_to_one")
-        out["has_score"] = out["average"].notna()
+        out = _join(out, lb, f"the {leaderboard} leaderboard", "average", "has_score")
         unmatched_scores = sorted(set(out.loc[~out["has_score"], "model_id"]))
     if metadata:
         meta = load_metadata().drop(columns=["params_source"]).rename(columns={"source": "metadata_source"})
-        clash = [c for c in meta.columns if c != "model_id" and c in out.columns]
-        if clash:
-            raise DataError(
-                f"join_scores: columns {clash} exist in the table and in the metadata; rename them first."
-            )
-        out = out.merge(meta, on="model_id", how="left", validate="many_to_one")
-        out["has_metadata"] = out["family"].notna()
+        out = _join(out, meta, "the metadata", "family", "has_metadata")
         unmatched_meta = sorted(set(out.loc[~out["has_metadata"], "model_id"]))
     out.attrs["unmatched_scores"] = unmatched_scores
     out.attrs["unmatched_metadata"] = unmatched_meta

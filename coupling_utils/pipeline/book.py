@@ -444,25 +444,8 @@ def _stage_notebook(entry: TocEntry, src: Path, extra: Path, links: dict) -> Non
 _JB_MAIN = "import sys; from jupyter_book.cli.main import main; sys.exit(main())"
 
 
-def build_book(
-    root: str | Path = ".",
-    executed: str | Path = "_build/notebooks",
-    out: str | Path = "_build/html",
-    strict: bool = True,
-    *,
-    allow_unexecuted: bool = False,
-    work: str | Path = "_build",
-) -> Path:
-    """Render the book to static HTML at ``out`` and return ``out`` (``out/index.html`` exists).
-
-    Stages ``work/src`` (see :func:`stage_book`), runs ``jupyter-book build`` into
-    ``work/jb`` with execution off and, when ``strict``, every Sphinx warning an error
-    (``-W -n --keep-going``) and no remote asset allowed; then replaces ``out`` atomically.
-    """
-    root = Path(root).resolve()
-    work = _under(root, work)
-    src, jb = work / "src", work / "jb"
-    plan = stage_book(root, executed, src, allow_unexecuted=allow_unexecuted)
+def _report_plan(plan: BookPlan) -> None:
+    """Say on stderr which pages are left out, and which executed notebooks may be stale."""
     for entry in plan.unwritten:
         print(f"[book] not written yet, left out: {entry.docname} ({entry.source})", file=sys.stderr)
     for entry in plan.unexecuted:
@@ -485,6 +468,10 @@ def build_book(
                 f"rerun `{entry.run_command}` to refresh it",
                 file=sys.stderr,
             )
+
+
+def _jupyter_book(root: Path, src: Path, jb: Path, strict: bool) -> Path:
+    """Run ``jupyter-book build`` on ``src`` into ``jb``; the built HTML folder, or BookError."""
     if jb.exists():
         shutil.rmtree(jb)
     cmd = [
@@ -509,6 +496,30 @@ def build_book(
             f"the page and the problem. Staged sources are in {src}"
             + ("; strict mode turns every Sphinx warning into an error" if strict else "")
         )
+    return built
+
+
+def build_book(
+    root: str | Path = ".",
+    executed: str | Path = "_build/notebooks",
+    out: str | Path = "_build/html",
+    strict: bool = True,
+    *,
+    allow_unexecuted: bool = False,
+    work: str | Path = "_build",
+) -> Path:
+    """Render the book to static HTML at ``out`` and return ``out`` (``out/index.html`` exists).
+
+    Stages ``work/src`` (see :func:`stage_book`), runs ``jupyter-book build`` into
+    ``work/jb`` with execution off and, when ``strict``, every Sphinx warning an error
+    (``-W -n --keep-going``) and no remote asset allowed; then replaces ``out`` atomically.
+    """
+    root = Path(root).resolve()
+    work = _under(root, work)
+    src, jb = work / "src", work / "jb"
+    plan = stage_book(root, executed, src, allow_unexecuted=allow_unexecuted)
+    _report_plan(plan)
+    built = _jupyter_book(root, src, jb, strict)
     remote = remote_assets(built)
     if remote:
         listing = "\n".join(f"  - {page}: {url}" for page, url in remote[:20])

@@ -160,7 +160,10 @@ def add_sweep_commands(subparsers) -> None:
     )
     _executor_options(p, default="local")
     p.set_defaults(func=_cmd_sweep)
+    _add_measure_command(subparsers)
 
+
+def _add_measure_command(subparsers) -> None:
     from coupling_utils.pipeline.measure_models import HOWS, METHODS
 
     p = subparsers.add_parser(

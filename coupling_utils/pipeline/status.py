@@ -327,6 +327,82 @@ def _run_line(group: pd.DataFrame, profile: str | None) -> str:
     return "Produced by the run with " + ", ".join(parts) + "."
 
 
+def _overview(df: pd.DataFrame, kinds: pd.Series, profile: str | None) -> list[str]:
+    """The overview table: per notebook, its profile and its measured claims by verdict, and replots."""
+    overview = []
+    for name, group in df.groupby("notebook", sort=False):
+        measured = group[kinds[group.index] == "measured"]
+        counts = measured["agree"].value_counts()
+        used = (
+            group["profile"].iloc[0]
+            if "profile" in group and isinstance(group["profile"].iloc[0], str)
+            else profile
+        )
+        title = group["title"].iloc[0] if "title" in group else name
+        overview.append(
+            [
+                f"{{ref}}`{title} <status-{name}>`",
+                used or "",
+                *(int(counts.get(a, 0)) for a in AGREE),
+                int((kinds[group.index] == "replot").sum()),
+            ]
+        )
+    return _table(["notebook", "profile", *(f"measured: {a}" for a in AGREE), "replots"], overview)
+
+
+def _sections(df: pd.DataFrame, kinds: pd.Series, profile: str | None) -> list[str]:
+    """One section per notebook: its run, its measured claims with their rules, then its replots."""
+    shown = [c for c in COLUMNS if c != "kind"]
+    lines: list[str] = []
+    for name, group in df.groupby("notebook", sort=False):
+        title = group["title"].iloc[0] if "title" in group else name
+        lines += ["", f"(status-{name})=", f"## {title}", "", _run_line(group, profile), ""]
+        measured = group[kinds[group.index] == "measured"]
+        replots = group[kinds[group.index] == "replot"]
+        if not measured.empty:
+            lines += _table(shown, measured[shown].values.tolist())
+        if not replots.empty:
+            lines += [
+                "",
+                "Replots of the paper's own (digitised) points: they check that this book reads the "
+                "paper's figures as the paper does, not that the finding reproduces.",
+                "",
+            ]
+            lines += _table(shown, replots[shown].values.tolist())
+    return lines
+
+
+def _notes(df: pd.DataFrame) -> list[str]:
+    """What the tables cannot show: failed last runs, contradicted sentences, runs without status."""
+    attrs = df.attrs if hasattr(df, "attrs") else {}
+    failed, without = attrs.get("failed", []), attrs.get("without_status", [])
+    contradicted = attrs.get("contradicted", [])
+    lines: list[str] = []
+    shown = set(df["notebook"]) if "notebook" in df else set()
+    gone = [n for n in failed if n not in shown]
+    stale = [n for n in failed if n in shown]
+    if gone:
+        lines += [
+            "",
+            "The last run of " + ", ".join(f"`{n}`" for n in gone) + " failed; "
+            "its claims are not in the tables above.",
+        ]
+    if stale:
+        lines += [
+            "",
+            "The last run of " + ", ".join(f"`{n}`" for n in stale) + " failed; "
+            "its table above comes from an earlier successful run.",
+        ]
+    if contradicted:
+        lines += ["", "```{warning}", "The text of these chapters assumes what their last run does not show:"]
+        lines += [""]
+        lines += [f"- `{name}`: that {text}" for name, text in contradicted]
+        lines += ["```"]
+    if without:
+        lines += ["", "Executed but reported no status: " + ", ".join(f"`{n}`" for n in without) + "."]
+    return lines
+
+
 def status_markdown(df: pd.DataFrame, profile: str | None = None) -> str:
     """The reproduction-status page body (MyST markdown) from :func:`read_statuses`'s table.
 
@@ -336,73 +412,12 @@ def status_markdown(df: pd.DataFrame, profile: str | None = None) -> str:
     verdict was reached by, and, apart, its replots (``profile`` is the fallback when ``df`` has
     no run information).
     """
-    lines: list[str] = []
-    shown = [c for c in COLUMNS if c != "kind"]
     if df.empty:
-        lines.append(
+        lines = [
             "No executed notebook has reported a reproduction status yet: run "
             f"`coupling-book run --profile {profile or 'default'}` and rebuild the book."
-        )
+        ]
     else:
         kinds = df["kind"].fillna("measured") if "kind" in df else pd.Series("measured", index=df.index)
-        overview = []
-        for name, group in df.groupby("notebook", sort=False):
-            measured = group[kinds[group.index] == "measured"]
-            counts = measured["agree"].value_counts()
-            used = (
-                group["profile"].iloc[0]
-                if "profile" in group and isinstance(group["profile"].iloc[0], str)
-                else profile
-            )
-            title = group["title"].iloc[0] if "title" in group else name
-            overview.append(
-                [
-                    f"{{ref}}`{title} <status-{name}>`",
-                    used or "",
-                    *(int(counts.get(a, 0)) for a in AGREE),
-                    int((kinds[group.index] == "replot").sum()),
-                ]
-            )
-        lines += _table(["notebook", "profile", *(f"measured: {a}" for a in AGREE), "replots"], overview)
-        for name, group in df.groupby("notebook", sort=False):
-            title = group["title"].iloc[0] if "title" in group else name
-            lines += ["", f"(status-{name})=", f"## {title}", "", _run_line(group, profile), ""]
-            measured = group[kinds[group.index] == "measured"]
-            replots = group[kinds[group.index] == "replot"]
-            if not measured.empty:
-                lines += _table(shown, measured[shown].values.tolist())
-            if not replots.empty:
-                lines += [
-                    "",
-                    "Replots of the paper's own (digitised) points: they check that this book reads the "
-                    "paper's figures as the paper does, not that the finding reproduces.",
-                    "",
-                ]
-                lines += _table(shown, replots[shown].values.tolist())
-    failed = df.attrs.get("failed", []) if hasattr(df, "attrs") else []
-    without = df.attrs.get("without_status", []) if hasattr(df, "attrs") else []
-    if failed:
-        shown = set(df["notebook"]) if "notebook" in df else set()
-        stale = [n for n in failed if n in shown]
-        gone = [n for n in failed if n not in shown]
-        if gone:
-            lines += [
-                "",
-                "The last run of " + ", ".join(f"`{n}`" for n in gone) + " failed; "
-                "its claims are not in the tables above.",
-            ]
-        if stale:
-            lines += [
-                "",
-                "The last run of " + ", ".join(f"`{n}`" for n in stale) + " failed; "
-                "its table above comes from an earlier successful run.",
-            ]
-    contradicted = df.attrs.get("contradicted", []) if hasattr(df, "attrs") else []
-    if contradicted:
-        lines += ["", "```{warning}", "The text of these chapters assumes what their last run does not show:"]
-        lines += [""]
-        lines += [f"- `{name}`: that {text}" for name, text in contradicted]
-        lines += ["```"]
-    if without:
-        lines += ["", "Executed but reported no status: " + ", ".join(f"`{n}`" for n in without) + "."]
-    return "\n".join(lines) + "\n"
+        lines = _overview(df, kinds, profile) + _sections(df, kinds, profile)
+    return "\n".join(lines + _notes(df)) + "\n"
