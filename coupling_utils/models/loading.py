@@ -441,6 +441,12 @@ def _weights(cls, config, src: _Source, how: dict[str, Any], name: str, revision
     return model.eval().requires_grad_(False)
 
 
+def _width(config) -> int:
+    """The residual width d of a (possibly multimodal) config."""
+    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return int(text_config.hidden_size)
+
+
 def _dtype_name(dtype: torch.dtype) -> str:
     return next(k for k, v in DTYPES.items() if v == dtype)
 
@@ -486,9 +492,7 @@ def load_model(
     tokenizer = load_preprocessor(
         name, src.path, row, src.hub_revision, src.gguf_file, local=src.kind != "hub"
     )
-    n_layers = len(transformer_blocks(model))
-    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
-    d_model = int(text_config.hidden_size)
+    n_layers, d_model = len(transformer_blocks(model)), _width(config)
     asked = dict(
         name=name, revision=revision, dtype=_dtype_name(torch_dtype), dtype_requested=_dtype_name(requested),
         quantization=quantization,

@@ -236,15 +236,7 @@ def stage_book(
     root = Path(root).resolve()
     plan = plan_book(root, executed)
     if plan.unexecuted and not allow_unexecuted:
-        lines = "\n".join(
-            f"  - {e.docname}: expected {e.content}; run `{e.run_command}`" for e in plan.unexecuted
-        )
-        raise BookError(
-            "these notebooks are in _toc.yml but have not been executed:\n"
-            + lines
-            + "\n(or `coupling-book run --profile <profile>` for all of them; "
-            "`coupling-book build --allow-unexecuted` builds without them)"
-        )
+        raise _unexecuted_error(plan)
     src = _under(root, src).resolve()
     if src == root or src in root.parents:
         raise BookError(
@@ -278,6 +270,17 @@ def stage_book(
     (src / "_toc.yml").write_text(yaml.safe_dump(_staged_toc(root, keep), sort_keys=False), encoding="utf-8")
     _stage_mathjax(extra / "_static" / "mathjax")
     return plan
+
+
+def _unexecuted_error(plan: BookPlan) -> BookError:
+    missing = plan.unexecuted
+    lines = "\n".join(f"  - {e.docname}: expected {e.content}; run `{e.run_command}`" for e in missing)
+    return BookError(
+        "these notebooks are in _toc.yml but have not been executed:\n"
+        + lines
+        + "\n(or `coupling-book run --profile <profile>` for all of them; "
+        "`coupling-book build --allow-unexecuted` builds without them)"
+    )
 
 
 def _stage_mathjax(target: Path) -> None:
