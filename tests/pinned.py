@@ -3,12 +3,13 @@
     .venv/bin/python tests/pinned.py zoo     # checksums of the smoke models' weights
     .venv/bin/python tests/pinned.py smoke   # values the smoke notebooks report
 
-``zoo`` builds every embedded model the smoke notebooks use in a fresh temporary cache and writes
-``tests/pinned/zoo_checksums.json`` (checked by ``tests/test_zoo_builds.py``). ``smoke`` runs the
-smoke notebooks in a fresh temporary cache (or reads already executed ones with ``--executed DIR``)
-and writes ``tests/pinned/smoke_values.yaml`` (checked by ``tests/test_notebooks.py``), keeping
-the tolerances already there. Run one only when a change of the numbers is intended (training
-code, a notebook, torch), and say why in the commit.
+``zoo`` builds every embedded model the smoke notebooks use in a fresh temporary cache and pins
+their checksums for this machine's CPU capability in ``tests/pinned/zoo_checksums.json``
+(checked by ``tests/test_zoo_builds.py``; a CPU capability with no pins is skipped, saying so).
+``smoke`` runs the smoke notebooks in a fresh temporary cache (or reads already executed ones
+with ``--executed DIR``) and writes ``tests/pinned/smoke_values.yaml`` (checked by
+``tests/test_notebooks.py``), keeping the tolerances already there. Run one only when a change of
+the numbers is intended (training code, a notebook, torch), and say why in the commit.
 """
 
 from __future__ import annotations
@@ -99,18 +100,36 @@ def zoo_checksums() -> dict:
             raise SystemExit(f"could not build: {failed}")
         entries = {name: zoo.weights_checksums(name) for name in names}
     return {
-        "about": (
-            "SHA-256 of the tensors (zoo.tensors_sha256) of every weight file of the embedded models "
-            "the smoke notebooks use, built from scratch. Checked by tests/test_zoo_builds.py. "
-            f"Update on purpose (and say why in the commit): {UPDATE_ZOO}"
-        ),
         "made": {"commit": _git_commit(), "date": time.strftime("%Y-%m-%d"), **environment()},
         "entries": entries,
     }
 
 
-def load_zoo_checksums() -> dict:
-    return json.loads(ZOO_CHECKSUMS.read_text())
+ZOO_ABOUT = (
+    "SHA-256 of the tensors (zoo.tensors_sha256) of every weight file of the embedded models the smoke "
+    "notebooks use, built from scratch, one set per CPU capability (torch picks other kernels on AVX2 "
+    "and AVX512, and training then rounds differently: the weights differ in the last bits). Checked "
+    f"by tests/test_zoo_builds.py. Update on purpose (and say why in the commit): {UPDATE_ZOO}"
+)
+
+
+def _zoo_document() -> dict:
+    doc = json.loads(ZOO_CHECKSUMS.read_text()) if ZOO_CHECKSUMS.exists() else {}
+    return {"about": ZOO_ABOUT, "by_cpu_capability": dict(doc.get("by_cpu_capability", {}))}
+
+
+def load_zoo_checksums() -> dict | None:
+    """The pinned checksums made on a CPU of this machine's capability (None: none pinned)."""
+    return _zoo_document()["by_cpu_capability"].get(environment()["cpu_capability"])
+
+
+def pin_zoo_checksums() -> dict:
+    """Build the smoke models and pin their checksums for this CPU capability (others kept)."""
+    doc = _zoo_document()
+    pins = zoo_checksums()
+    doc["by_cpu_capability"][pins["made"]["cpu_capability"]] = pins
+    ZOO_CHECKSUMS.write_text(json.dumps(doc, indent=1) + "\n")
+    return pins
 
 
 # ----------------------------------------------------------------------------- smoke values
@@ -280,15 +299,15 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     sub = parser.add_subparsers(dest="what", required=True)
-    sub.add_parser("zoo", help=f"rewrite {ZOO_CHECKSUMS.relative_to(ROOT)}")
+    sub.add_parser("zoo", help=f"pin this CPU capability's checksums in {ZOO_CHECKSUMS.relative_to(ROOT)}")
     smoke = sub.add_parser("smoke", help=f"rewrite {SMOKE_VALUES.relative_to(ROOT)}")
     smoke.add_argument("--executed", type=Path, help="read these executed notebooks instead of running them")
     args = parser.parse_args(argv)
     PINNED.mkdir(exist_ok=True)
     if args.what == "zoo":
-        doc = zoo_checksums()
-        ZOO_CHECKSUMS.write_text(json.dumps(doc, indent=1) + "\n")
-        print(f"wrote {ZOO_CHECKSUMS} ({sum(len(v) for v in doc['entries'].values())} weight files)")
+        pins = pin_zoo_checksums()
+        n = sum(len(v) for v in pins["entries"].values())
+        print(f"wrote {ZOO_CHECKSUMS} ({n} weight files, CPU capability {pins['made']['cpu_capability']})")
         return 0
     if args.executed:
         text = smoke_document(args.executed, f"the executed notebooks in {args.executed}")

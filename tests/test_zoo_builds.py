@@ -101,6 +101,11 @@ def _state(name: str) -> str:
 def test_pinned_checksums_of_the_smoke_builds(smoke_zoo, monkeypatch):
     """Every smoke model's weights are the pinned ones (a change in training must be on purpose)."""
     pins = pinned.load_zoo_checksums()
+    if pins is None:
+        cpu = pinned.environment()["cpu_capability"]
+        pytest.skip(
+            f"no checksums pinned for CPU capability {cpu}: pin them on such a CPU with {pinned.UPDATE_ZOO}"
+        )
     assert sorted(pins["entries"]) == sorted(pinned.smoke_zoo_names()), (
         f"the smoke notebooks now use other models; update the pins: {pinned.UPDATE_ZOO}"
     )
