@@ -222,12 +222,12 @@ def test_curve_schedule_evaluates_evenly_and_keeps_only_the_final_model(zoo_cach
     from transformers import GPTNeoXForCausalLM
 
     spec = _smoke_spec(steps=6, checkpoints="curve", n_linear=3)
-    assert training.checkpoint_steps(spec) == [0, 2, 4, 6]
-    assert training.checkpoint_steps(_smoke_spec(steps=6, checkpoints="final")) == [6]
+    assert training.saved_steps(spec) == [0, 2, 4, 6]
+    assert training.saved_steps(_smoke_spec(steps=6, checkpoints="final")) == [6]
     with pytest.raises(ValueError, match="checkpoints must be one of"):
-        training.checkpoint_steps(_smoke_spec(checkpoints="every"))
+        training.saved_steps(_smoke_spec(checkpoints="every"))
     with pytest.raises(ValueError, match="n_linear >= 1"):
-        training.checkpoint_steps(_smoke_spec(checkpoints="curve", n_linear=0))
+        training.saved_steps(_smoke_spec(checkpoints="curve", n_linear=0))
     metrics = training.train_lm(spec, tmp_path / "run", progress=False)
     assert training.list_revisions(tmp_path / "run") == []  # the curve is evaluated, not saved
     losses = training.load_losses(tmp_path / "run")

@@ -38,14 +38,14 @@ def test_registry_is_one_complete_table():
 
 
 def test_the_lm_family_trains_every_member_on_one_token_budget_per_parameter():
-    from coupling_utils.models.training import checkpoint_steps, n_parameters
+    from coupling_utils.models.training import n_parameters, saved_steps
 
     budget = zoo.LM_FAMILY_TOKENS_PER_PARAMETER
     for spec in zoo.REGISTRY["lm-family"].specs().values():
         tokens = spec.steps * spec.batch_size * spec.seq_len
         per_step = spec.batch_size * spec.seq_len
         assert budget * n_parameters(spec) <= tokens < budget * n_parameters(spec) + per_step
-        assert spec.checkpoints == "curve" and len(checkpoint_steps(spec)) >= 9  # a learning curve to judge
+        assert spec.checkpoints == "curve" and len(saved_steps(spec)) >= 9  # a learning curve to judge
 
 
 def test_unknown_names_give_clear_errors(zoo_cache):

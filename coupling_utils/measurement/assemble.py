@@ -15,7 +15,7 @@ from coupling_utils.measurement.compute import couplings, pair_tiles
 from coupling_utils.measurement.inputs import Prompt, token_positions
 from coupling_utils.measurement.settings import Settings
 from coupling_utils.measurement.store import Store
-from coupling_utils.measurement.tables import TABLES, concat, coupling_frames, frame, in_window, tile_frame
+from coupling_utils.measurement.tables import TABLES, concat, coupling_frames, frame, in_window, tiles_table
 
 __all__ = ["prompt_tables"]
 
@@ -84,7 +84,7 @@ def _depth_rows(
             "depthwise", ms, layers, ("layer_i", "layer_j"), keep, prompt=p.pid, token=t
         )
     if tile_layers:
-        tables["tiles"].append(tile_frame(p.pid, t, tiles, layers, tile_layers, s.tiles, s.depth_window))
+        tables["tiles"].append(tiles_table(p.pid, t, tiles, layers, tile_layers, s.tiles, s.depth_window))
 
 
 def _cross_layer_context(store: Store, s: Settings, p: Prompt, metas: list[dict]) -> list[pd.DataFrame]:

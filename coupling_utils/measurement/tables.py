@@ -155,7 +155,7 @@ def singular_value_frame(
     return typed("singular_values", frame("singular_values", rows))
 
 
-def tile_frame(
+def tiles_table(
     pid: str,
     token: int,
     tiles: torch.Tensor,  # [L, L, kmax, kmax] over ``layers``

@@ -119,7 +119,7 @@ def pythia_schedule(steps: int, n_linear: int = 8) -> list[int]:
 CHECKPOINTS = ("pythia", "final", "curve")
 
 
-def checkpoint_steps(spec) -> list[int]:
+def saved_steps(spec) -> list[int]:
     """The steps at which a run is evaluated (and, for "pythia", saved), from ``spec.checkpoints``.
 
     "pythia": :func:`pythia_schedule`; "final": the last step; "curve": step 0 and ``n_linear``
@@ -273,7 +273,7 @@ def train_steps(
 ) -> list[int]:
     """The loop the LM and ViT runs share; returns the checkpoint steps.
 
-    ``spec`` has steps, lr, warmup, min_lr_ratio, checkpoints (see :func:`checkpoint_steps`) and
+    ``spec`` has steps, lr, warmup, min_lr_ratio, checkpoints (see :func:`saved_steps`) and
     n_linear.
     Each step sets the warm-up/cosine learning rate, takes ``loss_at(step)`` (the batch loss) and
     one clipped optimiser step; at every checkpoint step ``checkpoint(step, mean running loss)``
@@ -281,7 +281,7 @@ def train_steps(
     """
     from tqdm.auto import tqdm
 
-    schedule = checkpoint_steps(spec)
+    schedule = saved_steps(spec)
     running: list[float] = []
 
     def save(step: int) -> str:

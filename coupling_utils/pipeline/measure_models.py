@@ -42,7 +42,15 @@ from coupling_utils.measurement import (
 from coupling_utils.measurement.tables import SUMMARY_HOWS
 from coupling_utils.pipeline.sweep import Resources
 
-__all__ = ["MeasureError", "MeasureReport", "measure_models", "read_prompts", "METHODS", "HOWS"]
+__all__ = [
+    "MeasureError",
+    "MeasureReport",
+    "measure_many",
+    "measurement_settings",
+    "read_prompts",
+    "METHODS",
+    "HOWS",
+]
 
 METHODS = MEASURE_METHODS
 HOWS = SUMMARY_HOWS
@@ -162,7 +170,7 @@ def measurement_settings(
         raise MeasureError(f"bad measurement settings: {exc}") from exc
 
 
-def measure_models(
+def measure_many(
     models: Sequence[str],
     prompts: Mapping[str, Any] | Sequence[Any],
     settings: Settings,
