@@ -121,7 +121,7 @@ def worker(case: str, method: str, opts: dict, outdir: Path) -> dict:
     torch.set_num_threads(opts["threads"])
     if case == "neox":
         from coupling_utils.engine.jacobians import reference_jacobians, token_jacobians
-        from coupling_utils.engine.spectra import matrix_free_topk
+        from coupling_utils.engine.spectra import Solver, matrix_free_topk
 
         model = neox_model()
         ids = torch.randint(0, 50304, (1, opts["T"]), generator=torch.Generator().manual_seed(1))
@@ -141,9 +141,7 @@ def worker(case: str, method: str, opts: dict, outdir: Path) -> dict:
                 ids,
                 3,
                 opts["K"],
-                solver="subspace",
-                oversample=opts["oversample"],
-                n_iter=opts["n_iter"],
+                Solver("subspace", oversample=opts["oversample"], n_iter=opts["n_iter"]),
             )
             passes = res.block_passes
             torch.save(res.svd.S, outdir / "S.pt")

@@ -17,7 +17,7 @@ from coupling_utils.analysis import trajectories as tr
 from coupling_utils.engine.architectures import ARCHITECTURES, tiny_model
 from coupling_utils.engine.blocks import residual_stream
 from coupling_utils.engine.metric import coupling_matrix
-from coupling_utils.engine.spectra import matrix_free_topk
+from coupling_utils.engine.spectra import Solver, matrix_free_topk
 
 DEMO = "What is the capital of France? The capital is"
 
@@ -92,15 +92,15 @@ def test_engine_on_the_device(arch, variant):
     model, inputs = tiny_model(arch, variant=variant), _inputs(arch)
     J0 = token_jacobians(model, inputs, 1)
     C0 = context_jacobians(model, inputs, 1, -1)
-    lanczos = dict(block=2, steps=3)  # few products: the emulated device runs every operation in Python
-    S0 = matrix_free_topk(model, inputs, 1, 4, **lanczos).svd.S
+    lanczos = Solver(block=2, steps=3)  # few products: the emulated device runs every operation in Python
+    S0 = matrix_free_topk(model, inputs, 1, 4, lanczos).svd.S
     L0 = tr.model_linearization_cosine(model, inputs, prefix=True)
     with emulated_device() as dev:
         model.to(dev)
         J = token_jacobians(model, inputs, 1)
         C = context_jacobians(model, inputs, 1, -1)
-        S = matrix_free_topk(model, inputs, 1, 4, **lanczos).svd.S
-        S_sub = matrix_free_topk(model, inputs, 1, 2, solver="subspace", oversample=0, n_iter=0).svd.S
+        S = matrix_free_topk(model, inputs, 1, 4, lanczos).svd.S
+        S_sub = matrix_free_topk(model, inputs, 1, 2, Solver("subspace", oversample=0, n_iter=0)).svd.S
         L = tr.model_linearization_cosine(model, inputs, prefix=True)
         stream = residual_stream(model, inputs)
     assert all(on_device(t) for t in (J, C, S, S_sub, stream))
@@ -130,7 +130,7 @@ def test_load_model_onto_the_device(standin_hub):
         ids = lm.tokenizer(DEMO, return_tensors="pt").input_ids  # on the host: moved by the engine
         J = token_jacobians(lm, ids, 5)
         assert on_device(J) and J.dtype == torch.float32
-        r = matrix_free_topk(lm, ids, 5, 4, block=2, steps=3)
+        r = matrix_free_topk(lm, ids, 5, 4, Solver(block=2, steps=3))
         assert r.svd.S.dtype == torch.float32 and on_device(r.svd.S)
 
 

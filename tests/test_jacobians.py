@@ -201,7 +201,7 @@ def _probe_block(model, layer):
 
 def test_parameters_frozen_during_and_restored_after():
     """frozen(): every parameter is requires_grad=False while the block runs, restored afterwards."""
-    from coupling_utils.engine.spectra import matrix_free_topk
+    from coupling_utils.engine.spectra import Solver, matrix_free_topk
 
     model = tiny_model("llama").requires_grad_(True)
     model.model.layers[0].mlp.up_proj.weight.requires_grad_(False)  # one that was already frozen
@@ -212,7 +212,7 @@ def test_parameters_frozen_during_and_restored_after():
         token_jacobians(model, x, 0)
         reference_jacobians(model, x, 0, tokens=[2])
         context_jacobians(model, x, 0, 3)
-        matrix_free_topk(model, x, 0, 2, steps=2)
+        matrix_free_topk(model, x, 0, 2, Solver(steps=2))
     finally:
         handle.remove()
     assert counts["forward"] >= 4 and all(seen == [False] for seen in counts["requires_grad"]), counts

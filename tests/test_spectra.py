@@ -9,6 +9,7 @@ from coupling_utils.engine.architectures import tiny_model
 from coupling_utils.engine.jacobians import token_jacobians
 from coupling_utils.engine.metric import SVD, coupling
 from coupling_utils.engine.spectra import (
+    Solver,
     TokenOperator,
     block_lanczos_svd,
     block_passes,
@@ -102,10 +103,14 @@ def test_randomized_counts_products():
         calls["cols"] += U.shape[-1]
         return J.transpose(-1, -2) @ U
 
-    s, products = randomized_svd(apply, apply_t, tuple(J.shape), 5, oversample=7, n_iter=3)
+    s, products = randomized_svd(
+        apply, apply_t, tuple(J.shape), 5, Solver("subspace", oversample=7, n_iter=3)
+    )
     assert products == calls["cols"] == (2 * 3 + 2) * 12 == block_passes(5, oversample=7, n_iter=3)
     assert s.S.shape == (2, 5)
-    s_all, _ = randomized_svd(apply, apply_t, tuple(J.shape), 5, oversample=7, n_iter=3, keep="all")
+    s_all, _ = randomized_svd(
+        apply, apply_t, tuple(J.shape), 5, Solver("subspace", oversample=7, n_iter=3), keep="all"
+    )
     assert s_all.S.shape == (2, 12)
     assert block_passes(30, oversample=20, n_iter=1, d=40) == 4 * 40
 
@@ -176,13 +181,13 @@ def test_lanczos_counts_products_and_keeps_all_ritz_triplets():
     J = torch.randn(2, 40, 30, dtype=torch.float64)
     apply, apply_t, calls = _counting(J)
     svd, products = block_lanczos_svd(
-        apply, apply_t, tuple(J.shape), 5, block=3, steps=4, dtype=torch.float64
+        apply, apply_t, tuple(J.shape), 5, Solver(block=3, steps=4), dtype=torch.float64
     )
     assert products == calls["cols"] == (2 * 4 - 1) * 3 == solver_passes(5, block=3, steps=4, d=30)
     assert svd.U.shape == (2, 40, 5) and svd.S.shape == (2, 5) and svd.Vh.shape == (2, 5, 30)
     # the returned bases diagonalise J exactly: Uᵀ J V = diag(S), with no further products
     all_, _ = block_lanczos_svd(
-        apply, apply_t, tuple(J.shape), 5, block=3, steps=4, dtype=torch.float64, keep="all"
+        apply, apply_t, tuple(J.shape), 5, Solver(block=3, steps=4), dtype=torch.float64, keep="all"
     )
     assert all_.S.shape == (2, 12)
     torch.testing.assert_close(
@@ -193,7 +198,9 @@ def test_lanczos_counts_products_and_keeps_all_ritz_triplets():
     )
     # block·steps may not exceed min(m, n) = 30: steps is capped at 30 // 4 = 7
     calls["cols"] = 0
-    _, products = block_lanczos_svd(apply, apply_t, tuple(J.shape), 5, block=4, steps=20, dtype=torch.float64)
+    _, products = block_lanczos_svd(
+        apply, apply_t, tuple(J.shape), 5, Solver(block=4, steps=20), dtype=torch.float64
+    )
     assert lanczos_plan(5, 30, block=4, steps=20) == (4, 7)
     assert products == calls["cols"] == 13 * 4 == solver_passes(5, block=4, steps=20, d=30)
     assert lanczos_plan(10) == (1, 45) and lanczos_plan(7) == (1, 45)  # defaults ceil(k/10), 45
@@ -207,7 +214,13 @@ def test_lanczos_is_deterministic_per_seed_and_handles_rank_deficiency():
     # rank 3 < block·steps: the Krylov space is exhausted early, the basis must stay orthonormal
     low = _with_spectrum(torch.cat([torch.tensor([3.0, 2.0, 1.0]), torch.zeros(27)]).double())
     svd, _ = block_lanczos_svd(
-        lambda V: low @ V, lambda U: low.T @ U, (30, 30), 3, block=2, steps=5, dtype=torch.float64, keep="all"
+        lambda V: low @ V,
+        lambda U: low.T @ U,
+        (30, 30),
+        3,
+        Solver(block=2, steps=5),
+        dtype=torch.float64,
+        keep="all",
     )
     torch.testing.assert_close(svd.S[:3], torch.tensor([3.0, 2.0, 1.0]).double())
     assert svd.S[3:].abs().max() < 1e-10
@@ -281,7 +294,7 @@ def test_token_operator_runs_a_bf16_block_in_bf16_and_returns_fp32_products():
 def test_operator_topk_with_full_rank_probe_is_exact():
     f, X, J = _toy_token_diagonal()
     res = operator_topk(
-        TokenOperator(f, X), 4, solver="subspace", oversample=20, n_iter=1
+        TokenOperator(f, X), 4, Solver("subspace", oversample=20, n_iter=1)
     )  # l = min(24, d) = d
     ex = topk_svd(J, 4)
     assert res.rank == 12 and res.block_passes == 4 * 12
@@ -291,7 +304,7 @@ def test_operator_topk_with_full_rank_probe_is_exact():
 def test_operator_lanczos_equals_lanczos_on_the_explicit_jacobians():
     f, X, J = _toy_token_diagonal()  # T = 5, d = 12
     op = TokenOperator(f, X, chunk_size=2)
-    res = operator_topk(op, 4, block=2, steps=3, seed=3, keep="all")
+    res = operator_topk(op, 4, Solver(block=2, steps=3, seed=3), keep="all")
     assert res.solver == "lanczos" and res.settings == {"block": 2, "steps": 3} and res.rank == 6
     assert res.block_passes == op.passes == (2 * 3 - 1) * 2 == solver_passes(4, block=2, steps=3, d=12)
     explicit, _ = block_lanczos_svd(
@@ -299,15 +312,13 @@ def test_operator_lanczos_equals_lanczos_on_the_explicit_jacobians():
         lambda U: J.transpose(-1, -2) @ U,
         tuple(J.shape),
         4,
-        block=2,
-        steps=3,
-        seed=3,
+        Solver(block=2, steps=3, seed=3),
         keep="all",
     )
     torch.testing.assert_close(res.svd.S, explicit.S, atol=1e-5, rtol=1e-5)
     _same_up_to_sign(res.svd.U, explicit.U, 1e-4)
     # block·steps = d: the whole space, so the top 4 are exact
-    full = operator_topk(TokenOperator(f, X), 4, block=3, steps=4)
+    full = operator_topk(TokenOperator(f, X), 4, Solver(block=3, steps=4))
     torch.testing.assert_close(full.svd.S, topk_svd(J, 4).S, atol=1e-5, rtol=1e-5)
 
 
@@ -316,9 +327,9 @@ def test_operator_topk_detects_nan_products():
     op = TokenOperator(lambda Y: Y * torch.log(-Y.abs() - 1), X)  # NaN everywhere
     for solver in ("lanczos", "subspace"):
         with pytest.raises(ValueError, match="NaN or inf"):
-            operator_topk(op, 2, solver=solver)
+            operator_topk(op, 2, Solver(solver))
     with pytest.raises(ValueError, match="solver must be one of"):
-        operator_topk(op, 2, solver="halko")
+        operator_topk(op, 2, Solver("halko"))
 
 
 @pytest.mark.parametrize("arch", ["llama", "gpt_neox"])
@@ -328,12 +339,12 @@ def test_matrix_free_matches_exact_on_a_tiny_model(arch):
     J = token_jacobians(model, ids, 1)  # [T, d, d], d = 32
     ex = topk_svd(J, 5)
     # l = d: the range finder sees the whole space, so the result is exact up to rounding
-    full = matrix_free_topk(model, ids, 1, 5, solver="subspace", oversample=27, n_iter=0)
+    full = matrix_free_topk(model, ids, 1, 5, Solver("subspace", oversample=27, n_iter=0))
     assert full.block_passes == 2 * 32
     torch.testing.assert_close(full.svd.S, ex.S, atol=1e-4 * ex.S.max().item(), rtol=1e-4)
     # l < d: a truncated sketch with power iterations; the top-5 subspace is close, and the
     # coupling of J with the matrix-free triplets is near that of J with itself (0)
-    part = matrix_free_topk(model, ids, 1, 5, solver="subspace", oversample=10, n_iter=3, keep="all")
+    part = matrix_free_topk(model, ids, 1, 5, Solver("subspace", oversample=10, n_iter=3), keep="all")
     assert part.svd.S.shape == (6, 15) and part.block_passes == 8 * 15
     top = SVD(part.svd.U[..., :5], part.svd.S[..., :5], part.svd.Vh[..., :5, :])
     assert ((top.S - ex.S).abs() / ex.S[..., :1]).max() < 0.05
@@ -341,7 +352,7 @@ def test_matrix_free_matches_exact_on_a_tiny_model(arch):
         m = coupling(J[t], SVD(top.U[t], top.S[t], top.Vh[t]), 5)
         assert m < 0.1, (t, m)
     # block Lanczos (the default solver) over the whole space (block·steps = d) is exact too
-    lz = matrix_free_topk(model, ids, 1, 5, block=4, steps=8)
+    lz = matrix_free_topk(model, ids, 1, 5, Solver(block=4, steps=8))
     assert lz.block_passes == (2 * 8 - 1) * 4 and lz.solver == "lanczos"
     torch.testing.assert_close(lz.svd.S, ex.S, atol=1e-4 * ex.S.max().item(), rtol=1e-4)
 
@@ -368,10 +379,10 @@ def test_documented_defaults():
     assert all(torch.equal(x, y) for x, y in zip(topk_svd(J, 4, "lanczos", block=1, steps=30), lz))
     f, X, _ = _toy_token_diagonal()
     assert TokenOperator(f, X).chunk_size == 64
-    res = operator_topk(TokenOperator(f, X), 3, solver="subspace")
+    res = operator_topk(TokenOperator(f, X), 3, Solver("subspace"))
     assert res.settings == {"oversample": 10, "n_iter": 2} and res.rank == 12 and res.k == 3
     assert res.block_passes == 6 * 12
-    again = operator_topk(TokenOperator(f, X), 3, solver="subspace", oversample=10, n_iter=2, seed=0)
+    again = operator_topk(TokenOperator(f, X), 3, Solver("subspace", oversample=10, n_iter=2, seed=0))
     assert torch.equal(res.svd.S, again.svd.S)
     assert isinstance(res.k, int)
 
@@ -398,8 +409,7 @@ def test_randomized_on_rectangular_operators_and_keep_all():
         lambda U: A.T @ U,
         (30, 8),
         3,
-        oversample=10,
-        n_iter=1,
+        Solver("subspace", oversample=10, n_iter=1),
         keep="all",
         dtype=torch.float64,
     )
@@ -407,14 +417,26 @@ def test_randomized_on_rectangular_operators_and_keep_all():
     torch.testing.assert_close(s.S, torch.linalg.svdvals(A), rtol=1e-10, atol=1e-10)
     wide = A.T.contiguous()  # 8 x 30
     s, products = randomized_svd(
-        lambda V: wide @ V, lambda U: wide.T @ U, (8, 30), 3, oversample=10, keep="all", dtype=torch.float64
+        lambda V: wide @ V,
+        lambda U: wide.T @ U,
+        (8, 30),
+        3,
+        Solver("subspace", oversample=10),
+        keep="all",
+        dtype=torch.float64,
     )
     assert s.S.shape == (8,) and products == 6 * 8
     with pytest.raises(ValueError) as info:
         randomized_svd(lambda V: A @ V, lambda U: A.T @ U, (30, 8), 3, keep="some")
     assert str(info.value) == "keep must be 'k' or 'all', got 'some'"
     lz, _ = block_lanczos_svd(
-        lambda V: A @ V, lambda U: A.T @ U, (30, 8), 3, block=2, steps=4, keep="all", dtype=torch.float64
+        lambda V: A @ V,
+        lambda U: A.T @ U,
+        (30, 8),
+        3,
+        Solver(block=2, steps=4),
+        keep="all",
+        dtype=torch.float64,
     )
     torch.testing.assert_close(lz.S, torch.linalg.svdvals(A), rtol=1e-10, atol=1e-10)
     assert lz.U.shape == (30, 8) and lz.Vh.shape == (8, 8)
@@ -507,7 +529,7 @@ def test_operator_topk_counts_only_its_own_products():
     f, X, J = _toy_token_diagonal()
     op = TokenOperator(f, X)
     op.matmul(torch.randn(5, 12, 3))  # three products made before
-    res = operator_topk(op, 2, block=1, steps=4)
+    res = operator_topk(op, 2, Solver(block=1, steps=4))
     assert res.block_passes == 7 and op.passes == 10
     assert res.k == 2 and isinstance(res.k, int)
 
@@ -516,14 +538,14 @@ def test_solvers_work_on_the_device_they_are_given():
     """Random starts are drawn on the CPU (reproducible) and moved to ``device`` ("meta" here)."""
     J = torch.randn(10, 10, device="meta")
     for solver in (block_lanczos_svd, randomized_svd):
-        kwargs = dict(block=1, steps=4) if solver is block_lanczos_svd else {}
+        settings = Solver(block=1, steps=4) if solver is block_lanczos_svd else None
         seen = []
 
         def apply(V, seen=seen):
             seen.append(V.device.type)
             return J @ V
 
-        s, _ = solver(apply, lambda U: J.T @ U, (10, 10), 2, device="meta", **kwargs)
+        s, _ = solver(apply, lambda U: J.T @ U, (10, 10), 2, settings, device="meta")
         assert s.U.device.type == s.S.device.type == "meta" and set(seen) == {"meta"}
 
 
@@ -540,8 +562,8 @@ def test_operator_topk_asks_the_solvers_for_the_operator_device_and_dtype(monkey
             return real(*args, **kwargs)
 
         monkeypatch.setattr(spectra, name, spy)
-    operator_topk(TokenOperator(f, X), 2, steps=3)
-    operator_topk(TokenOperator(f, X), 2, solver="subspace")
+    operator_topk(TokenOperator(f, X), 2, Solver(steps=3))
+    operator_topk(TokenOperator(f, X), 2, Solver("subspace"))
     assert asked == [(X.device, X.dtype)] * 2
 
 
@@ -549,11 +571,17 @@ def test_direct_solver_defaults():
     J = _gapped(d=24, k=3, batch=())
     apply, apply_t = (lambda V: J @ V), (lambda U: J.T @ U)
     a, n = randomized_svd(apply, apply_t, (24, 24), 3, dtype=torch.float64)
-    b, _ = randomized_svd(apply, apply_t, (24, 24), 3, oversample=10, n_iter=2, seed=0, dtype=torch.float64)
+    b, _ = randomized_svd(
+        apply, apply_t, (24, 24), 3, Solver("subspace", oversample=10, n_iter=2, seed=0), dtype=torch.float64
+    )
     assert n == 6 * 13 and all(torch.equal(x, y) for x, y in zip(a, b))
-    c, _ = block_lanczos_svd(apply, apply_t, (24, 24), 3, block=1, steps=6, dtype=torch.float64)
-    d, _ = block_lanczos_svd(apply, apply_t, (24, 24), 3, block=1, steps=6, seed=0, dtype=torch.float64)
-    e, _ = block_lanczos_svd(apply, apply_t, (24, 24), 3, block=1, steps=6, seed=1, dtype=torch.float64)
+    c, _ = block_lanczos_svd(apply, apply_t, (24, 24), 3, Solver(block=1, steps=6), dtype=torch.float64)
+    d, _ = block_lanczos_svd(
+        apply, apply_t, (24, 24), 3, Solver(block=1, steps=6, seed=0), dtype=torch.float64
+    )
+    e, _ = block_lanczos_svd(
+        apply, apply_t, (24, 24), 3, Solver(block=1, steps=6, seed=1), dtype=torch.float64
+    )
     assert all(torch.equal(x, y) for x, y in zip(c, d)) and not torch.equal(c.U, e.U)
     with pytest.raises(ValueError) as info:
         lanczos_plan(9, 8)
@@ -570,11 +598,11 @@ def test_operator_topk_caps_lanczos_at_the_operator_size():
 def test_matrix_free_topk_passes_its_settings_on():
     model = tiny_model("llama")
     ids = torch.randint(0, 64, (1, 3), generator=torch.Generator().manual_seed(2))  # T = 3 < k
-    res = matrix_free_topk(model, ids, 0, 5, block=2, steps=3)
+    res = matrix_free_topk(model, ids, 0, 5, Solver(block=2, steps=3))
     assert res.settings == {"block": 2, "steps": 3} and res.block_passes == 10 and res.svd.S.shape == (3, 5)
-    sub = matrix_free_topk(model, ids, 0, 4, solver="subspace")
-    same = matrix_free_topk(model, ids, 0, 4, solver="subspace", oversample=10, n_iter=2, seed=0)
+    sub = matrix_free_topk(model, ids, 0, 4, Solver("subspace"))
+    same = matrix_free_topk(model, ids, 0, 4, Solver("subspace", oversample=10, n_iter=2, seed=0))
     assert sub.settings == {"oversample": 10, "n_iter": 2} and torch.equal(sub.svd.S, same.svd.S)
-    other = matrix_free_topk(model, ids, 0, 4, solver="subspace", seed=1)
-    lz0, lz1 = (matrix_free_topk(model, ids, 0, 4, block=1, steps=5, seed=s) for s in (0, 1))
+    other = matrix_free_topk(model, ids, 0, 4, Solver("subspace", seed=1))
+    lz0, lz1 = (matrix_free_topk(model, ids, 0, 4, Solver(block=1, steps=5, seed=s)) for s in (0, 1))
     assert not torch.equal(other.svd.U, sub.svd.U) and not torch.equal(lz0.svd.U, lz1.svd.U)

@@ -28,6 +28,7 @@ their error is measured (``tests/test_spectra.py``, ``bench/bench_jacobians.py``
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import numbers
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -51,6 +52,7 @@ __all__ = [
     "check_randomized",
     "METHODS",
     "SOLVERS",
+    "Solver",
     "LANCZOS_STEPS",
 ]
 
@@ -89,6 +91,28 @@ def _positive_int(value, name: str) -> int:
 def _check_solver(solver: str) -> None:
     if solver not in SOLVERS:
         raise ValueError(f"solver must be one of {SOLVERS}, got {solver!r}")
+
+
+@dataclass(frozen=True)
+class Solver:
+    """A top-K solver that needs only products, and its settings (checked when made).
+
+    ``name="lanczos"``: block Lanczos with ``block`` columns for ``steps`` steps (defaults
+    ``ceil(k/10)`` and 45, see :func:`lanczos_plan`); ``name="subspace"``: subspace iteration
+    with ``oversample`` extra columns and ``n_iter`` power iterations. ``seed``: the random
+    start.
+    """
+
+    name: str = "lanczos"
+    block: int | None = None
+    steps: int | None = None
+    oversample: int = 10
+    n_iter: int = 2
+    seed: int = 0
+
+    def __post_init__(self):
+        _check_solver(self.name)
+        check_randomized(self.oversample, self.n_iter)
 
 
 def lanczos_plan(
@@ -188,17 +212,16 @@ def block_lanczos_svd(
     apply_t: Apply,
     shape: tuple[int, ...],
     k: int,
+    solver: Solver | None = None,
     *,
-    block: int | None = None,
-    steps: int | None = None,
-    seed: int = 0,
     dtype: torch.dtype = torch.float32,
     device: torch.device | str | None = None,
     keep: str = "k",
 ) -> tuple[SVD, int]:
     """Top-k SVD of a (batched) linear operator by block Lanczos; returns (SVD, products).
 
-    ``apply``, ``apply_t`` and ``shape = (*batch, m, n)`` as in :func:`randomized_svd`. Block
+    ``apply``, ``apply_t`` and ``shape = (*batch, m, n)`` as in :func:`randomized_svd`;
+    ``solver``'s ``block``, ``steps`` and ``seed`` (its name is not read). Block
     Golub–Kahan–Lanczos bidiagonalisation with full reorthogonalisation, from a random
     orthonormal start block V_1 [n, block]: for j = 1..steps, ``U_j = orth(J V_j ⊥ U_<j)`` and
     (but the last) ``V_{j+1} = orth(Jᵀ U_j ⊥ V_≤j)``. The projected matrix
@@ -209,8 +232,10 @@ def block_lanczos_svd(
     instead of the top k. ``products`` counts the columns pushed through ``apply``/``apply_t``:
     ``(2·steps − 1)·block``.
     """
+    solver = solver or Solver()
     *batch, m, n = shape
-    block, steps = lanczos_plan(k, min(m, n), block=block, steps=steps)
+    block, steps = lanczos_plan(k, min(m, n), block=solver.block, steps=solver.steps)
+    seed = solver.seed
     k = int(k)
     if keep not in ("k", "all"):
         raise ValueError(f"keep must be 'k' or 'all', got {keep!r}")
@@ -242,10 +267,8 @@ def randomized_svd(
     apply_t: Apply,
     shape: tuple[int, ...],
     k: int,
+    solver: Solver | None = None,
     *,
-    oversample: int = 10,
-    n_iter: int = 2,
-    seed: int = 0,
     dtype: torch.dtype = torch.float32,
     device: torch.device | str | None = None,
     keep: str = "k",
@@ -258,9 +281,11 @@ def randomized_svd(
     iterations re-orthonormalised by QR after every product (their Alg. 4.4), then the SVD of
     the small ``Qᵀ J`` (Alg. 5.1). ``keep="all"`` returns all ``l = k + oversample`` computed
     triplets (a rank-l approximation of J) instead of the top k. ``products`` counts the
-    columns pushed through ``apply``/``apply_t``: ``(2·n_iter + 2)·l``.
+    columns pushed through ``apply``/``apply_t``: ``(2·n_iter + 2)·l``. ``solver``: its
+    ``oversample``, ``n_iter`` and ``seed`` (its name is not read).
     """
-    check_randomized(oversample, n_iter)
+    solver = solver or Solver("subspace")
+    oversample, n_iter, seed = solver.oversample, solver.n_iter, solver.seed
     *batch, m, n = shape
     k = check_k(k, min(m, n))
     if keep not in ("k", "all"):
@@ -314,28 +339,14 @@ def topk_svd(
         return SVD(U[..., :, :k], S[..., :k], Vh[..., :k, :])
     Jt = J.transpose(-1, -2)
     if method == "lanczos":
+        solver = Solver("lanczos", block=block, steps=steps, seed=seed)
         s, _ = block_lanczos_svd(
-            lambda V: J @ V,
-            lambda U: Jt @ U,
-            tuple(J.shape),
-            k,
-            block=block,
-            steps=steps,
-            seed=seed,
-            dtype=J.dtype,
-            device=J.device,
+            lambda V: J @ V, lambda U: Jt @ U, tuple(J.shape), k, solver, dtype=J.dtype, device=J.device
         )
         return s
+    solver = Solver("subspace", oversample=oversample, n_iter=n_iter, seed=seed)
     s, _ = randomized_svd(
-        lambda V: J @ V,
-        lambda U: Jt @ U,
-        tuple(J.shape),
-        k,
-        oversample=oversample,
-        n_iter=n_iter,
-        seed=seed,
-        dtype=J.dtype,
-        device=J.device,
+        lambda V: J @ V, lambda U: Jt @ U, tuple(J.shape), k, solver, dtype=J.dtype, device=J.device
     )
     return s
 
@@ -441,43 +452,39 @@ def _finite_products(fn: Apply) -> Apply:
 
 
 def operator_topk(
-    op: TokenOperator,
-    k: int,
-    *,
-    solver: str = "lanczos",
-    block: int | None = None,
-    steps: int | None = None,
-    oversample: int = 10,
-    n_iter: int = 2,
-    seed: int = 0,
-    keep: str = "k",
+    op: TokenOperator, k: int, solver: Solver | None = None, *, keep: str = "k"
 ) -> MatrixFreeSVD:
     """Top-k SVD of every token Jacobian of a :class:`TokenOperator`, from products only.
 
-    ``solver="lanczos"`` (default): :func:`block_lanczos_svd` with ``block``/``steps``;
-    ``solver="subspace"``: :func:`randomized_svd` with ``oversample``/``n_iter``. The products
-    counted in ``block_passes`` equal :func:`solver_passes` for the same settings.
+    ``solver`` (default ``Solver()``, block Lanczos): "lanczos" runs :func:`block_lanczos_svd`
+    with its ``block``/``steps``; "subspace" runs :func:`randomized_svd` with its
+    ``oversample``/``n_iter``. The products counted in ``block_passes`` equal
+    :func:`solver_passes` for the same settings.
     """
-    _check_solver(solver)
-    check_randomized(oversample, n_iter)
+    solver = solver or Solver()
     T, d, _ = op.shape
     before = op.passes
     apply, apply_t = _finite_products(op.matmul), _finite_products(op.rmatmul)
-    common = dict(seed=seed, dtype=op.dtype, device=op.X.device, keep=keep)
-    if solver == "lanczos":
-        b, st = lanczos_plan(k, d, block=block, steps=steps)
-        s, _ = block_lanczos_svd(apply, apply_t, op.shape, k, block=b, steps=st, **common)
+    common = dict(dtype=op.dtype, device=op.X.device, keep=keep)
+    if solver.name == "lanczos":
+        b, st = lanczos_plan(k, d, block=solver.block, steps=solver.steps)
+        s, _ = block_lanczos_svd(
+            apply, apply_t, op.shape, k, dataclasses.replace(solver, block=b, steps=st), **common
+        )
         rank, settings = b * st, {"block": b, "steps": st}
     else:
         k = check_k(k, d)
-        s, _ = randomized_svd(apply, apply_t, op.shape, k, oversample=oversample, n_iter=n_iter, **common)
-        rank, settings = min(k + oversample, d), {"oversample": oversample, "n_iter": n_iter}
+        s, _ = randomized_svd(apply, apply_t, op.shape, k, solver, **common)
+        rank, settings = (
+            min(k + solver.oversample, d),
+            {"oversample": solver.oversample, "n_iter": solver.n_iter},
+        )
     if not all(torch.isfinite(t).all() for t in s):
         raise ValueError(
             "the matrix-free products returned NaN or inf; the block is not usable "
             "at this input (check the model's dtype: use float32)"
         )
-    return MatrixFreeSVD(s, op.passes - before, rank, int(k), solver, settings)
+    return MatrixFreeSVD(s, op.passes - before, rank, int(k), solver.name, settings)
 
 
 def matrix_free_topk(
@@ -485,13 +492,8 @@ def matrix_free_topk(
     inputs,
     layer: int,
     k: int,
+    solver: Solver | None = None,
     *,
-    solver: str = "lanczos",
-    block: int | None = None,
-    steps: int | None = None,
-    oversample: int = 10,
-    n_iter: int = 2,
-    seed: int = 0,
     chunk_size: int | None = 64,
     keep: str = "k",
 ) -> MatrixFreeSVD:
@@ -500,26 +502,16 @@ def matrix_free_topk(
     Products go through ``blocks.block_function(model, inputs, layer, token_diagonal=True)``:
     JVPs for ``J V`` and VJPs for ``Jᵀ U``, each with a row per token, so the cost is
     :func:`solver_passes` block passes for all tokens together: ``(2·steps − 1)·block`` for
-    ``solver="lanczos"`` (default), ``(2·n_iter + 2)·min(k + oversample, d)`` for
-    ``solver="subspace"``. J is never formed. ``keep="all"`` keeps all computed triplets (a
+    a "lanczos" :class:`Solver` (default), ``(2·n_iter + 2)·min(k + oversample, d)`` for
+    "subspace". J is never formed. ``keep="all"`` keeps all computed triplets (a
     low-rank approximation of J).
     """
     from coupling_utils.engine.blocks import block_function
     from coupling_utils.engine.jacobians import frozen
 
-    _check_solver(solver)
+    solver = solver or Solver()
     with frozen(model):  # products then build no parameter gradients
         f, X = block_function(model, inputs, layer, token_diagonal=True)
         k = check_k(k, X.shape[-1])
         op = TokenOperator(f, X, chunk_size=chunk_size)
-        return operator_topk(
-            op,
-            k,
-            solver=solver,
-            block=block,
-            steps=steps,
-            oversample=oversample,
-            n_iter=n_iter,
-            seed=seed,
-            keep=keep,
-        )
+        return operator_topk(op, k, solver, keep=keep)

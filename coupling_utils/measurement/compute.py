@@ -20,6 +20,7 @@ from coupling_utils.engine import jacobians
 from coupling_utils.engine.blocks import block_function
 from coupling_utils.engine.metric import SVD, bases, check_k, tile_metric
 from coupling_utils.engine.spectra import (
+    Solver,
     TokenOperator,
     block_lanczos_svd,
     lapack_threads,
@@ -103,18 +104,11 @@ def spectra(
         return top, S[..., :n_singular]
     if s.solver == "lanczos":
         Jt = J.transpose(-1, -2)
+        solver = Solver("lanczos", block=s.block, steps=s.steps, seed=s.seed)
         res, _ = block_lanczos_svd(
-            lambda V: J @ V,
-            lambda U: Jt @ U,
-            tuple(J.shape),
-            kmax,
-            block=s.block,
-            steps=s.steps,
-            seed=s.seed,
-            dtype=J.dtype,
-            device=J.device,
-            keep="all",
-        )
+            lambda V: J @ V, lambda U: Jt @ U, tuple(J.shape), kmax, solver,
+            dtype=J.dtype, device=J.device, keep="all",
+        )  # fmt: skip
     else:
         res = topk_svd(
             J, max(kmax, n_singular), "randomized", oversample=s.oversample, n_iter=s.n_iter, seed=s.seed
@@ -196,17 +190,12 @@ class LayerWork:
             T, d = op.X.shape
             check_k(kmax, d)
             sel = token_positions(s.tokens, T)
-            res = operator_topk(
-                op,
-                kmax,
-                solver=s.solver,
-                block=s.block,
-                steps=s.steps,
+            solver = Solver(
+                s.solver, block=s.block, steps=s.steps,
                 oversample=s.oversample if s.oversample is not None else 10,
-                n_iter=s.n_iter if s.n_iter is not None else 2,
-                seed=s.seed,
-                keep="all",
-            )
+                n_iter=s.n_iter if s.n_iter is not None else 2, seed=s.seed,
+            )  # fmt: skip
+            res = operator_topk(op, kmax, solver, keep="all")
             U, S, Vh = (x[sel].float() if x.dtype != torch.float64 else x[sel] for x in res.svd)
             basis = SVD(U[..., :kmax].contiguous(), S.contiguous(), Vh[..., :kmax, :].contiguous())
             tw_tiles = None
