@@ -44,6 +44,9 @@ __all__ = [
     "ShortWindowWarning",
     "trajectory_tables",
     "TrajectoryTables",
+    "trajectory_study",
+    "study_passes",
+    "linearized_study_passes",
     "EXPODISTANCE_METHODS",
     "layer_window",
     "model_means",
@@ -574,6 +577,66 @@ def trajectory_tables(
         return df[list(lead) + [c for c in df.columns if c not in lead]]
 
     return TrajectoryTables(streams, tidy(steps), tidy(metrics), tidy(lins))
+
+
+def trajectory_study(
+    model,
+    prompts: Sequence[str],
+    *,
+    label: str,
+    window: tuple[int, int] = (0, -1),
+    linearization: bool = True,
+    skip_first_token: bool = False,
+    pca_prompt: int = 0,
+    pca_fit: str = "joint",
+) -> dict[str, pd.DataFrame]:
+    """Every table a trajectory study of ``model`` on the prompts' texts needs, as storable tables.
+
+    A measurement :class:`~coupling_utils.measurement.jobs.Extra` (chapter f05): the prompts are
+    tokenised with the model's tokenizer, ``window=(first_layer, last_layer)`` (``last`` may count
+    from the end) is resolved against its depth, and :func:`trajectory_tables` measures them.
+    Returns ``steps``, ``metrics``, ``linearization`` (as :class:`TrajectoryTables`, ``model`` =
+    ``label``), ``pca`` (:func:`trajectory_pca` of prompt ``pca_prompt`` in 2 components, every
+    token), ``tokens`` (prompt, position, token_id, token) and ``facts`` (one row: name,
+    n_layers, d_model, first, last: the model and the resolved window).
+    """
+    layers = layer_window(window[0], window[1], model.n_layers)
+    inputs = [model.tokenizer(p, return_tensors="pt").input_ids for p in prompts]  # one [1, T] each
+    res = trajectory_tables(
+        model,
+        inputs,
+        label=label,
+        layers=layers,
+        linearization=linearization,
+        skip_first_token=skip_first_token,
+    )
+    pca = trajectory_pca(res.streams[pca_prompt], 2, fit=pca_fit).assign(model=label)
+    tokens = pd.concat(
+        [
+            pd.DataFrame({"prompt": p, "position": range(ids.shape[1]), "token_id": ids[0].tolist(),
+                          "token": model.tokenizer.convert_ids_to_tokens(ids[0].tolist())})
+            for p, ids in enumerate(inputs)
+        ],
+        ignore_index=True,
+    )  # fmt: skip
+    facts = pd.DataFrame(
+        [{"name": model.name, "n_layers": model.n_layers, "d_model": model.d_model,
+          "first": layers[0], "last": layers[1]}]
+    )  # fmt: skip
+    return {"steps": res.steps, "metrics": res.metrics, "linearization": res.linearization,
+            "pca": pca, "tokens": tokens, "facts": facts}  # fmt: skip
+
+
+def study_passes(n_layers: int, d_model: int) -> int:
+    """Block passes per prompt of :func:`trajectory_study` without the linearisation (the cost
+    model's count: one per block)."""
+    return n_layers
+
+
+def linearized_study_passes(n_layers: int, d_model: int) -> int:
+    """Block passes per prompt of :func:`trajectory_study` with the linearisation (one forward
+    and one forward-mode product per block)."""
+    return 2 * n_layers
 
 
 # --------------------------------------------------------------------------- a model against its twin

@@ -1,5 +1,7 @@
-"""f05 · Token trajectories: its parameters
-(``notebooks/f05_token_trajectories.md``), their checks and its measurement plan."""
+"""f05 · Token trajectories (``notebooks/f05_token_trajectories.md``): its parameters and their
+checks, its measurement plan (:func:`jobs`: the trained model and its random twin, each with its
+trajectory tables as a stored extra), :func:`run` (what the story shows, from the stored
+tables), its verdict rules and claims, and the values its prose glues."""
 
 from __future__ import annotations
 
@@ -7,14 +9,31 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+import pandas as pd
+
+from coupling_utils.analysis.verdicts import Rule, claim
 from coupling_utils.chapters.checks import DTYPES, block, boolean, check_model, choice, integer, list_of, text
 from coupling_utils.chapters.params import ChapterParams, param
+from coupling_utils.files import cache_dir
+from coupling_utils.measurement import Extra, Job, Options, collect
 
-__all__ = ["Params"]
+__all__ = [
+    "Params",
+    "LINEAR",
+    "EXPONENTIAL",
+    "VERDICT_RULES",
+    "weights",
+    "jobs",
+    "NotMeasured",
+    "Results",
+    "run",
+    "claims",
+    "glue_values",
+]
 
 NOTEBOOK = "f05_token_trajectories"
-# why the sweep cannot plan this chapter yet (it has no ``jobs``)
-NOT_SWEPT = "it loads its model and twin inside the notebook (trajectories, linearisation)"
+TRAINED, TWIN = "trained", "random init"  # the tables' ``model`` column
 
 
 def _pca_prompt_exists(v: Mapping[str, Any]) -> str | None:
@@ -48,3 +67,199 @@ class Params(ChapterParams):
     linearization: bool = param(True, boolean)
     pca_prompt: int = param(0, integer(min=0))
     pca_fit: str = param("joint", choice("joint", "per_token"))
+
+
+# --------------------------------------------------------------------------- the verdict rules
+# more linear: the trained model's mean LSS at least 10% lower than the twin's, and lower for
+# at least three quarters of the (prompt, token) trajectories
+LINEAR = Rule(yes="lss_ratio <= 0.9 and share_lower >= 0.75", partly="lss_ratio < 1")
+# exponential growth: steps that grow (growth > 1 per block) and both reconstructions of the
+# expodistance closer to exact exponential growth than the twin's (ratio trained / twin < 1)
+EXPONENTIAL = Rule(
+    yes="growth > 1 and log_linear_r2_ratio < 1 and ratio_cv_ratio < 1",
+    partly="growth > 1 and (log_linear_r2_ratio < 1 or ratio_cv_ratio < 1)",
+)
+VERDICT_RULES = {"linear": LINEAR, "exponential": EXPONENTIAL}
+NOT_JUDGED = "not judged (no twin)"
+
+
+# --------------------------------------------------------------------------- the measurement plan
+def weights(p: Params) -> list[str]:
+    """The weights measured: the trained model, and its random twin with ``compare_random_init``;
+    each is the ``model`` column of the tables."""
+    return [TRAINED, TWIN] if p.compare_random_init else [TRAINED]
+
+
+def jobs(p: Params) -> list[Job]:
+    """The measurement plan: one job per weights (trained, and the twin drawn with ``seed``),
+    each an :class:`Extra` of :func:`~coupling_utils.analysis.trajectories.trajectory_study`
+    (trajectory tables, per-token statistics, linearisation cosines, PCA, the prompts' tokens)
+    and no ``measure()`` part; L block passes per prompt, 2L with the linearisation."""
+    from coupling_utils.analysis import trajectories as tr
+
+    options = {
+        "window": [p.first_layer, p.last_layer],
+        "linearization": p.linearization,
+        "skip_first_token": p.skip_first_token,
+        "pca_prompt": p.pca_prompt,
+        "pca_fit": p.pca_fit,
+    }
+    passes = tr.linearized_study_passes if p.linearization else tr.study_passes
+    out = []
+    for name in weights(p):
+        load = {"dtype": p.dtype, **({"revision": p.revision} if p.revision else {})}
+        if name == TWIN:
+            load.update(random_init=True, seed=p.seed)
+        extra = Extra("trajectory_study", tr.trajectory_study, {"label": name, **options},
+                      sources=("analysis/trajectories.py",), passes=passes)  # fmt: skip
+        labels = {"model": p.model, **({"revision": p.revision} if p.revision else {}), "weights": name}
+        out.append(Job(p.model, list(p.prompts), {}, load, labels, cache_dir("f05"), extra))
+    return out
+
+
+# --------------------------------------------------------------------------- the results
+class NotMeasured(RuntimeError):
+    """A job of :func:`jobs` has no result (it failed, or was not measured): the chapter needs all."""
+
+
+@dataclass
+class Results:
+    """What the story shows, every number from the stored tables of :func:`jobs`.
+
+    ``facts``: the trained model's name, n_layers, d_model and the resolved window (first,
+    last); ``n_tokens``: tokens per prompt; ``steps``, ``metrics``, ``linearization``: the
+    trajectory tables of every model (``model`` column: "trained", "random init"); ``pca``: the
+    PCA of prompt ``pca_prompt`` (position 0 left out with ``skip_first_token``) and
+    ``pca_tokens`` its tokens; ``summary``, ``expodistance`` (long, rows with a value),
+    ``linearization_means`` (mean cosine at the last state, by model) and ``linearization_table``
+    (the same as a table): drawn from them; ``linear``, ``growth``: the contrasts the verdict
+    rules judge.
+    """
+
+    facts: dict[str, Any]
+    n_tokens: list[int]
+    steps: pd.DataFrame
+    metrics: pd.DataFrame
+    linearization: pd.DataFrame
+    pca: pd.DataFrame
+    pca_tokens: pd.DataFrame
+    summary: pd.DataFrame
+    expodistance: pd.DataFrame
+    linearization_means: pd.Series
+    linearization_table: pd.DataFrame
+    linear: dict[str, float]
+    growth: dict[str, float]
+    failures: pd.DataFrame
+
+    @property
+    def n_layers(self) -> int:
+        return int(self.facts["n_layers"])
+
+    @property
+    def window(self) -> tuple[int, int]:
+        return int(self.facts["first"]), int(self.facts["last"])
+
+    def headline(self) -> str:
+        """One line: the model, its size, the prompts' lengths and the window."""
+        f = self.facts
+        return (
+            f"{f['name']}: {f['n_layers']} blocks, d = {f['d_model']}; {len(self.n_tokens)} prompt(s) of "
+            f"{self.n_tokens} tokens; window x^{f['first']}..x^{f['last']}"
+        )
+
+
+def run(p: Params, options: Options | None = None) -> Results:
+    """Collect :func:`jobs` (measured where missing, else read) and derive what the story shows.
+    Raises :class:`NotMeasured`, naming the reason, when a job has no result."""
+    done = collect(jobs(p), options, desc=NOTEBOOK)
+    if done.missing:
+        raise NotMeasured(f"{NOTEBOOK} needs every job of its plan:\n{done.report()}")
+    tables = {
+        name: pd.concat([r.extra[name] for r in done.ok], ignore_index=True)
+        for name in ("steps", "metrics", "linearization", "pca")
+    }
+    trained = done.ok[0].extra
+    return _results(p, tables, trained["facts"].iloc[0].to_dict(), trained["tokens"], done.failures)
+
+
+def _results(p: Params, t: dict, facts: dict, tokens: pd.DataFrame, failures: pd.DataFrame) -> Results:
+    """The tables drawn from the stored ones, computed as the notebook always has."""
+    from coupling_utils.analysis import trajectories as tr
+
+    metrics, lin, pca = t["metrics"], t["linearization"], t["pca"]
+    if p.skip_first_token:
+        pca = pca[pca["token"] != 0]
+    drawn = tokens[tokens["prompt"] == p.pca_prompt]
+    pca_tokens = pd.DataFrame({"position": range(len(drawn)), "token": drawn["token"].tolist()})
+    summary = metrics.drop(columns=["prompt", "token"]).groupby("model").agg(["mean", "std"])
+    summary.columns = [f"{a} ({b})" for a, b in summary.columns]
+    expo = metrics.melt(id_vars=["model", "prompt", "token"],
+                        value_vars=["expodistance_ratio_cv", "expodistance_log_linear_r2"],
+                        var_name="reconstruction", value_name="expodistance")  # fmt: skip
+    expo["reconstruction"] = expo["reconstruction"].str.replace("expodistance_", "")
+    if p.linearization:
+        final = lin[lin["layer"] == lin["layer"].max()]
+        lin_means = final.groupby("model")["cosine"].mean()
+    else:
+        lin_means = pd.Series(dtype=float)
+    n_tokens = [int(n) for n in tokens.groupby("prompt", sort=True).size()]
+    return Results(
+        facts, n_tokens, t["steps"], metrics, lin, pca, pca_tokens, summary.reset_index(), expo.dropna(),
+        lin_means, lin_means.rename("cosine at x^L").reset_index(),
+        tr.linearity_contrast(metrics), tr.growth_contrast(metrics), failures,
+    )  # fmt: skip
+
+
+# --------------------------------------------------------------------------- claims and glue
+def claims(p: Params, r: Results) -> list[dict[str, Any]]:
+    """The reproduction-status rows (for ``pipeline.status.report``); none without the twin."""
+    if not p.compare_random_init:
+        return []
+    first, last = r.window
+    where = (f"{p.model}{'@' + p.revision if p.revision else ''} against its random twin, "
+             f"{len(p.prompts)} prompts, window x^{first}..x^{last}"
+             + (", first token skipped" if p.skip_first_token else ""))  # fmt: skip
+    linear, growth = r.linear, r.growth
+    return [
+        claim("token trajectories of the trained model are more linear (lower LSS) than at random init",
+              paper="trajectories become more linear as coupling emerges during training (Pythia)",
+              rule=LINEAR, values=linear,
+              ours=f"LSS {linear['lss_trained']:.3f} vs {linear['lss_twin']:.3f}; lower for "
+                   f"{linear['share_lower']:.0%} of trajectories",
+              note=where + "; trained vs twin, not along training"),
+        claim("step sizes grow exponentially with depth in the trained model, more than at random init",
+              paper="layer-wise exponential growth emerges during training (formula unpublished)",
+              rule=EXPONENTIAL, values=growth,
+              ours=f"growth {growth['growth']:.3f}×/block; expodistance log-linear "
+                   f"{growth['log_linear_r2_trained']:.3f} vs {growth['log_linear_r2_twin']:.3f}, "
+                   f"ratio-cv {growth['ratio_cv_trained']:.3f} vs "
+                   f"{growth['ratio_cv_twin']:.3f}",
+              note=where + "; both expodistances are this book's reconstructions"),
+    ]  # fmt: skip
+
+
+def glue_values(p: Params, r: Results, status: pd.DataFrame | None) -> dict[str, Any]:
+    """Every value the prose glues, by name; ``status``: the reported rows of :func:`claims`
+    (None without the twin: the verdicts are then "not judged")."""
+    linear, growth = r.linear, r.growth
+    ratio = linear["lss_ratio"]
+    word = {True: "lower (closer to exponential)", False: "higher (farther from exponential)"}
+    values = {
+        "f05_lss_trained": linear["lss_trained"],
+        "f05_lss_random": linear["lss_twin"],
+        "f05_lss_share_lower": linear["share_lower"],
+        "f05_lss_verdict": "lower" if ratio < 1 else ("higher" if ratio > 1 else "not comparable (no twin)"),
+        "f05_first_token_kept": "skipped" if p.skip_first_token else "kept",
+        "f05_sqrt_L": float(np.sqrt(r.window[1] - r.window[0])),
+        **{f"f05_{key}": value for key, value in growth.items()},
+        "f05_expo_verdict": word[growth["log_linear_r2_ratio"] < 1],
+        "f05_expo_cv_verdict": word[growth["ratio_cv_ratio"] < 1],
+        "f05_expo_agree": "agree"
+        if (growth["log_linear_r2_ratio"] < 1) == (growth["ratio_cv_ratio"] < 1)
+        else "disagree",
+        "f05_lincos_trained": float(r.linearization_means.get(TRAINED, np.nan)),
+        "f05_lincos_random": float(r.linearization_means.get(TWIN, np.nan)),
+    }
+    verdicts = [NOT_JUDGED, NOT_JUDGED] if status is None else [status.agree.iloc[0], status.agree.iloc[1]]
+    values["f05_linear_verdict"], values["f05_exponential_verdict"] = verdicts
+    return values

@@ -1,0 +1,117 @@
+"""Chapter f05's module: its plan (one stored job per weights), what run() reads back from the
+store, and the values its notebook glues."""
+
+from __future__ import annotations
+
+import pickle
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from coupling_utils.analysis import trajectories as tr
+from coupling_utils.chapters import f05_token_trajectories as f05
+from coupling_utils.measurement import Options
+from coupling_utils.pipeline.sweep import planned_params
+
+NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "f05_token_trajectories.md"
+HUB = {
+    "model": "EleutherAI/pythia-160m",
+    "revision": "step143000",
+    "prompts": ["Paris is", "The quick brown fox"],
+}
+
+
+@pytest.mark.parametrize("profile", ["smoke", "default", "laptop", "paper"])
+def test_jobs_are_the_model_and_its_twin_each_with_its_study(profile):
+    p = planned_params(f05.NOTEBOOK, profile)
+    jobs = f05.jobs(p)
+    assert [j.weights for j in jobs] == ["trained", "random init"]  # every profile compares with the twin
+    for job in jobs:
+        assert job.storable and job.settings == {} and job.model == p.model and job.prompts == p.prompts
+        assert job.extra.fn is tr.trajectory_study and job.extra.options["label"] == job.weights
+        assert job.extra.options["window"] == [p.first_layer, p.last_layer]
+        assert job.extra.passes(12, 64) == 24  # the linearisation: a forward and a JVP per block
+        assert job.load_kwargs["dtype"] == p.dtype and job.revision == (p.revision or None)
+    assert jobs[1].load_kwargs["random_init"] and jobs[1].load_kwargs["seed"] == p.seed
+    assert "random_init" not in jobs[0].load_kwargs and jobs[0].folder != jobs[1].folder
+    assert pickle.loads(pickle.dumps(jobs)) == jobs  # a sweep ships them to its workers
+
+
+def test_jobs_follow_the_parameters():
+    p = f05.Params.checked({"compare_random_init": False, "linearization": False, "first_layer": 2})
+    (job,) = f05.jobs(p)
+    assert job.weights == "trained" and job.extra.passes(12, 64) == 12
+    assert job.extra.options["window"] == [2, -1] and not job.extra.options["linearization"]
+    assert f05.jobs(p.__class__.checked({**p.values(), "seed": 3}))[0].key == job.key  # no twin, no seed
+
+
+def _glue_names() -> tuple[set[str], set[str]]:
+    """The names the notebook's prose reads, and those pinned for it (tests/pinned/smoke_values.yaml)."""
+    import yaml
+
+    prose = set(re.findall(r"\{glue:text\}`(f05_[a-zA-Z0-9_]+)", NOTEBOOK.read_text()))
+    pinned = yaml.safe_load((Path(__file__).parent / "pinned" / "smoke_values.yaml").read_text())
+    return prose, set(pinned["notebooks"][f05.NOTEBOOK]["glue"])
+
+
+def test_run_reads_back_what_the_model_gives(standin_hub, tmp_path, monkeypatch):
+    from coupling_utils import load_model
+
+    monkeypatch.setenv("COUPLING_CACHE", str(tmp_path))
+    p = f05.Params.checked(HUB)
+    with pytest.raises(f05.NotMeasured, match="not measured yet"):
+        f05.run(p, Options(compute=False))
+    loads = []
+
+    def load(ref, **kw):
+        loads.append(kw.get("random_init", False))
+        return load_model(ref, **kw)
+
+    r = f05.run(p, Options(load=load))
+    assert loads == [False, True]
+    lm = load_model(HUB["model"], revision=HUB["revision"])
+    inputs = [lm.tokenizer(t, return_tensors="pt").input_ids for t in HUB["prompts"]]
+    want = tr.trajectory_tables(lm, inputs, label="trained", layers=(0, lm.n_layers), skip_first_token=True)
+    for name in ("steps", "metrics", "linearization"):
+        got = getattr(r, name).query("model == 'trained'").reset_index(drop=True)
+        pd.testing.assert_frame_equal(
+            got, getattr(want, name), check_dtype=False
+        )  # exact: parquet round trip
+    assert r.n_tokens == [int(x.shape[1]) for x in inputs] and r.window == (0, lm.n_layers)
+    assert r.pca_tokens["token"].tolist() == lm.tokenizer.convert_ids_to_tokens(inputs[0][0].tolist())
+    assert set(r.pca["model"]) == {"trained", "random init"} and (r.pca["token"] > 0).all()
+    assert r.headline().startswith(f"{lm.name}: {lm.n_layers} blocks, d = {lm.d_model}; 2 prompt(s)")
+
+    again = f05.run(p, Options(load=load, compute=False))  # read only: nothing loaded, the same numbers
+    assert loads == [False, True]
+    pd.testing.assert_frame_equal(again.metrics, r.metrics)
+    rows = f05.claims(p, r)
+    assert [row["agree"] for row in rows] == [f05.LINEAR.judge(r.linear), f05.EXPONENTIAL.judge(r.growth)]
+    status = pd.DataFrame(rows)
+    values = f05.glue_values(p, r, status)
+    prose, pinned = _glue_names()
+    assert prose <= set(values) and set(values) == pinned  # every name the prose reads; the pinned set
+    assert values["f05_lss_trained"] == r.linear["lss_trained"] == tr.model_means(r.metrics, "lss")["trained"]
+    assert values["f05_linear_verdict"] == rows[0]["agree"]
+    assert values["f05_sqrt_L"] == np.sqrt(lm.n_layers)
+
+
+def test_without_the_twin_nothing_is_judged(standin_hub, tmp_path, monkeypatch):
+    monkeypatch.setenv("COUPLING_CACHE", str(tmp_path))
+    p = f05.Params.checked({**HUB, "compare_random_init": False, "linearization": False})
+    r = f05.run(p)
+    assert set(r.metrics["model"]) == {"trained"} and r.linearization.empty and r.linearization_means.empty
+    values = f05.glue_values(p, r, None)
+    assert f05.claims(p, r) == [] and values["f05_linear_verdict"] == f05.NOT_JUDGED
+    assert np.isnan(values["f05_lss_random"]) and np.isnan(values["f05_lincos_trained"])
+    assert values["f05_lss_verdict"] == "not comparable (no twin)"
+
+
+def test_a_window_outside_the_model_names_both_parameters(standin_hub, tmp_path, monkeypatch):
+    monkeypatch.setenv("COUPLING_CACHE", str(tmp_path))
+    p = f05.Params.checked({**HUB, "first_layer": 5, "last_layer": 3, "compare_random_init": False})
+    with pytest.raises(f05.NotMeasured, match="first_layer=5 and last_layer=3"):
+        f05.run(p)
