@@ -352,27 +352,10 @@ def _f04_work(v: Mapping[str, Any]) -> list[Work]:
     return out
 
 
-def _f05_work(v: Mapping[str, Any]) -> list[Work]:
-    """f05: forward passes for the trajectories and one JVP per block and prompt (linearisation),
-    for the model and, with ``compare_random_init``, its twin."""
-    prompts = v["prompts"]
-    T = max(_prompt_tokens(p, None) for p in prompts)
-    size = model_size(v["model"])
-    L = size.n_layers if size is not None else 0
-    out = []
-    for twin in (False, True) if v["compare_random_init"] else (False,):
-        out.append(
-            Work(v["model"], v["revision"] or None, v["dtype"], len(prompts), T, 0, 0, "exact", 1, not twin,
-                 extra_passes=(2 * L if v["linearization"] else L), what="trajectories")
-        )  # fmt: skip
-    return out
-
-
 # the chapters that measure inside their own cells and have no ``jobs`` yet: their work as those cells do it
 UNPLANNED: dict[str, Callable[[Mapping[str, Any]], list[Work]]] = {
     "f00_coupling_metric": _f00_work,
     "f04_vision_transformers": _f04_work,
-    "f05_token_trajectories": _f05_work,
 }
 
 
