@@ -617,7 +617,11 @@ def build_scratch_book(tmp_path: Path, repository: str = "") -> Path:
     source.write_text(SCRATCH_NOTEBOOK)
     nb = jupytext.read(source)
     NotebookClient(
-        nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(root)}}
+        nb,
+        timeout=600,  # generous guards against a hang (nbclient names them when they fire)
+        startup_timeout=600,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(root)}},
     ).execute()
     executed = tmp_path / "executed"
     executed.mkdir()

@@ -7,12 +7,16 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from coupling_utils import files
+
+# Only a guard against hangs, far above what any step needs on a busy machine.
+HANG_S = 600
 
 
 def _leftovers(folder: Path) -> list[str]:
@@ -141,14 +145,26 @@ def test_file_lock_is_exclusive_across_processes(tmp_path, capsys):
 
         waiter = threading.Thread(target=take)
         waiter.start()
-        assert not got.wait(0.5), "the lock was taken while another process held it"
+        # Once the waiter says it waits, it has tried the lock and been refused: the check
+        # below then holds however slow the machine is (a fixed 0.5 s wait proved nothing
+        # when the thread had not yet reached the lock). The deadline only guards a hang.
+        said, deadline = "", time.monotonic() + HANG_S
+        while "another process is working on it; waiting" not in said:
+            assert waiter.is_alive() and not got.is_set(), "the lock was taken while another process held it"
+            assert time.monotonic() < deadline, (
+                f"the waiter did not reach the lock within {HANG_S} s: the machine is very slow or it hangs"
+            )
+            said += capsys.readouterr().out
+            threading.Event().wait(0.01)
+        assert not got.is_set(), "the lock was taken while another process held it"
         release.write_text("")
-        waiter.join(60)
-        assert got.is_set() and holder.wait(60) == 0
+        waiter.join(HANG_S)
+        assert got.is_set(), f"the lock was not taken within {HANG_S} s of its release"
+        assert holder.wait(HANG_S) == 0
     finally:
         release.write_text("")
-        holder.wait(60)
-    assert "embedded:x: another process is working on it; waiting" in capsys.readouterr().out
+        holder.wait(HANG_S)
+    assert "embedded:x: another process is working on it; waiting" in said
     assert not files.is_locked(lock)
     assert not files.is_locked(tmp_path / "never-created")
 

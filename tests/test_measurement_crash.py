@@ -192,7 +192,9 @@ def test_two_processes_measuring_into_one_folder_end_with_one_correct_result(tmp
     deadline = time.monotonic() + 300
     while not (tmp_path / "a_in").exists():
         assert first.poll() is None, first.communicate()[1][-3000:]
-        assert time.monotonic() < deadline, "the first process never started measuring"
+        assert time.monotonic() < deadline, (
+            "the first process did not start measuring within 300 s: the machine is very slow or it hangs"
+        )
         time.sleep(0.1)
     second = worker(out, "none", "second")
     line = second.stdout.readline()  # the second one says it waits for the first

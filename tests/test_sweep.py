@@ -271,6 +271,8 @@ def test_slurm_job_array_runs_every_task_and_resubmits_only_what_is_missing(
         if states == ["done", "done"]:
             break
         time.sleep(0.5)
+    else:
+        pytest.fail(f"the array did not finish within 600 s ({states}): the machine is very slow or it hangs")
     status = _cli(*args, "--status")
     assert "2 done" in status.stdout, status.stdout
     assert seen <= {"pending", "running", "done"}, status.stdout
