@@ -35,7 +35,7 @@ def test_jobs_are_the_model_and_its_twin_each_with_its_study(profile):
         assert job.extra.options["window"] == [p.first_layer, p.last_layer]
         assert job.extra.passes(12, 64) == 24  # the linearisation: a forward and a JVP per block
         assert job.load_kwargs["dtype"] == p.dtype and job.revision == (p.revision or None)
-    assert jobs[1].load_kwargs["random_init"] and jobs[1].load_kwargs["seed"] == p.seed
+    assert jobs[1].load_kwargs["random_init"] and jobs[1].load_kwargs["seed"] == p.init_seed
     assert "random_init" not in jobs[0].load_kwargs and jobs[0].folder != jobs[1].folder
     assert pickle.loads(pickle.dumps(jobs)) == jobs  # a sweep ships them to its workers
 
@@ -45,7 +45,7 @@ def test_jobs_follow_the_parameters():
     (job,) = f05.jobs(p)
     assert job.weights == "trained" and job.extra.passes(12, 64) == 12
     assert job.extra.options["window"] == [2, -1] and not job.extra.options["linearization"]
-    assert f05.jobs(p.__class__.checked({**p.values(), "seed": 3}))[0].key == job.key  # no twin, no seed
+    assert f05.jobs(p.__class__.checked({**p.values(), "init_seed": 3}))[0].key == job.key  # no twin, no seed
 
 
 def _glue_names() -> tuple[set[str], set[str]]:

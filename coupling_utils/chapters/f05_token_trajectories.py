@@ -53,7 +53,7 @@ class Params(ChapterParams):
     revision: str = param("", text(empty=True))
     dtype: str = param("float32", choice(*DTYPES))
     compare_random_init: bool = param(True, boolean)
-    seed: int = param(0, integer(min=0))
+    init_seed: int = param(0, integer(min=0))
     prompts: list = param(
         [
             "What is the capital of France? The capital is",
@@ -91,7 +91,7 @@ def weights(p: Params) -> list[str]:
 
 
 def jobs(p: Params) -> list[Job]:
-    """The measurement plan: one job per weights (trained, and the twin drawn with ``seed``),
+    """The measurement plan: one job per weights (trained, and the twin drawn with ``init_seed``),
     each an :class:`Extra` of :func:`~coupling_utils.analysis.trajectories.trajectory_study`
     (trajectory tables, per-token statistics, linearisation cosines, PCA, the prompts' tokens)
     and no ``measure()`` part; L block passes per prompt, 2L with the linearisation."""
@@ -109,7 +109,7 @@ def jobs(p: Params) -> list[Job]:
     for name in weights(p):
         load = {"dtype": p.dtype, **({"revision": p.revision} if p.revision else {})}
         if name == TWIN:
-            load.update(random_init=True, seed=p.seed)
+            load.update(random_init=True, seed=p.init_seed)
         extra = Extra("trajectory_study", tr.trajectory_study, {"label": name, **options},
                       sources=("analysis/trajectories.py",), passes=passes)  # fmt: skip
         labels = {"model": p.model, **({"revision": p.revision} if p.revision else {}), "weights": name}
