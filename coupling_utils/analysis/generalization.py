@@ -428,6 +428,29 @@ def _values(df: pd.DataFrame, x: Predictor) -> pd.Series:
     return pd.to_numeric(pd.Series(x(df), index=df.index) if callable(x) else df[x], errors="coerce")
 
 
+COMPARISON_COLUMNS = [
+    "predictor",
+    "y",
+    "n",
+    "r2",
+    "r2_ci_low",
+    "r2_ci_high",
+    "slope",
+    "slope_ci_low",
+    "slope_ci_high",
+    "p",
+    "spearman",
+    "spearman_ci_low",
+    "spearman_ci_high",
+    "spearman_p",
+    "kendall",
+    "kendall_p",
+    "level",
+    "note",
+]
+"""The columns of a :func:`predictor_comparison` table."""
+
+
 def predictor_comparison(
     df: pd.DataFrame,
     y: str,
@@ -445,16 +468,11 @@ def predictor_comparison(
     A predictor that takes one value only on these rows (e.g. depth in a family of equally deep
     models) gets NaN statistics and a ``note`` instead of an error.
     """
-    from coupling_utils.analysis.stats import bootstrap_ci, compare_predictors
+    from coupling_utils.analysis.stats import compare_predictors
 
     if not predictors:
         raise ValueError("predictor_comparison needs at least one predictor")
-    cols = {label: _values(df, x) for label, x in predictors.items()}
-    work = pd.DataFrame(cols, index=df.index).astype(float)
-    work[y] = pd.to_numeric(df[y], errors="coerce").astype(float)
-    work = work[np.isfinite(work.to_numpy()).all(axis=1)].reset_index(drop=True)
-    if len(work) < 3:
-        raise ValueError(f"need at least 3 models with {y!r} and every predictor, got {len(work)}")
+    work = _complete_rows(df, y, predictors)
     usable = [label for label in predictors if work[label].nunique() > 1]
     rows = []
     if usable:
@@ -462,27 +480,9 @@ def predictor_comparison(
             warnings.simplefilter("ignore")  # constant resamples: scipy warns, the bootstrap skips them
             table = compare_predictors(work, y, {label: label for label in usable}, level=level)
             for label in usable:
-
-                def stat(d: pd.DataFrame, label=label) -> dict[str, float]:
-                    x, v = d[label].to_numpy(), d[y].to_numpy()
-                    if np.ptp(x) == 0 or np.ptp(v) == 0:
-                        return {"r2": np.nan, "spearman": np.nan}
-                    r = np.corrcoef(x, v)[0, 1]
-                    rho = pd.Series(x).rank().corr(pd.Series(v).rank())
-                    return {"r2": r * r, "spearman": rho}
-
-                ci = bootstrap_ci(
-                    work[[label, y]], stat, n_resamples=n_resamples, level=level, seed=seed
-                ).set_index("statistic")
                 row = table[table.predictor == label].iloc[0].to_dict()
                 row.update(
-                    {
-                        "r2_ci_low": ci.loc["r2", "ci_low"],
-                        "r2_ci_high": ci.loc["r2", "ci_high"],
-                        "spearman_ci_low": ci.loc["spearman", "ci_low"],
-                        "spearman_ci_high": ci.loc["spearman", "ci_high"],
-                        "note": "",
-                    }
+                    _bootstrap_intervals(work, label, y, n_resamples=n_resamples, level=level, seed=seed)
                 )
                 rows.append(row)
     for label in predictors:
@@ -497,28 +497,45 @@ def predictor_comparison(
                 }
             )
     order = {label: i for i, label in enumerate(predictors)}
-    columns = [
-        "predictor",
-        "y",
-        "n",
-        "r2",
-        "r2_ci_low",
-        "r2_ci_high",
-        "slope",
-        "slope_ci_low",
-        "slope_ci_high",
-        "p",
-        "spearman",
-        "spearman_ci_low",
-        "spearman_ci_high",
-        "spearman_p",
-        "kendall",
-        "kendall_p",
-        "level",
-        "note",
-    ]
-    out = pd.DataFrame(rows).reindex(columns=columns)
+    out = pd.DataFrame(rows).reindex(columns=COMPARISON_COLUMNS)
     return out.sort_values("predictor", key=lambda s: s.map(order)).reset_index(drop=True)
+
+
+def _complete_rows(df: pd.DataFrame, y: str, predictors: Mapping[str, Predictor]) -> pd.DataFrame:
+    """``y`` and every predictor as float columns, on the rows where all are finite (at least 3)."""
+    cols = {label: _values(df, x) for label, x in predictors.items()}
+    work = pd.DataFrame(cols, index=df.index).astype(float)
+    work[y] = pd.to_numeric(df[y], errors="coerce").astype(float)
+    work = work[np.isfinite(work.to_numpy()).all(axis=1)].reset_index(drop=True)
+    if len(work) < 3:
+        raise ValueError(f"need at least 3 models with {y!r} and every predictor, got {len(work)}")
+    return work
+
+
+def _bootstrap_intervals(
+    work: pd.DataFrame, label: str, y: str, *, n_resamples: int, level: float, seed: int
+) -> dict[str, Any]:
+    """Percentile-bootstrap intervals of R² and Spearman's rho of ``y`` on predictor ``label``."""
+    from coupling_utils.analysis.stats import bootstrap_ci
+
+    def stat(d: pd.DataFrame) -> dict[str, float]:
+        x, v = d[label].to_numpy(), d[y].to_numpy()
+        if np.ptp(x) == 0 or np.ptp(v) == 0:
+            return {"r2": np.nan, "spearman": np.nan}
+        r = np.corrcoef(x, v)[0, 1]
+        rho = pd.Series(x).rank().corr(pd.Series(v).rank())
+        return {"r2": r * r, "spearman": rho}
+
+    ci = bootstrap_ci(work[[label, y]], stat, n_resamples=n_resamples, level=level, seed=seed).set_index(
+        "statistic"
+    )
+    return {
+        "r2_ci_low": ci.loc["r2", "ci_low"],
+        "r2_ci_high": ci.loc["r2", "ci_high"],
+        "spearman_ci_low": ci.loc["spearman", "ci_low"],
+        "spearman_ci_high": ci.loc["spearman", "ci_high"],
+        "note": "",
+    }
 
 
 def best_predictor(comparison: pd.DataFrame, among: Sequence[str] | None = None) -> str:

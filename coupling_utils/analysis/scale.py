@@ -445,8 +445,6 @@ def scale_chart(
     figures' axis ranges."""
     import altair as alt
 
-    from coupling_utils.analysis.plots import OKABE_ITO
-
     df = judged.copy()
     df["candidate"] = [candidate_label(r) for r in df.to_dict("records")]
     df["metric"] = df["denominator"] + ", " + df["form"]
@@ -467,7 +465,23 @@ def scale_chart(
     order = sorted(df["candidate"].unique())
     x_title = f"value for {reference}" if reference else "value"
     x = alt.X("value:Q", title=x_title, scale=alt.Scale(domain=[-0.05, 1.05], nice=False))
-    band = (
+    band, dots = _band_layer(x_title), _dot_layer(x, order)
+    chart = (
+        alt.layer(band, dots, data=data)
+        .properties(width=150, height=alt.Step(8))
+        .facet(facet=alt.Facet("metric:N", title=None, header=alt.Header(labelFontWeight="bold")), columns=2)
+        .resolve_scale(color="independent")
+    )
+    return chart.properties(title=title) if title else chart
+
+
+def _band_layer(x_title: str):
+    """The figures' axis ranges, one shaded band each (the chart's "band" rows)."""
+    import altair as alt
+
+    from coupling_utils.analysis.plots import OKABE_ITO
+
+    return (
         alt.Chart()
         .transform_filter("datum.layer == 'band'")
         .mark_rect(opacity=0.2)
@@ -484,7 +498,15 @@ def scale_chart(
             ],
         )  # fmt: skip
     )
-    dots = (
+
+
+def _dot_layer(x, order: list[str]):
+    """The trained (filled circle) and twin (hollow triangle) value of every candidate."""
+    import altair as alt
+
+    from coupling_utils.analysis.plots import OKABE_ITO
+
+    return (
         alt.Chart()
         .transform_filter("datum.layer == 'point'")
         .mark_point(size=30, filled=False, strokeWidth=1.5)
@@ -514,10 +536,3 @@ def scale_chart(
             ],
         )  # fmt: skip
     )
-    chart = (
-        alt.layer(band, dots, data=data)
-        .properties(width=150, height=alt.Step(8))
-        .facet(facet=alt.Facet("metric:N", title=None, header=alt.Header(labelFontWeight="bold")), columns=2)
-        .resolve_scale(color="independent")
-    )
-    return chart.properties(title=title) if title else chart
