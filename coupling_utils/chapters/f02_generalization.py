@@ -51,7 +51,7 @@ from coupling_utils.chapters.checks import (
 )
 from coupling_utils.chapters.params import ChapterParams, param
 from coupling_utils.files import cache_dir
-from coupling_utils.measurement import Collected, Options, Result, Settings, collect
+from coupling_utils.measurement import Options, Result, Settings, collect
 from coupling_utils.measurement.jobs import Job
 
 __all__ = [
@@ -329,7 +329,7 @@ def run(p: Params, options: Options | None = None) -> Results:
         family=family_summary(results["family"], how=p.how),
         hub=family_summary(results["hub"], how=p.how) if p.hub_models else None,
         scale=scale.scale_summary(results["scale"]),
-        failures=Collected(got.results).failures,
+        failures=got.failures,
     )
 
 
