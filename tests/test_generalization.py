@@ -7,8 +7,14 @@ import pandas as pd
 import pytest
 import torch
 
-from coupling_utils.analysis.generalization import best_predictor, family_coupling, predictor_comparison
-from coupling_utils.measurement import coupling_summary, measure
+from coupling_utils.analysis.generalization import (
+    best_predictor,
+    family_coupling,
+    family_jobs,
+    family_summary,
+    predictor_comparison,
+)
+from coupling_utils.measurement import Options, collect, coupling_summary, measure
 
 
 def _tiny_neox(n_layers: int, d: int, seed: int):
@@ -29,7 +35,7 @@ def _tiny_neox(n_layers: int, d: int, seed: int):
 def test_family_coupling_is_the_measured_summary_per_model():
     models = {"a": _tiny_neox(2, 8, 0), "b": _tiny_neox(3, 8, 1)}
     prompts = {"p0": torch.tensor([[1, 2, 3, 4]]), "p1": torch.tensor([[5, 6, 7]])}
-    result = family_coupling(models, prompts, k=3, how="adjacent")
+    result = family_coupling(family_jobs(models, prompts, k=3), how="adjacent")
     summary, per_prompt = result.summary, result.per_prompt
     assert summary.model.tolist() == ["a", "b"]
     assert summary.n_layers.tolist() == [2, 3] and summary.d_model.tolist() == [8, 8]
@@ -42,7 +48,7 @@ def test_family_coupling_is_the_measured_summary_per_model():
     b = result.depthwise[result.depthwise.model == "b"]
     assert len(b) == 9 and (b[b.layer_i == b.layer_j].m.abs() < 1e-6).all()
     with pytest.raises(ValueError, match="empty"):
-        family_coupling([], prompts)
+        family_jobs([], prompts)
 
 
 def test_family_coupling_cache_is_reused_only_for_the_same_settings(tmp_path):
@@ -54,16 +60,18 @@ def test_family_coupling_cache_is_reused_only_for_the_same_settings(tmp_path):
         return model
 
     prompts = {"p0": torch.tensor([[1, 2, 3, 4]])}
-    first = family_coupling(["ref-a"], prompts, k=3, load=load, cache=tmp_path).summary
-    again = family_coupling(["ref-a"], prompts, k=3, load=load, cache=tmp_path).summary
+    options = Options(load=load)
+    first = family_coupling(family_jobs(["ref-a"], prompts, k=3, cache=tmp_path), options=options).summary
+    again = family_coupling(family_jobs(["ref-a"], prompts, k=3, cache=tmp_path), options=options).summary
     assert loads == ["ref-a"] and again.cached.tolist() == [True] and first.cached.tolist() == [False]
     assert again.coupling[0] == first.coupling[0] and again.n_params[0] == first.n_params[0]
     other = family_coupling(
-        ["ref-a"], prompts, k=2, load=load, cache=tmp_path
+        family_jobs(["ref-a"], prompts, k=2, cache=tmp_path), options=options
     ).summary  # another K: measured anew
     assert loads == ["ref-a", "ref-a"] and not other.cached[0]
     twin = family_coupling(
-        {"rand": {"name_or_path": "ref-a", "random_init": True}}, prompts, k=3, load=load, cache=tmp_path
+        family_jobs({"rand": {"name_or_path": "ref-a", "random_init": True}}, prompts, k=3, cache=tmp_path),
+        options=options,
     ).summary  # another load_model argument: measured anew
     assert loads == ["ref-a"] * 3 and twin.model.tolist() == ["rand"] and not twin.cached[0]
 
@@ -155,7 +163,8 @@ def test_family_coupling_with_twins_reports_the_excess_over_each_twin():
     calls = []
     load = _twin_loader(calls)
     prompts = {"p0": torch.tensor([[1, 2, 3, 4, 5]]), "p1": torch.tensor([[6, 7, 8, 9]])}
-    fam = family_coupling(["a", "b"], prompts, k={"a": 2, "b": 4}, twins=True, twin_seed=5, load=load)
+    jobs = family_jobs(["a", "b"], prompts, k={"a": 2, "b": 4}, twins=True, twin_seed=5)
+    fam = family_coupling(jobs, options=Options(load=load))
     assert calls == [("a", False, 5), ("a", True, 5), ("b", False, 5), ("b", True, 5)]
     s = fam.summary.set_index("model")
     assert list(s.index) == ["a", "b"] and s.K.tolist() == [2, 4]  # one K per model
@@ -171,10 +180,10 @@ def test_family_coupling_with_twins_reports_the_excess_over_each_twin():
         assert s.loc[name, "excess_se"] == pytest.approx(paired.std(ddof=1) / np.sqrt(2), abs=1e-12)
     assert set(fam.depthwise.weights) == {"trained", "random init"} and s.twin_note.tolist() == ["", ""]
     # without twins the tables keep their old columns
-    plain = family_coupling(["a"], prompts, k=2, load=load)
+    plain = family_coupling(family_jobs(["a"], prompts, k=2), options=Options(load=load))
     assert "weights" not in plain.per_prompt and "excess" not in plain.summary
     with pytest.raises(ValueError, match=r"no K for the model\(s\) \['b'\]"):
-        family_coupling(["a", "b"], prompts, k={"a": 2}, load=load)
+        family_jobs(["a", "b"], prompts, k={"a": 2})
 
 
 def test_a_missing_twin_leaves_the_excess_empty_with_the_reason():
@@ -184,11 +193,41 @@ def test_a_missing_twin_leaves_the_excess_empty_with_the_reason():
         return _tiny_neox(2, 8, 1)
 
     fam = family_coupling(
-        ["a"], {"p": torch.tensor([[1, 2, 3]])}, k=2, twins=True, load=load, on_error="record"
+        family_jobs(["a"], {"p": torch.tensor([[1, 2, 3]])}, k=2, twins=True), options=Options(load=load)
     )
     row = fam.summary.iloc[0]
     assert np.isfinite(row.coupling) and np.isnan(row.twin_coupling) and np.isnan(row.excess)
     assert row.twin_note == "failed: OSError: no config to build a twin from"
+
+
+def test_family_summary_condenses_collected_results_as_family_coupling_does(tmp_path):
+    calls = []
+    load = _twin_loader(calls)
+    prompts = {"p0": torch.tensor([[1, 2, 3, 4, 5]]), "p1": torch.tensor([[6, 7, 8, 9]])}
+    jobs = family_jobs(["a", "b"], prompts, k=2, twins=True, cache=tmp_path)
+    lines = []
+    fam = family_coupling(jobs, options=Options(load=load), echo=lines.append)
+    assert fam.lines == lines and len(lines) == 4 and fam.report() == "\n".join(lines)
+    assert lines[0].startswith("model=a, weights=trained: coupling ") and "over 2 prompt(s)" in lines[0]
+    again = family_summary(collect(jobs, Options(load=load)).results)  # read back from the store
+    pd.testing.assert_frame_equal(
+        again.summary.drop(columns=["seconds", "cached"]), fam.summary.drop(columns=["seconds", "cached"])
+    )
+    pd.testing.assert_frame_equal(again.per_prompt, fam.per_prompt)
+    assert again.summary.cached.all() and not fam.summary.cached.any()
+    assert all(line.endswith("(cached)") for line in again.lines)
+
+
+def test_family_coupling_records_or_raises_a_failure_as_its_options_say():
+    def load(name, **kwargs):
+        raise OSError("gated repo")
+
+    jobs = family_jobs(["gated/model"], {"p": torch.tensor([[1, 2, 3]])}, k=2)
+    fam = family_coupling(jobs, options=Options(load=load))
+    assert fam.summary.note.tolist() == ["failed: OSError: gated repo"]
+    assert fam.lines == ["gated/model: failed: OSError: gated repo"]
+    with pytest.raises(OSError, match="gated repo"):
+        family_coupling(jobs, options=Options(load=load, on_error="raise"))
 
 
 def test_k_for_width_keeps_k_over_d_fixed():

@@ -187,7 +187,7 @@ def _same(a: pd.DataFrame, b: pd.DataFrame, drop=()) -> None:
 def test_the_analyses_rerun_without_loading_a_model(tmp_path):
     from coupling_utils.analysis.depth_and_tokens import measure_twins
     from coupling_utils.analysis.emergence import sweep_checkpoints
-    from coupling_utils.analysis.generalization import family_coupling
+    from coupling_utils.analysis.generalization import family_coupling, family_jobs
 
     texts = {"p": "abcdef", "q": "xyz!"}
     kw = dict(k=(2, 3), tile_layers=[0, 1], tile_k=2, token_layer=-1, out=tmp_path / "f01")
@@ -207,9 +207,9 @@ def test_the_analyses_rerun_without_loading_a_model(tmp_path):
         _same(getattr(in_memory, name), getattr(sweep, name))  # stored tables read back unchanged
     assert list(sweep.summary["step"]) == [0, 2] and sweep.failures.empty
 
-    kw = dict(k=2, how="adjacent", cache=tmp_path / "f02")
-    fam = family_coupling(["m-a", "m-b"], PROMPTS, load=Loader(), **kw)
-    again = family_coupling(["m-a", "m-b"], PROMPTS, load=_refuse, **kw)
+    jobs = family_jobs(["m-a", "m-b"], PROMPTS, k=2, cache=tmp_path / "f02")
+    fam = family_coupling(jobs, how="adjacent", options=Options(load=Loader()))
+    again = family_coupling(jobs, how="adjacent", options=Options(load=_refuse))
     _same(again.summary, fam.summary, drop=("seconds", "cached"))
     assert list(fam.summary["cached"]) == [False, False] and list(again.summary["cached"]) == [True, True]
     _same(again.per_prompt, fam.per_prompt)
@@ -218,18 +218,20 @@ def test_the_analyses_rerun_without_loading_a_model(tmp_path):
 
 def test_the_analyses_record_failures_when_asked(tmp_path):
     from coupling_utils.analysis.emergence import sweep_checkpoints
-    from coupling_utils.analysis.generalization import family_coupling
+    from coupling_utils.analysis.generalization import family_coupling, family_jobs
 
     load = Loader(fail={"gated/model": OSError("gated repo")})
     lines = []
     fam = family_coupling(
-        ["gated/model", "m-a"], PROMPTS, k=2, load=load, on_error="record", echo=lines.append
+        family_jobs(["gated/model", "m-a"], PROMPTS, k=2), options=Options(load=load), echo=lines.append
     )
     row = fam.summary.set_index("model").loc["gated/model"]
     assert pd.isna(row["coupling"]) and row["note"] == "failed: OSError: gated repo"
     assert lines[0] == "gated/model: failed: OSError: gated repo" and lines[1].startswith("m-a: coupling ")
     with pytest.raises(OSError, match="gated repo"):
-        family_coupling(["gated/model"], PROMPTS, k=2, load=load)
+        family_coupling(
+            family_jobs(["gated/model"], PROMPTS, k=2), options=Options(load=load, on_error="raise")
+        )
 
     def flaky(name, *, revision, dtype):
         if revision == "step1":

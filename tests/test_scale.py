@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from coupling_utils.analysis import scale
-from coupling_utils.measurement import coupling_summary, measure
+from coupling_utils.measurement import Options, collect, coupling_summary, measure
 
 PROMPTS = {"p0": torch.tensor([[1, 2, 3, 4, 5]]), "p1": torch.tensor([[6, 7, 8, 9]])}
 
@@ -145,14 +145,27 @@ def test_measure_scale_measures_model_and_twin_once_and_records_failures(tmp_pat
         return _tiny_neox(4, 8 if name == "wide" else 4, 100 * random_init + seed)
 
     ks = {"wide": [2, 6], "narrow": [2], "gated": [2]}
-    got = scale.measure_scale(list(ks), PROMPTS, k=ks, load=load, root=tmp_path, on_error="record")
+    jobs = scale.scale_jobs(list(ks), PROMPTS, k=ks, root=tmp_path)
+    got = scale.measure_scale(jobs, options=Options(load=load))
     assert set(got.models.model) == {"wide", "narrow"} and list(got.failures.model.unique()) == ["gated"]
     assert sorted(got.values[got.values.model == "wide"].K.unique()) == [2, 6]
     assert sorted(got.values[got.values.model == "narrow"].K.unique()) == [2]
     assert "missing" in got.report()
     calls.clear()
-    again = scale.measure_scale(list(ks), PROMPTS, k=ks, load=load, root=tmp_path, on_error="record")
+    lines = []
+    again = scale.measure_scale(jobs, options=Options(load=load), echo=lines.append)
     assert calls == [("gated", False), ("gated", True)]  # the stored ones load nothing
     pd.testing.assert_frame_equal(again.values, got.values)
+    assert lines[0] == "wide (trained): 2 prompt(s), " + lines[0].split(", ")[1] and "(cached)" in lines[0]
+    assert lines[-1] == "gated (random init): failed: OSError: gated repo"
+    # the same jobs collected among others (as a chapter does) condense to the same tables
+    mixed = collect(jobs, Options(load=load)).results
+    alone = scale.scale_summary(mixed)
+    pd.testing.assert_frame_equal(alone.values, got.values)
+    pd.testing.assert_frame_equal(
+        alone.failures.drop(columns="message"), got.failures.drop(columns="message")
+    )
+    with pytest.raises(OSError, match="gated repo"):
+        scale.measure_scale(jobs, options=Options(load=load, on_error="raise"))
     chart = scale.scale_chart(scale.judge(got.values, "wide"), reference="wide")
     assert chart.to_dict()["facet"]["field"] == "metric"

@@ -4,14 +4,17 @@ The paper's Fig. 1(a) sets one scalar per model ("coupling") against its Open LL
 score and finds a tighter fit than parameter count, depth or width give. This module does the
 two steps for any set of models:
 
-- :func:`family_coupling`: measure each model (:func:`coupling_utils.measurement.measure`) on the
-  same prompts and condense its depth-wise coupling into one number
+- :func:`family_jobs` plans one measurement per model (:func:`coupling_utils.measurement.measure`,
+  same prompts, same settings) and :func:`family_coupling` makes them, then
+  :func:`family_summary` condenses each model's depth-wise coupling into one number
   (:func:`coupling_utils.measurement.coupling_summary`; the paper's aggregation is not published,
   so ``how`` and ``k`` are the reader's choice), with its spread over prompts. With
   ``twins=True`` each model's random-init twin (same config, same K, same prompts) is measured
   too, and the summary adds the twin's coupling and the *excess* over it: the chance level of
   ``1 − m²`` depends on the width, K and architecture, so raw coupling compares those as much
   as training. ``k`` may differ per model (:func:`k_for_width` keeps K/d fixed across widths).
+  A chapter that collects these jobs with others condenses its own results with
+  :func:`family_summary`.
 - :func:`training_stage`: whether each member of a trained family has reached the flat part
   of its learning curve (the drop of held-out loss over the last stretch of training).
 - :func:`predictor_comparison`: R², slope, p and rank correlations of a score on each
@@ -30,7 +33,7 @@ from __future__ import annotations
 import dataclasses
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +48,7 @@ __all__ = [
     "corpus_prompts",
     "family_coupling",
     "family_jobs",
+    "family_summary",
     "FamilyCoupling",
     "k_for_width",
     "training_stage",
@@ -92,6 +96,11 @@ class FamilyCoupling:
     summary: pd.DataFrame  # one row per model
     per_prompt: pd.DataFrame  # model, [weights,] prompt, coupling
     depthwise: pd.DataFrame  # model, [weights,] layer_i, layer_j, m, coupling (mean over prompts and tokens)
+    lines: list[str] = field(default_factory=list)  # one readable line per job: its coupling or why not
+
+    def report(self) -> str:
+        """The lines, one per job, as a notebook prints them."""
+        return "\n".join(self.lines)
 
 
 SUMMARY_COLUMNS = [
@@ -132,31 +141,28 @@ def k_for_width(d_model: int, ratio: float) -> int:
 def family_jobs(
     models: Sequence[Any] | Mapping[str, Any],
     prompts,
+    settings: Settings | None = None,
     *,
-    k: int = 10,
-    tokens="last",
-    layers=None,
-    method: str = "exact",
+    k: int | Mapping[str, int] = 10,
     dtype: str = "float32",
-    max_tokens: int | None = None,
     cache: str | Path | None = None,
     twins: bool = False,
     twin_seed: int = 0,
-    **measure_kwargs,
 ) -> list[Job]:
-    """The jobs of :func:`family_coupling`: one per model (two with ``twins``: trained, then random
-    init), labelled ``model`` (and ``weights``), stored under ``cache``. ``k``: one K, or
-    ``{model name: K}``."""
-    unknown = set(measure_kwargs) - set(Settings.ARGUMENTS)
-    if unknown:
-        raise TypeError(f"family_coupling got arguments that are not measure() settings: {sorted(unknown)}")
+    """The jobs that :func:`family_coupling` measures: one per model (two with ``twins``: trained,
+    then its random init drawn with ``twin_seed``), labelled ``model`` (and ``weights``), stored
+    under ``cache`` (None: nowhere).
+
+    ``settings``: what each model is measured with (None: :class:`Settings`' defaults, the last
+    token); its ``k`` is replaced by ``k``: one K for every model, or ``{model name: K}`` (e.g.
+    :func:`k_for_width` of each member's width, to compare widths at one K/d).
+    """
+    settings = Settings() if settings is None else settings
     per_model = isinstance(k, Mapping)
     first = next(iter(k.values()), None) if per_model else k
     if first is None:
         raise ValueError("k is an empty mapping; give a K for every model")
-    settings = Settings(
-        k=[int(first)], tokens=tokens, layers=layers, method=method, max_tokens=max_tokens, **measure_kwargs
-    )
+    settings = dataclasses.replace(settings, k=(int(first),))
     jobs = plan(
         models, prompts, settings, dtype=dtype, root=cache, weights=WEIGHTS if twins else None, seed=twin_seed
     )
@@ -175,70 +181,50 @@ def family_jobs(
 
 
 def family_coupling(
-    models: Sequence[Any] | Mapping[str, Any],
-    prompts,
+    jobs: Sequence[Job],
     *,
-    k: int = 10,
     how: str = "offdiag",
-    tokens="last",
-    layers=None,
-    method: str = "exact",
-    dtype: str = "float32",
-    max_tokens: int | None = None,
-    load: Callable[..., Any] | None = None,
+    options: Options | None = None,
     echo: Callable[[str], None] | None = None,
-    cache: str | Path | None = None,
-    on_error: str = "raise",
-    reuse_stale: bool = False,
-    twins: bool = False,
-    twin_seed: int = 0,
-    **measure_kwargs,
 ) -> FamilyCoupling:
-    """One coupling number per model, measured the same way on the same prompts.
+    """Measure :func:`family_jobs`' jobs (:func:`~coupling_utils.measurement.collect`) and condense
+    each model into one coupling number (:func:`family_summary`).
 
-    ``models``: a list, or a mapping ``{name: model}``, of model references (``embedded:...``,
-    local directories, hub ids), of ``load_model`` keyword dicts (``{"name_or_path": ...,
-    "revision": "step64", "random_init": True}``), or of already loaded models. References are
-    loaded with ``load_model(..., dtype=dtype)`` (or ``load(reference, dtype=dtype, ...)``).
-    ``prompts``: what :func:`~coupling_utils.measurement.measure` takes. The scalar is
-    ``coupling_summary(depthwise, how, k)``: the mean of ``1 − m_K²`` over layer pairs
-    (``"offdiag"``: all pairs of different blocks; ``"adjacent"``: neighbouring blocks) and
-    over tokens, each prompt counting once.
-
-    ``cache``: a directory where each referenced model's measurement is kept (keyed by the
-    model's identity, the prompts and every setting), so a rerun reads it without loading the
-    model; loaded model objects are always measured. ``on_error="record"``: a model that cannot
-    be loaded or measured (gated, out of memory, missing) gets a row with NaN coupling and the
-    reason in ``note``, and the others still run; ``reuse_stale``: reuse measurements made by
-    other code (see ``measure``).
-
-    ``k``: one K for every model, or ``{model name: K}`` (e.g. :func:`k_for_width` of each
-    member's width, to compare widths at one K/d). ``twins=True``: each model's random-init twin
-    (``load_model(..., random_init=True, seed=twin_seed)``: same config, K and prompts) is
-    measured as well, and the summary adds :data:`TWIN_COLUMNS` (``excess`` = coupling − twin's,
-    paired prompt by prompt).
-
-    Returns a :class:`FamilyCoupling`: ``summary`` with one row per model (``model, coupling,
-    coupling_sd, coupling_se, n_prompts, K, how, n_layers, d_model, n_params, log10_params,
-    seconds, cached, note``; a single-block model gets NaN coupling and a note), ``per_prompt``
-    and the mean ``depthwise`` matrix of each model. Models are loaded one at a time and
-    released before the next.
+    ``options``: how the jobs run (:class:`~coupling_utils.measurement.Options`: ``load``,
+    ``on_error``, ``reuse_stale``, ...); with ``on_error="record"`` (the default) a model that
+    cannot be loaded or measured (gated, out of memory, missing) gets a row with NaN coupling
+    and the reason in ``note``, and the others still run. Stored jobs (``cache``) are read back
+    without loading their model. ``echo(line)``: one line per job as it finishes.
     """
-    jobs = family_jobs(
-        models, prompts, k=k, tokens=tokens, layers=layers, method=method, dtype=dtype,
-        max_tokens=max_tokens, cache=cache, twins=twins, twin_seed=twin_seed, **measure_kwargs,
-    )  # fmt: skip
-    rows, per_prompt, depthwise = [], [], []
 
-    def condense(r: Result) -> None:
-        row, pp, dw = _condense(r, how=how, whole_model=layers is None)
+    def say(r: Result) -> None:
+        echo(_line(r, how))
+
+    got = collect(jobs, options, callback=None if echo is None else say)
+    return family_summary(got.results, how=how)
+
+
+def family_summary(results: Sequence[Result], *, how: str = "offdiag") -> FamilyCoupling:
+    """One coupling number per model from the results of :func:`family_jobs`' jobs.
+
+    The scalar is ``coupling_summary(depthwise, how, k)``: the mean of ``1 − m_K²`` over layer
+    pairs (``"offdiag"``: all pairs of different blocks; ``"adjacent"``: neighbouring blocks)
+    and over tokens, each prompt counting once. Returns a :class:`FamilyCoupling`: ``summary``
+    with one row per model (``model, coupling, coupling_sd, coupling_se, n_prompts, K, how,
+    n_layers, d_model, n_params, log10_params, seconds, cached, note``; a failed job or a
+    single-block model gets NaN coupling and a note), ``per_prompt``, the mean ``depthwise``
+    matrix of each model and one ``lines`` entry per job. With twins (jobs labelled
+    ``weights``) the summary adds :data:`TWIN_COLUMNS` (``excess`` = coupling − twin's, paired
+    prompt by prompt).
+    """
+    twins = any("weights" in r.job.labels for r in results)
+    rows, per_prompt, depthwise, lines = [], [], [], []
+    for r in results:
+        row, pp, dw = _condense(r, how=how, whole_model=r.job.settings["measure"].layers is None)
         rows.append(row)
         per_prompt.extend(pp)
         depthwise.extend(dw)
-        if echo is not None:
-            echo(_echo_line(r.job.describe() if twins else r.job.labels["model"], row))
-
-    collect(jobs, Options(load=load, on_error=on_error, reuse_stale=reuse_stale), callback=condense)
+        lines.append(_echo_line(_name(r), row))
     labels = ["model", "weights"] if twins else ["model"]
     per_prompt = (
         pd.concat(per_prompt, ignore_index=True)
@@ -252,8 +238,18 @@ def family_coupling(
     )[[*labels, "layer_i", "layer_j", "m", "coupling"]]
     summary = pd.DataFrame(rows)
     if not twins:
-        return FamilyCoupling(summary.reindex(columns=SUMMARY_COLUMNS), per_prompt, depthwise)
-    return FamilyCoupling(_with_twins(summary, per_prompt), per_prompt, depthwise)
+        return FamilyCoupling(summary.reindex(columns=SUMMARY_COLUMNS), per_prompt, depthwise, lines)
+    return FamilyCoupling(_with_twins(summary, per_prompt), per_prompt, depthwise, lines)
+
+
+def _name(r: Result) -> str:
+    """A job's name in :func:`family_summary`'s lines: the model (with its weights, for twins)."""
+    return r.job.describe() if "weights" in r.job.labels else r.job.labels["model"]
+
+
+def _line(r: Result, how: str) -> str:
+    row, _, _ = _condense(r, how=how, whole_model=r.job.settings["measure"].layers is None)
+    return _echo_line(_name(r), row)
 
 
 def _with_twins(rows: pd.DataFrame, per_prompt: pd.DataFrame) -> pd.DataFrame:
@@ -432,6 +428,29 @@ def _values(df: pd.DataFrame, x: Predictor) -> pd.Series:
     return pd.to_numeric(pd.Series(x(df), index=df.index) if callable(x) else df[x], errors="coerce")
 
 
+COMPARISON_COLUMNS = [
+    "predictor",
+    "y",
+    "n",
+    "r2",
+    "r2_ci_low",
+    "r2_ci_high",
+    "slope",
+    "slope_ci_low",
+    "slope_ci_high",
+    "p",
+    "spearman",
+    "spearman_ci_low",
+    "spearman_ci_high",
+    "spearman_p",
+    "kendall",
+    "kendall_p",
+    "level",
+    "note",
+]
+"""The columns of a :func:`predictor_comparison` table."""
+
+
 def predictor_comparison(
     df: pd.DataFrame,
     y: str,
@@ -449,16 +468,11 @@ def predictor_comparison(
     A predictor that takes one value only on these rows (e.g. depth in a family of equally deep
     models) gets NaN statistics and a ``note`` instead of an error.
     """
-    from coupling_utils.analysis.stats import bootstrap_ci, compare_predictors
+    from coupling_utils.analysis.stats import compare_predictors
 
     if not predictors:
         raise ValueError("predictor_comparison needs at least one predictor")
-    cols = {label: _values(df, x) for label, x in predictors.items()}
-    work = pd.DataFrame(cols, index=df.index).astype(float)
-    work[y] = pd.to_numeric(df[y], errors="coerce").astype(float)
-    work = work[np.isfinite(work.to_numpy()).all(axis=1)].reset_index(drop=True)
-    if len(work) < 3:
-        raise ValueError(f"need at least 3 models with {y!r} and every predictor, got {len(work)}")
+    work = _complete_rows(df, y, predictors)
     usable = [label for label in predictors if work[label].nunique() > 1]
     rows = []
     if usable:
@@ -466,27 +480,9 @@ def predictor_comparison(
             warnings.simplefilter("ignore")  # constant resamples: scipy warns, the bootstrap skips them
             table = compare_predictors(work, y, {label: label for label in usable}, level=level)
             for label in usable:
-
-                def stat(d: pd.DataFrame, label=label) -> dict[str, float]:
-                    x, v = d[label].to_numpy(), d[y].to_numpy()
-                    if np.ptp(x) == 0 or np.ptp(v) == 0:
-                        return {"r2": np.nan, "spearman": np.nan}
-                    r = np.corrcoef(x, v)[0, 1]
-                    rho = pd.Series(x).rank().corr(pd.Series(v).rank())
-                    return {"r2": r * r, "spearman": rho}
-
-                ci = bootstrap_ci(
-                    work[[label, y]], stat, n_resamples=n_resamples, level=level, seed=seed
-                ).set_index("statistic")
                 row = table[table.predictor == label].iloc[0].to_dict()
                 row.update(
-                    {
-                        "r2_ci_low": ci.loc["r2", "ci_low"],
-                        "r2_ci_high": ci.loc["r2", "ci_high"],
-                        "spearman_ci_low": ci.loc["spearman", "ci_low"],
-                        "spearman_ci_high": ci.loc["spearman", "ci_high"],
-                        "note": "",
-                    }
+                    _bootstrap_intervals(work, label, y, n_resamples=n_resamples, level=level, seed=seed)
                 )
                 rows.append(row)
     for label in predictors:
@@ -501,28 +497,45 @@ def predictor_comparison(
                 }
             )
     order = {label: i for i, label in enumerate(predictors)}
-    columns = [
-        "predictor",
-        "y",
-        "n",
-        "r2",
-        "r2_ci_low",
-        "r2_ci_high",
-        "slope",
-        "slope_ci_low",
-        "slope_ci_high",
-        "p",
-        "spearman",
-        "spearman_ci_low",
-        "spearman_ci_high",
-        "spearman_p",
-        "kendall",
-        "kendall_p",
-        "level",
-        "note",
-    ]
-    out = pd.DataFrame(rows).reindex(columns=columns)
+    out = pd.DataFrame(rows).reindex(columns=COMPARISON_COLUMNS)
     return out.sort_values("predictor", key=lambda s: s.map(order)).reset_index(drop=True)
+
+
+def _complete_rows(df: pd.DataFrame, y: str, predictors: Mapping[str, Predictor]) -> pd.DataFrame:
+    """``y`` and every predictor as float columns, on the rows where all are finite (at least 3)."""
+    cols = {label: _values(df, x) for label, x in predictors.items()}
+    work = pd.DataFrame(cols, index=df.index).astype(float)
+    work[y] = pd.to_numeric(df[y], errors="coerce").astype(float)
+    work = work[np.isfinite(work.to_numpy()).all(axis=1)].reset_index(drop=True)
+    if len(work) < 3:
+        raise ValueError(f"need at least 3 models with {y!r} and every predictor, got {len(work)}")
+    return work
+
+
+def _bootstrap_intervals(
+    work: pd.DataFrame, label: str, y: str, *, n_resamples: int, level: float, seed: int
+) -> dict[str, Any]:
+    """Percentile-bootstrap intervals of R² and Spearman's rho of ``y`` on predictor ``label``."""
+    from coupling_utils.analysis.stats import bootstrap_ci
+
+    def stat(d: pd.DataFrame) -> dict[str, float]:
+        x, v = d[label].to_numpy(), d[y].to_numpy()
+        if np.ptp(x) == 0 or np.ptp(v) == 0:
+            return {"r2": np.nan, "spearman": np.nan}
+        r = np.corrcoef(x, v)[0, 1]
+        rho = pd.Series(x).rank().corr(pd.Series(v).rank())
+        return {"r2": r * r, "spearman": rho}
+
+    ci = bootstrap_ci(work[[label, y]], stat, n_resamples=n_resamples, level=level, seed=seed).set_index(
+        "statistic"
+    )
+    return {
+        "r2_ci_low": ci.loc["r2", "ci_low"],
+        "r2_ci_high": ci.loc["r2", "ci_high"],
+        "spearman_ci_low": ci.loc["spearman", "ci_low"],
+        "spearman_ci_high": ci.loc["spearman", "ci_high"],
+        "note": "",
+    }
 
 
 def best_predictor(comparison: pd.DataFrame, among: Sequence[str] | None = None) -> str:

@@ -9,7 +9,8 @@ K = 50: Fig. 1b's scale, not Fig. 1a's. This module computes every candidate agg
 land on each figure's scale *and* separate a trained model from its twin.
 
 One :func:`~coupling_utils.measurement.measure` per model and twin (:func:`scale_jobs`: all
-tokens, every K, the 'norm' metric; stored, so a rerun loads no model) gives every candidate:
+tokens, every K, the 'norm' metric; stored, so a rerun loads no model; :func:`measure_scale`
+makes them, :func:`scale_summary` condenses their results) gives every candidate:
 
 - ``view``: "depth" compares one token's Jacobians across blocks (the depth-wise table);
   "tokens" compares the Jacobians of different tokens within a block (the token-wise table);
@@ -32,6 +33,7 @@ twin; :func:`judge` applies it to every candidate.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import product
@@ -42,7 +44,7 @@ import numpy as np
 import pandas as pd
 
 from coupling_utils.analysis.verdicts import Rule
-from coupling_utils.measurement import Measurement, Options, Result, Settings, collect, plan
+from coupling_utils.measurement import Collected, Job, Measurement, Options, Result, Settings, collect, plan
 from coupling_utils.measurement.jobs import WEIGHTS
 
 __all__ = [
@@ -58,6 +60,7 @@ __all__ = [
     "ScaleMeasurement",
     "scale_jobs",
     "measure_scale",
+    "scale_summary",
     "candidates",
     "trace_factor",
     "axis_window",
@@ -114,8 +117,6 @@ def scale_jobs(
     jobs = plan(models, prompts, settings, weights=WEIGHTS, seed=seed, dtype=dtype, root=root)
     if not per_model:
         return jobs
-    import dataclasses
-
     missing = sorted({j.labels["model"] for j in jobs} - set(k))
     if missing:
         raise ValueError(f"k gives no K values for {missing}")
@@ -151,34 +152,30 @@ class ScaleMeasurement:
 
 
 def measure_scale(
-    models: Sequence[Any] | Mapping[str, Any],
-    prompts,
-    *,
-    k: Sequence[int] | Mapping[str, Sequence[int]] = (10, 30, 50),
-    dtype: str = "float32",
-    seed: int = 0,
-    method: str = "exact",
-    max_tokens: int | None = None,
-    root: str | Path | None = None,
-    load: Callable[..., Any] | None = None,
-    on_error: str = "raise",
-    reuse_stale: bool = False,
-    echo: Callable[[str], None] | None = None,
+    jobs: Sequence[Job], *, options: Options | None = None, echo: Callable[[str], None] | None = None
 ) -> ScaleMeasurement:
-    """Measure each model and its random-init twin once (:func:`scale_jobs`) and compute every
-    candidate aggregation (:func:`candidates`). ``on_error="record"``: a model that cannot be
-    loaded or measured is listed in ``failures`` and the others still run."""
-    jobs = scale_jobs(
-        models, prompts, k=k, dtype=dtype, seed=seed, method=method, max_tokens=max_tokens, root=root
-    )
-    values, facts = [], []
+    """Measure :func:`scale_jobs`' jobs (each model and its random-init twin, once) and compute
+    every candidate aggregation (:func:`scale_summary`). ``options``: how the jobs run
+    (:class:`~coupling_utils.measurement.Options`); with ``on_error="record"`` (the default) a
+    model that cannot be loaded or measured is listed in ``failures`` and the others still run.
+    ``echo(line)``: one line per job as it finishes."""
 
-    def condense(r: Result) -> None:
-        labels = {"model": r.job.labels["model"], "weights": r.job.labels["weights"]}
+    def say(r: Result) -> None:
+        echo(_line(r))
+
+    got = collect(jobs, options, callback=None if echo is None else say)
+    return scale_summary(got.results)
+
+
+def scale_summary(results: Sequence[Result]) -> ScaleMeasurement:
+    """Every candidate (:func:`candidates`) of every measured job of :func:`scale_jobs`, the
+    models' facts, and the missing jobs with their reasons (a chapter that collects these jobs
+    with others condenses its own results here)."""
+    values, facts = [], []
+    for r in results:
         if not r.ok:
-            if echo is not None:
-                echo(f"{labels['model']} ({labels['weights']}): failed: {r.error}: {r.message}")
-            return
+            continue
+        labels = {"model": r.job.labels["model"], "weights": r.job.labels["weights"]}
         m = r.measurements["measure"]
         values.append(candidates(m).assign(**labels))
         info = r.model
@@ -192,14 +189,18 @@ def measure_scale(
                 "cached": not r.loaded,
             }
         )
-        if echo is not None:
-            echo(f"{labels['model']} ({labels['weights']}): {len(m.prompts)} prompt(s), {r.seconds:.1f} s"
-                 + (" (cached)" if not r.loaded else ""))  # fmt: skip
-
-    got = collect(jobs, Options(load=load, on_error=on_error, reuse_stale=reuse_stale), callback=condense)
     columns = ["model", "weights", *CANDIDATE_COLUMNS, "value", "sd", "n_prompts"]
     table = pd.concat(values, ignore_index=True) if values else pd.DataFrame(columns=columns)
-    return ScaleMeasurement(table[columns], pd.DataFrame(facts), got.failures)
+    return ScaleMeasurement(table[columns], pd.DataFrame(facts), Collected(list(results)).failures)
+
+
+def _line(r: Result) -> str:
+    """One readable line about a job of :func:`scale_jobs`: what it measured, or why it failed."""
+    name = f"{r.job.labels['model']} ({r.job.labels['weights']})"
+    if not r.ok:
+        return f"{name}: failed: {r.error}: {r.message}"
+    n = len(r.measurements["measure"].prompts)
+    return f"{name}: {n} prompt(s), {r.seconds:.1f} s" + (" (cached)" if not r.loaded else "")
 
 
 # --------------------------------------------------------------------------- candidates
@@ -444,8 +445,6 @@ def scale_chart(
     figures' axis ranges."""
     import altair as alt
 
-    from coupling_utils.analysis.plots import OKABE_ITO
-
     df = judged.copy()
     df["candidate"] = [candidate_label(r) for r in df.to_dict("records")]
     df["metric"] = df["denominator"] + ", " + df["form"]
@@ -466,7 +465,23 @@ def scale_chart(
     order = sorted(df["candidate"].unique())
     x_title = f"value for {reference}" if reference else "value"
     x = alt.X("value:Q", title=x_title, scale=alt.Scale(domain=[-0.05, 1.05], nice=False))
-    band = (
+    band, dots = _band_layer(x_title), _dot_layer(x, order)
+    chart = (
+        alt.layer(band, dots, data=data)
+        .properties(width=150, height=alt.Step(8))
+        .facet(facet=alt.Facet("metric:N", title=None, header=alt.Header(labelFontWeight="bold")), columns=2)
+        .resolve_scale(color="independent")
+    )
+    return chart.properties(title=title) if title else chart
+
+
+def _band_layer(x_title: str):
+    """The figures' axis ranges, one shaded band each (the chart's "band" rows)."""
+    import altair as alt
+
+    from coupling_utils.analysis.plots import OKABE_ITO
+
+    return (
         alt.Chart()
         .transform_filter("datum.layer == 'band'")
         .mark_rect(opacity=0.2)
@@ -483,7 +498,15 @@ def scale_chart(
             ],
         )  # fmt: skip
     )
-    dots = (
+
+
+def _dot_layer(x, order: list[str]):
+    """The trained (filled circle) and twin (hollow triangle) value of every candidate."""
+    import altair as alt
+
+    from coupling_utils.analysis.plots import OKABE_ITO
+
+    return (
         alt.Chart()
         .transform_filter("datum.layer == 'point'")
         .mark_point(size=30, filled=False, strokeWidth=1.5)
@@ -513,10 +536,3 @@ def scale_chart(
             ],
         )  # fmt: skip
     )
-    chart = (
-        alt.layer(band, dots, data=data)
-        .properties(width=150, height=alt.Step(8))
-        .facet(facet=alt.Facet("metric:N", title=None, header=alt.Header(labelFontWeight="bold")), columns=2)
-        .resolve_scale(color="independent")
-    )
-    return chart.properties(title=title) if title else chart
