@@ -135,6 +135,19 @@ def test_glue_values_are_the_names_the_prose_uses(measured):
     assert values["f01_encoder_note"].data == ""
 
 
+def test_the_sentence_on_several_other_models(tmp_path, monkeypatch):
+    monkeypatch.setenv("COUPLING_CACHE", str(tmp_path))
+    r = f01.run(_params(more_models=["tiny-b", "tiny-c"]), Options(load=_Loader()))
+    status = status_table(f01.claims(r))
+    others = f01.glue_values(r, status)["f01_others"].data
+    counts = status.agree.iloc[1:3].value_counts()
+    assert others.startswith(
+        f"Of the 2 other models measured, {counts.get('yes', 0)} pass the depth rule (yes), "
+        f"{counts.get('partly', 0)} partly and {counts.get('no', 0)} not. "
+    )
+    assert "could not be measured" not in others
+
+
 def test_the_figures_build(measured):
     r = measured.results
     charts = [f01.tile_chart(r, "trained"), f01.tile_chart(r, "random init"), f01.depth_chart(r)]
