@@ -11,6 +11,7 @@ import torch
 
 from coupling_utils.analysis import depth_and_tokens as tw
 from coupling_utils.engine.metric import coupling
+from coupling_utils.measurement import Options
 
 
 class _Tok:
@@ -59,10 +60,13 @@ def pair(tmp_path_factory):
 
     out = tmp_path_factory.mktemp("twins")
     prompts = {"p": "abcdef", "q": "xyz!"}
+    options = Options(load=load, on_error="raise")
     m = tw.measure_twins(
-        "tiny", prompts, k=(2, 4), tile_layers=[1, 2], tile_k=3, token_layer=-1, load=load, out=out
+        "tiny", prompts, k=(2, 4), tile_layers=[1, 2], tile_k=3, token_layer=-1, out=out, options=options
     )
-    return SimpleNamespace(m=m, models=models, prompts=prompts, load=load, out=out, calls=calls)
+    return SimpleNamespace(
+        m=m, models=models, prompts=prompts, load=load, options=options, out=out, calls=calls
+    )
 
 
 def test_twin_tables(pair):
@@ -123,12 +127,12 @@ def test_twins_reuse_the_cache_and_check_blocks(pair, monkeypatch):
         tile_layers=[1, 2],
         tile_k=3,
         token_layer=-1,
-        load=pair.load,
+        options=pair.options,
         out=pair.out,
     )
     pd.testing.assert_frame_equal(again.summary, pair.m.summary)
     with pytest.raises(ValueError, match="token_layer=9 does not exist: tiny has 4 blocks"):
-        tw.measure_twins("tiny", pair.prompts, k=2, token_layer=9, load=pair.load)
+        tw.measure_twins("tiny", pair.prompts, k=2, token_layer=9, options=pair.options)
     smaller = tw.measure_twins(
         "tiny",
         pair.prompts,
@@ -136,16 +140,16 @@ def test_twins_reuse_the_cache_and_check_blocks(pair, monkeypatch):
         tile_layers=[1, 2],
         tile_k=2,
         token_layer=-1,
-        load=pair.load,
+        options=pair.options,
         out=pair.out,
     )  # a crop of the stored tiles: nothing recomputed
     corner = pair.m.tiles.query("row < 2 and col < 2").drop(columns="K").reset_index(drop=True)
     pd.testing.assert_frame_equal(smaller.tiles.drop(columns="K").reset_index(drop=True), corner)
     assert set(smaller.tiles.K) == {2}
     with pytest.raises(ValueError, match="tile_k=5 must be between 1 and max"):
-        tw.measure_twins("tiny", pair.prompts, k=(2, 4), tile_layers=[1, 2], tile_k=5, load=pair.load)
+        tw.measure_twins("tiny", pair.prompts, k=(2, 4), tile_layers=[1, 2], tile_k=5, options=pair.options)
     with pytest.raises(ValueError, match="tile_layers=-7"):
-        tw.measure_twins("tiny", pair.prompts, k=2, tile_layers=[0, -7], load=pair.load)
+        tw.measure_twins("tiny", pair.prompts, k=2, tile_layers=[0, -7], options=pair.options)
 
 
 # --------------------------------------------------------------------------- helpers
@@ -222,7 +226,9 @@ def test_measure_models_lists_what_it_cannot_measure(pair):
             raise OSError("401 Client Error: access to model gated is restricted")
         return pair.load(name, **kw)
 
-    kw = dict(k=(2, 4), tile_layers=[1, 2], tile_k=3, token_layer=-1, load=load, out=pair.out)
+    kw = dict(
+        k=(2, 4), tile_layers=[1, 2], tile_k=3, token_layer=-1, out=pair.out, options=Options(load=load)
+    )
     got = tw.measure_models(["tiny", "gated", "tiny"], pair.prompts, **kw)
     assert list(got.results) == ["tiny"] and set(got.failures.model) == {"gated"}
     assert set(got.failures.weights) == set(tw.WEIGHTS) and "401" in " ".join(got.failures.message)
@@ -280,3 +286,16 @@ def test_tile_and_token_contrast(pair):
     }
     trend = tw.distance_trend(tw.coupling_by_distance(pair.m.depthwise))
     assert set(trend.weights) == set(tw.WEIGHTS) and trend.spearman.between(-1, 1).all()
+
+
+def test_twin_settings_as_one_object_or_its_fields(pair):
+    s = tw.TwinSettings(k=[4, 2, 4], tile_layers=[1, 2], token_layer=-1)
+    assert s.ks == [2, 4] and s.window == [1, 2] and s.crop == 2  # tile_k defaults to min(k)
+    assert s.depth_only().window is None and s.depth_only().token_layer is None
+    assert tw.twin_jobs("tiny", pair.prompts, s) == tw.twin_jobs(
+        "tiny", pair.prompts, k=[4, 2, 4], tile_layers=[1, 2], token_layer=-1
+    )
+    with pytest.raises(TypeError, match="pass settings or its fields"):
+        tw.measure_twins("tiny", pair.prompts, s, k=3)
+    with pytest.raises(TypeError, match=r"unknown setting\(s\) \['load'\]"):
+        tw.measure_twins("tiny", pair.prompts, k=2, load=pair.load)

@@ -230,6 +230,7 @@ def test_twins_and_checkpoint_sweeps_on_the_device(standin_hub, tmp_path):
     """The loops behind f01 and f03 (twins, checkpoints, trajectories) with every model on the device."""
     from coupling_utils.analysis.depth_and_tokens import measure_twins
     from coupling_utils.analysis.emergence import sweep_checkpoints
+    from coupling_utils.measurement import Options
 
     prompts = {"demo": DEMO}
     with emulated_device() as dev:
@@ -242,7 +243,7 @@ def test_twins_and_checkpoint_sweeps_on_the_device(standin_hub, tmp_path):
             tile_layers=[1, 2],
             token_layer=2,
             out=tmp_path / "twins",
-            load=load,
+            options=Options(load=load, on_error="raise"),
         )
         sweep = sweep_checkpoints(
             "EleutherAI/pythia-12b",

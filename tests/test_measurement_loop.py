@@ -191,8 +191,8 @@ def test_the_analyses_rerun_without_loading_a_model(tmp_path):
 
     texts = {"p": "abcdef", "q": "xyz!"}
     kw = dict(k=(2, 3), tile_layers=[0, 1], tile_k=2, token_layer=-1, out=tmp_path / "f01")
-    twins = measure_twins("tiny", texts, load=Loader(), **kw)
-    again = measure_twins("tiny", texts, load=_refuse, **kw)
+    twins = measure_twins("tiny", texts, options=Options(load=Loader(), on_error="raise"), **kw)
+    again = measure_twins("tiny", texts, options=Options(load=_refuse, on_error="raise"), **kw)
     for name in ("depthwise", "tiles", "singular_values", "tokenwise", "context", "summary"):
         _same(getattr(again, name), getattr(twins, name))
     assert again.tokens == twins.tokens == {"p": list("BCDEFG"), "q": ["Y", "Z", "A", "B"]}

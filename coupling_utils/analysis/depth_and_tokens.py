@@ -2,10 +2,12 @@
 
 The paper's first finding is a contrast: block Jacobians of a trained model are coupled across
 depth and tokens, those of the same architecture with random weights are not. :func:`measure_twins`
-measures both with :func:`coupling_utils.measurement.measure` (depth-wise coupling of the last token,
-raw tiles over a window of layers, token-wise self and context coupling at one block) and returns
-the tables with a ``weights`` column ("trained" / "random init"); :func:`measure_models` does it
-for many models, listing those that could not be measured instead of stopping. The helpers below
+measures both with :func:`coupling_utils.measurement.measure` (what, as one :class:`TwinSettings`:
+depth-wise coupling of the last token, raw tiles over a window of layers, token-wise self and
+context coupling at one block) and returns the tables with a ``weights`` column ("trained" /
+"random init"); :func:`measure_models` does it for many models, listing those that could not be
+measured instead of stopping (:func:`twin_jobs` plans the jobs, :func:`twin_set` assembles what
+:func:`coupling_utils.measurement.collect` gave). The helpers below
 condense the tables for the figures (mean matrices, coupling against the distance between
 blocks, how diagonal the tiles are, token labels for axes) and into the numbers chapter f01's
 verdict rules judge (:func:`depth_contrast`, :func:`tile_contrast`, :func:`token_contrast`).
@@ -13,9 +15,10 @@ verdict rules judge (:func:`depth_contrast`, :func:`tile_contrast`, :func:`token
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,17 +26,19 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from coupling_utils.measurement import Job, Options, Settings, collect, coupling_summary, plan
+from coupling_utils.measurement import Collected, Job, Options, Settings, collect, coupling_summary, plan
 from coupling_utils.measurement.tables import SCHEMAS as MEASURED
 from coupling_utils.schemas import Schema, check_table
 
 __all__ = [
     "WEIGHTS",
+    "TwinSettings",
     "TwinMeasurement",
     "measure_twins",
     "measure_models",
     "TwinSet",
     "twin_jobs",
+    "twin_set",
     "summary_table",
     "depth_contrast",
     "tile_contrast",
@@ -73,6 +78,71 @@ class TwinMeasurement:
     failures: pd.DataFrame = field(default_factory=pd.DataFrame)  # twins not measured, with the reason
 
 
+@dataclass(frozen=True)
+class TwinSettings:
+    """What is measured on a model and on its twin, and how its per-model number is condensed.
+
+    ``k``: one K or several; ``layers``: the blocks of the depth-wise coupling (None: all);
+    ``tile_layers``: a window of blocks whose raw tiles are kept (added to ``layers``), cropped
+    to ``tile_k`` (default min(k)); ``token_layer``: the block of token-wise self coupling (all
+    tokens) and context coupling (output token: the last), None for none; ``how``: the block
+    pairs of the per-model summary ("offdiag" or "adjacent"); ``dtype``, ``seed`` (the twin's
+    random init), ``method``, ``max_tokens``: as ``load_model`` and ``measure`` take them.
+    """
+
+    k: int | Sequence[int] = (10, 30, 50)
+    layers: Sequence[int] | None = None
+    tile_layers: Sequence[int] | None = None
+    tile_k: int | None = None
+    token_layer: int | None = None
+    how: str = "offdiag"
+    dtype: str = "float32"
+    seed: int = 0
+    method: str = "exact"
+    max_tokens: int | None = None
+
+    @property
+    def ks(self) -> list[int]:
+        """The K values, sorted, each once."""
+        k = self.k
+        return sorted({int(k)} if isinstance(k, (int, np.integer)) else {int(x) for x in k})
+
+    @property
+    def window(self) -> list[int] | None:
+        """The tile window's blocks (None: no tiles kept)."""
+        tiles = self.tile_layers
+        return [int(l) for l in tiles] if tiles is not None and len(tiles) else None
+
+    @property
+    def crop(self) -> int | None:
+        """The K of the kept tiles: ``tile_k``, or min(k) with a window and no ``tile_k``."""
+        return min(self.ks) if self.window and self.tile_k is None else self.tile_k
+
+    def but(self, **changes: Any) -> TwinSettings:
+        """A copy with ``changes`` (e.g. ``settings.but(how="adjacent")``)."""
+        return dataclasses.replace(self, **changes)
+
+    def depth_only(self) -> TwinSettings:
+        """Without the tile window and the token block: what the models not drawn get."""
+        return self.but(tile_layers=None, token_layer=None)
+
+
+def _twin_settings(settings: TwinSettings | None, fields: dict[str, Any], where: str) -> TwinSettings:
+    """``settings``, or a :class:`TwinSettings` made of ``fields`` (one of the two)."""
+    if settings is not None and fields:
+        raise TypeError(f"{where}(): pass settings or its fields ({', '.join(fields)}), not both")
+    if settings is not None:
+        return settings
+    known = {f.name for f in dataclasses.fields(TwinSettings)}
+    unknown = sorted(set(fields) - known)
+    if unknown:
+        raise TypeError(
+            f"{where}() got unknown setting(s) {unknown}; settings: {', '.join(sorted(known))} "
+            "(how it runs goes in options=Options(...))"
+        )
+    return TwinSettings(**fields)
+
+
 def _check_block(name: str, value: int, n_layers: int, model: str) -> int:
     if not -n_layers <= value < n_layers:
         raise ValueError(f"{name}={value} does not exist: {model} has {n_layers} blocks (0..{n_layers - 1})")
@@ -93,88 +163,67 @@ def _check_twin(lm, *, model: str, layers, tile_layers, token_layer) -> None:
 def twin_jobs(
     model: str,
     prompts: Any,
+    settings: TwinSettings | None = None,
     *,
-    k: int | Sequence[int] = (10, 30, 50),
-    layers: Sequence[int] | None = None,
-    tile_layers: Sequence[int] | None = None,
-    token_layer: int | None = None,
-    dtype: str = "float32",
-    seed: int = 0,
-    method: str = "exact",
-    max_tokens: int | None = None,
     out: str | Path | None = None,
+    **fields: Any,
 ) -> list[Job]:
     """The two jobs of :func:`measure_twins` (trained, random init), each with a "depth" and,
     with ``token_layer``, a "tokens" measurement; stored under ``out`` (see
-    :mod:`coupling_utils.measurement.jobs`)."""
-    ks = sorted({int(k)} if isinstance(k, (int, np.integer)) else {int(x) for x in k})
-    window = [int(l) for l in tile_layers] if tile_layers is not None and len(tile_layers) else None
+    :mod:`coupling_utils.measurement.jobs`). ``settings``: a :class:`TwinSettings`, or its fields
+    as keyword arguments."""
+    s = _twin_settings(settings, fields, "twin_jobs")
+    ks, window, layers = s.ks, s.window, s.layers
     block_list = None if layers is None or not len(layers) else [int(l) for l in layers] + (window or [])
     # tiles are stored at K = max(k); a smaller tile_k is their top-left corner (the bases are
     # nested), so changing tile_k needs no new measurement
-    common = dict(k=ks, method=method, max_tokens=max_tokens)
+    common = dict(k=ks, method=s.method, max_tokens=s.max_tokens)
     parts = {
         "depth": Settings(
             layers=block_list, tokens="last", tiles=max(ks) if window else None, tile_layers=window, **common
         )
     }
-    if token_layer is not None:
-        parts["tokens"] = Settings(layers=[int(token_layer)], tokens="all", context="last", **common)
+    if s.token_layer is not None:
+        parts["tokens"] = Settings(layers=[int(s.token_layer)], tokens="all", context="last", **common)
     check = functools.partial(
-        _check_twin, model=model, layers=layers, tile_layers=window, token_layer=token_layer
+        _check_twin, model=model, layers=layers, tile_layers=window, token_layer=s.token_layer
     )
-    return plan([model], prompts, parts, weights=WEIGHTS, seed=seed, dtype=dtype, root=out, check=check)
+    return plan([model], prompts, parts, weights=WEIGHTS, seed=s.seed, dtype=s.dtype, root=out, check=check)
 
 
 def measure_twins(
     model: str,
     prompts: Any,
+    settings: TwinSettings | None = None,
     *,
-    k: int | Sequence[int] = (10, 30, 50),
-    layers: Sequence[int] | None = None,
-    tile_layers: Sequence[int] | None = None,
-    tile_k: int | None = None,
-    token_layer: int | None = None,
-    how: str = "offdiag",
-    dtype: str = "float32",
-    seed: int = 0,
-    method: str = "exact",
-    max_tokens: int | None = None,
     out: str | Path | None = None,
-    load: Callable[..., Any] | None = None,
-    on_error: str = "raise",
-    reuse_stale: bool = False,
+    options: Options | None = None,
+    **fields: Any,
 ) -> TwinMeasurement:
     """Measure ``model`` and its random-init twin (``load_model(..., random_init=True, seed=seed)``).
 
-    Depth-wise coupling of the last token over ``layers`` (default all) for K in ``k``; with
-    ``tile_layers`` (added to ``layers``) also the raw ``tile_k`` × ``tile_k`` tiles of that
-    window (measured at K = max(k) and cropped); with ``token_layer`` also token-wise self
-    coupling (all tokens) and context coupling (output token: the last) at that block.
+    What is measured is one :class:`TwinSettings` (``settings``, or its fields as keyword
+    arguments): depth-wise coupling of the last token over ``layers`` (default all) for K in
+    ``k``; with ``tile_layers`` (added to ``layers``) also the raw ``tile_k`` × ``tile_k`` tiles
+    of that window (measured at K = max(k) and cropped); with ``token_layer`` also token-wise
+    self coupling (all tokens) and context coupling (output token: the last) at that block.
     ``out``: a cache directory; measurements are stored under
     ``out/<model>/main/<weights>/<part>-<key>`` and reused without loading the model
-    (:func:`twin_jobs`, :func:`coupling_utils.measurement.collect`). ``load`` replaces
-    ``loading.load_model`` (tests). ``on_error="record"``: a twin that cannot be loaded or
-    measured is listed in ``failures`` instead of raising; ``reuse_stale``: reuse measurements
-    made by other code (see ``measure``).
+    (:func:`twin_jobs`, :func:`coupling_utils.measurement.collect`). ``options``: how the jobs
+    run (:class:`~coupling_utils.measurement.Options`; default: the first failure raises); with
+    ``on_error="record"`` a twin that cannot be loaded or measured is listed in ``failures``.
     """
-    ks = sorted({int(k)} if isinstance(k, (int, np.integer)) else {int(x) for x in k})
-    if tile_layers is not None and len(tile_layers) and tile_k is None:
-        tile_k = min(ks)
-    if tile_k is not None and not 1 <= int(tile_k) <= max(ks):
-        raise ValueError(f"tile_k={tile_k} must be between 1 and max(k) = {max(ks)}")
-    jobs = twin_jobs(
-        model, prompts, k=ks, layers=layers, tile_layers=tile_layers, token_layer=token_layer,
-        dtype=dtype, seed=seed, method=method, max_tokens=max_tokens, out=out,
-    )  # fmt: skip
-    done = collect(jobs, Options(load=load, on_error=on_error, reuse_stale=reuse_stale))
+    s = _twin_settings(settings, fields, "measure_twins")
+    if s.crop is not None and not 1 <= int(s.crop) <= max(s.ks):
+        raise ValueError(f"tile_k={s.crop} must be between 1 and max(k) = {max(s.ks)}")
+    jobs = twin_jobs(model, prompts, s, out=out)
+    done = collect(jobs, options or Options(on_error="raise"))
     if not done.ok:
         raise RuntimeError(f"{model}: no twin could be measured\n{done.report()}")
-    window = dict(tile_layers=tile_layers, tile_k=tile_k, token_layer=token_layer)
-    return _assemble(model, done, ks, how=how, **window)
+    return _assemble(model, done, s)
 
 
-def _assemble(model, done, ks, *, tile_layers, tile_k, token_layer, how) -> TwinMeasurement:
+def _assemble(model: str, done: Collected, s: TwinSettings) -> TwinMeasurement:
     """The tables of :class:`TwinMeasurement` from the collected jobs of one model."""
     names = ("depthwise", "tiles", "singular_values", "tokenwise", "context")
     frames: dict[str, list[pd.DataFrame]] = {n: [] for n in names}
@@ -183,12 +232,14 @@ def _assemble(model, done, ks, *, tile_layers, tile_k, token_layer, how) -> Twin
         m, weights = r.measurements["depth"], r.job.weights
         frames["depthwise"].append(r.labelled("depthwise", "depth"))
         tiles = r.labelled("tiles", "depth")
-        if tile_layers is not None and len(tile_layers):
-            tiles = tiles[(tiles["row"] < tile_k) & (tiles["col"] < tile_k)].assign(K=tile_k)
+        if s.window:
+            tiles = tiles[(tiles["row"] < s.crop) & (tiles["col"] < s.crop)].assign(K=s.crop)
         frames["tiles"].append(tiles)
         frames["singular_values"].append(r.labelled("singular_values", "depth"))
-        for K in ks:
-            summary.append({**r.job.labels, "K": K, "coupling": coupling_summary(m.depthwise, how=how, k=K)})
+        for K in s.ks:
+            summary.append(
+                {**r.job.labels, "K": K, "coupling": coupling_summary(m.depthwise, how=s.how, k=K)}
+            )
         if "tokens" in r.measurements:
             frames["tokenwise"].append(r.labelled("tokenwise", "tokens"))
             frames["context"].append(r.labelled("context", "tokens"))
@@ -203,7 +254,7 @@ def _assemble(model, done, ks, *, tile_layers, tile_k, token_layer, how) -> Twin
         model,
         L,
         int(facts["d_model"]),
-        token_layer if token_layer is None else int(token_layer) % L,
+        s.token_layer if s.token_layer is None else int(s.token_layer) % L,
         summary=pd.DataFrame(summary),
         tokens=tokens,
         provenance=prov,
@@ -242,21 +293,12 @@ class TwinSet:
 def measure_models(
     models: Sequence[str],
     prompts: Any,
+    settings: TwinSettings | None = None,
     *,
     main: str | None = None,
-    k: int | Sequence[int] = (10, 30, 50),
-    layers: Sequence[int] | None = None,
-    tile_layers: Sequence[int] | None = None,
-    tile_k: int | None = None,
-    token_layer: int | None = None,
-    how: str = "offdiag",
-    dtype: str = "float32",
-    seed: int = 0,
-    method: str = "exact",
-    max_tokens: int | None = None,
     out: str | Path | None = None,
-    load: Callable[..., Any] | None = None,
-    reuse_stale: bool = False,
+    options: Options | None = None,
+    **fields: Any,
 ) -> TwinSet:
     """:func:`measure_twins` for every model in ``models`` (duplicates once), never stopping at one.
 
@@ -264,33 +306,46 @@ def measure_models(
     measurements; it must be measured (a RuntimeError names why not). Any other model whose
     trained weights or twin cannot be loaded or measured (gated, missing from the cache, out of
     memory, blocks the settings do not fit) is left out and listed in ``failures``.
+    ``options``: how the jobs run (default :class:`~coupling_utils.measurement.Options`: failures
+    recorded).
     """
+    s = _twin_settings(settings, fields, "measure_models")
     names = list(dict.fromkeys(models))
     if not names:
         raise ValueError("models is empty: name at least one model to measure beside its twin")
     main = names[0] if main is None else main
     if main not in names:
         names.insert(0, main)
-    ks = sorted({int(k)} if isinstance(k, (int, np.integer)) else {int(x) for x in k})
-    if tile_layers is not None and len(tile_layers) and tile_k is None:
-        tile_k = min(ks)
-    results, failures = {}, []
+    jobs = []
     for name in names:
-        extra = dict(tile_layers=tile_layers, token_layer=token_layer) if name == main else {}
-        jobs = twin_jobs(name, prompts, k=ks, layers=layers, dtype=dtype, seed=seed, method=method,
-                         max_tokens=max_tokens, out=out, **extra)  # fmt: skip
-        done = collect(jobs, Options(load=load, reuse_stale=reuse_stale))
-        if len(done.ok) == len(WEIGHTS):
-            results[name] = _assemble(
-                name, done, ks, tile_layers=extra.get("tile_layers"), tile_k=tile_k,
-                token_layer=extra.get("token_layer"), how=how,
-            )  # fmt: skip
+        jobs += twin_jobs(name, prompts, s if name == main else s.depth_only(), out=out)
+    return twin_set(collect(jobs, options), s, main=main)
+
+
+def twin_set(done: Collected, settings: TwinSettings, *, main: str) -> TwinSet:
+    """The :class:`TwinSet` of collected twin jobs (:func:`twin_jobs` of each model, ``main``'s
+    with the tile window and token block of ``settings``, the others' without).
+
+    A model is kept when both its trained weights and its twin were measured; ``main`` must be
+    (a RuntimeError names why not); any other is listed in ``failures``.
+    """
+    by_model: dict[str, list] = {}
+    for r in done.results:
+        by_model.setdefault(r.job.labels["model"], []).append(r)
+    if main not in by_model:
+        raise ValueError(f"no job of the main model {main!r} among the collected ones: {sorted(by_model)}")
+    results, failures = {}, []
+    for name, rs in by_model.items():
+        one = Collected(rs)
+        if len(one.ok) == len(WEIGHTS):
+            own = settings if name == main else settings.depth_only()
+            results[name] = _assemble(name, one, own)
             continue
         if name == main:
             raise RuntimeError(
-                f"{name}: the chapter's main model and its twin must be measured\n{done.report()}"
+                f"{name}: the chapter's main model and its twin must be measured\n{one.report()}"
             )
-        fail = done.failures.assign(model=name)
+        fail = one.failures.assign(model=name)
         failures.append(fail[["model", "weights", "error", "message"]])
     columns = ["model", "weights", "error", "message"]
     table = pd.concat(failures, ignore_index=True) if failures else pd.DataFrame(columns=columns)

@@ -1,0 +1,156 @@
+"""Chapter f01's module: run() measures exactly jobs(p), and its claims, assumptions and glued
+values are the numbers the notebook's prose names, on tiny Llama models loaded by a fake loader."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from types import SimpleNamespace
+
+import pandas as pd
+import pytest
+import torch
+
+from coupling_utils.analysis import depth_and_tokens as tw
+from coupling_utils.chapters import f01_depth_and_tokens as f01
+from coupling_utils.measurement import Options
+from coupling_utils.pipeline.status import status_table
+
+NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "f01_depth_and_tokens.md"
+
+
+class _Tok:
+    def __call__(self, text, return_tensors="pt"):
+        return {"input_ids": torch.tensor([[ord(c) % 64 for c in text]])}
+
+    def convert_ids_to_tokens(self, ids):
+        return [chr(65 + i % 26) for i in ids]
+
+    def decode(self, ids):
+        return "".join(self.convert_ids_to_tokens(ids))
+
+
+class _Loader:
+    """Tiny Llama models by name ("gated" is refused, as a gated hub repo is); records its calls."""
+
+    def __init__(self):
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        sizes = dict(hidden_size=16, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2)
+        cfg = LlamaConfig(vocab_size=64, intermediate_size=32, max_position_embeddings=64, **sizes)
+        self.models, self.calls = {}, []
+        for random_init, seed in ((False, 7), (True, 0)):
+            torch.manual_seed(seed)
+            self.models[random_init] = LlamaForCausalLM(cfg).eval()
+
+    def __call__(self, name, *, dtype, random_init, seed):
+        self.calls.append((name, random_init))
+        if name == "gated":
+            raise OSError("401 Client Error: access to model gated is restricted")
+        return SimpleNamespace(model=self.models[random_init], tokenizer=_Tok(), name=name, revision=None,
+                               dtype=dtype, arch="llama", n_layers=4, d_model=16, provenance={})  # fmt: skip
+
+
+def _params(**changes) -> f01.Params:
+    base = dict(model="tiny", more_models=["gated", "tiny-b"], n_prompts=1, max_tokens=8, k=[2, 4],
+                tile_layers=[1, 2], tile_k=3, token_layer=3)  # fmt: skip
+    return f01.Params(**{**base, **changes})
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory):
+    cache = tmp_path_factory.mktemp("f01-cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("COUPLING_CACHE", str(cache))
+        p, load = _params(), _Loader()
+        results = f01.run(p, Options(load=load))
+        again = f01.run(p, Options(compute=False))  # only reads what the first run stored
+        planned = f01.jobs(p)
+    return SimpleNamespace(p=p, load=load, results=results, again=again, planned=planned, cache=cache)
+
+
+def test_run_measures_exactly_the_plan(measured):
+    planned = {job.out(part) for job in measured.planned for part in job.settings}
+    stored = {path.parent for path in Path(measured.cache).rglob("provenance.json")}
+    assert stored == {p for p in planned if "gated" not in str(p)}
+    assert len(measured.planned) == 6 and [j.labels["model"] for j in measured.planned[::2]] == [
+        "tiny", "gated", "tiny-b"
+    ]  # fmt: skip
+    assert sorted(measured.planned[0].settings) == ["depth", "tokens"]  # the drawn model
+    assert sorted(measured.planned[4].settings) == ["depth"]  # the others: depth only
+    assert [c for c in measured.load.calls if c[0] != "gated"] == [
+        ("tiny", False), ("tiny", True), ("tiny-b", False), ("tiny-b", True)
+    ]  # fmt: skip
+    r, again = measured.results, measured.again
+    assert list(r.twins.results) == ["tiny", "tiny-b"] and set(r.failures.model) == {"gated"}
+    for name in ("depthwise", "tiles", "tokenwise", "context", "summary"):
+        pd.testing.assert_frame_equal(getattr(again.main, name), getattr(r.main, name))
+    assert r.focus == next(iter(f01.prompts(measured.p))) and r.main.token_layer == 3
+    assert set(r.main.tiles.K) == {3} and r.twins.results["tiny-b"].tiles.empty
+
+
+def test_the_drawn_model_must_be_measured(tmp_path, monkeypatch):
+    monkeypatch.setenv("COUPLING_CACHE", str(tmp_path))
+    with pytest.raises(RuntimeError, match="gated: the chapter's main model"):
+        f01.run(_params(model="gated", more_models=[]), Options(load=_Loader()))
+
+
+def test_claims_follow_the_rules(measured):
+    r = measured.results
+    rows = f01.claims(r)
+    depth = "depth-wise coupling in the trained model, absent in its random twin"
+    assert [row["claim"] for row in rows[:2]] == [f"{depth}: tiny", f"{depth}: tiny-b"]
+    assert rows[0]["agree"] == f01.RULES["depth"].judge(tw.depth_contrast(r.main, r.params.k, r.params.how))
+    drawn = r.main.tiles[r.main.tiles.prompt == r.focus]  # the tiles judged are the drawn prompt's
+    assert rows[2]["agree"] == f01.RULES["tiles"].judge(tw.tile_contrast(drawn, 3))
+    assert rows[3]["agree"] == f01.RULES["tokens"].judge(tw.token_contrast(r.main, 2))
+    assert rows[4]["agree"] == f01.RULES["context"].judge(r.token_values)
+    assert "K = 2: " in rows[0]["ours"] and "K = 4: " in rows[0]["ours"]
+    keys = [key for key, _, _ in f01.assumptions(r)]
+    assert keys == ["f01-twin-near-chance", "f01-twin-tokens-uniform", "f01-tiles-shared",
+                    "f01-first-token-decouples"]  # fmt: skip
+    holds = {key: h for key, h, _ in f01.assumptions(r)}
+    first, other = r.first_token
+    assert holds["f01-first-token-decouples"] == (first < other)
+
+
+def test_glue_values_are_the_names_the_prose_uses(measured):
+    r = measured.results
+    status = status_table(f01.claims(r))
+    values = f01.glue_values(r, status)
+    text = NOTEBOOK.read_text()
+    used = set(re.findall(r"\{glue:(?:text|md)\}`([a-z0-9_]+)", text))
+    assert set(values) - used == {"f01_kmin"}  # glued as before, though no sentence quotes it yet
+    assert used <= set(values)
+    assert values["f01_trained"] == float(r.per_model.query("model == 'tiny' and K == 4").trained.iloc[0])
+    assert values["f01_kmax"] == 4 and values["f01_kmin"] == 2 and values["f01_n_pairs"] == 4 * 3
+    assert values["f01_diag_chance"] == pytest.approx(1 / 3)
+    assert values["f01_depth_verdict"] == status.agree.iloc[0]
+    assert values["f01_context_verdict"] == status.agree.iloc[4]
+    for name, v in values.items():
+        assert type(v).__module__ in ("builtins", "IPython.core.display"), (name, type(v))
+    others = values["f01_others"].data
+    assert others.startswith("The other model measured, tiny-b, ")
+    assert "; 1 could not be measured and are listed above." in others
+    assert values["f01_encoder_note"].data == ""
+
+
+def test_the_sentence_on_several_other_models(tmp_path, monkeypatch):
+    monkeypatch.setenv("COUPLING_CACHE", str(tmp_path))
+    r = f01.run(_params(more_models=["tiny-b", "tiny-c"]), Options(load=_Loader()))
+    status = status_table(f01.claims(r))
+    others = f01.glue_values(r, status)["f01_others"].data
+    counts = status.agree.iloc[1:3].value_counts()
+    assert others.startswith(
+        f"Of the 2 other models measured, {counts.get('yes', 0)} pass the depth rule (yes), "
+        f"{counts.get('partly', 0)} partly and {counts.get('no', 0)} not. "
+    )
+    assert "could not be measured" not in others
+
+
+def test_the_figures_build(measured):
+    r = measured.results
+    charts = [f01.tile_chart(r, "trained"), f01.tile_chart(r, "random init"), f01.depth_chart(r)]
+    charts += [f01.distance_chart(r), f01.per_model_chart(r), f01.token_chart(r), f01.context_chart(r)]
+    for chart in charts:
+        assert chart.to_dict()["$schema"].startswith("https://vega.github.io/schema/vega-lite")
