@@ -95,7 +95,7 @@ class Params(ChapterParams):
     tile_k: int = param(10, check_k)
     token_layer: int = param(15, block)
     how: str = param("offdiag", choice(*HOWS))
-    seed: int = param(0, integer(min=0))
+    init_seed: int = param(0, integer(min=0))
     method: str = param("exact", choice(*METHODS))
 
 
@@ -142,7 +142,7 @@ def settings(p: Params) -> tw.TwinSettings:
     """What is measured on the drawn model and its twin; the other models get its ``depth_only()``."""
     return tw.TwinSettings(
         k=p.k, layers=p.layers or None, tile_layers=p.tile_layers, tile_k=p.tile_k, token_layer=p.token_layer,
-        how=p.how, dtype=p.dtype, seed=p.seed, method=p.method, max_tokens=p.max_tokens,
+        how=p.how, dtype=p.dtype, seed=p.init_seed, method=p.method, max_tokens=p.max_tokens,
     )  # fmt: skip
 
 
