@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 import torch
 
+from coupling_utils.analysis.generalization import k_for_width
 from coupling_utils.chapters import ParameterError
 from coupling_utils.chapters import f02_generalization as f02
 from coupling_utils.measurement import Options
@@ -91,7 +92,7 @@ def test_run_collects_exactly_the_plan_and_condenses_each_part(tmp_path, monkeyp
     members = f02.family_members(p)
     summary = got.family.summary
     assert list(summary.model) == list(members) and summary.excess.notna().all()
-    assert list(summary.K) == [f02.k_for_width(d, p.k_per_d) for d in f02.family_widths(p).values()]
+    assert list(summary.K) == [k_for_width(d, p.k_per_d) for d in f02.family_widths(p).values()]
     assert list(got.hub.summary.model) == p.hub_models and list(got.hub.summary.K) == [2, 2]
     assert got.hub.lines[1] == "org/hub-b: failed: OSError: gated repo"
     assert set(got.scale.values.model) == set(f02.scale_ks(p)) and got.scale.failures.empty

@@ -1,0 +1,409 @@
+"""f02's analyses, one per section of the notebook, with the tables and charts each shows."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from coupling_utils.analysis import leaderboards, plots, scale
+from coupling_utils.analysis.data import fig1a_table, join_scores
+from coupling_utils.analysis.generalization import (
+    FamilyCoupling,
+    best_predictor,
+    k_for_width,
+    learning_curves,
+    predictor_comparison,
+    r2_difference,
+    training_stage,
+)
+from coupling_utils.chapters.f02_generalization.plan import (
+    FAMILY_PREDICTORS,
+    FLAT,
+    PAPER_PREDICTORS,
+    SIZES,
+    Params,
+    Results,
+)
+
+
+# --------------------------------------------------------------------------- (a) the paper's points
+@dataclass
+class PaperFit:
+    """The replotted Fig. 1a: its points, every predictor's fit, the best size measure (``rival``)
+    and the paired bootstrap ``gap`` R²(coupling) − R²(rival)."""
+
+    points: pd.DataFrame
+    fits: pd.DataFrame
+    rival: str
+    gap: dict[str, float]
+
+    @property
+    def by_predictor(self) -> pd.DataFrame:
+        return self.fits.set_index("predictor")
+
+    @property
+    def r2(self) -> float:
+        return float(self.by_predictor.loc["coupling", "r2"])
+
+
+def paper_fit(p: Params) -> PaperFit:
+    """Each predictor of the digitised Fig. 1a score (``fig1a_y``), on the same 28 models."""
+    fig = fig1a_table()
+    fits = predictor_comparison(fig, p.fig1a_y, PAPER_PREDICTORS, n_resamples=p.n_resamples, seed=p.seed)
+    rival = best_predictor(fits, among=SIZES)
+    gap = r2_difference(
+        fig, p.fig1a_y, "coupling", PAPER_PREDICTORS[rival], n_resamples=p.n_resamples, seed=p.seed
+    )
+    return PaperFit(fig, fits, rival, gap)
+
+
+def fig1a_chart(p: Params, paper: PaperFit):
+    """Fig. 1a replotted from the digitised points, with its least-squares line."""
+    return plots.scatter_fit(
+        paper.points,
+        "coupling",
+        p.fig1a_y,
+        label="label",
+        title="Fig. 1a replotted (digitised points)",
+        x_title="coupling (the paper's per-model number)",
+        y_title=f"leaderboard v1 ({p.fig1a_y})",
+    )
+
+
+# --------------------------------------------------------------------------- (b) the family
+@dataclass
+class Training:
+    """The family's members with their held-out scores, how flat each learning curve ends, and
+    the curves themselves."""
+
+    members: pd.DataFrame
+    stage: pd.DataFrame
+    curves: pd.DataFrame
+
+    @property
+    def n_flat(self) -> int:
+        return int(self.stage["flat"].sum())
+
+
+def training(p: Params) -> Training:
+    """The members (``zoo.family_table``, with tokens per parameter), each member's training
+    stage (:func:`training_stage` over the last ``tail``, judged by :data:`FLAT`) and curves."""
+    from coupling_utils.models import zoo
+
+    members = zoo.family_table(p.family, progress=False)
+    members["tokens per parameter"] = members["tokens"] / members["n_params"]
+    stage = training_stage(members, tail=p.tail)
+    curves = learning_curves(members)
+    stage["flat"] = [FLAT.judge({"tail_share": v}) == "yes" for v in stage["tail_share"]]
+    return Training(members, stage, curves)
+
+
+def members_table(t: Training) -> pd.DataFrame:
+    """The members table the chapter shows."""
+    columns = [
+        "run",
+        "n_params",
+        "n_layers",
+        "d_model",
+        "steps",
+        "tokens",
+        "tokens per parameter",
+        "seed",
+        "val_loss",
+        "val_acc",
+    ]
+    return t.members[columns].round(4)
+
+
+def curves_chart(t: Training):
+    """Held-out loss of every member against the tokens it has seen."""
+    return plots.training_curve(
+        t.curves,
+        "tokens",
+        "val_loss",
+        color="run",
+        log_step=False,
+        title="Held-out loss over training",
+        y_title="val_loss",
+    )
+
+
+@dataclass
+class Family:
+    """The family's coupling joined with its members: ``ours`` (members measured with their twins,
+    with ``log10 params``), the members ``left_out`` (with why), each member's ``K``, and the
+    measurement itself (its ``per_prompt`` table)."""
+
+    ours: pd.DataFrame
+    left_out: list[str]
+    ks: dict[str, int]
+    measured: FamilyCoupling
+
+
+def family_table(p: Params, t: Training, results: Results) -> Family:
+    """The members with their coupling, their twin's and the excess (members without both are
+    left out, with the reason)."""
+    members = t.members
+    family_k = {run: k_for_width(int(d), p.k_per_d) for run, d in zip(members["run"], members["d_model"])}
+    measured = results.family
+    summary = measured.summary
+    ours = members.merge(
+        summary.drop(columns=["n_layers", "d_model", "n_params"]), left_on="run", right_on="model"
+    )
+    gone = ours[ours.coupling.isna() | ours.twin_coupling.isna()]
+    left_out = [
+        f"left out {run}: {note or twin_note}"
+        for run, note, twin_note in gone[["run", "note", "twin_note"]].itertuples(index=False)
+    ]
+    ours = ours.dropna(subset=["coupling", "twin_coupling"]).reset_index(drop=True)
+    ours["log10 params"] = np.log10(ours["n_params"])
+    return Family(ours, left_out, family_k, measured)
+
+
+def coupling_table(f: Family) -> pd.DataFrame:
+    """The family_coupling table the chapter shows."""
+    columns = [
+        "run",
+        "d_model",
+        "n_layers",
+        "K",
+        "coupling",
+        "twin_coupling",
+        "excess",
+        "excess_se",
+        "val_loss",
+        "val_acc",
+    ]
+    return f.ours[columns].round(4)
+
+
+def family_chart(p: Params, f: Family):
+    """Held-out accuracy against the excess over the twin (left) and against raw coupling (right)."""
+    return plots.scatter_fit(
+        f.ours,
+        "excess",
+        "val_acc",
+        label="run",
+        title="Excess over the twin vs accuracy",
+        x_title="excess coupling (trained − twin)",
+        y_title="held-out accuracy",
+        width=280,
+    ) | plots.scatter_fit(
+        f.ours,
+        "coupling",
+        "val_acc",
+        label="run",
+        title="Raw coupling vs accuracy",
+        x_title=f"raw coupling (mean 1 − m², {p.how})",
+        y_title="held-out accuracy",
+        width=280,
+    )
+
+
+def per_prompt_chart(f: Family):
+    """Each member's and twin's coupling, mean ± s.e. over the prompts."""
+    return plots.bars(
+        f.measured.per_prompt,
+        "model",
+        "coupling",
+        color="weights",
+        title="Coupling per member (mean ± s.e. over prompts)",
+        y_title="coupling (mean 1 − m²)",
+        x_title="member",
+    )
+
+
+@dataclass
+class FamilyFits:
+    """Every predictor of held-out accuracy and loss in the family (``fits``); for accuracy
+    (``acc``, by predictor) the best size measure (``rival``), the paired ``gap`` R²(excess) −
+    R²(rival), Spearman's ``rho`` of the three couplings and the best predictor of all."""
+
+    fits: pd.DataFrame
+    acc: pd.DataFrame
+    rival: str
+    gap: dict[str, float]
+    rho: dict[str, float]
+    best: str
+
+
+def family_fits(p: Params, f: Family) -> FamilyFits:
+    """The same comparison of predictors as for the paper's points, for accuracy and loss."""
+    fits = pd.concat(
+        [
+            predictor_comparison(f.ours, y, FAMILY_PREDICTORS, n_resamples=p.n_resamples, seed=p.seed)
+            for y in ("val_acc", "val_loss")
+        ],
+        ignore_index=True,
+    )
+    acc = fits[fits.y == "val_acc"].set_index("predictor")
+    rival = best_predictor(acc.reset_index(), among=SIZES)
+    gap = r2_difference(
+        f.ours, "val_acc", "excess", FAMILY_PREDICTORS[rival], n_resamples=p.n_resamples, seed=p.seed
+    )
+    rho = {name: float(acc.loc[name, "spearman"]) for name in ("excess", "raw coupling", "twin coupling")}
+    return FamilyFits(fits, acc, rival, gap, rho, best_predictor(acc.reset_index()))
+
+
+# --------------------------------------------------------------------------- (c) the hub models
+@dataclass
+class Hub:
+    """The hub models measured here: the measurement (its lines, one per model), the models left
+    out, and (with at least 3 v1 averages) the models joined with their scores and the paper's
+    coupling (``table``) and every predictor of the v1 average (``fits``); both None otherwise."""
+
+    measured: FamilyCoupling
+    missing: pd.DataFrame
+    table: pd.DataFrame | None
+    fits: pd.DataFrame | None
+
+    @property
+    def n_measured(self) -> int:
+        return len(self.measured.summary) - len(self.missing)
+
+    @property
+    def coupling(self) -> pd.Series | None:
+        """The fit of the v1 average on our coupling (None without one)."""
+        return None if self.fits is None else self.fits.set_index("predictor").loc["coupling"]
+
+
+def hub_fit(p: Params, results: Results, paper: PaperFit) -> Hub | None:
+    """Our coupling of the hub models against their leaderboard v1 average and the paper's
+    coupling (None without ``hub_models``)."""
+    if results.hub is None:
+        return None
+    summary = results.hub.summary
+    missing = summary[summary.coupling.isna()]
+    hub = join_scores(summary.dropna(subset=["coupling"]), model_col="model", metadata=False, warn=False)
+    hub = hub.merge(
+        paper.points[["model_id", "label", "coupling", "log10_params", "n_layers", "d_model"]].rename(
+            columns={"coupling": "paper_coupling"}
+        ),
+        on="model_id",
+        how="left",
+        suffixes=("", "_paper"),
+    )
+    if hub["average"].notna().sum() < 3:
+        return Hub(results.hub, missing, None, None)
+    fits = predictor_comparison(hub, "average", PAPER_PREDICTORS, n_resamples=p.n_resamples, seed=p.seed)
+    return Hub(results.hub, missing, hub, fits)
+
+
+def hub_chart(hub: Hub):
+    """Our coupling against the v1 average (left) and against the paper's coupling (right)."""
+    return plots.scatter_fit(
+        hub.table.dropna(subset=["average"]),
+        "coupling",
+        "average",
+        label="model_id",
+        title="Hub models: our coupling",
+        y_title="leaderboard v1 average",
+        width=280,
+    ) | plots.scatter_fit(
+        hub.table.dropna(subset=["paper_coupling"]),
+        "paper_coupling",
+        "coupling",
+        label="label",
+        title="Our coupling vs the paper's",
+        x_title="the paper's coupling (digitised)",
+        y_title="our coupling",
+        width=280,
+    )
+
+
+# --------------------------------------------------------------------------- the scale question
+AXIS_RULES = scale.axis_rules()
+"""When a candidate is compatible with each figure's axis (``scale.axis_rule``)."""
+
+
+def axis_lines() -> str:
+    """Each figure's axis rule, one line each (what the scale section prints)."""
+    return "\n".join(
+        f"{name} ({scale.AXES[name][0]}–{scale.AXES[name][1]}): {rule.text}"
+        for name, rule in AXIS_RULES.items()
+    )
+
+
+@dataclass
+class ScaleAnswer:
+    """The scale question judged: every candidate (``judged``), those ``compatible`` with each
+    axis, this book's number at the largest K (``book``), the counts of compatible candidates,
+    and the candidate that comes closest to Fig. 1a without separating trained from twin."""
+
+    measured: scale.ScaleMeasurement
+    judged: pd.DataFrame
+    compatible: pd.DataFrame
+    book: pd.Series | None
+    n_1a: int
+    n_1b: int
+    miss: pd.Series | None
+    n_miss: int
+
+
+def scale_answer(p: Params, results: Results) -> ScaleAnswer:
+    """Every candidate of ``scale_reference`` and its twin judged by :data:`AXIS_RULES`."""
+    judged = scale.judge(results.scale.values, p.scale_reference)
+    compatible = scale.compatible(judged)
+    book = scale.book_choice(judged, max(p.scale_k))
+    n_1a, n_1b = int((judged["Fig. 1a"] == "yes").sum()), int((judged["Fig. 1b"] == "yes").sum())
+    miss = scale.closest_miss(judged, "Fig. 1a")
+    n_miss = int((judged["Fig. 1a on scale"] & (judged["Fig. 1a"] != "yes")).sum())
+    return ScaleAnswer(results.scale, judged, compatible, book, n_1a, n_1b, miss, n_miss)
+
+
+def scale_chart(p: Params, s: ScaleAnswer):
+    """Every candidate for the reference model (filled) and its twin (hollow)."""
+    return scale.scale_chart(
+        s.judged,
+        reference=p.scale_reference.removeprefix("embedded:"),
+        title="Every candidate per-model number: trained vs twin",
+    )
+
+
+# --------------------------------------------------------------------------- beyond the paper
+@dataclass
+class Beyond:
+    """The paper's coupling against each leaderboard task (``task_fits``, v1 and v2) and against
+    the mean of all tasks but one (``drop_one``, v1 then v2)."""
+
+    task_fits: pd.DataFrame
+    drop_one: pd.DataFrame
+
+    def fit(self, version: str) -> pd.Series:
+        """The fit of leaderboard ``version``'s average."""
+        return self.task_fits.set_index(["version", "task"]).loc[(version, "average")]
+
+    @property
+    def tasks(self) -> pd.DataFrame:
+        """The fits of single tasks (no averages)."""
+        return self.task_fits[self.task_fits.task != "average"]
+
+
+def beyond(p: Params) -> Beyond:
+    """Each task's fit on the paper's coupling, and each leave-one-task-out average's."""
+    task_fits = pd.concat(
+        [leaderboards.task_fits(v, n_resamples=p.n_resamples, seed=p.seed) for v in ("v1", "v2")],
+        ignore_index=True,
+    )
+    left_out_v2 = leaderboards.drop_one("v2", n_resamples=p.n_resamples, seed=p.seed)
+    left_out_v1 = leaderboards.drop_one("v1", n_resamples=p.n_resamples, seed=p.seed)
+    return Beyond(task_fits, pd.concat([left_out_v1, left_out_v2], ignore_index=True))
+
+
+def tasks_chart(b: Beyond):
+    """R² of each leaderboard task on the paper's coupling, beside log parameter count."""
+    df = b.task_fits.melt(
+        id_vars=["version", "name"], value_vars=["r2", "size_r2"], var_name="predictor", value_name="R²"
+    ).replace({"predictor": {"r2": "coupling (paper's)", "size_r2": "log10 params"}})
+    df["task"] = df["version"] + " " + df["name"]
+    return plots.bars(
+        df,
+        "task",
+        "R²",
+        color="predictor",
+        title="R² of each leaderboard task",
+        x_title="leaderboard and task",
+        y_title="R² over the Fig. 1a models",
+    )

@@ -1,0 +1,444 @@
+"""f02's status rows (:func:`claims`), glued values (:func:`glue_values`) and the assumptions its
+sentences make, from every section's results."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from IPython.display import Markdown
+
+from coupling_utils.analysis import scale
+from coupling_utils.analysis.verdicts import Rule, claim
+from coupling_utils.chapters.f02_generalization.plan import (
+    BEATS_SIZE,
+    CLAIMS,
+    EXTENSION,
+    FAMILY_BEATS_SIZE,
+    FIG1A_FIT,
+    GENERALISES,
+    HUB,
+    Params,
+)
+from coupling_utils.chapters.f02_generalization.sections import (
+    AXIS_RULES,
+    Beyond,
+    Family,
+    FamilyFits,
+    Hub,
+    PaperFit,
+    ScaleAnswer,
+    Training,
+)
+
+
+# --------------------------------------------------------------------------- status and glue
+@dataclass
+class Story:
+    """Every section's analysis, which the status rows, the glued values and the assumptions read."""
+
+    paper: PaperFit
+    training: Training
+    family: Family
+    fits: FamilyFits
+    hub: Hub | None
+    scale: ScaleAnswer
+    beyond: Beyond
+
+    @property
+    def hub_coupling(self) -> pd.Series | None:
+        """The hub models' fit of the v1 average on our coupling (None: not measured or too few)."""
+        return None if self.hub is None else self.hub.coupling
+
+
+def claims(p: Params, story: Story) -> list[dict[str, Any]]:
+    """The status rows, each judged by its rule (pass them to ``pipeline.status.report``)."""
+    rows = [*_paper_claims(p, story.paper), *_family_claims(p, story), *_beyond_claims(p, story)]
+    fit = story.hub_coupling
+    if fit is not None:
+        rows.append(
+            claim(
+                CLAIMS["hub"],
+                paper=0.80,
+                rule=HUB,
+                values={"slope": fit["slope"], "slope_low": fit["slope_ci_low"], "n": fit["n"]},
+                ours=f"R² {fit['r2']:.3f}, slope {fit['slope']:.3g}",
+                note=f"{int(fit['n'])} models with a v1 score; K = {p.k}",
+            )
+        )
+    return rows
+
+
+def _paper_claims(p: Params, paper: PaperFit) -> list[dict[str, Any]]:
+    fig_r2, gap, rival = paper.r2, paper.gap, paper.rival
+    return [
+        claim(
+            CLAIMS["fig1a"],
+            paper=0.80,
+            rule=FIG1A_FIT,
+            values={"r2": fig_r2},
+            ours=round(fig_r2, 3),
+            kind="replot",
+            note=f"the paper's digitised points replotted (y = {p.fig1a_y}); not a measurement",
+        ),
+        claim(
+            CLAIMS["size"],
+            paper="higher R² than each (values not published)",
+            rule=BEATS_SIZE,
+            values={"gap": gap["estimate"], "gap_low": gap["ci_low"]},
+            ours=f"R² {fig_r2:.3f} vs {rival} {paper.by_predictor.loc[rival, 'r2']:.3f}",
+            kind="replot",
+            note=f"the paper's digitised coupling; paired bootstrap ΔR² {gap['estimate']:.3f} "
+            f"[{gap['ci_low']:.3f}, {gap['ci_high']:.3f}]",
+        ),
+    ]
+
+
+def _family_claims(p: Params, story: Story) -> list[dict[str, Any]]:
+    ours, fits, stage = story.family.ours, story.fits, story.training.stage
+    ex, rho, gap = fits.acc.loc["excess"], fits.rho, fits.gap
+    return [
+        claim(
+            CLAIMS["family"],
+            paper="positive correlation with performance",
+            rule=GENERALISES,
+            values={"rho": ex["spearman"], "rho_low": ex["spearman_ci_low"], "n": len(ours)},
+            ours=f"Spearman ρ {ex['spearman']:.2f} [{ex['spearman_ci_low']:.2f}, "
+            f"{ex['spearman_ci_high']:.2f}]",
+            note=f"{len(ours)} models trained here, K/d = {p.k_per_d}; raw coupling ρ "
+            f"{rho['raw coupling']:.2f}, "
+            f"twins ρ {rho['twin coupling']:.2f}; {story.training.n_flat} of {len(stage)} learning "
+            f"curves flat",
+        ),
+        claim(
+            CLAIMS["family_size"],
+            paper="higher R² than parameters, depth, width",
+            rule=FAMILY_BEATS_SIZE,
+            values={"gap": gap["estimate"], "gap_low": gap["ci_low"], "slope": ex["slope"]},
+            ours=f"R² {ex['r2']:.3f} (excess) vs {fits.rival} {fits.acc.loc[fits.rival, 'r2']:.3f}",
+            note=f"paired bootstrap ΔR² {gap['estimate']:.3f} [{gap['ci_low']:.3f}, {gap['ci_high']:.3f}]",
+        ),
+    ]
+
+
+def _beyond_claims(p: Params, story: Story) -> list[dict[str, Any]]:
+    v2, v1, s = story.beyond.fit("v2"), story.beyond.fit("v1"), story.scale
+    return [
+        claim(
+            CLAIMS["v2"],
+            paper="not studied",
+            rule=EXTENSION,
+            values={"slope": v2.slope, "slope_low": v2.slope_ci_low},
+            ours=f"R² {v2.r2:.3f} over {int(v2.n)} models (v1: {v1.r2:.3f})",
+            kind="replot",
+            note=f"the paper's digitised coupling against v2; log params R² {v2.size_r2:.3f}",
+        ),
+        claim(
+            CLAIMS["scale"],
+            paper="0.89–0.955 (aggregation not published)",
+            rule=Rule(yes="n_compatible >= 1"),
+            values={"n_compatible": s.n_1a},
+            ours=f"{s.n_1a} of {len(s.judged)} candidates; {s.n_1b} fit Fig. 1b's axis",
+            note=f"judged on {p.scale_reference} and its twin; rule: {AXIS_RULES['Fig. 1a'].text}",
+        ),
+    ]
+
+
+def glue_values(p: Params, story: Story, status: pd.DataFrame) -> dict[str, Any]:
+    """Every value the prose glues, by name (``status``: what ``report`` returned for
+    :func:`claims`, whose verdicts the prose quotes)."""
+    verdict = dict(zip(status.claim, status.agree))
+    return {
+        **_paper_glue(story.paper),
+        **_training_glue(p, story.training),
+        **_family_ks_glue(p, story.training, story.family),
+        **_fits_glue(story.family, story.fits),
+        **_width_glue(story.family, story.fits),
+        **_scale_glue(p, story.scale),
+        **_beyond_glue(story.paper, story.beyond),
+        **_verdict_glue(story, verdict),
+    }
+
+
+def _paper_glue(paper: PaperFit) -> dict[str, Any]:
+    fits, gap = paper.by_predictor, paper.gap
+    return {
+        "f02_fig1a_r2": float(fits.loc["coupling", "r2"]),
+        "f02_fig1a_n": int(fits.loc["coupling", "n"]),
+        "f02_fig1a_rival": Markdown(paper.rival),
+        "f02_fig1a_rival_r2": float(fits.loc[paper.rival, "r2"]),
+        "f02_fig1a_gap": gap["estimate"],
+        "f02_fig1a_gap_low": gap["ci_low"],
+        "f02_fig1a_gap_high": gap["ci_high"],
+        "f02_fig1a_separates": Markdown(
+            "lies above 0: coupling is the better predictor of the two"
+            if gap["ci_low"] > 0
+            else "includes 0: these 28 models do not separate the two predictors"
+        ),
+    }
+
+
+def _training_glue(p: Params, t: Training) -> dict[str, Any]:
+    stage, members, n_flat = t.stage, t.members, t.n_flat
+    return {
+        "f02_n_members": len(stage),
+        "f02_n_flat": n_flat,
+        "f02_tail": p.tail,
+        "f02_worst_tail_share": float(stage["tail_share"].max()),
+        "f02_worst_tail_drop": float(stage["tail_drop"].max()),
+        "f02_loss_low": float(members["val_loss"].min()),
+        "f02_loss_high": float(members["val_loss"].max()),
+        "f02_tpp": float(members["tokens per parameter"].median()),
+        "f02_stage_sentence": Markdown(
+            "every member's curve is flat at its end by that rule"
+            if n_flat == len(stage)
+            else f"only {n_flat} of {len(stage)} curves are flat at their end by that rule: the others "
+            f"were still "
+            "descending, so the comparison below is partly one of how far training got"
+        ),
+    }
+
+
+def _family_ks_glue(p: Params, t: Training, f: Family) -> dict[str, Any]:
+    members = t.members
+    by_width = {int(d): f.ks[r] for r, d in zip(members["run"], members["d_model"])}
+    return {
+        "f02_k_per_d": p.k_per_d,
+        "f02_family_ks": Markdown(", ".join(f"{K} at d = {d}" for d, K in sorted(by_width.items()))),
+    }
+
+
+def _fits_glue(f: Family, fits: FamilyFits) -> dict[str, Any]:
+    ours, acc, rho, gap = f.ours, fits.acc, fits.rho, fits.gap
+    same_sign = np.sign(rho["excess"]) == np.sign(rho["raw coupling"])
+    above = ours["excess"] > 0
+    clear = ours["excess"] > 2 * ours["excess_se"]
+    return {
+        "f02_family_n": len(ours),
+        "f02_excess_rho": rho["excess"],
+        "f02_excess_rho_low": float(acc.loc["excess", "spearman_ci_low"]),
+        "f02_excess_rho_high": float(acc.loc["excess", "spearman_ci_high"]),
+        "f02_excess_r2": float(acc.loc["excess", "r2"]),
+        "f02_raw_rho": rho["raw coupling"],
+        "f02_twin_rho": rho["twin coupling"],
+        "f02_family_rival": Markdown(fits.rival),
+        "f02_family_rival_r2": float(acc.loc[fits.rival, "r2"]),
+        "f02_family_gap": gap["estimate"],
+        "f02_family_gap_low": gap["ci_low"],
+        "f02_family_gap_high": gap["ci_high"],
+        "f02_family_best": Markdown(fits.best),
+        "f02_family_best_r2": float(acc.loc[fits.best, "r2"]),
+        "f02_sign_carrier": Markdown(
+            f"Raw and excess coupling correlate with accuracy in the same direction "
+            f"({'positive' if rho['excess'] > 0 else 'negative'}), so by the rule stated above the sign "
+            f"is carried "
+            "by what training added"
+            if same_sign
+            else f"Raw coupling correlates with accuracy "
+            f"{'positively' if rho['raw coupling'] > 0 else 'negatively'}, "
+            f"the excess {'positively' if rho['excess'] > 0 else 'negatively'}: by the rule stated above "
+            f"the raw "
+            "sign is the chance level's, not training's"
+        ),
+        "f02_above_twin": Markdown(
+            "Every trained member is more coupled than its twin"
+            if above.all()
+            else f"{int(above.sum())} of {len(ours)} trained members are more coupled than their twins "
+            f"({int(clear.sum())} by more than two standard errors)"
+        ),
+    }
+
+
+def _width_glue(f: Family, fits: FamilyFits) -> dict[str, Any]:
+    by_width = f.ours.groupby("d_model").agg(
+        ex_lo=("excess", "min"), ex_hi=("excess", "max"), acc_lo=("val_acc", "min"), acc_hi=("val_acc", "max")
+    )
+    split = (
+        len(by_width) == 2
+        and (
+            by_width.ex_hi.iloc[1] < by_width.ex_lo.iloc[0] or by_width.ex_hi.iloc[0] < by_width.ex_lo.iloc[1]
+        )
+        and (
+            by_width.acc_hi.iloc[0] < by_width.acc_lo.iloc[1]
+            or by_width.acc_hi.iloc[1] < by_width.acc_lo.iloc[0]
+        )
+    )
+    return {
+        "f02_width_split": Markdown(
+            "By width: "
+            + "; ".join(
+                f"at d = {d} the excess spans {r.ex_lo:.3f} to {r.ex_hi:.3f} and accuracy "
+                f"{r.acc_lo:.3f} to {r.acc_hi:.3f}"
+                for d, r in by_width.iterrows()
+            )
+            + ". "
+            + (
+                "The two widths do not overlap in either, so the family's correlation is a comparison of "
+                "the two widths: "
+                "it cannot tell coupling from width."
+                if split
+                else "The widths overlap, so the correlation is not only a comparison of the two widths."
+            )
+        ),
+        "f02_sign_word": Markdown(
+            "positive, the direction the paper reports"
+            if fits.rho["excess"] > 0
+            else "negative, the opposite of the paper's direction"
+        ),
+    }
+
+
+def _scale_glue(p: Params, s: ScaleAnswer) -> dict[str, Any]:
+    book, miss, n_1a, n_1b, n_miss = s.book, s.miss, s.n_1a, s.n_1b, s.n_miss
+    return {
+        "f02_scale_ks": Markdown(", ".join(map(str, p.scale_k))),
+        "f02_scale_reference": Markdown(p.scale_reference.removeprefix("embedded:")),
+        "f02_scale_n": len(s.judged),
+        "f02_scale_n_1a": n_1a,
+        "f02_scale_n_1b": n_1b,
+        "f02_scale_n_1a_scale": n_miss,
+        "f02_scale_1a_example": Markdown(
+            f"{n_miss} candidate(s) put the trained model on Fig. 1a's scale but do not "
+            f"separate it from its twin; the one that comes closest ({scale.candidate_label(miss)}, "
+            f"{miss.denominator} "
+            f"denominator, {miss.form}) gives {miss.trained:.3f} for the trained model and "
+            f"{miss.twin:.3f} for the twin"
+            if miss is not None
+            else "no candidate puts the trained model on Fig. 1a's scale"
+        ),
+        "f02_scale_book_trained": float(book.trained) if book is not None else float("nan"),
+        "f02_scale_book_twin": float(book.twin) if book is not None else float("nan"),
+        "f02_scale_book_k": int(max(p.scale_k)),
+        "f02_scale_book_1b": Markdown(
+            (
+                "is compatible with Fig. 1b's axis"
+                if book["Fig. 1b"] == "yes"
+                else "is not compatible with Fig. 1b's axis"
+            )
+            + (" and with Fig. 1a's" if book["Fig. 1a"] == "yes" else " and not with Fig. 1a's")
+        )
+        if book is not None
+        else Markdown("was not computed in this run"),
+        "f02_scale_1a_sentence": Markdown(
+            "The candidates that reach Fig. 1a's scale do not tell a trained model from a random one, so "
+            "that axis "
+            "is not reproduced by any aggregation we could find"
+            if n_1a == 0
+            else f"{n_1a} candidate(s) reach Fig. 1a's scale and separate the trained model from its "
+            f"twin (the "
+            "`scale_compatible` table): that axis could be one of them"
+        ),
+        "f02_scale_conclusion": Markdown(
+            (
+                f"{n_1a} candidate(s) are compatible with Fig. 1a's axis. "
+                if n_1a
+                else "No candidate is compatible with Fig. 1a's axis. "
+            )
+            + (f"{n_1b} are compatible with Fig. 1b's." if n_1b else "None is compatible with Fig. 1b's.")
+        ),
+    }
+
+
+def _beyond_glue(paper: PaperFit, b: Beyond) -> dict[str, Any]:
+    v2, v1, tasks = b.fit("v2"), b.fit("v1"), b.tasks
+    out = {
+        "f02_v2_r2": float(v2.r2),
+        "f02_v2_r2_low": float(v2.r2_ci_low),
+        "f02_v2_r2_high": float(v2.r2_ci_high),
+        "f02_v2_size_r2": float(v2.size_r2),
+        "f02_v2_n": int(v2.n),
+        "f02_v1_r2": float(v1.r2),
+        "f02_v1_n": int(v1.n),
+    }
+    for v in ("v1", "v2"):
+        t = tasks[tasks.version == v].sort_values("r2")
+        out[f"f02_{v}_best_task"] = Markdown(t.iloc[-1]["name"])
+        out[f"f02_{v}_best_task_r2"] = float(t.iloc[-1]["r2"])
+        out[f"f02_{v}_worst_task"] = Markdown(t.iloc[0]["name"])
+        out[f"f02_{v}_worst_task_r2"] = float(t.iloc[0]["r2"])
+    drop = b.drop_one[b.drop_one.version == "v1"]
+    carrier = drop[drop.left_out != "none"].sort_values("r2_change").iloc[0]
+    out.update(
+        {
+            "f02_tasks_beats_size": int((tasks.r2 > tasks.size_r2).sum()),
+            "f02_tasks_n": len(tasks),
+            "f02_v2_vs_v1": Markdown("weaker than" if v2.r2 < v1.r2 else "at least as strong as"),
+            "f02_snapshot_word": Markdown(
+                "the fit survives the snapshot change"
+                if abs(v1.r2 - paper.r2) <= 0.1
+                else "the fit moves by more than 0.1 with the snapshot"
+            ),
+            "f02_v1_carrier_sentence": Markdown(
+                f"Leaving {carrier['name']} out of the v1 average lowers the fit most (by "
+                f"{-carrier['r2_change']:.3f}): "
+                "it is the task that carries it"
+                if carrier["r2_change"] < 0
+                else "Leaving any single task out of the v1 average does not lower the fit: no one task "
+                "carries it"
+            ),
+        }
+    )
+    return out
+
+
+def _verdict_glue(story: Story, verdict: Mapping[str, str]) -> dict[str, Any]:
+    fit = story.hub_coupling
+    out = {
+        f"f02_verdict_{name}": Markdown(verdict[CLAIMS[key]])
+        for name, key in (
+            ("fig1a", "fig1a"),
+            ("size", "size"),
+            ("family", "family"),
+            ("family_size", "family_size"),
+            ("v2", "v2"),
+            ("scale", "scale"),
+        )
+    }
+    out["f02_hub_sentence"] = Markdown(
+        "**Not reproduced here.** The measurement of the 28 hub models needs a GPU and the hub "
+        "(`--profile paper`); "
+        "this run does not include it."
+        if fit is None
+        else f"**The hub models** ({verdict[CLAIMS['hub']]}): our coupling of {int(fit['n'])} hub models "
+        f"with a v1 "
+        f"score explains $R^2$ = {fit['r2']:.3f} of the leaderboard average."
+    )
+    return out
+
+
+def assumptions(story: Story) -> list[tuple[str, bool, str]]:
+    """``(key, holds, text)`` of every sentence that assumes something of this run's numbers
+    (for ``verdicts.assume``)."""
+    s, t = story.scale, story.training
+    book, judged = s.book, s.judged
+    tokens = judged[judged.view == "tokens"]
+    return [
+        (
+            "f02-trace-blind",
+            s.n_1a == 0,
+            "no candidate both reaches Fig. 1a's scale and separates the trained model from its twin",
+        ),
+        (
+            "f02-book-choice-separates",
+            book is not None and book["trained"] - book["twin"] > 0.03,
+            "this book's number separates the trained model from its twin by more than 0.03",
+        ),
+        (
+            "f02-book-choice-on-1b",
+            book is not None and bool(book["Fig. 1b on scale"]),
+            "this book's number lies on Fig. 1b's scale (the scale section's closing paragraph)",
+        ),
+        (
+            "f02-family-flat",
+            t.n_flat == len(t.stage),
+            "every member ends on the flat part of its learning curve (the family's introduction)",
+        ),
+        (
+            "f02-twins-tokenwise",
+            bool((tokens.twin > tokens.trained).mean() > 0.9),
+            "in (nearly) every token-wise candidate the twin is more coupled than the trained model",
+        ),
+    ]
