@@ -119,22 +119,39 @@ def _stored_measurements(cache: Path) -> set[str]:
     return {str(p.relative_to(cache)) for p in found if not set(p.relative_to(cache).parts) & set(SHARED)}
 
 
-def test_each_notebook_measures_exactly_its_chapters_plan(smoke_runs, monkeypatch):
-    """What the smoke notebooks stored is, folder for folder, the union of their chapters'
-    ``jobs(params)``: the plan the sweep submits and the cost model counts (test_sweep.py and
-    test_costs.py check that those read the same plan at every profile)."""
-    from coupling_utils.chapters import NAMES, chapter
+# chapters whose notebook still measures something outside jobs(params), and why: the test fails
+# once one is planned (then remove it here)
+NOT_YET_PLANNED: dict[str, str] = {}
+
+
+def _planned(name: str, cache: Path) -> set[str]:
+    """The folders chapter ``name``'s plan at the smoke profile stores (relative to ``cache``)."""
+    from coupling_utils.chapters import chapter
     from coupling_utils.pipeline.sweep import planned_params
 
+    module = chapter(name)
+    if not hasattr(module, "jobs"):
+        return set()
+    out = set()
+    for job in module.jobs(planned_params(name, "smoke")):
+        out |= {str(job.out(part).relative_to(cache)) for part in job.settings}
+        if job.extra is not None:
+            out.add(str(job.extra_out().relative_to(cache)))
+    return out
+
+
+@pytest.mark.parametrize("name", [nb.stem for nb in notebook_paths(ROOT)])
+def test_each_notebook_measures_exactly_its_chapters_plan(name, smoke_runs, monkeypatch):
+    """What a smoke notebook stored (under its own ``fNN`` folders of the cache) is, folder for
+    folder, its chapter's ``jobs(params)``: the plan the sweep submits and the cost model counts
+    (test_sweep.py checks that those read the same plan at every profile)."""
     monkeypatch.setenv("COUPLING_CACHE", str(smoke_runs.cache))
-    planned = set()
-    for name in NAMES:
-        for job in chapter(name).jobs(planned_params(name, "smoke")):
-            planned |= {str(job.out(part).relative_to(smoke_runs.cache)) for part in job.settings}
-            if job.extra is not None:
-                planned.add(str(job.extra_out().relative_to(smoke_runs.cache)))
-    stored = _stored_measurements(smoke_runs.cache)
+    planned = _planned(name, smoke_runs.cache)
+    stored = {f for f in _stored_measurements(smoke_runs.cache) if f.split("/")[0].startswith(name[:3])}
+    if name in NOT_YET_PLANNED:
+        assert stored != planned, f"{name} now measures exactly its plan: remove it from NOT_YET_PLANNED"
+        pytest.xfail(NOT_YET_PLANNED[name])
     assert stored == planned, (
-        f"measured but not planned: {sorted(stored - planned)[:5]}; "
+        f"{name}: measured but not planned: {sorted(stored - planned)[:5]}; "
         f"planned but not measured: {sorted(planned - stored)[:5]}"
     )
