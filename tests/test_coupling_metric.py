@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -107,3 +108,26 @@ def test_f00_helpers_on_an_emulated_device():
     for a, b in zip(got, ref):
         assert np.allclose(a.select_dtypes("number"), b.select_dtypes("number"), atol=1e-5)
     assert share == pytest.approx(A.energy_share(torch.linalg.svdvals(J_cpu), 3), rel=1e-5)
+
+
+def test_block_jacobians_are_stored_exactly_and_read_back(standin_hub, tmp_path):
+    """f00's extra: the last token's Jacobians of two blocks, flat float32 columns that survive Parquet."""
+    from coupling_utils import load_model, token_jacobians
+
+    lm = load_model("Qwen/Qwen1.5-0.5B")
+    tables = A.block_jacobians(lm, ["Paris is the capital of"], layer=2)
+    ids = lm.tokenizer("Paris is the capital of", return_tensors="pt").input_ids
+    facts = tables["facts"].iloc[0]
+    got = (facts["n_layers"], facts["d_model"], facts["T"], facts["layer"])
+    assert got == (lm.n_layers, lm.d_model, ids.shape[1], 2)
+    assert list(tables["jacobians"].columns) == ["J", "J_next"] and len(tables["jacobians"]) == lm.d_model**2
+    assert tables["jacobians"].dtypes.tolist() == [np.float32, np.float32]
+    for name, df in tables.items():
+        df.to_parquet(tmp_path / f"{name}.parquet")
+    back = {name: pd.read_parquet(tmp_path / f"{name}.parquet") for name in tables}
+    J, J_next = A.jacobian_matrices(back)
+    assert torch.equal(J, token_jacobians(lm, ids, 2)[-1])
+    assert torch.equal(J_next, token_jacobians(lm, ids, 3)[-1])
+    assert A.jacobian_passes(24, 64) == 130
+    with pytest.raises(ValueError, match="one prompt"):
+        A.block_jacobians(lm, ["a", "b"], layer=2)
