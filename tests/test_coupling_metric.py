@@ -7,6 +7,10 @@ import pandas as pd
 import pytest
 import torch
 
+# imported at collection, before any test runs autograd: the emulated device must be registered
+# before the autograd engine makes its per-device queues
+from emulated_device import emulated_device
+
 from coupling_utils.analysis import coupling_metric as A
 from coupling_utils.engine.metric import coupling, coupling_tile
 
@@ -94,7 +98,7 @@ def test_toy_properties_and_variants():
 
 def test_f00_helpers_on_an_emulated_device():
     """f00's noise sweep, spectrum share and variants with J on a (CPU-emulated) accelerator."""
-    from emulated_device import DEVICE, emulated_device
+    from emulated_device import DEVICE
 
     g = torch.Generator().manual_seed(4)
     J_cpu, J2_cpu = torch.randn(24, 24, generator=g), torch.randn(24, 24, generator=g)
@@ -131,3 +135,14 @@ def test_block_jacobians_are_stored_exactly_and_read_back(standin_hub, tmp_path)
     assert A.jacobian_passes(24, 64) == 130
     with pytest.raises(ValueError, match="one prompt"):
         A.block_jacobians(lm, ["a", "b"], layer=2)
+
+
+def test_block_jacobians_leave_an_emulated_device_for_the_host(standin_hub):
+    """The model on a (CPU-emulated) accelerator: f00's extra gives host tables, the host run's numbers."""
+    from coupling_utils import load_model
+
+    ref = A.block_jacobians(load_model("Qwen/Qwen1.5-0.5B", device="cpu"), ["Paris is"], layer=1)
+    with emulated_device() as dev:
+        got = A.block_jacobians(load_model("Qwen/Qwen1.5-0.5B", device=dev), ["Paris is"], layer=1)
+    pd.testing.assert_frame_equal(got["facts"], ref["facts"])
+    assert np.allclose(got["jacobians"], ref["jacobians"], atol=1e-6)
