@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
+
+# imported at collection, before any test runs autograd: the emulated device must be registered
+# before the autograd engine makes its per-device queues
+from emulated_device import emulated_device
 
 from coupling_utils.analysis import coupling_metric as A
 from coupling_utils.engine.metric import coupling, coupling_tile
@@ -93,7 +98,7 @@ def test_toy_properties_and_variants():
 
 def test_f00_helpers_on_an_emulated_device():
     """f00's noise sweep, spectrum share and variants with J on a (CPU-emulated) accelerator."""
-    from emulated_device import DEVICE, emulated_device
+    from emulated_device import DEVICE
 
     g = torch.Generator().manual_seed(4)
     J_cpu, J2_cpu = torch.randn(24, 24, generator=g), torch.randn(24, 24, generator=g)
@@ -107,3 +112,37 @@ def test_f00_helpers_on_an_emulated_device():
     for a, b in zip(got, ref):
         assert np.allclose(a.select_dtypes("number"), b.select_dtypes("number"), atol=1e-5)
     assert share == pytest.approx(A.energy_share(torch.linalg.svdvals(J_cpu), 3), rel=1e-5)
+
+
+def test_block_jacobians_are_stored_exactly_and_read_back(standin_hub, tmp_path):
+    """f00's extra: the last token's Jacobians of two blocks, flat float32 columns that survive Parquet."""
+    from coupling_utils import load_model, token_jacobians
+
+    lm = load_model("Qwen/Qwen1.5-0.5B")
+    tables = A.block_jacobians(lm, ["Paris is the capital of"], layer=2)
+    ids = lm.tokenizer("Paris is the capital of", return_tensors="pt").input_ids
+    facts = tables["facts"].iloc[0]
+    got = (facts["n_layers"], facts["d_model"], facts["T"], facts["layer"])
+    assert got == (lm.n_layers, lm.d_model, ids.shape[1], 2)
+    assert list(tables["jacobians"].columns) == ["J", "J_next"] and len(tables["jacobians"]) == lm.d_model**2
+    assert tables["jacobians"].dtypes.tolist() == [np.float32, np.float32]
+    for name, df in tables.items():
+        df.to_parquet(tmp_path / f"{name}.parquet")
+    back = {name: pd.read_parquet(tmp_path / f"{name}.parquet") for name in tables}
+    J, J_next = A.jacobian_matrices(back)
+    assert torch.equal(J, token_jacobians(lm, ids, 2)[-1])
+    assert torch.equal(J_next, token_jacobians(lm, ids, 3)[-1])
+    assert A.jacobian_passes(24, 64) == 130
+    with pytest.raises(ValueError, match="one prompt"):
+        A.block_jacobians(lm, ["a", "b"], layer=2)
+
+
+def test_block_jacobians_leave_an_emulated_device_for_the_host(standin_hub):
+    """The model on a (CPU-emulated) accelerator: f00's extra gives host tables, the host run's numbers."""
+    from coupling_utils import load_model
+
+    ref = A.block_jacobians(load_model("Qwen/Qwen1.5-0.5B", device="cpu"), ["Paris is"], layer=1)
+    with emulated_device() as dev:
+        got = A.block_jacobians(load_model("Qwen/Qwen1.5-0.5B", device=dev), ["Paris is"], layer=1)
+    pd.testing.assert_frame_equal(got["facts"], ref["facts"])
+    assert np.allclose(got["jacobians"], ref["jacobians"], atol=1e-6)

@@ -5,7 +5,9 @@ them (:func:`matrix_frame`, :func:`tile_frame`). Chapter f00's experiments live 
 share of a spectrum in its top K (:func:`energy_share`), a random matrix to compare a basis with
 (:func:`random_reference`), tiles of named pairs (:func:`tile_cases`), the metric under growing
 noise (:func:`noise_sweep`), its variants (:func:`metric_variants`) and its properties on toy
-matrices whose answer is known (:func:`toy_properties`). The per-model scalar is
+matrices whose answer is known (:func:`toy_properties`). The Jacobians it studies are a stored
+measurement (:func:`block_jacobians`, an :class:`~coupling_utils.measurement.Extra`; read back
+with :func:`jacobian_matrices`). The per-model scalar is
 :func:`coupling_utils.measurement.coupling_summary`; fits are :func:`coupling_utils.analysis.stats.ols`.
 """
 
@@ -18,6 +20,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from coupling_utils.engine.jacobians import token_jacobians
 from coupling_utils.engine.metric import check_k, coupling, coupling_tile, svd
 
 __all__ = [
@@ -33,6 +36,9 @@ __all__ = [
     "metric_variants",
     "ToyProperties",
     "toy_properties",
+    "block_jacobians",
+    "jacobian_passes",
+    "jacobian_matrices",
 ]
 
 
@@ -272,3 +278,47 @@ def toy_properties(d: int, k: int, n_random: int, *, seed: int = 0) -> ToyProper
         ("m(cyclic shift of diag(s), diag(s)), K = d", bound, "√2 (the bound)"),
     ]
     return ToyProperties(pd.DataFrame(rows, columns=["case", "value", "expected"]), pairs)
+
+
+# --------------------------------------------------------------------------- the stored Jacobians
+def block_jacobians(model, prompts: Sequence[str], *, layer: int) -> dict[str, pd.DataFrame]:
+    """The last token's residual block Jacobians of blocks ``layer`` and ``layer + 1`` on one
+    prompt, as storable tables (chapter f00's measurement, an
+    :class:`~coupling_utils.measurement.Extra`).
+
+    The prompt is tokenised with the model's tokenizer and each Jacobian is
+    :func:`~coupling_utils.engine.jacobians.token_jacobians` of the last token (fp32, moved to
+    the host). Returns ``jacobians`` (columns ``J`` and ``J_next``: the ``[d_out, d_in]``
+    matrices flattened row-major, float32, so a Parquet round trip is exact) and ``facts`` (one
+    row: name, n_layers, d_model, T, layer, d_out, d_in). Read back with :func:`jacobian_matrices`.
+    """
+    if len(prompts) != 1:
+        raise ValueError(f"block_jacobians measures one prompt, got {len(prompts)}")
+    input_ids = model.tokenizer(prompts[0], return_tensors="pt").input_ids  # [1, T]
+    J = token_jacobians(model, input_ids, layer, tokens=[-1])[0]  # [d_out, d_in]
+    J_next = token_jacobians(model, input_ids, layer + 1, tokens=[-1])[0]
+    J, J_next = J.detach().cpu(), J_next.detach().cpu()
+    jacobians = pd.DataFrame({"J": J.reshape(-1).numpy(), "J_next": J_next.reshape(-1).numpy()})
+    facts = pd.DataFrame(
+        [{"name": model.name, "n_layers": model.n_layers, "d_model": model.d_model,
+          "T": int(input_ids.shape[1]), "layer": int(layer), "d_out": J.shape[0], "d_in": J.shape[1]}]
+    )  # fmt: skip
+    return {"jacobians": jacobians, "facts": facts}
+
+
+def jacobian_passes(n_layers: int, d_model: int) -> int:
+    """Block passes per prompt of :func:`block_jacobians` (the cost model's count): for each of
+    the two blocks one forward and ``d`` vector-Jacobian products."""
+    return 2 * (d_model + 1)
+
+
+def jacobian_matrices(tables: Mapping[str, pd.DataFrame]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(J, J_next)``, the ``[d_out, d_in]`` float32 CPU tensors of :func:`block_jacobians`'
+    tables (as stored, or as read back)."""
+    facts = tables["facts"].iloc[0]
+    shape = (int(facts["d_out"]), int(facts["d_in"]))
+    flat = tables["jacobians"]
+    return tuple(
+        torch.from_numpy(np.array(flat[name].to_numpy(), dtype=np.float32).reshape(shape))
+        for name in ("J", "J_next")
+    )

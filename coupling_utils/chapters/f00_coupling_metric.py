@@ -1,15 +1,27 @@
-"""f00 · Jacobians and the coupling metric: its parameters
-(``notebooks/f00_coupling_metric.md``), their checks and its measurement plan."""
+"""f00 · Jacobians and the coupling metric (``notebooks/f00_coupling_metric.md``): its parameters
+and their checks, its measurement plan (:func:`jobs`: one model, the last token's Jacobians of
+blocks ``layer`` and ``layer + 1`` as a stored extra), :func:`run` (every number the story shows,
+computed on the CPU from the stored matrices), its charts and the values its prose glues.
+
+The chapter reports no status row: the metric's properties are properties of a definition, not
+findings (its assumptions are checked with ``assume`` next to the sentences that make them)."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import pandas as pd
+import torch
+
+from coupling_utils.analysis import coupling_metric as cm
 from coupling_utils.chapters.checks import (
     DTYPES,
     block,
+    check_int,
+    check_k,
     check_model,
     choice,
     integer,
@@ -19,12 +31,35 @@ from coupling_utils.chapters.checks import (
     text,
 )
 from coupling_utils.chapters.params import ChapterParams, param
+from coupling_utils.engine.metric import SVD, coupling, svd
+from coupling_utils.files import cache_dir
+from coupling_utils.measurement import Extra, Job, Options, collect
 
-__all__ = ["Params"]
+__all__ = [
+    "Params",
+    "check_sizes",
+    "check_fits",
+    "jobs",
+    "NotMeasured",
+    "Results",
+    "run",
+    "OWN",
+    "RANDOM",
+    "neighbour_case",
+    "spectrum_chart",
+    "tiles_chart",
+    "noise_chart",
+    "random_pairs_chart",
+    "glue_values",
+]
 
 NOTEBOOK = "f00_coupling_metric"
-# why the sweep cannot plan this chapter yet (it has no ``jobs``)
-NOT_SWEPT = "it loads its one model inside the notebook (Jacobians of two blocks)"
+OWN, RANDOM = "J in its own basis", "J in a random matrix's basis"  # two of the tile cases
+
+
+def neighbour_case(layer: int) -> str:
+    """The name of the tile case "J in the next block's basis"."""
+    return f"J (block {layer}) in block {layer + 1}'s basis"
 
 
 def _k_within_toy(v: Mapping[str, Any]) -> str | None:
@@ -50,3 +85,239 @@ class Params(ChapterParams):
     d_toy: int = param(64, integer(min=2))
     n_random: int = param(200, integer(min=2))
     seed: int = param(0, integer(min=0))
+
+
+# --------------------------------------------------------------------------- the measurement plan
+def check_sizes(layer: int, k: int, n_layers: int, d_model: int) -> None:
+    """The parameters against the model: block ``layer + 1`` must exist, K at most its width."""
+    check_int("layer", layer, max=n_layers - 2)  # we also need the next block
+    check_k("k", k, d=d_model)
+
+
+def check_fits(model, *, layer: int, k: int) -> None:
+    """:func:`check_sizes` on a loaded model (the job's check, before anything is measured)."""
+    check_sizes(layer, k, model.n_layers, model.d_model)
+
+
+def jobs(p: Params) -> list[Job]:
+    """The measurement plan: one job, the model at ``revision`` and ``dtype`` on ``prompt``, with
+    no ``measure()`` part and one :class:`Extra`,
+    :func:`~coupling_utils.analysis.coupling_metric.block_jacobians` of block ``layer`` (the last
+    token's Jacobians of blocks ``layer`` and ``layer + 1``, and the model's facts); 2(d + 1)
+    block passes per prompt. Its check refuses a ``layer`` without a next block and a ``k``
+    above the width, after loading and before measuring."""
+    load = {"dtype": p.dtype, **({"revision": p.revision} if p.revision else {})}
+    extra = Extra("block_jacobians", cm.block_jacobians, {"layer": p.layer},
+                  sources=("analysis/coupling_metric.py",), passes=cm.jacobian_passes)  # fmt: skip
+    labels = {"model": p.model, **({"revision": p.revision} if p.revision else {})}
+    check = functools.partial(check_fits, layer=p.layer, k=p.k)
+    return [Job(p.model, [p.prompt], {}, load, labels, cache_dir("f00"), extra, check)]
+
+
+# --------------------------------------------------------------------------- the results
+class NotMeasured(RuntimeError):
+    """The job of :func:`jobs` has no result (it failed, or was not measured)."""
+
+
+@dataclass
+class Results:
+    """What the story shows, every number computed on the CPU from the stored Jacobians.
+
+    ``facts``: the model's name, n_layers, d_model, the prompt's length T and the block;
+    ``J``, ``J_next``: the last token's Jacobians of blocks ``layer`` and ``layer + 1``; ``R``:
+    the random reference (J's norm, drawn from ``seed``); ``s``, ``s_next``: the SVDs of J and
+    J_next; the tables and values of the sections in the order the story shows them;
+    ``assumed``: whether each sentence's assumption holds (by its ``assume`` key).
+    """
+
+    facts: dict[str, Any]
+    J: torch.Tensor
+    J_next: torch.Tensor
+    R: torch.Tensor
+    s: SVD
+    s_next: SVD
+    spectrum: pd.DataFrame
+    energy_top_k: float
+    energy_random: float
+    tiles: pd.DataFrame
+    m_cases: pd.Series
+    cases: pd.DataFrame
+    by_k: pd.DataFrame
+    m_forward: float
+    m_backward: float
+    sweep: pd.DataFrame
+    noise_equivalent: float
+    toy: cm.ToyProperties
+    properties: pd.DataFrame
+    variants: pd.DataFrame
+    assumed: dict[str, bool]
+    failures: pd.DataFrame
+
+    @property
+    def d_model(self) -> int:
+        return int(self.facts["d_model"])
+
+    def headline(self) -> str:
+        """One line: the model, its depth and width, the prompt's length."""
+        f = self.facts
+        return f"{f['name']}: {f['n_layers']} blocks, width d = {f['d_model']}; prompt of T = {f['T']} tokens"
+
+    def m_case(self, case: str) -> float:
+        return float(self.m_cases[case])
+
+
+def _facts(table: pd.DataFrame) -> dict[str, Any]:
+    row = table.iloc[0]
+    return {"name": str(row["name"]), **{c: int(row[c]) for c in ("n_layers", "d_model", "T", "layer")}}
+
+
+def run(p: Params, options: Options | None = None) -> Results:
+    """Collect :func:`jobs` (measured where missing, else read) and compute what the story shows.
+    Raises :class:`NotMeasured`, naming the reason, when the job has no result, and
+    :class:`~coupling_utils.chapters.checks.ParameterError` when ``layer`` or ``k`` does not fit
+    the model."""
+    done = collect(jobs(p), options, desc=NOTEBOOK)
+    if done.missing:
+        raise NotMeasured(f"{NOTEBOOK} needs the job of its plan:\n{done.report()}")
+    tables = done.ok[0].extra
+    facts = _facts(tables["facts"])
+    check_sizes(p.layer, p.k, facts["n_layers"], facts["d_model"])  # k may be new for stored Jacobians
+    J, J_next = cm.jacobian_matrices(tables)
+    return _results(p, facts, J, J_next, done.failures)
+
+
+def _ks(k: int, d: int) -> list[int]:
+    """The K of the by-K tables: 1, K, 3K and 5K (at most d)."""
+    return sorted({1, k, min(3 * k, d), min(5 * k, d)})
+
+
+def _results(p: Params, facts: dict, J: torch.Tensor, J_next: torch.Tensor, failures) -> Results:
+    """Every table and value of the story, computed as the notebook always has, section by section."""
+    k, layer, d = p.k, p.layer, facts["d_model"]
+    R = cm.random_reference(J, seed=p.seed)  # [d_out, d_in], on J's device
+    s, s_next = svd(J), svd(J_next)
+    spectrum = pd.DataFrame({"rank": range(1, len(s.S) + 1), "singular value": s.S.tolist()})
+    spectrum["in top K"] = spectrum["rank"] <= k
+    energy_J, energy_R = cm.energy_share(s.S, k), cm.energy_share(svd(R).S, k)
+    cases = {OWN: (J, J), neighbour_case(layer): (J, J_next), RANDOM: (J, R)}
+    tiles, m_cases = cm.tile_cases(cases, k)
+    m = m_cases.values
+    case_table = pd.DataFrame({"case": m_cases.index, "m_K": m, "1 − m_K²": cm.strength(m)})
+    by_k = pd.DataFrame([
+        {"K": kk, "neighbour's basis": coupling(J, s_next, kk), "random basis": coupling(J, R, kk)}
+        for kk in _ks(k, d)])  # fmt: skip
+    by_k["gap"] = by_k["random basis"] - by_k["neighbour's basis"]
+    m_forward, m_backward = coupling(J, J_next, k), coupling(J_next, J, k)
+    sweep = cm.noise_sweep(J, p.noise_levels, k, seed=p.seed)
+    eps = cm.noise_equivalent(sweep, float(m_cases[neighbour_case(layer)]))
+    toy = cm.toy_properties(p.d_toy, k, p.n_random, seed=p.seed)
+    variants = cm.metric_variants(J, J_next, _ks(k, d))
+    assumed = _assumptions(by_k, toy, variants)
+    return Results(
+        facts, J, J_next, R, s, s_next, spectrum, energy_J, energy_R, tiles, m_cases, case_table, by_k,
+        m_forward, m_backward, sweep, eps, toy, toy.table.round({"value": 6}), variants, assumed, failures,
+    )  # fmt: skip
+
+
+def _assumptions(by_k: pd.DataFrame, toy: cm.ToyProperties, variants: pd.DataFrame) -> dict[str, bool]:
+    """Whether each assumption the prose makes holds, by its ``assume`` key."""
+    random_mean, random_max = float(toy.random_pairs.m_K.mean()), float(toy.random_pairs.m_K.max())
+    wide = variants.pivot_table(index="K", columns=["normalize", "orientation"], values="m_K")
+    above = wide.index > 1
+    trace, norm = wide.loc[above, ("trace", "ujv")], wide.loc[above, ("norm", "ujv")]
+    return {
+        "f00-random-basis-near-one": bool((by_k["random basis"] > 0.9).all()),
+        "f00-random-near-one": abs(random_mean - 1) < 0.1 and random_max <= 2**0.5,
+        "f00-trace-smaller": bool((trace <= norm).all()),
+    }
+
+
+# --------------------------------------------------------------------------- the charts
+def spectrum_chart(r: Results, p: Params):
+    """J's singular values against their rank (log scale), the top K in blue."""
+    import altair as alt
+
+    title = f"Singular values of J (block {p.layer}, last token)"
+    return alt.Chart(r.spectrum).mark_point(filled=True, size=12).encode(
+        x=alt.X("rank:Q", title="rank"),
+        y=alt.Y("singular value:Q", scale=alt.Scale(type="log"), title="singular value"),
+        color=alt.Color("in top K:N", scale=alt.Scale(range=["#bbbbbb", "#1f77b4"])),
+    ).properties(width=420, height=220, title=title)  # fmt: skip
+
+
+def tiles_chart(r: Results):
+    """The K×K tiles of the three cases side by side."""
+    import altair as alt
+
+    return alt.Chart(r.tiles).mark_rect().encode(
+        x=alt.X("col:O", title=None, axis=None), y=alt.Y("row:O", title=None, axis=None),
+        color=alt.Color("value:Q", scale=alt.Scale(scheme="viridis"), title="|UᵀJV|"),
+        tooltip=["case:N", "row:O", "col:O", alt.Tooltip("value:Q", format=".3g")],
+    ).properties(width=150, height=150).facet(column=alt.Column("case:N", title=None))  # fmt: skip
+
+
+def noise_chart(r: Results, p: Params):
+    """m_K(J, J + εR) against the noise level ε (symmetric-log axis)."""
+    import altair as alt
+
+    return alt.Chart(r.sweep).mark_line(point=True).encode(
+        x=alt.X("noise:Q", scale=alt.Scale(type="symlog", constant=0.01),
+                title="noise level ε (relative to ‖J‖_F)"),
+        y=alt.Y("m_K:Q", title=f"m_K(J, J + εR), K = {p.k}"),
+        tooltip=[alt.Tooltip("noise:Q", title="ε"), alt.Tooltip("m_K:Q", format=".3f")],
+    ).properties(width=420, height=220, title="The metric under growing noise")  # fmt: skip
+
+
+def random_pairs_chart(r: Results, p: Params):
+    """The histogram of m_K over the unrelated random pairs."""
+    import altair as alt
+
+    return alt.Chart(r.toy.random_pairs).mark_bar().encode(
+        x=alt.X("m_K:Q", bin=alt.Bin(maxbins=30), title=f"m_K, K = {p.k}, d = {p.d_toy}"),
+        y=alt.Y("count():Q", title="pairs"),
+    ).properties(width=420, height=160, title="Coupling of unrelated random matrices")  # fmt: skip
+
+
+# --------------------------------------------------------------------------- glue
+def glue_values(p: Params, r: Results) -> dict[str, Any]:
+    """Every value the prose glues, by name."""
+    m_adjacent, m_random_basis = r.m_case(neighbour_case(p.layer)), r.m_case(RANDOM)
+    random_mean, random_max = float(r.toy.random_pairs.m_K.mean()), float(r.toy.random_pairs.m_K.max())
+    return {
+        "f00_energy_top_k": r.energy_top_k,
+        "f00_energy_random": r.energy_random,
+        "f00_energy_factor": r.energy_top_k / r.energy_random,
+        "f00_d": r.d_model,
+        "f00_k": p.k,
+        "f00_energy_more": "more" if r.energy_top_k > r.energy_random else "less",
+        "f00_energy_where": "in" if r.energy_top_k >= 0.5 else "outside",
+        "f00_m_own": r.m_case(OWN),
+        "f00_m_adjacent": m_adjacent,
+        "f00_m_random_basis": m_random_basis,
+        "f00_adjacent_vs_random": "lower (more coupled)" if m_adjacent < m_random_basis else "not lower",
+        "f00_m_forward": r.m_forward,
+        "f00_m_backward": r.m_backward,
+        **_noise_values(r.sweep, r.noise_equivalent, m_adjacent),
+        "f00_layer": p.layer,
+        "f00_random_mean": random_mean,
+        "f00_random_max": random_max,
+        "f00_n_random": p.n_random,
+    }
+
+
+def _noise_values(sweep: pd.DataFrame, eps: float, m_adjacent: float) -> dict[str, Any]:
+    """The noise section's glued values: the equivalent noise level and the sentences about it."""
+    if eps == eps:  # NaN when no swept level reaches the neighbour's value
+        text_ = f"ε ≈ {eps:.2g}"
+        sentence = (
+            f"The neighbouring block's basis leaves J as far from diagonal (m_K = {m_adjacent:.3f}) as the "
+            f"basis of J + εR does at ε ≈ {eps:.2g}: noise of about that size relative to J's norm"
+        )
+    else:
+        text_ = f"beyond the sweep (no ε up to {sweep.noise.max():g} reaches it: extend the sweep)"
+        sentence = (
+            f"None of the swept noise levels (up to ε = {sweep.noise.max():g}, "
+            f"m_K = {sweep.m_K.iloc[-1]:.3f}) leaves J as far from diagonal as the neighbouring block's "
+            f"basis does (m_K = {m_adjacent:.3f}): sweep further"
+        )
+    return {"f00_noise_equivalent": eps, "f00_noise_equivalent_text": text_, "f00_noise_sentence": sentence}

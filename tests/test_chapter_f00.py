@@ -1,0 +1,130 @@
+"""Chapter f00's module: its plan (one stored job: the last token's Jacobians of two blocks), what
+run() reads back from the store and computes from it, and the values its notebook glues."""
+
+from __future__ import annotations
+
+import pickle
+import re
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from coupling_utils.analysis import coupling_metric as cm
+from coupling_utils.chapters import ParameterError
+from coupling_utils.chapters import f00_coupling_metric as f00
+from coupling_utils.engine.metric import coupling, svd
+from coupling_utils.measurement import Options
+from coupling_utils.pipeline.sweep import planned_params
+
+NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "f00_coupling_metric.md"
+HUB = {"model": "meta-llama/Meta-Llama-3-8B", "layer": 12, "k": 10, "d_toy": 16, "n_random": 5}
+
+
+@pytest.mark.parametrize("profile", ["smoke", "default", "laptop", "paper"])
+def test_the_plan_is_one_job_of_two_jacobians(profile):
+    p = planned_params(f00.NOTEBOOK, profile)
+    (job,) = f00.jobs(p)  # planned without the model: the paper's hub model is not here
+    assert job.storable and job.settings == {} and job.model == p.model and job.prompts == [p.prompt]
+    assert job.extra.fn is cm.block_jacobians and dict(job.extra.options) == {"layer": p.layer}
+    assert job.extra.passes(32, 4096) == 2 * 4097  # d VJPs and a forward, for each of two blocks
+    assert job.load_kwargs["dtype"] == p.dtype and job.revision == (p.revision or None)
+    assert job.weights == "trained" and job.check.keywords == {"layer": p.layer, "k": p.k}
+    assert pickle.loads(pickle.dumps(job)) == job  # a sweep ships it to its workers
+
+
+def test_only_what_the_jacobians_depend_on_keys_the_job():
+    p = f00.Params.checked({})
+    key = f00.jobs(p)[0].key
+    cpu_only = {"k": 4, "noise_levels": [0.0, 1.0], "d_toy": 8, "n_random": 3, "seed": 2}
+    assert f00.jobs(f00.Params.checked(cpu_only))[0].key == key  # computed from the stored matrices
+    for change in ({"layer": 3}, {"prompt": "Paris is"}, {"dtype": "bfloat16"}, {"revision": "step1"}):
+        assert f00.jobs(f00.Params.checked(change))[0].key != key
+
+
+def _glue_names() -> tuple[set[str], set[str]]:
+    """The names the notebook's prose reads, and those pinned for it (tests/pinned/smoke_values.yaml)."""
+    import yaml
+
+    prose = set(re.findall(r"\{glue:text\}`(f00_[a-zA-Z0-9_]+)", NOTEBOOK.read_text()))
+    pinned = yaml.safe_load((Path(__file__).parent / "pinned" / "smoke_values.yaml").read_text())
+    return prose, set(pinned["notebooks"][f00.NOTEBOOK]["glue"])
+
+
+def test_run_reads_back_what_the_model_gives(standin_hub, tmp_path, monkeypatch):
+    from coupling_utils import load_model, token_jacobians
+
+    monkeypatch.setenv("COUPLING_CACHE", str(tmp_path))
+    p = f00.Params.checked(HUB)
+    with pytest.raises(f00.NotMeasured, match="not measured yet"):
+        f00.run(p, Options(compute=False))
+    loads = []
+
+    def load(ref, **kw):
+        loads.append(ref)
+        return load_model(ref, **kw)
+
+    r = f00.run(p, Options(load=load))
+    assert loads == [HUB["model"]]
+    lm = load_model(HUB["model"])
+    ids = lm.tokenizer(p.prompt, return_tensors="pt").input_ids
+    J, J_next = token_jacobians(lm, ids, 12)[-1], token_jacobians(lm, ids, 13)[-1]
+    assert torch.equal(r.J, J) and torch.equal(r.J_next, J_next)  # exact: float32 through Parquet
+    assert r.facts == {"name": lm.name, "n_layers": lm.n_layers, "d_model": lm.d_model, "T": ids.shape[1],
+                       "layer": 12}  # fmt: skip
+    L, d, T = lm.n_layers, lm.d_model, ids.shape[1]
+    assert r.headline() == f"{lm.name}: {L} blocks, width d = {d}; prompt of T = {T} tokens"
+    assert torch.equal(r.R, cm.random_reference(J, seed=p.seed)) and torch.equal(r.s.S, svd(J).S)
+    assert r.m_case(f00.neighbour_case(12)) == coupling(J, J_next, 10) == r.m_forward
+    assert r.m_backward == coupling(J_next, J, 10)
+    pd.testing.assert_frame_equal(r.sweep, cm.noise_sweep(J, p.noise_levels, 10, seed=p.seed))
+    assert list(r.by_k.K) == [1, 10, 30, 50] and list(r.variants.K.unique()) == [1, 10, 30, 50]
+
+    again = f00.run(p, Options(load=load, compute=False))  # read only: nothing loaded, the same numbers
+    assert loads == [HUB["model"]] and torch.equal(again.J, r.J)
+    values = f00.glue_values(p, again)
+    prose, pinned = _glue_names()
+    assert prose <= set(values) and set(values) == pinned  # every name the prose reads; the pinned set
+    assert values == f00.glue_values(p, r)
+    assert values["f00_d"] == lm.d_model and type(values["f00_d"]) is int
+    assert values["f00_m_adjacent"] == coupling(J, J_next, 10)
+    assert values["f00_energy_top_k"] == cm.energy_share(svd(J).S, 10)
+    assert set(r.assumed) == {"f00-random-basis-near-one", "f00-random-near-one", "f00-trace-smaller"}
+
+
+def test_a_layer_without_a_next_block_is_refused_before_measuring(standin_hub, tmp_path, monkeypatch):
+    monkeypatch.setenv("COUPLING_CACHE", str(tmp_path))
+    p = f00.Params.checked({**HUB, "layer": 31})  # 32 blocks: block 31 has no neighbour
+    with pytest.raises(f00.NotMeasured, match=r"ParameterError: parameter 'layer' must be <= 30, got 31"):
+        f00.run(p)
+    (job,) = f00.jobs(p)
+    assert not job.extra_out().exists()  # the check ran before the Jacobians
+
+
+def test_k_above_the_width_is_refused_for_new_and_for_stored_jacobians(standin_hub, tmp_path, monkeypatch):
+    monkeypatch.setenv("COUPLING_CACHE", str(tmp_path))
+    wide = f00.Params.checked({**HUB, "k": 65, "d_toy": 80})
+    message = r"parameter 'k' \(K\) must be <= the model width d=64, got 65"
+    with pytest.raises(f00.NotMeasured, match=message):
+        f00.run(wide)
+    f00.run(f00.Params.checked(HUB))  # stores the Jacobians (the same job: K is not in its key)
+    with pytest.raises(ParameterError, match=message):
+        f00.run(wide, Options(compute=False))
+
+
+def test_the_noise_sentences_read_the_sweep():
+    sweep = pd.DataFrame({"noise": [0.0, 1.0, 30.0], "m_K": [0.0, 0.5, 0.9]})
+    reached = f00._noise_values(sweep, 2.0, 0.6)
+    assert reached["f00_noise_equivalent_text"] == "ε ≈ 2"
+    assert reached["f00_noise_sentence"] == (
+        "The neighbouring block's basis leaves J as far from diagonal (m_K = 0.600) as the basis of "
+        "J + εR does at ε ≈ 2: noise of about that size relative to J's norm"
+    )
+    beyond = f00._noise_values(sweep, float("nan"), 0.95)
+    text = beyond["f00_noise_equivalent_text"]
+    assert text == "beyond the sweep (no ε up to 30 reaches it: extend the sweep)"
+    assert beyond["f00_noise_sentence"] == (
+        "None of the swept noise levels (up to ε = 30, m_K = 0.900) leaves J as far from diagonal as the "
+        "neighbouring block's basis does (m_K = 0.950): sweep further"
+    )
