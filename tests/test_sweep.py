@@ -78,8 +78,8 @@ def test_the_paper_profiles_give_one_task_per_model_and_revision(standin_hub):
 
 
 def test_notebooks_that_load_their_own_models_are_not_swept():
-    with pytest.raises(S.SweepError, match=r"f00_coupling_metric is not swept.*coupling-book run f00"):
-        S.notebook_jobs("f00", "paper")
+    with pytest.raises(S.SweepError, match=r"f04_vision_transformers is not swept.*coupling-book run f04"):
+        S.notebook_jobs("f04", "paper")
 
 
 def test_task_ids_follow_the_measurements(standin_hub, private_cache):

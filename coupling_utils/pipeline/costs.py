@@ -325,14 +325,6 @@ def _from_jobs(jobs) -> list[Work]:
     return out
 
 
-def _f00_work(v: Mapping[str, Any]) -> list[Work]:
-    """f00: the token Jacobians of blocks ``layer`` and ``layer + 1`` for every token of the prompt."""
-    T = _prompt_tokens(v["prompt"], None)
-    return [
-        Work(v["model"], v["revision"] or None, v["dtype"], 1, T, 2, T, "exact", v["k"], what="jacobians")
-    ]
-
-
 def _f04_work(v: Mapping[str, Any]) -> list[Work]:
     """f04's hub ViTs, each trained and at random init, on ``n_images`` images (197 tokens at 224 px)."""
     # the run over its checkpoints and the family: embedded models, listed apart (the zoo's cost)
@@ -354,7 +346,6 @@ def _f04_work(v: Mapping[str, Any]) -> list[Work]:
 
 # the chapters that measure inside their own cells and have no ``jobs`` yet: their work as those cells do it
 UNPLANNED: dict[str, Callable[[Mapping[str, Any]], list[Work]]] = {
-    "f00_coupling_metric": _f00_work,
     "f04_vision_transformers": _f04_work,
 }
 
