@@ -4,14 +4,16 @@ The paper states that ViTs show the coupling of LLMs: it emerges in training and
 well a model generalises. This module measures the ViTs trained here (and hub ViTs) on MNIST
 test digits through the one measurement loop (:mod:`coupling_utils.measurement`):
 
-- :func:`vit_coupling`: one coupling number per model (mean ``1 − m_K²`` over block pairs, see
-  :func:`coupling_utils.measurement.coupling_summary`), for a chosen token
+- :func:`vit_jobs` and :func:`vit_coupling`: one coupling number per model (mean ``1 − m_K²``
+  over block pairs, see :func:`coupling_utils.measurement.coupling_summary`), for a chosen token
   (:func:`coupling_utils.models.images.vit_tokens`: the CLS token by default), with ``K`` per
   model, and optionally each model's **independently seeded twin** (same config, untrained,
   weights drawn under ``init_seed``, which must differ from the seed the run was trained from:
-  otherwise the "twin" is the run's own step-0 checkpoint). Image inputs are made per model
-  from its files (:func:`coupling_utils.models.images.image_format`), so a hub ViT that cannot
-  be reached is recorded as missing instead of stopping the others (``on_error="record"``).
+  otherwise the "twin" is the run's own step-0 checkpoint). A job's prompts are the digits
+  themselves (:func:`mnist_digits`); they become the model's own input format
+  (:func:`digit_inputs`, the job's ``prepare`` step) once it is loaded, so planning reads no
+  model and a hub ViT that cannot be reached is recorded as missing instead of stopping the
+  others (``Options(on_error="record")``). :func:`condense` turns collected jobs into the tables.
 - :func:`twin_gap`: trained minus twin per model, paired over images, with a bootstrap interval.
 - :func:`curve_shape`: shape descriptors of a coupling curve over training (rank correlation
   with the step, where the peak lies, the largest fall), for verdicts judged on the shape;
@@ -23,24 +25,29 @@ test digits through the one measurement loop (:mod:`coupling_utils.measurement`)
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
+import torch
 
-from coupling_utils.measurement import Job, Options, Result, Settings, collect, plan, relabel
-from coupling_utils.measurement.options import ON_ERROR
-from coupling_utils.models.images import check_vit_token, image_format, mnist_inputs, vit_tokens
+from coupling_utils.measurement import Job, Options, Result, Settings, collect, plan
+from coupling_utils.models.images import check_vit_token, image_inputs, vit_tokens
 
 __all__ = [
+    "ViTSetup",
     "ViTCoupling",
-    "vit_coupling",
+    "mnist_digits",
+    "digit_inputs",
     "vit_jobs",
+    "vit_coupling",
+    "condense",
     "training_seed",
     "twin_gap",
     "curve_shape",
@@ -125,171 +132,159 @@ def _twin(name: str, ref: Any, init_seed: int) -> dict:
     return {**spec, "random_init": True, "seed": int(init_seed)}
 
 
-def _reference(ref: Any) -> tuple[str, str | None]:
-    if isinstance(ref, Mapping):
-        return str(ref["name_or_path"]), ref.get("revision")
-    return str(ref), None
+@dataclass(frozen=True)
+class ViTSetup:
+    """What every ViT of one comparison shares: the digits (``n_images`` of ``split``, chosen
+    with ``seed``), the token whose Jacobians are compared (:func:`vit_tokens`), how block pairs
+    make one number (``how``), the SVD ``method``, the weights' ``dtype`` and where measurements
+    are stored (``cache``; None: nowhere)."""
+
+    n_images: int = 4
+    split: str = "test"
+    seed: int = 0
+    token: str | int = "cls"
+    how: str = "offdiag"
+    method: str = "exact"
+    dtype: str = "float32"
+    cache: str | Path | None = None
+
+
+def mnist_digits(n: int, *, split: str = "test", seed: int = 0) -> tuple[dict[str, torch.Tensor], list[int]]:
+    """``n`` MNIST digits of ``split`` (the seeded choice of
+    :func:`~coupling_utils.models.images.mnist_inputs`) as ``{"<split>-<index>": uint8 [28, 28]}``
+    and their labels: the prompts of the ViT jobs, the same for every model, so a job's key
+    names its images (ids and pixels) before any model is read."""
+    from coupling_utils.models.vit_training import load_mnist
+
+    data = load_mnist()
+    if split not in data:
+        raise ValueError(f"split must be one of {sorted(data)}, got {split!r}")
+    images, labels = data[split]
+    if not 1 <= n <= len(images):
+        raise ValueError(f"n must be between 1 and {len(images)}, got {n}")
+    idx = np.sort(np.random.default_rng(seed).choice(len(images), size=n, replace=False))
+    # clone: a view would carry (and pickle) the whole split
+    return {f"{split}-{int(i)}": images[int(i)].clone() for i in idx}, [int(labels[i]) for i in idx]
+
+
+def digit_inputs(model, digits: Mapping[str, torch.Tensor]) -> dict[str, dict]:
+    """The ViT jobs' ``prepare`` step: the digits (:func:`mnist_digits`) as measure() inputs in the
+    loaded ``model``'s own format (:func:`~coupling_utils.models.images.image_inputs`: its size,
+    channels and normalisation), ``{id: {"pixel_values": Tensor[1, C, H, W]}}``."""
+    pixels = image_inputs(model, torch.stack(list(digits.values())))
+    return {pid: {"pixel_values": pixels[j : j + 1]} for j, pid in enumerate(digits)}
 
 
 def _model_jobs(
-    name: str,
-    ref: Any,
-    *,
-    inputs: dict,
-    n_images: int,
-    split: str,
-    seed: int,
-    k: int,
-    token,
-    twins: bool,
-    init_seed: int,
-    method: str,
-    dtype: str,
-    cache: str | Path | None,
+    name: str, ref: Any, digits: dict, setup: ViTSetup, *, k: int, twins: bool, init_seed: int
 ) -> list[Job]:
-    """One model's jobs (trained, and its twin with ``twins``); ``inputs`` caches the digits per
-    input format. Raises whatever reading the model's files or checking the token raises."""
+    """One model's jobs (trained, and its twin with ``twins``); nothing of the model is read
+    here: its inputs are made and its token checked once it is loaded."""
     weights = {"trained": ref}
     if twins:
         weights["random init"] = _twin(name, ref, init_seed)
-    fmt = image_format(*_reference(ref))
-    check = functools.partial(check_vit_token, token=token)
-    check(fmt)
-    shape = (str(fmt.config.image_size), fmt.config.num_channels, str(fmt.tokenizer))
-    if shape not in inputs:
-        inputs[shape] = mnist_inputs(fmt, n_images, split=split, seed=seed)[0]
-    settings = Settings(k=[int(k)], tokens=vit_tokens(token), method=method)
+    check = functools.partial(check_vit_token, token=setup.token)
+    settings = Settings(k=[int(k)], tokens=vit_tokens(setup.token), method=setup.method)
     jobs = []
     for w, spec in weights.items():
-        planned = plan({name: spec}, inputs[shape], settings, dtype=dtype, root=cache, check=check)
-        jobs += relabel(planned, lambda job, w=w: {"weights": w})
+        for job in plan({name: spec}, digits, settings, dtype=setup.dtype, root=setup.cache, check=check):
+            jobs.append(dataclasses.replace(job, labels={**job.labels, "weights": w}, prepare=digit_inputs))
     return jobs
 
 
 def vit_jobs(
     models: Mapping[str, Any],
+    setup: ViTSetup | None = None,
     *,
-    n_images: int = 4,
-    split: str = "test",
-    seed: int = 0,
     k: int | Mapping[str, int] = 10,
-    token: str | int = "cls",
     twins: bool = False,
     init_seed: int = 1,
-    method: str = "exact",
-    dtype: str = "float32",
-    cache: str | Path | None = None,
 ) -> list[Job]:
     """The jobs of :func:`vit_coupling` (labels ``model`` and ``weights``), e.g. to run them
-    elsewhere (one cluster job each) and read them back with ``collect(jobs, Options(compute=False))``."""
+    elsewhere (one cluster job each) and read them back with ``collect(jobs, Options(compute=False))``.
+
+    Planning reads no model (a hub ViT need not be on this machine): each job's prompts are the
+    digits themselves, made into the model's inputs by :func:`digit_inputs` once it is loaded.
+    Raises a ValueError for an unknown token or a twin seed equal to a run's training seed."""
+    setup = setup or ViTSetup()
     if not models:
         raise ValueError("models is empty; pass at least one {name: reference}")
-    vit_tokens(token)  # a bad token fails before any model is read
-    inputs: dict = {}
-    return [
-        job
-        for name, ref in models.items()
-        for job in _model_jobs(
-            name,
-            ref,
-            inputs=inputs,
-            n_images=n_images,
-            split=split,
-            seed=seed,
-            k=k[name] if isinstance(k, Mapping) else k,
-            token=token,
-            twins=twins,
-            init_seed=init_seed,
-            method=method,
-            dtype=dtype,
-            cache=cache,
-        )  # fmt: skip
-    ]
+    vit_tokens(setup.token)  # a bad token fails before any model is read
+    digits, _ = mnist_digits(setup.n_images, split=setup.split, seed=setup.seed)
+    jobs = []
+    for name, ref in models.items():
+        model_k = k[name] if isinstance(k, Mapping) else k
+        jobs += _model_jobs(name, ref, digits, setup, k=model_k, twins=twins, init_seed=init_seed)
+    return jobs
 
 
 def vit_coupling(
     models: Mapping[str, Any],
+    setup: ViTSetup | None = None,
     *,
-    n_images: int = 4,
-    split: str = "test",
-    seed: int = 0,
     k: int | Mapping[str, int] = 10,
-    token: str | int = "cls",
-    how: str = "offdiag",
     twins: bool = False,
     init_seed: int = 1,
-    method: str = "exact",
-    dtype: str = "float32",
-    cache: str | Path | None = None,
-    on_error: str = "raise",
-    reuse_stale: bool = False,
+    options: Options | None = None,
     echo: Callable[[str], None] | None = None,
 ) -> ViTCoupling:
     """Coupling of each ViT in ``models`` (``{name: reference}``) on the same MNIST digits.
 
     A reference is ``embedded:...``, a run directory, a hub id, or ``load_model``'s arguments as
-    a dict (``{"name_or_path": ..., "revision": "step64"}``). ``n_images`` digits of ``split``
-    (seeded choice) are made into each model's own input format. ``k``: one K, or ``{name:
-    K}`` (e.g. from :func:`family_members`, K fixed as a fraction of each width). ``token``:
-    ``"cls"``, ``"mean"``, ``"last"`` or a patch ``"patch<N>"``
-    (:func:`~coupling_utils.models.images.vit_tokens`). ``twins``: also measure each model's
-    untrained twin drawn under ``init_seed`` (labelled ``weights="random init"``; a ValueError
-    if that is the run's own training seed). ``cache``: where measurements are kept (a rerun
-    reads them). ``on_error="record"``: a model that cannot be reached, loaded or measured is
-    listed in ``failures`` (with the exception's type and message) and the others run.
+    a dict (``{"name_or_path": ..., "revision": "step64"}``). ``setup``: the digits, token,
+    method, dtype and cache (:class:`ViTSetup`); each model gets the digits in its own input
+    format. ``k``: one K, or ``{name: K}`` (e.g. from :func:`family_members`, K fixed as a
+    fraction of each width). ``twins``: also measure each model's untrained twin drawn under
+    ``init_seed`` (labelled ``weights="random init"``; a ValueError if that is the run's own
+    training seed). ``options``: how the jobs run (None: ``Options(on_error="raise")``, the
+    first failure propagates); with ``on_error="record"`` a model that cannot be reached, loaded
+    or measured is listed in ``failures`` (exception type and message) and the others run.
+    ``echo(line)``: one line per model as it is done.
     """
-    if on_error not in ON_ERROR:
-        raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
-    if not models:
-        raise ValueError("models is empty; pass at least one {name: reference}")
-    vit_tokens(token)
-    jobs, failures, inputs = [], [], {}
-    for name, ref in models.items():
-        if twins:
-            _twin(name, ref, init_seed)  # a twin seed equal to the training seed is the caller's error
-        try:
-            jobs += _model_jobs(
-                name, ref, inputs=inputs, n_images=n_images, split=split, seed=seed,
-                k=k[name] if isinstance(k, Mapping) else k, token=token, twins=twins, init_seed=init_seed,
-                method=method, dtype=dtype, cache=cache,
-            )  # fmt: skip
-        except Exception as exc:
-            if on_error == "raise":
-                raise
-            failures += [
-                {"model": name, "weights": w, "error": type(exc).__name__, "message": str(exc)}
-                for w in (WEIGHTS if twins else WEIGHTS[:1])
-            ]
-            if echo is not None:
-                echo(f"{name}: missing ({type(exc).__name__}: {exc})")
-    rows, per_prompt, depthwise = [], [], []
+    jobs = vit_jobs(models, setup, k=k, twins=twins, init_seed=init_seed)
+    tables = _Tables(setup or ViTSetup(), echo)
+    collect(jobs, options or Options(on_error="raise"), callback=tables.add)
+    return tables.done()
 
-    def condense(r: Result) -> None:
-        row, pp, dw = _condense(r, how=how, token=token)
+
+def condense(
+    results: Iterable[Result], setup: ViTSetup, echo: Callable[[str], None] | None = None
+) -> ViTCoupling:
+    """The :class:`ViTCoupling` of collected ViT jobs (:func:`vit_jobs`), in their order; a job
+    without a result is a row of ``failures``. ``echo(line)``: one line per job (its coupling,
+    or why it is missing)."""
+    tables = _Tables(setup, echo)
+    for r in results:
+        tables.add(r)
+    return tables.done()
+
+
+class _Tables:
+    """The tables of a :class:`ViTCoupling`, one job's result at a time."""
+
+    def __init__(self, setup: ViTSetup, echo: Callable[[str], None] | None = None):
+        self.setup, self.echo = setup, echo
+        self.rows, self.per_prompt, self.depthwise, self.failures = [], [], [], []
+
+    def add(self, r: Result) -> None:
+        row, pp, dw = _condense(r, how=self.setup.how, token=self.setup.token)
         if row is None:
-            labels = r.job.labels
-            failures.append(
-                {
-                    "model": labels["model"],
-                    "weights": labels["weights"],
-                    "error": r.error,
-                    "message": r.message,
-                }
-            )
+            labels = {key: r.job.labels[key] for key in ("model", "weights")}
+            self.failures.append({**labels, "error": r.error, "message": r.message})
         else:
-            rows.append(row)
-            per_prompt.append(pp)
-            depthwise.append(dw)
-        if echo is not None:
-            echo(_echo_line(r, row))
+            self.rows.append(row)
+            self.per_prompt.append(pp)
+            self.depthwise.append(dw)
+        if self.echo is not None:
+            self.echo(_echo_line(r, row))
 
-    collect(jobs, Options(on_error=on_error, reuse_stale=reuse_stale), callback=condense)
-    return ViTCoupling(
-        summary=pd.DataFrame(rows).reindex(columns=SUMMARY_COLUMNS),
-        per_prompt=_concat(per_prompt, ["model", "weights", "prompt", "coupling"]),
-        depthwise=_concat(depthwise, ["model", "weights", "layer_i", "layer_j", "m", "coupling"]),
-        failures=pd.DataFrame(failures).reindex(columns=FAILURE_COLUMNS),
-    )
+    def done(self) -> ViTCoupling:
+        return ViTCoupling(
+            summary=pd.DataFrame(self.rows).reindex(columns=SUMMARY_COLUMNS),
+            per_prompt=_concat(self.per_prompt, ["model", "weights", "prompt", "coupling"]),
+            depthwise=_concat(self.depthwise, ["model", "weights", "layer_i", "layer_j", "m", "coupling"]),
+            failures=pd.DataFrame(self.failures).reindex(columns=FAILURE_COLUMNS),
+        )
 
 
 def _concat(frames: list[pd.DataFrame], columns: list[str]) -> pd.DataFrame:
@@ -300,7 +295,7 @@ def _condense(r: Result, *, how: str, token) -> tuple[dict | None, pd.DataFrame 
     """A job's summary row, per-image couplings and mean depth-wise matrix (None for a failed job)."""
     if not r.ok:
         return None, None, None
-    labels = dict(r.job.labels)
+    labels = {key: r.job.labels[key] for key in ("model", "weights")}
     m = r.measurements["measure"]
     k = int(m.depthwise["K"].iloc[0])
     facts = r.model
