@@ -9,6 +9,7 @@ from coupling_utils.analysis import vision_transformers as vt
 from coupling_utils.chapters import ParameterError
 from coupling_utils.chapters import f04_vision_transformers as f04
 from coupling_utils.measurement import Options
+from coupling_utils.models.training import list_revisions
 from coupling_utils.pipeline.sweep import planned_params
 
 ABSENT = "org/absent-vit"  # a hub ViT that is not on this machine
@@ -27,6 +28,15 @@ def _params(**overrides):
     return planned_params(f04.NOTEBOOK, "smoke", overrides)
 
 
+@pytest.mark.parametrize("profile", ["smoke", "default", "laptop", "paper"])
+def test_planning_trains_downloads_and_loads_nothing(profile, tmp_path, monkeypatch):
+    monkeypatch.setenv("COUPLING_CACHE", str(tmp_path))
+    jobs = f04.jobs(planned_params(f04.NOTEBOOK, profile))  # laptop, paper: hub ViTs not on this machine
+    assert jobs and all(j.folder.is_relative_to(tmp_path / "f04") for j in jobs)
+    built = [path for path in (tmp_path / "zoo").rglob("*") if path.is_file()]
+    assert built == []  # no embedded run or family was trained to plan
+
+
 def test_the_plan_holds_every_study_and_reads_no_hub_model(smoke_vits):
     p = _params(hub_models=[ABSENT])
     jobs = f04.jobs(p)
@@ -40,7 +50,10 @@ def test_the_plan_holds_every_study_and_reads_no_hub_model(smoke_vits):
         assert [j.weights for j in by[study]] == ["trained", "random init"]
         assert by[study][1].load_kwargs["seed"] == p.init_seed
     assert by["hub"][0].model == ABSENT
-    members = f04.family_members(p)
+    members = f04.family_members(p)  # as trained: the recipes planned the same members, K and checkpoints
+    planned = vt.family_recipes(p.family, k_over_d=p.family_k_over_d)
+    assert planned[["run", "name", "K"]].equals(members[["run", "name", "K"]])
+    assert f04.checkpoints(p) == list_revisions(f04.run_dir(p))
     assert [j.labels["model"] for j in by["family"]] == [r for r in members.run for _ in range(2)]
     k = {j.labels["model"]: j.settings["measure"].k for j in by["family"]}
     assert k == {run: (int(kk),) for run, kk in zip(members.run, members.K)}

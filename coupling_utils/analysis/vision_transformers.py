@@ -20,7 +20,9 @@ test digits through the one measurement loop (:mod:`coupling_utils.measurement`)
   :func:`describe_curve` puts them into words for the prose.
 - :func:`plateau` and :func:`family_members`: whether a run's accuracy had flattened when it
   stopped, and a family's members with ``K`` fixed as a fraction of the width (``K/d``), so
-  that the chance level of ``1 − m²`` is the same for every width.
+  that the chance level of ``1 − m²`` is the same for every width; :func:`family_recipes` and
+  :func:`run_revisions` plan the same members and checkpoints from the zoo's recipes, before
+  anything is trained.
 """
 
 from __future__ import annotations
@@ -49,6 +51,8 @@ __all__ = [
     "vit_coupling",
     "condense",
     "training_seed",
+    "run_revisions",
+    "family_recipes",
     "twin_gap",
     "curve_shape",
     "describe_curve",
@@ -100,23 +104,47 @@ class ViTCoupling:
         )
 
 
+def _recipe(name: str):
+    """The training spec of an embedded run or family member, from the zoo's recipes (nothing is
+    trained); None for a pretrained entry. An unknown name raises the zoo's error."""
+    from coupling_utils.models import zoo
+
+    zoo.entry_path(name)  # names what exists if the name is unknown
+    base, _, member = str(name).removeprefix(zoo.PREFIX).partition("/")
+    entry = zoo.REGISTRY[base]
+    if entry.spec is None:
+        return None
+    return entry.specs()[member] if member else entry.specs()
+
+
 def training_seed(ref: Any) -> int | None:
     """The seed a local run (``embedded:...`` or a run directory) was initialised and trained
-    from, read from its ``training_spec.json``; None for anything else (a hub model)."""
+    from: an embedded run's recipe, a run directory's ``training_spec.json``; None for anything
+    else (a hub model). Nothing is trained or downloaded to tell."""
     name = ref.get("name_or_path") if isinstance(ref, Mapping) else ref
     if not isinstance(name, (str, Path)):
         return None
     name = str(name)
     if name.startswith("embedded:"):
-        from coupling_utils.models import zoo
-
-        path = zoo.resolve(name, progress=False)
-    else:
-        path = Path(name).expanduser()
-    spec = path / "training_spec.json"
+        spec = _recipe(name)
+        return None if spec is None else int(spec.seed)
+    spec = Path(name).expanduser() / "training_spec.json"
     if not spec.exists():
         return None
     return int(json.loads(spec.read_text())["spec"]["seed"])
+
+
+def run_revisions(model: str) -> list[str]:
+    """The checkpoints a ViT run saves (``step<N>``, in step order): from its recipe for an
+    embedded run (so planning trains nothing), listed from its ``revisions/`` for a run directory."""
+    from coupling_utils.models.training import list_revisions, saved_steps
+
+    if str(model).startswith("embedded:"):
+        spec = _recipe(model)
+        if spec is None or spec.checkpoints != "pythia":
+            return []
+        return [f"step{s}" for s in saved_steps(spec)]
+    return list_revisions(Path(model).expanduser())
 
 
 def _twin(name: str, ref: Any, init_seed: int) -> dict:
@@ -473,6 +501,23 @@ def k_for_width(d_model: int, k_over_d: float) -> int:
     if not 0 < k_over_d <= 1:
         raise ValueError(f"k_over_d must be a fraction of the width in (0, 1], got {k_over_d}")
     return int(min(d_model, max(1, round(k_over_d * d_model))))
+
+
+def family_recipes(family: str, *, k_over_d: float) -> pd.DataFrame:
+    """An embedded ViT family's members as its recipes plan them (nothing is trained): ``run``,
+    ``name`` (``embedded:<family>/<run>``), ``d_model``, ``n_layers``, ``seed`` and ``K``
+    (:func:`k_for_width`), in the order of :func:`family_members`."""
+    from coupling_utils.models import zoo
+
+    entry = zoo.REGISTRY[family.removeprefix(zoo.PREFIX)]
+    rows = [
+        {"run": run, "name": f"{zoo.PREFIX}{entry.name}/{run}", "d_model": int(spec.d_model),
+         "n_layers": int(spec.n_layers), "seed": int(spec.seed)}
+        for run, spec in entry.specs().items()
+    ]  # fmt: skip
+    table = pd.DataFrame(rows)
+    table["K"] = [k_for_width(d, k_over_d) for d in table["d_model"]]
+    return table
 
 
 def family_members(family: str, *, k_over_d: float, metric: str = "val_acc") -> pd.DataFrame:

@@ -144,10 +144,9 @@ def run_dir(p: Params) -> Path:
 
 
 def checkpoints(p: Params) -> list[str]:
-    """The checkpoints measured: ``revisions``, or every checkpoint the run saved."""
-    from coupling_utils.models.training import list_revisions
-
-    steps = p.revisions or list_revisions(run_dir(p))
+    """The checkpoints measured: ``revisions``, or every checkpoint the run saves (an embedded
+    run's from its recipe: nothing is trained to plan)."""
+    steps = p.revisions or vt.run_revisions(p.model)
     if not steps:
         raise ValueError(
             f"{p.model} saved no checkpoints; pass a run with revisions or list them in 'revisions'"
@@ -156,27 +155,25 @@ def checkpoints(p: Params) -> list[str]:
 
 
 def family_members(p: Params) -> pd.DataFrame:
-    """The family's members with ``K`` = ``family_k_over_d`` × width and their plateaus (trained on
-    first use)."""
+    """The family's members with ``K`` = ``family_k_over_d`` × width, their accuracy and
+    plateaus (the family is trained on first use)."""
     return vt.family_members(p.family, k_over_d=p.family_k_over_d)
 
 
 def jobs(p: Params) -> list[Job]:
     """The measurement plan, every job labelled with its ``study`` (:data:`STUDIES`): each
     checkpoint of the run (trained weights, ``k``); the run and its twin drawn under
-    ``init_seed``; each hub ViT and its twin (``k``); each family member and its twin (``K`` per
-    width). Every job's prompts are the same ``n_images`` digits, made into the model's own
-    input format once it is loaded, so planning reads no hub model."""
-    return _plan(p, family_members(p))
-
-
-def _plan(p: Params, members: pd.DataFrame) -> list[Job]:
+    ``init_seed``; each hub ViT and its twin (``k``); each family member and its twin (``K`` =
+    ``family_k_over_d`` × width). Every job's prompts are the same ``n_images`` digits, made into
+    the model's own input format once it is loaded. Planned from the parameters and the zoo's
+    recipes alone: nothing is trained, downloaded or loaded."""
     if not p.use_cache:
         raise ParameterError(
             "parameter 'use_cache' is false: the notebook would not read what a sweep stores; drop the "
             "override"
         )
     s = setup(p)
+    members = vt.family_recipes(p.family, k_over_d=p.family_k_over_d)
     twins = {"twins": True, "init_seed": p.init_seed}
     studies = {
         "training": vt.vit_jobs({rev: {"name_or_path": p.model, "revision": rev} for rev in checkpoints(p)},
@@ -296,8 +293,7 @@ def run(p: Params, options: Options | None = None) -> Results:
     """Collect :func:`jobs` (measured where missing, else read) and derive what the story shows.
     A hub ViT that is missing is recorded (``hub.failures``); any other missing job raises
     :class:`NotMeasured`, naming the reason."""
-    members = family_members(p)
-    done = collect(_plan(p, members), options, desc=NOTEBOOK)
+    done = collect(jobs(p), options, desc=NOTEBOOK)
     lost = [r for r in done.results if not r.ok and r.job.labels["study"] != "hub"]
     if lost:
         raise NotMeasured(
@@ -309,7 +305,7 @@ def run(p: Params, options: Options | None = None) -> Results:
         study: vt.condense([r for r in done.results if r.job.labels["study"] == study], s, log[study].append)
         for study in STUDIES
     }
-    return dataclasses.replace(_results(p, studies, members), log=log)
+    return dataclasses.replace(_results(p, studies, family_members(p)), log=log)
 
 
 def _facts(p: Params) -> dict[str, Any]:
