@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import pickle
 
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
 from coupling_utils.analysis import vision_transformers as vt
+from coupling_utils.measurement import Options
 from coupling_utils.models import vit_training as vit
 
 
@@ -28,9 +32,11 @@ def test_the_twin_is_an_independent_draw_not_the_step0_checkpoint(tiny_run):
     run = str(tiny_run)
     assert vt.training_seed(run) == 0
     with pytest.raises(ValueError, match="its own step-0 checkpoint"):
-        vt.vit_coupling({"run": run}, k=2, n_images=2, twins=True, init_seed=0)
-    step0 = vt.vit_coupling({"step0": {"name_or_path": run, "revision": "step0"}}, k=2, n_images=2)
-    twins = vt.vit_coupling({"run": run}, k=2, n_images=2, twins=True, init_seed=1)
+        vt.vit_coupling({"run": run}, vt.ViTSetup(n_images=2), k=2, twins=True, init_seed=0)
+    step0 = vt.vit_coupling(
+        {"step0": {"name_or_path": run, "revision": "step0"}}, vt.ViTSetup(n_images=2), k=2
+    )
+    twins = vt.vit_coupling({"run": run}, vt.ViTSetup(n_images=2), k=2, twins=True, init_seed=1)
     s = twins.summary.set_index("weights")
     assert list(s.index) == ["trained", "random init"] and set(twins.summary.K) == {2}
     # the old bug: a "twin" drawn from the training seed reproduced step 0 exactly
@@ -46,24 +52,24 @@ def test_the_twin_is_an_independent_draw_not_the_step0_checkpoint(tiny_run):
     ("token", "positions"), [("cls", {0}), ("last", {16}), ("patch5", {6}), ("mean", set(range(17)))]
 )
 def test_token_choice_measures_that_token(tiny_run, tmp_path, token, positions):
-    from coupling_utils.measurement import Options, collect
+    from coupling_utils.measurement import collect
 
-    got = vt.vit_coupling({"run": str(tiny_run)}, k=2, n_images=1, token=token, cache=tmp_path)
+    setup = vt.ViTSetup(n_images=1, token=token, cache=tmp_path)
+    got = vt.vit_coupling({"run": str(tiny_run)}, setup, k=2)
     assert got.summary.token.iloc[0] == token
-    stored = collect(
-        vt.vit_jobs({"run": str(tiny_run)}, k=2, n_images=1, token=token, cache=tmp_path),
-        Options(compute=False),
-    )
+    stored = collect(vt.vit_jobs({"run": str(tiny_run)}, setup, k=2), Options(compute=False))
     assert set(stored.table("depthwise").token) == positions
 
 
 def test_a_patch_outside_the_grid_is_named(tiny_run):
     with pytest.raises(ValueError, match=r"4×4 = 16 patches, numbered 0..15"):
-        vt.vit_coupling({"run": str(tiny_run)}, k=2, n_images=1, token="patch16")
+        vt.vit_coupling({"run": str(tiny_run)}, vt.ViTSetup(n_images=1, token="patch16"), k=2)
 
 
 def test_k_per_model(tiny_run):
-    got = vt.vit_coupling({"a": str(tiny_run), "b": str(tiny_run)}, k={"a": 2, "b": 4}, n_images=1)
+    got = vt.vit_coupling(
+        {"a": str(tiny_run), "b": str(tiny_run)}, vt.ViTSetup(n_images=1), k={"a": 2, "b": 4}
+    )
     assert dict(zip(got.summary.model, got.summary.K)) == {"a": 2, "b": 4}
     assert vt.k_for_width(64, 0.25) == 16 and vt.k_for_width(32, 0.25) == 8 and vt.k_for_width(4, 0.01) == 1
     with pytest.raises(ValueError, match="k_over_d"):
@@ -73,14 +79,14 @@ def test_k_per_model(tiny_run):
 def test_missing_hub_vits_are_recorded_and_the_others_measured(standin_hub, tiny_run):
     got = vt.vit_coupling(
         {"here": str(tiny_run), "vit": "google/vit-base-patch16-224", "absent": "org/absent-vit"},
-        k=2, n_images=1, twins=True, init_seed=5, on_error="record",
+        vt.ViTSetup(n_images=1), k=2, twins=True, init_seed=5, options=Options(on_error="record"),
     )  # fmt: skip
     assert got.missing == ["absent"] and set(got.failures.weights) == set(vt.WEIGHTS)
     assert "absent" in got.report() and "OSError" in got.report()
     assert set(got.summary.model) == {"here", "vit"} and len(got.summary) == 4
     assert set(vt.twin_gap(got, n_resamples=20).model) == {"here", "vit"}
     with pytest.raises(OSError):
-        vt.vit_coupling({"absent": "org/absent-vit"}, k=2, n_images=1)
+        vt.vit_coupling({"absent": "org/absent-vit"}, vt.ViTSetup(n_images=1), k=2)
 
 
 def test_curve_shape_judges_the_whole_curve():
@@ -150,3 +156,37 @@ def test_describe_curve_words_follow_the_descriptors():
         pd.DataFrame({"step": steps, "coupling": [0.2, 0.3, 0.25, 0.2, 0.15, 0.1, 0.1, 0.1]})
     )
     assert vt.describe_curve(up_down) == "peaks at step 1 and ends below its value at initialisation"
+
+
+def test_planning_reads_no_model_and_the_key_names_the_digits(tmp_path):
+    setup = vt.ViTSetup(n_images=2, seed=0, cache=tmp_path)
+    jobs = vt.vit_jobs(
+        {"absent": "org/absent-vit"}, setup, k=2, twins=True, init_seed=5
+    )  # not on this machine
+    digits, _ = vt.mnist_digits(2, seed=0)
+    assert [j.weights for j in jobs] == ["trained", "random init"]
+    assert all(list(j.prompts) == list(digits) and j.prepare is vt.digit_inputs for j in jobs)
+    assert all(x.dtype == torch.uint8 and x.shape == (28, 28) for x in jobs[0].prompts.values())
+    keys = [j.key for j in jobs]
+    assert keys == [
+        j.key for j in vt.vit_jobs({"absent": "org/absent-vit"}, setup, k=2, twins=True, init_seed=5)
+    ]
+    for other in (dataclasses.replace(setup, seed=1), dataclasses.replace(setup, n_images=3)):
+        assert vt.vit_jobs({"absent": "org/absent-vit"}, other, k=2)[0].key != keys[0]
+    again = pickle.loads(pickle.dumps(jobs[1]))  # a sweep pickles its jobs
+    assert again.key == keys[1] and again.prepare is vt.digit_inputs
+    assert len(pickle.dumps(jobs[0])) < 20_000  # the digits alone, not the whole MNIST split
+
+
+def test_digit_inputs_are_what_each_model_was_given_before(standin_hub, tiny_run):
+    """The prepare step gives the loaded model the pixels that the files-only format gave (the
+    MNIST ViT's own 28×28 normalisation; a hub ViT's resize and its processor's mean and std)."""
+    from coupling_utils import load_model
+    from coupling_utils.models.images import image_format, mnist_inputs
+
+    digits, labels = vt.mnist_digits(3, seed=4)
+    for ref in (str(tiny_run), "google/vit-base-patch16-224"):
+        before, before_labels = mnist_inputs(image_format(ref), 3, seed=4)
+        after = vt.digit_inputs(load_model(ref), digits)
+        assert list(after) == list(before) and labels == before_labels
+        assert all(torch.equal(after[pid]["pixel_values"], before[pid]["pixel_values"]) for pid in before)

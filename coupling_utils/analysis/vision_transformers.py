@@ -4,44 +4,55 @@ The paper states that ViTs show the coupling of LLMs: it emerges in training and
 well a model generalises. This module measures the ViTs trained here (and hub ViTs) on MNIST
 test digits through the one measurement loop (:mod:`coupling_utils.measurement`):
 
-- :func:`vit_coupling`: one coupling number per model (mean ``1 − m_K²`` over block pairs, see
-  :func:`coupling_utils.measurement.coupling_summary`), for a chosen token
+- :func:`vit_jobs` and :func:`vit_coupling`: one coupling number per model (mean ``1 − m_K²``
+  over block pairs, see :func:`coupling_utils.measurement.coupling_summary`), for a chosen token
   (:func:`coupling_utils.models.images.vit_tokens`: the CLS token by default), with ``K`` per
   model, and optionally each model's **independently seeded twin** (same config, untrained,
   weights drawn under ``init_seed``, which must differ from the seed the run was trained from:
-  otherwise the "twin" is the run's own step-0 checkpoint). Image inputs are made per model
-  from its files (:func:`coupling_utils.models.images.image_format`), so a hub ViT that cannot
-  be reached is recorded as missing instead of stopping the others (``on_error="record"``).
+  otherwise the "twin" is the run's own step-0 checkpoint). A job's prompts are the digits
+  themselves (:func:`mnist_digits`); they become the model's own input format
+  (:func:`digit_inputs`, the job's ``prepare`` step) once it is loaded, so planning reads no
+  model and a hub ViT that cannot be reached is recorded as missing instead of stopping the
+  others (``Options(on_error="record")``). :func:`condense` turns collected jobs into the tables.
 - :func:`twin_gap`: trained minus twin per model, paired over images, with a bootstrap interval.
 - :func:`curve_shape`: shape descriptors of a coupling curve over training (rank correlation
   with the step, where the peak lies, the largest fall), for verdicts judged on the shape;
   :func:`describe_curve` puts them into words for the prose.
 - :func:`plateau` and :func:`family_members`: whether a run's accuracy had flattened when it
   stopped, and a family's members with ``K`` fixed as a fraction of the width (``K/d``), so
-  that the chance level of ``1 − m²`` is the same for every width.
+  that the chance level of ``1 − m²`` is the same for every width; :func:`family_recipes` and
+  :func:`run_revisions` plan the same members and checkpoints from the zoo's recipes, before
+  anything is trained.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
+import torch
 
-from coupling_utils.measurement import Job, Options, Result, Settings, collect, plan, relabel
-from coupling_utils.measurement.options import ON_ERROR
-from coupling_utils.models.images import check_vit_token, image_format, mnist_inputs, vit_tokens
+from coupling_utils.measurement import Job, Options, Result, Settings, collect, plan
+from coupling_utils.models.images import check_vit_token, image_inputs, vit_tokens
 
 __all__ = [
+    "ViTSetup",
     "ViTCoupling",
-    "vit_coupling",
+    "mnist_digits",
+    "digit_inputs",
     "vit_jobs",
+    "vit_coupling",
+    "condense",
     "training_seed",
+    "run_revisions",
+    "family_recipes",
     "twin_gap",
     "curve_shape",
     "describe_curve",
@@ -93,23 +104,47 @@ class ViTCoupling:
         )
 
 
+def _recipe(name: str):
+    """The training spec of an embedded run or family member, from the zoo's recipes (nothing is
+    trained); None for a pretrained entry. An unknown name raises the zoo's error."""
+    from coupling_utils.models import zoo
+
+    zoo.entry_path(name)  # names what exists if the name is unknown
+    base, _, member = str(name).removeprefix(zoo.PREFIX).partition("/")
+    entry = zoo.REGISTRY[base]
+    if entry.spec is None:
+        return None
+    return entry.specs()[member] if member else entry.specs()
+
+
 def training_seed(ref: Any) -> int | None:
     """The seed a local run (``embedded:...`` or a run directory) was initialised and trained
-    from, read from its ``training_spec.json``; None for anything else (a hub model)."""
+    from: an embedded run's recipe, a run directory's ``training_spec.json``; None for anything
+    else (a hub model). Nothing is trained or downloaded to tell."""
     name = ref.get("name_or_path") if isinstance(ref, Mapping) else ref
     if not isinstance(name, (str, Path)):
         return None
     name = str(name)
     if name.startswith("embedded:"):
-        from coupling_utils.models import zoo
-
-        path = zoo.resolve(name, progress=False)
-    else:
-        path = Path(name).expanduser()
-    spec = path / "training_spec.json"
+        spec = _recipe(name)
+        return None if spec is None else int(spec.seed)
+    spec = Path(name).expanduser() / "training_spec.json"
     if not spec.exists():
         return None
     return int(json.loads(spec.read_text())["spec"]["seed"])
+
+
+def run_revisions(model: str) -> list[str]:
+    """The checkpoints a ViT run saves (``step<N>``, in step order): from its recipe for an
+    embedded run (so planning trains nothing), listed from its ``revisions/`` for a run directory."""
+    from coupling_utils.models.training import list_revisions, saved_steps
+
+    if str(model).startswith("embedded:"):
+        spec = _recipe(model)
+        if spec is None or spec.checkpoints != "pythia":
+            return []
+        return [f"step{s}" for s in saved_steps(spec)]
+    return list_revisions(Path(model).expanduser())
 
 
 def _twin(name: str, ref: Any, init_seed: int) -> dict:
@@ -125,171 +160,159 @@ def _twin(name: str, ref: Any, init_seed: int) -> dict:
     return {**spec, "random_init": True, "seed": int(init_seed)}
 
 
-def _reference(ref: Any) -> tuple[str, str | None]:
-    if isinstance(ref, Mapping):
-        return str(ref["name_or_path"]), ref.get("revision")
-    return str(ref), None
+@dataclass(frozen=True)
+class ViTSetup:
+    """What every ViT of one comparison shares: the digits (``n_images`` of ``split``, chosen
+    with ``seed``), the token whose Jacobians are compared (:func:`vit_tokens`), how block pairs
+    make one number (``how``), the SVD ``method``, the weights' ``dtype`` and where measurements
+    are stored (``cache``; None: nowhere)."""
+
+    n_images: int = 4
+    split: str = "test"
+    seed: int = 0
+    token: str | int = "cls"
+    how: str = "offdiag"
+    method: str = "exact"
+    dtype: str = "float32"
+    cache: str | Path | None = None
+
+
+def mnist_digits(n: int, *, split: str = "test", seed: int = 0) -> tuple[dict[str, torch.Tensor], list[int]]:
+    """``n`` MNIST digits of ``split`` (the seeded choice of
+    :func:`~coupling_utils.models.images.mnist_inputs`) as ``{"<split>-<index>": uint8 [28, 28]}``
+    and their labels: the prompts of the ViT jobs, the same for every model, so a job's key
+    names its images (ids and pixels) before any model is read."""
+    from coupling_utils.models.vit_training import load_mnist
+
+    data = load_mnist()
+    if split not in data:
+        raise ValueError(f"split must be one of {sorted(data)}, got {split!r}")
+    images, labels = data[split]
+    if not 1 <= n <= len(images):
+        raise ValueError(f"n must be between 1 and {len(images)}, got {n}")
+    idx = np.sort(np.random.default_rng(seed).choice(len(images), size=n, replace=False))
+    # clone: a view would carry (and pickle) the whole split
+    return {f"{split}-{int(i)}": images[int(i)].clone() for i in idx}, [int(labels[i]) for i in idx]
+
+
+def digit_inputs(model, digits: Mapping[str, torch.Tensor]) -> dict[str, dict]:
+    """The ViT jobs' ``prepare`` step: the digits (:func:`mnist_digits`) as measure() inputs in the
+    loaded ``model``'s own format (:func:`~coupling_utils.models.images.image_inputs`: its size,
+    channels and normalisation), ``{id: {"pixel_values": Tensor[1, C, H, W]}}``."""
+    pixels = image_inputs(model, torch.stack(list(digits.values())))
+    return {pid: {"pixel_values": pixels[j : j + 1]} for j, pid in enumerate(digits)}
 
 
 def _model_jobs(
-    name: str,
-    ref: Any,
-    *,
-    inputs: dict,
-    n_images: int,
-    split: str,
-    seed: int,
-    k: int,
-    token,
-    twins: bool,
-    init_seed: int,
-    method: str,
-    dtype: str,
-    cache: str | Path | None,
+    name: str, ref: Any, digits: dict, setup: ViTSetup, *, k: int, twins: bool, init_seed: int
 ) -> list[Job]:
-    """One model's jobs (trained, and its twin with ``twins``); ``inputs`` caches the digits per
-    input format. Raises whatever reading the model's files or checking the token raises."""
+    """One model's jobs (trained, and its twin with ``twins``); nothing of the model is read
+    here: its inputs are made and its token checked once it is loaded."""
     weights = {"trained": ref}
     if twins:
         weights["random init"] = _twin(name, ref, init_seed)
-    fmt = image_format(*_reference(ref))
-    check = functools.partial(check_vit_token, token=token)
-    check(fmt)
-    shape = (str(fmt.config.image_size), fmt.config.num_channels, str(fmt.tokenizer))
-    if shape not in inputs:
-        inputs[shape] = mnist_inputs(fmt, n_images, split=split, seed=seed)[0]
-    settings = Settings(k=[int(k)], tokens=vit_tokens(token), method=method)
+    check = functools.partial(check_vit_token, token=setup.token)
+    settings = Settings(k=[int(k)], tokens=vit_tokens(setup.token), method=setup.method)
     jobs = []
     for w, spec in weights.items():
-        planned = plan({name: spec}, inputs[shape], settings, dtype=dtype, root=cache, check=check)
-        jobs += relabel(planned, lambda job, w=w: {"weights": w})
+        for job in plan({name: spec}, digits, settings, dtype=setup.dtype, root=setup.cache, check=check):
+            jobs.append(dataclasses.replace(job, labels={**job.labels, "weights": w}, prepare=digit_inputs))
     return jobs
 
 
 def vit_jobs(
     models: Mapping[str, Any],
+    setup: ViTSetup | None = None,
     *,
-    n_images: int = 4,
-    split: str = "test",
-    seed: int = 0,
     k: int | Mapping[str, int] = 10,
-    token: str | int = "cls",
     twins: bool = False,
     init_seed: int = 1,
-    method: str = "exact",
-    dtype: str = "float32",
-    cache: str | Path | None = None,
 ) -> list[Job]:
     """The jobs of :func:`vit_coupling` (labels ``model`` and ``weights``), e.g. to run them
-    elsewhere (one cluster job each) and read them back with ``collect(jobs, Options(compute=False))``."""
+    elsewhere (one cluster job each) and read them back with ``collect(jobs, Options(compute=False))``.
+
+    Planning reads no model (a hub ViT need not be on this machine): each job's prompts are the
+    digits themselves, made into the model's inputs by :func:`digit_inputs` once it is loaded.
+    Raises a ValueError for an unknown token or a twin seed equal to a run's training seed."""
+    setup = setup or ViTSetup()
     if not models:
         raise ValueError("models is empty; pass at least one {name: reference}")
-    vit_tokens(token)  # a bad token fails before any model is read
-    inputs: dict = {}
-    return [
-        job
-        for name, ref in models.items()
-        for job in _model_jobs(
-            name,
-            ref,
-            inputs=inputs,
-            n_images=n_images,
-            split=split,
-            seed=seed,
-            k=k[name] if isinstance(k, Mapping) else k,
-            token=token,
-            twins=twins,
-            init_seed=init_seed,
-            method=method,
-            dtype=dtype,
-            cache=cache,
-        )  # fmt: skip
-    ]
+    vit_tokens(setup.token)  # a bad token fails before any model is read
+    digits, _ = mnist_digits(setup.n_images, split=setup.split, seed=setup.seed)
+    jobs = []
+    for name, ref in models.items():
+        model_k = k[name] if isinstance(k, Mapping) else k
+        jobs += _model_jobs(name, ref, digits, setup, k=model_k, twins=twins, init_seed=init_seed)
+    return jobs
 
 
 def vit_coupling(
     models: Mapping[str, Any],
+    setup: ViTSetup | None = None,
     *,
-    n_images: int = 4,
-    split: str = "test",
-    seed: int = 0,
     k: int | Mapping[str, int] = 10,
-    token: str | int = "cls",
-    how: str = "offdiag",
     twins: bool = False,
     init_seed: int = 1,
-    method: str = "exact",
-    dtype: str = "float32",
-    cache: str | Path | None = None,
-    on_error: str = "raise",
-    reuse_stale: bool = False,
+    options: Options | None = None,
     echo: Callable[[str], None] | None = None,
 ) -> ViTCoupling:
     """Coupling of each ViT in ``models`` (``{name: reference}``) on the same MNIST digits.
 
     A reference is ``embedded:...``, a run directory, a hub id, or ``load_model``'s arguments as
-    a dict (``{"name_or_path": ..., "revision": "step64"}``). ``n_images`` digits of ``split``
-    (seeded choice) are made into each model's own input format. ``k``: one K, or ``{name:
-    K}`` (e.g. from :func:`family_members`, K fixed as a fraction of each width). ``token``:
-    ``"cls"``, ``"mean"``, ``"last"`` or a patch ``"patch<N>"``
-    (:func:`~coupling_utils.models.images.vit_tokens`). ``twins``: also measure each model's
-    untrained twin drawn under ``init_seed`` (labelled ``weights="random init"``; a ValueError
-    if that is the run's own training seed). ``cache``: where measurements are kept (a rerun
-    reads them). ``on_error="record"``: a model that cannot be reached, loaded or measured is
-    listed in ``failures`` (with the exception's type and message) and the others run.
+    a dict (``{"name_or_path": ..., "revision": "step64"}``). ``setup``: the digits, token,
+    method, dtype and cache (:class:`ViTSetup`); each model gets the digits in its own input
+    format. ``k``: one K, or ``{name: K}`` (e.g. from :func:`family_members`, K fixed as a
+    fraction of each width). ``twins``: also measure each model's untrained twin drawn under
+    ``init_seed`` (labelled ``weights="random init"``; a ValueError if that is the run's own
+    training seed). ``options``: how the jobs run (None: ``Options(on_error="raise")``, the
+    first failure propagates); with ``on_error="record"`` a model that cannot be reached, loaded
+    or measured is listed in ``failures`` (exception type and message) and the others run.
+    ``echo(line)``: one line per model as it is done.
     """
-    if on_error not in ON_ERROR:
-        raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
-    if not models:
-        raise ValueError("models is empty; pass at least one {name: reference}")
-    vit_tokens(token)
-    jobs, failures, inputs = [], [], {}
-    for name, ref in models.items():
-        if twins:
-            _twin(name, ref, init_seed)  # a twin seed equal to the training seed is the caller's error
-        try:
-            jobs += _model_jobs(
-                name, ref, inputs=inputs, n_images=n_images, split=split, seed=seed,
-                k=k[name] if isinstance(k, Mapping) else k, token=token, twins=twins, init_seed=init_seed,
-                method=method, dtype=dtype, cache=cache,
-            )  # fmt: skip
-        except Exception as exc:
-            if on_error == "raise":
-                raise
-            failures += [
-                {"model": name, "weights": w, "error": type(exc).__name__, "message": str(exc)}
-                for w in (WEIGHTS if twins else WEIGHTS[:1])
-            ]
-            if echo is not None:
-                echo(f"{name}: missing ({type(exc).__name__}: {exc})")
-    rows, per_prompt, depthwise = [], [], []
+    jobs = vit_jobs(models, setup, k=k, twins=twins, init_seed=init_seed)
+    tables = _Tables(setup or ViTSetup(), echo)
+    collect(jobs, options or Options(on_error="raise"), callback=tables.add)
+    return tables.done()
 
-    def condense(r: Result) -> None:
-        row, pp, dw = _condense(r, how=how, token=token)
+
+def condense(
+    results: Iterable[Result], setup: ViTSetup, echo: Callable[[str], None] | None = None
+) -> ViTCoupling:
+    """The :class:`ViTCoupling` of collected ViT jobs (:func:`vit_jobs`), in their order; a job
+    without a result is a row of ``failures``. ``echo(line)``: one line per job (its coupling,
+    or why it is missing)."""
+    tables = _Tables(setup, echo)
+    for r in results:
+        tables.add(r)
+    return tables.done()
+
+
+class _Tables:
+    """The tables of a :class:`ViTCoupling`, one job's result at a time."""
+
+    def __init__(self, setup: ViTSetup, echo: Callable[[str], None] | None = None):
+        self.setup, self.echo = setup, echo
+        self.rows, self.per_prompt, self.depthwise, self.failures = [], [], [], []
+
+    def add(self, r: Result) -> None:
+        row, pp, dw = _condense(r, how=self.setup.how, token=self.setup.token)
         if row is None:
-            labels = r.job.labels
-            failures.append(
-                {
-                    "model": labels["model"],
-                    "weights": labels["weights"],
-                    "error": r.error,
-                    "message": r.message,
-                }
-            )
+            labels = {key: r.job.labels[key] for key in ("model", "weights")}
+            self.failures.append({**labels, "error": r.error, "message": r.message})
         else:
-            rows.append(row)
-            per_prompt.append(pp)
-            depthwise.append(dw)
-        if echo is not None:
-            echo(_echo_line(r, row))
+            self.rows.append(row)
+            self.per_prompt.append(pp)
+            self.depthwise.append(dw)
+        if self.echo is not None:
+            self.echo(_echo_line(r, row))
 
-    collect(jobs, Options(on_error=on_error, reuse_stale=reuse_stale), callback=condense)
-    return ViTCoupling(
-        summary=pd.DataFrame(rows).reindex(columns=SUMMARY_COLUMNS),
-        per_prompt=_concat(per_prompt, ["model", "weights", "prompt", "coupling"]),
-        depthwise=_concat(depthwise, ["model", "weights", "layer_i", "layer_j", "m", "coupling"]),
-        failures=pd.DataFrame(failures).reindex(columns=FAILURE_COLUMNS),
-    )
+    def done(self) -> ViTCoupling:
+        return ViTCoupling(
+            summary=pd.DataFrame(self.rows).reindex(columns=SUMMARY_COLUMNS),
+            per_prompt=_concat(self.per_prompt, ["model", "weights", "prompt", "coupling"]),
+            depthwise=_concat(self.depthwise, ["model", "weights", "layer_i", "layer_j", "m", "coupling"]),
+            failures=pd.DataFrame(self.failures).reindex(columns=FAILURE_COLUMNS),
+        )
 
 
 def _concat(frames: list[pd.DataFrame], columns: list[str]) -> pd.DataFrame:
@@ -300,7 +323,7 @@ def _condense(r: Result, *, how: str, token) -> tuple[dict | None, pd.DataFrame 
     """A job's summary row, per-image couplings and mean depth-wise matrix (None for a failed job)."""
     if not r.ok:
         return None, None, None
-    labels = dict(r.job.labels)
+    labels = {key: r.job.labels[key] for key in ("model", "weights")}
     m = r.measurements["measure"]
     k = int(m.depthwise["K"].iloc[0])
     facts = r.model
@@ -478,6 +501,23 @@ def k_for_width(d_model: int, k_over_d: float) -> int:
     if not 0 < k_over_d <= 1:
         raise ValueError(f"k_over_d must be a fraction of the width in (0, 1], got {k_over_d}")
     return int(min(d_model, max(1, round(k_over_d * d_model))))
+
+
+def family_recipes(family: str, *, k_over_d: float) -> pd.DataFrame:
+    """An embedded ViT family's members as its recipes plan them (nothing is trained): ``run``,
+    ``name`` (``embedded:<family>/<run>``), ``d_model``, ``n_layers``, ``seed`` and ``K``
+    (:func:`k_for_width`), in the order of :func:`family_members`."""
+    from coupling_utils.models import zoo
+
+    entry = zoo.REGISTRY[family.removeprefix(zoo.PREFIX)]
+    rows = [
+        {"run": run, "name": f"{zoo.PREFIX}{entry.name}/{run}", "d_model": int(spec.d_model),
+         "n_layers": int(spec.n_layers), "seed": int(spec.seed)}
+        for run, spec in entry.specs().items()
+    ]  # fmt: skip
+    table = pd.DataFrame(rows)
+    table["K"] = [k_for_width(d, k_over_d) for d in table["d_model"]]
+    return table
 
 
 def family_members(family: str, *, k_over_d: float, metric: str = "val_acc") -> pd.DataFrame:

@@ -95,7 +95,11 @@ class Job:
     ``model``: a reference for ``load`` (``embedded:...``, a directory, a hub id) or an already
     loaded model (then nothing is stored); ``load_kwargs``: the other arguments ``load`` gets;
     ``settings``: one :class:`Settings` or ``{part: Settings}``; ``check(model)`` runs on the
-    loaded model before measuring (e.g. to name a bad layer in the caller's terms).
+    loaded model before measuring (e.g. to name a bad layer in the caller's terms);
+    ``prepare(model, prompts)`` turns the prompts into the loaded model's inputs when they depend
+    on the model (images into pixel values of its own size and normalisation), so a job is
+    planned without reading the model's files (a module-level function, so that jobs pickle;
+    its name is part of the key).
     """
 
     model: Any
@@ -106,6 +110,7 @@ class Job:
     root: Path | None = None
     extra: Extra | None = None
     check: Callable[[Any], None] | None = field(default=None, compare=False)
+    prepare: Callable[[Any, Any], Any] | None = None
 
     def __post_init__(self):
         if isinstance(self.settings, Settings):
@@ -127,6 +132,8 @@ class Job:
 
     def _key(self, what) -> str:
         ident = {"model": model_identity(self.model), "load": dict(self.load_kwargs), "prompts": self.prompts}
+        if self.prepare is not None:
+            ident["prepare"] = f"{self.prepare.__module__}.{self.prepare.__qualname__}"
         return stable_hash({**ident, "what": what})
 
     @property

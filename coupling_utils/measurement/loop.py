@@ -147,8 +147,8 @@ def _stored_extra(job: Job, reuse_stale: bool) -> dict[str, pd.DataFrame] | None
     return {name: columnwise(pd.read_parquet(out / f"{name}.parquet")) for name in done["tables"]}
 
 
-def _compute_extra(job: Job, model) -> dict[str, pd.DataFrame]:
-    tables = job.extra.fn(model, job.prompts, **job.extra.options)
+def _compute_extra(job: Job, model, prompts) -> dict[str, pd.DataFrame]:
+    tables = job.extra.fn(model, prompts, **job.extra.options)
     out = job.extra_out()
     if out is None:
         return {name: columnwise(df) for name, df in tables.items()}
@@ -183,12 +183,13 @@ def run(job: Job, options: Options | None = None) -> Result:
         try:
             if job.check is not None:
                 job.check(lm)
+            prompts = job.prompts if job.prepare is None else job.prepare(lm, job.prompts)
             for part, settings in job.settings.items():
                 if part not in measurements:
                     out = job.out(part)
-                    measurements[part] = measure_with(lm, job.prompts, settings, out=out, options=options)
+                    measurements[part] = measure_with(lm, prompts, settings, out=out, options=options)
             if extra is None:
-                extra = _compute_extra(job, lm)
+                extra = _compute_extra(job, lm, prompts)
         finally:
             del lm  # the model goes before the next job's arrives
             release_memory()
