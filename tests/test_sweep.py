@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 from notebook_loads import counting_kernel, loads
 
+from coupling_utils.chapters import NAMES as CHAPTERS
 from coupling_utils.pipeline import sweep as S
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -75,11 +76,6 @@ def test_the_paper_profiles_give_one_task_per_model_and_revision(standin_hub):
     v3 = S.planned_values("f03", "paper")
     assert [(t.model, t.revision) for t in f03] == [(m, r) for m in v3["models"] for r in v3["revisions"]]
     assert len({t.id for t in f03}) == len(f03) == 26
-
-
-def test_notebooks_that_load_their_own_models_are_not_swept():
-    with pytest.raises(S.SweepError, match=r"f04_vision_transformers is not swept.*coupling-book run f04"):
-        S.notebook_jobs("f04", "paper")
 
 
 def test_task_ids_follow_the_measurements(standin_hub, private_cache):
@@ -292,3 +288,19 @@ def test_dry_run_shows_the_batch_script_without_submitting(standin_hub, private_
     assert "would submit 26 task(s)" in out.stdout and "#SBATCH --partition=a100" in out.stdout
     assert "--array=0-25%26" in out.stdout
     assert not list((private_cache / "sweeps").glob("*/submissions.json"))
+
+
+@pytest.mark.parametrize("profile", ["smoke", "default", "laptop", "paper"])
+@pytest.mark.parametrize("name", CHAPTERS)
+def test_the_sweep_and_the_cost_model_read_the_chapters_plan(name, profile, standin_hub):
+    """For every chapter and profile: the sweep's jobs are the chapter's plan, job for job, and
+    the cost model counts one work item per measured part (or extra table) of those same jobs."""
+    from coupling_utils.chapters import chapter
+    from coupling_utils.pipeline import costs
+
+    plan = chapter(name).jobs(S.planned_params(name, profile))
+    assert plan, f"{name} at {profile} plans no measurement"
+    swept = [job for task in S.group_tasks(S.notebook_jobs(name, profile)) for job in task.jobs]
+    assert sorted(j.key for j in swept) == sorted(j.key for j in plan)
+    parts = [(j.model, j.revision, p) for j in plan for p in (j.settings or [j.extra.name])]
+    assert [(w.model, w.revision, w.what) for w in costs.notebook_work(name, profile)] == parts

@@ -30,10 +30,8 @@ one-core time the upper bound; the profiles and the page give both. GPU time is 
 no GPU throughput has been measured here (run ``bench/bench_costs.py`` on one).
 
 Which measurements a notebook makes comes from its chapter's plan, ``jobs(params)``
-(``coupling_utils.chapters``), the list the notebook and the sweep use, or, for the chapters that
-still measure inside their own cells, from their parameters as those cells use them
-(:data:`UNPLANNED`). Embedded models (trained here) are listed apart: their cost is the
-zoo's (``coupling-book zoo list``).
+(``coupling_utils.chapters``), the list the notebook and the sweep use. Embedded models (trained
+here) are listed apart: their cost is the zoo's (``coupling-book zoo list``).
 """
 
 from __future__ import annotations
@@ -287,6 +285,18 @@ def _prompt_tokens(text: Any, max_tokens: int | None) -> int:
     return max(1, math.ceil(len(str(text).split()) * 4 / 3))
 
 
+# tokens of a model-prepared input (an image made into the model's own format): a ViT-B/16 at 224 px
+PREPARED_TOKENS = 1 + (224 // 16) ** 2
+
+
+def _job_tokens(job, prompts: Mapping, max_tokens: int | None) -> int:
+    """Tokens per input of a job: its prompts' (see :func:`_prompt_tokens`), or, for inputs the
+    loaded model prepares (images), :data:`PREPARED_TOKENS`."""
+    if job.prepare is not None:
+        return PREPARED_TOKENS
+    return max(_prompt_tokens(p, max_tokens) for p in prompts.values())
+
+
 def _from_jobs(jobs) -> list[Work]:
     """One :class:`Work` per measured part of each job (its extra tables counted with it), or,
     for a job that only computes extra tables, one for those."""
@@ -294,7 +304,7 @@ def _from_jobs(jobs) -> list[Work]:
     for job in jobs:
         prompts = job.prompts if isinstance(job.prompts, Mapping) else dict(enumerate(job.prompts))
         for part, s in job.settings.items():
-            T = max(_prompt_tokens(p, s.max_tokens) for p in prompts.values())
+            T = _job_tokens(job, prompts, s.max_tokens)
             n_tok = T if s.tokens == "all" else (1 if s.tokens == "last" else len(s.tokens))
             out.append(
                 Work(
@@ -314,7 +324,7 @@ def _from_jobs(jobs) -> list[Work]:
                 )
             )
         if not job.settings and job.extra is not None:  # a job that only computes extra tables
-            T = max(_prompt_tokens(p, None) for p in prompts.values())
+            T = _job_tokens(job, prompts, None)
             out.append(
                 Work(
                     job.model, job.revision, job.load_kwargs.get("dtype", "float32"), len(prompts), T, 0, 0,
@@ -325,31 +335,6 @@ def _from_jobs(jobs) -> list[Work]:
     return out
 
 
-def _f04_work(v: Mapping[str, Any]) -> list[Work]:
-    """f04's hub ViTs, each trained and at random init, on ``n_images`` images (197 tokens at 224 px)."""
-    # the run over its checkpoints and the family: embedded models, listed apart (the zoo's cost)
-    out = [
-        Work(m, None, v["dtype"], v["n_images"], 0, None, 1, what="embedded")
-        for m in (v["model"], v["family"])
-    ]
-    for hub_id in v["hub_models"]:
-        size = model_size(hub_id)
-        T = 197 if size is None else 1 + (224 // 16) ** 2
-        n_tok = 1
-        for twin in (False, True):
-            out.append(
-                Work(hub_id, None, v["dtype"], v["n_images"], T, None, n_tok, v["method"], v["k"], not twin,
-                     what="random init" if twin else "trained")
-            )  # fmt: skip
-    return out
-
-
-# the chapters that measure inside their own cells and have no ``jobs`` yet: their work as those cells do it
-UNPLANNED: dict[str, Callable[[Mapping[str, Any]], list[Work]]] = {
-    "f04_vision_transformers": _f04_work,
-}
-
-
 def notebook_work(notebook: str, profile: str, overrides: Mapping[str, Any] | None = None) -> list[Work]:
     """The measurements ``notebook`` makes at ``profile`` (with ``overrides``): its chapter's
     ``jobs(params)``, the list the notebook and the sweep read."""
@@ -358,10 +343,7 @@ def notebook_work(notebook: str, profile: str, overrides: Mapping[str, Any] | No
 
     stem = _notebook(notebook).stem
     params = planned_params(stem, profile, overrides)
-    module = chapter(stem)
-    if hasattr(module, "jobs"):
-        return _from_jobs(module.jobs(params))
-    return UNPLANNED[stem](params.values())
+    return _from_jobs(chapter(stem).jobs(params))
 
 
 # --------------------------------------------------------------------------- tables

@@ -119,16 +119,10 @@ def planned_values(notebook: str, profile: str, overrides: Mapping[str, Any] | N
 def notebook_jobs(notebook: str, profile: str, overrides: Mapping[str, Any] | None = None) -> list[Job]:
     """The measurement jobs ``notebook`` runs at ``profile`` with ``overrides``: its chapter's
     ``jobs(params)`` (see the module doc)."""
-    from coupling_utils.chapters import NAMES, chapter
+    from coupling_utils.chapters import chapter
 
     nb = _notebook(notebook)
     module = chapter(nb.stem)
-    if not hasattr(module, "jobs"):
-        sweepable = [n for n in NAMES if hasattr(chapter(n), "jobs")]
-        raise SweepError(
-            f"{nb.stem} is not swept: {module.NOT_SWEPT}. Run it on the GPU node with "
-            f"`coupling-book run {nb.stem[:3]} --profile {profile}`; sweepable: " + ", ".join(sweepable)
-        )
     return module.jobs(planned_params(nb.stem, profile, overrides))
 
 
