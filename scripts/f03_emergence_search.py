@@ -116,8 +116,9 @@ def search_one(name: str, out: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.Dat
     prompts = corpus_prompts(N_WINDOWS, WINDOW_TOKENS, vocab_size=spec.vocab_size, seed=SEED)
     checkpoints = emergence.run_checkpoints(str(run))
     t1 = time.perf_counter()
+    settings = emergence.SweepSettings(k=ks, max_tokens=WINDOW_TOKENS)
     sweep = emergence.sweep_checkpoints(
-        str(run), checkpoints.revisions, prompts, k=ks, max_tokens=WINDOW_TOKENS, out=out / "measure"
+        str(run), checkpoints.revisions, prompts, settings, out=out / "measure"
     )
     measure_s = time.perf_counter() - t1
     first_time = run / "measure_seconds.json"  # a rerun reads stored measurements: keep the first cost

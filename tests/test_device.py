@@ -229,7 +229,7 @@ def test_measure_on_the_device(case, standin_hub):
 def test_twins_and_checkpoint_sweeps_on_the_device(standin_hub, tmp_path):
     """The loops behind f01 and f03 (twins, checkpoints, trajectories) with every model on the device."""
     from coupling_utils.analysis.depth_and_tokens import measure_twins
-    from coupling_utils.analysis.emergence import sweep_checkpoints
+    from coupling_utils.analysis.emergence import SweepSettings, sweep_checkpoints
     from coupling_utils.measurement import Options
 
     prompts = {"demo": DEMO}
@@ -249,10 +249,9 @@ def test_twins_and_checkpoint_sweeps_on_the_device(standin_hub, tmp_path):
             "EleutherAI/pythia-12b",
             ["step1", "step143000"],
             prompts,
-            k=(2,),
-            layers=[0, 1, 2],
+            SweepSettings(k=(2,), layers=[0, 1, 2]),
             out=tmp_path / "sweep",
-            load=load,
+            options=Options(load=load, on_error="raise"),
         )
     assert set(pair.summary.weights) == {"trained", "random init"} and not pair.context.empty
     assert sorted(sweep.summary.step.unique()) == [1, 143000] and not sweep.trajectories.empty

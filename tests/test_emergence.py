@@ -11,6 +11,7 @@ import torch
 
 from coupling_utils.analysis import emergence as em
 from coupling_utils.engine.metric import coupling
+from coupling_utils.measurement import Options
 
 
 # --------------------------------------------------------------------------- checkpoints
@@ -140,7 +141,10 @@ def tiny_sweep(tmp_path_factory):
 
     out = tmp_path_factory.mktemp("sweep")
     prompts = {"a": "hello world", "b": "coupling!"}
-    sweep = em.sweep_checkpoints("tiny", ["step16", "step0", "step4"], prompts, k=(2, 4), load=load, out=out)
+    sweep = em.sweep_checkpoints(
+        "tiny", ["step16", "step0", "step4"], prompts, em.SweepSettings(k=(2, 4)), out=out,
+        options=Options(load=load, on_error="raise"),
+    )  # fmt: skip
     return SimpleNamespace(sweep=sweep, models=models, prompts=prompts, out=out, load=load, loads=loads)
 
 
@@ -185,20 +189,20 @@ def test_sweep_reuses_stored_measurements(tiny_sweep, monkeypatch):
         "tiny",
         ["step0", "step4", "step16"],
         tiny_sweep.prompts,
-        k=(2, 4),
-        load=tiny_sweep.load,
+        em.SweepSettings(k=(2, 4)),
         out=tiny_sweep.out,
+        options=Options(load=tiny_sweep.load),
     )
     pd.testing.assert_frame_equal(again.summary, tiny_sweep.sweep.summary)
 
 
 def test_sweep_rejects_bad_arguments(tiny_sweep):
     with pytest.raises(ValueError, match="revisions is empty"):
-        em.sweep_checkpoints("tiny", [], {"a": "x"}, load=tiny_sweep.load)
+        em.sweep_checkpoints("tiny", [], {"a": "x"}, options=Options(load=tiny_sweep.load))
     with pytest.raises(ValueError, match="not a checkpoint name"):
-        em.sweep_checkpoints("tiny", ["main"], {"a": "x"}, load=tiny_sweep.load)
+        em.sweep_checkpoints("tiny", ["main"], {"a": "x"}, options=Options(load=tiny_sweep.load))
     with pytest.raises(ValueError, match="trajectory_tokens"):
-        em.sweep_checkpoints("tiny", ["step0"], {"a": "x"}, trajectory_tokens="first", load=tiny_sweep.load)
+        em.sweep_checkpoints("tiny", ["step0"], {"a": "x"}, em.SweepSettings(trajectory_tokens="first"))
 
 
 # --------------------------------------------------------------------------- runs, matrices, graphs
@@ -340,18 +344,19 @@ def test_sweep_runs_records_missing_checkpoints_and_runs(tiny_sweep):
         em.Checkpoints("tiny", ["step0", "step4", "step16"], [0, 4, 16]),
         em.Checkpoints("gone", ["step0"], [0]),
     ]
-    sw = em.sweep_runs(runs, tiny_sweep.prompts, panel="held-out", k=(2,), load=load)
+    two = em.SweepSettings(k=(2,))
+    sw = em.sweep_runs(runs, tiny_sweep.prompts, two, panel="held-out", options=Options(load=load))
     assert set(sw.summary.step) == {0, 16} and set(sw.summary.panel) == {"held-out"}
     assert sw.summary.d_model.eq(16).all()
     failed = sw.failures
     assert set(failed.model) == {"tiny", "gone"} and (failed.panel == "held-out").all()
     assert "step4" in failed.astype(str).to_string()
     with pytest.raises(RuntimeError, match="none of the runs"):
-        em.sweep_runs(runs[1:], tiny_sweep.prompts, k=(2,), load=load)
+        em.sweep_runs(runs[1:], tiny_sweep.prompts, two, options=Options(load=load))
     with pytest.raises(em.NoCheckpointMeasured, match="gone: no checkpoint could be measured"):
-        em.sweep_checkpoints("gone", ["step0"], tiny_sweep.prompts, k=(2,), load=load, on_error="record")
+        em.sweep_checkpoints("gone", ["step0"], tiny_sweep.prompts, two, options=Options(load=load))
     with pytest.raises(OSError, match="no revision step4"):
-        em.sweep_runs(runs[:1], tiny_sweep.prompts, k=(2,), load=load, on_error="raise")
+        em.sweep_runs(runs[:1], tiny_sweep.prompts, two, options=Options(load=load, on_error="raise"))
 
 
 def test_load_search_and_judge_rows(tmp_path):

@@ -186,7 +186,7 @@ def _same(a: pd.DataFrame, b: pd.DataFrame, drop=()) -> None:
 
 def test_the_analyses_rerun_without_loading_a_model(tmp_path):
     from coupling_utils.analysis.depth_and_tokens import measure_twins
-    from coupling_utils.analysis.emergence import sweep_checkpoints
+    from coupling_utils.analysis.emergence import SweepSettings, sweep_checkpoints
     from coupling_utils.analysis.generalization import family_coupling, family_jobs
 
     texts = {"p": "abcdef", "q": "xyz!"}
@@ -198,10 +198,10 @@ def test_the_analyses_rerun_without_loading_a_model(tmp_path):
     assert again.tokens == twins.tokens == {"p": list("BCDEFG"), "q": ["Y", "Z", "A", "B"]}
     assert (again.n_layers, again.d_model, again.token_layer) == (3, 8, 2)
 
-    kw = dict(k=2, out=tmp_path / "f03")
-    sweep = sweep_checkpoints("tiny", ["step2", "step0"], texts, load=Loader(), **kw)
-    again = sweep_checkpoints("tiny", ["step2", "step0"], texts, load=_refuse, **kw)
-    in_memory = sweep_checkpoints("tiny", ["step2", "step0"], texts, load=Loader(), k=2)
+    two, f03 = SweepSettings(k=2), tmp_path / "f03"
+    sweep = sweep_checkpoints("tiny", ["step2", "step0"], texts, two, out=f03, options=Options(load=Loader()))
+    again = sweep_checkpoints("tiny", ["step2", "step0"], texts, two, out=f03, options=Options(load=_refuse))
+    in_memory = sweep_checkpoints("tiny", ["step2", "step0"], texts, two, options=Options(load=Loader()))
     for name in ("depthwise", "trajectories", "step_norms", "summary"):
         _same(getattr(again, name), getattr(sweep, name))
         _same(getattr(in_memory, name), getattr(sweep, name))  # stored tables read back unchanged
@@ -217,7 +217,7 @@ def test_the_analyses_rerun_without_loading_a_model(tmp_path):
 
 
 def test_the_analyses_record_failures_when_asked(tmp_path):
-    from coupling_utils.analysis.emergence import sweep_checkpoints
+    from coupling_utils.analysis.emergence import SweepSettings, sweep_checkpoints
     from coupling_utils.analysis.generalization import family_coupling, family_jobs
 
     load = Loader(fail={"gated/model": OSError("gated repo")})
@@ -239,7 +239,7 @@ def test_the_analyses_record_failures_when_asked(tmp_path):
         return Loader()(name, revision=revision, dtype=dtype)
 
     sweep = sweep_checkpoints(
-        "tiny", ["step0", "step1", "step2"], {"a": "hello"}, k=2, load=flaky, on_error="record"
+        "tiny", ["step0", "step1", "step2"], {"a": "hello"}, SweepSettings(k=2), options=Options(load=flaky)
     )
     assert sorted(set(sweep.depthwise["step"])) == [0, 2]
     assert list(sweep.failures["revision"]) == ["step1"] and list(sweep.failures["error"]) == [
@@ -252,13 +252,13 @@ def test_the_analyses_job_lists_pickle_with_stable_keys(tmp_path):
     import pickle
 
     from coupling_utils.analysis.depth_and_tokens import twin_jobs
-    from coupling_utils.analysis.emergence import checkpoint_jobs
+    from coupling_utils.analysis.emergence import SweepSettings, checkpoint_jobs
     from coupling_utils.analysis.generalization import family_jobs
 
     texts = {"p": "abc"}
     jobs = (
         twin_jobs("org/m", texts, k=2, tile_layers=[0, 1], token_layer=-1, out=tmp_path)
-        + checkpoint_jobs("org/m", ["step8", "step1"], texts, k=2, out=tmp_path)
+        + checkpoint_jobs("org/m", ["step8", "step1"], texts, SweepSettings(k=2), out=tmp_path)
         + family_jobs(["org/m", "org/n"], texts, k=2, cache=tmp_path)
     )
     back = pickle.loads(pickle.dumps(jobs))

@@ -1,26 +1,26 @@
-"""Emergence during training: measuring checkpoints, and how a quantity grows with the step.
+"""Emergence during training: the checkpoints of a run, and measuring them.
 
 The paper follows Pythia checkpoints and reports that coupling rises about 2.4× from step 128
-to step 143000, nearly monotonically, together with straighter token trajectories and
-layer-wise exponential growth of the residual steps. This module turns a set of checkpoints
-into tidy tables and condenses a curve into the numbers such a claim is about:
+to step 143000, together with straighter token trajectories and layer-wise exponential growth
+of the residual steps. This module turns a set of checkpoints into tidy tables:
 
 - :func:`step_of`, :func:`checkpoint_steps`: revision names (``step<N>``) and their steps;
-- :func:`pick_checkpoints`: early / middle / final checkpoints (the paper's circle figures);
-- :func:`sweep_checkpoints`: depth-wise coupling, line-shape score, expodistance and step
-  sizes at every checkpoint (one :func:`coupling_utils.measurement.measure` call and one
-  residual-stream pass per checkpoint and prompt), as a :class:`Sweep` of tidy tables;
-- :func:`growth_summary`: ratio final / early, Spearman correlation with the step, and how
-  monotone the curve is, per group;
-- :func:`relative_curve`: a curve rescaled to its final value against the fraction of
-  training, so runs of very different lengths (ours, Pythia's) share one axis.
+  :func:`pick_checkpoints`, :func:`graph_checkpoints`: those of the paper's circle figures;
+- :func:`run_checkpoints`: the checkpoints (and losses, spec) of a local run or a hub model;
+- :func:`checkpoint_jobs`, :func:`sweep_checkpoints`: depth-wise coupling, line-shape score,
+  expodistance and step sizes at every checkpoint (:class:`SweepSettings`), as a
+  :class:`Sweep`; :func:`runs_jobs`, :func:`runs_sweep`, :func:`sweep_runs`: several runs.
+
+Curve shapes are in :mod:`.training_curves`, matrices and graphs in :mod:`.layer_graphs`, the
+search of local runs in :mod:`.emergence_search`; their names are importable from here too.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,36 +28,52 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from coupling_utils.analysis.emergence_search import (
+    SEARCH_FACTORS,
+    SEARCH_FOLDER,
+    Search,
+    load_search,
+    one_factor_effects,
+)
+from coupling_utils.analysis.layer_graphs import edge_counts, k_levels, mean_matrices, share_above_one
+from coupling_utils.analysis.training_curves import growth_summary, judge_rows, log_position, relative_curve
 from coupling_utils.measurement import Extra, Job, Options, Settings, collect, plan, relabel
-from coupling_utils.measurement.tables import SCHEMAS as MEASURED
-from coupling_utils.schemas import Schema, check_table
+from coupling_utils.measurement.loop import Collected
 
 __all__ = [
     "step_of",
     "checkpoint_steps",
     "pick_checkpoints",
     "graph_checkpoints",
+    "Checkpoints",
+    "run_checkpoints",
+    "SweepSettings",
+    "Sweep",
+    "trajectory_tables",
+    "checkpoint_jobs",
+    "NoCheckpointMeasured",
+    "sweep_of",
+    "sweep_checkpoints",
+    "run_width",
+    "fitting_k",
+    "runs_jobs",
+    "runs_sweep",
+    "sweep_runs",
+    "model_width",
+    "main_k",
+    "checkpoint_summary",
     "growth_summary",
     "log_position",
     "relative_curve",
-    "Checkpoints",
-    "run_checkpoints",
-    "Sweep",
-    "sweep_checkpoints",
-    "sweep_runs",
-    "NoCheckpointMeasured",
-    "model_width",
-    "main_k",
-    "checkpoint_jobs",
-    "trajectory_tables",
-    "checkpoint_summary",
+    "judge_rows",
     "mean_matrices",
-    "edge_counts",
     "share_above_one",
     "k_levels",
+    "edge_counts",
+    "SEARCH_FOLDER",
+    "SEARCH_FACTORS",
     "Search",
     "load_search",
-    "judge_rows",
     "one_factor_effects",
 ]
 
@@ -202,143 +218,43 @@ def run_checkpoints(model: str, revisions: Sequence[str] = ()) -> Checkpoints:
     return Checkpoints(model, revisions, [step_of(r) for r in revisions], path, losses, spec)
 
 
-# --------------------------------------------------------------------------- curves
-def _groups(df: pd.DataFrame, by):
-    if by is None:
-        return [((), df)]
-    by = [by] if isinstance(by, str) else list(by)
-    return [((key,) if not isinstance(key, tuple) else key, g) for key, g in df.groupby(by, sort=True)]
-
-
-def growth_summary(
-    df: pd.DataFrame,
-    value: str,
-    *,
-    step: str = "step",
-    by: str | Sequence[str] | None = None,
-    early_step: int | None = None,
-) -> pd.DataFrame:
-    """How ``value`` grows over training, one row per group ``by``.
-
-    ``early_step`` is the reference early checkpoint (the paper: 128); the first checkpoint at
-    or after it is used (default: the first checkpoint after step 0). Rows with several values
-    per step (e.g. prompts) are averaged first. Columns: early_step, final_step, early, final,
-    ratio (final / early), spearman (rank correlation of value with step over checkpoints
-    from the early one on, and its p-value spearman_p), rises (fraction of consecutive
-    checkpoints where the value goes up), max_drop (largest fall between consecutive
-    checkpoints, relative to the curve's range; 0 for a monotone rise), peak_step and peak
-    (the largest value and where it lies), peak_position (where the peak lies on the log-step
-    axis from the early to the final checkpoint: 0 = at the early one, 1 = at the end),
-    final_vs_peak (final / peak: 1 when the curve ends at its top) and n_checkpoints.
-
-    These are the shape descriptors a claim such as "rises progressively" is judged on: a curve
-    that peaks early and falls back has a small peak_position and final_vs_peak < 1, whatever
-    its two end points say.
-    """
-    from scipy import stats
-
-    check_table(df, Schema("df", dict.fromkeys((value, step), "any")))
-    by_cols = [] if by is None else ([by] if isinstance(by, str) else list(by))
-    rows = []
-    for key, g in _groups(df, by):
-        curve = g.groupby(step, sort=True)[value].mean()
-        if not np.isfinite(curve.to_numpy()).all():
-            raise ValueError(f"{value!r} has NaN or inf values{_where(by_cols, key)}")
-        later = curve[curve.index > 0] if early_step is None else curve[curve.index >= early_step]
-        if later.empty:
-            raise ValueError(
-                f"no checkpoint at or after step {early_step or 1}{_where(by_cols, key)}; "
-                f"steps: {list(curve.index)}"
-            )
-        curve = later
-        if len(curve) < 2:
-            raise ValueError(
-                f"need at least two checkpoints from the early one on{_where(by_cols, key)}, "
-                f"got steps {list(curve.index)}"
-            )
-        v = curve.to_numpy(dtype=float)
-        early, final = v[0], v[-1]
-        diffs = np.diff(v)
-        span = float(np.ptp(v))
-        if len(v) >= 3 and span > 0:
-            rho, p = stats.spearmanr(curve.index.to_numpy(dtype=float), v)
-        else:
-            rho, p = (float(np.sign(final - early)) if span > 0 else np.nan), np.nan
-        rows.append(
-            {
-                **dict(zip(by_cols, key)),
-                "early_step": int(curve.index[0]),
-                "final_step": int(curve.index[-1]),
-                "early": float(early),
-                "final": float(final),
-                "ratio": float(final / early) if early != 0 else np.nan,
-                "spearman": float(rho),
-                "spearman_p": float(p),
-                "rises": float(np.mean(diffs > 0)),
-                "max_drop": float(max(0.0, -diffs.min()) / span) if span > 0 else 0.0,
-                "peak_step": int(curve.index[int(np.argmax(v))]),
-                "peak": float(v.max()),
-                "peak_position": (
-                    log_position(curve.index[int(np.argmax(v))], curve.index[0], curve.index[-1])
-                    if curve.index[0] > 0
-                    else np.nan  # no log axis from step 0
-                ),
-                "final_vs_peak": float(final / v.max()) if v.max() > 0 else np.nan,
-                "n_checkpoints": int(len(v)),
-            }
-        )
-    return pd.DataFrame(rows)
-
-
-def log_position(step: float, first: float, last: float) -> float:
-    """Where ``step`` lies on the log-step axis from ``first`` to ``last`` (0 to 1; steps > 0).
-
-    Pythia's checkpoints are log-spaced early, so "the peak is in the last third" means a
-    position >= 2/3 on this axis (for steps 1 to 4096: from step 256 on)."""
-    if not 0 < first < last:
-        raise ValueError(f"need 0 < first < last steps for a log axis, got first={first}, last={last}")
-    if not first <= step <= last:
-        raise ValueError(f"step {step} lies outside [{first}, {last}]")
-    return float(np.log(step / first) / np.log(last / first))
-
-
-def _where(by_cols, key) -> str:
-    return "" if not by_cols else " for " + ", ".join(f"{c}={k!r}" for c, k in zip(by_cols, key))
-
-
-def relative_curve(
-    df: pd.DataFrame, value: str, *, step: str = "step", by: str | Sequence[str] | None = None
-) -> pd.DataFrame:
-    """The curve averaged per step and rescaled: ``relative`` = value / final value, against
-    ``training_fraction`` = step / final step (per group). Steps 0 are dropped (no log axis)."""
-    check_table(df, Schema("df", dict.fromkeys((value, step), "any")))
-    by_cols = [] if by is None else ([by] if isinstance(by, str) else list(by))
-    frames = []
-    for key, g in _groups(df, by):
-        curve = g.groupby(step, sort=True)[value].mean()
-        curve = curve[curve.index > 0]
-        if curve.empty:
-            continue
-        final = float(curve.iloc[-1])
-        if final == 0:
-            raise ValueError(f"the final value of {value!r} is 0{_where(by_cols, key)}; cannot rescale")
-        out = pd.DataFrame(
-            {
-                step: curve.index.to_numpy(),
-                value: curve.to_numpy(),
-                "training_fraction": curve.index.to_numpy() / curve.index.max(),
-                "relative": curve.to_numpy() / final,
-            }
-        )
-        for c, k in zip(by_cols, key):
-            out.insert(0, c, k)
-        frames.append(out)
-    if not frames:
-        raise ValueError("no checkpoint after step 0 to rescale")
-    return pd.concat(frames, ignore_index=True)
-
-
 # --------------------------------------------------------------------------- sweeping checkpoints
+@dataclass(frozen=True)
+class SweepSettings:
+    """What is measured at every checkpoint, and how the scalar coupling is taken.
+
+    ``k``: K values of the depth-wise coupling of the last token over ``layers`` (None: all),
+    Jacobian SVDs by ``method``; ``trajectory_tokens`` ("all" or "last") and
+    ``trajectory_layers`` (a residual-state window (first, last), default all): the tokens and
+    window of the line-shape score and expodistance (expodistance needs three steps and is NaN
+    for shallower windows); ``max_tokens`` cuts prompts to their first tokens; ``dtype``: the
+    weights'; ``how``: the pairs of :func:`checkpoint_summary` (not part of what is stored).
+    """
+
+    k: int | Sequence[int] = (10,)
+    layers: Sequence[int] | None = None
+    how: str = "offdiag"
+    trajectory_layers: tuple[int, int] | None = None
+    trajectory_tokens: str = "all"
+    dtype: str = "float32"
+    method: str = "exact"
+    max_tokens: int | None = None
+
+    def __post_init__(self):
+        if self.trajectory_tokens not in ("all", "last"):
+            raise ValueError(f"trajectory_tokens must be 'all' or 'last', got {self.trajectory_tokens!r}")
+
+    @property
+    def ks(self) -> list[int]:
+        """The K values as a list of ints."""
+        k = self.k
+        return [int(k)] if isinstance(k, (int, np.integer)) else [int(x) for x in k]
+
+    def but(self, **changes: Any) -> SweepSettings:
+        """A copy with ``changes`` (e.g. ``settings.but(k=[2, 4])``)."""
+        return dataclasses.replace(self, **changes)
+
+
 @dataclass
 class Sweep:
     """Tidy tables of one model measured at several checkpoints (see :func:`sweep_checkpoints`).
@@ -401,86 +317,41 @@ def checkpoint_jobs(
     model: str,
     revisions: Sequence[str],
     prompts: Any,
+    settings: SweepSettings | None = None,
     *,
-    k: int | Sequence[int] = (10,),
-    layers: Sequence[int] | None = None,
-    trajectory_layers: tuple[int, int] | None = None,
-    trajectory_tokens: str = "all",
-    dtype: str = "float32",
-    method: str = "exact",
-    max_tokens: int | None = None,
     out: str | Path | None = None,
 ) -> list[Job]:
     """The jobs of :func:`sweep_checkpoints`, one per checkpoint in step order (labels model,
-    revision, step): a "depth" measurement and the trajectory tables, stored under ``out``."""
+    revision, step): a "depth" measurement and the trajectory tables, stored under ``out``
+    (``out/<model>/<revision>/trained/``; None: nothing is stored)."""
+    s = settings or SweepSettings()
     if isinstance(revisions, str):
         revisions = [revisions]
     revisions = list(revisions)
     if not revisions:
         raise ValueError("revisions is empty; pass checkpoint names like ['step0', 'step128']")
     steps = checkpoint_steps(revisions)
-    if trajectory_tokens not in ("all", "last"):
-        raise ValueError(f"trajectory_tokens must be 'all' or 'last', got {trajectory_tokens!r}")
     if isinstance(prompts, str):
         prompts = [prompts]
     prompts = dict(prompts) if isinstance(prompts, dict) else {str(i): p for i, p in enumerate(prompts)}
     if not prompts:
         raise ValueError("prompts is empty; pass at least one prompt text")
     ordered = [revisions[i] for i in np.argsort(steps, kind="stable")]
-    settings = Settings(layers=layers, tokens="last", k=k, method=method, max_tokens=max_tokens)
-    options = {"max_tokens": max_tokens, "layers": trajectory_layers, "tokens": trajectory_tokens}
+    measured = Settings(layers=s.layers, tokens="last", k=s.k, method=s.method, max_tokens=s.max_tokens)
+    options = {"max_tokens": s.max_tokens, "layers": s.trajectory_layers, "tokens": s.trajectory_tokens}
     extra = Extra("trajectories", trajectory_tables, options, sources=("analysis/trajectories.py",))
-    jobs = plan([model], prompts, {"depth": settings}, revisions=ordered, dtype=dtype, root=out, extra=extra)
+    jobs = plan(
+        [model], prompts, {"depth": measured}, revisions=ordered, dtype=s.dtype, root=out, extra=extra
+    )
     return relabel(jobs, lambda job: {"step": step_of(job.revision)})
 
 
 class NoCheckpointMeasured(RuntimeError):
-    """None of a model's checkpoints could be measured (raised by :func:`sweep_checkpoints`)."""
+    """None of a model's checkpoints could be measured (raised by :func:`sweep_of`)."""
 
 
-def sweep_checkpoints(
-    model: str,
-    revisions: Sequence[str],
-    prompts: Any,
-    *,
-    k: int | Sequence[int] = (10,),
-    layers: Sequence[int] | None = None,
-    how: str = "offdiag",
-    trajectory_layers: tuple[int, int] | None = None,
-    trajectory_tokens: str = "all",
-    dtype: str = "float32",
-    method: str = "exact",
-    max_tokens: int | None = None,
-    out: str | Path | None = None,
-    progress: bool = False,
-    load: Callable[..., Any] | None = None,
-    on_error: str = "raise",
-    reuse_stale: bool = False,
-) -> Sweep:
-    """Measure ``model`` at every checkpoint in ``revisions`` (names like ``"step128"``).
-
-    At each checkpoint: depth-wise coupling of the last token of every prompt over ``layers``
-    (``measure``, method ``method``, K in ``k``), and the residual-stream trajectories
-    of the prompts' tokens (``trajectory_tokens``: "all" or "last"; ``trajectory_layers``: a
-    residual-state window (first, last) for the line-shape score and expodistance, default
-    all; expodistance needs three steps and is NaN for shallower windows). ``max_tokens`` cuts
-    prompts to their first tokens. ``prompts``: a mapping ``{prompt_id: text}`` or a list of
-    texts. ``out``: a directory; each checkpoint's tables are stored under
-    ``out/<model>/<revision>/trained/`` and read back on a rerun without loading the model
-    (:func:`checkpoint_jobs`). ``load`` replaces ``loading.load_model`` (tests).
-    ``on_error="record"``: a checkpoint that fails is listed in ``Sweep.failures`` and left
-    out; ``reuse_stale``: reuse measurements made by other code (see ``measure``).
-    """
-    jobs = checkpoint_jobs(
-        model, revisions, prompts, k=k, layers=layers, trajectory_layers=trajectory_layers,
-        trajectory_tokens=trajectory_tokens, dtype=dtype, method=method, max_tokens=max_tokens, out=out,
-    )  # fmt: skip
-    done = collect(
-        jobs, Options(load=load, on_error=on_error, reuse_stale=reuse_stale, progress=progress),
-        desc=f"checkpoints of {model}",
-    )  # fmt: skip
-    if not done.ok:
-        raise NoCheckpointMeasured(f"{model}: no checkpoint could be measured\n{done.report()}")
+def _checkpoint_provenance(done: Collected, model: str) -> dict:
+    """Per measured checkpoint: its step, settings, cost, code, staleness and width."""
     prov = {"model": model, "checkpoints": {}}
     for r in done.ok:
         m = r.measurements["depth"]
@@ -492,6 +363,16 @@ def sweep_checkpoints(
             "stale": r.stale,
             "d_model": (m.provenance.get("model") or {}).get("d_model"),
         }
+    return prov
+
+
+def sweep_of(done: Collected, model: str, *, how: str = "offdiag") -> Sweep:
+    """The :class:`Sweep` of ``model`` from its collected :func:`checkpoint_jobs` (failed ones in
+    ``failures``); the summary takes ``how`` pairs. Raises :class:`NoCheckpointMeasured` if none
+    was measured."""
+    if not done.ok:
+        raise NoCheckpointMeasured(f"{model}: no checkpoint could be measured\n{done.report()}")
+    prov = _checkpoint_provenance(done, model)
     lead = ["model", "revision", "step", "prompt"]
     depthwise = _lead(done.table("depthwise", "depth"), lead)
     trajectories = _lead(done.table("trajectories", None), lead)
@@ -502,46 +383,90 @@ def sweep_checkpoints(
     return Sweep(depthwise, trajectories, step_norms, summary, prov, done.failures)
 
 
-def sweep_runs(
-    runs: Sequence[Checkpoints], prompts: Any, *, panel: str | None = None, on_error: str = "record", **kwargs
+def sweep_checkpoints(
+    model: str,
+    revisions: Sequence[str],
+    prompts: Any,
+    settings: SweepSettings | None = None,
+    *,
+    out: str | Path | None = None,
+    options: Options | None = None,
 ) -> Sweep:
-    """:func:`sweep_checkpoints` for several runs on the same prompts, as one :class:`Sweep`.
+    """Measure ``model`` at every checkpoint in ``revisions`` (names like ``"step128"``) on
+    ``prompts`` (a mapping ``{prompt_id: text}`` or a list of texts), as ``settings`` says.
 
-    ``runs``: what :func:`run_checkpoints` gave for each model. ``panel`` labels every table with
-    a ``panel`` column (e.g. "held-out text" and "quiz prompts", measured separately and shown
-    side by side). With ``on_error="record"`` (the default) a checkpoint that cannot be loaded or
-    measured (a revision the hub does not have, a gated repo, out of memory) is listed in
-    ``failures`` and left out, and so is a run none of whose checkpoints could be measured, and
-    every K larger than a run's width (:func:`model_width`; e.g. the paper's K = 50 on a narrow
-    stand-in model), so a notebook shows what is missing instead of aborting. Other keyword
-    arguments go to :func:`sweep_checkpoints`. Raises if nothing at all could be measured.
+    ``out``: a directory; each checkpoint's tables are stored under
+    ``out/<model>/<revision>/trained/`` and read back on a rerun without loading the model
+    (:func:`checkpoint_jobs`). ``options``: how the jobs run (default: the first failure
+    raises); with ``on_error="record"`` a checkpoint that fails is listed in
+    ``Sweep.failures`` and left out.
     """
-    if on_error not in ("record", "raise"):
-        raise ValueError(f"on_error must be 'record' or 'raise', got {on_error!r}")
-    k = kwargs.pop("k", (10,))
-    ks = [int(k)] if isinstance(k, (int, np.integer)) else [int(x) for x in k]
+    s = settings or SweepSettings()
+    jobs = checkpoint_jobs(model, revisions, prompts, s, out=out)
+    done = collect(jobs, options or Options(on_error="raise"), desc=f"checkpoints of {model}")
+    return sweep_of(done, model, how=s.how)
+
+
+def run_width(run: Checkpoints) -> int | None:
+    """The width of ``run``: :func:`model_width` of its last checkpoint that has one (None: unknown)."""
+    return next((w for w in (model_width(run.model, r) for r in reversed(run.revisions)) if w), None)
+
+
+def fitting_k(run: Checkpoints, k: int | Sequence[int]) -> tuple[list[int], str]:
+    """The K values that fit ``run``'s width (:func:`run_width`; unknown: all), and a message
+    naming those that do not ("" if all fit)."""
+    ks, width = SweepSettings(k=k).ks, run_width(run)
+    fit = [x for x in ks if width is None or x <= width]
+    if len(fit) == len(ks):
+        return fit, ""
+    too_big = [x for x in ks if x not in fit]
+    return fit, f"K = {too_big} exceed the width d = {width} of {run.model}: not measured at these K"
+
+
+def runs_jobs(
+    runs: Sequence[Checkpoints], prompts: Any, settings: SweepSettings | None = None, *, out=None
+) -> list[Job]:
+    """The jobs of :func:`sweep_runs`: each run's :func:`checkpoint_jobs` at the K that fit it."""
+    s, jobs = settings or SweepSettings(), []
+    for run in runs:
+        fit, _ = fitting_k(run, s.k)
+        if fit:
+            jobs += checkpoint_jobs(run.model, run.revisions, prompts, s.but(k=fit), out=out)
+    return jobs
+
+
+def _failure(model: str, error: str, message: str) -> pd.DataFrame:
+    return pd.DataFrame([{"model": model, "error": error, "message": message}])
+
+
+def runs_sweep(
+    done: Collected,
+    runs: Sequence[Checkpoints],
+    settings: SweepSettings | None = None,
+    *,
+    panel: str | None = None,
+    on_error: str = "record",
+) -> Sweep:
+    """The :class:`Sweep` of several runs from their collected :func:`runs_jobs` (see
+    :func:`sweep_runs`). ``on_error="raise"``: a K wider than a run, or a run with no checkpoint
+    measured, raises instead of being listed in ``failures``."""
+    s = settings or SweepSettings()
     sweeps, failures = [], []
     for run in runs:
-        width = next((w for w in (model_width(run.model, r) for r in reversed(run.revisions)) if w), None)
-        fit = [x for x in ks if width is None or x <= width]
-        if len(fit) < len(ks):
-            too_big = [x for x in ks if x not in fit]
-            message = f"K = {too_big} exceed the width d = {width} of {run.model}: not measured at these K"
+        fit, message = fitting_k(run, s.k)
+        if message:
             if on_error == "raise":
-                raise ValueError(f"{message}; choose K <= {width}")
-            failures.append(
-                pd.DataFrame([{"model": run.model, "error": "K wider than the model", "message": message}])
-            )
-            if not fit:
-                continue
+                raise ValueError(f"{message}; choose K <= {run_width(run)}")
+            failures.append(_failure(run.model, "K wider than the model", message))
+        if not fit:
+            continue
+        mine = Collected([r for r in done.results if r.job.labels.get("model") == run.model])
         try:
-            sw = sweep_checkpoints(run.model, run.revisions, prompts, k=fit, on_error=on_error, **kwargs)
+            sw = sweep_of(mine, run.model, how=s.how)
         except NoCheckpointMeasured as exc:
             if on_error == "raise":
                 raise
-            failures.append(
-                pd.DataFrame([{"model": run.model, "error": "no checkpoint", "message": str(exc)}])
-            )
+            failures.append(_failure(run.model, "no checkpoint", str(exc)))
             continue
         sweeps.append(sw)
         if not sw.failures.empty:
@@ -549,6 +474,11 @@ def sweep_runs(
     if not sweeps:
         detail = "\n".join(str(f["message"].iloc[0]) for f in failures)
         raise RuntimeError(f"none of the runs {[r.model for r in runs]} could be measured\n{detail}")
+    return _combined(sweeps, failures, panel)
+
+
+def _combined(sweeps: list[Sweep], failures: list[pd.DataFrame], panel: str | None) -> Sweep:
+    """One :class:`Sweep` of several, every table labelled with ``panel`` (when given)."""
 
     def cat(name: str) -> pd.DataFrame:
         out = pd.concat([getattr(sw, name) for sw in sweeps], ignore_index=True)
@@ -563,6 +493,36 @@ def sweep_runs(
         {sw.provenance["model"]: sw.provenance for sw in sweeps},
         failed if panel is None else failed.assign(panel=panel),
     )
+
+
+def sweep_runs(
+    runs: Sequence[Checkpoints],
+    prompts: Any,
+    settings: SweepSettings | None = None,
+    *,
+    panel: str | None = None,
+    out: str | Path | None = None,
+    options: Options | None = None,
+) -> Sweep:
+    """:func:`sweep_checkpoints` for several runs on the same prompts, as one :class:`Sweep`.
+
+    ``runs``: what :func:`run_checkpoints` gave for each model. ``panel`` labels every table with
+    a ``panel`` column (e.g. "held-out text" and "quiz prompts", measured separately and shown
+    side by side). With ``options.on_error="record"`` (the default) a checkpoint that cannot be
+    loaded or measured (a revision the hub does not have, a gated repo, out of memory) is listed
+    in ``failures`` and left out, and so is a run none of whose checkpoints could be measured,
+    and every K larger than a run's width (:func:`fitting_k`; e.g. the paper's K = 50 on a
+    narrow stand-in model), so a notebook shows what is missing instead of aborting. Raises if
+    nothing at all could be measured.
+    """
+    s, options = settings or SweepSettings(), options or Options()
+    if options.on_error == "raise":  # a K wider than a run is refused before anything is measured
+        for run in runs:
+            fit, message = fitting_k(run, s.k)
+            if message:
+                raise ValueError(f"{message}; choose K <= {run_width(run)}")
+    done = collect(runs_jobs(runs, prompts, s, out=out), options, desc="checkpoints")
+    return runs_sweep(done, runs, s, panel=panel, on_error=options.on_error)
 
 
 def model_width(model: str, revision: str | None = None) -> int | None:
@@ -636,188 +596,3 @@ def checkpoint_summary(
         )
         summary = summary.merge(per, on=keys, how="left")
     return summary.sort_values([c for c in ("model", "step", "K") if c in summary.columns], ignore_index=True)
-
-
-# --------------------------------------------------------------------------- the search of local runs
-SEARCH_FOLDER = "f03_search"
-
-
-@dataclass
-class Search:
-    """The stored search over local training runs (``scripts/f03_emergence_search.py``).
-
-    - ``runs``: one row per configuration and K: the spec (d_model, n_layers, steps, lr,
-      data_tokens, epochs, ...), its cost (train_s, measure_s), losses (val_loss, plateau_drop)
-      and the shape of its coupling curve (:func:`growth_summary` columns, step0);
-    - ``curves``: config, step, K, coupling, share_m_above_1;
-    - ``losses``: each configuration's per-checkpoint losses;
-    - ``provenance``: per configuration, the command, commit, date, machine and versions.
-    """
-
-    runs: pd.DataFrame
-    curves: pd.DataFrame
-    losses: pd.DataFrame
-    provenance: dict
-
-
-def load_search(folder: str | Path | None = None) -> Search:
-    """Read the search tables from ``folder`` (default: ``data/f03_search``)."""
-    import json
-
-    from coupling_utils.files import data_dir
-
-    folder = Path(folder) if folder is not None else data_dir() / SEARCH_FOLDER
-    names = ("runs.csv", "curves.csv", "losses.csv", "provenance.json")
-    missing = [n for n in names if not (folder / n).is_file()]
-    if missing:
-        raise FileNotFoundError(
-            f"the f03 search tables {missing} are not in {folder}; run "
-            "`python scripts/f03_emergence_search.py --out <scratch folder>` to make them"
-        )
-    tables = [pd.read_csv(folder / n) for n in names[:3]]
-    provenance = json.loads((folder / "provenance.json").read_text())
-    unexplained = sorted(set(tables[0]["config"]) - set(provenance))
-    if unexplained:
-        raise ValueError(f"{folder}: configurations {unexplained} have no provenance entry")
-    return Search(*tables, provenance)
-
-
-SEARCH_FACTORS = ("d_model", "n_layers", "steps", "lr", "data_tokens")
-
-
-def one_factor_effects(
-    runs: pd.DataFrame, value: str = "final", *, factors: Sequence[str] = SEARCH_FACTORS
-) -> pd.DataFrame:
-    """The search read one factor at a time: for each factor, the runs that differ only in it.
-
-    ``runs``: one row per configuration (the search's ``runs`` at one K). For every factor, rows
-    are grouped by all the other factors; a group with two or more values of the factor is a
-    one-factor comparison. Columns: factor, group (the group's number), level (the factor's
-    value), config, ``value``, and direction ("higher" / "lower" / "flat": how ``value`` moves
-    from the lowest to the highest level of the factor in that group, by the sign of the change).
-    """
-    check_table(runs, Schema("runs", dict.fromkeys((*factors, "config", value), "any")))
-    frames, n = [], 0
-    for factor in factors:
-        others = [f for f in factors if f != factor]
-        for _, g in runs.groupby(others, sort=True, dropna=False):
-            if g[factor].nunique() < 2:
-                continue
-            g = g.sort_values(factor)
-            change = float(g[value].iloc[-1] - g[value].iloc[0])
-            direction = "higher" if change > 0 else ("lower" if change < 0 else "flat")
-            frames.append(
-                pd.DataFrame(
-                    {
-                        "factor": factor,
-                        "group": n,
-                        "level": g[factor].to_numpy(),
-                        "config": g["config"].to_numpy(),
-                        value: g[value].to_numpy(),
-                        "direction": direction,
-                    }
-                )
-            )
-            n += 1
-    columns = ["factor", "group", "level", "config", value, "direction"]
-    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=columns)
-
-
-def judge_rows(rows: pd.DataFrame, rule, *, column: str = "verdict") -> pd.DataFrame:
-    """``rows`` with ``column`` = ``rule.judge(row)`` for each row (a :class:`~verdicts.Rule`
-    judged on the shape columns each row carries, e.g. the search's runs)."""
-    return rows.assign(**{column: [rule.judge(r) for r in rows.to_dict("records")]})
-
-
-# --------------------------------------------------------------------------- matrices and graphs
-def mean_matrices(depthwise: pd.DataFrame, *, by: str | Sequence[str] = "step") -> pd.DataFrame:
-    """Depth-wise coupling matrices averaged over prompts and tokens, per group ``by``:
-    columns (by..., layer_i, layer_j, m, coupling), ``coupling`` = mean of 1 − m²."""
-    by_cols = [by] if isinstance(by, str) else list(by)
-    check_table(depthwise, MEASURED["depthwise"].need(*by_cols, "layer_i", "layer_j", "m", "coupling"))
-    if "K" in depthwise.columns and depthwise["K"].nunique() > 1 and "K" not in by_cols:
-        raise ValueError(f"depthwise mixes K = {sorted(depthwise['K'].unique())}; select one K first")
-    return depthwise.groupby([*by_cols, "layer_i", "layer_j"], as_index=False)[["m", "coupling"]].mean()
-
-
-def share_above_one(
-    depthwise: pd.DataFrame, *, by: str | Sequence[str] = ("model", "step", "K")
-) -> pd.DataFrame:
-    """Per group: how many pair values have m > 1, where ``1 − m²`` is negative (``share_m_above_1``).
-
-    m_K lies in [0, √2], so 1 − m² lies in [−1, 1]. Two unrelated Jacobians give m near 1, and
-    above 1 when the K×K block |U₂ᵀ J₁ V₂| carries more off-diagonal energy than its diagonal
-    removes, which grows with K/d: a curve of mean 1 − m² below zero is at (or below) the level
-    of unrelated matrices, not "anti-coupled". Pairs of a layer with itself are left out.
-    """
-    by_cols = [by] if isinstance(by, str) else list(by)
-    check_table(depthwise, MEASURED["depthwise"].need(*by_cols, "layer_i", "layer_j", "m"))
-    off = depthwise[depthwise["layer_i"] != depthwise["layer_j"]]
-    return (
-        off.assign(share_m_above_1=(off["m"] > 1).astype(float))
-        .groupby(by_cols, as_index=False)["share_m_above_1"]
-        .mean()
-    )
-
-
-def k_levels(
-    summary: pd.DataFrame, depthwise: pd.DataFrame, *, by: str | Sequence[str] = "model"
-) -> pd.DataFrame:
-    """Per group and K: how the level of 1 − m² depends on K relative to the width.
-
-    Columns: by..., K, d_model, K_over_d, first_step, first (coupling at the first checkpoint,
-    for a local run step 0: the random initialisation, where no block is related to another),
-    final, lowest (the curve's minimum), share_first and share_final (share of layer pairs
-    with m > 1, i.e. 1 − m² < 0, at those checkpoints; :func:`share_above_one`).
-    """
-    by_cols = [by] if isinstance(by, str) else list(by)
-    shares = share_above_one(depthwise, by=[*by_cols, "step", "K"])
-    rows = []
-    for key, g in summary.groupby([*by_cols, "K"], sort=True):
-        curve = g.groupby("step", sort=True)["coupling"].mean()
-        share = shares.set_index([*by_cols, "K", "step"])["share_m_above_1"]
-        first, last = int(curve.index[0]), int(curve.index[-1])
-        d = float(g["d_model"].iloc[0]) if "d_model" in g and g["d_model"].notna().all() else np.nan
-        rows.append(
-            {
-                **dict(zip([*by_cols, "K"], key)),
-                "d_model": d,
-                "K_over_d": key[-1] / d,
-                "first_step": first,
-                "first": float(curve.iloc[0]),
-                "final": float(curve.iloc[-1]),
-                "lowest": float(curve.min()),
-                "share_first": float(share.loc[(*key, first)]),
-                "share_final": float(share.loc[(*key, last)]),
-            }
-        )
-    return pd.DataFrame(rows)
-
-
-def edge_counts(
-    matrices: pd.DataFrame, threshold: float, *, by: str | Sequence[str] = "step", value: str = "coupling"
-) -> pd.DataFrame:
-    """Per group: how many unordered layer pairs have (i, j)/(j, i)-averaged ``value`` above
-    ``threshold`` (the edges of ``plots.layer_coupling_graph`` with ``symmetrize="mean"``).
-    Columns: by..., pairs, edges, density (= edges / pairs)."""
-    by_cols = [by] if isinstance(by, str) else list(by)
-    rows = []
-    for key, g in _groups(matrices, by_cols):
-        g = g[g["layer_i"] != g["layer_j"]]
-        a = np.minimum(g["layer_i"].to_numpy(), g["layer_j"].to_numpy())
-        b = np.maximum(g["layer_i"].to_numpy(), g["layer_j"].to_numpy())
-        pairs = (
-            pd.DataFrame({"a": a, "b": b, "v": g[value].to_numpy(dtype=float)})
-            .groupby(["a", "b"])["v"]
-            .mean()
-        )
-        n_edges = int((pairs > threshold).sum())
-        rows.append(
-            {
-                **dict(zip(by_cols, key)),
-                "pairs": int(len(pairs)),
-                "edges": n_edges,
-                "density": n_edges / len(pairs) if len(pairs) else float("nan"),
-            }
-        )
-    return pd.DataFrame(rows)

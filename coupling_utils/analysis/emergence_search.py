@@ -1,0 +1,97 @@
+"""The stored search over small local training runs (``scripts/f03_emergence_search.py``):
+reading its tables, and reading them one factor at a time."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from coupling_utils.schemas import Schema, check_table
+
+__all__ = ["SEARCH_FOLDER", "SEARCH_FACTORS", "Search", "load_search", "one_factor_effects"]
+
+SEARCH_FOLDER = "f03_search"
+
+
+@dataclass
+class Search:
+    """The stored search over local training runs (``scripts/f03_emergence_search.py``).
+
+    - ``runs``: one row per configuration and K: the spec (d_model, n_layers, steps, lr,
+      data_tokens, epochs, ...), its cost (train_s, measure_s), losses (val_loss, plateau_drop)
+      and the shape of its coupling curve (``training_curves.growth_summary`` columns, step0);
+    - ``curves``: config, step, K, coupling, share_m_above_1;
+    - ``losses``: each configuration's per-checkpoint losses;
+    - ``provenance``: per configuration, the command, commit, date, machine and versions.
+    """
+
+    runs: pd.DataFrame
+    curves: pd.DataFrame
+    losses: pd.DataFrame
+    provenance: dict
+
+
+def load_search(folder: str | Path | None = None) -> Search:
+    """Read the search tables from ``folder`` (default: ``data/f03_search``)."""
+    import json
+
+    from coupling_utils.files import data_dir
+
+    folder = Path(folder) if folder is not None else data_dir() / SEARCH_FOLDER
+    names = ("runs.csv", "curves.csv", "losses.csv", "provenance.json")
+    missing = [n for n in names if not (folder / n).is_file()]
+    if missing:
+        raise FileNotFoundError(
+            f"the f03 search tables {missing} are not in {folder}; run "
+            "`python scripts/f03_emergence_search.py --out <scratch folder>` to make them"
+        )
+    tables = [pd.read_csv(folder / n) for n in names[:3]]
+    provenance = json.loads((folder / "provenance.json").read_text())
+    unexplained = sorted(set(tables[0]["config"]) - set(provenance))
+    if unexplained:
+        raise ValueError(f"{folder}: configurations {unexplained} have no provenance entry")
+    return Search(*tables, provenance)
+
+
+SEARCH_FACTORS = ("d_model", "n_layers", "steps", "lr", "data_tokens")
+
+
+def one_factor_effects(
+    runs: pd.DataFrame, value: str = "final", *, factors: Sequence[str] = SEARCH_FACTORS
+) -> pd.DataFrame:
+    """The search read one factor at a time: for each factor, the runs that differ only in it.
+
+    ``runs``: one row per configuration (the search's ``runs`` at one K). For every factor, rows
+    are grouped by all the other factors; a group with two or more values of the factor is a
+    one-factor comparison. Columns: factor, group (the group's number), level (the factor's
+    value), config, ``value``, and direction ("higher" / "lower" / "flat": how ``value`` moves
+    from the lowest to the highest level of the factor in that group, by the sign of the change).
+    """
+    check_table(runs, Schema("runs", dict.fromkeys((*factors, "config", value), "any")))
+    frames, n = [], 0
+    for factor in factors:
+        others = [f for f in factors if f != factor]
+        for _, g in runs.groupby(others, sort=True, dropna=False):
+            if g[factor].nunique() < 2:
+                continue
+            g = g.sort_values(factor)
+            change = float(g[value].iloc[-1] - g[value].iloc[0])
+            direction = "higher" if change > 0 else ("lower" if change < 0 else "flat")
+            frames.append(
+                pd.DataFrame(
+                    {
+                        "factor": factor,
+                        "group": n,
+                        "level": g[factor].to_numpy(),
+                        "config": g["config"].to_numpy(),
+                        value: g[value].to_numpy(),
+                        "direction": direction,
+                    }
+                )
+            )
+            n += 1
+    columns = ["factor", "group", "level", "config", value, "direction"]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=columns)

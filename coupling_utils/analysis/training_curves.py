@@ -1,0 +1,164 @@
+"""The shape of a quantity over training: the numbers a claim such as "rises progressively" is
+judged on.
+
+- :func:`growth_summary`: ratio final / early, Spearman correlation with the step, how monotone
+  the curve is and where its peak lies, per group;
+- :func:`log_position`: where a step lies on the log-step axis between two checkpoints;
+- :func:`relative_curve`: a curve rescaled to its final value against the fraction of
+  training, so runs of very different lengths (ours, Pythia's) share one axis;
+- :func:`judge_rows`: a verdict rule applied to each row of such shape descriptors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+
+from coupling_utils.schemas import Schema, check_table
+
+__all__ = ["growth_summary", "log_position", "relative_curve", "judge_rows"]
+
+
+def _groups(df: pd.DataFrame, by):
+    if by is None:
+        return [((), df)]
+    by = [by] if isinstance(by, str) else list(by)
+    return [((key,) if not isinstance(key, tuple) else key, g) for key, g in df.groupby(by, sort=True)]
+
+
+def growth_summary(
+    df: pd.DataFrame,
+    value: str,
+    *,
+    step: str = "step",
+    by: str | Sequence[str] | None = None,
+    early_step: int | None = None,
+) -> pd.DataFrame:
+    """How ``value`` grows over training, one row per group ``by``.
+
+    ``early_step`` is the reference early checkpoint (the paper: 128); the first checkpoint at
+    or after it is used (default: the first checkpoint after step 0). Rows with several values
+    per step (e.g. prompts) are averaged first. Columns: early_step, final_step, early, final,
+    ratio (final / early), spearman (rank correlation of value with step over checkpoints
+    from the early one on, and its p-value spearman_p), rises (fraction of consecutive
+    checkpoints where the value goes up), max_drop (largest fall between consecutive
+    checkpoints, relative to the curve's range; 0 for a monotone rise), peak_step and peak
+    (the largest value and where it lies), peak_position (where the peak lies on the log-step
+    axis from the early to the final checkpoint: 0 = at the early one, 1 = at the end),
+    final_vs_peak (final / peak: 1 when the curve ends at its top) and n_checkpoints.
+
+    These are the shape descriptors a claim such as "rises progressively" is judged on: a curve
+    that peaks early and falls back has a small peak_position and final_vs_peak < 1, whatever
+    its two end points say.
+    """
+    check_table(df, Schema("df", dict.fromkeys((value, step), "any")))
+    by_cols = [] if by is None else ([by] if isinstance(by, str) else list(by))
+    rows = []
+    for key, g in _groups(df, by):
+        curve = g.groupby(step, sort=True)[value].mean()
+        if not np.isfinite(curve.to_numpy()).all():
+            raise ValueError(f"{value!r} has NaN or inf values{_where(by_cols, key)}")
+        later = curve[curve.index > 0] if early_step is None else curve[curve.index >= early_step]
+        if later.empty:
+            raise ValueError(
+                f"no checkpoint at or after step {early_step or 1}{_where(by_cols, key)}; "
+                f"steps: {list(curve.index)}"
+            )
+        curve = later
+        if len(curve) < 2:
+            raise ValueError(
+                f"need at least two checkpoints from the early one on{_where(by_cols, key)}, "
+                f"got steps {list(curve.index)}"
+            )
+        rows.append({**dict(zip(by_cols, key)), **_shape(curve)})
+    return pd.DataFrame(rows)
+
+
+def _shape(curve: pd.Series) -> dict:
+    """The shape descriptors of one curve (value per step, from the early checkpoint on)."""
+    from scipy import stats
+
+    v = curve.to_numpy(dtype=float)
+    early, final = v[0], v[-1]
+    diffs = np.diff(v)
+    span = float(np.ptp(v))
+    if len(v) >= 3 and span > 0:
+        rho, p = stats.spearmanr(curve.index.to_numpy(dtype=float), v)
+    else:
+        rho, p = (float(np.sign(final - early)) if span > 0 else np.nan), np.nan
+    return {
+        "early_step": int(curve.index[0]),
+        "final_step": int(curve.index[-1]),
+        "early": float(early),
+        "final": float(final),
+        "ratio": float(final / early) if early != 0 else np.nan,
+        "spearman": float(rho),
+        "spearman_p": float(p),
+        "rises": float(np.mean(diffs > 0)),
+        "max_drop": float(max(0.0, -diffs.min()) / span) if span > 0 else 0.0,
+        "peak_step": int(curve.index[int(np.argmax(v))]),
+        "peak": float(v.max()),
+        "peak_position": (
+            log_position(curve.index[int(np.argmax(v))], curve.index[0], curve.index[-1])
+            if curve.index[0] > 0
+            else np.nan  # no log axis from step 0
+        ),
+        "final_vs_peak": float(final / v.max()) if v.max() > 0 else np.nan,
+        "n_checkpoints": int(len(v)),
+    }
+
+
+def log_position(step: float, first: float, last: float) -> float:
+    """Where ``step`` lies on the log-step axis from ``first`` to ``last`` (0 to 1; steps > 0).
+
+    Pythia's checkpoints are log-spaced early, so "the peak is in the last third" means a
+    position >= 2/3 on this axis (for steps 1 to 4096: from step 256 on)."""
+    if not 0 < first < last:
+        raise ValueError(f"need 0 < first < last steps for a log axis, got first={first}, last={last}")
+    if not first <= step <= last:
+        raise ValueError(f"step {step} lies outside [{first}, {last}]")
+    return float(np.log(step / first) / np.log(last / first))
+
+
+def _where(by_cols, key) -> str:
+    return "" if not by_cols else " for " + ", ".join(f"{c}={k!r}" for c, k in zip(by_cols, key))
+
+
+def relative_curve(
+    df: pd.DataFrame, value: str, *, step: str = "step", by: str | Sequence[str] | None = None
+) -> pd.DataFrame:
+    """The curve averaged per step and rescaled: ``relative`` = value / final value, against
+    ``training_fraction`` = step / final step (per group). Steps 0 are dropped (no log axis)."""
+    check_table(df, Schema("df", dict.fromkeys((value, step), "any")))
+    by_cols = [] if by is None else ([by] if isinstance(by, str) else list(by))
+    frames = []
+    for key, g in _groups(df, by):
+        curve = g.groupby(step, sort=True)[value].mean()
+        curve = curve[curve.index > 0]
+        if curve.empty:
+            continue
+        final = float(curve.iloc[-1])
+        if final == 0:
+            raise ValueError(f"the final value of {value!r} is 0{_where(by_cols, key)}; cannot rescale")
+        out = pd.DataFrame(
+            {
+                step: curve.index.to_numpy(),
+                value: curve.to_numpy(),
+                "training_fraction": curve.index.to_numpy() / curve.index.max(),
+                "relative": curve.to_numpy() / final,
+            }
+        )
+        for c, k in zip(by_cols, key):
+            out.insert(0, c, k)
+        frames.append(out)
+    if not frames:
+        raise ValueError("no checkpoint after step 0 to rescale")
+    return pd.concat(frames, ignore_index=True)
+
+
+def judge_rows(rows: pd.DataFrame, rule, *, column: str = "verdict") -> pd.DataFrame:
+    """``rows`` with ``column`` = ``rule.judge(row)`` for each row (a :class:`~verdicts.Rule`
+    judged on the shape columns each row carries, e.g. the search's runs)."""
+    return rows.assign(**{column: [rule.judge(r) for r in rows.to_dict("records")]})

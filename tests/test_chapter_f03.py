@@ -1,0 +1,45 @@
+"""Chapter f03's module: its plan holds every panel the notebook measures (held-out windows
+first, then the quiz prompts), and run() collects exactly that plan."""
+
+from __future__ import annotations
+
+import pytest
+
+from coupling_utils.chapters import f03_training_emergence as f03
+from coupling_utils.measurement import Options
+
+
+def _params(**changes):
+    values = {"models": ["org/run"], "revisions": ["step8", "step1"], "n_windows": 2, "window_tokens": 12,
+              "max_tokens": 6, "k": [2, 4], "k_main": 2, **changes}  # fmt: skip
+    return f03.Params.checked(values)
+
+
+def test_jobs_hold_the_held_out_windows_and_the_quiz_prompts():
+    p = _params()
+    panels = f03.panel_jobs(p)
+    assert list(panels) == [f03.MAIN, f03.QUIZ]
+    windows, quiz = panels[f03.MAIN], panels[f03.QUIZ]
+    assert [j.revision for j in windows] == ["step1", "step8"] == [j.revision for j in quiz]
+    assert all(j.prompts == f03.windows(p) and j.settings["depth"].max_tokens == 12 for j in windows)
+    assert all(j.prompts == f03.prompts(p) and j.settings["depth"].max_tokens == 6 for j in quiz)
+    assert f03.jobs(p) == windows + quiz
+    assert len({j.key for j in f03.jobs(p)}) == 4  # the panels are stored apart
+    # no quiz panel when there is no prompt to measure; the windows are always measured
+    alone = f03.jobs(_params(n_prompts=0, include_demo=False))
+    assert alone == windows and f03.quiz_prompts(_params(n_prompts=0, include_demo=False)) is None
+
+
+def test_run_collects_exactly_the_plan(monkeypatch, tmp_path):
+    monkeypatch.setenv("COUPLING_CACHE", str(tmp_path))
+    p, seen = _params(), []
+    real = f03.collect
+
+    def spy(jobs, options=None, **kwargs):
+        seen.extend(jobs)
+        return real(jobs, options, **kwargs)
+
+    monkeypatch.setattr(f03, "collect", spy)
+    with pytest.raises(RuntimeError, match="none of the runs"):  # nothing stored, nothing computed
+        f03.run(p, Options(compute=False))
+    assert seen == f03.jobs(p)
