@@ -290,7 +290,8 @@ def test_dry_run_shows_the_batch_script_without_submitting(standin_hub, private_
     assert not list((private_cache / "sweeps").glob("*/submissions.json"))
 
 
-@pytest.mark.parametrize("profile", ["smoke", "default", "laptop", "paper"])
+# the default profile is left out: planning f03 there trains embedded:pythia-tiny (minutes)
+@pytest.mark.parametrize("profile", ["smoke", "laptop", "paper"])
 @pytest.mark.parametrize("name", CHAPTERS)
 def test_the_sweep_and_the_cost_model_read_the_chapters_plan(name, profile, standin_hub):
     """For every chapter and profile: the sweep's jobs are the chapter's plan, job for job, and
