@@ -10,9 +10,9 @@ import pandas as pd
 import pytest
 import torch
 
-from coupling_utils.analysis.generalization import k_for_width
 from coupling_utils.chapters import ParameterError
 from coupling_utils.chapters import f02_generalization as f02
+from coupling_utils.engine.metric import k_for_width
 from coupling_utils.measurement import Options
 
 SMALL = {
@@ -89,10 +89,10 @@ def test_run_collects_exactly_the_plan_and_condenses_each_part(tmp_path, monkeyp
     got = f02.run(p, Options(load=load))
     planned = f02.jobs(p)
     assert load.calls == [(j.model, bool(j.load_kwargs.get("random_init"))) for j in planned]
-    members = f02.family_members(p)
+    members = f02.member_models(p)
     summary = got.family.summary
     assert list(summary.model) == list(members) and summary.excess.notna().all()
-    assert list(summary.K) == [k_for_width(d, p.k_per_d) for d in f02.family_widths(p).values()]
+    assert list(summary.K) == [k_for_width(d, p.k_over_d) for d in f02.family_widths(p).values()]
     assert list(got.hub.summary.model) == p.hub_models and list(got.hub.summary.K) == [2, 2]
     assert got.hub.lines[1] == "org/hub-b: failed: OSError: gated repo"
     assert set(got.scale.values.model) == set(f02.scale_ks(p)) and got.scale.failures.empty

@@ -50,7 +50,7 @@ def test_the_plan_holds_every_study_and_reads_no_hub_model(smoke_vits):
         assert [j.weights for j in by[study]] == ["trained", "random init"]
         assert by[study][1].load_kwargs["seed"] == p.init_seed
     assert by["hub"][0].model == ABSENT
-    members = f04.family_members(p)  # as trained: the recipes planned the same members, K and checkpoints
+    members = f04.family_runs(p)  # as trained: the recipes planned the same members, K and checkpoints
     planned = vt.family_recipes(p.family, k_over_d=p.family_k_over_d)
     assert planned[["run", "name", "K"]].equals(members[["run", "name", "K"]])
     assert f04.checkpoints(p) == list_revisions(f04.run_dir(p))

@@ -231,7 +231,7 @@ def test_family_coupling_records_or_raises_a_failure_as_its_options_say():
 
 
 def test_k_for_width_keeps_k_over_d_fixed():
-    from coupling_utils.analysis.generalization import k_for_width
+    from coupling_utils.engine.metric import k_for_width
 
     assert [k_for_width(d, 0.125) for d in (32, 64, 128)] == [4, 8, 16]
     assert k_for_width(4, 0.1) == 1 and k_for_width(10, 1.0) == 10

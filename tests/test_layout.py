@@ -100,3 +100,29 @@ def test_public_names_are_the_documented_objects():
     from coupling_utils import measure
 
     assert callable(measure) and measure.__module__.startswith("coupling_utils.measurement")
+
+
+# the names every chapter module defines (its protocol) and entry points: shared on purpose
+CHAPTER_NAMES = {
+    "Params",
+    "Results",
+    "jobs",
+    "run",
+    "claims",
+    "assumptions",
+    "glue_values",
+    "prompts",
+    "main",
+}
+
+
+def test_no_two_public_names_in_different_modules():
+    """One name per thing: no public function or class is defined in two modules (a chapter
+    module's protocol names aside), so a name found in a notebook or a traceback has one home."""
+    homes: dict[str, list[str]] = {}
+    for path in _modules():
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and not node.name.startswith("_"):
+                homes.setdefault(node.name, []).append(str(path.relative_to(PKG)))
+    shared = {n: h for n, h in homes.items() if len(h) > 1 and n not in CHAPTER_NAMES}
+    assert not shared, f"public names defined in several modules (rename one of each): {shared}"

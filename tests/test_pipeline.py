@@ -16,9 +16,9 @@ from coupling_utils.chapters.checks import (
     ParameterError,
     check_choice,
     check_int,
-    check_k,
     check_list,
     check_model,
+    check_top_k,
 )
 from coupling_utils.pipeline.execution import (
     find_notebooks,
@@ -145,7 +145,7 @@ def test_value_checks_name_the_parameter():
     with pytest.raises(ParameterError, match="parameter 'k' must be >= 1, got -1"):
         check_int("k", -1, min=1)
     with pytest.raises(ParameterError, match="'k'.*d=64"):
-        check_k("k", 65, d=64)
+        check_top_k("k", 65, d=64)
     with pytest.raises(ParameterError, match="'mode'.*one of"):
         check_choice("mode", "x", ["a", "b"])
     with pytest.raises(ParameterError, match=r"'ks\[1\]'"):

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from coupling_utils.analysis import vision_transformers as vt
+from coupling_utils.engine.metric import k_for_width
 from coupling_utils.measurement import Options
 from coupling_utils.models import vit_training as vit
 
@@ -71,9 +72,9 @@ def test_k_per_model(tiny_run):
         {"a": str(tiny_run), "b": str(tiny_run)}, vt.ViTSetup(n_images=1), k={"a": 2, "b": 4}
     )
     assert dict(zip(got.summary.model, got.summary.K)) == {"a": 2, "b": 4}
-    assert vt.k_for_width(64, 0.25) == 16 and vt.k_for_width(32, 0.25) == 8 and vt.k_for_width(4, 0.01) == 1
+    assert k_for_width(64, 0.25) == 16 and k_for_width(32, 0.25) == 8 and k_for_width(4, 0.01) == 1
     with pytest.raises(ValueError, match="k_over_d"):
-        vt.k_for_width(64, 0)
+        k_for_width(64, 0)
 
 
 def test_missing_hub_vits_are_recorded_and_the_others_measured(standin_hub, tiny_run):

@@ -9,7 +9,7 @@ of the residual steps. This module turns a set of checkpoints into tidy tables:
 - :func:`run_checkpoints`: the checkpoints (and losses, spec) of a local run or a hub model;
 - :func:`checkpoint_jobs`, :func:`sweep_checkpoints`: depth-wise coupling, line-shape score,
   expodistance and step sizes at every checkpoint (:class:`SweepSettings`), as a
-  :class:`Sweep`; :func:`runs_jobs`, :func:`runs_sweep`, :func:`sweep_runs`: several runs.
+  :class:`CheckpointTables`; :func:`runs_jobs`, :func:`runs_sweep`, :func:`sweep_runs`: several runs.
 
 Curve shapes are in :mod:`.training_curves`, matrices and graphs in :mod:`.layer_graphs`, the
 search of local runs in :mod:`.emergence_search`; their names are importable from here too.
@@ -48,8 +48,8 @@ __all__ = [
     "Checkpoints",
     "run_checkpoints",
     "SweepSettings",
-    "Sweep",
-    "trajectory_tables",
+    "CheckpointTables",
+    "checkpoint_trajectories",
     "checkpoint_jobs",
     "NoCheckpointMeasured",
     "sweep_of",
@@ -256,7 +256,7 @@ class SweepSettings:
 
 
 @dataclass
-class Sweep:
+class CheckpointTables:
     """Tidy tables of one model measured at several checkpoints (see :func:`sweep_checkpoints`).
 
     - ``depthwise``: model, revision, step, prompt, token, K, layer_i, layer_j, m, coupling;
@@ -275,7 +275,7 @@ class Sweep:
     failures: pd.DataFrame = field(default_factory=pd.DataFrame)  # checkpoints not measured, and why
 
 
-def trajectory_tables(
+def checkpoint_trajectories(
     lm, prompts: dict[str, str], *, max_tokens: int | None, layers: tuple[int, int] | None, tokens: str
 ) -> dict[str, pd.DataFrame]:
     """Residual-stream trajectories of the prompts' tokens at one checkpoint: ``trajectories``
@@ -339,7 +339,7 @@ def checkpoint_jobs(
     ordered = [revisions[i] for i in np.argsort(steps, kind="stable")]
     measured = Settings(layers=s.layers, tokens="last", k=s.k, method=s.method, max_tokens=s.max_tokens)
     options = {"max_tokens": s.max_tokens, "layers": s.trajectory_layers, "tokens": s.trajectory_tokens}
-    extra = Extra("trajectories", trajectory_tables, options, sources=("analysis/trajectories.py",))
+    extra = Extra("trajectories", checkpoint_trajectories, options, sources=("analysis/trajectories.py",))
     jobs = plan(
         [model], prompts, {"depth": measured}, revisions=ordered, dtype=s.dtype, root=out, extra=extra
     )
@@ -366,8 +366,8 @@ def _checkpoint_provenance(done: Collected, model: str) -> dict:
     return prov
 
 
-def sweep_of(done: Collected, model: str, *, how: str = "offdiag") -> Sweep:
-    """The :class:`Sweep` of ``model`` from its collected :func:`checkpoint_jobs` (failed ones in
+def sweep_of(done: Collected, model: str, *, how: str = "offdiag") -> CheckpointTables:
+    """The :class:`CheckpointTables` of ``model`` from its collected :func:`checkpoint_jobs` (failed ones in
     ``failures``); the summary takes ``how`` pairs. Raises :class:`NoCheckpointMeasured` if none
     was measured."""
     if not done.ok:
@@ -380,7 +380,7 @@ def sweep_of(done: Collected, model: str, *, how: str = "offdiag") -> Sweep:
     summary = checkpoint_summary(depthwise, trajectories, how=how)
     width = {rev: c["d_model"] for rev, c in prov["checkpoints"].items()}
     summary.insert(summary.columns.get_loc("K"), "d_model", summary["revision"].map(width).astype(float))
-    return Sweep(depthwise, trajectories, step_norms, summary, prov, done.failures)
+    return CheckpointTables(depthwise, trajectories, step_norms, summary, prov, done.failures)
 
 
 def sweep_checkpoints(
@@ -391,7 +391,7 @@ def sweep_checkpoints(
     *,
     out: str | Path | None = None,
     options: Options | None = None,
-) -> Sweep:
+) -> CheckpointTables:
     """Measure ``model`` at every checkpoint in ``revisions`` (names like ``"step128"``) on
     ``prompts`` (a mapping ``{prompt_id: text}`` or a list of texts), as ``settings`` says.
 
@@ -399,7 +399,7 @@ def sweep_checkpoints(
     ``out/<model>/<revision>/trained/`` and read back on a rerun without loading the model
     (:func:`checkpoint_jobs`). ``options``: how the jobs run (default: the first failure
     raises); with ``on_error="record"`` a checkpoint that fails is listed in
-    ``Sweep.failures`` and left out.
+    ``CheckpointTables.failures`` and left out.
     """
     s = settings or SweepSettings()
     jobs = checkpoint_jobs(model, revisions, prompts, s, out=out)
@@ -446,8 +446,8 @@ def runs_sweep(
     *,
     panel: str | None = None,
     on_error: str = "record",
-) -> Sweep:
-    """The :class:`Sweep` of several runs from their collected :func:`runs_jobs` (see
+) -> CheckpointTables:
+    """The :class:`CheckpointTables` of several runs from their collected :func:`runs_jobs` (see
     :func:`sweep_runs`). ``on_error="raise"``: a K wider than a run, or a run with no checkpoint
     measured, raises instead of being listed in ``failures``."""
     s = settings or SweepSettings()
@@ -477,15 +477,17 @@ def runs_sweep(
     return _combined(sweeps, failures, panel)
 
 
-def _combined(sweeps: list[Sweep], failures: list[pd.DataFrame], panel: str | None) -> Sweep:
-    """One :class:`Sweep` of several, every table labelled with ``panel`` (when given)."""
+def _combined(
+    sweeps: list[CheckpointTables], failures: list[pd.DataFrame], panel: str | None
+) -> CheckpointTables:
+    """One :class:`CheckpointTables` of several, every table labelled with ``panel`` (when given)."""
 
     def cat(name: str) -> pd.DataFrame:
         out = pd.concat([getattr(sw, name) for sw in sweeps], ignore_index=True)
         return out if panel is None else out.assign(panel=panel)
 
     failed = pd.concat(failures, ignore_index=True) if failures else pd.DataFrame(columns=["model", "error"])
-    return Sweep(
+    return CheckpointTables(
         cat("depthwise"),
         cat("trajectories"),
         cat("step_norms"),
@@ -503,8 +505,8 @@ def sweep_runs(
     panel: str | None = None,
     out: str | Path | None = None,
     options: Options | None = None,
-) -> Sweep:
-    """:func:`sweep_checkpoints` for several runs on the same prompts, as one :class:`Sweep`.
+) -> CheckpointTables:
+    """:func:`sweep_checkpoints` for several runs on the same prompts, as one :class:`CheckpointTables`.
 
     ``runs``: what :func:`run_checkpoints` gave for each model. ``panel`` labels every table with
     a ``panel`` column (e.g. "held-out text" and "quiz prompts", measured separately and shown
@@ -577,7 +579,7 @@ def checkpoint_summary(
 
     keys = [c for c in ("model", "revision", "step") if c in depthwise.columns]
     if "step" not in keys:
-        raise ValueError("depthwise needs a 'step' column (a Sweep's depthwise table)")
+        raise ValueError("depthwise needs a 'step' column (the depthwise table of CheckpointTables)")
     rows = []
     for key, g in depthwise.groupby(keys, sort=False):
         for K in sorted(g["K"].unique()):

@@ -50,7 +50,6 @@ __all__ = [
     "family_jobs",
     "family_summary",
     "FamilyCoupling",
-    "k_for_width",
     "training_stage",
     "learning_curves",
     "TWIN_COLUMNS",
@@ -123,19 +122,6 @@ TWIN_COLUMNS = ["twin_coupling", "twin_coupling_sd", "excess", "excess_se", "twi
 """Summary columns :func:`family_coupling` adds with ``twins=True``: the random-init twin's
 coupling (mean, sd over prompts), the excess ``coupling − twin_coupling`` (mean over prompts of
 the paired difference, and its standard error) and why a twin is missing (empty if measured)."""
-
-
-def k_for_width(d_model: int, ratio: float) -> int:
-    """K for a model of width ``d_model`` at a fixed ``K/d = ratio`` (at least 1, at most d).
-
-    The chance level of ``1 − m_K²`` grows with K/d (two random K-dimensional subspaces of R^d
-    overlap more when K/d is larger), so models of different widths are compared at one K/d.
-    """
-    if isinstance(d_model, bool) or int(d_model) != d_model or d_model < 1:
-        raise ValueError(f"d_model must be a positive integer, got {d_model!r}")
-    if not 0 < ratio <= 1:
-        raise ValueError(f"K/d must lie in (0, 1], got {ratio!r}")
-    return int(min(d_model, max(1, round(ratio * d_model))))
 
 
 def family_jobs(

@@ -39,6 +39,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from coupling_utils.engine.metric import k_for_width
 from coupling_utils.measurement import Job, Options, Result, Settings, collect, plan
 from coupling_utils.models.images import check_vit_token, image_inputs, vit_tokens
 
@@ -57,7 +58,6 @@ __all__ = [
     "curve_shape",
     "describe_curve",
     "plateau",
-    "k_for_width",
     "family_members",
     "WEIGHTS",
 ]
@@ -494,13 +494,6 @@ def plateau(accuracy: pd.DataFrame, metric: str = "val_acc", *, tail: float = 1 
         "gain": gain,
         "share": gain / rise if rise > 0 else float("nan"),
     }
-
-
-def k_for_width(d_model: int, k_over_d: float) -> int:
-    """K for a width, fixed as a fraction of it: ``max(1, round(k_over_d · d))`` (at most d)."""
-    if not 0 < k_over_d <= 1:
-        raise ValueError(f"k_over_d must be a fraction of the width in (0, 1], got {k_over_d}")
-    return int(min(d_model, max(1, round(k_over_d * d_model))))
 
 
 def family_recipes(family: str, *, k_over_d: float) -> pd.DataFrame:

@@ -16,6 +16,7 @@ from typing import Any
 
 __all__ = [
     "ParameterError",
+    "NotMeasured",
     "Check",
     "check_int",
     "check_float",
@@ -24,7 +25,7 @@ __all__ = [
     "check_choice",
     "check_list",
     "check_model",
-    "check_k",
+    "check_top_k",
     "integer",
     "number",
     "choice",
@@ -45,6 +46,11 @@ __all__ = [
 
 class ParameterError(ValueError):
     """A chapter parameter has a bad name, type or value."""
+
+
+class NotMeasured(RuntimeError):
+    """A job of a chapter's plan has no result (it failed, or was not measured yet): the chapter's
+    ``run`` raises it, naming the job and the reason, rather than show a partial story."""
 
 
 def _fail(name: str, message: str, value: Any) -> ParameterError:
@@ -111,7 +117,7 @@ def check_list(
     return [item(f"{name}[{i}]", v) for i, v in enumerate(value)]
 
 
-def check_k(name: str, value: Any, d: int | None = None) -> int:
+def check_top_k(name: str, value: Any, d: int | None = None) -> int:
     """A top-K size: a positive integer, at most the Jacobian size ``d`` when known."""
     check_int(name, value, min=1)
     if d is not None and value > d:
@@ -176,7 +182,7 @@ def list_of(item: Check, *, min_len: int = 1, max_len: int | None = None) -> Che
 
 def k_values(name: str, value: Any) -> Any:
     """One K, or a list of them (the notebook's default says which)."""
-    return check_list(name, value, check_k) if isinstance(value, list) else check_k(name, value)
+    return check_list(name, value, check_top_k) if isinstance(value, list) else check_top_k(name, value)
 
 
 def embedded_family(name: str, value: Any) -> str:

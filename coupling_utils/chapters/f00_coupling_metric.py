@@ -19,10 +19,11 @@ import torch
 from coupling_utils.analysis import coupling_metric as cm
 from coupling_utils.chapters.checks import (
     DTYPES,
+    NotMeasured,
     block,
     check_int,
-    check_k,
     check_model,
+    check_top_k,
     choice,
     integer,
     k_values,
@@ -91,7 +92,7 @@ class Params(ChapterParams):
 def check_sizes(layer: int, k: int, n_layers: int, d_model: int) -> None:
     """The parameters against the model: block ``layer + 1`` must exist, K at most its width."""
     check_int("layer", layer, max=n_layers - 2)  # we also need the next block
-    check_k("k", k, d=d_model)
+    check_top_k("k", k, d=d_model)
 
 
 def check_fits(model, *, layer: int, k: int) -> None:
@@ -115,8 +116,6 @@ def jobs(p: Params) -> list[Job]:
 
 
 # --------------------------------------------------------------------------- the results
-class NotMeasured(RuntimeError):
-    """The job of :func:`jobs` has no result (it failed, or was not measured)."""
 
 
 @dataclass

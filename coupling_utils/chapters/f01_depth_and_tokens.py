@@ -25,8 +25,8 @@ from coupling_utils.chapters.checks import (
     METHODS,
     block,
     boolean,
-    check_k,
     check_model,
+    check_top_k,
     choice,
     integer,
     k_values,
@@ -44,7 +44,7 @@ __all__ = [
     "prompt_table",
     "prompts",
     "models",
-    "settings",
+    "twin_settings",
     "jobs",
     "run",
     "tile_chart",
@@ -92,7 +92,7 @@ class Params(ChapterParams):
     k: list = param([10, 30, 50], k_values)
     layers: list = param([], list_of(block, min_len=0))
     tile_layers: list = param([11, 12, 13, 14, 15, 16, 17, 18], list_of(block, min_len=2, max_len=12))
-    tile_k: int = param(10, check_k)
+    tile_k: int = param(10, check_top_k)
     token_layer: int = param(15, block)
     how: str = param("offdiag", choice(*HOWS))
     init_seed: int = param(0, integer(min=0))
@@ -138,7 +138,7 @@ def models(p: Params) -> list[str]:
     return list(dict.fromkeys([p.model, *p.more_models, *extra]))
 
 
-def settings(p: Params) -> tw.TwinSettings:
+def twin_settings(p: Params) -> tw.TwinSettings:
     """What is measured on the drawn model and its twin; the other models get its ``depth_only()``."""
     return tw.TwinSettings(
         k=p.k, layers=p.layers or None, tile_layers=p.tile_layers, tile_k=p.tile_k, token_layer=p.token_layer,
@@ -149,7 +149,7 @@ def settings(p: Params) -> tw.TwinSettings:
 def jobs(p: Params) -> list[Job]:
     """The measurement plan: each model and its random-init twin (``twin_jobs``); the first model
     with its tiles and token block, the others without."""
-    s, texts = settings(p), prompts(p)
+    s, texts = twin_settings(p), prompts(p)
     out: list[Job] = []
     for name in models(p):
         out += tw.twin_jobs(
@@ -246,7 +246,7 @@ def run(p: Params, options: Options | None = None) -> Results:
     """Collect :func:`jobs` (``options``: how they run; default: failures recorded) and the
     chapter's :class:`Results`; the drawn model must be measured, the others may be left out."""
     done = collect(jobs(p), options)
-    return Results(p, tw.twin_set(done, settings(p), main=p.model), prompts(p))
+    return Results(p, tw.twin_set(done, twin_settings(p), main=p.model), prompts(p))
 
 
 # --------------------------------------------------------------------------- figures

@@ -26,8 +26,8 @@ from coupling_utils.chapters.checks import (
     METHODS,
     STEP,
     boolean,
-    check_k,
     check_model,
+    check_top_k,
     choice,
     integer,
     k_values,
@@ -51,7 +51,7 @@ __all__ = [
     "windows",
     "panels",
     "panel_table",
-    "settings",
+    "checkpoint_settings",
     "checkpoint_runs",
     "runs_table",
     "panel_jobs",
@@ -106,7 +106,7 @@ class Params(ChapterParams):
     include_demo: bool = param(True, boolean)
     max_tokens: int = param(24, integer(min=2))
     k: list = param([2, 4, 16], k_values)
-    k_main: int = param(4, check_k)
+    k_main: int = param(4, check_top_k)
     how: str = param("offdiag", choice(*HOWS))
     early_step: int = param(1, integer(min=1))
     graph_steps: list = param([], list_of(integer(min=0), min_len=0, max_len=3))
@@ -183,7 +183,7 @@ def panel_table(p: Params) -> pd.DataFrame:
     )
 
 
-def settings(p: Params, panel: str) -> emergence.SweepSettings:
+def checkpoint_settings(p: Params, panel: str) -> emergence.SweepSettings:
     """What is measured at every checkpoint on ``panel`` (windows are cut to ``window_tokens``,
     quiz prompts to ``max_tokens``)."""
     return emergence.SweepSettings(
@@ -223,7 +223,7 @@ def panel_jobs(p: Params, runs: list[emergence.Checkpoints] | None = None) -> di
     runs = checkpoint_runs(p) if runs is None else runs
     out = cache_dir("f03", p.method)
     return {
-        panel: emergence.runs_jobs(runs, texts, settings(p, panel), out=out)
+        panel: emergence.runs_jobs(runs, texts, checkpoint_settings(p, panel), out=out)
         for panel, texts in panels(p).items()
     }
 
@@ -245,20 +245,20 @@ def run(p: Params, options: Options | None = None) -> Results:
     for panel, js in planned.items():
         part = Collected([next(done) for _ in js])
         sweeps[panel] = emergence.runs_sweep(
-            part, runs, settings(p, panel), panel=panel, on_error=options.on_error
+            part, runs, checkpoint_settings(p, panel), panel=panel, on_error=options.on_error
         )
     return Results(p, runs, sweeps)
 
 
 # --------------------------------------------------------------------------- the measurements, condensed
-def _cat(sweeps: Mapping[str, emergence.Sweep], name: str) -> pd.DataFrame:
+def _cat(sweeps: Mapping[str, emergence.CheckpointTables], name: str) -> pd.DataFrame:
     return pd.concat([getattr(s, name) for s in sweeps.values()], ignore_index=True)
 
 
 @dataclass(frozen=True)
 class Results:
     """What the story reads from one run: the runs' checkpoints (``runs``) and, per panel, their
-    :class:`~coupling_utils.analysis.emergence.Sweep` (``sweeps``); the properties condense them
+    :class:`~coupling_utils.analysis.emergence.CheckpointTables` (``sweeps``); the properties condense them
     (each computed once)."""
 
     params: Params

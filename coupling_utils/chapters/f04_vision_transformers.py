@@ -22,6 +22,7 @@ from coupling_utils.chapters.checks import (
     HOWS,
     METHODS,
     STEP,
+    NotMeasured,
     ParameterError,
     boolean,
     check_model,
@@ -45,10 +46,10 @@ __all__ = [
     "HUB_ABOVE_TWIN",
     "FAMILY",
     "STUDIES",
-    "setup",
+    "vit_setup",
     "run_name",
     "checkpoints",
-    "family_members",
+    "family_runs",
     "jobs",
     "NotMeasured",
     "Results",
@@ -122,7 +123,7 @@ PREDICTORS = {
 
 
 # --------------------------------------------------------------------------- the measurement plan
-def setup(p: Params) -> vt.ViTSetup:
+def vit_setup(p: Params) -> vt.ViTSetup:
     """What every ViT of the chapter shares (:class:`~coupling_utils.analysis.vision_transformers.ViTSetup`):
     ``n_images`` test digits chosen with ``seed``, the token, ``how``, method, dtype, the cache."""
     return vt.ViTSetup(
@@ -154,7 +155,7 @@ def checkpoints(p: Params) -> list[str]:
     return list(steps)
 
 
-def family_members(p: Params) -> pd.DataFrame:
+def family_runs(p: Params) -> pd.DataFrame:
     """The family's members with ``K`` = ``family_k_over_d`` × width, their accuracy and
     plateaus (the family is trained on first use)."""
     return vt.family_members(p.family, k_over_d=p.family_k_over_d)
@@ -172,7 +173,7 @@ def jobs(p: Params) -> list[Job]:
             "parameter 'use_cache' is false: the notebook would not read what a sweep stores; drop the "
             "override"
         )
-    s = setup(p)
+    s = vit_setup(p)
     members = vt.family_recipes(p.family, k_over_d=p.family_k_over_d)
     twins = {"twins": True, "init_seed": p.init_seed}
     studies = {
@@ -191,9 +192,6 @@ def jobs(p: Params) -> list[Job]:
 
 
 # --------------------------------------------------------------------------- the results
-class NotMeasured(RuntimeError):
-    """A job of the run, its twin or the family has no result: the chapter needs them all (only
-    hub ViTs may be missing)."""
 
 
 @dataclass
@@ -300,12 +298,12 @@ def run(p: Params, options: Options | None = None) -> Results:
             f"{NOTEBOOK} needs every job of its run and family:\n"
             + "\n".join(f"missing {r.job.describe()}: {r.error}: {r.message}" for r in lost)
         )
-    s, log = setup(p), {study: [] for study in STUDIES}
+    s, log = vit_setup(p), {study: [] for study in STUDIES}
     studies = {
         study: vt.condense([r for r in done.results if r.job.labels["study"] == study], s, log[study].append)
         for study in STUDIES
     }
-    return dataclasses.replace(_results(p, studies, family_members(p)), log=log)
+    return dataclasses.replace(_results(p, studies, family_runs(p)), log=log)
 
 
 def _facts(p: Params) -> dict[str, Any]:

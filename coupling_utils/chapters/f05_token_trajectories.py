@@ -13,7 +13,17 @@ import numpy as np
 import pandas as pd
 
 from coupling_utils.analysis.verdicts import Rule, claim
-from coupling_utils.chapters.checks import DTYPES, block, boolean, check_model, choice, integer, list_of, text
+from coupling_utils.chapters.checks import (
+    DTYPES,
+    NotMeasured,
+    block,
+    boolean,
+    check_model,
+    choice,
+    integer,
+    list_of,
+    text,
+)
 from coupling_utils.chapters.params import ChapterParams, param
 from coupling_utils.files import cache_dir
 from coupling_utils.measurement import Extra, Job, Options, collect
@@ -118,8 +128,6 @@ def jobs(p: Params) -> list[Job]:
 
 
 # --------------------------------------------------------------------------- the results
-class NotMeasured(RuntimeError):
-    """A job of :func:`jobs` has no result (it failed, or was not measured): the chapter needs all."""
 
 
 @dataclass

@@ -23,6 +23,7 @@ __all__ = [
     "coupling_tile",
     "coupling_matrix",
     "check_k",
+    "k_for_width",
     "check_options",
     "bases",
     "tile_metric",
@@ -77,6 +78,19 @@ def check_k(k: int, d: int) -> int:
     if k > d:
         raise ValueError(f"k={k} exceeds the matrix size d={d}; choose k <= {d}")
     return int(k)
+
+
+def k_for_width(d_model: int, k_over_d: float) -> int:
+    """K for a model of width ``d_model`` at a fixed ``K/d = k_over_d`` (at least 1, at most d).
+
+    The chance level of ``1 − m_K²`` grows with K/d (two random K-dimensional subspaces of R^d
+    overlap more when K/d is larger), so models of different widths are compared at one K/d.
+    """
+    if isinstance(d_model, bool) or int(d_model) != d_model or d_model < 1:
+        raise ValueError(f"d_model must be a positive integer, got {d_model!r}")
+    if not 0 < k_over_d <= 1:
+        raise ValueError(f"k_over_d (K/d) must lie in (0, 1], got {k_over_d!r}")
+    return int(min(d_model, max(1, round(k_over_d * d_model))))
 
 
 def check_options(p: float, normalize: str, orientation: str) -> None:

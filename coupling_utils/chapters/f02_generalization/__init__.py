@@ -5,7 +5,7 @@ analyses each section shows, its status rows (:func:`claims`) and the values its
 
 The notebook is story plus calls: ``results = run(params)`` measures (or reads what a sweep
 stored) exactly :func:`jobs`; each section then calls its analysis (:func:`paper_fit`,
-:func:`training`, :func:`family_table`, :func:`family_fits`, :func:`hub_fit`,
+:func:`training`, :func:`family_section`, :func:`family_fits`, :func:`hub_fit`,
 :func:`scale_answer`, :func:`beyond`), shows its tables and charts, and the status cell reports
 :func:`claims` and glues :func:`glue_values` in one call. Three modules, as the notebook reads
 them: :mod:`.plan` (parameters, rules, plan, run), :mod:`.sections` (one analysis per section,
@@ -20,9 +20,9 @@ from coupling_utils.chapters.f02_generalization.plan import (
     SIZES,
     Params,
     Results,
-    family_members,
     family_widths,
     jobs,
+    member_models,
     prompts,
     rule_lines,
     run,
@@ -44,7 +44,7 @@ from coupling_utils.chapters.f02_generalization.sections import (
     curves_chart,
     family_chart,
     family_fits,
-    family_table,
+    family_section,
     fig1a_chart,
     hub_chart,
     hub_fit,
@@ -52,18 +52,18 @@ from coupling_utils.chapters.f02_generalization.sections import (
     paper_fit,
     per_prompt_chart,
     scale_answer,
-    scale_chart,
+    scale_section,
     tasks_chart,
     training,
 )
 from coupling_utils.chapters.f02_generalization.story import Story, assumptions, claims, glue_values
 
 __all__ = [
-    "CLAIMS", "NOTEBOOK", "RULES", "SHOW", "SIZES", "Params", "Results", "family_members",
+    "CLAIMS", "NOTEBOOK", "RULES", "SHOW", "SIZES", "Params", "Results", "member_models",
     "family_widths", "jobs", "prompts", "rule_lines", "run", "scale_ks", "scale_prompts",
     "AXIS_RULES", "Beyond", "Family", "FamilyFits", "Hub", "PaperFit", "ScaleAnswer", "Training",
     "axis_lines", "beyond", "coupling_table", "curves_chart", "family_chart", "family_fits",
-    "family_table", "fig1a_chart", "hub_chart", "hub_fit", "members_table", "paper_fit",
-    "per_prompt_chart", "scale_answer", "scale_chart", "tasks_chart", "training", "Story",
+    "family_section", "fig1a_chart", "hub_chart", "hub_fit", "members_table", "paper_fit",
+    "per_prompt_chart", "scale_answer", "scale_section", "tasks_chart", "training", "Story",
     "assumptions", "claims", "glue_values",
 ]  # fmt: skip

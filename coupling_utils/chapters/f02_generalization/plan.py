@@ -13,7 +13,6 @@ from coupling_utils.analysis.generalization import (
     FamilyCoupling,
     family_jobs,
     family_summary,
-    k_for_width,
 )
 from coupling_utils.analysis.verdicts import Rule
 from coupling_utils.chapters.checks import (
@@ -22,8 +21,8 @@ from coupling_utils.chapters.checks import (
     METHODS,
     ParameterError,
     boolean,
-    check_k,
     check_model,
+    check_top_k,
     choice,
     embedded_family,
     integer,
@@ -32,6 +31,7 @@ from coupling_utils.chapters.checks import (
     number,
 )
 from coupling_utils.chapters.params import ChapterParams, param
+from coupling_utils.engine.metric import k_for_width
 from coupling_utils.files import cache_dir
 from coupling_utils.measurement import Options, Result, Settings, collect
 from coupling_utils.measurement.jobs import Job
@@ -62,7 +62,7 @@ class Params(ChapterParams):
     n_prompts: int = param(4, integer(min=1))
     prompt_tokens: int = param(32, integer(min=2))
     k: int = param(10, k_values)
-    k_per_d: float = param(0.125, number(min=0.001, max=1.0))
+    k_over_d: float = param(0.125, number(min=0.001, max=1.0))
     how: str = param("offdiag", choice(*HOWS))
     tokens: str = param("last", choice("last", "all"))
     dtype: str = param("float32", choice(*DTYPES))
@@ -71,7 +71,7 @@ class Params(ChapterParams):
     tail: float = param(0.25, number(min=0.05, max=0.5))
     scale_models: list = param(["embedded:smollm2-135m", "embedded:minilm-l6"], list_of(check_model))
     scale_reference: str = param("embedded:smollm2-135m", check_model)
-    scale_k: list = param([10, 30, 50], list_of(check_k))
+    scale_k: list = param([10, 30, 50], list_of(check_top_k))
     scale_prompts: int = param(0, integer(min=0))
     scale_max_tokens: int = param(12, integer(min=2))
     n_resamples: int = param(1000, integer(min=10))
@@ -90,7 +90,7 @@ def prompts(p: Params) -> dict[str, str]:
     return dict(zip(table["id"], table["text"]))
 
 
-def family_members(p: Params) -> dict[str, str]:
+def member_models(p: Params) -> dict[str, str]:
     """``{run: "embedded:<family>/<run>"}`` from the zoo's registry (nothing is trained here)."""
     from coupling_utils.models import zoo
 
@@ -109,13 +109,13 @@ def family_widths(p: Params) -> dict[str, int]:
     from coupling_utils.models import zoo
 
     specs = zoo.REGISTRY[p.family.removeprefix("embedded:")].specs()
-    return {run: int(specs[run].d_model) for run in family_members(p)}
+    return {run: int(specs[run].d_model) for run in member_models(p)}
 
 
 def scale_ks(p: Params) -> dict[str, list[int]]:
     """The scale question's models with the K values each is measured at: ``scale_models`` at every
     ``scale_k``, each family member at the ``scale_k`` that fit its width."""
-    members = family_members(p)
+    members = member_models(p)
     ks = {name: list(p.scale_k) for name in p.scale_models}
     ks.update({members[run]: [K for K in p.scale_k if d >= K] for run, d in family_widths(p).items()})
     return {name: k for name, k in ks.items() if k}
@@ -216,9 +216,9 @@ def _parts(p: Params, *, store: bool) -> dict[str, list[Job]]:
     texts = prompts(p)
     settings = Settings(tokens=p.tokens, method=p.method, max_tokens=p.prompt_tokens)
     cache = cache_dir("f02") if store else None
-    family_k = {run: k_for_width(d, p.k_per_d) for run, d in family_widths(p).items()}
+    family_k = {run: k_for_width(d, p.k_over_d) for run, d in family_widths(p).items()}
     family = family_jobs(
-        family_members(p),
+        member_models(p),
         texts,
         settings,
         k=family_k,
@@ -245,7 +245,7 @@ def _parts(p: Params, *, store: bool) -> dict[str, list[Job]]:
 
 
 def jobs(p: Params) -> list[Job]:
-    """The measurement plan: the family with its twins (``K`` per width from ``k_per_d``), the
+    """The measurement plan: the family with its twins (``K`` per width from ``k_over_d``), the
     ``hub_models`` (``k``), and the scale question (``scale.scale_jobs``)."""
     if not p.use_cache:
         raise ParameterError(

@@ -12,7 +12,6 @@ from coupling_utils.analysis.data import fig1a_table, join_scores
 from coupling_utils.analysis.generalization import (
     FamilyCoupling,
     best_predictor,
-    k_for_width,
     learning_curves,
     predictor_comparison,
     r2_difference,
@@ -26,6 +25,7 @@ from coupling_utils.chapters.f02_generalization.plan import (
     Params,
     Results,
 )
+from coupling_utils.engine.metric import k_for_width
 
 
 # --------------------------------------------------------------------------- (a) the paper's points
@@ -142,11 +142,11 @@ class Family:
     measured: FamilyCoupling
 
 
-def family_table(p: Params, t: Training, results: Results) -> Family:
+def family_section(p: Params, t: Training, results: Results) -> Family:
     """The members with their coupling, their twin's and the excess (members without both are
     left out, with the reason)."""
     members = t.members
-    family_k = {run: k_for_width(int(d), p.k_per_d) for run, d in zip(members["run"], members["d_model"])}
+    family_k = {run: k_for_width(int(d), p.k_over_d) for run, d in zip(members["run"], members["d_model"])}
     measured = results.family
     summary = measured.summary
     ours = members.merge(
@@ -353,7 +353,7 @@ def scale_answer(p: Params, results: Results) -> ScaleAnswer:
     return ScaleAnswer(results.scale, judged, compatible, book, n_1a, n_1b, miss, n_miss)
 
 
-def scale_chart(p: Params, s: ScaleAnswer):
+def scale_section(p: Params, s: ScaleAnswer):
     """Every candidate for the reference model (filled) and its twin (hollow)."""
     return scale.scale_chart(
         s.judged,

@@ -108,7 +108,7 @@ def _family_claims(p: Params, story: Story) -> list[dict[str, Any]]:
             values={"rho": ex["spearman"], "rho_low": ex["spearman_ci_low"], "n": len(ours)},
             ours=f"Spearman ρ {ex['spearman']:.2f} [{ex['spearman_ci_low']:.2f}, "
             f"{ex['spearman_ci_high']:.2f}]",
-            note=f"{len(ours)} models trained here, K/d = {p.k_per_d}; raw coupling ρ "
+            note=f"{len(ours)} models trained here, K/d = {p.k_over_d}; raw coupling ρ "
             f"{rho['raw coupling']:.2f}, "
             f"twins ρ {rho['twin coupling']:.2f}; {story.training.n_flat} of {len(stage)} learning "
             f"curves flat",
@@ -206,7 +206,7 @@ def _family_ks_glue(p: Params, t: Training, f: Family) -> dict[str, Any]:
     members = t.members
     by_width = {int(d): f.ks[r] for r, d in zip(members["run"], members["d_model"])}
     return {
-        "f02_k_per_d": p.k_per_d,
+        "f02_k_over_d": p.k_over_d,
         "f02_family_ks": Markdown(", ".join(f"{K} at d = {d}" for d, K in sorted(by_width.items()))),
     }
 
