@@ -116,3 +116,57 @@ def test_assumptions_are_recorded_and_a_broken_one_shows_and_fails(tmp_path, mon
     monkeypatch.setattr(check, "EXECUTED", tmp_path)
     with pytest.raises(AssertionError, match="f09_demo: rises: the text assumes that coupling rises"):
         check.test_typed_prose_holds_on_the_default_run()
+
+
+# ----------------------------------------------------------------- intervals
+
+
+def test_yes_needs_the_whole_interval_clear_of_the_threshold():
+    from coupling_utils.analysis.verdicts import Interval
+
+    rule = Rule(yes="margin >= 0.05")
+    assert rule.judge({"margin": Interval(0.0545, 0.051, 0.06)}) == "yes"
+    # the estimate passes, the interval reaches below the threshold: at most partly
+    assert rule.judge({"margin": Interval(0.0545, 0.02, 0.09)}) == "partly"
+    assert rule.judge({"margin": Interval(0.04, 0.02, 0.09)}) == "no"
+    assert rule.judge({"margin": 0.0545}) == "yes"  # a number without interval is exact
+
+
+def test_intervals_follow_arithmetic_negation_and_or():
+    from coupling_utils.analysis.verdicts import Interval
+
+    diff = Rule(yes="trained - twin > 0.1")
+    # worst case of a difference: trained's low minus twin's high
+    assert diff.judge({"trained": Interval(0.5, 0.45, 0.55), "twin": Interval(0.3, 0.25, 0.34)}) == "yes"
+    assert diff.judge({"trained": Interval(0.5, 0.40, 0.55), "twin": Interval(0.3, 0.25, 0.34)}) == "partly"
+    assert Rule(yes="not x < 1").judge({"x": Interval(1.5, 1.1, 2)}) == "yes"
+    assert Rule(yes="not x < 1").judge({"x": Interval(1.5, 0.9, 2)}) == "partly"
+    assert Rule(yes="x > 1 or y > 1").judge({"x": Interval(2, 1.5, 3), "y": Interval(0, -1, 1)}) == "yes"
+    assert Rule(yes="x > 1 and y > 1").judge({"x": Interval(2, 1.5, 3), "y": Interval(2, 0.5, 3)}) == "partly"
+    assert Rule(yes="abs(x) < 0.1").judge({"x": Interval(0.0, -0.05, 0.05)}) == "yes"
+    assert Rule(yes="abs(x) < 0.1").judge({"x": Interval(0.0, -0.2, 0.05)}) == "partly"
+    # a ratio whose denominator's interval contains 0 is never surely anything
+    assert Rule(yes="a / b > 1").judge({"a": 2.0, "b": Interval(1.0, -0.5, 1.5)}) == "partly"
+
+
+def test_partly_is_judged_on_the_estimates_and_nan_never_earns_yes():
+    from coupling_utils.analysis.verdicts import Interval
+
+    rule = Rule(yes="x >= 1", partly="x >= 0.5")
+    assert rule.judge({"x": Interval(0.7, 0.1, 1.2)}) == "partly"
+    assert rule.judge({"x": Interval(0.3, 0.1, 1.2)}) == "no"
+    assert rule.judge({"x": Interval(float("nan"), float("nan"), float("nan"))}) == "no"
+
+
+def test_an_interval_is_checked_and_shown_in_the_status_row():
+    from coupling_utils.analysis.verdicts import Interval
+
+    with pytest.raises(RuleError, match="low <= estimate <= high"):
+        Interval(0.5, 0.6, 0.7)
+    with pytest.raises(RuleError, match="level"):
+        Interval(0.5, 0.4, 0.7, level=95)
+    row = claim("c", paper="p", rule=Rule(yes="x > 0"), values={"x": Interval(0.2, 0.1, 0.3, over="prompts")})
+    assert row["agree"] == "yes"
+    assert "x = 0.2 [0.1, 0.3; 95% over prompts]" in row["rule"]
+    boot = {"estimate": 0.2, "ci_low": 0.1, "ci_high": 0.3, "level": 0.9}
+    assert Interval.from_bootstrap(boot, over="models") == Interval(0.2, 0.1, 0.3, 0.9, "models")

@@ -17,6 +17,12 @@ Rules are small expressions over named numbers: comparisons (``<``, ``<=``, ``>`
 the values do not provide is an error; a NaN value makes every comparison it enters false, so a
 missing number never earns a "yes".
 
+A value may be an :class:`Interval` (an estimate with its confidence interval, e.g. from
+:func:`coupling_utils.analysis.stats.bootstrap_ci`). Then "yes" needs the rule to hold for
+*every* point of the intervals (``x >= 0.05`` is a yes only when the interval's low end is at
+least 0.05), while "partly" is judged on the estimates: an estimate that merely touches the
+threshold is at most "partly". A number without an interval counts as exact.
+
 Shape claims ("rises", "nearly monotonic", "dense at the end") are judged on shape descriptors of
 the whole curve (rank correlation with the step, where the peak lies, the largest drop), not on
 two end points: see :func:`coupling_utils.analysis.emergence.growth_summary`.
@@ -32,7 +38,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Rule", "RuleError", "KINDS", "claim", "assume", "ASSUMPTION_KEY"]
+__all__ = ["Rule", "RuleError", "Interval", "KINDS", "claim", "assume", "ASSUMPTION_KEY"]
 
 KINDS = ("measured", "replot")
 """``measured``: this book's own measurement; ``replot``: the paper's own (digitised) points redrawn."""
@@ -51,6 +57,38 @@ _SYMBOLS = {"<=": "≤", ">=": "≥", "!=": "≠"}
 
 class RuleError(ValueError):
     """A rule that cannot be read or evaluated; the message names the rule and the fix."""
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A number with its confidence interval: ``estimate`` in ``[low, high]`` at ``level``,
+    resampled ``over`` something (prompts, models, seeds, pairs ...)."""
+
+    estimate: float
+    low: float
+    high: float
+    level: float = 0.95
+    over: str = ""
+
+    def __post_init__(self):
+        lo, est, hi = (float(v) for v in (self.low, self.estimate, self.high))
+        if not any(math.isnan(v) for v in (lo, est, hi)) and not lo <= est <= hi:
+            raise RuleError(
+                f"an interval needs low <= estimate <= high, got [{lo:.4g}, {hi:.4g}] around {est:.4g}; "
+                "pass the bootstrap's percentile interval of the same statistic"
+            )
+        if not 0 < float(self.level) < 1:
+            raise RuleError(f"an interval's level must lie in (0, 1), got {self.level!r}")
+
+    @classmethod
+    def from_bootstrap(cls, row: Mapping[str, Any], over: str = "") -> Interval:
+        """From a row of :func:`coupling_utils.analysis.stats.bootstrap_ci`."""
+        return cls(float(row["estimate"]), float(row["ci_low"]), float(row["ci_high"]),
+                   float(row["level"]), over)  # fmt: skip
+
+    def __str__(self) -> str:
+        over = f" over {self.over}" if self.over else ""
+        return f"{_fmt(self.estimate)} [{_fmt(self.low)}, {_fmt(self.high)}; {self.level:.0%}{over}]"
 
 
 def _names(tree: ast.AST) -> set[str]:
@@ -103,6 +141,7 @@ def _parse(expr: str, where: str) -> ast.Expression:
 
 
 def _eval(node: ast.AST, values: Mapping[str, float]) -> Any:
+    """The expression's value on point numbers (a comparison gives a bool)."""
     if isinstance(node, ast.Expression):
         return _eval(node.body, values)
     if isinstance(node, ast.BoolOp):
@@ -131,6 +170,78 @@ def _eval(node: ast.AST, values: Mapping[str, float]) -> Any:
     if isinstance(node, ast.Name):
         return values[node.id]
     return node.value  # a number (checked by _parse)
+
+
+_NAN_RANGE = (math.nan, math.nan)
+
+
+def _range(node: ast.AST, bounds: Mapping[str, tuple[float, float]]) -> tuple[float, float]:
+    """The range ``(low, high)`` an arithmetic expression takes over the values' intervals."""
+    if isinstance(node, ast.Name):
+        return bounds[node.id]
+    if isinstance(node, ast.Constant):
+        return (float(node.value), float(node.value))
+    if isinstance(node, ast.UnaryOp):
+        lo, hi = _range(node.operand, bounds)
+        return (-hi, -lo) if isinstance(node.op, ast.USub) else (lo, hi)
+    if isinstance(node, ast.Call):  # abs
+        lo, hi = _range(node.args[0], bounds)
+        return (0.0 if lo <= 0 <= hi else min(abs(lo), abs(hi)), max(abs(lo), abs(hi)))
+    if isinstance(node, ast.BinOp):
+        (a, b), (c, d) = _range(node.left, bounds), _range(node.right, bounds)
+        if isinstance(node.op, ast.Add):
+            return (a + c, b + d)
+        if isinstance(node.op, ast.Sub):
+            return (a - d, b - c)
+        if isinstance(node.op, ast.Div):
+            if c <= 0 <= d:
+                return _NAN_RANGE
+            c, d = 1 / d, 1 / c
+        corners = [a * c, a * d, b * c, b * d]
+        return _NAN_RANGE if any(math.isnan(v) for v in corners) else (min(corners), max(corners))
+    raise RuleError(f"a {type(node).__name__} cannot stand where a number is expected in a rule")
+
+
+def _surely(node: ast.AST, bounds: Mapping[str, tuple[float, float]], want: bool = True) -> bool:
+    """Whether the condition is ``want`` for every point of the values' intervals."""
+    if isinstance(node, ast.Expression):
+        return _surely(node.body, bounds, want)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+        return _surely(node.operand, bounds, not want)
+    if isinstance(node, ast.BoolOp):
+        parts = [_surely(v, bounds, want) for v in node.values]
+        every = isinstance(node.op, ast.And) == want  # and-true / or-false: every part
+        return all(parts) if every else any(parts)
+    if isinstance(node, ast.Compare):
+        pairs, left = [], node.left
+        for op, right in zip(node.ops, node.comparators):
+            pairs.append((op, _range(left, bounds), _range(right, bounds)))
+            left = right
+        held = [_holds_everywhere(op, a, b, want) for op, a, b in pairs]
+        return all(held) if want else any(held)
+    raise RuleError(f"a {type(node).__name__} cannot stand where a condition is expected in a rule")
+
+
+def _holds_everywhere(op: ast.cmpop, a: tuple[float, float], b: tuple[float, float], want: bool) -> bool:
+    """``a op b`` (want True) or its negation (want False) for all points of two ranges."""
+    if any(math.isnan(v) for v in (*a, *b)):
+        return not want  # NaN compares false: surely not, never surely so
+    (a_lo, a_hi), (b_lo, b_hi) = a, b
+    kind = type(op)
+    if not want:
+        kind = {ast.Lt: ast.GtE, ast.LtE: ast.Gt, ast.Gt: ast.LtE, ast.GtE: ast.Lt,
+                ast.Eq: ast.NotEq, ast.NotEq: ast.Eq}[kind]  # fmt: skip
+    if kind is ast.Lt:
+        return a_hi < b_lo
+    if kind is ast.LtE:
+        return a_hi <= b_lo
+    if kind is ast.Gt:
+        return a_lo > b_hi
+    if kind is ast.GtE:
+        return a_lo >= b_hi
+    if kind is ast.Eq:
+        return a_lo == a_hi == b_lo == b_hi
+    return a_hi < b_lo or b_hi < a_lo  # NotEq
 
 
 def _pretty(expr: str) -> str:
@@ -171,27 +282,41 @@ class Rule:
         return "; ".join(parts) + "; otherwise no"
 
     def judge(self, values: Mapping[str, Any]) -> str:
-        """``"yes"``, ``"partly"`` or ``"no"`` for these values."""
+        """``"yes"``, ``"partly"`` or ``"no"`` for these values (numbers or :class:`Interval`):
+        yes when the yes-condition holds over the whole of every interval, partly when the
+        partly-condition holds on the estimates."""
         missing = sorted(self.names - set(values))
         if missing:
             raise RuleError(
                 f"the rule '{self.text}' needs {missing}, but the values give only {sorted(values)}; "
                 "pass every number the rule names"
             )
-        numbers = {}
+        estimates, bounds = {}, {}
         for name in self.names:
+            value = values[name]
             try:
-                numbers[name] = float(values[name])
+                if isinstance(value, Interval):
+                    estimates[name], bounds[name] = (
+                        float(value.estimate),
+                        (float(value.low), float(value.high)),
+                    )
+                else:
+                    estimates[name] = float(value)
+                    bounds[name] = (estimates[name], estimates[name])
             except (TypeError, ValueError) as exc:
-                raise RuleError(f"value {name!r} = {values[name]!r} is not a number") from exc
-        if _eval(_parse(self.yes, "yes"), numbers):
+                raise RuleError(f"value {name!r} = {value!r} is not a number") from exc
+        if _eval(_parse(self.yes, "yes"), estimates) and _surely(_parse(self.yes, "yes"), bounds):
             return "yes"
-        if self.partly and _eval(_parse(self.partly, "partly"), numbers):
+        if self.partly and _eval(_parse(self.partly, "partly"), estimates):
             return "partly"
+        if _eval(_parse(self.yes, "yes"), estimates):
+            return "partly"  # the estimate passes, its interval does not clear the threshold
         return "no"
 
 
-def _fmt(value: float) -> str:
+def _fmt(value: Any) -> str:
+    if isinstance(value, Interval):
+        return str(value)
     v = float(value)
     return "NaN" if math.isnan(v) else f"{v:.3g}"
 
