@@ -2,6 +2,7 @@
 
     .venv/bin/python tests/pinned.py zoo     # checksums of the smoke models' weights
     .venv/bin/python tests/pinned.py smoke   # values the smoke notebooks report
+    .venv/bin/python tests/pinned.py smoke --only f05   # re-pin one chapter, keep the others
 
 ``zoo`` builds every embedded model the smoke notebooks use in a fresh temporary cache and pins
 their checksums for this machine's CPU capability in ``tests/pinned/zoo_checksums.json``
@@ -181,12 +182,13 @@ def notebook_values(path: Path) -> dict:
     return {"status": status, "glue": _glued(nb, Path(path).stem)}
 
 
-def run_smoke(output_dir: Path) -> None:
-    """Run every notebook at the smoke profile into ``output_dir`` in a fresh cache."""
+def run_smoke(output_dir: Path, only: list[str] | None = None) -> None:
+    """Run the notebooks (``only`` these names or prefixes; default all) at the smoke profile
+    into ``output_dir`` in a fresh cache."""
     from coupling_utils.pipeline.execution import run_notebooks
 
     with fresh_cache():
-        results = run_notebooks([], "smoke", output_dir=output_dir, jobs=2)
+        results = run_notebooks(list(only or []), "smoke", output_dir=output_dir, jobs=2)
     failed = [r for r in results if r.status != "ok"]
     if failed:
         raise SystemExit("smoke runs failed: " + "; ".join(f"{r.notebook}: {r.error}" for r in failed))
@@ -199,6 +201,8 @@ def _close(expected, got, tol: dict) -> bool:
         return False
     if math.isnan(expected) or math.isnan(got):
         return math.isnan(expected) and math.isnan(got)
+    if math.isinf(expected) or math.isinf(got):
+        return expected == got
     return abs(got - expected) <= tol["abs"] + tol["rel"] * abs(expected)
 
 
@@ -245,8 +249,18 @@ def _yaml_scalar(value) -> str:
     return repr(value)
 
 
-def smoke_document(executed: Path, source: str) -> str:
-    """The pinned smoke values as commented YAML (tolerances already in the file are kept)."""
+def _pinned_values(before: dict) -> dict:
+    """A notebook's pinned block read back as :func:`notebook_values` gives it (values only)."""
+    glue = {k: (v["value"] if isinstance(v, dict) else v) for k, v in before.get("glue", {}).items()}
+    status = {c: {"ours": r["ours"], "agree": r["agree"]} for c, r in before.get("status", {}).items()}
+    return {"status": status, "glue": glue}
+
+
+def smoke_document(executed: Path, source: str, only: list[str] | None = None) -> str:
+    """The pinned smoke values as commented YAML (tolerances already in the file are kept).
+
+    With ``only`` (notebook names or prefixes), just those notebooks are read from ``executed``;
+    the others keep their pinned values."""
     from coupling_utils.pipeline.execution import notebook_paths
 
     old = load_smoke_values() if SMOKE_VALUES.exists() else {}
@@ -267,10 +281,13 @@ def smoke_document(executed: Path, source: str) -> str:
     ]
     for nb in notebook_paths(ROOT):
         path = executed / f"{nb.stem}.ipynb"
-        if not path.exists():
-            raise SystemExit(f"no executed notebook {path}")
-        values = notebook_values(path)
         before = old.get("notebooks", {}).get(nb.stem, {})
+        if only and not any(nb.stem.startswith(o) for o in only):
+            values = _pinned_values(before)
+        elif not path.exists():
+            raise SystemExit(f"no executed notebook {path}")
+        else:
+            values = notebook_values(path)
         lines.append(f"  {nb.stem}:")
         lines.append("    status:" + ("" if values["status"] else " {}"))
         for claim, row in values["status"].items():
@@ -302,6 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("zoo", help=f"pin this CPU capability's checksums in {ZOO_CHECKSUMS.relative_to(ROOT)}")
     smoke = sub.add_parser("smoke", help=f"rewrite {SMOKE_VALUES.relative_to(ROOT)}")
     smoke.add_argument("--executed", type=Path, help="read these executed notebooks instead of running them")
+    smoke.add_argument("--only", nargs="+", metavar="NOTEBOOK", help="re-pin only these (names or prefixes)")
     args = parser.parse_args(argv)
     PINNED.mkdir(exist_ok=True)
     if args.what == "zoo":
@@ -310,11 +328,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {ZOO_CHECKSUMS} ({n} weight files, CPU capability {pins['made']['cpu_capability']})")
         return 0
     if args.executed:
-        text = smoke_document(args.executed, f"the executed notebooks in {args.executed}")
+        text = smoke_document(args.executed, f"the executed notebooks in {args.executed}", args.only)
     else:
         with tempfile.TemporaryDirectory(prefix="coupling-smoke-") as out:
-            run_smoke(Path(out))
-            text = smoke_document(Path(out), "a fresh smoke run in an empty cache")
+            run_smoke(Path(out), args.only)
+            text = smoke_document(Path(out), "a fresh smoke run in an empty cache", args.only)
     SMOKE_VALUES.write_text(text)
     print(f"wrote {SMOKE_VALUES}")
     return 0

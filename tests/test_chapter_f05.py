@@ -89,7 +89,7 @@ def test_run_reads_back_what_the_model_gives(standin_hub, tmp_path, monkeypatch)
     assert loads == [False, True]
     pd.testing.assert_frame_equal(again.metrics, r.metrics)
     rows = f05.claims(p, r)
-    assert [row["agree"] for row in rows] == [f05.LINEAR.judge(r.linear), f05.EXPONENTIAL.judge(r.growth)]
+    assert [row["agree"] for row in rows] == [f05.LINEAR.judge(r.straight), f05.EXPONENTIAL.judge(r.growth)]
     status = pd.DataFrame(rows)
     values = f05.glue_values(p, r, status)
     prose, pinned = _glue_names()

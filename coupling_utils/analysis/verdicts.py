@@ -83,8 +83,9 @@ class Interval:
     @classmethod
     def from_bootstrap(cls, row: Mapping[str, Any], over: str = "") -> Interval:
         """From a row of :func:`coupling_utils.analysis.stats.bootstrap_ci`."""
-        return cls(float(row["estimate"]), float(row["ci_low"]), float(row["ci_high"]),
-                   float(row["level"]), over)  # fmt: skip
+        est = float(row["estimate"])  # a percentile interval may miss a skewed estimate: widen to it
+        low, high = min(float(row["ci_low"]), est), max(float(row["ci_high"]), est)
+        return cls(est, low, high, float(row["level"]), over)
 
     def __str__(self) -> str:
         over = f" over {self.over}" if self.over else ""

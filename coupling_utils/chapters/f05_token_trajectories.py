@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from coupling_utils.analysis.straightness import STRAIGHTER, STRAIGHTER_TEXT, straightness
 from coupling_utils.analysis.verdicts import Rule, claim
 from coupling_utils.chapters.checks import (
     DTYPES,
@@ -82,7 +83,9 @@ class Params(ChapterParams):
 # --------------------------------------------------------------------------- the verdict rules
 # more linear: the trained model's mean LSS at least 10% lower than the twin's, and lower for
 # at least three quarters of the (prompt, token) trajectories
-LINEAR = Rule(yes="lss_ratio <= 0.9 and share_lower >= 0.75", partly="lss_ratio < 1")
+# straighter trajectories: the book's one rule (analysis/straightness.py), against a random walk
+# of the same length and the random twin, each ratio with its interval over prompts
+LINEAR = STRAIGHTER
 # exponential growth: steps that grow (growth > 1 per block) and both reconstructions of the
 # expodistance closer to exact exponential growth than the twin's (ratio trained / twin < 1)
 EXPONENTIAL = Rule(
@@ -158,6 +161,7 @@ class Results:
     linear: dict[str, float]
     growth: dict[str, float]
     failures: pd.DataFrame
+    straight: dict[str, Any]
 
     @property
     def n_layers(self) -> int:
@@ -215,6 +219,8 @@ def _results(p: Params, t: dict, facts: dict, tokens: pd.DataFrame, failures: pd
         facts, n_tokens, t["steps"], metrics, lin, pca, pca_tokens, summary.reset_index(), expo.dropna(),
         lin_means, lin_means.rename("cosine at x^L").reset_index(),
         tr.linearity_contrast(metrics), tr.growth_contrast(metrics), failures,
+        straightness(metrics, model="trained", twin="random init",
+                     n_steps=int(facts["last"]) - int(facts["first"]), d=int(facts["d_model"])),
     )  # fmt: skip
 
 
@@ -227,14 +233,15 @@ def claims(p: Params, r: Results) -> list[dict[str, Any]]:
     where = (f"{p.model}{'@' + p.revision if p.revision else ''} against its random twin, "
              f"{len(p.prompts)} prompts, window x^{first}..x^{last}"
              + (", first token skipped" if p.skip_first_token else ""))  # fmt: skip
-    linear, growth = r.linear, r.growth
+    growth, s = r.growth, r.straight
     return [
-        claim("token trajectories of the trained model are more linear (lower LSS) than at random init",
+        claim("token trajectories of the trained model are straighter (lower LSS) than a random walk "
+              "and than at random init",
               paper="trajectories become more linear as coupling emerges during training (Pythia)",
-              rule=LINEAR, values=linear,
-              ours=f"LSS {linear['lss_trained']:.3f} vs {linear['lss_twin']:.3f}; lower for "
-                   f"{linear['share_lower']:.0%} of trajectories",
-              note=where + "; trained vs twin, not along training"),
+              rule=LINEAR, values=s,
+              ours=f"LSS {s['lss']:.3f} vs {s['lss_twin']:.3f} (twin) and {s['walk']:.3f} (random walk "
+                   f"of {r.window[1] - r.window[0]} steps)",
+              note=where + "; trained vs twin and walk, not along training"),
         claim("step sizes grow exponentially with depth in the trained model, more than at random init",
               paper="layer-wise exponential growth emerges during training (formula unpublished)",
               rule=EXPONENTIAL, values=growth,
@@ -244,6 +251,15 @@ def claims(p: Params, r: Results) -> list[dict[str, Any]]:
                    f"{growth['ratio_cv_twin']:.3f}",
               note=where + "; both expodistances are this book's reconstructions"),
     ]  # fmt: skip
+
+
+def _straight_values(s: Mapping[str, Any]) -> dict[str, Any]:
+    """The straightness rule's numbers: the walk's score and both ratios with their intervals."""
+    out = {"f05_lss_walk": s["walk"], "f05_straight_rule": STRAIGHTER_TEXT}
+    for name in ("walk_ratio", "twin_ratio"):
+        iv = s[name]
+        out |= {f"f05_{name}": iv.estimate, f"f05_{name}_low": iv.low, f"f05_{name}_high": iv.high}
+    return out
 
 
 def glue_values(p: Params, r: Results, status: pd.DataFrame | None) -> dict[str, Any]:
@@ -259,6 +275,7 @@ def glue_values(p: Params, r: Results, status: pd.DataFrame | None) -> dict[str,
         "f05_lss_verdict": "lower" if ratio < 1 else ("higher" if ratio > 1 else "not comparable (no twin)"),
         "f05_first_token_kept": "skipped" if p.skip_first_token else "kept",
         "f05_sqrt_L": float(np.sqrt(r.window[1] - r.window[0])),
+        **_straight_values(r.straight),
         **{f"f05_{key}": value for key, value in growth.items()},
         "f05_expo_verdict": word[growth["log_linear_r2_ratio"] < 1],
         "f05_expo_cv_verdict": word[growth["ratio_cv_ratio"] < 1],

@@ -1,0 +1,97 @@
+"""How straight token trajectories are: one definition, one null, one rule for the whole book.
+
+The paper says trajectories become "more linear" as coupling emerges. This book measures that
+with Gai & Zhang's line-shape score (:func:`coupling_utils.analysis.trajectories.line_shape_score`:
+``LSS = n / ‖sum of the n unit step directions‖``, 1 for a straight line) and judges it against
+two nulls at once:
+
+- a **random walk** of the same number of steps: LSS only sees step *directions*, so the walk's
+  score depends on ``n`` (and, weakly, the width ``d``) alone — about ``√n`` (5.5 for 30 steps);
+  :func:`random_walk_lss` computes it exactly enough by a seeded simulation;
+- the model's **random-init twin** (f05), or its first checkpoint (f03): the same architecture
+  before training.
+
+:data:`STRAIGHTER` is the one rule, applied per model (f03's final checkpoint, f05's trained
+model) to :func:`straightness`'s values, each with a bootstrap interval over prompts: ``yes``
+when the trajectories are clearly straighter than both (at most 0.8 of the walk's score and 0.9
+of the twin's, over the whole interval); ``partly`` when both estimates are merely below 1; ``no``
+when the model is at or past its twin or the walk.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pandas as pd
+
+from coupling_utils.analysis.stats import bootstrap_ci
+from coupling_utils.analysis.verdicts import Interval, Rule
+
+__all__ = ["STRAIGHTER", "STRAIGHTER_TEXT", "random_walk_lss", "straightness"]
+
+STRAIGHTER = Rule(yes="walk_ratio <= 0.8 and twin_ratio <= 0.9", partly="walk_ratio < 1 and twin_ratio < 1")
+STRAIGHTER_TEXT = (
+    "straighter trajectories: a mean line-shape score at most 0.8 of a random walk's with the same "
+    "number of steps and at most 0.9 of the random-init model's, both over the whole 95% interval "
+    "(bootstrap over prompts); partly if both estimates are merely below 1; otherwise no"
+)
+
+
+@functools.lru_cache(maxsize=64)
+def random_walk_lss(n_steps: int, d: int, *, samples: int = 4000, seed: int = 0) -> float:
+    """Mean line-shape score of a random walk of ``n_steps`` isotropic steps in R^d (seeded).
+
+    Only the directions count, so the steps are uniform unit vectors; the mean of ``n / ‖Σ u_i‖``
+    over ``samples`` walks (about √n for large d)."""
+    if isinstance(n_steps, bool) or int(n_steps) != n_steps or n_steps < 1:
+        raise ValueError(f"n_steps must be a positive integer, got {n_steps!r}")
+    if isinstance(d, bool) or int(d) != d or d < 2:
+        raise ValueError(f"d must be an integer >= 2, got {d!r}")
+    rng = np.random.default_rng(seed)
+    total = np.zeros((samples, int(d)))
+    for _ in range(int(n_steps)):
+        u = rng.standard_normal((samples, int(d)))
+        total += u / np.linalg.norm(u, axis=1, keepdims=True)
+    return float(np.mean(n_steps / np.linalg.norm(total, axis=1)))
+
+
+def straightness(
+    lss: pd.DataFrame, *, model: str, twin: str, n_steps: int, d: int, seed: int = 0
+) -> dict[str, Interval | float]:
+    """The values :data:`STRAIGHTER` judges, for ``model`` against ``twin``.
+
+    ``lss``: one row per trajectory with ``model``, ``prompt``, ``lss`` (both models on the same
+    prompts); ``n_steps``, ``d``: the trajectories' number of steps and width (for the walk).
+    Returns ``lss`` and ``lss_twin`` (means), ``walk`` (the walk's score) and, as intervals over
+    prompts, ``walk_ratio`` = mean LSS / walk and ``twin_ratio`` = mean LSS / the twin's mean.
+    """
+    for col in ("model", "prompt", "lss"):
+        if col not in lss.columns:
+            raise ValueError(f"the line-shape table needs a {col!r} column, got {list(lss.columns)}")
+    walk = random_walk_lss(n_steps, d)
+    per_prompt = lss[lss["model"].isin([model, twin])].pivot_table(
+        index="prompt", columns="model", values="lss", aggfunc="mean"
+    )
+    if model not in per_prompt or twin not in per_prompt:
+        nan = Interval(np.nan, np.nan, np.nan, over="prompts")
+        mean = float(lss.loc[lss["model"] == model, "lss"].mean())
+        return {"lss": mean, "lss_twin": np.nan, "walk": walk, "walk_ratio": nan, "twin_ratio": nan}
+    per_prompt = per_prompt[[model, twin]].dropna()
+
+    def ratios(df: pd.DataFrame) -> dict[str, float]:
+        a, b = float(df[model].mean()), float(df[twin].mean())
+        return {"walk_ratio": a / walk, "twin_ratio": a / b if b > 0 else np.nan}
+
+    if len(per_prompt) >= 2:
+        ci = bootstrap_ci(per_prompt.reset_index(), ratios, seed=seed).set_index("statistic")
+        got = {k: Interval.from_bootstrap(ci.loc[k], over=f"{len(per_prompt)} prompts") for k in ci.index}
+    else:  # one prompt: no interval to resample, so nothing can be clear of a threshold
+        est = ratios(per_prompt)
+        got = {k: Interval(v, -np.inf, np.inf, over="1 prompt") for k, v in est.items()}
+    return {
+        "lss": float(per_prompt[model].mean()),
+        "lss_twin": float(per_prompt[twin].mean()),
+        "walk": walk,
+        **got,
+    }
