@@ -29,7 +29,8 @@ def test_bottom_line_counts_measured_claims_and_keeps_replots_apart():
     assert "judged 3 of the paper's claims" in text
     assert "1 reproduced (yes), 1 partly and 1 not (no)" in text
     assert "1 more row redraws the paper's own digitised points" in text
-    assert "Not reproduced: family (f02)." in text and "Partly: token coupling strong (f01)." in text
+    assert "- **family** (f02): this run measured -0.87." in text  # one line of reason per no
+    assert "Partly: token coupling strong (f01)." in text
     assert "profile `default`" in text
     assert "No executed notebook" in summary.bottom_line(_rows().iloc[0:0])
 
@@ -149,3 +150,30 @@ def test_costs_summary_follows_the_measured_costs(tmp_path):
     page.write_text("before\n% costs-summary\nafter\n")
     assert teaching.stage_costs(page, tmp_path / "missing.csv")
     assert "No chapter costs have been measured yet" in page.read_text() and "% costs" not in page.read_text()
+
+
+def test_the_first_screen_names_the_models_measured_and_what_the_paper_profile_takes(tmp_path):
+    import json
+
+    runs = {
+        "f01_depth": {
+            "status": "ok",
+            "parameters": {"model": "embedded:smollm2-135m", "more_models": ["x/y"]},
+        },
+        "f03_train": {"status": "ok", "parameters": {"models": ["embedded:pythia-tiny"], "k": 4}},
+        "f04_vit": {"status": "failed", "parameters": {"model": "embedded:vit-mnist"}},
+    }
+    (tmp_path / "runs.json").write_text(json.dumps(runs))
+    assert summary.measured_models(tmp_path) == {
+        "embedded:smollm2-135m": ["f01"], "x/y": ["f01"], "embedded:pythia-tiny": ["f03"],
+    }  # fmt: skip
+    costs = tmp_path / "costs.csv"
+    table = {"profile": ["paper", "paper", "laptop"], "TFLOP": [1000.0, 500.0, 1.0],
+             "GPU memory (GB)": [30.2, 17.0, 3.0], "download (GB)": [300.0, 16.0, 1.0]}  # fmt: skip
+    pd.DataFrame(table).to_csv(costs)
+    text = summary.what_was_measured(tmp_path, costs)
+    # named as measured: the quantisation and dtype of the embedded SmolLM2
+    assert "SmolLM2-135M-Instruct" in text and "Q4_1" in text and "dequantised to float32" in text
+    assert "`x/y` (f01)" in text and "1 hub model(s)" in text
+    assert "about 1,500 TFLOP over 2 chapters, up to 30 GB of GPU memory and 316 GB of downloads" in text
+    assert summary.what_was_measured(tmp_path / "none") == ""

@@ -304,7 +304,8 @@ def _stage_generated_pages(root: Path, src: Path, plan: BookPlan, executed: Path
     if page[INTRO_PAGE].is_file():
         from coupling_utils.pipeline.summary import stage_summary
 
-        stage_summary(page[INTRO_PAGE], status_rows(executed, included))
+        costs = root / "data" / "benchmarks" / "profile_costs.csv"
+        stage_summary(page[INTRO_PAGE], status_rows(executed, included), executed, costs)
     if page[TEACHING_PAGE].is_file():
         from coupling_utils.pipeline.teaching import stage_costs, stage_exercises
 

@@ -20,7 +20,10 @@ import pandas as pd
 
 from coupling_utils.pipeline.status import AGREE
 
-__all__ = ["MARKER", "CHART_FILE", "VERDICT_COLOURS", "status_chart", "bottom_line", "stage_summary"]
+__all__ = [
+    "MARKER", "CHART_FILE", "VERDICT_COLOURS", "status_chart", "bottom_line", "measured_models",
+    "what_was_measured", "stage_summary",
+]  # fmt: skip
 
 MARKER = "% reproduction-summary"
 CHART_FILE = "_generated/reproduction-summary.html"  # next to the page, in the staged book
@@ -155,8 +158,6 @@ def bottom_line(df: pd.DataFrame) -> str:
         + "."
     ]
     no, partly = measured[measured["agree"] == "no"], measured[measured["agree"] == "partly"]
-    if len(no):
-        lines.append(f"Not reproduced: {_listing(no)}.")
     if len(partly):
         lines.append(f"Partly: {_listing(partly)}.")
     lines.append(
@@ -164,10 +165,93 @@ def bottom_line(df: pd.DataFrame) -> str:
         "lists every rule with the numbers it judged. A run at the `smoke` profile checks the "
         "code, not the paper."
     )
+    reasons = [f"- **{r['claim']}** ({_chapter(r).split(' · ')[0]}): this run measured {_text(r['ours'])}."
+               for r in no.to_dict("records")]  # fmt: skip
+    if reasons:
+        lines.append("\n\nNot reproduced, each with what this run measured:\n\n" + "\n".join(reasons))
     return " ".join(lines) + "\n"
 
 
-def stage_summary(page: Path, df: pd.DataFrame) -> bool:
+def measured_models(executed: Path) -> dict[str, list[str]]:
+    """``{model reference: [notebooks]}`` of the executed notebooks' model parameters (every
+    parameter named ``model``/``models``/``*_model(s)`` or ``family``), from their ``runs.json``."""
+    import json
+
+    manifest = Path(executed) / "runs.json"
+    try:
+        runs = json.loads(manifest.read_text(encoding="utf-8")) if manifest.is_file() else {}
+    except (OSError, ValueError):
+        return {}
+    found: dict[str, list[str]] = {}
+    for notebook, run in sorted(runs.items()):
+        if not isinstance(run, dict) or run.get("status") != "ok":
+            continue
+        for name, value in (run.get("parameters") or {}).items():
+            if not (name in ("model", "models", "family") or name.endswith(("_model", "_models"))):
+                continue
+            for ref in value if isinstance(value, list) else [value]:
+                if isinstance(ref, str) and ref:
+                    found.setdefault(ref, []).append(notebook.split("_")[0])
+    return found
+
+
+def _described(ref: str) -> str:
+    """A model reference as measured: an embedded model's zoo description, else the reference."""
+    from coupling_utils.models.zoo import REGISTRY
+
+    entry = REGISTRY.get(ref.removeprefix("embedded:")) if ref.startswith("embedded:") else None
+    if entry is None:
+        return f"`{ref}`"
+    return f"`{ref}`: {entry.description.split('. ')[0].rstrip('.')}"
+
+
+def _paper_cost(costs_csv: Path | None) -> str:
+    """What the paper profile would take, from the cost model's table (data/benchmarks/profile_costs.csv)."""
+    if costs_csv is None or not Path(costs_csv).is_file():
+        return "the `paper` profile (its predicted cost is on {doc}`performance`)"
+    costs = pd.read_csv(costs_csv)
+    paper = costs[costs["profile"] == "paper"]
+    if paper.empty:
+        return "the `paper` profile (its predicted cost is on {doc}`performance`)"
+    tflop, download = float(paper["TFLOP"].sum()), float(paper["download (GB)"].sum())
+    memory = float(paper["GPU memory (GB)"].max())
+    return (
+        f"the `paper` profile: about {tflop:,.0f} TFLOP over {len(paper)} chapters, up to {memory:.0f} GB "
+        f"of GPU memory and {download:,.0f} GB of downloads, as the cost model predicts "
+        "({doc}`performance`)"
+    )
+
+
+def what_was_measured(executed: Path, costs_csv: Path | None = None) -> str:
+    """The first screen's statement of what this build measured (MyST markdown): the models the
+    executed notebooks ran on, named as measured, and that the paper's own models were not."""
+    models = measured_models(executed)
+    if not models:
+        return ""
+    hub = [m for m in models if not m.startswith("embedded:")]
+    lines = [
+        "**What was measured.** "
+        + (
+            "Only models built or shipped for this book, on a CPU; none of the paper's own models. "
+            if not hub
+            else f"{len(hub)} hub model(s) besides the book's own. "
+        )
+        + "The models of this build:",
+        "",
+        *[f"- {_described(m)} ({', '.join(dict.fromkeys(nbs))})" for m, nbs in models.items()],
+        "",
+        "The paper measured 28 pretrained LLMs of 0.1–14 B parameters, Pythia checkpoints and ViTs "
+        "from the Hugging Face hub on GPUs. Measuring them takes " + _paper_cost(costs_csv) + "; "
+        "the machines this book is built on have neither a GPU nor access to the hub, so where a "
+        "chapter sets its numbers beside the paper's, it compares small models with large ones.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def stage_summary(
+    page: Path, df: pd.DataFrame, executed: Path | None = None, costs: Path | None = None
+) -> bool:
     """Replace the :data:`MARKER` line of a staged page with the bottom line and the chart.
 
     The chart's HTML (from :func:`coupling_utils.analysis.display.chart_bundle`) is written to
@@ -180,7 +264,7 @@ def stage_summary(page: Path, df: pd.DataFrame) -> bool:
     text = page.read_text(encoding="utf-8")
     if MARKER not in text.splitlines():
         return False
-    parts = [bottom_line(df)]
+    parts = [what_was_measured(executed, costs) if executed is not None else "", bottom_line(df)]
     if not df.empty:
         caption = (
             "The reproduction status of this build, one square per claim: green reproduced, "
