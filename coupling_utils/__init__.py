@@ -72,7 +72,7 @@ _EXPORTS = {
     # trajectories
     "line_shape_score": "analysis.trajectories",
     "expodistance": "analysis.trajectories",
-    "linearization_cosine": "analysis.trajectories",
+    "linearization_cosine": "analysis.linearization",
     "trajectory_pca": "analysis.trajectories",
     "step_norms": "analysis.trajectories",
     "trajectory_metrics": "analysis.trajectories",
