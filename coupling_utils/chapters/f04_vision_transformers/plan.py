@@ -307,7 +307,7 @@ def _family(
     p: Params, members: pd.DataFrame, fam: vt.ViTCoupling
 ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """The members' accuracy curves, their coupling beside the members' table, and the predictors."""
-    from coupling_utils.analysis.generalization import predictor_comparison
+    from coupling_utils.analysis.predictors import predictor_comparison
     from coupling_utils.models.vit_training import load_accuracy
 
     curves = pd.concat(
