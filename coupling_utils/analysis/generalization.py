@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from coupling_utils.measurement import Job, Options, Result, Settings, collect, plan
+from coupling_utils.measurement import Job, Loads, Options, Result, Settings, collect, plan
 from coupling_utils.measurement.jobs import WEIGHTS
 from coupling_utils.schemas import Schema, check_table
 
@@ -139,9 +139,8 @@ def family_jobs(
     if first is None:
         raise ValueError("k is an empty mapping; give a K for every model")
     settings = dataclasses.replace(settings, k=(int(first),))
-    jobs = plan(
-        models, prompts, settings, dtype=dtype, root=cache, weights=WEIGHTS if twins else None, seed=twin_seed
-    )
+    loads = Loads(weights=WEIGHTS if twins else None, seed=twin_seed, dtype=dtype)
+    jobs = plan(models, prompts, settings, loads=loads, root=cache)
     if not per_model:
         return jobs
     names = list(dict.fromkeys(j.labels["model"] for j in jobs))
