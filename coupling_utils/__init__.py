@@ -61,8 +61,8 @@ _EXPORTS = {
     "compare_predictors": "analysis.stats",
     # coupling against generalisation; MNIST digits as ViT inputs
     "family_coupling": "analysis.generalization",
-    "predictor_comparison": "analysis.generalization",
-    "r2_difference": "analysis.generalization",
+    "predictor_comparison": "analysis.predictors",
+    "r2_difference": "analysis.predictors",
     "mnist_inputs": "models.images",
     "image_inputs": "models.images",
     # trained vs random init; emergence over training checkpoints
@@ -72,7 +72,7 @@ _EXPORTS = {
     # trajectories
     "line_shape_score": "analysis.trajectories",
     "expodistance": "analysis.trajectories",
-    "linearization_cosine": "analysis.trajectories",
+    "linearization_cosine": "analysis.linearization",
     "trajectory_pca": "analysis.trajectories",
     "step_norms": "analysis.trajectories",
     "trajectory_metrics": "analysis.trajectories",

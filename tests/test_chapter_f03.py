@@ -3,6 +3,8 @@ first, then the quiz prompts), and run() collects exactly that plan."""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from coupling_utils.chapters import f03_training_emergence as f03
@@ -33,13 +35,14 @@ def test_jobs_hold_the_held_out_windows_and_the_quiz_prompts():
 def test_run_collects_exactly_the_plan(monkeypatch, tmp_path):
     monkeypatch.setenv("COUPLING_CACHE", str(tmp_path))
     p, seen = _params(), []
-    real = f03.collect
+    home = sys.modules[f03.run.__module__]  # the module whose collect() run calls
+    real = home.collect
 
     def spy(jobs, options=None, **kwargs):
         seen.extend(jobs)
         return real(jobs, options, **kwargs)
 
-    monkeypatch.setattr(f03, "collect", spy)
+    monkeypatch.setattr(home, "collect", spy)
     with pytest.raises(RuntimeError, match="none of the runs"):  # nothing stored, nothing computed
         f03.run(p, Options(compute=False))
     assert seen == f03.jobs(p)

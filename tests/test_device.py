@@ -13,6 +13,7 @@ from emulated_device import DEVICE, DeviceMismatch, emulated_device, host_alloca
 
 from coupling_utils import context_jacobians, coupling, load_model, svd, token_jacobians
 from coupling_utils.analysis import coupling_metric as cm
+from coupling_utils.analysis import linearization as lin
 from coupling_utils.analysis import trajectories as tr
 from coupling_utils.engine.architectures import ARCHITECTURES, tiny_model
 from coupling_utils.engine.blocks import residual_stream
@@ -58,7 +59,7 @@ def test_the_known_bugs_of_issue_10_fail_under_the_harness():
             J_random = torch.randn(J.shape, generator=torch.Generator().manual_seed(0)) * s.S.norm() / 32
             coupling(J, J_random, 4)
         # f05 before: the linearised state stayed on the device, the product came back to the host
-        traj, fns = tr._stream_and_blocks(model, ids)
+        traj, fns = lin._stream_and_blocks(model, ids)
         y = traj[0].to(torch.float64)
         _, Jy = torch.func.jvp(fns[0], (traj[0],), (y.to(traj.dtype),))
         with pytest.raises(DeviceMismatch):
@@ -94,14 +95,14 @@ def test_engine_on_the_device(arch, variant):
     C0 = context_jacobians(model, inputs, 1, -1)
     lanczos = Solver(block=2, steps=3)  # few products: the emulated device runs every operation in Python
     S0 = matrix_free_topk(model, inputs, 1, 4, lanczos).svd.S
-    L0 = tr.model_linearization_cosine(model, inputs, prefix=True)
+    L0 = lin.model_linearization_cosine(model, inputs, prefix=True)
     with emulated_device() as dev:
         model.to(dev)
         J = token_jacobians(model, inputs, 1)
         C = context_jacobians(model, inputs, 1, -1)
         S = matrix_free_topk(model, inputs, 1, 4, lanczos).svd.S
         S_sub = matrix_free_topk(model, inputs, 1, 2, Solver("subspace", oversample=0, n_iter=0)).svd.S
-        L = tr.model_linearization_cosine(model, inputs, prefix=True)
+        L = lin.model_linearization_cosine(model, inputs, prefix=True)
         stream = residual_stream(model, inputs)
     assert all(on_device(t) for t in (J, C, S, S_sub, stream))
     torch.testing.assert_close(J.cpu(), J0, rtol=0, atol=0)
@@ -175,7 +176,7 @@ def test_trajectories_on_the_device(standin_hub):
         lm = load_model("EleutherAI/pythia-6.9b", revision="step143000", device=dev)
         out = tr.trajectory_tables(lm, prompts, label="m")
         pca = tr.trajectory_pca(residual_stream(lm, prompts[0]), 3)
-        Y = tr.linearized_stream(lm, prompts[0], start=2, stop=10)
+        Y = lin.linearized_stream(lm, prompts[0], start=2, stop=10)
     for a, b in [(out.steps, ref.steps), (out.metrics, ref.metrics), (out.linearization, ref.linearization)]:
         assert a.shape == b.shape and np.allclose(
             a.select_dtypes("number"), b.select_dtypes("number"), atol=1e-9

@@ -7,13 +7,8 @@ import pandas as pd
 import pytest
 import torch
 
-from coupling_utils.analysis.generalization import (
-    best_predictor,
-    family_coupling,
-    family_jobs,
-    family_summary,
-    predictor_comparison,
-)
+from coupling_utils.analysis.generalization import family_coupling, family_jobs, family_summary
+from coupling_utils.analysis.predictors import best_predictor, predictor_comparison
 from coupling_utils.measurement import Options, collect, coupling_summary, measure
 
 
@@ -120,7 +115,7 @@ def test_predictor_comparison_uses_the_same_rows_for_every_predictor():
 
 
 def test_r2_difference_is_paired_and_agreement_reads_it():
-    from coupling_utils.analysis.generalization import agreement, r2_difference
+    from coupling_utils.analysis.predictors import agreement, r2_difference
 
     df = _synthetic(n=20)
     d = r2_difference(df, "score", "coupling", "noise", n_resamples=200)

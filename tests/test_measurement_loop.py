@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from coupling_utils import provenance
-from coupling_utils.measurement import Options, Settings, collect, measure, plan, run
+from coupling_utils.measurement import Loads, Options, Settings, collect, measure, plan, run
 
 PROMPTS = {"a": torch.tensor([[1, 5, 9, 3, 7]]), "b": torch.tensor([[2, 4, 6, 8]])}
 
@@ -90,7 +90,8 @@ def test_a_stored_job_loads_no_model(tmp_path):
 
 def test_failures_are_recorded_with_their_reason_and_the_others_still_run(tmp_path):
     load = Loader(fail={"gated/model": OSError("gated repo: log in with `hf auth login`")})
-    jobs = plan(["gated/model", "m-ok"], PROMPTS, Settings(k=2), root=tmp_path, revisions=["step1"])
+    revisions = Loads(revisions=["step1"])
+    jobs = plan(["gated/model", "m-ok"], PROMPTS, Settings(k=2), root=tmp_path, loads=revisions)
     done = collect(jobs, Options(load=load))
     assert [r.ok for r in done.results] == [False, True]
     row = done.failures.iloc[0]
@@ -161,7 +162,7 @@ def test_the_loop_reuses_stale_results_only_when_asked(tmp_path, monkeypatch):
 
 def test_plan_checks_its_models_and_labels_revisions_and_weights():
     ref = {"x": {"name_or_path": "org/x", "revision": "r1"}}
-    jobs = plan(ref, PROMPTS, Settings(k=2), weights=("trained", "random init"))
+    jobs = plan(ref, PROMPTS, Settings(k=2), loads=Loads(weights=("trained", "random init")))
     assert [j.load_kwargs for j in jobs] == [
         {"dtype": "float32", "random_init": False, "seed": 0, "revision": "r1"},
         {"dtype": "float32", "random_init": True, "seed": 0, "revision": "r1"},
@@ -169,11 +170,21 @@ def test_plan_checks_its_models_and_labels_revisions_and_weights():
     assert [j.labels["weights"] for j in jobs] == ["trained", "random init"]
     assert jobs[0].model == "org/x" and jobs[0].revision == "r1" and jobs[1].weights == "random init"
     assert jobs[0].key != jobs[1].key
-    assert jobs[0].key == plan(ref, PROMPTS, Settings(k=2), weights=("trained",))[0].key  # stable
+    trained = Loads(weights=("trained",))
+    assert jobs[0].key == plan(ref, PROMPTS, Settings(k=2), loads=trained)[0].key  # stable
+    # revisions outermost, then weights; each job's load arguments and labels name what is varied
+    loads = Loads(["s1", "s2"], ("trained", "random init"), seed=3, dtype="float16")
+    grid = plan(["m"], PROMPTS, Settings(k=2), loads=loads)
+    assert [(j.revision, j.weights) for j in grid] == [
+        ("s1", "trained"), ("s1", "random init"), ("s2", "trained"), ("s2", "random init")
+    ]  # fmt: skip
+    assert grid[1].load_kwargs == {"dtype": "float16", "revision": "s1", "random_init": True, "seed": 3}
+    assert grid[1].labels == {"model": "m", "revision": "s1", "weights": "random init"}
+    assert plan(["m"], PROMPTS, Settings(k=2))[0].load_kwargs == {"dtype": "float32"}  # nothing varied
     with pytest.raises(ValueError, match="model names must be unique"):
         plan(["m", "m"], PROMPTS, Settings(k=2))
     with pytest.raises(ValueError, match="weights must be among"):
-        plan(["m"], PROMPTS, Settings(k=2), weights=["random"])
+        plan(["m"], PROMPTS, Settings(k=2), loads=Loads(weights=["random"]))
     with pytest.raises(ValueError, match="needs 'name_or_path'"):
         plan([{"revision": "r"}], PROMPTS, Settings(k=2))
     with pytest.raises(ValueError, match="models is empty"):

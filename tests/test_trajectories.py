@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 import torch
 
+from coupling_utils.analysis import linearization as lin
 from coupling_utils.analysis import trajectories as tr
 
 
@@ -136,11 +137,11 @@ def linear_blocks(n=4, T=3, d=6, seed=0):
 
 def test_linearization_cosine_is_one_for_linear_blocks():
     traj, J = linear_blocks()
-    df = tr.linearization_cosine(J, traj)
+    df = lin.linearization_cosine(J, traj)
     assert list(df.columns) == ["token", "layer", "cosine"]
     assert (df["layer"] == 4).all()
     np.testing.assert_allclose(df["cosine"], 1.0, atol=1e-12)
-    pre = tr.linearization_cosine(list(J), traj, prefix=True)
+    pre = lin.linearization_cosine(list(J), traj, prefix=True)
     assert len(pre) == 5 * 3 and set(pre["layer"]) == {0, 1, 2, 3, 4}
     np.testing.assert_allclose(pre["cosine"], 1.0, atol=1e-12)
     np.testing.assert_allclose(pre["norm_ratio"], 1.0, atol=1e-12)
@@ -150,13 +151,13 @@ def test_linearization_cosine_detects_nonlinearity_and_windows():
     traj, J = linear_blocks()
     wrong = J.clone()
     wrong[1] = -wrong[1]  # one block's Jacobian is not how the block acted
-    cos = tr.linearization_cosine(wrong, traj)["cosine"]
+    cos = lin.linearization_cosine(wrong, traj)["cosine"]
     assert (cos < 0.999).all()
-    pre = tr.linearization_cosine(wrong, traj, prefix=True)
+    pre = lin.linearization_cosine(wrong, traj, prefix=True)
     first = pre[pre.layer == 1]["cosine"].to_numpy()
     np.testing.assert_allclose(first, 1.0, atol=1e-12)  # still exact after the first block
     # blocks 3..4 only, from x^2; a dict of blocks; only the last token
-    win = tr.linearization_cosine({3: J[2, -1:], 4: J[3, -1:]}, traj, start=2)
+    win = lin.linearization_cosine({3: J[2, -1:], 4: J[3, -1:]}, traj, start=2)
     assert win["token"].tolist() == [2] and win["layer"].tolist() == [4]
     assert win["cosine"].item() == pytest.approx(1.0, abs=1e-12)
 
@@ -164,17 +165,17 @@ def test_linearization_cosine_detects_nonlinearity_and_windows():
 def test_linearization_cosine_input_errors():
     traj, J = linear_blocks()
     with pytest.raises(ValueError, match="width"):
-        tr.linearization_cosine(J[..., :5, :5], traj)
+        lin.linearization_cosine(J[..., :5, :5], traj)
     with pytest.raises(ValueError, match="need states"):
-        tr.linearization_cosine(J, traj, start=1)
+        lin.linearization_cosine(J, traj, start=1)
     with pytest.raises(ValueError, match="pass tokens"):
-        tr.linearization_cosine(J[:, :2], traj)
+        lin.linearization_cosine(J[:, :2], traj)
     bad = J.clone()
     bad[0, 0, 0, 0] = float("nan")
     with pytest.raises(ValueError, match="NaN"):
-        tr.linearization_cosine(bad, traj)
+        lin.linearization_cosine(bad, traj)
     with pytest.raises(ValueError, match="consecutive"):
-        tr.linearization_cosine({1: J[0], 3: J[2]}, traj)
+        lin.linearization_cosine({1: J[0], 3: J[2]}, traj)
 
 
 # --------------------------------------------------------------------------- PCA
@@ -261,16 +262,16 @@ def test_forward_mode_linearisation_matches_the_jacobians(tiny_llama):
     model, ids = tiny_llama
     traj = residual_stream(model, ids)
     J = torch.stack([token_jacobians(model, ids, b, progress=False) for b in range(traj.shape[0] - 1)])
-    want = tr.linearization_cosine(J, traj, prefix=True)
-    got = tr.model_linearization_cosine(model, ids, prefix=True)
+    want = lin.linearization_cosine(J, traj, prefix=True)
+    got = lin.model_linearization_cosine(model, ids, prefix=True)
     np.testing.assert_allclose(got["cosine"], want["cosine"], atol=1e-5)
     np.testing.assert_allclose(got["norm_ratio"], want["norm_ratio"], rtol=1e-5)
     assert got["cosine"].min() < 0.999  # a random block is not linear: the test can fail
-    Y = tr.linearized_stream(model, ids, start=1)
+    Y = lin.linearized_stream(model, ids, start=1)
     assert Y.shape == (traj.shape[0] - 1, 6, traj.shape[-1])
     torch.testing.assert_close(Y[0], traj[1].double())
     with pytest.raises(ValueError, match="start < stop"):
-        tr.linearized_stream(model, ids, start=2, stop=2)
+        lin.linearized_stream(model, ids, start=2, stop=2)
 
 
 def test_trajectory_tables_over_prompts(tiny_llama):

@@ -26,7 +26,16 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from coupling_utils.measurement import Collected, Job, Options, Settings, collect, coupling_summary, plan
+from coupling_utils.measurement import (
+    Collected,
+    Job,
+    Loads,
+    Options,
+    Settings,
+    collect,
+    coupling_summary,
+    plan,
+)
 from coupling_utils.measurement.tables import SCHEMAS as MEASURED
 from coupling_utils.schemas import Schema, check_table
 
@@ -188,7 +197,8 @@ def twin_jobs(
     check = functools.partial(
         _check_twin, model=model, layers=layers, tile_layers=window, token_layer=s.token_layer
     )
-    return plan([model], prompts, parts, weights=WEIGHTS, seed=s.seed, dtype=s.dtype, root=out, check=check)
+    loads = Loads(weights=WEIGHTS, seed=s.seed, dtype=s.dtype)
+    return plan([model], prompts, parts, loads=loads, root=out, check=check)
 
 
 def measure_twins(

@@ -37,7 +37,7 @@ from coupling_utils.analysis.emergence_search import (
 )
 from coupling_utils.analysis.layer_graphs import edge_counts, k_levels, mean_matrices, share_above_one
 from coupling_utils.analysis.training_curves import growth_summary, judge_rows, log_position, relative_curve
-from coupling_utils.measurement import Extra, Job, Options, Settings, collect, plan, relabel
+from coupling_utils.measurement import Extra, Job, Loads, Options, Settings, collect, plan, relabel
 from coupling_utils.measurement.loop import Collected
 
 __all__ = [
@@ -340,9 +340,8 @@ def checkpoint_jobs(
     measured = Settings(layers=s.layers, tokens="last", k=s.k, method=s.method, max_tokens=s.max_tokens)
     options = {"max_tokens": s.max_tokens, "layers": s.trajectory_layers, "tokens": s.trajectory_tokens}
     extra = Extra("trajectories", checkpoint_trajectories, options, sources=("analysis/trajectories.py",))
-    jobs = plan(
-        [model], prompts, {"depth": measured}, revisions=ordered, dtype=s.dtype, root=out, extra=extra
-    )
+    loads = Loads(revisions=ordered, dtype=s.dtype)
+    jobs = plan([model], prompts, {"depth": measured}, loads=loads, root=out, extra=extra)
     return relabel(jobs, lambda job: {"step": step_of(job.revision)})
 
 

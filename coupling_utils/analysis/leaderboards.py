@@ -93,7 +93,7 @@ def task_fits(
     Each fit uses the Fig. 1a models with a score for that task (``n``, ``models``; the others
     are listed in ``missing``); ``size_r2`` is the R² of log10 parameter count on the same rows.
     """
-    from coupling_utils.analysis.generalization import predictor_comparison
+    from coupling_utils.analysis.predictors import predictor_comparison
 
     known = _check_version(version)
     tasks = list(known if tasks is None else tasks)
@@ -133,7 +133,7 @@ def drop_one(version: str, *, n_resamples: int = 1000, seed: int = 0, level: flo
     (``left_out``), beside the R² with every task (``left_out = "none"``), on the models that have
     every task. ``r2_change``: R² without the task minus R² with all (negative: the task helps
     the fit)."""
-    from coupling_utils.analysis.generalization import predictor_comparison
+    from coupling_utils.analysis.predictors import predictor_comparison
 
     tasks = list(_check_version(version))
     table = score_table(version)

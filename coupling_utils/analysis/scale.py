@@ -44,7 +44,17 @@ import numpy as np
 import pandas as pd
 
 from coupling_utils.analysis.verdicts import Rule
-from coupling_utils.measurement import Collected, Job, Measurement, Options, Result, Settings, collect, plan
+from coupling_utils.measurement import (
+    Collected,
+    Job,
+    Loads,
+    Measurement,
+    Options,
+    Result,
+    Settings,
+    collect,
+    plan,
+)
 from coupling_utils.measurement.jobs import WEIGHTS
 
 __all__ = [
@@ -114,7 +124,7 @@ def scale_jobs(
     if not ks:
         raise ValueError("k names no K; give K values such as (10, 30, 50)")
     settings = Settings(k=ks, tokens="all", method=method, max_tokens=max_tokens)
-    jobs = plan(models, prompts, settings, weights=WEIGHTS, seed=seed, dtype=dtype, root=root)
+    jobs = plan(models, prompts, settings, loads=Loads(weights=WEIGHTS, seed=seed, dtype=dtype), root=root)
     if not per_model:
         return jobs
     missing = sorted({j.labels["model"] for j in jobs} - set(k))

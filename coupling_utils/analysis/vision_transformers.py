@@ -40,7 +40,7 @@ import pandas as pd
 import torch
 
 from coupling_utils.engine.metric import k_for_width
-from coupling_utils.measurement import Job, Options, Result, Settings, collect, plan
+from coupling_utils.measurement import Job, Loads, Options, Result, Settings, collect, plan
 from coupling_utils.models.images import check_vit_token, image_inputs, vit_tokens
 
 __all__ = [
@@ -213,9 +213,9 @@ def _model_jobs(
         weights["random init"] = _twin(name, ref, init_seed)
     check = functools.partial(check_vit_token, token=setup.token)
     settings = Settings(k=[int(k)], tokens=vit_tokens(setup.token), method=setup.method)
-    jobs = []
+    jobs, loads = [], Loads(dtype=setup.dtype)
     for w, spec in weights.items():
-        for job in plan({name: spec}, digits, settings, dtype=setup.dtype, root=setup.cache, check=check):
+        for job in plan({name: spec}, digits, settings, loads=loads, root=setup.cache, check=check):
             jobs.append(dataclasses.replace(job, labels={**job.labels, "weights": w}, prepare=digit_inputs))
     return jobs
 

@@ -124,7 +124,8 @@ def jobs(p: Params) -> list[Job]:
         if name == TWIN:
             load.update(random_init=True, seed=p.init_seed)
         extra = Extra("trajectory_study", tr.trajectory_study, {"label": name, **options},
-                      sources=("analysis/trajectories.py",), passes=passes)  # fmt: skip
+                      sources=("analysis/trajectories.py", "analysis/linearization.py"),
+                      passes=passes)  # fmt: skip
         labels = {"model": p.model, **({"revision": p.revision} if p.revision else {}), "weights": name}
         out.append(Job(p.model, list(p.prompts), {}, load, labels, cache_dir("f05"), extra))
     return out

@@ -10,7 +10,7 @@ its layers), :mod:`.tables` (columns, the result, the per-model summary), :mod:`
 """
 
 from coupling_utils.measurement.core import measure, measure_with
-from coupling_utils.measurement.jobs import Extra, Job, plan, relabel
+from coupling_utils.measurement.jobs import Extra, Job, Loads, plan, relabel
 from coupling_utils.measurement.loop import Collected, Result, collect, run
 from coupling_utils.measurement.options import Options
 from coupling_utils.measurement.settings import MEASURE_METHODS, Settings
@@ -26,6 +26,7 @@ __all__ = [
     "MEASURE_METHODS",
     "Job",
     "Extra",
+    "Loads",
     "plan",
     "relabel",
     "Options",

@@ -8,7 +8,8 @@ Each measurement is stored under ``root/<model>/<revision>/<weights>/<part>-<key
 hash of everything that determines it, so the three steps can run in one process (a notebook)
 or apart (one cluster job per :class:`Job`, then a notebook that only reads):
 
-- :func:`plan` makes the job list (the same arguments give the same jobs, keys and folders);
+- :func:`plan` makes the job list (the same arguments give the same jobs, keys and folders;
+  :class:`Loads` says which revisions and weights of each model, in which dtype);
 - :func:`~coupling_utils.measurement.loop.run` does one job: it loads the model only if a
   measurement is missing or was made by other code, measures what is missing, and releases
   the model (``gc``, CUDA cache);
@@ -36,6 +37,7 @@ from coupling_utils.provenance import code_fingerprint, slug, stable_hash
 __all__ = [
     "Job",
     "Extra",
+    "Loads",
     "plan",
     "relabel",
     "model_identity",
@@ -170,15 +172,56 @@ class Job:
         return f"{name}@{self.revision or 'main'} ({self.weights})"
 
 
+@dataclass(frozen=True)
+class Loads:
+    """Which loads of each model :func:`plan` makes: one per revision × weights, all in ``dtype``.
+
+    ``revisions``: None (no revision argument) or one load per revision; ``weights``: None (no
+    random_init argument) or one load per entry of ("trained", "random init"), the random init
+    drawn with ``seed``. What is loaded is part of each job's key, so equal ``Loads`` give the
+    same jobs.
+    """
+
+    revisions: Sequence[str] | None = None
+    weights: Sequence[str] | None = None
+    seed: int = 0
+    dtype: str = "float32"
+
+    def __post_init__(self):
+        for w in self.weights or ():
+            if w not in WEIGHTS:
+                raise ValueError(f"weights must be among {WEIGHTS}, got {w!r}")
+
+    def load_kwargs(self, revision: str | None, weights: str | None) -> dict[str, Any]:
+        """``load_model``'s arguments for one revision and weights (None: not varied)."""
+        kw: dict[str, Any] = {
+            "dtype": self.dtype,
+            **({"revision": revision} if self.revisions is not None else {}),
+        }
+        kw.update(
+            {"random_init": weights == WEIGHTS[1], "seed": self.seed} if self.weights is not None else {}
+        )
+        return kw
+
+    def labels(self, revision: str | None, weights: str | None) -> dict[str, Any]:
+        """The ``revision`` and ``weights`` labels of one load, for what is varied."""
+        out: dict[str, Any] = {"revision": revision} if self.revisions is not None else {}
+        out.update({"weights": weights} if self.weights is not None else {})
+        return out
+
+    def each(self) -> list[tuple[str | None, str | None]]:
+        """Every (revision, weights) pair, revisions outermost (None where not varied)."""
+        revisions = [None] if self.revisions is None else list(self.revisions)
+        weights = [None] if self.weights is None else list(self.weights)
+        return [(rev, w) for rev in revisions for w in weights]
+
+
 def plan(
     models: Sequence[Any] | Mapping[str, Any],
     prompts: Any,
     settings: Settings | Mapping[str, Settings],
     *,
-    revisions: Sequence[str] | None = None,
-    weights: Sequence[str] | None = None,
-    seed: int = 0,
-    dtype: str = "float32",
+    loads: Loads | None = None,
     root: str | Path | None = None,
     extra: Extra | None = None,
     check: Callable[[Any], None] | None = None,
@@ -187,11 +230,12 @@ def plan(
 
     ``models``: a list, or ``{name: model}``, of references (``embedded:...``, directories, hub
     ids), ``load_model`` keyword dicts (``{"name_or_path": ..., "revision": ...}``) or loaded
-    models. ``revisions``: None (no revision argument) or one job per revision; ``weights``:
-    None (no random_init argument) or one job per entry of ("trained", "random init"), random
-    init drawn with ``seed``. Labels: ``model`` (the name), and ``revision`` / ``weights``
-    when those are given. ``root``: where measurements are stored (None: nowhere).
+    models. ``loads``: which revisions and weights of each, in which dtype (:class:`Loads`;
+    default: each model once, as it is, in float32). Labels: ``model`` (the name), and
+    ``revision`` / ``weights`` when those are varied. ``root``: where measurements are stored
+    (None: nowhere).
     """
+    loads = loads or Loads()
     items = (
         list(models.items())
         if isinstance(models, Mapping)
@@ -202,9 +246,6 @@ def plan(
     names = [name for name, _ in items]
     if len(set(names)) != len(names):
         raise ValueError(f"model names must be unique, got {names}")
-    for w in weights or ():
-        if w not in WEIGHTS:
-            raise ValueError(f"weights must be among {WEIGHTS}, got {w!r}")
     jobs = []
     for name, ref in items:
         spec = dict(ref) if isinstance(ref, Mapping) else {}
@@ -213,14 +254,10 @@ def plan(
                 f"a model given as a mapping needs 'name_or_path' (load_model's arguments), got {spec}"
             )
         model = spec.pop("name_or_path", ref)
-        for rev in [None] if revisions is None else revisions:
-            for w in [None] if weights is None else weights:
-                kw = {"dtype": dtype, **({"revision": rev} if revisions is not None else {})}
-                kw.update({"random_init": w == WEIGHTS[1], "seed": seed} if weights is not None else {})
-                kw.update(spec)
-                labels = {"model": name, **({"revision": rev} if revisions is not None else {})}
-                labels.update({"weights": w} if weights is not None else {})
-                jobs.append(Job(model, prompts, settings, kw, labels, root, extra, check))
+        for rev, w in loads.each():
+            kw = {**loads.load_kwargs(rev, w), **spec}
+            labels = {"model": name, **loads.labels(rev, w)}
+            jobs.append(Job(model, prompts, settings, kw, labels, root, extra, check))
     return jobs
 
 

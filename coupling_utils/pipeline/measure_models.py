@@ -33,6 +33,7 @@ from coupling_utils.files import atomic_write_text
 from coupling_utils.measurement import (
     MEASURE_METHODS,
     TABLES,
+    Loads,
     Options,
     Settings,
     collect,
@@ -199,7 +200,8 @@ def measure_many(
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     refs = {m: _reference(m) for m in models}
-    jobs = plan(refs, prompts, {"measure": settings}, revisions=revisions, dtype=dtype, root=out / "store")
+    loads = Loads(revisions=revisions, dtype=dtype)
+    jobs = plan(refs, prompts, {"measure": settings}, loads=loads, root=out / "store")
     pending: list[str] = []
     if resources is None:
         done = collect(jobs, Options(progress=sys.stderr.isatty()), desc="models")

@@ -9,14 +9,8 @@ import pandas as pd
 
 from coupling_utils.analysis import leaderboards, plots, scale
 from coupling_utils.analysis.data import fig1a_table, join_scores
-from coupling_utils.analysis.generalization import (
-    FamilyCoupling,
-    best_predictor,
-    learning_curves,
-    predictor_comparison,
-    r2_difference,
-    training_stage,
-)
+from coupling_utils.analysis.generalization import FamilyCoupling, learning_curves, training_stage
+from coupling_utils.analysis.predictors import best_predictor, predictor_comparison, r2_difference
 from coupling_utils.chapters.f02_generalization.plan import (
     FAMILY_PREDICTORS,
     FLAT,

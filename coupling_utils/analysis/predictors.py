@@ -1,0 +1,223 @@
+"""How well each predictor explains a score across models, with the intervals few models need.
+
+The paper's Fig. 1(a) finds that coupling fits the Open LLM Leaderboard score more tightly than
+parameter count, depth or width do. With a handful of models an R² alone says little, so:
+
+- :func:`predictor_comparison`: R², slope, p and rank correlations of a score on each
+  predictor (:func:`coupling_utils.analysis.stats.compare_predictors`, on the same rows), plus
+  seeded bootstrap confidence intervals of R² and Spearman's rho; :func:`best_predictor` reads
+  the best fit off such a table;
+- :func:`r2_difference`: whether one predictor beats another on the same models (a paired
+  bootstrap of the R² difference), and :func:`agreement`, the status verdict ("yes" /
+  "partly" / "no") such an interval supports.
+
+A predictor is a column name or a function of the table that returns one value per row.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+__all__ = ["COMPARISON_COLUMNS", "predictor_comparison", "best_predictor", "r2_difference", "agreement"]
+
+Predictor = str | Callable[[pd.DataFrame], pd.Series]
+
+
+def _values(df: pd.DataFrame, x: Predictor) -> pd.Series:
+    return pd.to_numeric(pd.Series(x(df), index=df.index) if callable(x) else df[x], errors="coerce")
+
+
+COMPARISON_COLUMNS = [
+    "predictor",
+    "y",
+    "n",
+    "r2",
+    "r2_ci_low",
+    "r2_ci_high",
+    "slope",
+    "slope_ci_low",
+    "slope_ci_high",
+    "p",
+    "spearman",
+    "spearman_ci_low",
+    "spearman_ci_high",
+    "spearman_p",
+    "kendall",
+    "kendall_p",
+    "level",
+    "note",
+]
+"""The columns of a :func:`predictor_comparison` table."""
+
+
+def predictor_comparison(
+    df: pd.DataFrame,
+    y: str,
+    predictors: Mapping[str, Predictor],
+    *,
+    n_resamples: int = 1000,
+    level: float = 0.95,
+    seed: int = 0,
+) -> pd.DataFrame:
+    """How well each predictor explains ``y``: OLS R², slope, p, rank correlations, bootstrap CIs.
+
+    All predictors are fitted on the same rows (complete for ``y`` and every predictor), so
+    their R² compare. Adds percentile-bootstrap intervals (``n_resamples`` resamples of the
+    rows, seeded) for R² and Spearman's rho: ``r2_ci_low/high``, ``spearman_ci_low/high``.
+    A predictor that takes one value only on these rows (e.g. depth in a family of equally deep
+    models) gets NaN statistics and a ``note`` instead of an error.
+    """
+    from coupling_utils.analysis.stats import compare_predictors
+
+    if not predictors:
+        raise ValueError("predictor_comparison needs at least one predictor")
+    work = _complete_rows(df, y, predictors)
+    usable = [label for label in predictors if work[label].nunique() > 1]
+    rows = []
+    if usable:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # constant resamples: scipy warns, the bootstrap skips them
+            table = compare_predictors(work, y, {label: label for label in usable}, level=level)
+            for label in usable:
+                row = table[table.predictor == label].iloc[0].to_dict()
+                row.update(
+                    _bootstrap_intervals(work, label, y, n_resamples=n_resamples, level=level, seed=seed)
+                )
+                rows.append(row)
+    for label in predictors:
+        if label not in usable:
+            rows.append(
+                {
+                    "predictor": label,
+                    "y": y,
+                    "n": len(work),
+                    "level": level,
+                    "note": f"constant over these {len(work)} models: no fit",
+                }
+            )
+    order = {label: i for i, label in enumerate(predictors)}
+    out = pd.DataFrame(rows).reindex(columns=COMPARISON_COLUMNS)
+    return out.sort_values("predictor", key=lambda s: s.map(order)).reset_index(drop=True)
+
+
+def _complete_rows(df: pd.DataFrame, y: str, predictors: Mapping[str, Predictor]) -> pd.DataFrame:
+    """``y`` and every predictor as float columns, on the rows where all are finite (at least 3)."""
+    cols = {label: _values(df, x) for label, x in predictors.items()}
+    work = pd.DataFrame(cols, index=df.index).astype(float)
+    work[y] = pd.to_numeric(df[y], errors="coerce").astype(float)
+    work = work[np.isfinite(work.to_numpy()).all(axis=1)].reset_index(drop=True)
+    if len(work) < 3:
+        raise ValueError(f"need at least 3 models with {y!r} and every predictor, got {len(work)}")
+    return work
+
+
+def _bootstrap_intervals(
+    work: pd.DataFrame, label: str, y: str, *, n_resamples: int, level: float, seed: int
+) -> dict[str, Any]:
+    """Percentile-bootstrap intervals of R² and Spearman's rho of ``y`` on predictor ``label``."""
+    from coupling_utils.analysis.stats import bootstrap_ci
+
+    def stat(d: pd.DataFrame) -> dict[str, float]:
+        x, v = d[label].to_numpy(), d[y].to_numpy()
+        if np.ptp(x) == 0 or np.ptp(v) == 0:
+            return {"r2": np.nan, "spearman": np.nan}
+        r = np.corrcoef(x, v)[0, 1]
+        rho = pd.Series(x).rank().corr(pd.Series(v).rank())
+        return {"r2": r * r, "spearman": rho}
+
+    ci = bootstrap_ci(work[[label, y]], stat, n_resamples=n_resamples, level=level, seed=seed).set_index(
+        "statistic"
+    )
+    return {
+        "r2_ci_low": ci.loc["r2", "ci_low"],
+        "r2_ci_high": ci.loc["r2", "ci_high"],
+        "spearman_ci_low": ci.loc["spearman", "ci_low"],
+        "spearman_ci_high": ci.loc["spearman", "ci_high"],
+        "note": "",
+    }
+
+
+def best_predictor(comparison: pd.DataFrame, among: Sequence[str] | None = None) -> str:
+    """The predictor with the highest R² in a :func:`predictor_comparison` table (``among``: only
+    these predictors, e.g. the size measures when asking which rival coupling has to beat)."""
+    fitted = comparison.dropna(subset=["r2"])
+    if among is not None:
+        fitted = fitted[fitted["predictor"].isin(list(among))]
+    if fitted.empty:
+        raise ValueError("no predictor could be fitted" + ("" if among is None else f" among {list(among)}"))
+    return str(fitted.loc[fitted["r2"].idxmax(), "predictor"])
+
+
+def _r2(x: np.ndarray, y: np.ndarray) -> float:
+    if np.ptp(x) == 0 or np.ptp(y) == 0:
+        return float("nan")
+    return float(np.corrcoef(x, y)[0, 1] ** 2)
+
+
+def r2_difference(
+    df: pd.DataFrame,
+    y: str,
+    a: Predictor,
+    b: Predictor,
+    *,
+    n_resamples: int = 1000,
+    level: float = 0.95,
+    seed: int = 0,
+) -> dict[str, float]:
+    """``R²(y ~ a) − R²(y ~ b)`` on the same rows, with a paired percentile-bootstrap interval.
+
+    Both fits see the same resampled models, so the interval says whether ``a`` explains ``y``
+    better than ``b`` beyond what the choice of models does (an interval above 0), rather than
+    comparing two separate intervals. Returns ``estimate, ci_low, ci_high, n, level``.
+    """
+    from coupling_utils.analysis.stats import bootstrap_ci
+
+    work = pd.DataFrame(
+        {"a": _values(df, a), "b": _values(df, b), "y": pd.to_numeric(df[y], errors="coerce")}
+    ).astype(float)
+    work = work[np.isfinite(work.to_numpy()).all(axis=1)].reset_index(drop=True)
+    if len(work) < 3:
+        raise ValueError(f"need at least 3 complete rows to compare R², got {len(work)}")
+
+    def diff(d: pd.DataFrame) -> float:
+        return _r2(d.a.to_numpy(), d.y.to_numpy()) - _r2(d.b.to_numpy(), d.y.to_numpy())
+
+    ci = bootstrap_ci(work, diff, n_resamples=n_resamples, level=level, seed=seed).iloc[0]
+    return {
+        "estimate": float(ci["estimate"]),
+        "ci_low": float(ci["ci_low"]),
+        "ci_high": float(ci["ci_high"]),
+        "n": len(work),
+        "level": level,
+    }
+
+
+def agreement(
+    estimate: float,
+    ci_low: float,
+    ci_high: float,
+    *,
+    expected_sign: int = 1,
+    n: int | None = None,
+    min_n: int = 6,
+) -> str:
+    """Status verdict for a directional claim from an estimate and its interval.
+
+    "yes": the interval lies on the expected side of 0; "partly": the estimate does but the
+    interval reaches 0 (or is unknown), or there are fewer than ``min_n`` models (``n``), too
+    few for a bootstrap interval to mean much; "no": the estimate is on the other side (or
+    missing).
+    """
+    if expected_sign not in (1, -1):
+        raise ValueError(f"expected_sign must be 1 or -1, got {expected_sign}")
+    e, lo, hi = (expected_sign * v for v in (estimate, ci_low, ci_high))
+    if not np.isfinite(e) or e <= 0:
+        return "no"
+    if np.isfinite(lo) and np.isfinite(hi) and min(lo, hi) > 0 and (n is None or n >= min_n):
+        return "yes"
+    return "partly"

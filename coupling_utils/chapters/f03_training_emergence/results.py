@@ -1,0 +1,339 @@
+"""f03's run (:func:`run`: the plan collected, per panel one sweep of every run) and what it
+reads back (:class:`Results`, whose properties are the condensed numbers the story reads)."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import pandas as pd
+
+from coupling_utils.analysis import emergence
+from coupling_utils.chapters.f03_training_emergence.plan import (
+    MAIN,
+    RULES,
+    Params,
+    checkpoint_runs,
+    checkpoint_settings,
+    panel_jobs,
+)
+from coupling_utils.measurement import Options, collect
+from coupling_utils.measurement.loop import Collected
+
+
+def run(p: Params, options: Options | None = None) -> Results:
+    """Collect :func:`jobs` (``options``: how they run; default: failures recorded) and the
+    chapter's :class:`Results`: per panel, one ``emergence.runs_sweep`` of every run (runs, K
+    and checkpoints that could not be measured are in its failures)."""
+    runs = checkpoint_runs(p)
+    planned = panel_jobs(p, runs)
+    options = options or Options()
+    done = iter(collect([j for js in planned.values() for j in js], options, desc="checkpoints").results)
+    sweeps = {}
+    for panel, js in planned.items():
+        part = Collected([next(done) for _ in js])
+        sweeps[panel] = emergence.runs_sweep(
+            part, runs, checkpoint_settings(p, panel), panel=panel, on_error=options.on_error
+        )
+    return Results(p, runs, sweeps)
+
+
+# --------------------------------------------------------------------------- the measurements, condensed
+def _cat(sweeps: Mapping[str, emergence.CheckpointTables], name: str) -> pd.DataFrame:
+    return pd.concat([getattr(s, name) for s in sweeps.values()], ignore_index=True)
+
+
+@dataclass(frozen=True)
+class Results:
+    """What the story reads from one run: the runs' checkpoints (``runs``) and, per panel, their
+    :class:`~coupling_utils.analysis.emergence.CheckpointTables` (``sweeps``); the properties condense them
+    (each computed once)."""
+
+    params: Params
+    runs: list
+    sweeps: dict
+
+    # ----------------------------------------------------------------- the tables of both panels
+    @functools.cached_property
+    def summary(self) -> pd.DataFrame:
+        """One row per (model, revision, step, K) and panel: coupling, trajectory means, width."""
+        return _cat(self.sweeps, "summary")
+
+    @functools.cached_property
+    def depthwise(self) -> pd.DataFrame:
+        return _cat(self.sweeps, "depthwise")
+
+    @functools.cached_property
+    def _trajectory_tables(self) -> tuple[pd.DataFrame, pd.DataFrame]:
+        traj, step_norms = _cat(self.sweeps, "trajectories"), _cat(self.sweeps, "step_norms")
+        if self.params.skip_first_token:
+            traj, step_norms = traj[traj.token > 0], step_norms[step_norms.token > 0]
+        return traj, step_norms
+
+    @property
+    def trajectories(self) -> pd.DataFrame:
+        """Per token: line-shape score, expodistances, growth (position 0 left out when asked)."""
+        return self._trajectory_tables[0]
+
+    @property
+    def step_norms(self) -> pd.DataFrame:
+        """Per token and block: the residual step size (position 0 left out when asked)."""
+        return self._trajectory_tables[1]
+
+    @functools.cached_property
+    def failures(self) -> pd.DataFrame:
+        """What could not be measured, and why (panel, model, revision, error, message, ...)."""
+        return _cat(self.sweeps, "failures")
+
+    @property
+    def missing(self) -> pd.DataFrame:
+        """:attr:`failures` as the page lists them, messages cut to 160 characters."""
+        missing = self.failures.reindex(columns=["panel", "model", "revision", "error", "message"])
+        return missing.assign(message=missing["message"].astype(str).str.slice(0, 160))
+
+    @property
+    def measured_line(self) -> str:
+        s = self.summary
+        return f"{s.step.nunique()} checkpoints measured for {s.model.nunique()} model(s); none missing"
+
+    @property
+    def showcase(self) -> str:
+        """The headline run: the first of ``models`` that could be measured."""
+        return self.summary.model.iloc[0]
+
+    @functools.cached_property
+    def _k_main(self) -> tuple[int, str]:
+        return emergence.main_k(self.summary, self.params.k_main, self.showcase)
+
+    @property
+    def k_main(self) -> int:
+        """The K of the headline numbers: ``k_main``, or the largest measured K below it."""
+        return self._k_main[0]
+
+    @property
+    def k_note(self) -> str:
+        """Why :attr:`k_main` is not the asked one ("" when it is)."""
+        return self._k_main[1]
+
+    # ----------------------------------------------------------------- losses
+    @functools.cached_property
+    def losses(self) -> pd.DataFrame | None:
+        """Every local run's per-checkpoint losses (a ``model`` column); None for hub runs."""
+        if not any(r.losses is not None for r in self.runs):
+            return None
+        return pd.concat(
+            [r.losses.assign(model=r.model) for r in self.runs if r.losses is not None], ignore_index=True
+        )
+
+    @functools.cached_property
+    def plateau(self) -> dict | None:
+        """How much the showcase run's validation loss fell over the last ``plateau_fraction``."""
+        from coupling_utils.models.training import val_loss_plateau
+
+        if self.losses is None:
+            return None
+        return val_loss_plateau(
+            self.losses[self.losses.model == self.showcase], last=self.params.plateau_fraction
+        )
+
+    # ----------------------------------------------------------------- coupling over training
+    @functools.cached_property
+    def main(self) -> pd.DataFrame:
+        """The summary at the headline K, both panels."""
+        return self.summary[self.summary["K"] == self.k_main]
+
+    @functools.cached_property
+    def growth(self) -> pd.DataFrame:
+        """The coupling curve's shape per panel and model, judged "rises progressively"."""
+        g = emergence.growth_summary(
+            self.main, "coupling", by=["panel", "model"], early_step=self.params.early_step
+        )
+        return emergence.judge_rows(g, RULES["rises"], column="rises progressively")
+
+    @functools.cached_property
+    def first(self) -> pd.Series:
+        """The headline curve's shape: held-out text, the showcase run."""
+        return self.growth.set_index(["panel", "model"]).loc[(MAIN, self.showcase)]
+
+    @functools.cached_property
+    def step0(self):
+        """Coupling of the headline curve at its first checkpoint (step 0: the initialisation)."""
+        m = self.main
+        return m[(m.panel == MAIN) & (m.model == self.showcase)].sort_values("step").coupling.iloc[0]
+
+    @functools.cached_property
+    def levels(self) -> pd.DataFrame:
+        """The level of 1 − m² against K/d per model (held-out text, ``k_levels``)."""
+        s, d = self.summary, self.depthwise
+        return emergence.k_levels(s[s.panel == MAIN], d[d.panel == MAIN], by="model")
+
+    @functools.cached_property
+    def big(self) -> pd.Series:
+        """The showcase run's row of :attr:`levels` at its largest K."""
+        return self.levels[self.levels.model == self.showcase].sort_values("K").iloc[-1]
+
+    # ----------------------------------------------------------------- the paper's points
+    @functools.cached_property
+    def paper(self) -> pd.DataFrame:
+        """The paper's Fig. 1b, digitised."""
+        from coupling_utils.analysis.data import load_paper_points
+
+        return load_paper_points("1b")
+
+    @functools.cached_property
+    def paper_growth(self) -> pd.DataFrame:
+        return emergence.growth_summary(self.paper, "normalized_coupling", by="model_id", early_step=128)
+
+    # ----------------------------------------------------------------- graphs
+    @functools.cached_property
+    def held(self) -> pd.DataFrame:
+        """The showcase run's depth-wise table on held-out text at the headline K."""
+        d = self.depthwise
+        return d[(d.panel == MAIN) & (d.model == self.showcase) & (d["K"] == self.k_main)]
+
+    @functools.cached_property
+    def _graph_steps(self) -> tuple[list[int], str]:
+        return emergence.graph_checkpoints(sorted(self.held.step.unique()), self.params.graph_steps)
+
+    @property
+    def chosen(self) -> list[int]:
+        """The three checkpoints of the graphs."""
+        return self._graph_steps[0]
+
+    @property
+    def graph_note(self) -> str:
+        """Which asked graph steps were not measured, and what replaced them ("" if none)."""
+        return self._graph_steps[1]
+
+    @functools.cached_property
+    def all_matrices(self) -> pd.DataFrame:
+        return emergence.mean_matrices(self.held, by="step")
+
+    @functools.cached_property
+    def density(self) -> pd.DataFrame:
+        """Edges of the layer graph at every checkpoint (``graph_threshold``)."""
+        return emergence.edge_counts(self.all_matrices, self.params.graph_threshold, by="step")
+
+    @property
+    def matrices(self) -> pd.DataFrame:
+        """The mean matrices at the graphs' checkpoints."""
+        return self.all_matrices[self.all_matrices.step.isin(self.chosen)]
+
+    @functools.cached_property
+    def _dense(self) -> tuple[pd.DataFrame, int, dict]:
+        dense = self.density[self.density.step >= self.params.early_step].reset_index(drop=True)
+        d_peak = int(dense.step.iloc[int(dense.density.to_numpy().argmax())])
+        values = {
+            "density_early": float(dense.density.iloc[0]),
+            "density_final": float(dense.density.iloc[-1]),
+            "density_peak_position": emergence.log_position(d_peak, dense.step.iloc[0], dense.step.iloc[-1]),
+        }
+        return dense, d_peak, values
+
+    @property
+    def dense_values(self) -> dict:
+        """Edge density early, final, and where the densest graph lies (the rule's values)."""
+        return self._dense[2]
+
+    @property
+    def d_peak(self) -> int:
+        """The step of the densest graph from ``early_step`` on."""
+        return self._dense[1]
+
+    # ----------------------------------------------------------------- trajectories
+    @functools.cached_property
+    def tsum(self) -> pd.DataFrame:
+        """Trajectory measures per (model, step) on held-out text: mean over tokens, then prompts."""
+        t = self.trajectories
+        cols = ["lss", "expodistance_ratio_cv", "expodistance_log_linear_r2", "growth_log_linear_r2"]
+        return (
+            t[t.panel == MAIN]
+            .groupby(["model", "step", "prompt"])[cols]
+            .mean()
+            .groupby(["model", "step"])
+            .mean()
+        )
+
+    @functools.cached_property
+    def traj_growth(self) -> pd.DataFrame:
+        """The shape of each trajectory measure (those defined at every checkpoint), judged "falls"."""
+        tsum = self.tsum
+        quantities = [q for q in tsum.columns if tsum[q].notna().all()]
+        growth = pd.concat(
+            [
+                emergence.growth_summary(
+                    tsum.reset_index(), q, by="model", early_step=self.params.early_step
+                ).assign(quantity=q)
+                for q in quantities
+            ],
+            ignore_index=True,
+        )
+        return emergence.judge_rows(growth, RULES["falls"], column="falls")
+
+    @property
+    def lss_row(self) -> pd.Series:
+        return self.traj_growth[self.traj_growth.model == self.showcase].set_index("quantity").loc["lss"]
+
+    @property
+    def exp_row(self) -> pd.Series | None:
+        """The expodistance row (None for a model too shallow to have one)."""
+        rows_of = self.traj_growth[self.traj_growth.model == self.showcase].set_index("quantity")
+        q = "expodistance_log_linear_r2"
+        return rows_of.loc[q] if q in rows_of.index else None
+
+    @functools.cached_property
+    def together_in(self) -> pd.DataFrame:
+        """Per checkpoint from ``early_step`` on: coupling, trajectory measures, validation loss."""
+        m, show = self.main, self.showcase
+        together_in = m[(m.panel == MAIN) & (m.model == show)][["step", "coupling"]].merge(
+            self.tsum.loc[show].reset_index(), on="step"
+        )
+        if self.losses is not None:
+            own = self.losses[self.losses.model == show][["step", "val_loss"]]
+            together_in = together_in.merge(own, on="step", how="left")
+        return together_in[together_in.step >= self.params.early_step]
+
+    @functools.cached_property
+    def together(self) -> pd.DataFrame:
+        """Spearman's ρ of coupling with each trajectory measure and the validation loss."""
+        from coupling_utils.analysis import stats
+
+        t = self.together_in
+        together = pd.concat(
+            [
+                stats.rank_correlation(t, "coupling", q)
+                for q in t.columns
+                if q not in ("step", "coupling") and t[q].notna().all()
+            ],
+            ignore_index=True,
+        )
+        return together[together.method == "spearman"].reset_index(drop=True)
+
+    @property
+    def rho_lss(self) -> float:
+        return float(self.together.set_index("y").statistic.get("lss", float("nan")))
+
+    # ----------------------------------------------------------------- the search
+    @functools.cached_property
+    def search(self) -> emergence.Search:
+        """The stored search over local runs (``data/f03_search``)."""
+        return emergence.load_search()
+
+    @functools.cached_property
+    def search_table(self) -> pd.DataFrame:
+        """The search's runs at K = d/16, judged "rises progressively", this chapter's run marked."""
+        runs = self.search.runs
+        table = emergence.judge_rows(
+            runs[runs["K"] * 16 == runs.d_model], RULES["rises"], column="rises progressively"
+        )
+        ours_spec = next((r.spec for r in self.runs if r.model == self.showcase), None)
+        return table.assign(
+            this_chapter=[self.search.provenance[c]["spec"] == ours_spec for c in table.config],
+            train_cpu_min=table.train_cpu_s / 60,
+        )
+
+    @functools.cached_property
+    def effects(self) -> pd.DataFrame:
+        """The search read one factor at a time, on the final coupling."""
+        return emergence.one_factor_effects(self.search_table, "final")

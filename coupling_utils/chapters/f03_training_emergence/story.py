@@ -1,0 +1,493 @@
+"""f03's status rows judged by the rules fixed before any number (:func:`claims`), the
+assumption its prose makes about the search (:func:`assumptions`) and the values it glues
+(:func:`glue_values`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from coupling_utils.analysis import emergence
+from coupling_utils.analysis.verdicts import claim
+from coupling_utils.chapters.f03_training_emergence.plan import MAIN, RULES, quiz_prompts
+from coupling_utils.chapters.f03_training_emergence.results import Results
+
+
+def _coupling_rows(r: Results) -> list[dict]:
+    """Claim 1 on our run and on the paper's own digitised curves."""
+    p, first, pg, k = r.params, r.first, r.paper_growth, r.k_main
+    return [
+        claim(
+            "coupling rises progressively over training (shape of the curve)",
+            paper=f"≈{pg.ratio.mean():.1f}× from step 128 to 143000 (Fig. 1b)",
+            rule=RULES["rises"],
+            values=first.to_dict(),
+            ours=f"{first.ratio:.2f}× (ρ = {first.spearman:.2f}, peak at step {int(first.peak_step)}, "
+            f"position {first.peak_position:.2f})",
+            note=f"{r.showcase}, held-out text, steps {int(first.early_step)}→{int(first.final_step)}, "
+            f"K = {k}, "
+            f"{p.how} mean of 1 − m²",
+        ),
+        claim(
+            "the paper's own Fig. 1b curves rise progressively (digitised points)",
+            paper="Fig. 1b",
+            rule=RULES["rises"],
+            values=pg.set_index("model_id").min().to_dict(),
+            ours=f"ratio {pg.ratio.min():.2f}, ρ ≥ {pg.spearman.min():.2f}, "
+            f"peak position ≥ {pg.peak_position.min():.2f}",
+            note="the weaker of the two models on each descriptor",
+            kind="replot",
+        ),
+        claim(
+            "the rise is nearly monotonic",
+            paper="nearly monotonic for both models",
+            rule=RULES["monotone"],
+            values=first.to_dict(),
+            ours=f"ρ = {first.spearman:.2f}, largest fall {first.max_drop:.0%} of the range",
+            note=f"rises between {first.rises:.0%} of consecutive checkpoints",
+        ),
+    ]
+
+
+def claims(r: Results) -> list[dict]:
+    """The status rows, each judged by its rule in :data:`RULES`: the rise (ours, the paper's
+    curves), its monotony, the graphs, linearity, and expodistance when measured. Pass them to
+    ``pipeline.status.report``."""
+    p, dense, lss, exp = r.params, r.dense_values, r.lss_row, r.exp_row
+    rows = _coupling_rows(r) + [
+        claim(
+            "almost no coupling early, dense at the end (layer graphs)",
+            paper="step 1: almost none; step 143000: dense (Fig. 1c–e)",
+            rule=RULES["dense"],
+            values=dense,
+            ours=f"edge density {dense['density_early']:.2f} → {dense['density_final']:.2f}, "
+            f"highest at step {r.d_peak}",
+            note=f"threshold 1 − m² > {p.graph_threshold}, K = {r.k_main}, "
+            f"every checkpoint from step {p.early_step}",
+        ),
+        claim(
+            "coupling develops together with trajectory linearity",
+            paper="coupling emerges with increased linearity",
+            rule=RULES["together"],
+            values={"rho_lss": r.rho_lss},
+            ours=f"ρ(coupling, LSS) = {r.rho_lss:.2f}",
+            note=f"over the {len(r.together_in)} checkpoints from step {p.early_step} on; "
+            "negative = more coupling, "
+            "straighter",
+        ),
+        claim(
+            "trajectories become more linear (line-shape score falls)",
+            paper="increased linearity during training",
+            rule=RULES["falls"],
+            values=lss.to_dict(),
+            ours=f"LSS {lss.early:.3f} → {lss.final:.3f} (ρ = {lss.spearman:.2f})",
+            note="mean over tokens and held-out windows",
+        ),
+    ]
+    if exp is not None:
+        rows.append(
+            claim(
+                "layer-wise exponential growth develops (expodistance falls; our reconstruction)",
+                paper="layer-wise exponential growth develops (formula not published)",
+                rule=RULES["falls"],
+                values=exp.to_dict(),
+                ours=f"1 − R² {exp.early:.3f} → {exp.final:.3f} (ρ = {exp.spearman:.2f})",
+                note="log-linear fit of step sizes over all blocks",
+            )
+        )
+    return rows
+
+
+def assumptions(r: Results) -> list[tuple[str, bool, str]]:
+    """What the prose on the search assumes: ``(key, holds, text)`` for ``analysis.verdicts.assume``."""
+    steps_fx = r.effects[r.effects.factor == "steps"]
+    return [
+        (
+            "f03_longer_lowers",
+            not steps_fx.empty and steps_fx.direction.iloc[0] == "lower",
+            "training longer lowered the final coupling in the search",
+        )
+    ]
+
+
+# --------------------------------------------------------------------------- glued values
+def _plateau_values(r: Results) -> dict[str, Any]:
+    """The plateau sentence (and the numbers in it) for a run with loss records."""
+    from IPython.display import Markdown
+
+    p, plateau = r.params, r.plateau
+    if plateau is None:
+        return {
+            "f03_plateau_sentence": Markdown(
+                "These are hub checkpoints without loss records here (see the "
+                "Pythia paper for their losses), so the plateau condition is not "
+                "checked."
+            )
+        }
+    flat = RULES["flat"].judge(plateau)
+    return {
+        "f03_val_loss": plateau["best_loss"],
+        "f03_plateau_drop": plateau["relative_drop"],
+        "f03_plateau_from": plateau["from_step"],
+        "f03_plateau_sentence": Markdown(
+            f"Over the last {p.plateau_fraction:.0%} of training (steps {plateau['from_step']} to "
+            f"{plateau['to_step']}) the validation loss fell from {plateau['from_loss']:.3f} to "
+            f"{plateau['best_loss']:.3f} nats per token, a relative drop of {plateau['relative_drop']:.1%}: "
+            + {
+                "yes": "by the rule above, it has **flattened**.",
+                "partly": "by the rule above it has **nearly flattened** (between the two thresholds).",
+                "no": "by the rule above it has **not flattened**: this run was stopped mid-descent.",
+            }[flat]
+        ),
+    }
+
+
+def _coupling_values(r: Results) -> dict[str, Any]:
+    """The headline curve's shape and its verdict."""
+    from IPython.display import Markdown
+
+    first = r.first
+    out: dict[str, Any] = {}
+    for name in ("ratio", "spearman", "peak", "early", "final", "peak_position", "final_vs_peak"):
+        out[f"f03_{name}"] = float(first[name])
+    for name in ("early_step", "final_step", "peak_step"):
+        out[f"f03_{name}"] = int(first[name])
+    out["f03_k"] = r.k_main
+    out["f03_step0"] = float(r.step0)
+    out["f03_rises_verdict"] = Markdown(f"**{first['rises progressively']}**")
+    out["f03_shape_sentence"] = Markdown(
+        "The curve ends at its top: coupling is highest at the last checkpoint."
+        if first.final_vs_peak >= 0.99
+        else f"The curve does not end at its top: the final value is {first.final_vs_peak:.0%} of the peak."
+    )
+    return out
+
+
+def _wide_sentence(r: Results) -> str:
+    """The widest searched run at its largest K, beside this run's largest K at the same K/d."""
+    big, curves = r.big, r.search.curves
+    wide = curves[curves.d_model == curves.d_model.max()]
+    wide = wide[(wide["K"] == wide.K.max()) & (wide.config == wide.config.iloc[0])].sort_values("step")
+    w_K, w_d = int(wide.K.iloc[0]), int(wide.d_model.iloc[0])
+    w_low = float(wide.coupling.min())
+    sentence = (
+        f"In the search below, the widest run ({wide.config.iloc[0]}, width {w_d}) at K = {w_K} "
+        f"(K/d = {w_K / w_d:.2f}) starts at {wide.coupling.iloc[0]:.3f} at step 0 with "
+        f"{wide.share_m_above_1.iloc[0]:.0%} of its layer pairs at m > 1, its lowest point is {w_low:.3f} "
+        f"({'below' if w_low < 0 else 'above'} zero), and at its worst checkpoint "
+        f"{wide.share_m_above_1.max():.0%} of the pairs have m > 1."
+    )
+    if np.isfinite(big.d_model) and int(big.d_model) != w_d and np.isclose(big.K_over_d, w_K / w_d):
+        sentence += (
+            f" At the same K/d this run's K = {int(big.K)} (width {int(big.d_model)}) starts at "
+            f"{big.first:.3f}, {'higher' if big.first > wide.coupling.iloc[0] else 'lower'}: the level of "
+            "unrelated blocks depends on K and the width, not on their ratio alone."
+        )
+    return sentence
+
+
+def _level_values(r: Results) -> dict[str, Any]:
+    """The level of 1 − m² at the largest K, against the width."""
+    from IPython.display import Markdown
+
+    big = r.big
+    return {
+        "f03_kbig": int(big.K),
+        "f03_kbig_ratio": float(big.K_over_d),
+        "f03_kbig_first": float(big.first),
+        "f03_kbig_share_first": float(big.share_first),
+        "f03_kbig_lowest": float(big.lowest),
+        "f03_d_model": int(big.d_model) if np.isfinite(big.d_model) else 0,
+        "f03_k_main_ratio": r.k_main / float(big.d_model),
+        "f03_k_wide_sentence": Markdown(_wide_sentence(r)),
+    }
+
+
+def _graph_values(r: Results) -> dict[str, Any]:
+    """The paper's digitised curves' shape, and the layer graphs' edge density."""
+    pg, dense = r.paper_growth, r.density[r.density.step >= r.params.early_step]
+    return {
+        "f03_paper_ratio": float(pg.ratio.mean()),
+        "f03_paper_spearman": float(pg.spearman.mean()),
+        "f03_paper_peak_position": float(pg.peak_position.min()),
+        "f03_density_early": r.dense_values["density_early"],
+        "f03_density_final": r.dense_values["density_final"],
+        "f03_density_peak_step": r.d_peak,
+        "f03_density_peak": float(dense.density.max()),
+    }
+
+
+def _trajectory_values(r: Results) -> dict[str, Any]:
+    """The line-shape score, the expodistance sentence, and ρ(coupling, LSS)."""
+    from IPython.display import Markdown
+
+    lss, exp = r.lss_row, r.exp_row
+    return {
+        "f03_lss_early": float(lss.early),
+        "f03_lss_final": float(lss.final),
+        "f03_lss_spearman": float(lss.spearman),
+        "f03_expo_sentence": Markdown(
+            "the expodistance reconstruction is not available (it needs at least three blocks)"
+            if exp is None
+            else f"the expodistance reconstruction from {exp.early:.3f} to {exp.final:.3f} "
+            f"(ρ {exp.spearman:.2f})"
+        ),
+        "f03_rho_lss": r.rho_lss,
+    }
+
+
+def _search_counts(r: Results) -> dict[str, Any]:
+    """How many searched runs rise, where they peak, what training cost, which is ours."""
+    from IPython.display import Markdown
+
+    table = r.search_table
+    return {
+        "f03_search_n": len(table),
+        "f03_search_yes": int((table["rises progressively"] == "yes").sum()),
+        "f03_search_partly": int((table["rises progressively"] == "partly").sum()),
+        "f03_search_peak_range": Markdown(
+            f"at step {int(table.peak_step.min())} in every run"
+            if table.peak_step.nunique() == 1
+            else f"between steps {int(table.peak_step.min())} and {int(table.peak_step.max())}"
+        ),
+        "f03_search_train_minutes": float(table.train_cpu_s.sum() / 60),
+        "f03_search_ours": Markdown(
+            f"This chapter's run is the search's **{table.config[table.this_chapter].iloc[0]}**."
+            if table.this_chapter.any()
+            else "This chapter's run is not one of the searched runs."
+        ),
+        "f03_search_params": Markdown(f"{int(table.n_params.max()):,}"),
+        "f03_search_tokens": float(table.tokens_seen.max() / 1e6),
+    }
+
+
+FACTOR_NAMES = {
+    "d_model": "width",
+    "n_layers": "depth (blocks)",
+    "steps": "training steps",
+    "lr": "learning rate",
+    "data_tokens": "training tokens available",
+}
+
+
+def _search_found(r: Results) -> str:
+    """The smallest run that rises progressively, or the one that comes closest."""
+    table = r.search_table
+    order = {"yes": 0, "partly": 1, "no": 2}
+    ranked = table.assign(_o=table["rises progressively"].map(order)).sort_values(["_o", "train_cpu_s"])
+    best = ranked.iloc[0]
+    if best["rises progressively"] == "yes":
+        return (
+            f"The smallest run in which coupling rises progressively is **{best.config}** (width "
+            f"{int(best.d_model)}, {int(best.n_layers)} blocks, {int(best.steps)} steps, "
+            f"{best.train_cpu_s / 60:.1f} CPU-minutes of training)."
+        )
+    closest = table.sort_values(["peak_position", "spearman"], ascending=False).iloc[0]
+    return (
+        f"**No run in the search rises progressively.** The one whose peak comes latest is "
+        f"{closest.config}: peak at step {int(closest.peak_step)} (position {closest.peak_position:.2f}), "
+        f"ρ = {closest.spearman:.2f}, final / early {closest.ratio:.2f}."
+    )
+
+
+def _search_effects(r: Results) -> dict[str, Any]:
+    """The search read one factor at a time, the run found, and what training longer did."""
+    from IPython.display import Markdown
+
+    effects, lines = r.effects, []
+    for (factor, _), grp in effects.groupby(["factor", "group"], sort=False):
+        settings = " → ".join(f"{lv:g}" for lv in grp.level)
+        finals = " → ".join(f"{v:.3f}" for v in grp.final)
+        lines.append(
+            f"- {FACTOR_NAMES[factor]} {settings} ({', '.join(grp.config)}): final coupling {finals}, "
+            f"{grp.direction.iloc[0]} with more {FACTOR_NAMES[factor].split(' (')[0]}."
+        )
+    steps_fx = effects[effects.factor == "steps"]
+    return {
+        "f03_search_effects": Markdown(
+            "\n".join(lines) if lines else "- (no two runs differ in one factor only)"
+        ),
+        "f03_search_found": Markdown(_search_found(r)),
+        "f03_search_length": Markdown(
+            "no two runs differ in length only"
+            if steps_fx.empty
+            else f"training longer made the final coupling **{steps_fx.direction.iloc[0]}** "
+            f"({' → '.join(f'{v:.3f}' for v in steps_fx[steps_fx.group == steps_fx.group.iloc[0]].final)})"
+        ),
+    }
+
+
+def _matched_rise(r: Results) -> list[str]:
+    """The bullets on the rise and its monotony."""
+    first, pg, k = r.first, r.paper_growth, r.k_main
+    rise_v = RULES["rises"].judge(
+        first.to_dict()
+    )  # the verdicts of the status table, by the same rules and values
+    where = (
+        "at the end"
+        if first.peak_position >= 0.99
+        else f"at step {int(first.peak_step)}, position {first.peak_position:.2f} on the log-step axis, "
+        f"{first.peak / first.final:.1f}× its final value"
+    )
+    return [
+        f"**Progressive rise: {rise_v}.** Coupling on held-out text (K = {k}) goes from {first.early:.3f} "
+        f"at step {int(first.early_step)} to {first.final:.3f} at step {int(first.final_step)} "
+        f"(ratio {first.ratio:.2f}; "
+        f"Pythia: about {pg.ratio.mean():.1f}), with its highest point {where}; ρ with the step "
+        f"{first.spearman:.2f} against {pg.spearman.mean():.2f} for Pythia. Relative to the random "
+        f"initialisation ({r.step0:.3f}) the final value is {first.final / r.step0:.1f}×.",
+        f"**Nearly monotonic: {RULES['monotone'].judge(first.to_dict())}.** "
+        "The largest fall between consecutive "
+        f"checkpoints is {first.max_drop:.0%} of the curve's range (Pythia's digitised curves: "
+        f"{pg.max_drop.max():.0%} at most).",
+    ]
+
+
+def _matched(r: Results) -> str:
+    """What matched and what did not, one bullet per claim (and the quiz panel's)."""
+    first, dense, lss, exp, rho = r.first, r.dense_values, r.lss_row, r.exp_row, r.rho_lss
+    bullets = _matched_rise(r)
+    bullets.append(
+        f"**Almost none early, dense at the end: {RULES['dense'].judge(dense)}.** The layer graph's edge "
+        f"density goes {dense['density_early']:.2f} → {dense['density_final']:.2f} and is highest at "
+        f"step {r.d_peak} (threshold {r.params.graph_threshold})."
+    )
+    bullets.append(
+        f"**Together with linearity: {RULES['together'].judge({'rho_lss': rho})}** (ρ(coupling, LSS) = "
+        f"{rho:.2f}); **straighter trajectories: {RULES['falls'].judge(lss.to_dict())}** (LSS "
+        f"{lss.early:.3f} → {lss.final:.3f}, ρ with the step {lss.spearman:.2f})"
+        + (
+            "."
+            if exp is None
+            else f"; **exponential growth: {RULES['falls'].judge(exp.to_dict())}** "
+            f"(expodistance {exp.early:.3f} "
+            f"→ {exp.final:.3f}, ρ {exp.spearman:.2f}; with only {r.held.layer_i.nunique()} steps per "
+            "trajectory a log-linear fit says little)."
+        )
+    )
+    if quiz_prompts(r.params) is not None:
+        q = r.growth[r.growth.panel != MAIN]
+        if not q.empty:
+            qrow = q[q.model == r.showcase].iloc[0]
+            bullets.append(
+                f"**Out of distribution.** On the quiz prompts the curve peaks at step "
+                f"{int(qrow.peak_step)} (held-out text: {int(first.peak_step)}) and ends at "
+                f"{qrow.final_vs_peak:.0%} of its peak (held-out: {first.final_vs_peak:.0%}); its verdict "
+                f"by the same rule is {qrow['rises progressively']}."
+            )
+    return "\n".join(f"- {b}" for b in bullets)
+
+
+def _exercise_k(r: Results) -> dict[str, Any]:
+    """Numbers for the worked solutions on K and on the early step."""
+    from IPython.display import Markdown
+
+    p, s = r.params, r.summary
+    held_summary = s[(s.panel == MAIN) & (s.model == r.showcase)]
+    by_k = emergence.growth_summary(held_summary, "coupling", by="K", early_step=p.early_step).set_index("K")
+    kb = int(by_k.index.max())
+    out = {
+        "f03_ex_kbig": kb,
+        "f03_ex_kbig_peak": float(by_k.loc[kb, "peak"]),
+        "f03_ex_kbig_peak_step": int(by_k.loc[kb, "peak_step"]),
+        "f03_ex_kmain_peak_step": int(by_k.loc[r.k_main, "peak_step"]),
+        "f03_ex_kbig_step0": float(r.levels.set_index(["model", "K"]).loc[(r.showcase, kb), "first"]),
+    }
+    late = [x for x in sorted(held_summary.step.unique()) if x >= 128]
+    if len(late) >= 2:
+        g128 = emergence.growth_summary(
+            held_summary[held_summary["K"] == r.k_main], "coupling", early_step=128
+        ).iloc[0]
+        out["f03_ex_128"] = Markdown(
+            f"from step {int(g128.early_step)} the ratio final / early is {g128.ratio:.2f} "
+            f"(ρ = {g128.spearman:.2f}) and the verdict is "
+            f"**{RULES['rises'].judge(g128.to_dict())}**"
+        )
+    else:
+        out["f03_ex_128"] = Markdown("this run has too few checkpoints after step 128 to say")
+    return out
+
+
+def _exercise_pairs(r: Results) -> dict[str, Any]:
+    """Numbers for the worked solutions on adjacent pairs, the loss and the graphs' threshold."""
+    from IPython.display import Markdown
+
+    p, d = r.params, r.depthwise
+    adjacent = emergence.checkpoint_summary(d[(d.panel == MAIN) & (d.model == r.showcase)], how="adjacent")
+    g_adj = emergence.growth_summary(
+        adjacent[adjacent["K"] == r.k_main], "coupling", early_step=p.early_step
+    ).iloc[0]
+    thresholds = [0.2, p.graph_threshold, 0.6]
+    dens = pd.concat(
+        [emergence.edge_counts(r.all_matrices, t, by="step").assign(threshold=t) for t in thresholds]
+    )
+    dens = dens[dens.step >= p.early_step]
+    densest = (
+        dens.sort_values(["threshold", "density", "step"], ascending=[True, False, True])
+        .groupby("threshold")
+        .head(1)
+    )
+    return {
+        "f03_ex_adj_peak_step": int(g_adj.peak_step),
+        "f03_ex_adj_ratio": float(g_adj.ratio),
+        "f03_ex_rho_val": float(r.together.set_index("y").statistic.get("val_loss", float("nan"))),
+        "f03_ex_thresholds": Markdown(
+            "; ".join(
+                f"threshold {t.threshold:g}: densest at step {int(t.step)} ({t.density:.2f}), "
+                f"final {dens[dens.threshold == t.threshold].density.iloc[-1]:.2f}"
+                for t in densest.itertuples()
+            )
+        ),
+    }
+
+
+def _exercise_lr(r: Results) -> dict[str, Any]:
+    """Numbers for the worked solution on the learning rate, from the search."""
+    from IPython.display import Markdown
+
+    table = r.search_table
+    lr_runs = table[table.lr != table.lr.max()]
+    base_lr = table[
+        (table.lr == table.lr.max()) & table.config.isin(lr_runs.config.str.replace(r"-lr.*", "", regex=True))
+    ]
+    return {
+        "f03_ex_lr": Markdown(
+            "the search has no run at another learning rate"
+            if lr_runs.empty
+            else "; ".join(
+                f"{x.config} (lr {x.lr:g}) peaks at step {int(x.peak_step)} and ends at {x.final:.3f}"
+                for x in lr_runs.itertuples()
+            )
+        ),
+        "f03_ex_lr_base": Markdown(
+            "; ".join(
+                f"{x.config} (lr {x.lr:g}) peaks at step {int(x.peak_step)} and ends at {x.final:.3f}"
+                for x in base_lr.itertuples()
+            )
+            or "—"
+        ),
+    }
+
+
+def glue_values(r: Results) -> dict[str, Any]:
+    """Every value the prose glues, by name: the rules' texts, the plateau, the curve and its
+    verdict, the levels against K/d, the paper's curves, the graphs, the trajectories, the
+    search, what matched, and the numbers of the worked solutions."""
+    from IPython.display import Markdown
+
+    return {
+        **{f"f03_rule_{name}": rule.text for name, rule in RULES.items()},
+        **_plateau_values(r),
+        **_coupling_values(r),
+        **_level_values(r),
+        **_graph_values(r),
+        **_trajectory_values(r),
+        **_search_counts(r),
+        **_search_effects(r),
+        "f03_matched": Markdown(_matched(r)),
+        **_exercise_k(r),
+        **_exercise_pairs(r),
+        **_exercise_lr(r),
+    }

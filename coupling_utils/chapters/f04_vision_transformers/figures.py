@@ -1,0 +1,139 @@
+"""f04's figures: each returns ``show()``'s arguments (the chart, its name, caption and alt
+text), the texts written from the same numbers as the chart."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from coupling_utils.chapters.f04_vision_transformers.plan import Params, Results
+
+
+def training_figure(p: Params, r: Results) -> dict[str, Any]:
+    """Coupling (top) and accuracy (bottom) at every checkpoint of the run."""
+    from coupling_utils.analysis import plots
+
+    curve, shape = r.curve, r.shape
+    coupling = plots.training_curve(
+        curve,
+        "step",
+        "coupling",
+        title=f"{r.run_name}: coupling over training",
+        y_title=f"coupling (mean 1 − m², K = {p.k})",
+    )
+    accuracy = plots.training_curve(
+        curve.melt(
+            id_vars="step", value_vars=["val_acc", "test_acc"], var_name="split", value_name="accuracy"
+        ),
+        "step",
+        "accuracy",
+        color="split",
+        title=f"{r.run_name}: accuracy over training",
+        y_title="MNIST accuracy",
+    )
+    return dict(
+        chart=coupling & accuracy, name="fig-f04-training",
+        caption=f"Coupling of {r.token_words} (top) and accuracy (bottom) at every checkpoint of one MNIST "
+                "ViT; step 0 is the random initialisation.",
+        alt=f"Two line charts over training steps on a log scale. Top: coupling goes from "
+            f"{shape['init']:.3f} at step 0 to {shape['final']:.3f} at step {int(curve.step.max())}, highest "
+            f"({shape['peak']:.3f}) at step {shape['peak_step']}. Bottom: validation and test accuracy "
+            f"rising to {curve.test_acc.iloc[-1]:.3f}.",
+    )  # fmt: skip
+
+
+def depthwise_steps_figure(p: Params, r: Results) -> dict[str, Any]:
+    """The depth-wise coupling matrix at the first and the last checkpoint."""
+    from coupling_utils.analysis import plots
+
+    first, last = r.ends
+    ends = r.over.depthwise[r.over.depthwise.model.isin([first, last])]
+    return dict(
+        chart=plots.coupling_heatmap(ends, "layer_j", "layer_i", "m", facet="model", columns=2, size=200,
+                                     title="Depth-wise coupling 1 − m², first and last checkpoint"),
+        name="fig-f04-depthwise-steps",
+        caption=f"Depth-wise coupling $1 - m_K^2$ between blocks $i$ and $j$ at {first} and {last} (mean "
+                "over images; the diagonal is grey).",
+        alt=f"Two heatmaps of block-pair coupling, {first} and {last}, blocks 0 to "
+            f"{int(ends.layer_i.max())} on both axes.",
+    )  # fmt: skip
+
+
+def twins_figure(p: Params, r: Results) -> dict[str, Any]:
+    """Each trained ViT beside its twin and, for the run, its own step 0."""
+    from coupling_utils.analysis import plots
+
+    gap = r.gap
+    return dict(
+        chart=plots.bars(r.bars, "model", "coupling", color="weights",
+                         title="Trained vs untrained (mean ± s.e. over images)",
+                         y_title=f"coupling (mean 1 − m², K = {p.k})", x_title=None),
+        name="fig-f04-twins",
+        caption="Coupling of each trained ViT beside its untrained twin (another seed) and, for the run "
+                "trained here, its own step-0 initialisation; error bars: standard error over images.",
+        alt=f"Bar chart: {r.run_name} trained {gap.trained:.3f}, random-init twin {gap.twin:.3f}, its "
+            f"step 0 {r.step0.coupling.mean():.3f}"
+            + ("; plus the hub ViTs measured." if r.hub is not None else "."),
+    )  # fmt: skip
+
+
+def depthwise_twins_figure(p: Params, r: Results) -> dict[str, Any]:
+    """The depth-wise coupling matrix of the run, trained and its twin."""
+    from coupling_utils.analysis import plots
+
+    return dict(
+        chart=plots.coupling_heatmap(r.twins.depthwise, "layer_j", "layer_i", "m", facet="weights", columns=2,
+                                     size=200, title="Depth-wise coupling 1 − m², trained and random init"),
+        name="fig-f04-depthwise-twins",
+        caption=f"Depth-wise coupling of {r.run_name} trained and of its untrained twin (mean over images).",
+        alt=f"Two heatmaps of block-pair coupling for {r.run_name}: trained and random init.",
+    )  # fmt: skip
+
+
+def family_training_figure(p: Params, r: Results) -> dict[str, Any]:
+    """Validation accuracy of every family member during training."""
+    from coupling_utils.analysis import plots
+
+    members = r.members
+    return dict(
+        chart=plots.training_curve(r.curves.dropna(subset=["val_acc"]), "step", "val_acc", color="run",
+                                   log_step=False, title="ViT family: validation accuracy during training",
+                                   y_title="validation accuracy"),
+        name="fig-f04-family-training",
+        caption="Validation accuracy of every family member during training, on one recipe.",
+        alt=f"Line chart of {len(members)} runs' validation accuracy over training steps, ending between "
+            f"{members.val_acc.min():.3f} and {members.val_acc.max():.3f}.",
+    )  # fmt: skip
+
+
+def family_figure(p: Params, r: Results) -> dict[str, Any]:
+    """Test accuracy of each member against its excess coupling (left) and its raw coupling (right)."""
+    from coupling_utils.analysis import plots
+
+    vits = r.vits
+    raw = plots.scatter_fit(
+        vits,
+        "coupling",
+        "test_acc",
+        label="run",
+        title="Raw coupling",
+        width=280,
+        x_title=f"coupling (mean 1 − m², K/d = {p.family_k_over_d})",
+        y_title="MNIST test accuracy",
+    )
+    excess = plots.scatter_fit(
+        vits,
+        "excess coupling",
+        "test_acc",
+        label="run",
+        title="In excess of the twin",
+        width=280,
+        x_title="coupling − twin's coupling",
+        y_title="MNIST test accuracy",
+    )
+    return dict(
+        chart=excess | raw, name="fig-f04-family",
+        caption="Test accuracy of each family member against its coupling in excess of its own untrained "
+                "twin (left, which carries the verdict) and against the raw coupling (right).",
+        alt=f"Two scatter plots of {len(vits)} ViTs, test accuracy from {vits.test_acc.min():.3f} to "
+            f"{vits.test_acc.max():.3f} on y; x is the excess coupling (left) and the raw coupling (right).",
+    )  # fmt: skip

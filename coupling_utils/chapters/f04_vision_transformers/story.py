@@ -1,0 +1,169 @@
+"""f04's status rows (:func:`claims`), judged by the rules fixed before any number, the
+assumptions its prose makes about the run's numbers (:func:`assumption`) and the values it glues
+(:func:`glue_values`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from coupling_utils.analysis import vision_transformers as vt
+from coupling_utils.analysis.verdicts import claim
+from coupling_utils.chapters.f04_vision_transformers.plan import (
+    ABOVE_TWIN,
+    EMERGES,
+    FAMILY,
+    HUB_ABOVE_TWIN,
+    RULES,
+    Params,
+    Results,
+)
+
+
+def twin_values(r: Results) -> dict[str, Any]:
+    """What :data:`ABOVE_TWIN` judges: the run's excess over its twin, its interval, the init gap."""
+    return {"excess": r.gap.excess, "excess_ci_low": r.gap.excess_ci_low, "init_gap": r.init_gap}
+
+
+def family_values(r: Results) -> dict[str, Any]:
+    """What :data:`FAMILY` judges: Spearman's rho of test accuracy with the excess coupling."""
+    return {
+        "rho_excess": r.fits.loc["excess coupling", "spearman"],
+        "rho_excess_ci_low": r.fits.loc["excess coupling", "spearman_ci_low"],
+    }
+
+
+def claims(p: Params, r: Results) -> list[dict[str, Any]]:
+    """The reproduction-status rows (for ``pipeline.status.report``): emergence, the run against
+    its twin, each hub ViT measured against its twin, and the family."""
+    shape, gap, fam = r.shape, r.gap, family_values(r)
+    note = f"{p.n_images} test digits, {r.token_words}, K = {p.k}"
+    rows = [
+        claim("coupling emerges during ViT training", paper="emerges over training (no numbers published)",
+              rule=EMERGES, values=shape,
+              ours=f"{shape['init']:.3f} → {shape['final']:.3f}, peak {shape['peak']:.3f} at step "
+                   f"{shape['peak_step']}, ρ(step) {shape['spearman']:.2f}",
+              note=f"{r.run_name}, {len(r.curve)} checkpoints; {note}"),
+        claim("a trained ViT is more coupled than its untrained twin",
+              paper="coupling absent at initialisation", rule=ABOVE_TWIN, values=twin_values(r),
+              ours=f"{gap.trained:.3f} vs twin {gap.twin:.3f} (step 0: {r.step0.coupling.mean():.3f})",
+              note=f"{r.run_name}; paired over {int(gap.n_images)} images, excess interval "
+                   f"[{gap.excess_ci_low:.3f}, {gap.excess_ci_high:.3f}]; twin seed {p.init_seed}; {note}"),
+    ]  # fmt: skip
+    for h in r.hub_gaps.itertuples() if r.hub_gaps is not None else ():
+        rows.append(claim(f"pretrained {h.model} is more coupled than its untrained twin",
+                          paper="coupling absent at initialisation", rule=HUB_ABOVE_TWIN,
+                          values={"excess": h.excess, "excess_ci_low": h.excess_ci_low},
+                          ours=f"{h.trained:.3f} vs twin {h.twin:.3f}",
+                          note=f"paired over {h.n_images} images; {note}"))  # fmt: skip
+    rows.append(claim("more coupled ViTs generalise better (family, test accuracy)",
+                      paper="coupling relates to generalisation", rule=FAMILY, values=fam,
+                      ours=f"ρ(excess) {fam['rho_excess']:.2f}; "
+                           f"raw ρ {r.fits.loc['coupling', 'spearman']:.2f}",
+                      note=f"{len(r.vits)} ViTs trained here on MNIST (last third of training: at most "
+                           f"{100 * r.members.plateau_share.max():.1f}% of each one's accuracy rise), "
+                           f"K/d = {p.family_k_over_d}; {p.n_images} test digits, "
+                           f"{r.token_words}"))  # fmt: skip
+    return rows
+
+
+ASSUMPTIONS = {
+    "f04_twin_above_zero": "the untrained twin's coupling is clearly above 0",
+    "f04_family_plateau": "every family member's validation accuracy rose by less than 5% of its whole rise "
+    "over its last third of training (each was trained to its plateau)",
+}
+
+
+def assumption(key: str, r: Results) -> tuple[str, bool, str]:
+    """``(key, holds, text)`` of an assumption the prose makes about this run's numbers, for
+    ``verdicts.assume`` next to that prose."""
+    holds = {
+        "f04_twin_above_zero": lambda: r.gap.twin > 0.005,
+        "f04_family_plateau": lambda: bool((r.members.plateau_share < 0.05).all()),
+    }[key]()
+    return key, holds, ASSUMPTIONS[key]
+
+
+def glue_values(p: Params, r: Results) -> dict[str, Any]:
+    """Every value the prose glues, by name (``glue:md`` values as Markdown)."""
+    from IPython.display import Markdown
+
+    shape = r.shape
+    values: dict[str, Any] = {f"f04_rule_{key}": Markdown(rule.text) for key, rule in RULES.items()}
+    values |= {
+        "f04_token": Markdown(r.token_words),
+        "f04_digits": Markdown(", ".join(map(str, r.facts["digits"]))),
+        "f04_n_images": p.n_images,
+        "f04_init_seed": p.init_seed,
+        "f04_k_over_d": p.family_k_over_d,
+        "f04_n_tokens": 1 + int(np.prod(r.facts["grid"])),
+    }
+    values |= {f"f04_{key}": shape[key] for key in ("init", "final", "rise", "spearman", "max_drop", "peak",
+                                                      "peak_position")}  # fmt: skip
+    values |= {
+        "f04_peak_step": shape["peak_step"],
+        "f04_final_step": int(r.curve.step.max()),
+        "f04_final_acc": float(r.curve.test_acc.iloc[-1]),
+        "f04_rho_acc": r.rho_acc,
+        "f04_run_plateau_gain": 100 * r.run_plateau["gain"],
+        "f04_run_plateau_from": r.run_plateau["from_step"],
+        "f04_emerges": Markdown(f"**{EMERGES.judge(shape)}**"),
+        "f04_shape_words": Markdown(vt.describe_curve(shape)),
+    }
+    return values | _twin_glue(r) | _family_glue(r) | {"f04_hub_missing": Markdown(_hub_missing(r))}
+
+
+def _twin_glue(r: Results) -> dict[str, Any]:
+    from IPython.display import Markdown
+
+    gap, init_gap = r.gap, r.init_gap
+    return {
+        "f04_trained": float(gap.trained),
+        "f04_twin": float(gap.twin),
+        "f04_step0": float(r.step0.coupling.mean()),
+        "f04_excess": float(gap.excess),
+        "f04_excess_low": float(gap.excess_ci_low),
+        "f04_excess_high": float(gap.excess_ci_high),
+        "f04_init_gap": init_gap,
+        "f04_above_twin": Markdown(f"**{ABOVE_TWIN.judge(twin_values(r))}**"),
+        "f04_twin_word": Markdown("above" if gap.excess > 0 else "below"),
+        "f04_excess_abs": abs(float(gap.excess)),
+        "f04_gap_ratio": float(abs(gap.excess) / abs(init_gap)) if init_gap else float("inf"),
+    }
+
+
+def _family_glue(r: Results) -> dict[str, Any]:
+    from IPython.display import Markdown
+
+    fits, vits = r.fits, r.vits
+    values = {
+        "f04_plateau_share_max": 100 * float(r.members.plateau_share.max()),
+        "f04_plateau_gain_max": 100 * float(r.members.plateau_gain.max()),
+        "f04_family_n": len(vits),
+        "f04_acc_low": float(vits.test_acc.min()),
+        "f04_acc_high": float(vits.test_acc.max()),
+    }
+    for label, key in (("excess coupling", "excess"), ("coupling", "raw")):
+        values[f"f04_rho_{key}"] = float(fits.loc[label, "spearman"])
+        values[f"f04_rho_{key}_low"] = float(fits.loc[label, "spearman_ci_low"])
+        values[f"f04_rho_{key}_high"] = float(fits.loc[label, "spearman_ci_high"])
+    values["f04_family"] = Markdown(f"**{FAMILY.judge(family_values(r))}**")
+    signs = np.sign(fits.loc["excess coupling", "spearman"]) * np.sign(fits.loc["coupling", "spearman"])
+    values["f04_sign_words"] = Markdown(
+        "agree in sign" if signs > 0 else
+        "disagree in sign, and the excess decides, as stated before the result" if signs < 0
+        else "do not both have a sign (one is 0), and the excess decides"
+    )  # fmt: skip
+    fitted = fits.dropna(subset=["r2"])
+    values["f04_best"] = Markdown(f"{fitted.r2.idxmax()!s} (R² = {fitted.r2.max():.2f})")
+    return values
+
+
+def _hub_missing(r: Results) -> str:
+    """ "Not measured in this run: ..." for hub ViTs that are missing (empty when none is)."""
+    hub = r.hub
+    if hub is None or not len(hub.failures):
+        return ""
+    missing = "; ".join(f"{m} ({hub.failures[hub.failures.model == m].error.iloc[0]})" for m in hub.missing)
+    return f"Not measured in this run: {missing}."
