@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from coupling_utils.analysis import emergence
+from coupling_utils.analysis.straightness import straightness
 from coupling_utils.chapters.f03_training_emergence.plan import (
     MAIN,
     RULES,
@@ -270,6 +271,23 @@ class Results:
             ignore_index=True,
         )
         return emergence.judge_rows(growth, RULES["falls"], column="falls")
+
+    @functools.cached_property
+    def straight(self) -> dict:
+        """The book's straightness rule's values (:mod:`coupling_utils.analysis.straightness`) for
+        the showcase run's last checkpoint against its first (the random initialisation, step 0),
+        on held-out text: the same rule f05 applies to a trained model and its twin."""
+        t = self.trajectories
+        t = t[(t.panel == MAIN) & (t.model == self.showcase)]
+        first, last = int(t.step.min()), int(t.step.max())
+        both = t[t.step.isin([first, last])]
+        table = pd.DataFrame({"model": both.step.map({first: "first", last: "last"}),
+                              "prompt": both.prompt, "lss": both.lss})  # fmt: skip
+        norms = self.step_norms
+        n_steps = int(norms[(norms.model == self.showcase)].layer.nunique())
+        d = int(self.summary[self.summary.model == self.showcase].d_model.iloc[0])
+        out = straightness(table, model="last", twin="first", n_steps=n_steps, d=d)
+        return {**out, "first_step": first, "last_step": last, "n_steps": n_steps}
 
     @property
     def lss_row(self) -> pd.Series:
