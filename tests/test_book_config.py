@@ -579,7 +579,7 @@ from coupling_utils.analysis import plots
 from coupling_utils.analysis.display import show, show_table
 
 curve = pd.DataFrame({"layer": [0, 1, 2], "coupling": [0.2, 0.6, 0.9]})
-show(plots.layer_profile(curve, "coupling", title="Scratch curve"), name="fig-scratch-curve",
+show(plots.layer_profile(curve, "coupling", look=plots.Look(title="Scratch curve")), name="fig-scratch-curve",
      caption="Coupling rises with depth ({term}`coupling`, $1 - m_K^2$).",
      alt="Line chart: coupling rises from 0.2 at layer 0 to 0.9 at layer 2.")
 show_table(curve, "curve", caption="The curve's values")

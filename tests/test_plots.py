@@ -82,7 +82,7 @@ def test_tile_grid_warns_when_huge():
 def test_coupling_heatmap_shows_one_minus_m_squared(coupled):
     _, M = coupled
     df = A.matrix_frame(M, [3, 4, 5, 6])
-    chart = P.coupling_heatmap(df, "layer_j", "layer_i", "value", title="depth-wise")
+    chart = P.coupling_heatmap(df, "layer_j", "layer_i", "value", look=P.Look(title="depth-wise"))
     data = datasets(chart)[0]
     np.testing.assert_allclose(data["1 − m²"], 1 - data["value"] ** 2)
     assert sorted(data["layer_j"].unique()) == [3, 4, 5, 6]  # square: labels_j = labels_i
@@ -95,7 +95,7 @@ def test_coupling_heatmap_shows_one_minus_m_squared(coupled):
         "layer_i",
         "value",
         facet="step",
-        title="t",
+        look=P.Look(title="t"),
     )
     facet = faceted.to_dict()["facet"]
     assert facet["field"] == "step" and facet["title"] is None  # headers: the values only
@@ -163,7 +163,7 @@ def test_training_curve_keeps_step_zero_on_log_axis():
             "model": ["pythia-6.9b"] * 5 + ["pythia-12b"] * 5,
         }
     )
-    chart = P.training_curve(df, "step", "coupling", "model", title="emergence")
+    chart = P.training_curve(df, "step", "coupling", "model", look=P.Look(title="emergence"))
     x = chart.to_dict()["encoding"]["x"]
     assert x["scale"]["type"] == "symlog"
     assert x["axis"]["values"][:2] == [0, 1] and x["axis"]["values"][-1] == 10**6
@@ -178,7 +178,7 @@ def test_training_curve_keeps_step_zero_on_log_axis():
 def test_scatter_fit_reports_ols():
     x = np.arange(6, dtype=float)
     df = pd.DataFrame({"coupling": x, "score": 2 * x + 1, "model": list("abcdef")})
-    chart = P.scatter_fit(df, "coupling", "score", "model", title="Fig. 1a")
+    chart = P.scatter_fit(df, "coupling", "score", "model", look=P.Look(title="Fig. 1a"))
     text = spec_text(chart)
     assert "R² = 1.000" in text and "slope 2" in text and "n = 6" in text
     svg = render(chart)
@@ -237,7 +237,7 @@ def test_place_labels_never_overlaps_and_leaves_crowded_points_to_the_tooltip():
             A_, B_ = boxes[a], boxes[b]
             assert not (A_[0] < B_[2] and B_[0] < A_[2] and A_[1] < B_[3] and B_[1] < A_[3]), (a, b)
     df = pd.DataFrame({"coupling": px, "score": -py, "model": texts})
-    chart = P.scatter_fit(df, "coupling", "score", "model", width=280, height=240)
+    chart = P.scatter_fit(df, "coupling", "score", "model", look=P.Look(width=280, height=240))
     hidden = sum(p is None for p in P.place_labels(px, py, texts, 280, 240))
     assert f"{hidden} labels left to the tooltip" in spec_text(chart)
     drawn = sum(len(d) for d in datasets(chart) if set(d.columns) == {"coupling", "score", "model"})
@@ -318,7 +318,7 @@ def test_layer_profile_and_bars():
     with pytest.raises(ValueError, match="log_y"):
         P.layer_profile(steps.assign(step_norm=0.0), "step_norm", log_y=True)
     lss = pd.concat([T.line_shape_score(traj).assign(model=m) for m in ("trained", "random init")])
-    b = P.bars(lss, "model", "lss", title="LSS")
+    b = P.bars(lss, "model", "lss", look=P.Look(title="LSS"))
     assert [layer["mark"]["type"] for layer in b.to_dict()["layer"]] == ["bar", "errorbar"]
     render(b)
     one = P.bars(lss.groupby("model", as_index=False)["lss"].mean(), "model", "lss")
@@ -334,7 +334,7 @@ def test_trajectory_pca_chart_facets_models():
             T.trajectory_pca(2 * traj).assign(model="random init"),
         ]
     )
-    chart = P.trajectory_pca_chart(pca, facet="model", title="PCA")
+    chart = P.trajectory_pca_chart(pca, facet="model", look=P.Look(title="PCA"))
     spec = chart.to_dict()
     assert spec["resolve"]["scale"] == {"x": "independent", "y": "independent"}
     assert [layer["mark"]["type"] for layer in spec["spec"]["layer"]] == ["line", "circle", "text"]

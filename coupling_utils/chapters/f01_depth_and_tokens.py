@@ -258,7 +258,8 @@ def tile_chart(r: Results, label: str):
     p, tiles = r.params, r.main.tiles
     tiles = tiles[(tiles.weights == label) & (tiles.prompt == r.focus)]
     return plots.tile_grid(
-        tiles, cell=44, title=f"{p.model}, {label}: |U_jᵀ J_i V_j|, K = {p.tile_k}, last token"
+        tiles,
+        look=plots.Look(title=f"{p.model}, {label}: |U_jᵀ J_i V_j|, K = {p.tile_k}, last token", width=44),
     )
 
 
@@ -269,9 +270,10 @@ def depth_chart(r: Results):
     mats = tw.mean_depthwise(r.main.depthwise)
     mats["panel"] = mats["weights"] + ", K = " + mats["K"].astype(str)
     return plots.coupling_heatmap(
-        mats, "layer_j", "layer_i", "m", facet="panel", columns=len(r.params.k), size=150,
-        title=f"{r.params.model}: depth-wise coupling of the last token (mean over prompts)",
-        subtitle="row i = J_i, column j = the block whose singular vectors are used",
+        mats, "layer_j", "layer_i", "m", facet="panel",
+        look=plots.Look(title=f"{r.params.model}: depth-wise coupling of the last token (mean over prompts)",
+                        subtitle="row i = J_i, column j = the block whose singular vectors are used",
+                        width=150, columns=len(r.params.k)),
     )  # fmt: skip
 
 
@@ -282,7 +284,8 @@ def distance_chart(r: Results):
     d = r.by_distance
     return plots.layer_profile(
         d.assign(series=d.weights + ", K = " + d.K.astype(str)), "coupling", layer="distance", color="series",
-        band=False, title="Mean 1 − m² against the distance |i − j| between blocks", y_title="mean 1 − m²",
+        band=False, look=plots.Look(title="Mean 1 − m² against the distance |i − j| between blocks",
+                                    y_title="mean 1 − m²"),
     )  # fmt: skip
 
 
@@ -312,7 +315,12 @@ def _token_heatmap(r: Results, table: pd.DataFrame, title: str):
 
     labelled = tw.label_tokens(table, r.main.tokens[r.focus], ["token_i", "token_j"])
     return plots.coupling_heatmap(
-        labelled, "token_j", "token_i", "m", facet="weights", columns=2, size=220, title=title
+        labelled,
+        "token_j",
+        "token_i",
+        "m",
+        facet="weights",
+        look=plots.Look(title=title, width=220, columns=2),
     )
 
 
