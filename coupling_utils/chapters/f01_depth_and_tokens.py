@@ -264,16 +264,18 @@ def tile_chart(r: Results, label: str):
 
 
 def depth_chart(r: Results):
-    """The depth-wise coupling matrices (mean over prompts), one panel per weights and K."""
+    """The depth-wise coupling matrices (mean over prompts), one panel per weights and K: the
+    trained model's first, K ascending."""
     from coupling_utils.analysis import plots
 
     mats = tw.mean_depthwise(r.main.depthwise)
     mats["panel"] = mats["weights"] + ", K = " + mats["K"].astype(str)
+    order = [f"{w}, K = {k}" for w in tw.WEIGHTS for k in sorted(r.params.k)]
     return plots.coupling_heatmap(
         mats, "layer_j", "layer_i", "m", facet="panel",
         look=plots.Look(title=f"{r.params.model}: depth-wise coupling of the last token (mean over prompts)",
                         subtitle="row i = J_i, column j = the block whose singular vectors are used",
-                        width=150, columns=len(r.params.k)),
+                        width=150, columns=len(r.params.k), order=order),
     )  # fmt: skip
 
 
@@ -311,6 +313,7 @@ def per_model_chart(r: Results):
 
 
 def _token_heatmap(r: Results, table: pd.DataFrame, title: str):
+    """A token-by-token coupling heatmap, trained and twin (the trained model first)."""
     from coupling_utils.analysis import plots
 
     labelled = tw.label_tokens(table, r.main.tokens[r.focus], ["token_i", "token_j"])
@@ -320,7 +323,7 @@ def _token_heatmap(r: Results, table: pd.DataFrame, title: str):
         "token_i",
         "m",
         facet="weights",
-        look=plots.Look(title=title, width=220, columns=2),
+        look=plots.Look(title=title, width=220, columns=2, order=tw.WEIGHTS),
     )
 
 
