@@ -349,3 +349,32 @@ def test_missing_columns_and_empty_frames_are_clear():
         P.bars(pd.DataFrame({"x": [], "y": []}), "x", "y")
     with pytest.raises(TypeError, match="DataFrame"):
         P.scatter_fit({"x": [1]}, "x", "y")
+
+
+def test_one_look_presents_every_builder(coupled):
+    """Look names the presentation once for all builders: titles, a panel's size, facet columns
+    and order; a builder given no look keeps its defaults, and a bad look is refused."""
+    _, M = coupled
+    mat = A.matrix_frame(M, [3, 4, 5, 6])
+    steps = pd.concat([mat.assign(step=s) for s in (1, 10, 100)])
+    look = P.Look(title="T", subtitle="S", width=150, columns=2, order=(100, 1))
+    heat = P.coupling_heatmap(steps, "layer_j", "layer_i", "value", facet="step", look=look).to_dict()
+    assert heat["title"] == {"text": "T", "subtitle": "S"} and heat["columns"] == 2
+    assert heat["facet"]["sort"] == [100, 1] and heat["spec"]["width"] == heat["spec"]["height"] == 150
+    ascending = P.coupling_heatmap(steps, "layer_j", "layer_i", "value", facet="step").to_dict()
+    assert "sort" not in ascending["facet"] and ascending["columns"] == 3
+    graph = P.layer_coupling_graph(steps, 0.1, facet="step", look=P.Look(title="G", order=[100])).to_dict()
+    heads = [c["title"].split(" (")[0] for c in graph["hconcat"]]
+    assert heads == ["training step 100", "training step 1", "training step 10"]
+    assert P.layer_coupling_graph(mat, 0.1).to_dict()["title"]["text"] == P.graphs.GRAPH_TITLE
+    tiles = A.tile_frame(A.coupling_tiles(coupled[0], 3), layers=[0, 1, 2, 3])
+    assert P.tile_grid(tiles).to_dict()["title"] == P.heatmaps.TILE_TITLE
+    fam = pd.DataFrame({"coupling": [0.9, 0.92, 0.95], "val_acc": [0.3, 0.35, 0.4], "run": ["s", "m", "l"]})
+    scatter = P.scatter_fit(fam, "coupling", "val_acc", look=P.Look(subtitle="ours", height=200)).to_dict()
+    assert scatter["title"].startswith("ours; OLS: slope")  # a subtitle alone is the title
+    assert (scatter["width"], scatter["height"]) == (400, 200)
+    curve = P.training_curve(fam.assign(step=[0, 10, 100]), "step", "val_acc", look=P.Look(x_title="steps"))
+    assert curve.to_dict()["encoding"]["x"]["axis"]["title"] == "steps"
+    for bad in (dict(width=0), dict(height=2.5), dict(columns=-1), dict(order="trained")):
+        with pytest.raises(ValueError, match="Look"):
+            P.Look(**bad)
