@@ -13,7 +13,10 @@ and refers to it from the prose with ``{numref}`Fig. %s <fig-f02-family>``` (or
 unique in the book and reads ``fig-<chapter>-<what>``. ``alt`` describes what the figure
 shows for readers who cannot see it (not its file name); without one a description is made
 from the chart's title and axes, which is better than nothing but says nothing about the
-finding.
+finding. A caption or alt text that places panels ("trained (top)") writes the positions with
+``layout.where`` / ``layout.position``, which read the figure as ``show`` lays it out; ``show``
+refuses positional words the figure contradicts and Python/numpy reprs (``np.float64(...)``) in
+a caption or alt text: numbers are written as numbers (:func:`plain`).
 
 How a notebook shows a table that readers can download::
 

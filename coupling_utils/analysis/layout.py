@@ -10,10 +10,16 @@ with their position words; :func:`where` writes a panel's name with its position
     show(chart, caption=f"... {where(chart, 'trained')} against {where(chart, 'random init')}.")
     # -> "... trained (top) against random init (bottom)." when show stacks the two panels
 
-:func:`caption_problems` checks a caption against a spec: every positional word in parentheses
-("(left)", "(top row)", "(bottom-right, ...)") must follow the title of the panel it places, and
-be that panel's position; loose phrases such as "on the left" or "right panel" are refused (they
-name no panel). The book build and ``tests/test_captions.py`` run it on every figure.
+:func:`caption_problems` checks a caption (or alt text) against a final spec: every position in
+parentheses ("(left)", "(top row)", "(bottom-right, ...)") places the panel(s) named last before
+it, by a word of their titles that other panels' titles lack ("trained", "excess"), and must be
+where they are; "side by side" and "stacked" must describe the layout; loose phrases such as
+"on the left" or "right panel" name no panel and are refused. ``display.show`` refuses a caption
+it finds false, and the book build proofreads every figure of the built pages with it
+(``pipeline.proofread``).
+
+Facet panels are read from the spec's inline data (the book embeds every chart's data); a facet
+sorted by another field is read as ascending, and a ``repeat`` or data from a URL as one panel.
 """
 
 from __future__ import annotations
