@@ -56,6 +56,14 @@ def standin_hub(tmp_path_factory):
         yield path, manifest
 
 
+@pytest.fixture(scope="session")
+def smoke_runs(smoke_zoo, tmp_path_factory):
+    """Every notebook run once per session at the smoke profile (``support.smoke_runs``)."""
+    from support.smoke_runs import run_smoke
+
+    return run_smoke(smoke_zoo, tmp_path_factory)
+
+
 @pytest.fixture(scope="module")
 def zoo_cache(session_cache):
     """The model cache shared by the zoo and training tests (the tokenizer is built once)."""

@@ -390,6 +390,75 @@ def test_remote_assets_finds_loads_from_other_hosts_but_not_links(tmp_path):
     assert {page for page, _ in found} == {"sub/bad.html", "theme.css"}
 
 
+def _figure_html(spec: dict, caption: str, alt: str) -> str:
+    """A chart figure as the book's Sphinx extension writes it (spec script, image, caption)."""
+    import html as html_lib
+
+    from coupling_utils.analysis.display import _json_for_script
+
+    return (
+        '<figure class="coupling-chart align-default" id="fig-x"><div class="coupling-chart-view"></div>'
+        '<script type="application/json" class="coupling-chart-spec" data-renderer="svg">'
+        f'{_json_for_script(spec)}</script><img alt="{html_lib.escape(alt)}" class="coupling-chart-static" '
+        'src="../_images/x.svg" />'
+        '<figcaption><p><span class="caption-number">Fig. 3 </span><span class="caption-text">'
+        f'{caption}</span><a class="headerlink" href="#fig-x" title="Link">#</a></p></figcaption></figure>'
+    )
+
+
+def test_proofreading_fails_the_build_on_reprs_and_false_captions(tmp_path, capsys):
+    """The built pages: a repr in prose, an output or alt text, and a caption whose "(left)" the
+    figure (stacked for the book's column) contradicts are found, by page and text; code is not."""
+    import altair as alt
+    import pandas as pd
+
+    from coupling_utils.analysis.display import chart_spec
+    from coupling_utils.pipeline.proofread import proofread
+
+    def panel(title):
+        return (
+            alt.Chart(pd.DataFrame({"x": [1, 2]}))
+            .mark_point()
+            .encode(x="x:Q")
+            .properties(width=400, height=100, title=title)
+        )
+
+    spec = chart_spec(panel("Excess over the twin") | panel("Raw coupling"))[0]  # stacked: 2 x 400 px
+    (tmp_path / "notebooks").mkdir()
+    (tmp_path / "notebooks" / "good.html").write_text(
+        "<html><body><p>Coupling is 0.25 and None of the runs fall.</p>"
+        '<div class="cell_input docutils container"><pre>x = np.float64(0.3); array([1])</pre></div>'
+        + _figure_html(
+            spec, "Excess over the twin (top) and raw coupling (bottom).", "Two scatters, stacked."
+        )
+        + "</body></html>"
+    )
+    (tmp_path / "notebooks" / "bad.html").write_text(
+        "<html><body><p>The peak is np.float64(0.3) at step 8.</p>"
+        '<div class="cell_output"><pre>steps array([1, 2])</pre></div>'
+        '<img alt="at Timestamp(\'2024\')" src="a.png">'
+        + _figure_html(
+            spec, "Excess over the twin (left) and raw coupling (right).", "Two scatters side by side."
+        )
+        + "<script>var a = 'np.int64(2)';</script></body></html>"
+    )
+    found = proofread(tmp_path)
+    assert all(p.startswith("notebooks/bad.html: ") for p in found), found
+    text = "\n".join(found)
+    assert "repr 'np.float64(' in the text: …The peak is np.float64(0.3) at step 8" in text
+    assert "repr 'array([' in the text" in text and "repr 'Timestamp(' in alt text" in text
+    assert "np.int64" not in text  # scripts are not text
+    assert "figure caption 'Excess over the twin (left) and raw coupling (right).'" in text
+    assert "said to be (left) but is at (top)" in text and "said to be (right) but is at (bottom)" in text
+    assert "figure alt text 'Two scatters side by side.'" in text
+    with pytest.raises(BookError, match=r"notebooks/bad.html: repr 'np.float64\('"):
+        book._check_proofread(tmp_path, strict=True)
+    book._check_proofread(tmp_path, strict=False)
+    assert "[book] warning: the built book shows readers" in capsys.readouterr().err
+    (tmp_path / "notebooks" / "bad.html").unlink()
+    book._check_proofread(tmp_path, strict=True)  # nothing left to find
+
+
 # --- charts ----------------------------------------------------------------------------------
 
 
@@ -579,7 +648,7 @@ from coupling_utils.analysis import plots
 from coupling_utils.analysis.display import show, show_table
 
 curve = pd.DataFrame({"layer": [0, 1, 2], "coupling": [0.2, 0.6, 0.9]})
-show(plots.layer_profile(curve, "coupling", title="Scratch curve"), name="fig-scratch-curve",
+show(plots.layer_profile(curve, "coupling", look=plots.Look(title="Scratch curve")), name="fig-scratch-curve",
      caption="Coupling rises with depth ({term}`coupling`, $1 - m_K^2$).",
      alt="Line chart: coupling rises from 0.2 at layer 0 to 0.9 at layer 2.")
 show_table(curve, "curve", caption="The curve's values")

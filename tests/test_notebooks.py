@@ -1,7 +1,8 @@
 """A papermill smoke run of every notebook (profile "smoke"), into _build/smoke/notebooks.
 
 All notebooks run in one ``run_notebooks(..., jobs=2)`` call, the way ``make book`` runs them,
-in a temporary ``COUPLING_CACHE``: the embedded models come from the session's smoke build
+in a temporary ``COUPLING_CACHE`` (``conftest.smoke_runs``, once per session, shared with
+``tests/test_captions.py``): the embedded models come from the session's smoke build
 (``conftest.smoke_zoo``), shared read-only, and everything the notebooks measure is written to the
 temporary cache, never to the user's. Each notebook then has its own test: it ran, and it reported
 the values pinned in ``tests/pinned/smoke_values.yaml`` (its status rows and glued numbers, within
@@ -15,47 +16,14 @@ import contextlib
 import json
 import os
 from pathlib import Path
-from types import SimpleNamespace
 
 import pinned
 import pytest
+from support.smoke_runs import SHARED, SMOKE_DIR, snapshot
 
-from coupling_utils.pipeline.execution import embedded_models, notebook_paths, run_notebooks
+from coupling_utils.pipeline.execution import embedded_models, notebook_paths
 
 ROOT = Path(__file__).resolve().parents[1]
-SMOKE_DIR = ROOT / "_build" / "smoke" / "notebooks"
-SHARED = ("zoo", "corpus")  # read-only in the notebook runs
-
-
-def _snapshot(folder: Path) -> dict[str, tuple[int, int]]:
-    """Every file under ``folder`` (symlinks followed) with its size and modification time."""
-    return {
-        str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns)
-        for p in sorted(folder.rglob("*"))
-        if p.is_file()
-    }
-
-
-@pytest.fixture(scope="module")
-def smoke_runs(smoke_zoo, tmp_path_factory):
-    cache = tmp_path_factory.mktemp("notebook-cache")
-    for name in SHARED:
-        (cache / name).symlink_to(smoke_zoo / name, target_is_directory=True)
-    user_cache = tmp_path_factory.mktemp("xdg-cache")  # where platformdirs would put the user's cache
-    before = {name: _snapshot(smoke_zoo / name) for name in SHARED}
-    lines: list[str] = []
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("COUPLING_CACHE", str(cache))
-        mp.setenv("XDG_CACHE_HOME", str(user_cache))
-        results = run_notebooks([], "smoke", output_dir=SMOKE_DIR, jobs=2, echo=lines.append)
-    return SimpleNamespace(
-        results={r.notebook: r for r in results},
-        lines=lines,
-        cache=cache,
-        user_cache=user_cache,
-        shared=smoke_zoo,
-        before=before,
-    )
 
 
 @pytest.mark.parametrize("nb", notebook_paths(ROOT), ids=lambda p: p.stem)
@@ -81,7 +49,7 @@ def test_smoke_run(nb, smoke_runs):
 def test_smoke_runs_write_only_their_own_cache(smoke_runs):
     """The shared models are only read; the notebooks' tables land in the temporary cache."""
     for name in SHARED:
-        after = _snapshot(smoke_runs.shared / name)
+        after = snapshot(smoke_runs.shared / name)
         changed = sorted(set(after.items()) ^ set(smoke_runs.before[name].items()))
         assert not changed, f"the notebooks wrote into the shared {name}/: {changed[:5]}"
     written = sorted(p.name for p in smoke_runs.cache.iterdir() if p.name not in SHARED)

@@ -82,7 +82,7 @@ def test_tile_grid_warns_when_huge():
 def test_coupling_heatmap_shows_one_minus_m_squared(coupled):
     _, M = coupled
     df = A.matrix_frame(M, [3, 4, 5, 6])
-    chart = P.coupling_heatmap(df, "layer_j", "layer_i", "value", title="depth-wise")
+    chart = P.coupling_heatmap(df, "layer_j", "layer_i", "value", look=P.Look(title="depth-wise"))
     data = datasets(chart)[0]
     np.testing.assert_allclose(data["1 − m²"], 1 - data["value"] ** 2)
     assert sorted(data["layer_j"].unique()) == [3, 4, 5, 6]  # square: labels_j = labels_i
@@ -95,7 +95,7 @@ def test_coupling_heatmap_shows_one_minus_m_squared(coupled):
         "layer_i",
         "value",
         facet="step",
-        title="t",
+        look=P.Look(title="t"),
     )
     facet = faceted.to_dict()["facet"]
     assert facet["field"] == "step" and facet["title"] is None  # headers: the values only
@@ -163,7 +163,7 @@ def test_training_curve_keeps_step_zero_on_log_axis():
             "model": ["pythia-6.9b"] * 5 + ["pythia-12b"] * 5,
         }
     )
-    chart = P.training_curve(df, "step", "coupling", "model", title="emergence")
+    chart = P.training_curve(df, "step", "coupling", "model", look=P.Look(title="emergence"))
     x = chart.to_dict()["encoding"]["x"]
     assert x["scale"]["type"] == "symlog"
     assert x["axis"]["values"][:2] == [0, 1] and x["axis"]["values"][-1] == 10**6
@@ -178,7 +178,7 @@ def test_training_curve_keeps_step_zero_on_log_axis():
 def test_scatter_fit_reports_ols():
     x = np.arange(6, dtype=float)
     df = pd.DataFrame({"coupling": x, "score": 2 * x + 1, "model": list("abcdef")})
-    chart = P.scatter_fit(df, "coupling", "score", "model", title="Fig. 1a")
+    chart = P.scatter_fit(df, "coupling", "score", "model", look=P.Look(title="Fig. 1a"))
     text = spec_text(chart)
     assert "R² = 1.000" in text and "slope 2" in text and "n = 6" in text
     svg = render(chart)
@@ -237,7 +237,7 @@ def test_place_labels_never_overlaps_and_leaves_crowded_points_to_the_tooltip():
             A_, B_ = boxes[a], boxes[b]
             assert not (A_[0] < B_[2] and B_[0] < A_[2] and A_[1] < B_[3] and B_[1] < A_[3]), (a, b)
     df = pd.DataFrame({"coupling": px, "score": -py, "model": texts})
-    chart = P.scatter_fit(df, "coupling", "score", "model", width=280, height=240)
+    chart = P.scatter_fit(df, "coupling", "score", "model", look=P.Look(width=280, height=240))
     hidden = sum(p is None for p in P.place_labels(px, py, texts, 280, 240))
     assert f"{hidden} labels left to the tooltip" in spec_text(chart)
     drawn = sum(len(d) for d in datasets(chart) if set(d.columns) == {"coupling", "score", "model"})
@@ -318,7 +318,7 @@ def test_layer_profile_and_bars():
     with pytest.raises(ValueError, match="log_y"):
         P.layer_profile(steps.assign(step_norm=0.0), "step_norm", log_y=True)
     lss = pd.concat([T.line_shape_score(traj).assign(model=m) for m in ("trained", "random init")])
-    b = P.bars(lss, "model", "lss", title="LSS")
+    b = P.bars(lss, "model", "lss", look=P.Look(title="LSS"))
     assert [layer["mark"]["type"] for layer in b.to_dict()["layer"]] == ["bar", "errorbar"]
     render(b)
     one = P.bars(lss.groupby("model", as_index=False)["lss"].mean(), "model", "lss")
@@ -334,7 +334,7 @@ def test_trajectory_pca_chart_facets_models():
             T.trajectory_pca(2 * traj).assign(model="random init"),
         ]
     )
-    chart = P.trajectory_pca_chart(pca, facet="model", title="PCA")
+    chart = P.trajectory_pca_chart(pca, facet="model", look=P.Look(title="PCA"))
     spec = chart.to_dict()
     assert spec["resolve"]["scale"] == {"x": "independent", "y": "independent"}
     assert [layer["mark"]["type"] for layer in spec["spec"]["layer"]] == ["line", "circle", "text"]
@@ -349,3 +349,32 @@ def test_missing_columns_and_empty_frames_are_clear():
         P.bars(pd.DataFrame({"x": [], "y": []}), "x", "y")
     with pytest.raises(TypeError, match="DataFrame"):
         P.scatter_fit({"x": [1]}, "x", "y")
+
+
+def test_one_look_presents_every_builder(coupled):
+    """Look names the presentation once for all builders: titles, a panel's size, facet columns
+    and order; a builder given no look keeps its defaults, and a bad look is refused."""
+    _, M = coupled
+    mat = A.matrix_frame(M, [3, 4, 5, 6])
+    steps = pd.concat([mat.assign(step=s) for s in (1, 10, 100)])
+    look = P.Look(title="T", subtitle="S", width=150, columns=2, order=(100, 1))
+    heat = P.coupling_heatmap(steps, "layer_j", "layer_i", "value", facet="step", look=look).to_dict()
+    assert heat["title"] == {"text": "T", "subtitle": "S"} and heat["columns"] == 2
+    assert heat["facet"]["sort"] == [100, 1] and heat["spec"]["width"] == heat["spec"]["height"] == 150
+    ascending = P.coupling_heatmap(steps, "layer_j", "layer_i", "value", facet="step").to_dict()
+    assert "sort" not in ascending["facet"] and ascending["columns"] == 3
+    graph = P.layer_coupling_graph(steps, 0.1, facet="step", look=P.Look(title="G", order=[100])).to_dict()
+    heads = [c["title"].split(" (")[0] for c in graph["hconcat"]]
+    assert heads == ["training step 100", "training step 1", "training step 10"]
+    assert P.layer_coupling_graph(mat, 0.1).to_dict()["title"]["text"] == P.graphs.GRAPH_TITLE
+    tiles = A.tile_frame(A.coupling_tiles(coupled[0], 3), layers=[0, 1, 2, 3])
+    assert P.tile_grid(tiles).to_dict()["title"] == P.heatmaps.TILE_TITLE
+    fam = pd.DataFrame({"coupling": [0.9, 0.92, 0.95], "val_acc": [0.3, 0.35, 0.4], "run": ["s", "m", "l"]})
+    scatter = P.scatter_fit(fam, "coupling", "val_acc", look=P.Look(subtitle="ours", height=200)).to_dict()
+    assert scatter["title"].startswith("ours; OLS: slope")  # a subtitle alone is the title
+    assert (scatter["width"], scatter["height"]) == (400, 200)
+    curve = P.training_curve(fam.assign(step=[0, 10, 100]), "step", "val_acc", look=P.Look(x_title="steps"))
+    assert curve.to_dict()["encoding"]["x"]["axis"]["title"] == "steps"
+    for bad in (dict(width=0), dict(height=2.5), dict(columns=-1), dict(order="trained")):
+        with pytest.raises(ValueError, match="Look"):
+            P.Look(**bad)

@@ -13,7 +13,10 @@ and refers to it from the prose with ``{numref}`Fig. %s <fig-f02-family>``` (or
 unique in the book and reads ``fig-<chapter>-<what>``. ``alt`` describes what the figure
 shows for readers who cannot see it (not its file name); without one a description is made
 from the chart's title and axes, which is better than nothing but says nothing about the
-finding.
+finding. A caption or alt text that places panels ("trained (top)") writes the positions with
+``layout.where`` / ``layout.position``, which read the figure as ``show`` lays it out; ``show``
+refuses positional words the figure contradicts and Python/numpy reprs (``np.float64(...)``) in
+a caption or alt text: numbers are written as numbers (:func:`plain`).
 
 How a notebook shows a table that readers can download::
 
@@ -68,6 +71,9 @@ __all__ = [
     "use_book_charts",
     "ChartParts",
     "chart_parts",
+    "REPRS",
+    "plain",
+    "repr_problems",
 ]
 
 RENDERER_NAME = "coupling_book"
@@ -141,13 +147,53 @@ def _round_floats(value: Any) -> Any:
     return value
 
 
+#: Python and numpy reprs that must never reach a reader (alt text, captions, the built pages).
+REPRS = re.compile(
+    r"\bnp\.[A-Za-z_]\w*\(|\bnumpy\.[A-Za-z_]\w*\(|\barray\(|<[\w.]+ object at 0x[0-9a-fA-F]+>"
+    r"|\bTimestamp\(|\bdtype[=(]"
+    r"|[\[(,=]\s*(?:None|True|False)\s*[\]),]|(?<=[a-z,:=] )(?:None|True|False)\b"
+)
+
+
+def plain(value: Any) -> str:
+    """A value as a reader should see it: numbers as numbers (``2``, ``0.25``, never
+    ``np.int64(2)``), text as it is, lists joined with ", ", None as ""."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (list, tuple)):
+        return ", ".join(plain(v) for v in value)
+    item = getattr(value, "item", None)  # numpy scalars
+    number = item() if callable(item) and getattr(value, "ndim", 0) == 0 else value
+    if isinstance(number, bool):
+        return "yes" if number else "no"
+    if isinstance(number, int):
+        return str(number)
+    if isinstance(number, float):
+        if math.isfinite(number) and number.is_integer() and abs(number) < 1e15:
+            return str(int(number))
+        return format(number, f".{SIGNIFICANT_DIGITS}g")
+    return str(number)
+
+
+def repr_problems(text: str, where: str) -> list[str]:
+    """Sentences naming each Python or numpy repr (:data:`REPRS`) in ``text``, read at ``where``."""
+    return [
+        f"{where} shows a Python/numpy repr {m.group(0).strip()!r} in "
+        f"{text[max(0, m.start() - 40) : m.end() + 20]!r}: format the value as a plain number "
+        "(display.plain, or an f-string format such as :.3f)"
+        for m in REPRS.finditer(text or "")
+    ]
+
+
 def _describe(spec: dict) -> str:
-    """A fallback alt text from the chart's title and axis titles."""
+    """A fallback alt text from the chart's title and axis titles (values as plain text)."""
 
     def text(t):
         if isinstance(t, dict):
             t = t.get("text")
-        return " ".join(t) if isinstance(t, list) else (str(t) if t else "")
+        return " ".join(plain(x) for x in t) if isinstance(t, list) else plain(t)
 
     title = text(spec.get("title"))
     axes = []
@@ -245,6 +291,18 @@ def _check_figure(name: str | None, caption: str | None) -> None:
         raise ValueError("caption must be non-empty text (MyST markdown)")
 
 
+def _check_text(spec: dict, caption: str | None, name: str | None) -> None:
+    """Refuse alt text or a caption with Python/numpy reprs, and a caption whose positional
+    words contradict the figure as shown (``layout.caption_problems``)."""
+    from coupling_utils.analysis.layout import caption_problems
+
+    problems = repr_problems(spec["description"], "the alt text")
+    problems += repr_problems(caption or "", "the caption")
+    problems += [f"the caption: {p}" for p in caption_problems(caption or "", spec)]
+    if problems:
+        raise ValueError(f"figure {name or '(unnamed)'}: " + "; ".join(problems))
+
+
 def chart_bundle(
     chart: Any,
     *,
@@ -258,6 +316,7 @@ def chart_bundle(
     _check_figure(name, caption)
     spec, svg = chart_spec(chart, alt=alt, fit=fit)
     alt_text = spec["description"]
+    _check_text(spec, caption, name)
     metadata: dict = {}
     if len(svg.encode()) <= max_svg_bytes:
         static_mime, renderer = "image/svg+xml", "svg"

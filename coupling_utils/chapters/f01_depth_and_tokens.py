@@ -258,20 +258,24 @@ def tile_chart(r: Results, label: str):
     p, tiles = r.params, r.main.tiles
     tiles = tiles[(tiles.weights == label) & (tiles.prompt == r.focus)]
     return plots.tile_grid(
-        tiles, cell=44, title=f"{p.model}, {label}: |U_jᵀ J_i V_j|, K = {p.tile_k}, last token"
+        tiles,
+        look=plots.Look(title=f"{p.model}, {label}: |U_jᵀ J_i V_j|, K = {p.tile_k}, last token", width=44),
     )
 
 
 def depth_chart(r: Results):
-    """The depth-wise coupling matrices (mean over prompts), one panel per weights and K."""
+    """The depth-wise coupling matrices (mean over prompts), one panel per weights and K: the
+    trained model's first, K ascending."""
     from coupling_utils.analysis import plots
 
     mats = tw.mean_depthwise(r.main.depthwise)
     mats["panel"] = mats["weights"] + ", K = " + mats["K"].astype(str)
+    order = [f"{w}, K = {k}" for w in tw.WEIGHTS for k in sorted(r.params.k)]
     return plots.coupling_heatmap(
-        mats, "layer_j", "layer_i", "m", facet="panel", columns=len(r.params.k), size=150,
-        title=f"{r.params.model}: depth-wise coupling of the last token (mean over prompts)",
-        subtitle="row i = J_i, column j = the block whose singular vectors are used",
+        mats, "layer_j", "layer_i", "m", facet="panel",
+        look=plots.Look(title=f"{r.params.model}: depth-wise coupling of the last token (mean over prompts)",
+                        subtitle="row i = J_i, column j = the block whose singular vectors are used",
+                        width=150, columns=len(r.params.k), order=order),
     )  # fmt: skip
 
 
@@ -282,7 +286,8 @@ def distance_chart(r: Results):
     d = r.by_distance
     return plots.layer_profile(
         d.assign(series=d.weights + ", K = " + d.K.astype(str)), "coupling", layer="distance", color="series",
-        band=False, title="Mean 1 − m² against the distance |i − j| between blocks", y_title="mean 1 − m²",
+        band=False, look=plots.Look(title="Mean 1 − m² against the distance |i − j| between blocks",
+                                    y_title="mean 1 − m²"),
     )  # fmt: skip
 
 
@@ -308,11 +313,17 @@ def per_model_chart(r: Results):
 
 
 def _token_heatmap(r: Results, table: pd.DataFrame, title: str):
+    """A token-by-token coupling heatmap, trained and twin (the trained model first)."""
     from coupling_utils.analysis import plots
 
     labelled = tw.label_tokens(table, r.main.tokens[r.focus], ["token_i", "token_j"])
     return plots.coupling_heatmap(
-        labelled, "token_j", "token_i", "m", facet="weights", columns=2, size=220, title=title
+        labelled,
+        "token_j",
+        "token_i",
+        "m",
+        facet="weights",
+        look=plots.Look(title=title, width=220, columns=2, order=tw.WEIGHTS),
     )
 
 

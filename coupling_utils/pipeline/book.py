@@ -5,7 +5,8 @@ The book never executes code. ``coupling-book run`` executes each finding notebo
 ``_build/notebooks/fNN_<slug>.ipynb``; :func:`build_book` then renders those outputs, so the
 book shows exactly what the run produced. The resulting HTML is self-contained: MathJax and
 the chart runtime are served from the book itself and :func:`remote_assets` checks that no page
-loads anything from another host.
+loads anything from another host; :func:`~coupling_utils.pipeline.proofread.proofread` that no page
+shows a Python/numpy repr and no caption places a panel where its figure does not show it.
 
 Staging also makes each chapter downloadable and linked: the executed notebook is published
 next to its page (``notebooks/<name>.ipynb``) and the tables its ``display.show_table`` calls
@@ -39,6 +40,7 @@ from coupling_utils.pipeline.pages import (
     status_rows,
     status_section,
 )
+from coupling_utils.pipeline.proofread import proofread
 
 __all__ = [
     "BookError",
@@ -503,6 +505,22 @@ def _jupyter_book(root: Path, src: Path, jb: Path, strict: bool) -> Path:
     return built
 
 
+def _check_proofread(built: Path, strict: bool) -> None:
+    """Fail (warn unless ``strict``) on reprs in the pages and captions that contradict their figures."""
+    problems = proofread(built)
+    if not problems:
+        return
+    listing = "\n".join(f"  - {p}" for p in problems[:30])
+    more = f"\n  ... and {len(problems) - 30} more" if len(problems) > 30 else ""
+    message = (
+        "the built book shows readers Python/numpy reprs or positional words that contradict their "
+        f"figures (fix the notebook's text, then rerun it):\n{listing}{more}"
+    )
+    if strict:
+        raise BookError(message)
+    print(f"[book] warning: {message}", file=sys.stderr)
+
+
 def build_book(
     root: str | Path = ".",
     executed: str | Path = "_build/notebooks",
@@ -531,6 +549,7 @@ def build_book(
         if strict:
             raise BookError(message)
         print(f"[book] warning: {message}", file=sys.stderr)
+    _check_proofread(built, strict)
     out = _under(root, out)
     with atomic_dir(out) as tmp:
         shutil.copytree(built, tmp, dirs_exist_ok=True)

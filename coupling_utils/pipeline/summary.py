@@ -14,6 +14,7 @@ The intro page (``book/intro.md``) marks the place with the line ``% reproductio
 from __future__ import annotations
 
 import numbers
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -21,8 +22,8 @@ import pandas as pd
 from coupling_utils.pipeline.status import AGREE
 
 __all__ = [
-    "MARKER", "CHART_FILE", "VERDICT_COLOURS", "status_chart", "bottom_line", "measured_models",
-    "what_was_measured", "stage_summary",
+    "MARKER", "CHART_FILE", "VERDICT_COLOURS", "Tally", "tally", "status_alt", "status_chart", "bottom_line",
+    "measured_models", "what_was_measured", "stage_summary",
 ]  # fmt: skip
 
 MARKER = "% reproduction-summary"
@@ -131,6 +132,42 @@ def _listing(rows: pd.DataFrame, limit: int = 6) -> str:
     return shown + (f"; and {len(items) - limit} more" if len(items) > limit else "")
 
 
+@dataclass(frozen=True)
+class Tally:
+    """The counts the bottom line and the status chart's alt text both state: this build's
+    measured claims by verdict, the replots of the paper's points, and every square drawn."""
+
+    yes: int
+    partly: int
+    no: int
+    replots: int
+    squares: int
+
+    @property
+    def judged(self) -> int:
+        return self.yes + self.partly + self.no
+
+
+def _kinds(df: pd.DataFrame) -> pd.Series:
+    return df["kind"].fillna("measured") if "kind" in df else pd.Series("measured", index=df.index)
+
+
+def tally(df: pd.DataFrame) -> Tally:
+    """The :class:`Tally` of the status rows ``df`` (one computation, so prose and chart agree)."""
+    kinds = _kinds(df)
+    counts = df[kinds == "measured"]["agree"].value_counts()
+    return Tally(*(int(counts.get(a, 0)) for a in AGREE), int((kinds == "replot").sum()), len(df))
+
+
+def status_alt(t: Tally) -> str:
+    """The status chart's alt text, from the same counts as the bottom line."""
+    replots = f" and {t.replots} {'replot' if t.replots == 1 else 'replots'} of the paper's own points"
+    return (
+        f"A row of squares per chapter, one per claim, {t.squares} in all: {t.judged} of this book's "
+        f"measurements ({t.yes} yes, {t.partly} partly, {t.no} no)" + (replots if t.replots else "") + "."
+    )
+
+
 def bottom_line(df: pd.DataFrame) -> str:
     """The generated sentences of the summary (MyST markdown): counts by verdict of this
     build's measured claims, the replots apart, the profiles the runs used, and the claims that
@@ -140,19 +177,16 @@ def bottom_line(df: pd.DataFrame) -> str:
             "**Bottom line.** No executed notebook has reported a reproduction status yet: run "
             "`coupling-book run --profile default` and rebuild the book.\n"
         )
-    kinds = df["kind"].fillna("measured") if "kind" in df else pd.Series("measured", index=df.index)
-    measured, replots = df[kinds == "measured"], df[kinds == "replot"]
-    counts = measured["agree"].value_counts()
-    n = len(measured)
+    measured, t = df[_kinds(df) == "measured"], tally(df)
     lines = [
         f"**Bottom line.** This build's runs (profile {_profiles(df)}; {{numref}}`Fig. %s <{CHART_NAME}>`) "
-        f"judged {n} of the paper's "
-        f"claims on this book's own measurements: {int(counts.get('yes', 0))} reproduced (yes), "
-        f"{int(counts.get('partly', 0))} partly and {int(counts.get('no', 0))} not (no)"
+        f"judged {t.judged} of the paper's "
+        f"claims on this book's own measurements: {t.yes} reproduced (yes), "
+        f"{t.partly} partly and {t.no} not (no)"
         + (
-            f"; {len(replots)} more {'row redraws' if len(replots) == 1 else 'rows redraw'} the paper's "
+            f"; {t.replots} more {'row redraws' if t.replots == 1 else 'rows redraw'} the paper's "
             "own digitised points, which checks how this book reads the paper, not the finding"
-            if len(replots)
+            if t.replots
             else ""
         )
         + "."
@@ -271,12 +305,7 @@ def stage_summary(
             "orange partly, red not; squares are this book's measurements, diamonds replots of "
             "the paper's own points. Hover a square for the claim, the numbers and the rule."
         )
-        counts = df["agree"].value_counts()
-        alt_text = (
-            f"A row of squares per chapter, one per claim, {len(df)} in all: "
-            + ", ".join(f"{int(counts.get(a, 0))} {a}" for a in AGREE)
-            + "."
-        )
+        alt_text = status_alt(tally(df))
         bundle, _ = chart_bundle(status_chart(df), caption=caption, alt=alt_text, name=CHART_NAME)
         target = page.parent / CHART_FILE
         target.parent.mkdir(parents=True, exist_ok=True)

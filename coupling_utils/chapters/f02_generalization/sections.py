@@ -60,9 +60,11 @@ def fig1a_chart(p: Params, paper: PaperFit):
         "coupling",
         p.fig1a_y,
         label="label",
-        title="Fig. 1a replotted (digitised points)",
-        x_title="coupling (the paper's per-model number)",
-        y_title=f"leaderboard v1 ({p.fig1a_y})",
+        look=plots.Look(
+            title="Fig. 1a replotted (digitised points)",
+            x_title="coupling (the paper's per-model number)",
+            y_title=f"leaderboard v1 ({p.fig1a_y})",
+        ),
     )
 
 
@@ -119,8 +121,7 @@ def curves_chart(t: Training):
         "val_loss",
         color="run",
         log_step=False,
-        title="Held-out loss over training",
-        y_title="val_loss",
+        look=plots.Look(title="Held-out loss over training", y_title="val_loss"),
     )
 
 
@@ -180,19 +181,23 @@ def family_chart(p: Params, f: Family):
         "excess",
         "val_acc",
         label="run",
-        title="Excess over the twin vs accuracy",
-        x_title="excess coupling (trained − twin)",
-        y_title="held-out accuracy",
-        width=280,
+        look=plots.Look(
+            title="Excess over the twin vs accuracy",
+            x_title="excess coupling (trained − twin)",
+            y_title="held-out accuracy",
+            width=280,
+        ),
     ) | plots.scatter_fit(
         f.ours,
         "coupling",
         "val_acc",
         label="run",
-        title="Raw coupling vs accuracy",
-        x_title=f"raw coupling (mean 1 − m², {p.how})",
-        y_title="held-out accuracy",
-        width=280,
+        look=plots.Look(
+            title="Raw coupling vs accuracy",
+            x_title=f"raw coupling (mean 1 − m², {p.how})",
+            y_title="held-out accuracy",
+            width=280,
+        ),
     )
 
 
@@ -203,9 +208,11 @@ def per_prompt_chart(f: Family):
         "model",
         "coupling",
         color="weights",
-        title="Coupling per member (mean ± s.e. over prompts)",
-        y_title="coupling (mean 1 − m²)",
-        x_title="member",
+        look=plots.Look(
+            title="Coupling per member (mean ± s.e. over prompts)",
+            x_title="member",
+            y_title="coupling (mean 1 − m²)",
+        ),
     )
 
 
@@ -292,18 +299,18 @@ def hub_chart(hub: Hub):
         "coupling",
         "average",
         label="model_id",
-        title="Hub models: our coupling",
-        y_title="leaderboard v1 average",
-        width=280,
+        look=plots.Look(title="Hub models: our coupling", y_title="leaderboard v1 average", width=280),
     ) | plots.scatter_fit(
         hub.table.dropna(subset=["paper_coupling"]),
         "paper_coupling",
         "coupling",
         label="label",
-        title="Our coupling vs the paper's",
-        x_title="the paper's coupling (digitised)",
-        y_title="our coupling",
-        width=280,
+        look=plots.Look(
+            title="Our coupling vs the paper's",
+            x_title="the paper's coupling (digitised)",
+            y_title="our coupling",
+            width=280,
+        ),
     )
 
 
@@ -397,7 +404,9 @@ def tasks_chart(b: Beyond):
         "task",
         "R²",
         color="predictor",
-        title="R² of each leaderboard task",
-        x_title="leaderboard and task",
-        y_title="R² over the Fig. 1a models",
+        look=plots.Look(
+            title="R² of each leaderboard task",
+            x_title="leaderboard and task",
+            y_title="R² over the Fig. 1a models",
+        ),
     )

@@ -42,8 +42,7 @@ def loss_figure(r: Results):
         "step",
         "nats",
         color="series",
-        title="Loss per checkpoint",
-        y_title="cross-entropy (nats per token)",
+        look=plots.Look(title="Loss per checkpoint", y_title="cross-entropy (nats per token)"),
     )
     alt = (
         f"Line chart: validation loss goes from {val0:.2f} nats per token at step 0 to "
@@ -56,6 +55,7 @@ def loss_figure(r: Results):
 def coupling_figure(r: Results):
     """Coupling over training on held-out text, one line per model and K, and its alt text."""
     from coupling_utils.analysis import plots
+    from coupling_utils.analysis.display import plain
 
     first, k = r.first, r.k_main
     curve = r.summary[r.summary.panel == MAIN].assign(
@@ -66,13 +66,15 @@ def coupling_figure(r: Results):
         "step",
         "coupling",
         color="series",
-        title="Depth-wise coupling of the last token over training (held-out text)",
-        y_title=f"mean 1 − m_K² over {'all' if r.params.how == 'offdiag' else 'adjacent'} layer pairs",
+        look=plots.Look(
+            title="Depth-wise coupling of the last token over training (held-out text)",
+            y_title=f"mean 1 − m_K² over {'all' if r.params.how == 'offdiag' else 'adjacent'} layer pairs",
+        ),
     )
     alt = (
-        f"Line chart of coupling against training step, one line per K in {sorted(curve.K.unique())}. At "
-        f"K = {k} it starts at {r.step0:.3f}, peaks at {first.peak:.3f} at step {int(first.peak_step)} and "
-        f"ends at {first.final:.3f} at step {int(first.final_step)}."
+        f"Line chart of coupling against training step, one line per K ({plain(sorted(curve.K.unique()))}). "
+        f"At K = {k} it starts at {r.step0:.3f}, peaks at {first.peak:.3f} at step {int(first.peak_step)} "
+        f"and ends at {first.final:.3f} at step {int(first.final_step)}."
     )
     return chart, alt
 
@@ -87,8 +89,10 @@ def panels_figure(r: Results):
         "step",
         "coupling",
         color="series",
-        title=f"Held-out text against quiz prompts (K = {r.k_main})",
-        y_title="mean 1 − m_K² over layer pairs",
+        look=plots.Look(
+            title=f"Held-out text against quiz prompts (K = {r.k_main})",
+            y_title="mean 1 − m_K² over layer pairs",
+        ),
     )
     alt = (
         "Coupling against training step, one line per prompt set: "
@@ -110,8 +114,7 @@ def paper_figure(r: Results):
         "step",
         "normalized_coupling",
         color="model_id",
-        title="The paper's Fig. 1b (digitised)",
-        y_title="normalised coupling (paper)",
+        look=plots.Look(title="The paper's Fig. 1b (digitised)", y_title="normalised coupling (paper)"),
     )
 
 
@@ -165,7 +168,7 @@ def graphs_figure(r: Results):
         value="coupling",
         show="raw",
         facet="step",
-        title=f"{r.showcase}: coupled layer pairs (K = {r.k_main})",
+        look=plots.Look(title=f"{r.showcase}: coupled layer pairs (K = {r.k_main})"),
     )
     alt = (
         "Circle graphs of the layers at steps "
@@ -189,8 +192,7 @@ def heatmaps_figure(r: Results):
         "coupling",
         show="raw",
         facet="step",
-        size=160,
-        title=f"Depth-wise coupling 1 − m² of the last token (K = {r.k_main})",
+        look=plots.Look(title=f"Depth-wise coupling 1 − m² of the last token (K = {r.k_main})", width=160),
     )
 
 
@@ -214,7 +216,11 @@ def trajectories_figure(r: Results):
     return alt.vconcat(
         *[
             plots.training_curve(
-                tlong[tlong.quantity == q], "step", "value", color="series", title=title, y_title=y
+                tlong[tlong.quantity == q],
+                "step",
+                "value",
+                color="series",
+                look=plots.Look(title=title, y_title=y),
             ).properties(height=160)
             for q, title, y in TRAJECTORY_PANELS
             if (tlong.quantity == q).any()
@@ -233,8 +239,9 @@ def steps_figure(r: Results):
         "step_norm",
         color="step",
         log_y=True,
-        title="‖x^l − x^(l−1)‖ per block (mean ± s.e. over tokens)",
-        y_title="step size (log scale)",
+        look=plots.Look(
+            title="‖x^l − x^(l−1)‖ per block (mean ± s.e. over tokens)", y_title="step size (log scale)"
+        ),
     )
 
 
@@ -272,8 +279,10 @@ def search_figure(r: Results):
         "step",
         "coupling",
         color="config",
-        title="Coupling over training in every searched run (K = d/16)",
-        y_title="mean 1 − m_K² over layer pairs",
+        look=plots.Look(
+            title="Coupling over training in every searched run (K = d/16)",
+            y_title="mean 1 − m_K² over layer pairs",
+        ),
     )
     alt = (
         f"One line of coupling against step per searched run ({len(table)} runs); the peaks lie between "

@@ -9,16 +9,17 @@ from coupling_utils.chapters.f04_vision_transformers.plan import Params, Results
 
 
 def training_figure(p: Params, r: Results) -> dict[str, Any]:
-    """Coupling (top) and accuracy (bottom) at every checkpoint of the run."""
+    """Coupling and accuracy at every checkpoint of the run, one above the other."""
     from coupling_utils.analysis import plots
+    from coupling_utils.analysis.layout import position
 
     curve, shape = r.curve, r.shape
+    titles = (f"{r.run_name}: coupling over training", f"{r.run_name}: accuracy over training")
     coupling = plots.training_curve(
         curve,
         "step",
         "coupling",
-        title=f"{r.run_name}: coupling over training",
-        y_title=f"coupling (mean 1 − m², K = {p.k})",
+        look=plots.Look(title=titles[0], y_title=f"coupling (mean 1 − m², K = {p.k})"),
     )
     accuracy = plots.training_curve(
         curve.melt(
@@ -27,17 +28,18 @@ def training_figure(p: Params, r: Results) -> dict[str, Any]:
         "step",
         "accuracy",
         color="split",
-        title=f"{r.run_name}: accuracy over training",
-        y_title="MNIST accuracy",
+        look=plots.Look(title=titles[1], y_title="MNIST accuracy"),
     )
+    chart = coupling & accuracy
+    at = [position(chart, t) for t in titles]
     return dict(
-        chart=coupling & accuracy, name="fig-f04-training",
-        caption=f"Coupling of {r.token_words} (top) and accuracy (bottom) at every checkpoint of one MNIST "
-                "ViT; step 0 is the random initialisation.",
-        alt=f"Two line charts over training steps on a log scale. Top: coupling goes from "
+        chart=chart, name="fig-f04-training",
+        caption=f"Coupling of {r.token_words} ({at[0]}) and accuracy ({at[1]}) at every checkpoint of one "
+                "MNIST ViT; step 0 is the random initialisation.",
+        alt=f"Two line charts over training steps on a log scale. Coupling ({at[0]}) goes from "
             f"{shape['init']:.3f} at step 0 to {shape['final']:.3f} at step {int(curve.step.max())}, highest "
-            f"({shape['peak']:.3f}) at step {shape['peak_step']}. Bottom: validation and test accuracy "
-            f"rising to {curve.test_acc.iloc[-1]:.3f}.",
+            f"({shape['peak']:.3f}) at step {shape['peak_step']}. Validation and test accuracy ({at[1]}) "
+            f"rise to {curve.test_acc.iloc[-1]:.3f}.",
     )  # fmt: skip
 
 
@@ -48,8 +50,10 @@ def depthwise_steps_figure(p: Params, r: Results) -> dict[str, Any]:
     first, last = r.ends
     ends = r.over.depthwise[r.over.depthwise.model.isin([first, last])]
     return dict(
-        chart=plots.coupling_heatmap(ends, "layer_j", "layer_i", "m", facet="model", columns=2, size=200,
-                                     title="Depth-wise coupling 1 − m², first and last checkpoint"),
+        chart=plots.coupling_heatmap(ends, "layer_j", "layer_i", "m", facet="model",
+                                     look=plots.Look(
+                                         title="Depth-wise coupling 1 − m², first and last checkpoint",
+                                         width=200, columns=2)),
         name="fig-f04-depthwise-steps",
         caption=f"Depth-wise coupling $1 - m_K^2$ between blocks $i$ and $j$ at {first} and {last} (mean "
                 "over images; the diagonal is grey).",
@@ -65,8 +69,8 @@ def twins_figure(p: Params, r: Results) -> dict[str, Any]:
     gap = r.gap
     return dict(
         chart=plots.bars(r.bars, "model", "coupling", color="weights",
-                         title="Trained vs untrained (mean ± s.e. over images)",
-                         y_title=f"coupling (mean 1 − m², K = {p.k})", x_title=None),
+                         look=plots.Look(title="Trained vs untrained (mean ± s.e. over images)",
+                                         y_title=f"coupling (mean 1 − m², K = {p.k})")),
         name="fig-f04-twins",
         caption="Coupling of each trained ViT beside its untrained twin (another seed) and, for the run "
                 "trained here, its own step-0 initialisation; error bars: standard error over images.",
@@ -81,8 +85,10 @@ def depthwise_twins_figure(p: Params, r: Results) -> dict[str, Any]:
     from coupling_utils.analysis import plots
 
     return dict(
-        chart=plots.coupling_heatmap(r.twins.depthwise, "layer_j", "layer_i", "m", facet="weights", columns=2,
-                                     size=200, title="Depth-wise coupling 1 − m², trained and random init"),
+        chart=plots.coupling_heatmap(r.twins.depthwise, "layer_j", "layer_i", "m", facet="weights",
+                                     look=plots.Look(
+                                         title="Depth-wise coupling 1 − m², trained and random init",
+                                         width=200, columns=2)),
         name="fig-f04-depthwise-twins",
         caption=f"Depth-wise coupling of {r.run_name} trained and of its untrained twin (mean over images).",
         alt=f"Two heatmaps of block-pair coupling for {r.run_name}: trained and random init.",
@@ -96,8 +102,9 @@ def family_training_figure(p: Params, r: Results) -> dict[str, Any]:
     members = r.members
     return dict(
         chart=plots.training_curve(r.curves.dropna(subset=["val_acc"]), "step", "val_acc", color="run",
-                                   log_step=False, title="ViT family: validation accuracy during training",
-                                   y_title="validation accuracy"),
+                                   log_step=False,
+                                   look=plots.Look(title="ViT family: validation accuracy during training",
+                                                   y_title="validation accuracy")),
         name="fig-f04-family-training",
         caption="Validation accuracy of every family member during training, on one recipe.",
         alt=f"Line chart of {len(members)} runs' validation accuracy over training steps, ending between "
@@ -106,8 +113,9 @@ def family_training_figure(p: Params, r: Results) -> dict[str, Any]:
 
 
 def family_figure(p: Params, r: Results) -> dict[str, Any]:
-    """Test accuracy of each member against its excess coupling (left) and its raw coupling (right)."""
+    """Test accuracy of each member against its excess coupling and against its raw coupling."""
     from coupling_utils.analysis import plots
+    from coupling_utils.analysis.layout import position
 
     vits = r.vits
     raw = plots.scatter_fit(
@@ -115,25 +123,32 @@ def family_figure(p: Params, r: Results) -> dict[str, Any]:
         "coupling",
         "test_acc",
         label="run",
-        title="Raw coupling",
-        width=280,
-        x_title=f"coupling (mean 1 − m², K/d = {p.family_k_over_d})",
-        y_title="MNIST test accuracy",
+        look=plots.Look(
+            title="Raw coupling",
+            x_title=f"coupling (mean 1 − m², K/d = {p.family_k_over_d})",
+            y_title="MNIST test accuracy",
+            width=280,
+        ),
     )
     excess = plots.scatter_fit(
         vits,
         "excess coupling",
         "test_acc",
         label="run",
-        title="In excess of the twin",
-        width=280,
-        x_title="coupling − twin's coupling",
-        y_title="MNIST test accuracy",
+        look=plots.Look(
+            title="In excess of the twin",
+            x_title="coupling − twin's coupling",
+            y_title="MNIST test accuracy",
+            width=280,
+        ),
     )
+    chart = excess | raw
+    at = [position(chart, t) for t in ("In excess of the twin", "Raw coupling")]
     return dict(
-        chart=excess | raw, name="fig-f04-family",
+        chart=chart, name="fig-f04-family",
         caption="Test accuracy of each family member against its coupling in excess of its own untrained "
-                "twin (left, which carries the verdict) and against the raw coupling (right).",
+                f"twin ({at[0]}, which carries the verdict) and against the raw coupling ({at[1]}).",
         alt=f"Two scatter plots of {len(vits)} ViTs, test accuracy from {vits.test_acc.min():.3f} to "
-            f"{vits.test_acc.max():.3f} on y; x is the excess coupling (left) and the raw coupling (right).",
+            f"{vits.test_acc.max():.3f} on y; x is the coupling in excess of the twin ({at[0]}) and the raw "
+            f"coupling ({at[1]}).",
     )  # fmt: skip
