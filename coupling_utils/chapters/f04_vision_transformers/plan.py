@@ -52,7 +52,7 @@ class Params(ChapterParams):
     revisions: list = param([], list_of(text(STEP), min_len=0))
     family: str = param("embedded:vit-family", embedded_family)
     hub_models: list = param([], list_of(check_model, min_len=0))
-    n_images: int = param(4, integer(min=2))
+    n_images: int = param(64, integer(min=2))
     token: str = param("cls", vit_token)
     k: int = param(16, k_values)
     family_k_over_d: float = param(0.25, number(min=0.01, max=1.0))

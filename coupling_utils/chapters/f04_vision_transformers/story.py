@@ -114,6 +114,19 @@ def glue_values(p: Params, r: Results) -> dict[str, Any]:
     return values | _twin_glue(r) | _family_glue(r) | {"f04_hub_missing": Markdown(_hub_missing(r))}
 
 
+def _sign_sentence(trained: float) -> str:
+    """What a coupling below 0 means: 1 − m² < 0 is m > 1, past unrelated random matrices (m ≈ 1)."""
+    if trained >= 0:
+        return ""
+    return (
+        f"The trained value is negative: 1 − m² = {trained:.3f} means m ≈ {(1 - trained) ** 0.5:.3f} > 1, "
+        "farther from diagonalising each other than two unrelated random matrices (m ≈ 1, coupling "
+        "about 0) and inside the metric's range (m ≤ √2). So training did not merely fail to "
+        "couple this ViT's blocks; their top singular vectors line up with each other's less than "
+        "chance would."
+    )
+
+
 def _twin_glue(r: Results) -> dict[str, Any]:
     from IPython.display import Markdown
 
@@ -128,6 +141,7 @@ def _twin_glue(r: Results) -> dict[str, Any]:
         "f04_init_gap": init_gap,
         "f04_above_twin": Markdown(f"**{ABOVE_TWIN.judge(twin_values(r))}**"),
         "f04_twin_word": Markdown("above" if gap.excess > 0 else "below"),
+        "f04_sign_sentence": Markdown(_sign_sentence(float(gap.trained))),
         "f04_excess_abs": abs(float(gap.excess)),
         "f04_gap_ratio": float(abs(gap.excess) / abs(init_gap)) if init_gap else float("inf"),
     }
