@@ -102,29 +102,25 @@ def last_block_chart(r: Results):
 
 # --------------------------------------------------------------------------- claims and glued values
 def _other_model_note(r: Results, name: str) -> str:
-    """The convention note of a model other than the drawn one (only its "excluded" verdict is
-    free: the other map was measured for the drawn model alone)."""
+    """The convention note of a model other than the drawn one: its free "excluded" verdict (the
+    other map was measured for the drawn model alone), and whether that map differs for it."""
     p, pair = r.params, r.twins.results[name]
-    parts = []
-    if p.last_block == "final_norm" and lb.folds_norm(pair.provenance.get("trained") or {}) is False:
-        parts.append("the same map as 'block' here (no final norm in hidden_states[L])")
-    elif p.last_block != "excluded":
-        parts.append("the other map measured for the drawn model only")
+    others = {}
     if p.last_block != "excluded" and pair.n_layers >= 3:
-        own = RULES["depth"].judge(tw.depth_contrast(pair, p.k, p.how))
-        v = RULES["depth"].judge(tw.depth_contrast(lb.without_last_block(pair, p.how), p.k, p.how))
-        parts.append(f"under 'excluded': {v}" + (" (changes)" if v != own else " (the same)"))
-    return "; ".join(parts)
+        cut = lb.without_last_block(pair, p.how)
+        others["excluded"] = RULES["depth"].judge(tw.depth_contrast(cut, p.k, p.how))
+    note = lb.convention_note(p.last_block, RULES["depth"].judge(r.depth[name]), others)
+    if p.last_block == "final_norm" and lb.folds_norm(pair.provenance.get("trained") or {}) is False:
+        return note + "; the same map as 'block' for this model (no final norm in hidden_states[L])"
+    return note + ("; the other map measured for the drawn model only" if p.last_block != "excluded" else "")
 
 
 def _convention_note(r: Results, row: str, name: str | None = None) -> str:
     """Which convention a row's verdict uses, and where it would change under the others."""
-    p = r.params
-    if name is not None and name != p.model:
-        extra = _other_model_note(r, name)
-        return f"last block: '{p.last_block}'" + (f"; {extra}" if extra else "")
+    if name is not None and name != r.params.model:
+        return _other_model_note(r, name)
     others = {c: verdicts[row] for c, verdicts in r.other_verdicts.items()}
-    return lb.convention_note(p.last_block, r.main_verdicts()[row], others)
+    return lb.convention_note(r.params.last_block, r.main_verdicts()[row], others)
 
 
 def _depth_rows(r: Results) -> list[dict]:
