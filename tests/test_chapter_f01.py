@@ -73,13 +73,20 @@ def test_run_measures_exactly_the_plan(measured):
     planned = {job.out(part) for job in measured.planned for part in job.settings}
     stored = {path.parent for path in Path(measured.cache).rglob("provenance.json")}
     assert stored == {p for p in planned if "gated" not in str(p)}
-    assert len(measured.planned) == 6 and [j.labels["model"] for j in measured.planned[::2]] == [
-        "tiny", "gated", "tiny-b"
+    assert len(measured.planned) == 8 and [j.labels["model"] for j in measured.planned[::2]] == [
+        "tiny", "gated", "tiny-b", "tiny"
     ]  # fmt: skip
     assert sorted(measured.planned[0].settings) == ["depth", "tokens"]  # the drawn model
     assert sorted(measured.planned[4].settings) == ["depth"]  # the others: depth only
+    # the drawn model and its twin again, under the paper's map of the last block (the chapter
+    # measures the authors' by default), with the same tiles and token block
+    assert {part: s.last_block for part, s in measured.planned[0].settings.items()} == {
+        "depth": "final_norm", "tokens": "final_norm"
+    }  # fmt: skip
+    assert {s.last_block for job in measured.planned[6:] for s in job.settings.values()} == {"block"}
+    assert sorted(measured.planned[6].settings) == ["depth", "tokens"]
     assert [c for c in measured.load.calls if c[0] != "gated"] == [
-        ("tiny", False), ("tiny", True), ("tiny-b", False), ("tiny-b", True)
+        ("tiny", False), ("tiny", True), ("tiny-b", False), ("tiny-b", True), ("tiny", False), ("tiny", True)
     ]  # fmt: skip
     r, again = measured.results, measured.again
     assert list(r.twins.results) == ["tiny", "tiny-b"] and set(r.failures.model) == {"gated"}
@@ -154,3 +161,43 @@ def test_the_figures_build(measured):
     charts += [f01.distance_chart(r), f01.per_model_chart(r), f01.token_chart(r), f01.context_chart(r)]
     for chart in charts:
         assert chart.to_dict()["$schema"].startswith("https://vega.github.io/schema/vega-lite")
+
+
+def test_the_last_block_under_both_maps(measured):
+    r = measured.results
+    assert r.params.last_block == "final_norm" and set(r.maps) == {"block", "final_norm"}
+    v = r.last_block_values
+    # the other blocks are the same map under both conventions; the last block is not
+    assert v["rest_diff"] < 1e-6 and v["excluded_diff"] < 1e-6
+    assert abs(v["trained_final_norm"] - v["trained_block"]) > 1e-4 and v["trained_line_diff"] > 1e-4
+    block = r.companions["block"].summary
+    assert v["trained_block"] == float(block[(block.weights == "trained") & (block.K == 4)].coupling.iloc[0])
+    assert v["trained_final_norm"] == float(r.per_model_head["trained"])  # the chapter's own number
+    table = r.last_block_table
+    assert sorted(set(table.convention)) == ["block", "excluded", "final_norm"] and len(table) == 6
+    assert set(table[table.convention == "excluded"].blocks) == {"0–2"}
+    lines = r.last_block_lines
+    assert set(lines.line) == {"row", "column"} and set(lines.partner) == {0, 1, 2}
+    assert (lines["difference"] == lines["final_norm"] - lines["block"]).all()
+    assert set(r.other_verdicts) == {"block", "excluded"}
+    rows = f01.claims(r)
+    assert all("last block: 'final_norm'" in row["note"] for row in rows)
+    own = r.main_verdicts()
+    for row, name in zip(rows[2:], ("tiles", "tokens", "context")):
+        for convention, verdicts in r.other_verdicts.items():
+            if verdicts[name] is not None and verdicts[name] != own[name]:
+                assert f"under '{convention}' the verdict would be {verdicts[name]}" in row["note"]
+    assert "the other map measured for the drawn model only" in rows[1]["note"]  # tiny-b
+    assert f01.last_block_chart(r).to_dict()["$schema"].startswith("https://vega.github.io/schema/vega-lite")
+
+
+def test_the_paper_definition_measures_the_authors_map_beside_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("COUPLING_CACHE", str(tmp_path))
+    p = _params(more_models=[], last_block="block")
+    planned = f01.jobs(p)
+    conventions = [{s.last_block for s in j.settings.values()} for j in planned]
+    assert conventions == [{"block"}] * 2 + [{"final_norm"}] * 2
+    from coupling_utils.chapters import ParameterError
+
+    with pytest.raises(ParameterError, match="last_block"):
+        f01.Params.checked({"last_block": "norm"})

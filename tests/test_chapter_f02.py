@@ -98,6 +98,16 @@ def test_run_collects_exactly_the_plan_and_condenses_each_part(tmp_path, monkeyp
     assert set(got.scale.values.model) == set(f02.scale_ks(p)) and got.scale.failures.empty
     assert list(got.failures.job) == ["model=org/hub-b"] and list(got.failures.error) == ["OSError"]
     assert list(got.prompt_table.prompt) == list(f02.prompts(p))
+    # every measurement with the authors' last block; the family and the scale reference also
+    # with the paper's, for the status rows' notes
+    conventions = [j.settings["measure"].last_block for j in planned]
+    n_family, n_scale = 2 * len(members), 2 * len(f02.scale_ks(p))
+    assert conventions == ["final_norm"] * (n_family + 2 + n_scale) + ["block"] * (n_family + 2)
+    assert set(got.others) == {"block"} and got.others["block"].hub is None
+    other = got.others["block"]
+    assert list(other.family.summary.model) == list(members)
+    assert set(other.scale.values.model) == {p.scale_reference}
+    assert not other.family.summary.coupling.equals(summary.coupling)  # the last block differs
     # stored where the plan says, so a second run (the notebook after a sweep) loads nothing
     assert all(j.out("measure").is_dir() for j in planned if j.model != "org/hub-b")
     again = f02.run(p, Options(load=_refuse, compute=False))

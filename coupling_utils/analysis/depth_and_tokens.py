@@ -96,7 +96,8 @@ class TwinSettings:
     to ``tile_k`` (default min(k)); ``token_layer``: the block of token-wise self coupling (all
     tokens) and context coupling (output token: the last), None for none; ``how``: the block
     pairs of the per-model summary ("offdiag" or "adjacent"); ``dtype``, ``seed`` (the twin's
-    random init), ``method``, ``max_tokens``: as ``load_model`` and ``measure`` take them.
+    random init), ``method``, ``max_tokens``, ``last_block`` (what the last block is: "block",
+    "final_norm" or "excluded"): as ``load_model`` and ``measure`` take them.
     """
 
     k: int | Sequence[int] = (10, 30, 50)
@@ -109,6 +110,7 @@ class TwinSettings:
     seed: int = 0
     method: str = "exact"
     max_tokens: int | None = None
+    last_block: str = "block"
 
     @property
     def ks(self) -> list[int]:
@@ -186,7 +188,7 @@ def twin_jobs(
     block_list = None if layers is None or not len(layers) else [int(l) for l in layers] + (window or [])
     # tiles are stored at K = max(k); a smaller tile_k is their top-left corner (the bases are
     # nested), so changing tile_k needs no new measurement
-    common = dict(k=ks, method=s.method, max_tokens=s.max_tokens)
+    common = dict(k=ks, method=s.method, max_tokens=s.max_tokens, last_block=s.last_block)
     parts = {
         "depth": Settings(
             layers=block_list, tokens="last", tiles=max(ks) if window else None, tile_layers=window, **common

@@ -20,8 +20,10 @@ makes them, :func:`scale_summary` condenses their results) gives every candidate
   ``m_trace = m_norm · ‖s_K‖₂ / Σ s_K`` exactly, from the stored singular values;
 - ``form``: "1 - m" or "1 - m²";
 - ``pairs``: "all" pairs of different blocks (tokens) or "adjacent" ones only;
-- ``ends``: "with" or "without" the first and last block (the last block's output passes the
-  final norm in many models, and both ends are atypical);
+- ``ends``: "with" or "without" the first and last block (both ends are atypical, and what the
+  last block is depends on the ``last_block`` setting the models were measured with: the block
+  alone, or with the final norm as the authors' code measured it; "without" does not depend on
+  it);
 - ``tokens``: "last" (the last token, as in the paper; in the token view the pairs that
   involve it) or "all".
 
@@ -113,17 +115,24 @@ def scale_jobs(
     k: Sequence[int] | Mapping[str, Sequence[int]] = (10, 30, 50),
     dtype: str = "float32",
     seed: int = 0,
-    method: str = "exact",
-    max_tokens: int | None = None,
     root: str | Path | None = None,
+    settings: Settings | None = None,
 ):
     """Two jobs per model (trained, random init): all tokens, the K values ``k`` (or
-    ``{model name: K values}`` for models narrower than the largest K), the 'norm' metric."""
+    ``{model name: K values}`` for models narrower than the largest K), the 'norm' metric.
+    ``settings``: the measurement's other settings (``method``, ``max_tokens``, ``last_block``;
+    default ``Settings()``); its K and tokens are replaced by the scale question's."""
     per_model = isinstance(k, Mapping)
     ks = sorted({int(x) for x in (next(iter(k.values()), ()) if per_model else k)})
     if not ks:
         raise ValueError("k names no K; give K values such as (10, 30, 50)")
-    settings = Settings(k=ks, tokens="all", method=method, max_tokens=max_tokens)
+    base = settings if settings is not None else Settings()
+    if (base.normalize, base.p, base.orientation) != ("norm", 2, "ujv"):
+        raise ValueError(
+            "the scale question's candidates are computed from the 'norm' metric (p = 2, 'ujv'); "
+            f"got normalize={base.normalize!r}, p={base.p}, orientation={base.orientation!r}"
+        )
+    settings = dataclasses.replace(base, k=tuple(ks), tokens="all")
     jobs = plan(models, prompts, settings, loads=Loads(weights=WEIGHTS, seed=seed, dtype=dtype), root=root)
     if not per_model:
         return jobs

@@ -233,7 +233,8 @@ def claims(p: Params, r: Results) -> list[dict[str, Any]]:
     first, last = r.window
     where = (f"{p.model}{'@' + p.revision if p.revision else ''} against its random twin, "
              f"{len(p.prompts)} prompts, window x^{first}..x^{last}"
-             + (", first token skipped" if p.skip_first_token else ""))  # fmt: skip
+             + (", first token skipped" if p.skip_first_token else "")
+             + "; last block: the block alone (x^L before the final norm)")  # fmt: skip
     growth, s = r.growth, r.straight
     return [
         claim("token trajectories of the trained model are straighter (lower LSS) than a random walk "

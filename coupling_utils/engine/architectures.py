@@ -9,7 +9,14 @@ adapter function named by a row), so the engine itself has no ``if model_type ==
 - ``attention``: ``"interface"`` when the attention modules call ``transformers``'
   ``AttentionInterface`` (the token-diagonal function is selected by name), otherwise the key of
   an adapter in :data:`ATTENTION_ADAPTERS` that patches those modules' forward;
-- ``causal``: causal (decoder) or bidirectional (encoder) attention.
+- ``causal``: causal (decoder) or bidirectional (encoder) attention;
+- ``final_norm``: where the norm after the last block lives, relative to ``model.base_model``
+  (candidate paths, like ``block_paths``), or None for an architecture without one (post-norm
+  encoders such as BERT normalise inside every block); ``norm_in_hidden_states``: whether
+  ``transformers`` returns ``hidden_states[L]`` of ``output_hidden_states=True`` *after* that
+  norm (language models) or before it (ViT). The authors' code takes block ``L − 1`` as the map
+  ``hidden_states[L-1] -> hidden_states[L]``, so for the former its last "block" is the final
+  norm applied to the block's output (``blocks.block_function(..., last_block="final_norm")``).
 
 Block calls themselves are captured with hooks (``blocks.py``), so no row needs to know a
 block's argument list.
@@ -19,12 +26,13 @@ from __future__ import annotations
 
 import contextlib
 import types
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
 
-from coupling_utils.engine.attention import TOKEN_DIAGONAL, mask_to_bias, repeat_kv, token_diagonal_attention
+from coupling_utils.engine.adapters import ATTENTION_ADAPTERS
+from coupling_utils.engine.attention import TOKEN_DIAGONAL
 
 __all__ = [
     "Architecture",
@@ -33,6 +41,8 @@ __all__ = [
     "supported_architectures",
     "find_architecture",
     "transformer_blocks",
+    "final_norm",
+    "hidden_states_norm",
     "attention_mode",
     "tiny_model",
     "unwrap_model",
@@ -56,8 +66,17 @@ class Architecture:
     causal: str = "causal"  # "causal" | "bidirectional" | "bidirectional or causal"
     modality: str = "text"  # "text" | "vision"
     notes: str = ""
+    final_norm: tuple[str, ...] | None = ()  # () = not stated: refused below
+    norm_in_hidden_states: bool = True
     tiny: dict = field(default_factory=dict, compare=False, hash=False)  # tiny test config (kwargs)
     tiny_variants: dict[str, dict] = field(default_factory=dict, compare=False, hash=False)
+
+    def __post_init__(self):
+        if self.final_norm == ():
+            raise ValueError(
+                f"architecture {self.name!r}: say where its final norm lives (final_norm=('path',), "
+                "relative to model.base_model) or that it has none (final_norm=None)"
+            )
 
 
 _T = dict(
@@ -76,6 +95,7 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         ("openai-community/gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"),
         ("h",),
         "GPT2Block",
+        final_norm=("ln_f",),
         notes="learned absolute positions; Conv1D projections",
         tiny=dict(vocab_size=64, n_embd=32, n_layer=2, n_head=4, n_positions=64),
     ),
@@ -86,6 +106,7 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         ("h",),
         "GPTNeoBlock",
         attention="gpt_neo",
+        final_norm=("ln_f",),
         notes="alternating global/local (windowed) layers; unscaled logits; own attention code (adapter)",
         tiny=dict(
             vocab_size=64,
@@ -104,6 +125,7 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         ("EleutherAI/gpt-j-6b",),
         ("h",),
         "GPTJBlock",
+        final_norm=("ln_f",),
         notes="parallel attention and MLP; partial rotary",
         tiny=dict(vocab_size=64, n_embd=32, n_layer=2, n_head=4, rotary_dim=4, n_positions=64),
     ),
@@ -113,6 +135,7 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         ("EleutherAI/pythia-1.4b", "EleutherAI/pythia-6.9b", "EleutherAI/gpt-neox-20b"),
         ("layers",),
         "GPTNeoXLayer",
+        final_norm=("final_layer_norm",),
         notes="parallel residual; partial rotary; Pythia training checkpoints as revisions step<N>",
         tiny=dict(_T, rotary_pct=0.25),
         tiny_variants={"sequential": dict(use_parallel_residual=False)},
@@ -123,7 +146,9 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         ("facebook/opt-125m", "facebook/opt-1.3b"),
         ("decoder.layers",),
         "OPTDecoderLayer",
-        notes="learned positions (offset 2)",
+        final_norm=("decoder.final_layer_norm",),
+        notes="learned positions (offset 2); post-norm configs (opt-350m) have no final norm, and "
+        "their project_out after it is not part of any block",
         tiny=dict(
             vocab_size=64,
             hidden_size=32,
@@ -147,6 +172,7 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         ),
         ("layers",),
         "LlamaDecoderLayer",
+        final_norm=("norm",),
         notes="RMSNorm, rotary, grouped-query attention (Llama-2-70B, Llama-3); "
         "also Vicuna, Orca-2, CodeLlama, SmolLM2",
         tiny=dict(_T, num_key_value_heads=2),
@@ -157,6 +183,7 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         ("mistralai/Mistral-7B-v0.1", "mistralai/Mistral-7B-Instruct-v0.2"),
         ("layers",),
         "MistralDecoderLayer",
+        final_norm=("norm",),
         notes="grouped-query attention; sliding window (v0.1)",
         tiny=dict(_T, num_key_value_heads=2, sliding_window=4),
     ),
@@ -166,6 +193,7 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         ("google/gemma-2b", "google/gemma-7b"),
         ("layers",),
         "GemmaDecoderLayer",
+        final_norm=("norm",),
         notes="multi-query attention (2b); embeddings scaled by sqrt(d)",
         tiny=dict(_T, num_key_value_heads=1, head_dim=8),
     ),
@@ -175,6 +203,7 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         ("google/gemma-2-2b", "google/gemma-2-9b"),
         ("layers",),
         "Gemma2DecoderLayer",
+        final_norm=("norm",),
         notes="attention-logit soft-capping; alternating sliding-window layers; sandwich norms",
         tiny=dict(
             _T,
@@ -191,6 +220,7 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         ("google/gemma-3-1b-pt", "google/gemma-3-4b-pt"),
         ("layers", "language_model.layers"),
         "Gemma3DecoderLayer",
+        final_norm=("norm", "language_model.norm"),
         notes="QK-norm; 5:1 local/global layers; for multimodal checkpoints the language model's blocks",
         tiny=dict(
             _T,
@@ -207,6 +237,7 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         ("Qwen/Qwen1.5-0.5B", "Qwen/Qwen1.5-7B", "Qwen/Qwen2-7B"),
         ("layers",),
         "Qwen2DecoderLayer",
+        final_norm=("norm",),
         notes="QKV biases; grouped-query attention (Qwen2)",
         tiny=dict(_T, num_key_value_heads=2),
     ),
@@ -216,6 +247,7 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         ("microsoft/phi-1", "microsoft/phi-1_5", "microsoft/phi-2"),
         ("layers",),
         "PhiDecoderLayer",
+        final_norm=("final_layernorm",),
         notes="parallel attention and MLP; partial rotary",
         tiny=dict(_T, partial_rotary_factor=0.5),
     ),
@@ -225,6 +257,7 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         ("microsoft/Phi-3-mini-4k-instruct",),
         ("layers",),
         "Phi3DecoderLayer",
+        final_norm=("norm",),
         notes="fused QKV and gate-up projections",
         tiny=dict(_T, num_key_value_heads=2, pad_token_id=0),
     ),
@@ -235,6 +268,7 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         ("h",),
         "FalconDecoderLayer",
         attention="falcon",
+        final_norm=("ln_f",),
         notes="rotary or ALiBi; multi-query / grouped (new decoder architecture); "
         "own attention code (adapter)",
         tiny=dict(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4),
@@ -249,6 +283,7 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         ("allenai/OLMo-1B-hf", "allenai/OLMo-1.7-7B-hf"),
         ("layers",),
         "OlmoDecoderLayer",
+        final_norm=("norm",),
         notes="non-parametric layer norm",
         tiny=dict(_T),
     ),
@@ -258,6 +293,7 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         ("allenai/OLMo-2-1124-7B",),
         ("layers",),
         "Olmo2DecoderLayer",
+        final_norm=("norm",),
         notes="post-norm inside residual; QK-norm",
         tiny=dict(_T),
     ),
@@ -268,6 +304,7 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         ("blocks",),
         "MptBlock",
         attention="mpt",
+        final_norm=("norm_f",),
         notes="ALiBi; no biases; own attention code (adapter)",
         tiny=dict(vocab_size=64, d_model=32, n_layers=2, n_heads=4, expansion_ratio=2, max_seq_len=64),
     ),
@@ -278,7 +315,9 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         ("encoder.layer",),
         "BertLayer",
         causal="bidirectional or causal",
-        notes="encoder (bidirectional); causal when configured as a decoder (is_decoder=True)",
+        final_norm=None,
+        notes="encoder (bidirectional); causal when configured as a decoder (is_decoder=True); "
+        "post-norm blocks, no final norm (hidden_states[L] is the last block's output)",
         tiny=dict(_T),
         tiny_variants={"decoder": dict(is_decoder=True)},
     ),
@@ -290,7 +329,10 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         "ViTLayer",
         causal="bidirectional",
         modality="vision",
-        notes="tokens = [CLS] + image patches; inputs {'pixel_values': ...}",
+        final_norm=("layernorm",),
+        norm_in_hidden_states=False,
+        notes="tokens = [CLS] + image patches; inputs {'pixel_values': ...}; hidden_states[L] is "
+        "taken before the final layernorm",
         tiny=dict(
             hidden_size=32,
             num_hidden_layers=2,
@@ -319,6 +361,8 @@ def supported_architectures():
                 "attention": a.causal,
                 "modality": a.modality,
                 "blocks": " or ".join(f"base_model.{p}" for p in a.block_paths) + f" ({a.block_class})",
+                "final_norm": " or ".join(f"base_model.{p}" for p in a.final_norm or ()) or "none",
+                "in_hidden_states": a.norm_in_hidden_states if a.final_norm else None,
                 "token_diagonal": "AttentionInterface"
                 if a.attention == "interface"
                 else f"adapter ({a.attention})",
@@ -386,106 +430,43 @@ def transformer_blocks(model) -> torch.nn.ModuleList:
     )
 
 
-# ---------------------------------------------------------------------------------------------
-# Adapters for architectures whose attention does not go through AttentionInterface.
-# Each reproduces the module's own computation (same weights, same operations) and routes the
-# attention core through token_diagonal_attention. KV caches are refused (Jacobians are taken
-# without them).
+def final_norm(model) -> torch.nn.Module | None:
+    """The norm after the last block (found through the table row's ``final_norm``), or None.
+
+    None when the architecture has none (BERT-like post-norm encoders) or this configuration
+    leaves it out (OPT's post-norm models): the path exists but holds None.
+    """
+    model = unwrap_model(model)
+    row = find_architecture(model)
+    if row.final_norm is None:
+        return None
+    base = getattr(model, "base_model", model)
+    for root in (base, model):
+        for path in row.final_norm:
+            parent, _, name = path.rpartition(".")
+            holder = _get_path(root, parent) if parent else root
+            if holder is not None and hasattr(holder, name):
+                norm = getattr(holder, name)
+                if norm is not None and not isinstance(norm, torch.nn.Module):
+                    raise UnsupportedArchitectureError(
+                        f"{row.name}: {path!r} is a {type(norm).__name__}, not a module; update the "
+                        "architecture table's final_norm"
+                    )
+                return norm
+    raise UnsupportedArchitectureError(
+        f"{row.name}: no final norm at {' or '.join(row.final_norm)} in {type(model).__name__}; "
+        "this transformers version changed the model, update the architecture table"
+    )
 
 
-def _no_cache(cache, name):
-    if cache is not None:
-        raise ValueError(
-            f"{name}: token-diagonal attention runs without a KV cache; call with use_cache=False"
-        )
+def hidden_states_norm(model) -> torch.nn.Module | None:
+    """The norm ``transformers`` applies before it returns ``hidden_states[L]`` (None: none).
 
-
-def _gpt_neo_attn(self, query, key, value, attention_mask=None):
-    """GPTNeoSelfAttention._attn: unscaled logits, causal/local mask from the ``bias`` buffer."""
-    T, S = query.size(-2), key.size(-2)
-    allowed = self.bias[:, :, S - T : S, :S]
-    bias = mask_to_bias(allowed, T, S, causal_if_none=True)
-    if attention_mask is not None:
-        bias = (bias + attention_mask.float()).clamp(min=torch.finfo(torch.float32).min)
-    return token_diagonal_attention(query, key, value, bias, scaling=1.0)
-
-
-def _gpt_neo_forward(
-    self,
-    hidden_states,
-    attention_mask=None,
-    layer_past=None,
-    use_cache=False,
-    output_attentions=False,
-    **kwargs,
-):
-    _no_cache(layer_past, "GPT-Neo")
-    from transformers.models.gpt_neo.modeling_gpt_neo import GPTNeoSelfAttention
-
-    return GPTNeoSelfAttention.forward(self, hidden_states, attention_mask=attention_mask)
-
-
-def _falcon_forward(
-    self,
-    hidden_states,
-    alibi,
-    attention_mask,
-    position_ids=None,
-    layer_past=None,
-    use_cache=False,
-    output_attentions=False,
-    position_embeddings=None,
-    **kwargs,
-):
-    """FalconAttention.forward with the attention core replaced (rotary or ALiBi, any KV grouping)."""
-    from transformers.models.falcon.modeling_falcon import apply_rotary_pos_emb
-
-    _no_cache(layer_past, "Falcon")
-    q, k, v = self._split_heads(self.query_key_value(hidden_states))
-    B, T = q.shape[:2]
-    n_kv = self.num_heads if self.new_decoder_architecture else self.num_kv_heads
-    q = q.transpose(1, 2).reshape(B, self.num_heads, T, self.head_dim)
-    k = k.transpose(1, 2).reshape(B, n_kv, T, self.head_dim)
-    v = v.transpose(1, 2).reshape(B, n_kv, T, self.head_dim)
-    if alibi is None:
-        cos, sin = position_embeddings
-        q, k = apply_rotary_pos_emb(q, k, cos, sin)
-    k, v = repeat_kv(k, self.num_heads // n_kv), repeat_kv(v, self.num_heads // n_kv)
-    bias = mask_to_bias(attention_mask, T, T, causal_if_none=True, device=q.device)
-    sdpa = self.config._attn_implementation == "sdpa" and not output_attentions
-    if alibi is not None and not sdpa:
-        # eager ALiBi path: softmax((q·k + alibi) · inv_norm + mask)
-        bias = alibi.view(B, self.num_heads, 1, -1).float() * self.inv_norm_factor + bias
-    out, weights = token_diagonal_attention(q, k, v, bias, scaling=self.inv_norm_factor)
-    out = out.permute(0, 2, 1, 3).reshape(B, T, self.num_heads * self.head_dim)
-    return self.dense(out), weights
-
-
-def _mpt_forward(self, hidden_states, position_bias, cache=None, attention_mask=None, **kwargs):
-    """MptAttention.forward with the attention core replaced (ALiBi bias; boolean mask, True = masked)."""
-    _no_cache(cache, "MPT")
-    B, T = hidden_states.shape[:2]
-    qkv = self.Wqkv(hidden_states)
-    if self.clip_qkv:
-        qkv = qkv.clamp(min=-self.clip_qkv, max=self.clip_qkv)
-    q, k, v = (x.reshape(B, T, self.n_heads, self.head_dim).transpose(1, 2) for x in qkv.chunk(3, dim=2))
-    bias = torch.zeros(T, T, device=q.device)
-    if position_bias is not None:
-        pb = position_bias[:, max(0, position_bias.size(1) - T) :, max(0, position_bias.size(2) - T) :]
-        bias = bias + pb.float()
-    if attention_mask is not None:
-        bias = bias.masked_fill(attention_mask, torch.finfo(torch.float32).min)
-    out, weights = token_diagonal_attention(q, k, v, bias, scaling=self.softmax_scale)
-    out = out.permute(0, 2, 1, 3).reshape(B, T, -1)
-    return self.out_proj(out), weights
-
-
-# adapter key -> (attention module class name, {method name: replacement})
-ATTENTION_ADAPTERS: dict[str, tuple[str, dict[str, Callable]]] = {
-    "gpt_neo": ("GPTNeoSelfAttention", {"forward": _gpt_neo_forward, "_attn": _gpt_neo_attn}),
-    "falcon": ("FalconAttention", {"forward": _falcon_forward}),
-    "mpt": ("MptAttention", {"forward": _mpt_forward}),
-}
+    The authors' code measures its last block as ``hidden_states[L-1] -> hidden_states[L]`` of
+    ``output_hidden_states=True``: the last block followed by this norm.
+    """
+    row = find_architecture(model)
+    return final_norm(model) if row.norm_in_hidden_states else None
 
 
 def _configs(model) -> Iterator:

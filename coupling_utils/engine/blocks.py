@@ -6,6 +6,19 @@ ALiBi biases, position ids). :func:`block_function` then returns ``f(X) = block(
 block's contribution to the residual stream, as a differentiable function of ``X`` alone.
 No architecture needs to know its block's call signature; which list holds the blocks comes
 from the table in ``architectures.py``.
+
+What the *last* block is, is a measurement setting (:data:`LAST_BLOCKS`), applied here and
+nowhere else:
+
+- ``"block"`` (the paper's definition): the last block alone, ``f(X) = block(X) − X``;
+- ``"final_norm"`` (the authors' code): the map ``hidden_states[L-1] -> hidden_states[L]`` of
+  ``output_hidden_states=True``, which for language models is the final norm N applied to the
+  block's output, ``f(X) = N(block(X)) − X``; its Jacobian is ``N'(I + J_L) − I`` at
+  t1 = t2 and ``N' J_{t1 t2}`` at t1 ≠ t2 (N acts on each token alone). Where ``transformers``
+  takes ``hidden_states[L]`` before the norm (ViT) or there is none (BERT), it is the block alone
+  (``architectures.hidden_states_norm``);
+- ``"excluded"`` (older helpers of the authors' code): the last block is not measured, and
+  asking for it is an error.
 """
 
 from __future__ import annotations
@@ -19,12 +32,26 @@ import torch
 from coupling_utils.engine.architectures import (
     attention_mode,
     find_architecture,
+    hidden_states_norm,
     transformer_blocks,
     unwrap_model,
 )
 from coupling_utils.engine.hooks import _hidden, capture_blocks
 
-__all__ = ["block_function", "residual_stream", "unwrap_model", "model_inputs", "BlockFunction"]
+__all__ = [
+    "block_function",
+    "residual_stream",
+    "unwrap_model",
+    "model_inputs",
+    "BlockFunction",
+    "LAST_BLOCKS",
+    "check_last_block",
+    "last_block_norm",
+    "last_block_facts",
+]
+
+LAST_BLOCKS = ("block", "final_norm", "excluded")
+"""What the last block is: the paper's definition, the authors' code, or left out (module doc)."""
 
 Inputs = torch.Tensor | Mapping[str, torch.Tensor]
 
@@ -58,6 +85,56 @@ def model_inputs(model, inputs: Inputs) -> dict[str, torch.Tensor]:
     if "use_cache" in inspect.signature(model.forward).parameters:
         out.setdefault("use_cache", False)
     return out
+
+
+def check_last_block(last_block: str, what: str = "last_block") -> str:
+    """``last_block`` if it is one of :data:`LAST_BLOCKS`; a ValueError naming the choices otherwise."""
+    if last_block not in LAST_BLOCKS:
+        raise ValueError(
+            f"{what} must be one of {LAST_BLOCKS} ('block': the last block alone, the paper's "
+            "definition; 'final_norm': with the final norm, as the authors' code measured it; "
+            f"'excluded': the last block left out), got {last_block!r}"
+        )
+    return last_block
+
+
+def last_block_norm(model, layer: int, last_block: str = "block") -> torch.nn.Module | None:
+    """The norm folded into block ``layer``'s map under ``last_block`` (None: the block alone).
+
+    Only the last block gets one, only under ``"final_norm"``, and only where ``transformers``
+    applies it before returning ``hidden_states[L]``. Under ``"excluded"`` the last block is
+    refused with a ValueError.
+    """
+    check_last_block(last_block)
+    n = len(transformer_blocks(model))
+    if not -n <= layer < n:
+        raise IndexError(f"layer {layer} out of range: the model has {n} blocks (0..{n - 1})")
+    if layer % n != n - 1 or last_block == "block":
+        return None
+    if last_block == "excluded":
+        raise ValueError(
+            f"block {n - 1} is the last block, and last_block='excluded' leaves it out; measure "
+            f"blocks 0..{n - 2}, or choose last_block='block' or 'final_norm'"
+        )
+    return hidden_states_norm(model)
+
+
+def last_block_facts(model, last_block: str = "block") -> dict:
+    """What ``last_block`` means for this model, for a measurement's provenance: the convention,
+    the last block's index, the norm folded into it (its class and where it lives, or None) and
+    whether the last block is measured at all."""
+    check_last_block(last_block)
+    model = unwrap_model(model)
+    row = find_architecture(model)
+    n = len(transformer_blocks(model))
+    norm = None if last_block == "excluded" else last_block_norm(model, n - 1, last_block)
+    return {
+        "convention": last_block,
+        "block": n - 1,
+        "measured": last_block != "excluded",
+        "folded_norm": None if norm is None else type(norm).__name__,
+        "norm_path": None if norm is None else " or ".join(f"base_model.{p}" for p in row.final_norm),
+    }
 
 
 def _capture_block_call(model, inputs: Inputs, layer: int, token_diagonal: bool):
@@ -147,14 +224,15 @@ class BlockFunction:
     ``X: Tensor  # [T, d]`` (or ``[B, T, d]``) -> ``Tensor  # [T, d]`` (or ``[B, T, d]``); with
     ``token_diagonal`` the block runs with token-diagonal attention, so its Jacobian is
     block-diagonal over tokens with the true ``J_tt`` on the diagonal; otherwise it is the ordinary
-    block. The block runs in the model's dtype (the Jacobian functions cast their results to fp32);
-    bitsandbytes 4-bit/8-bit layers run dequantized (:class:`_DequantizedLinear` says what is
-    exact).
+    block. With a ``norm`` (the final norm of the last block under ``last_block="final_norm"``)
+    it is ``f(X) = norm(block(X)) − X``. The block runs in the model's dtype (the Jacobian
+    functions cast their results to fp32); bitsandbytes 4-bit/8-bit layers run dequantized
+    (:class:`_DequantizedLinear` says what is exact).
     """
 
-    def __init__(self, model, block, args, kwargs, token_diagonal: bool, layer: int):
+    def __init__(self, model, block, args, kwargs, token_diagonal: bool, layer: int, norm=None):
         self.model, self.block, self.layer = model, block, layer
-        self.token_diagonal = token_diagonal
+        self.token_diagonal, self.norm = token_diagonal, norm
         self._quantized = _quantized_layers(block)
         if args:
             self._args, self._kwargs, self._key = tuple(args[1:]), dict(kwargs), None
@@ -175,13 +253,15 @@ class BlockFunction:
             else:
                 out = self.block(*self._args, hidden_states=x, **self._kwargs)
         y = _hidden(out)
+        if self.norm is not None:
+            y = self.norm(y)
         if X.ndim == 2:
             y = y.squeeze(0)
         return y - X
 
 
 def block_function(
-    model, inputs: Inputs, layer: int, *, token_diagonal: bool = True
+    model, inputs: Inputs, layer: int, *, token_diagonal: bool = True, last_block: str = "block"
 ) -> tuple[Callable, torch.Tensor]:
     """``(f, X)``: block ``layer`` as a function and its input.
 
@@ -189,7 +269,9 @@ def block_function(
     contribution, differentiable in ``X``; ``X: Tensor  # [T, d]`` is the hidden state entering
     the block (captured with a hook, detached). With ``token_diagonal=True`` a VJP of ``f`` with
     a cotangent ``C: Tensor  # [T, d]`` returns the rows ``c_tᵀ J_tt`` for all tokens at once
-    (and JVPs likewise).
+    (and JVPs likewise). ``last_block`` (:data:`LAST_BLOCKS`) says what the last block's map is:
+    under ``"final_norm"`` it is ``N(block(X)) − X`` (the module doc); under ``"excluded"`` the
+    last block is refused.
     """
     model = unwrap_model(model)
     find_architecture(model)
@@ -197,11 +279,12 @@ def block_function(
         raise ValueError(
             "the model is in training mode (dropout would make Jacobians random); call model.eval()"
         )
+    norm = last_block_norm(model, layer, last_block)
     block, args, kwargs = _capture_block_call(model, inputs, layer, token_diagonal)
     x = args[0] if args else kwargs["hidden_states"]
     if x.shape[0] != 1:
         raise ValueError(f"block inputs must have batch size 1, got {tuple(x.shape)}")
-    f = BlockFunction(model, block, args, kwargs, token_diagonal, layer)
+    f = BlockFunction(model, block, args, kwargs, token_diagonal, layer, norm)
     return f, x[0].detach()
 
 

@@ -11,6 +11,10 @@ exactly where it belongs: on the token's own Jacobian (t1 = t2) and nowhere else
 - :func:`context_jacobians`: ``J_{t1 t2}`` for every input token t1 and one output token t2,
   one sweep of d VJPs of output row t2 through the ordinary block.
 
+Each takes ``last_block`` (``blocks.LAST_BLOCKS``): what the last block's map is, the block
+alone (default, the paper's definition) or with the final norm folded in (``"final_norm"``, as
+the authors' code measured it); other blocks are the same under every choice.
+
 VJPs are batched with ``torch.func.vmap`` over chunks of ``chunk_size`` cotangents; parameters
 are frozen meanwhile; Jacobians come back in fp32 whatever the model's dtype; any NaN/inf is
 reported with its layer and token.
@@ -107,6 +111,7 @@ def token_jacobians(
     tokens: Tokens = None,
     chunk_size: int | None = None,
     progress: bool | None = None,
+    last_block: str = "block",
 ) -> torch.Tensor:
     """``J^l_tt − I`` for every token (or the listed ``tokens``), in one sweep.
 
@@ -116,7 +121,7 @@ def token_jacobians(
     dict of model inputs.
     """
     with frozen(model):
-        f, X = block_function(model, inputs, layer, token_diagonal=True)
+        f, X = block_function(model, inputs, layer, token_diagonal=True, last_block=last_block)
         T, d = X.shape
         keep = _token_list(tokens, T)
         _, vjp_fn = torch.func.vjp(f, X)
@@ -151,6 +156,7 @@ def reference_jacobians(
     tokens: Tokens = None,
     chunk_size: int | None = None,
     progress: bool | None = None,
+    last_block: str = "block",
 ) -> torch.Tensor:
     """``J^l_tt − I`` by the authors' method (the oracle).
 
@@ -159,7 +165,7 @@ def reference_jacobians(
     t of each result is row i of ``J_tt``. T·d backward passes in all.
     """
     with frozen(model):
-        f, X = block_function(model, inputs, layer, token_diagonal=False)
+        f, X = block_function(model, inputs, layer, token_diagonal=False, last_block=last_block)
         T, d = X.shape
         keep = _token_list(tokens, T)
         _, vjp_fn = torch.func.vjp(f, X)
@@ -192,6 +198,7 @@ def context_jacobians(
     *,
     chunk_size: int | None = None,
     progress: bool | None = None,
+    last_block: str = "block",
 ) -> torch.Tensor:
     """``J^l_{t1, t2}`` for every input token t1 and the one output token t2.
 
@@ -201,7 +208,7 @@ def context_jacobians(
     t1 = t2 (it comes from the skip connection); in a causal model ``J_{t1 t2} = 0`` for t1 > t2.
     """
     with frozen(model):
-        f, X = block_function(model, inputs, layer, token_diagonal=False)
+        f, X = block_function(model, inputs, layer, token_diagonal=False, last_block=last_block)
         T, d = X.shape
         (t2,) = _token_list(output_token, T)
         _, vjp_fn = torch.func.vjp(f, X)

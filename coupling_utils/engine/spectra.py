@@ -496,6 +496,7 @@ def matrix_free_topk(
     *,
     chunk_size: int | None = 64,
     keep: str = "k",
+    last_block: str = "block",
 ) -> MatrixFreeSVD:
     """Top-k SVD of ``J^l_tt`` for all T tokens of ``inputs`` at block ``layer``, matrix-free.
 
@@ -504,14 +505,15 @@ def matrix_free_topk(
     :func:`solver_passes` block passes for all tokens together: ``(2·steps − 1)·block`` for
     a "lanczos" :class:`Solver` (default), ``(2·n_iter + 2)·min(k + oversample, d)`` for
     "subspace". J is never formed. ``keep="all"`` keeps all computed triplets (a
-    low-rank approximation of J).
+    low-rank approximation of J). ``last_block``: what the last block's map is
+    (``blocks.LAST_BLOCKS``).
     """
     from coupling_utils.engine.blocks import block_function
     from coupling_utils.engine.jacobians import frozen
 
     solver = solver or Solver()
     with frozen(model):  # products then build no parameter gradients
-        f, X = block_function(model, inputs, layer, token_diagonal=True)
+        f, X = block_function(model, inputs, layer, token_diagonal=True, last_block=last_block)
         k = check_k(k, X.shape[-1])
         op = TokenOperator(f, X, chunk_size=chunk_size)
         return operator_topk(op, k, solver, keep=keep)

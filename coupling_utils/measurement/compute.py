@@ -167,7 +167,9 @@ class LayerWork:
     def _formed_layer(self, p: Prompt, layer: int):
         """Exact/randomized: form J_tt with one token-diagonal sweep (d VJPs), then its spectra."""
         s = self.s
-        J_all = as_float(jacobians.token_jacobians(self.model, p.inputs, layer))  # [T, d, d]
+        J_all = as_float(
+            jacobians.token_jacobians(self.model, p.inputs, layer, last_block=s.last_block)
+        )  # [T, d, d]
         T = J_all.shape[0]
         sel = token_positions(s.tokens, T)
         J = J_all[sel].contiguous()  # [n, d, d]
@@ -179,7 +181,7 @@ class LayerWork:
         return T, sel, basis, S_top, tw_tiles, J.shape[-1]  # one VJP per output coordinate
 
     def operator(self, p: Prompt, layer: int) -> TokenOperator:
-        f, X = block_function(self.model, p.inputs, layer, token_diagonal=True)
+        f, X = block_function(self.model, p.inputs, layer, token_diagonal=True, last_block=self.s.last_block)
         return TokenOperator(f, X, chunk_size=self.s.chunk_size)
 
     def _matrix_free_layer(self, p: Prompt, layer: int):
@@ -255,7 +257,9 @@ class LayerWork:
         """Context Jacobians J_{t1 t2} [n, d, d] for the fixed output token (formed: d VJPs)."""
         s = self.s
         t2 = token_positions(s.context, T, "context")[0]
-        Jc = as_float(jacobians.context_jacobians(self.model, p.inputs, layer, t2))  # [T, d, d]
+        Jc = as_float(
+            jacobians.context_jacobians(self.model, p.inputs, layer, t2, last_block=s.last_block)
+        )  # [T, d, d]
         nonzero = host(Jc.abs().amax(dim=(-2, -1)) > 0)
         ctx_tokens = [int(t) for t in nonzero.nonzero().flatten().tolist()]
         Jc = Jc[ctx_tokens].contiguous()

@@ -16,8 +16,8 @@ token-diagonal sweep), their top singular triplets, and from those
 
 Every table is long ("tidy", one row per observation) with ``coupling = 1 − m²`` next to
 ``m``. Each is written as Parquet under ``out/`` beside ``provenance.json`` (model, revision,
-dtype, prompts, settings, the fingerprint of the code that made the numbers, package and
-library versions, UTC time).
+dtype, prompts, settings, what the last block was (``last_block``), the fingerprint of the code
+that made the numbers, package and library versions, UTC time).
 
 Memory and resuming: work goes layer by layer. After each (prompt, layer) the layer's
 Jacobians of the selected tokens (or, matrix-free, their low-rank factors) and per-layer
@@ -65,6 +65,7 @@ from typing import Any
 import pandas as pd
 import torch
 
+from coupling_utils.engine.blocks import last_block_facts
 from coupling_utils.files import file_lock
 from coupling_utils.measurement.assemble import prompt_tables
 from coupling_utils.measurement.compute import LayerWork
@@ -113,7 +114,10 @@ def measure(
     ``J_{t1 t2}`` (always formed: d VJPs per layer, whatever the method). ``tiles``: a K for the
     raw tiles table, over ``tile_layers`` (default: all measured layers; rows grow as layers² K²).
     ``n_singular``: how many singular values to keep (default max(k)). ``p``, ``normalize``,
-    ``orientation``: metric options (see ``metric.coupling``). ``out``: a directory for the
+    ``orientation``: metric options (see ``metric.coupling``). ``last_block``: what the last
+    block is: "block" (alone, the paper's definition; default), "final_norm" (with the final norm,
+    ``hidden_states[L-1] -> hidden_states[L]`` as the authors' code measured it) or "excluded"
+    (not measured; the default layers then stop before it). ``out``: a directory for the
     Parquet tables, provenance and resumable work (default: a temporary one, removed).
     ``callback(info)`` runs after each stored (prompt, layer) (``info["stage"]`` is "layer", or
     "cross" for matrix-free depth-wise products); an exception there interrupts the run, and a
@@ -230,6 +234,7 @@ class _Run:
         stale = made_by.get("fingerprint") != current["fingerprint"]
         return {
             "settings": self.s.stored(),
+            "last_block": last_block_facts(self.info.model, self.s.last_block),
             "model": self.info.describe(),
             "prompts": [
                 {"prompt": p.pid, "text": p.text, "digest": p.digest, "tokens": p.tokens} for p in plist

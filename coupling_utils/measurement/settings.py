@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from coupling_utils.engine.blocks import check_last_block
 from coupling_utils.engine.metric import check_k, check_options
 from coupling_utils.engine.spectra import SOLVERS, check_randomized, lanczos_plan
 from coupling_utils.measurement.inputs import ModelInfo, check_tokens_spec
@@ -28,6 +29,9 @@ FORMAT = 1  # bump when the stored layout changes
 RUNTIME = ("chunk_size",)
 # fields a resolved Settings takes from the model
 MODEL_FIELDS = ("model", "revision", "dtype")
+# fields added after results were stored, with the value those results were measured with: a
+# field at that value is left out of to_dict(runtime=False), so stored keys stay what they were
+LATER_DEFAULTS = {"last_block": "block"}
 
 
 def _is_int(x) -> bool:
@@ -44,7 +48,12 @@ class Settings:
 
     ``max_tokens`` cuts token prompts (it changes the inputs, whose digests are stored, not the
     settings file); ``chunk_size`` only trades memory for speed. ``model``, ``revision`` and
-    ``dtype`` are set by :meth:`resolve`.
+    ``dtype`` are set by :meth:`resolve`. ``last_block`` (``engine.blocks.LAST_BLOCKS``) is what
+    the last block is: ``"block"`` (the paper's definition, the default), ``"final_norm"`` (the
+    authors' code: ``hidden_states[L-1] -> hidden_states[L]``, the final norm included) or
+    ``"excluded"`` (not measured). It keys a stored measurement only when it is not "block", so
+    results stored before it existed keep their keys; ``settings.json`` and the provenance
+    always name it.
     """
 
     method: str = "exact"
@@ -65,6 +74,7 @@ class Settings:
     p: float = 2
     normalize: str = "norm"
     orientation: str = "ujv"
+    last_block: str = "block"
     max_tokens: int | None = None
     chunk_size: int | None = 64
     model: str | None = None
@@ -79,6 +89,7 @@ class Settings:
         if self.method not in MEASURE_METHODS:
             raise ValueError(f"method must be one of {MEASURE_METHODS}, got {self.method!r}")
         check_options(self.p, self.normalize, self.orientation)
+        check_last_block(self.last_block)
         ks = tuple(sorted(set(_ints(self.k))))
         if not ks:
             raise ValueError("k must name at least one K, e.g. k=(10, 30, 50)")
@@ -178,13 +189,13 @@ class Settings:
         block, steps = self.block, self.steps
         if self.lanczos:
             block, steps = lanczos_plan(max(ks), d or None, block=block, steps=steps)
-        layers = list(range(L)) if self.layers is None else list(self.layers)
-        layers = sorted({_in_range("layers", l, L) for l in layers})
+        layers = self._resolved_layers(L)
         tile_layers = None
         if self.tiles is not None:
             check_k(self.tiles, d if d else self.tiles)
             tile_layers = layers if self.tile_layers is None else self.tile_layers
             tile_layers = sorted({_in_range("tile_layers", l, L) for l in tile_layers})
+            self._check_not_excluded("tile_layers", tile_layers, L)
             if not set(tile_layers) <= set(layers):
                 missing = sorted(set(tile_layers) - set(layers))
                 raise ValueError(f"tile_layers {missing} are not measured; add them to layers")
@@ -205,21 +216,46 @@ class Settings:
             dtype=info.dtype,
         )
 
+    def _resolved_layers(self, L: int) -> list[int]:
+        """The measured blocks: all (all but the last with ``last_block="excluded"``) or ``layers``."""
+        excluded = self.last_block == "excluded"
+        if excluded and L < 3:
+            raise ValueError(
+                f"last_block='excluded' leaves {L - 1} block(s) of {L}: too few to couple; "
+                "choose last_block='block' or 'final_norm'"
+            )
+        if self.layers is None:
+            return list(range(L - 1 if excluded else L))
+        layers = sorted({_in_range("layers", l, L) for l in self.layers})
+        self._check_not_excluded("layers", layers, L)
+        return layers
+
+    def _check_not_excluded(self, name: str, layers: list[int], L: int) -> None:
+        if self.last_block == "excluded" and L - 1 in layers:
+            raise ValueError(
+                f"{name} includes the last block {L - 1}, which last_block='excluded' leaves out; "
+                f"drop it from {name}, or choose last_block='block' or 'final_norm'"
+            )
+
     # ------------------------------------------------------------------ serialising
     def to_dict(self, *, runtime: bool = True) -> dict[str, Any]:
-        """Every field as JSON data (tuples as lists); ``runtime=False`` leaves out chunk_size."""
+        """Every field as JSON data (tuples as lists); ``runtime=False`` (what keys a stored
+        measurement) leaves out chunk_size and the fields of :data:`LATER_DEFAULTS` at the value
+        older results were measured with."""
         out = {}
         for f in dataclasses.fields(self):
-            if runtime or f.name not in RUNTIME:
-                v = getattr(self, f.name)
+            v = getattr(self, f.name)
+            later_default = f.name in LATER_DEFAULTS and LATER_DEFAULTS[f.name] == v
+            if runtime or (f.name not in RUNTIME and not later_default):
                 out[f.name] = list(v) if isinstance(v, tuple) else v
         return out
 
     def stored(self) -> dict[str, Any]:
-        """What ``settings.json`` holds: the resolved settings that determine the numbers."""
+        """What ``settings.json`` holds: the resolved settings that determine the numbers
+        (``last_block`` always named, also at its default)."""
         if not self.resolved:
             raise ValueError("only resolved settings are stored; call resolve(model) first")
-        out = self.to_dict(runtime=False)
+        out = {**self.to_dict(runtime=False), "last_block": self.last_block}
         del out["max_tokens"]  # the prompts' digests carry it
         return {**out, "format": FORMAT}
 
@@ -263,10 +299,12 @@ def upgrade(stored: dict[str, Any]) -> dict[str, Any]:
     """Stored settings from before the solver and depth_window settings, in today's terms.
 
     Those runs used subspace iteration (for non-exact methods) and all layer pairs, so they
-    resume under the equivalent settings ``solver="subspace"``, ``depth_window=None``.
+    resume under the equivalent settings ``solver="subspace"``, ``depth_window=None``; runs from
+    before ``last_block`` measured the last block alone (``last_block="block"``).
     """
     stored = dict(stored)
     stored.setdefault("depth_window", None)
+    stored.setdefault("last_block", "block")
     if "solver" not in stored:
         stored["solver"] = None if stored.get("method") == "exact" else "subspace"
         stored.setdefault("block", None)

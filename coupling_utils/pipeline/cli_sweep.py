@@ -123,7 +123,9 @@ def _cmd_measure(args) -> int:
 
     try:
         prompts = read_prompts(args.prompts, n=args.n_prompts)
-        settings = measurement_settings(args.k, args.tokens, args.method, args.max_tokens, args.layers)
+        settings = measurement_settings(
+            args.k, args.tokens, args.method, args.max_tokens, args.layers, args.last_block
+        )
         report = measure_many(
             args.models,
             prompts,
@@ -164,6 +166,7 @@ def add_sweep_commands(subparsers) -> None:
 
 
 def _add_measure_command(subparsers) -> None:
+    from coupling_utils.engine.blocks import LAST_BLOCKS
     from coupling_utils.pipeline.measure_models import HOWS, METHODS
 
     p = subparsers.add_parser(
@@ -206,6 +209,14 @@ def _add_measure_command(subparsers) -> None:
     )
     p.add_argument("--max-tokens", type=int, help="cut prompts to this many tokens")
     p.add_argument("--layers", type=int, nargs="+", help="blocks to measure (default: all)")
+    p.add_argument(
+        "--last-block",
+        default="block",
+        choices=LAST_BLOCKS,
+        help="what the last block is: 'block' (alone, the paper's definition; default), 'final_norm' "
+        "(with the model's final norm, hidden_states[L-1] -> hidden_states[L], as the authors' code "
+        "measured it) or 'excluded' (left out)",
+    )
     p.add_argument(
         "--how", default="offdiag", choices=HOWS, help="one number per model: offdiag or adjacent pairs"
     )

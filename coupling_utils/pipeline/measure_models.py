@@ -163,10 +163,12 @@ def measurement_settings(
     method: str = "exact",
     max_tokens: int | None = None,
     layers: Sequence[int] | None = None,
+    last_block: str = "block",
 ) -> Settings:
     """The :class:`Settings` of a ``coupling-book measure`` run; a bad one is a MeasureError."""
     try:
-        return Settings(k=tuple(k), tokens=tokens, layers=layers, method=method, max_tokens=max_tokens)
+        chosen = dict(tokens=tokens, layers=layers, method=method, max_tokens=max_tokens)
+        return Settings(k=tuple(k), last_block=last_block, **chosen)
     except (TypeError, ValueError) as exc:
         raise MeasureError(f"bad measurement settings: {exc}") from exc
 
@@ -279,7 +281,7 @@ def _write_tables(done, report: MeasureReport, *, how, settings, prompts, models
         "what": "coupling-book measure: block-coupling measurements of these models (measure())",
         "command": " ".join(sys.argv) if sys.argv and sys.argv[0].endswith("coupling-book") else None,
         "models": models,
-        "settings": settings.to_dict(runtime=False),
+        "settings": {**settings.to_dict(runtime=False), "last_block": settings.last_block},
         "summary": {"how": how, "definition": "mean over prompts of the mean of 1 - m_K^2 over block pairs"},
         "prompts": {pid: (p if isinstance(p, str) else f"<{int(p.shape[-1])} token ids>") for pid, p in
                     (prompts.items() if isinstance(prompts, Mapping) else enumerate(prompts))},

@@ -56,7 +56,13 @@ from coupling_utils.chapters.f02_generalization.sections import (
     tasks_chart,
     training,
 )
-from coupling_utils.chapters.f02_generalization.story import Story, assumptions, claims, glue_values
+from coupling_utils.chapters.f02_generalization.story import (
+    Story,
+    assumptions,
+    claims,
+    convention_verdicts,
+    glue_values,
+)
 
 __all__ = [
     "CLAIMS", "NOTEBOOK", "RULES", "SHOW", "SIZES", "Params", "Results", "member_models",
@@ -65,5 +71,5 @@ __all__ = [
     "axis_lines", "beyond", "coupling_table", "curves_chart", "family_chart", "family_fits",
     "family_section", "fig1a_chart", "hub_chart", "hub_fit", "members_table", "paper_fit",
     "per_prompt_chart", "scale_answer", "scale_section", "tasks_chart", "training", "Story",
-    "assumptions", "claims", "glue_values",
+    "assumptions", "claims", "convention_verdicts", "glue_values",
 ]  # fmt: skip

@@ -8,6 +8,7 @@ from typing import Any
 
 import pandas as pd
 
+from coupling_utils.analysis import last_block as lb
 from coupling_utils.analysis import scale
 from coupling_utils.analysis.generalization import (
     FamilyCoupling,
@@ -31,6 +32,7 @@ from coupling_utils.chapters.checks import (
     number,
 )
 from coupling_utils.chapters.params import ChapterParams, param
+from coupling_utils.engine.blocks import LAST_BLOCKS
 from coupling_utils.engine.metric import k_for_width
 from coupling_utils.files import cache_dir
 from coupling_utils.measurement import Options, Result, Settings, collect
@@ -67,6 +69,7 @@ class Params(ChapterParams):
     tokens: str = param("last", choice("last", "all"))
     dtype: str = param("float32", choice(*DTYPES))
     method: str = param("exact", choice(*METHODS))
+    last_block: str = param("final_norm", choice(*LAST_BLOCKS))
     init_seed: int = param(0, integer(min=0))
     tail: float = param(0.25, number(min=0.05, max=0.5))
     scale_models: list = param(["embedded:smollm2-135m", "embedded:minilm-l6"], list_of(check_model))
@@ -210,38 +213,47 @@ def rule_lines() -> str:
 
 
 # --------------------------------------------------------------------------- the plan and the run
+def _family(p: Params, last_block: str, cache) -> list[Job]:
+    """The family's members and twins (K per width) with the last block as ``last_block``."""
+    settings = Settings(tokens=p.tokens, method=p.method, max_tokens=p.prompt_tokens, last_block=last_block)
+    family_k = {run: k_for_width(d, p.k_over_d) for run, d in family_widths(p).items()}
+    return family_jobs(
+        member_models(p), prompts(p), settings, k=family_k, dtype=p.dtype, cache=cache, twins=True,
+        twin_seed=p.init_seed,
+    )  # fmt: skip
+
+
+def _scale(p: Params, last_block: str, names: list[str], root) -> list[Job]:
+    """The scale question's jobs of the models ``names`` with the last block as ``last_block``."""
+    ks = {name: k for name, k in scale_ks(p).items() if name in names}
+    settings = Settings(method=p.method, max_tokens=p.scale_max_tokens, last_block=last_block)
+    return scale.scale_jobs(
+        list(ks), scale_prompts(p), k=ks, dtype=p.dtype, seed=p.init_seed, root=root, settings=settings
+    )
+
+
 def _parts(p: Params, *, store: bool) -> dict[str, list[Job]]:
     """The plan by part: "family" (members and twins, K per width), "hub" (``hub_models`` at
-    ``k``; empty without them) and "scale" (the scale question); ``store``: under the cache."""
-    texts = prompts(p)
-    settings = Settings(tokens=p.tokens, method=p.method, max_tokens=p.prompt_tokens)
+    ``k``; empty without them) and "scale" (the scale question), all with the last block as
+    ``last_block``; then, for each other map of the last block, "family@<map>" and "scale@<map>"
+    (the scale reference only), whose verdicts the status rows compare. ``store``: under the cache."""
     cache = cache_dir("f02") if store else None
-    family_k = {run: k_for_width(d, p.k_over_d) for run, d in family_widths(p).items()}
-    family = family_jobs(
-        member_models(p),
-        texts,
-        settings,
-        k=family_k,
-        dtype=p.dtype,
-        cache=cache,
-        twins=True,
-        twin_seed=p.init_seed,
-    )
+    root = cache_dir("f02", "scale") if store else None
+    settings = Settings(tokens=p.tokens, method=p.method, max_tokens=p.prompt_tokens, last_block=p.last_block)
     hub = (
-        family_jobs(p.hub_models, texts, settings, k=p.k, dtype=p.dtype, cache=cache) if p.hub_models else []
+        family_jobs(p.hub_models, prompts(p), settings, k=p.k, dtype=p.dtype, cache=cache)
+        if p.hub_models
+        else []
     )
-    ks = scale_ks(p)
-    scaled = scale.scale_jobs(
-        list(ks),
-        scale_prompts(p),
-        k=ks,
-        dtype=p.dtype,
-        seed=p.init_seed,
-        method=p.method,
-        max_tokens=p.scale_max_tokens,
-        root=cache_dir("f02", "scale") if store else None,
-    )
-    return {"family": family, "hub": hub, "scale": scaled}
+    parts = {
+        "family": _family(p, p.last_block, cache),
+        "hub": hub,
+        "scale": _scale(p, p.last_block, list(scale_ks(p)), root),
+    }
+    for other in lb.companions(p.last_block):
+        parts[f"family@{other}"] = _family(p, other, cache)
+        parts[f"scale@{other}"] = _scale(p, other, [p.scale_reference], root)
+    return parts
 
 
 def jobs(p: Params) -> list[Job]:
@@ -265,6 +277,7 @@ class Results:
     hub: FamilyCoupling | None
     scale: scale.ScaleMeasurement
     failures: pd.DataFrame = field(default_factory=pd.DataFrame)
+    others: dict[str, Results] = field(default_factory=dict)  # under each other map of the last block
 
     @property
     def prompt_table(self) -> pd.DataFrame:
@@ -281,10 +294,20 @@ def run(p: Params, options: Options | None = None) -> Results:
     got = collect([job for part in parts.values() for job in part], options, desc="f02")
     done = iter(got.results)
     results: dict[str, list[Result]] = {name: [next(done) for _ in part] for name, part in parts.items()}
+    others = {
+        other: Results(
+            prompts=parts["family"][0].prompts,
+            family=family_summary(results[f"family@{other}"], how=p.how),
+            hub=None,
+            scale=scale.scale_summary(results[f"scale@{other}"]),
+        )
+        for other in lb.companions(p.last_block)
+    }
     return Results(
         prompts=parts["family"][0].prompts,
         family=family_summary(results["family"], how=p.how),
         hub=family_summary(results["hub"], how=p.how) if p.hub_models else None,
         scale=scale.scale_summary(results["scale"]),
         failures=got.failures,
+        others=others,
     )

@@ -3,14 +3,16 @@ sentences make, from every section's results."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pandas as pd
 from IPython.display import Markdown
 
+from coupling_utils.analysis import last_block as lb
 from coupling_utils.analysis import scale
 from coupling_utils.analysis.verdicts import Rule, claim
 from coupling_utils.chapters.f02_generalization.plan import (
@@ -22,6 +24,7 @@ from coupling_utils.chapters.f02_generalization.plan import (
     GENERALISES,
     HUB,
     Params,
+    Results,
 )
 from coupling_utils.chapters.f02_generalization.sections import (
     AXIS_RULES,
@@ -32,6 +35,9 @@ from coupling_utils.chapters.f02_generalization.sections import (
     PaperFit,
     ScaleAnswer,
     Training,
+    family_fits,
+    family_section,
+    scale_answer,
 )
 
 
@@ -47,6 +53,10 @@ class Story:
     hub: Hub | None
     scale: ScaleAnswer
     beyond: Beyond
+    # {other map of the last block: {claim: verdict}} (:func:`convention_verdicts`); empty: not judged
+    conventions: dict[str, dict[str, str]] = field(default_factory=dict)
+    # {other map: the scale question under it}, for the book's number under each map
+    other_scale: dict[str, ScaleAnswer] = field(default_factory=dict)
 
     @property
     def hub_coupling(self) -> pd.Series | None:
@@ -54,8 +64,35 @@ class Story:
         return None if self.hub is None else self.hub.coupling
 
 
+def convention_verdicts(p: Params, results: Results, story: Story) -> Story:
+    """``story`` with the verdicts of its measured rows under each other map of the last block
+    (``results.others``: the family and the scale reference measured under it), each judged by
+    the same rules on the same sections' analyses."""
+    verdicts, answers = {}, {}
+    for other, measured in results.others.items():
+        family = family_section(p, story.training, measured)
+        answers[other] = scale_answer(p, measured)
+        again = Story(
+            story.paper, story.training, family, family_fits(p, family), None, answers[other], story.beyond
+        )
+        verdicts[other] = {row["claim"]: row["agree"] for row in claims(p, again)}
+    return dataclasses.replace(story, conventions=verdicts, other_scale=answers)
+
+
+def _convention_note(p: Params, story: Story, row: Mapping[str, Any]) -> str:
+    """Which last block a row's verdict uses, and its verdict under the other maps."""
+    if row["kind"] == "replot":
+        return "the paper's own points: no last-block convention of this book enters"
+    if row["claim"] == CLAIMS["hub"]:
+        return f"last block: '{p.last_block}'; the other map is not measured for the hub models"
+    others = {c: v.get(row["claim"]) for c, v in story.conventions.items()}
+    return lb.convention_note(p.last_block, row["agree"], others)
+
+
 def claims(p: Params, story: Story) -> list[dict[str, Any]]:
-    """The status rows, each judged by its rule (pass them to ``pipeline.status.report``)."""
+    """The status rows, each judged by its rule (pass them to ``pipeline.status.report``); each
+    note says which last block its verdict uses and, for the measured rows, the verdict under
+    the other maps (``story.conventions``)."""
     rows = [*_paper_claims(p, story.paper), *_family_claims(p, story), *_beyond_claims(p, story)]
     fit = story.hub_coupling
     if fit is not None:
@@ -69,7 +106,7 @@ def claims(p: Params, story: Story) -> list[dict[str, Any]]:
                 note=f"{int(fit['n'])} models with a v1 score; K = {p.k}",
             )
         )
-    return rows
+    return [{**row, "note": f"{row['note']}; {_convention_note(p, story, row)}"} for row in rows]
 
 
 def _paper_claims(p: Params, paper: PaperFit) -> list[dict[str, Any]]:
@@ -160,6 +197,27 @@ def glue_values(p: Params, story: Story, status: pd.DataFrame) -> dict[str, Any]
         **_scale_glue(p, story.scale),
         **_beyond_glue(story.paper, story.beyond),
         **_verdict_glue(story, verdict),
+        **_convention_glue(p, story, verdict),
+    }
+
+
+CONVENTION_ROWS = {"family": "family", "family_size": "family-versus-size", "scale": "scale"}
+
+
+def _convention_glue(p: Params, story: Story, verdict: Mapping[str, str]) -> dict[str, Any]:
+    """The chapter's last block, the verdicts it changes, and the book's scale number under it
+    and under the first other map."""
+    own = {key: verdict[CLAIMS[key]] for key in CONVENTION_ROWS}
+    others = {c: {key: v.get(CLAIMS[key]) for key in CONVENTION_ROWS} for c, v in story.conventions.items()}
+    other = next(iter(story.other_scale), None)
+    book = story.other_scale[other].book if other is not None else None
+    return {
+        "f02_last_block": Markdown(f'`last_block = "{p.last_block}"`'),
+        "f02_last_block_words": lb.CONVENTION_WORDS[p.last_block],
+        "f02_convention_sentence": Markdown(lb.changed_verdicts(own, others, CONVENTION_ROWS)),
+        "f02_other_block": Markdown(f'`last_block = "{other}"`' if other else "no other map"),
+        "f02_scale_other_trained": float(book.trained) if book is not None else float("nan"),
+        "f02_scale_other_twin": float(book.twin) if book is not None else float("nan"),
     }
 
 

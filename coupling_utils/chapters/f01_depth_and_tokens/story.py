@@ -1,252 +1,18 @@
-"""f01 · Coupling across depth and tokens (``notebooks/f01_depth_and_tokens.md``).
-
-Its parameters and their checks (:class:`Params`), its measurement plan (:func:`jobs`: each
-model beside its random-init twin), the measurements read back (:func:`run` -> :class:`Results`,
-whose properties are the condensed numbers the story reads), the figures it draws, its status
-rows judged by the rules fixed before any number (:data:`RULES`, :func:`claims`), the
-assumptions its prose makes about a run (:func:`assumptions`) and the values it glues
-(:func:`glue_values`).
-"""
+"""f01's figures, its status rows judged by the rules fixed before any number (:func:`claims`),
+the assumptions its prose makes about a run (:func:`assumptions`) and the values it glues
+(:func:`glue_values`)."""
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
 
 from coupling_utils.analysis import depth_and_tokens as tw
-from coupling_utils.analysis.verdicts import Rule, claim
-from coupling_utils.chapters.checks import (
-    DTYPES,
-    HOWS,
-    METHODS,
-    block,
-    boolean,
-    check_model,
-    check_top_k,
-    choice,
-    integer,
-    k_values,
-    list_of,
-)
-from coupling_utils.chapters.params import ChapterParams, param
-from coupling_utils.files import cache_dir
-from coupling_utils.measurement import Options, collect
-from coupling_utils.measurement.jobs import Job
-
-__all__ = [
-    "Params",
-    "RULES",
-    "Results",
-    "prompt_table",
-    "prompts",
-    "models",
-    "twin_settings",
-    "jobs",
-    "run",
-    "tile_chart",
-    "depth_chart",
-    "distance_chart",
-    "per_model_chart",
-    "token_chart",
-    "context_chart",
-    "claims",
-    "assumptions",
-    "glue_values",
-]
-
-NOTEBOOK = "f01_depth_and_tokens"
-ENCODER = "embedded:minilm-l6"  # the encoder whose post-LN blocks the encoder note explains
-PAPER_AXIS = (0.89, 0.955)  # the range of the paper's Figure 1a axis (per-model coupling)
-
-
-def _need_a_prompt(v: Mapping[str, Any]) -> str | None:
-    if v.get("n_prompts") == 0 and v.get("include_demo") is False:
-        return "parameter 'n_prompts' is 0 and 'include_demo' is false: no prompt to measure"
-    return None
-
-
-def _tile_k_within_k(v: Mapping[str, Any]) -> str | None:
-    if v["tile_k"] > max(v["k"]):
-        return f"parameter 'tile_k' must be <= max(k) = {max(v['k'])}, got {v['tile_k']}"
-    return None
-
-
-@dataclass(frozen=True)
-class Params(ChapterParams):
-    """The notebook's papermill parameters (defaults: its parameters cell)."""
-
-    NOTEBOOK = NOTEBOOK
-    RULES = (_need_a_prompt, _tile_k_within_k)
-
-    model: str = param("embedded:smollm2-135m", check_model)
-    more_models: list = param(["embedded:minilm-l6"], list_of(check_model, min_len=0))
-    include_gemma: bool = param(False, boolean)
-    dtype: str = param("float32", choice(*DTYPES))
-    n_prompts: int = param(2, integer(min=0))
-    include_demo: bool = param(True, boolean)
-    max_tokens: int = param(16, integer(min=2))
-    k: list = param([10, 30, 50], k_values)
-    layers: list = param([], list_of(block, min_len=0))
-    tile_layers: list = param([11, 12, 13, 14, 15, 16, 17, 18], list_of(block, min_len=2, max_len=12))
-    tile_k: int = param(10, check_top_k)
-    token_layer: int = param(15, block)
-    how: str = param("offdiag", choice(*HOWS))
-    init_seed: int = param(0, integer(min=0))
-    method: str = param("exact", choice(*METHODS))
-
-
-# --------------------------------------------------------------------------- the rules, fixed first
-RULES = {
-    # depth: more coupled than the twin in (nearly) every block pair, at every K, by a clear margin
-    "depth": Rule(yes="share_above >= 0.9 and excess >= 0.05", partly="share_above >= 0.5 and excess > 0"),
-    # tiles: a visible diagonal (at least twice the chance share) in (nearly) every off-diagonal
-    # tile, and in (almost) none of the twin's
-    "tiles": Rule(
-        yes="diagonal_trained >= 0.9 and diagonal_twin <= 0.1", partly="diagonal_trained > diagonal_twin"
-    ),
-    # token-wise self coupling: strong (>= 0.5) and beyond what random weights give
-    "tokens": Rule(yes="self_trained >= 0.5 and self_trained > self_twin", partly="self_trained >= 0.25"),
-    # context coupling: present (>= 0.2) and less uniform across token pairs than self coupling
-    "context": Rule(
-        yes="context_trained >= 0.2 and context_sd > self_sd",
-        partly="context_trained >= 0.2 or context_sd > self_sd",
-    ),
-}
-
-
-# --------------------------------------------------------------------------- the plan
-def prompt_table(p: Params) -> pd.DataFrame:
-    """The prompts of the project's prompt set the chapter measures (id, category, text, ...)."""
-    from coupling_utils.analysis.data import load_prompts
-
-    return load_prompts(n=p.n_prompts, include_demo=p.include_demo)
-
-
-def prompts(p: Params) -> dict[str, str]:
-    """The prompts every model is measured on: ``{prompt id: text}`` (the first is the drawn one)."""
-    table = prompt_table(p)
-    return dict(zip(table["id"], table["text"]))
-
-
-def models(p: Params) -> list[str]:
-    """The measured models: ``model`` first, then ``more_models`` (and Gemma when asked)."""
-    extra = ["embedded:gemma3-270m"] if p.include_gemma else []
-    return list(dict.fromkeys([p.model, *p.more_models, *extra]))
-
-
-def twin_settings(p: Params) -> tw.TwinSettings:
-    """What is measured on the drawn model and its twin; the other models get its ``depth_only()``."""
-    return tw.TwinSettings(
-        k=p.k, layers=p.layers or None, tile_layers=p.tile_layers, tile_k=p.tile_k, token_layer=p.token_layer,
-        how=p.how, dtype=p.dtype, seed=p.init_seed, method=p.method, max_tokens=p.max_tokens,
-    )  # fmt: skip
-
-
-def jobs(p: Params) -> list[Job]:
-    """The measurement plan: each model and its random-init twin (``twin_jobs``); the first model
-    with its tiles and token block, the others without."""
-    s, texts = twin_settings(p), prompts(p)
-    out: list[Job] = []
-    for name in models(p):
-        out += tw.twin_jobs(
-            name, texts, s if name == p.model else s.depth_only(), out=cache_dir("f01", p.method)
-        )
-    return out
-
-
-# --------------------------------------------------------------------------- the measurements, condensed
-@dataclass(frozen=True)
-class Results:
-    """What the story reads from one run: every model measured beside its twin (``twins``; models
-    left out in ``failures``), on ``prompts``; the properties condense them (each computed once)."""
-
-    params: Params
-    twins: tw.TwinSet
-    prompts: dict[str, str]
-
-    @property
-    def main(self) -> tw.TwinMeasurement:
-        """The drawn model (``params.model``) beside its twin."""
-        return self.twins.results[self.params.model]
-
-    @property
-    def failures(self) -> pd.DataFrame:
-        """The models left out, and why (model, weights, error, message)."""
-        return self.twins.failures
-
-    @property
-    def focus(self) -> str:
-        """The prompt drawn in the tile and token figures (the demo prompt by default)."""
-        return next(iter(self.prompts))
-
-    @functools.cached_property
-    def tile_values(self) -> dict:
-        """How diagonal the drawn model's off-diagonal tiles are, trained and twin (``tile_contrast``)."""
-        pair = self.main
-        return tw.tile_contrast(pair.tiles[pair.tiles.prompt == self.focus], self.params.tile_k)
-
-    @functools.cached_property
-    def by_distance(self) -> pd.DataFrame:
-        """Mean coupling against the distance between blocks, per weights and K."""
-        return tw.coupling_by_distance(self.main.depthwise)
-
-    @functools.cached_property
-    def trend(self) -> pd.DataFrame:
-        """Spearman's ρ of coupling with block distance; coupling of neighbours and farthest pair."""
-        return tw.distance_trend(self.by_distance)
-
-    @functools.cached_property
-    def per_model(self) -> pd.DataFrame:
-        """One row per (model, K): trained, random init, trained − random (``summary_table``)."""
-        return tw.summary_table(self.twins)
-
-    @functools.cached_property
-    def depth(self) -> dict[str, dict]:
-        """Per model: the trained model against its twin across depth (``depth_contrast``)."""
-        p = self.params
-        return {name: tw.depth_contrast(r, p.k, p.how) for name, r in self.twins.results.items()}
-
-    @functools.cached_property
-    def token_values(self) -> dict:
-        """Token-wise self and context coupling of the drawn model at K = min(k) (``token_contrast``)."""
-        return tw.token_contrast(self.main, min(self.params.k))
-
-    @functools.cached_property
-    def first_token(self) -> tuple[float, float]:
-        """Mean self coupling (trained, the drawn prompt) of pairs involving the first token, and
-        of pairs of other tokens."""
-        tok = self._tokens()
-        trained = tok[(tok.weights == "trained") & (tok.token_i != tok.token_j)]
-        first = float(trained[(trained.token_i == 0) | (trained.token_j == 0)].coupling.mean())
-        other = float(trained[(trained.token_i != 0) & (trained.token_j != 0)].coupling.mean())
-        return first, other
-
-    @functools.cached_property
-    def per_model_head(self) -> pd.Series:
-        """The drawn model's row of :attr:`per_model` at K = max(k)."""
-        wide, kmax = self.per_model, max(self.params.k)
-        return wide[(wide.model == self.params.model) & (wide["K"] == kmax)].iloc[0]
-
-    def _tokens(self) -> pd.DataFrame:
-        """The drawn prompt's token-wise self coupling at K = min(k)."""
-        tok, kmin = self.main.tokenwise, min(self.params.k)
-        return tok[(tok.prompt == self.focus) & (tok["K"] == kmin)]
-
-    def _context(self) -> pd.DataFrame:
-        """The drawn prompt's context coupling at K = min(k), within the token block."""
-        ctx, kmin = self.main.context, min(self.params.k)
-        return ctx[(ctx.prompt == self.focus) & (ctx["K"] == kmin) & (ctx.layer_i == ctx.layer_j)]
-
-
-def run(p: Params, options: Options | None = None) -> Results:
-    """Collect :func:`jobs` (``options``: how they run; default: failures recorded) and the
-    chapter's :class:`Results`; the drawn model must be measured, the others may be left out."""
-    done = collect(jobs(p), options)
-    return Results(p, tw.twin_set(done, twin_settings(p), main=p.model), prompts(p))
+from coupling_utils.analysis import last_block as lb
+from coupling_utils.analysis.verdicts import claim
+from coupling_utils.chapters.f01_depth_and_tokens.plan import ENCODER, PAPER_AXIS, RULES, Results, models
 
 
 # --------------------------------------------------------------------------- figures
@@ -339,7 +105,35 @@ def context_chart(r: Results):
     return _token_heatmap(r, r._context(), title)
 
 
+def last_block_chart(r: Results):
+    """The last block's row and column of the drawn model's L × L matrix, K = max(k), under both
+    maps, trained and twin (mean over prompts)."""
+    return lb.last_lines_chart(r.maps, max(r.params.k))
+
+
 # --------------------------------------------------------------------------- claims and glued values
+def _other_model_note(r: Results, name: str) -> str:
+    """The convention note of a model other than the drawn one: its free "excluded" verdict (the
+    other map was measured for the drawn model alone), and whether that map differs for it."""
+    p, pair = r.params, r.twins.results[name]
+    others = {}
+    if p.last_block != "excluded" and pair.n_layers >= 3:
+        cut = lb.without_last_block(pair, p.how)
+        others["excluded"] = RULES["depth"].judge(tw.depth_contrast(cut, p.k, p.how))
+    note = lb.convention_note(p.last_block, RULES["depth"].judge(r.depth[name]), others)
+    if p.last_block == "final_norm" and lb.folds_norm(pair.provenance.get("trained") or {}) is False:
+        return note + "; the same map as 'block' for this model (no final norm in hidden_states[L])"
+    return note + ("; the other map measured for the drawn model only" if p.last_block != "excluded" else "")
+
+
+def _convention_note(r: Results, row: str, name: str | None = None) -> str:
+    """Which convention a row's verdict uses, and where it would change under the others."""
+    if name is not None and name != r.params.model:
+        return _other_model_note(r, name)
+    others = {c: verdicts[row] for c, verdicts in r.other_verdicts.items()}
+    return lb.convention_note(r.params.last_block, r.main_verdicts()[row], others)
+
+
 def _depth_rows(r: Results) -> list[dict]:
     """One status row per measured model: coupled across depth, its twin not."""
     p, wide, rows = r.params, r.per_model, []
@@ -353,7 +147,7 @@ def _depth_rows(r: Results) -> list[dict]:
             ours="; ".join(f"K = {K}: {a:.3f} vs {b:.3f}"
                            for K, a, b in zip(per_k["K"], per_k["trained"], per_k["random init"])),
             note=f"mean 1 − m² over {p.how} block pairs, last token, {len(r.prompts)} prompts; "
-                 "trained vs twin"))  # fmt: skip
+                 f"trained vs twin; {_convention_note(r, 'depth', name)}"))  # fmt: skip
     return rows
 
 
@@ -367,18 +161,20 @@ def claims(r: Results) -> list[dict]:
               paper="trained: diagonal in every tile; untrained: only where i = j", rule=RULES["tiles"],
               values=tiles, ours=f"{tiles['diagonal_trained']:.0%} vs {tiles['diagonal_twin']:.0%} of tiles",
               note=f"{p.model}, blocks {p.tile_layers[0]}–{p.tile_layers[-1]}, K = {p.tile_k}; "
-                   f"visible diagonal: ≥ {2 / p.tile_k:.2f} of a tile's squared mass"),
+                   f"visible diagonal: ≥ {2 / p.tile_k:.2f} of a tile's squared mass; "
+                   f"{_convention_note(r, 'tiles')}"),
         claim("token-wise self coupling is strong in the trained model",
               paper="strong coupling of the tokens' own Jacobians (project page)", rule=RULES["tokens"],
               values=tokens, ours=f"{tokens['self_trained']:.3f} (twin {tokens['self_twin']:.3f})",
-              note=f"mean 1 − m² over token pairs, block {block}, K = {kmin}"),
+              note=f"mean 1 − m² over token pairs, block {block}, K = {kmin}; "
+                   f"{_convention_note(r, 'tokens')}"),
         claim("context coupling exists but varies across token pairs",
               paper="context coupling present, less uniform than self coupling", rule=RULES["context"],
               values=tokens,
               ours=f"mean {tokens['context_trained']:.3f}, s.d. {tokens['context_sd']:.3f} "
                    f"(self: s.d. {tokens['self_sd']:.3f})",
               note=f"fixed output token (the last), block {block}, K = {kmin}; twin mean "
-                   f"{tokens['context_twin']:.3f}"),
+                   f"{tokens['context_twin']:.3f}; {_convention_note(r, 'context')}"),
     ]  # fmt: skip
 
 
@@ -484,6 +280,27 @@ ENCODER_NOTE = (
 )
 
 
+ROW_NAMES = {"depth": "depth-wise", "tiles": "tiles", "tokens": "token-wise", "context": "context"}
+
+
+def _last_block_glue(r: Results) -> dict[str, Any]:
+    """The section "The last block": the chapter's convention, the aggregates under each, their
+    differences and what they do to the drawn model's verdicts."""
+    from IPython.display import Markdown
+
+    v, p = r.last_block_values, r.params
+    keys = ("trained_block", "trained_final_norm", "trained_excluded", "twin_block", "twin_final_norm",
+            "twin_excluded", "trained_change", "twin_change", "trained_line_diff", "twin_line_diff",
+            "rest_diff", "excluded_diff", "trained_s1_block", "trained_s1_final_norm")  # fmt: skip
+    return {
+        "f01_last_block": Markdown(f'`last_block = "{p.last_block}"`'),
+        "f01_last_block_words": lb.CONVENTION_WORDS[p.last_block],
+        "f01_lb_last": int(r.main.n_layers - 1),
+        **{f"f01_lb_{key}": float(v[key]) for key in keys},
+        "f01_lb_verdicts": Markdown(lb.changed_verdicts(r.main_verdicts(), r.other_verdicts, ROW_NAMES)),
+    }
+
+
 def glue_values(r: Results, status: pd.DataFrame) -> dict[str, Any]:
     """Every value the prose glues, by name. ``status``: the table ``report(NOTEBOOK, claims(r))``
     returned, whose verdicts the prose quotes (rows in :func:`claims` order)."""
@@ -498,6 +315,7 @@ def glue_values(r: Results, status: pd.DataFrame) -> dict[str, Any]:
         **_distance_values(r),
         **_per_model_values(r),
         **_token_values(r),
+        **_last_block_glue(r),
         "f01_share_above": main["share_above"],
         "f01_excess": main["excess"],
         "f01_depth_verdict": verdicts[claimed[0]],

@@ -1,0 +1,303 @@
+"""f01's parameters and their checks (:class:`Params`), its rules (:data:`RULES`), its measurement
+plan (:func:`jobs`: each model beside its random-init twin, and the drawn model under the other
+map of the last block) and the measurements read back (:func:`run` -> :class:`Results`, whose
+properties are the condensed numbers the story reads)."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+
+from coupling_utils.analysis import depth_and_tokens as tw
+from coupling_utils.analysis import last_block as lb
+from coupling_utils.analysis.verdicts import Rule
+from coupling_utils.chapters.checks import (
+    DTYPES,
+    HOWS,
+    METHODS,
+    block,
+    boolean,
+    check_model,
+    check_top_k,
+    choice,
+    integer,
+    k_values,
+    list_of,
+)
+from coupling_utils.chapters.params import ChapterParams, param
+from coupling_utils.engine.blocks import LAST_BLOCKS
+from coupling_utils.files import cache_dir
+from coupling_utils.measurement import Collected, Options, collect
+from coupling_utils.measurement.jobs import Job
+
+NOTEBOOK = "f01_depth_and_tokens"
+ENCODER = "embedded:minilm-l6"  # the encoder whose post-LN blocks the encoder note explains
+PAPER_AXIS = (0.89, 0.955)  # the range of the paper's Figure 1a axis (per-model coupling)
+
+
+def _need_a_prompt(v: Mapping[str, Any]) -> str | None:
+    if v.get("n_prompts") == 0 and v.get("include_demo") is False:
+        return "parameter 'n_prompts' is 0 and 'include_demo' is false: no prompt to measure"
+    return None
+
+
+def _tile_k_within_k(v: Mapping[str, Any]) -> str | None:
+    if v["tile_k"] > max(v["k"]):
+        return f"parameter 'tile_k' must be <= max(k) = {max(v['k'])}, got {v['tile_k']}"
+    return None
+
+
+@dataclass(frozen=True)
+class Params(ChapterParams):
+    """The notebook's papermill parameters (defaults: its parameters cell)."""
+
+    NOTEBOOK = NOTEBOOK
+    RULES = (_need_a_prompt, _tile_k_within_k)
+
+    model: str = param("embedded:smollm2-135m", check_model)
+    more_models: list = param(["embedded:minilm-l6"], list_of(check_model, min_len=0))
+    include_gemma: bool = param(False, boolean)
+    dtype: str = param("float32", choice(*DTYPES))
+    n_prompts: int = param(2, integer(min=0))
+    include_demo: bool = param(True, boolean)
+    max_tokens: int = param(16, integer(min=2))
+    k: list = param([10, 30, 50], k_values)
+    layers: list = param([], list_of(block, min_len=0))
+    tile_layers: list = param([11, 12, 13, 14, 15, 16, 17, 18], list_of(block, min_len=2, max_len=12))
+    tile_k: int = param(10, check_top_k)
+    token_layer: int = param(15, block)
+    how: str = param("offdiag", choice(*HOWS))
+    init_seed: int = param(0, integer(min=0))
+    method: str = param("exact", choice(*METHODS))
+    last_block: str = param("final_norm", choice(*LAST_BLOCKS))
+
+
+# --------------------------------------------------------------------------- the rules, fixed first
+RULES = {
+    # depth: more coupled than the twin in (nearly) every block pair, at every K, by a clear margin
+    "depth": Rule(yes="share_above >= 0.9 and excess >= 0.05", partly="share_above >= 0.5 and excess > 0"),
+    # tiles: a visible diagonal (at least twice the chance share) in (nearly) every off-diagonal
+    # tile, and in (almost) none of the twin's
+    "tiles": Rule(
+        yes="diagonal_trained >= 0.9 and diagonal_twin <= 0.1", partly="diagonal_trained > diagonal_twin"
+    ),
+    # token-wise self coupling: strong (>= 0.5) and beyond what random weights give
+    "tokens": Rule(yes="self_trained >= 0.5 and self_trained > self_twin", partly="self_trained >= 0.25"),
+    # context coupling: present (>= 0.2) and less uniform across token pairs than self coupling
+    "context": Rule(
+        yes="context_trained >= 0.2 and context_sd > self_sd",
+        partly="context_trained >= 0.2 or context_sd > self_sd",
+    ),
+}
+
+
+# --------------------------------------------------------------------------- the plan
+def prompt_table(p: Params) -> pd.DataFrame:
+    """The prompts of the project's prompt set the chapter measures (id, category, text, ...)."""
+    from coupling_utils.analysis.data import load_prompts
+
+    return load_prompts(n=p.n_prompts, include_demo=p.include_demo)
+
+
+def prompts(p: Params) -> dict[str, str]:
+    """The prompts every model is measured on: ``{prompt id: text}`` (the first is the drawn one)."""
+    table = prompt_table(p)
+    return dict(zip(table["id"], table["text"]))
+
+
+def models(p: Params) -> list[str]:
+    """The measured models: ``model`` first, then ``more_models`` (and Gemma when asked)."""
+    extra = ["embedded:gemma3-270m"] if p.include_gemma else []
+    return list(dict.fromkeys([p.model, *p.more_models, *extra]))
+
+
+def twin_settings(p: Params) -> tw.TwinSettings:
+    """What is measured on the drawn model and its twin; the other models get its ``depth_only()``."""
+    return tw.TwinSettings(
+        k=p.k, layers=p.layers or None, tile_layers=p.tile_layers, tile_k=p.tile_k, token_layer=p.token_layer,
+        how=p.how, dtype=p.dtype, seed=p.init_seed, method=p.method, max_tokens=p.max_tokens,
+        last_block=p.last_block,
+    )  # fmt: skip
+
+
+def _companion_jobs(p: Params) -> dict[str, list[Job]]:
+    """The drawn model and its twin under each other map of the last block (``lb.companions``),
+    with the same tiles and token block: what "The last block" sets side by side."""
+    s, texts = twin_settings(p), prompts(p)
+    return {
+        c: tw.twin_jobs(p.model, texts, s.but(last_block=c), out=cache_dir("f01", p.method))
+        for c in lb.companions(p.last_block)
+    }
+
+
+def jobs(p: Params) -> list[Job]:
+    """The measurement plan: each model and its random-init twin (``twin_jobs``), the first model
+    with its tiles and token block, the others without; then the first model and its twin under
+    the other map(s) of the last block (``last_block``)."""
+    s, texts = twin_settings(p), prompts(p)
+    out: list[Job] = []
+    for name in models(p):
+        out += tw.twin_jobs(
+            name, texts, s if name == p.model else s.depth_only(), out=cache_dir("f01", p.method)
+        )
+    return out + [job for part in _companion_jobs(p).values() for job in part]
+
+
+# --------------------------------------------------------------------------- the measurements, condensed
+@dataclass(frozen=True)
+class Results:
+    """What the story reads from one run: every model measured beside its twin (``twins``; models
+    left out in ``failures``), on ``prompts``; the properties condense them (each computed once)."""
+
+    params: Params
+    twins: tw.TwinSet
+    prompts: dict[str, str]
+    companions: dict[str, tw.TwinMeasurement] = dataclasses.field(default_factory=dict)
+
+    @property
+    def main(self) -> tw.TwinMeasurement:
+        """The drawn model (``params.model``) beside its twin."""
+        return self.twins.results[self.params.model]
+
+    @property
+    def failures(self) -> pd.DataFrame:
+        """The models left out, and why (model, weights, error, message)."""
+        return self.twins.failures
+
+    @property
+    def focus(self) -> str:
+        """The prompt drawn in the tile and token figures (the demo prompt by default)."""
+        return next(iter(self.prompts))
+
+    @functools.cached_property
+    def tile_values(self) -> dict:
+        """How diagonal the drawn model's off-diagonal tiles are, trained and twin (``tile_contrast``)."""
+        pair = self.main
+        return tw.tile_contrast(pair.tiles[pair.tiles.prompt == self.focus], self.params.tile_k)
+
+    @functools.cached_property
+    def by_distance(self) -> pd.DataFrame:
+        """Mean coupling against the distance between blocks, per weights and K."""
+        return tw.coupling_by_distance(self.main.depthwise)
+
+    @functools.cached_property
+    def trend(self) -> pd.DataFrame:
+        """Spearman's ρ of coupling with block distance; coupling of neighbours and farthest pair."""
+        return tw.distance_trend(self.by_distance)
+
+    @functools.cached_property
+    def per_model(self) -> pd.DataFrame:
+        """One row per (model, K): trained, random init, trained − random (``summary_table``)."""
+        return tw.summary_table(self.twins)
+
+    @functools.cached_property
+    def depth(self) -> dict[str, dict]:
+        """Per model: the trained model against its twin across depth (``depth_contrast``)."""
+        p = self.params
+        return {name: tw.depth_contrast(r, p.k, p.how) for name, r in self.twins.results.items()}
+
+    @functools.cached_property
+    def token_values(self) -> dict:
+        """Token-wise self and context coupling of the drawn model at K = min(k) (``token_contrast``)."""
+        return tw.token_contrast(self.main, min(self.params.k))
+
+    @functools.cached_property
+    def first_token(self) -> tuple[float, float]:
+        """Mean self coupling (trained, the drawn prompt) of pairs involving the first token, and
+        of pairs of other tokens."""
+        tok = self._tokens()
+        trained = tok[(tok.weights == "trained") & (tok.token_i != tok.token_j)]
+        first = float(trained[(trained.token_i == 0) | (trained.token_j == 0)].coupling.mean())
+        other = float(trained[(trained.token_i != 0) & (trained.token_j != 0)].coupling.mean())
+        return first, other
+
+    @functools.cached_property
+    def per_model_head(self) -> pd.Series:
+        """The drawn model's row of :attr:`per_model` at K = max(k)."""
+        wide, kmax = self.per_model, max(self.params.k)
+        return wide[(wide.model == self.params.model) & (wide["K"] == kmax)].iloc[0]
+
+    @property
+    def maps(self) -> dict[str, tw.TwinMeasurement]:
+        """The drawn model and its twin under each measured map of the last block ("block",
+        "final_norm"): the chapter's own measurement and its companions."""
+        own = {self.params.last_block: self.main} if self.params.last_block in lb.MEASURED_MAPS else {}
+        return {**own, **self.companions}
+
+    @functools.cached_property
+    def last_block_lines(self) -> pd.DataFrame:
+        """The last row and column of the drawn model's L × L matrix (K = max(k)) under both maps."""
+        return lb.lines_side_by_side(lb.last_lines(self.maps, max(self.params.k)))
+
+    @functools.cached_property
+    def last_block_table(self) -> pd.DataFrame:
+        """The drawn model's per-model coupling (K = max(k)) under every convention."""
+        return lb.convention_table(self.maps, max(self.params.k), self.params.how)
+
+    @functools.cached_property
+    def last_block_values(self) -> dict[str, float]:
+        """How far apart the conventions are on the drawn model (``lb.convention_summary``)."""
+        return lb.convention_summary(self.maps, max(self.params.k), self.params.how)
+
+    @functools.cached_property
+    def other_verdicts(self) -> dict[str, dict[str, str | None]]:
+        """``{convention: {row: verdict}}`` of the drawn model's rows (depth, tiles, tokens,
+        context) under each convention but the chapter's (None: not measurable there)."""
+        p, out = self.params, {}
+        pairs = {**self.maps}
+        if p.last_block != "excluded" and self.main.n_layers >= 3:
+            pairs["excluded"] = lb.without_last_block(self.main, p.how)
+        for convention, pair in pairs.items():
+            if convention != p.last_block:
+                twins = tw.TwinSet({p.model: pair}, self.twins.failures.iloc[:0])
+                other = Results(dataclasses.replace(p, last_block=convention), twins, self.prompts)
+                out[convention] = other.main_verdicts()
+        return out
+
+    def main_verdicts(self) -> dict[str, str | None]:
+        """The verdicts of the drawn model's rows (None where this run cannot judge a row)."""
+        p, out = self.params, {}
+        judges = {
+            "depth": lambda: RULES["depth"].judge(self.depth[p.model]),
+            "tiles": lambda: RULES["tiles"].judge(self.tile_values),
+            "tokens": lambda: RULES["tokens"].judge(self.token_values),
+            "context": lambda: RULES["context"].judge(self.token_values),
+        }
+        for row, judge in judges.items():
+            try:
+                out[row] = judge()
+            except ValueError:  # e.g. no off-diagonal tile or no token block left without the last block
+                out[row] = None
+        return out
+
+    def _tokens(self) -> pd.DataFrame:
+        """The drawn prompt's token-wise self coupling at K = min(k)."""
+        tok, kmin = self.main.tokenwise, min(self.params.k)
+        return tok[(tok.prompt == self.focus) & (tok["K"] == kmin)]
+
+    def _context(self) -> pd.DataFrame:
+        """The drawn prompt's context coupling at K = min(k), within the token block."""
+        ctx, kmin = self.main.context, min(self.params.k)
+        return ctx[(ctx.prompt == self.focus) & (ctx["K"] == kmin) & (ctx.layer_i == ctx.layer_j)]
+
+
+def run(p: Params, options: Options | None = None) -> Results:
+    """Collect :func:`jobs` (``options``: how they run; default: failures recorded) and the
+    chapter's :class:`Results`; the drawn model must be measured, the others may be left out, and
+    so may its companions under the other maps (then "The last block" has nothing to show)."""
+    planned, extra = jobs(p), _companion_jobs(p)
+    done = collect(planned, options).results
+    n_own = len(planned) - sum(len(part) for part in extra.values())
+    twins = tw.twin_set(Collected(done[:n_own]), twin_settings(p), main=p.model)
+    companions, at = {}, n_own
+    for convention, part in extra.items():  # the same model and twin: they must be measured too
+        s = twin_settings(p).but(last_block=convention)
+        got = tw.twin_set(Collected(done[at : at + len(part)]), s, main=p.model)
+        companions[convention] = got.results[p.model]
+        at += len(part)
+    return Results(p, twins, prompts(p), companions)
