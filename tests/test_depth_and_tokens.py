@@ -258,7 +258,12 @@ def test_depth_contrast_counts_pairs_where_trained_beats_the_twin():
     got = tw.depth_contrast(pair, how="offdiag")
     assert got["share_above"] == pytest.approx(5 / 6)  # one pair of six: the twin is higher, at both K
     assert got["trained"] == pytest.approx(0.5) and got["twin"] == pytest.approx(0.2)
-    assert got["excess"] == pytest.approx(0.3)
+    assert got["excess"].estimate == pytest.approx(0.3)
+    assert got["excess"].over == "1 prompt" and got["excess"].low == -np.inf  # one prompt: no interval
+    q = pair.depthwise.assign(prompt="q", coupling=lambda d: d.coupling * 1.2)
+    two = SimpleNamespace(model="m", summary=pair.summary, depthwise=pd.concat([pair.depthwise, q]))
+    iv = tw.depth_contrast(two, how="offdiag")["excess"]
+    assert iv.over == "2 prompts" and iv.low <= iv.estimate <= iv.high and iv.high > iv.low
     adjacent = tw.depth_contrast(pair, how="adjacent")  # (0, 2) is not a neighbour pair
     assert adjacent["share_above"] == 1.0
     with pytest.raises(ValueError, match="how must be"):

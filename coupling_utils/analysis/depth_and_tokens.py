@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from coupling_utils.analysis.verdicts import Interval
 from coupling_utils.measurement import (
     Collected,
     Job,
@@ -474,7 +475,8 @@ def depth_contrast(pair: TwinMeasurement, ks: Sequence[int] | None = None, how: 
     """The trained model against its twin across depth, over the K values ``ks`` (default all).
 
     ``trained``, ``twin``: the per-model coupling (mean 1 − m² over the ``how`` block pairs and
-    prompts) at the largest K; ``excess``: the smallest ``trained − twin`` over the K values;
+    prompts) at the largest K; ``excess``: the smallest ``trained − twin`` over the K values, an
+    :class:`~coupling_utils.analysis.verdicts.Interval` (bootstrap over prompts);
     ``share_above``: the share of (K, block pair) cells of the prompt-mean matrices in which the
     trained model is more coupled than its twin (1: in every pair, the paper's "every tile").
     """
@@ -487,12 +489,27 @@ def depth_contrast(pair: TwinMeasurement, ks: Sequence[int] | None = None, how: 
         index=["K", "layer_i", "layer_j"], columns="weights", values="coupling"
     )
     top = wide[wide["K"] == max(ks)].iloc[0]
+    excess = float(wide["trained − random"].min())
     return {
         "trained": float(top["trained"]),
         "twin": float(top["random init"]),
-        "excess": float(wide["trained − random"].min()),
+        "excess": _excess_interval(pair.depthwise, ks, how, excess),
         "share_above": float((mats["trained"] > mats["random init"]).mean()),
     }
+
+
+def _excess_interval(depthwise: pd.DataFrame, ks: Sequence[int], how: str, excess: float) -> Interval:
+    """``excess`` (the smallest trained − twin over K) with a 95% bootstrap interval over prompts."""
+    from coupling_utils.analysis.stats import bootstrap_ci
+
+    cells = _pairs(depthwise[depthwise["K"].isin(ks)], how)
+    per = cells.pivot_table(index="prompt", columns=["K", "weights"], values="coupling", aggfunc="mean")
+    if "prompt" not in depthwise or per.shape[0] < 2:
+        return Interval(excess, -np.inf, np.inf, over="1 prompt")  # nothing to resample
+    diff = pd.DataFrame({k: per[(k, "trained")] - per[(k, "random init")] for k in ks}).dropna()
+    ci = bootstrap_ci(diff, lambda d: float(d.mean().min()), seed=0).iloc[0]
+    lo, hi = min(float(ci["ci_low"]), excess), max(float(ci["ci_high"]), excess)
+    return Interval(excess, lo, hi, over=f"{len(diff)} prompts")
 
 
 def tile_contrast(tiles: pd.DataFrame, k: int) -> dict:

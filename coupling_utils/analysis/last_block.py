@@ -249,7 +249,7 @@ def changed_verdicts(
 
 
 def last_lines_chart(pairs: Mapping[str, TwinMeasurement], k: int):
-    """The last block's row (left) and column (right) of the prompt-mean L × L matrix at K = ``k``
+    """The last block's row and column (two panels, titled) of the prompt-mean L × L matrix at K = ``k``
     under both maps, trained and twin: one line per weights and convention."""
     from coupling_utils.analysis import plots
 
@@ -263,7 +263,8 @@ def last_lines_chart(pairs: Mapping[str, TwinMeasurement], k: int):
     left, right = (
         plots.layer_profile(
             lines[lines["line"] == line], "coupling", layer="partner", color="series", band=False,
-            title=titles[line], y_title="1 − m²", x_title="block j" if line == "row" else "block i",
+            look=plots.Look(title=titles[line], y_title="1 − m²",
+                            x_title="block j" if line == "row" else "block i"),
         )
         for line in ("row", "column")
     )  # fmt: skip

@@ -80,18 +80,24 @@ class Params(ChapterParams):
 # --------------------------------------------------------------------------- the rules, fixed first
 RULES = {
     # depth: more coupled than the twin in (nearly) every block pair, at every K, by a clear margin
+    # (the margin's 95% interval over prompts must clear 0.05 for a yes)
     "depth": Rule(yes="share_above >= 0.9 and excess >= 0.05", partly="share_above >= 0.5 and excess > 0"),
     # tiles: a visible diagonal (at least twice the chance share) in (nearly) every off-diagonal
     # tile, and in (almost) none of the twin's
     "tiles": Rule(
         yes="diagonal_trained >= 0.9 and diagonal_twin <= 0.1", partly="diagonal_trained > diagonal_twin"
     ),
-    # token-wise self coupling: strong (>= 0.5) and beyond what random weights give
-    "tokens": Rule(yes="self_trained >= 0.5 and self_trained > self_twin", partly="self_trained >= 0.25"),
-    # context coupling: present (>= 0.2) and less uniform across token pairs than self coupling
+    # token-wise self coupling: strong (>= 0.5) and beyond what random weights give; never even
+    # partly when the trained model is at or below its twin
+    "tokens": Rule(
+        yes="self_trained >= 0.5 and self_trained > self_twin",
+        partly="self_trained >= 0.25 and self_trained > self_twin",
+    ),
+    # context coupling: present (>= 0.2), beyond the twin's, and less uniform across token pairs
+    # than self coupling; never even partly at or below the twin
     "context": Rule(
-        yes="context_trained >= 0.2 and context_sd > self_sd",
-        partly="context_trained >= 0.2 or context_sd > self_sd",
+        yes="context_trained >= 0.2 and context_trained > context_twin and context_sd > self_sd",
+        partly="context_trained > context_twin and (context_trained >= 0.2 or context_sd > self_sd)",
     ),
 }
 
