@@ -285,3 +285,22 @@ def test_estimated_seconds_orders_the_real_builds():
     }
     members = [zoo.estimated_seconds("lm-family", s) for s in zoo.REGISTRY["lm-family"].specs().values()]
     assert est["pythia-tiny"] > max(members) > min(members) > 0 and est["vit-mnist"] > min(members)
+
+
+def test_a_cache_that_cannot_be_written_still_hashes(tmp_path, monkeypatch):
+    """The hash memo is only a memo: an unwritable cache gives the digest, unremembered."""
+    import hashlib
+
+    from coupling_utils.models.zoo import cache
+
+    monkeypatch.setenv("COUPLING_CACHE", str(tmp_path / "cache"))
+    f = tmp_path / "w.bin"
+    f.write_bytes(b"weights")
+
+    def refuse(*_a, **_k):
+        raise PermissionError("read-only file system")
+
+    monkeypatch.setattr(cache, "atomic_write_text", refuse)
+    monkeypatch.setattr(cache, "_SHA_MEMO", {})
+    assert cache.file_sha256(f) == hashlib.sha256(b"weights").hexdigest()
+    assert not (tmp_path / "cache" / "zoo" / "sha256-memo.json").exists()

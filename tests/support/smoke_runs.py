@@ -30,7 +30,8 @@ def snapshot(folder: Path) -> dict[str, tuple[int, int]]:
 
 
 def run_smoke(smoke_zoo: Path, tmp_path_factory) -> SimpleNamespace:
-    """Run every notebook at the smoke profile; what ran, where, and the shared folders before."""
+    """Run every notebook at the smoke profile; what ran, where, and the shared folders before
+    and right after the runs."""
     cache = tmp_path_factory.mktemp("notebook-cache")
     for name in SHARED:
         (cache / name).symlink_to(smoke_zoo / name, target_is_directory=True)
@@ -41,6 +42,8 @@ def run_smoke(smoke_zoo: Path, tmp_path_factory) -> SimpleNamespace:
         mp.setenv("COUPLING_CACHE", str(cache))
         mp.setenv("XDG_CACHE_HOME", str(user_cache))
         results = run_notebooks([], "smoke", output_dir=SMOKE_DIR, jobs=2, echo=lines.append)
+    # taken now, not when a test reads it: other tests of the session may build more shared models
+    after = {name: snapshot(smoke_zoo / name) for name in SHARED}
     return SimpleNamespace(
         results={r.notebook: r for r in results},
         lines=lines,
@@ -48,4 +51,5 @@ def run_smoke(smoke_zoo: Path, tmp_path_factory) -> SimpleNamespace:
         user_cache=user_cache,
         shared=smoke_zoo,
         before=before,
+        after=after,
     )

@@ -9,6 +9,7 @@ of live here too.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 from pathlib import Path
@@ -50,7 +51,9 @@ def file_sha256(path: str | Path) -> str:
     if digest is None:
         digest = _stream_sha256(path)
         memo[skey] = digest
-        atomic_write_text(memo_file, json.dumps(memo, indent=1))
+        with contextlib.suppress(OSError):  # a read-only cache serves what it holds, unremembered
+            atomic_write_text(memo_file, json.dumps(memo, indent=1))
+
     _SHA_MEMO[key] = digest
     return digest
 
