@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
 
 import numpy as np
@@ -176,6 +177,30 @@ def test_sweep_values_match_a_direct_computation(tiny_sweep):
     g = s.depthwise.query("step == 4 and K == 4 and layer_i != layer_j")
     expected = (1 - g.m**2).groupby(g.prompt).mean().mean()  # from m, not the table's coupling column
     assert s.summary.query("step == 4 and K == 4").coupling.item() == pytest.approx(expected)
+
+
+def test_tables_without_last_block_drop_its_pairs_and_recompute_the_coupling(tiny_sweep):
+    s = tiny_sweep.sweep
+    cut = em.tables_without_last_block(s)
+    assert set(cut.depthwise.layer_i) == set(cut.depthwise.layer_j) == {0, 1, 2}
+    g = s.depthwise.query("step == 4 and K == 4 and layer_i != layer_j and layer_i < 3 and layer_j < 3")
+    expected = (1 - g.m**2).groupby(g.prompt).mean().mean()
+    assert cut.summary.query("step == 4 and K == 4").coupling.item() == pytest.approx(expected)
+    assert cut.summary.query("step == 4 and K == 4").coupling.item() != pytest.approx(
+        s.summary.query("step == 4 and K == 4").coupling.item()
+    )
+    pd.testing.assert_frame_equal(cut.summary.drop(columns="coupling"), s.summary.drop(columns="coupling"))
+    two = s.depthwise[(s.depthwise.layer_i < 2) & (s.depthwise.layer_j < 2)]
+    with pytest.raises(ValueError, match="needs three"):
+        em.tables_without_last_block(dataclasses.replace(s, depthwise=two))
+
+
+def test_the_last_block_setting_reaches_the_measurement():
+    jobs = em.checkpoint_jobs("tiny", ["step0"], {"a": "x"}, em.SweepSettings(last_block="final_norm"))
+    assert jobs and {s.last_block for j in jobs for s in j.settings.values()} == {"final_norm"}
+    assert {
+        s.last_block for j in em.checkpoint_jobs("tiny", ["step0"], {"a": "x"}) for s in j.settings.values()
+    } == {"block"}
 
 
 def test_sweep_reuses_stored_measurements(tiny_sweep, monkeypatch):

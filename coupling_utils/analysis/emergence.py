@@ -62,6 +62,7 @@ __all__ = [
     "model_width",
     "main_k",
     "checkpoint_summary",
+    "tables_without_last_block",
     "growth_summary",
     "log_position",
     "relative_curve",
@@ -228,7 +229,9 @@ class SweepSettings:
     ``trajectory_layers`` (a residual-state window (first, last), default all): the tokens and
     window of the line-shape score and expodistance (expodistance needs three steps and is NaN
     for shallower windows); ``max_tokens`` cuts prompts to their first tokens; ``dtype``: the
-    weights'; ``how``: the pairs of :func:`checkpoint_summary` (not part of what is stored).
+    weights'; ``last_block``: what the last block's Jacobian is (``Settings.last_block``: "block",
+    "final_norm" or "excluded"); ``how``: the pairs of :func:`checkpoint_summary` (not part of
+    what is stored).
     """
 
     k: int | Sequence[int] = (10,)
@@ -239,6 +242,7 @@ class SweepSettings:
     dtype: str = "float32"
     method: str = "exact"
     max_tokens: int | None = None
+    last_block: str = "block"
 
     def __post_init__(self):
         if self.trajectory_tokens not in ("all", "last"):
@@ -337,7 +341,14 @@ def checkpoint_jobs(
     if not prompts:
         raise ValueError("prompts is empty; pass at least one prompt text")
     ordered = [revisions[i] for i in np.argsort(steps, kind="stable")]
-    measured = Settings(layers=s.layers, tokens="last", k=s.k, method=s.method, max_tokens=s.max_tokens)
+    measured = Settings(
+        layers=s.layers,
+        tokens="last",
+        k=s.k,
+        method=s.method,
+        max_tokens=s.max_tokens,
+        last_block=s.last_block,
+    )
     options = {"max_tokens": s.max_tokens, "layers": s.trajectory_layers, "tokens": s.trajectory_tokens}
     extra = Extra("trajectories", checkpoint_trajectories, options, sources=("analysis/trajectories.py",))
     loads = Loads(revisions=ordered, dtype=s.dtype)
@@ -565,6 +576,31 @@ def main_k(summary: pd.DataFrame, k_main: int, model: str) -> tuple[int, str]:
 
 def _lead(df: pd.DataFrame, lead: Sequence[str]) -> pd.DataFrame:
     return df[[*lead, *[c for c in df.columns if c not in lead]]]
+
+
+def tables_without_last_block(tables: CheckpointTables, how: str = "offdiag") -> CheckpointTables:
+    """``tables`` as the "excluded" convention of the last block sees them, from the same
+    measurement: the depth-wise pairs without each model's last measured block (a checkpoint
+    sweep measures every block, so that is the model's last) and the summary's ``coupling``
+    recomputed over the rest. A model of two blocks has no pair left and is dropped; none left
+    raises a ValueError."""
+    from coupling_utils.measurement import coupling_summary
+
+    d = tables.depthwise
+    last = d.groupby("model")[["layer_i", "layer_j"]].transform("max").max(axis=1)
+    cut = d[(d["layer_i"] != last) & (d["layer_j"] != last)]
+    cut = cut[cut.groupby("model")["layer_i"].transform("nunique") >= 2]
+    if cut.empty:
+        raise ValueError("without their last block no model has two blocks left ('excluded' needs three)")
+    keys = [c for c in ("panel", "model", "revision", "step", "K") if c in cut.columns]
+    rows = [
+        {**dict(zip(keys, key)), "coupling": coupling_summary(g, how=how, k=int(key[-1]))}
+        for key, g in cut.groupby(keys, sort=False)
+    ]
+    summary = tables.summary.drop(columns="coupling").merge(pd.DataFrame(rows), on=keys, how="inner")
+    return dataclasses.replace(
+        tables, depthwise=cut.reset_index(drop=True), summary=summary[list(tables.summary.columns)]
+    )
 
 
 def checkpoint_summary(

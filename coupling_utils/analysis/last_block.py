@@ -242,10 +242,21 @@ def changed_verdicts(
         for row, v in verdicts.items()
         if v is not None and v != own[row]
     ]
+    unjudged = [c for c, verdicts in others.items() if all(v is None for v in verdicts.values())]
+    tail = (
+        f" Under {' and '.join(repr(c) for c in unjudged)} the verdicts were not judged"
+        " here."
+        if unjudged
+        else ""
+    )
     if not changed:
-        listed = " and ".join(f"'{c}'" for c in others) or "no other convention"
-        return f"No verdict changes under {listed}."
-    return "Under another convention " + "; ".join(changed) + ": the status table says so in each row's note."
+        judged = [c for c in others if c not in unjudged]
+        if not judged:
+            return tail.strip() or "No other convention was judged."
+        return f"No verdict changes under {' and '.join(repr(c) for c in judged)}." + tail
+    return (
+        "Under another convention " + "; ".join(changed) + ": the status table says so in each row's note."
+    ) + tail
 
 
 def last_lines_chart(pairs: Mapping[str, TwinMeasurement], k: int):

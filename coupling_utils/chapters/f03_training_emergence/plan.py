@@ -28,6 +28,7 @@ from coupling_utils.chapters.checks import (
     text,
 )
 from coupling_utils.chapters.params import ChapterParams, param
+from coupling_utils.engine.blocks import LAST_BLOCKS
 from coupling_utils.files import cache_dir
 from coupling_utils.measurement.jobs import Job
 
@@ -73,6 +74,7 @@ class Params(ChapterParams):
     trajectory_tokens: str = param("all", choice("all", "last"))
     skip_first_token: bool = param(True, boolean)
     method: str = param("exact", choice(*METHODS))
+    last_block: str = param("final_norm", choice(*LAST_BLOCKS))
 
 
 # --------------------------------------------------------------------------- the rules, fixed first
@@ -151,6 +153,7 @@ def checkpoint_settings(p: Params, panel: str) -> emergence.SweepSettings:
         method=p.method,
         trajectory_tokens=p.trajectory_tokens,
         max_tokens=p.window_tokens if panel == MAIN else p.max_tokens,
+        last_block=p.last_block,
     )
 
 

@@ -3,6 +3,7 @@ reads back (:class:`Results`, whose properties are the condensed numbers the sto
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from coupling_utils.chapters.f03_training_emergence.plan import (
     checkpoint_settings,
     panel_jobs,
 )
+from coupling_utils.engine.blocks import LAST_BLOCKS
 from coupling_utils.measurement import Options, collect
 from coupling_utils.measurement.loop import Collected
 
@@ -331,6 +333,39 @@ class Results:
     @property
     def rho_lss(self) -> float:
         return float(self.together.set_index("y").statistic.get("lss", float("nan")))
+
+    # ----------------------------------------------------------------- the last block
+    @property
+    def coupling_verdicts(self) -> dict[str, str]:
+        """The verdicts of the rows that read coupling (rise, monotony, graphs, with linearity)."""
+        return {
+            "rises": RULES["rises"].judge(self.first.to_dict()),
+            "monotone": RULES["monotone"].judge(self.first.to_dict()),
+            "dense": RULES["dense"].judge(self.dense_values),
+            "together": RULES["together"].judge({"rho_lss": self.rho_lss}),
+        }
+
+    @functools.cached_property
+    def other_conventions(self) -> dict[str, dict[str, str | None]]:
+        """:attr:`coupling_verdicts` under each other convention of the last block: "excluded"
+        from this very measurement (its tables without the last block), the other map not judged
+        (None: that is another measurement of every checkpoint)."""
+        out = {}
+        for other in (c for c in LAST_BLOCKS if c != self.params.last_block):
+            verdicts = dict.fromkeys(self.coupling_verdicts)
+            if other == "excluded":
+                try:
+                    sweeps = {
+                        panel: emergence.tables_without_last_block(t, self.params.how)
+                        for panel, t in self.sweeps.items()
+                    }
+                except ValueError:  # two blocks: nothing left to judge
+                    sweeps = None
+                if sweeps is not None:
+                    cut = Results(dataclasses.replace(self.params, last_block=other), self.runs, sweeps)
+                    verdicts = cut.coupling_verdicts
+            out[other] = verdicts
+        return out
 
     # ----------------------------------------------------------------- the search
     @functools.cached_property

@@ -10,10 +10,25 @@ import numpy as np
 import pandas as pd
 
 from coupling_utils.analysis import emergence
+from coupling_utils.analysis import last_block as lb
 from coupling_utils.analysis.straightness import STRAIGHTER, STRAIGHTER_TEXT
 from coupling_utils.analysis.verdicts import claim
 from coupling_utils.chapters.f03_training_emergence.plan import MAIN, RULES, quiz_prompts
 from coupling_utils.chapters.f03_training_emergence.results import Results
+
+CONVENTION_ROWS = {
+    "rises": "rise",
+    "monotone": "monotony",
+    "dense": "layer-graph",
+    "together": "coupling-with-linearity",
+}
+"""The rows whose verdict reads coupling (so depends on what the last block is), in words."""
+
+
+def _convention(r: Results, row: str) -> str:
+    """The row's note on the last block: the convention its verdict uses, and the others'."""
+    others = {c: verdicts[row] for c, verdicts in r.other_conventions.items()}
+    return lb.convention_note(r.params.last_block, r.coupling_verdicts[row], others)
 
 
 def _coupling_rows(r: Results) -> list[dict]:
@@ -28,8 +43,7 @@ def _coupling_rows(r: Results) -> list[dict]:
             ours=f"{first.ratio:.2f}× (ρ = {first.spearman:.2f}, peak at step {int(first.peak_step)}, "
             f"position {first.peak_position:.2f})",
             note=f"{r.showcase}, held-out text, steps {int(first.early_step)}→{int(first.final_step)}, "
-            f"K = {k}, "
-            f"{p.how} mean of 1 − m²",
+            f"K = {k}, {p.how} mean of 1 − m²; {_convention(r, 'rises')}",
         ),
         claim(
             "the paper's own Fig. 1b curves rise progressively (digitised points)",
@@ -47,7 +61,7 @@ def _coupling_rows(r: Results) -> list[dict]:
             rule=RULES["monotone"],
             values=first.to_dict(),
             ours=f"ρ = {first.spearman:.2f}, largest fall {first.max_drop:.0%} of the range",
-            note=f"rises between {first.rises:.0%} of consecutive checkpoints",
+            note=f"rises between {first.rises:.0%} of consecutive checkpoints; {_convention(r, 'monotone')}",
         ),
     ]
 
@@ -73,7 +87,7 @@ def claims(r: Results) -> list[dict]:
             ours=f"edge density {dense['density_early']:.2f} → {dense['density_final']:.2f}, "
             f"highest at step {r.d_peak}",
             note=f"threshold 1 − m² > {p.graph_threshold}, K = {r.k_main}, "
-            f"every checkpoint from step {p.early_step}",
+            f"every checkpoint from step {p.early_step}; {_convention(r, 'dense')}",
         ),
         claim(
             "coupling develops together with trajectory linearity",
@@ -82,8 +96,7 @@ def claims(r: Results) -> list[dict]:
             values={"rho_lss": r.rho_lss},
             ours=f"ρ(coupling, LSS) = {r.rho_lss:.2f}",
             note=f"over the {len(r.together_in)} checkpoints from step {p.early_step} on; "
-            "negative = more coupling, "
-            "straighter",
+            f"negative = more coupling, straighter; {_convention(r, 'together')}",
         ),
         claim(
             "trajectories become straighter during training (than at initialisation and than a random walk)",
@@ -164,6 +177,11 @@ def _coupling_values(r: Results) -> dict[str, Any]:
         out[f"f03_{name}"] = int(first[name])
     out["f03_k"] = r.k_main
     out["f03_step0"] = float(r.step0)
+    out["f03_last_block"] = Markdown(f'`last_block = "{r.params.last_block}"`')
+    out["f03_last_block_words"] = lb.CONVENTION_WORDS[r.params.last_block]
+    out["f03_convention_sentence"] = Markdown(
+        lb.changed_verdicts(r.coupling_verdicts, r.other_conventions, CONVENTION_ROWS)
+    )
     out["f03_rises_verdict"] = Markdown(f"**{first['rises progressively']}**")
     out["f03_shape_sentence"] = Markdown(
         "The curve ends at its top: coupling is highest at the last checkpoint."
