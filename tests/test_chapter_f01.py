@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from coupling_utils.analysis import depth_and_tokens as tw
+from coupling_utils.analysis import tile_grid
 from coupling_utils.chapters import f01_depth_and_tokens as f01
 from coupling_utils.measurement import Options
 from coupling_utils.pipeline.status import status_table
@@ -108,8 +109,8 @@ def test_claims_follow_the_rules(measured):
     depth = "depth-wise coupling in the trained model, absent in its random twin"
     assert [row["claim"] for row in rows[:2]] == [f"{depth}: tiny", f"{depth}: tiny-b"]
     assert rows[0]["agree"] == f01.RULES["depth"].judge(tw.depth_contrast(r.main, r.params.k, r.params.how))
-    drawn = r.main.tiles[r.main.tiles.prompt == r.focus]  # the tiles judged are the drawn prompt's
-    assert rows[2]["agree"] == f01.RULES["tiles"].judge(tw.tile_contrast(drawn, 3))
+    # the tiles judged are every prompt's, at every K they hold
+    assert rows[2]["agree"] == f01.RULES["tiles"].judge(tile_grid.tile_contrast(r.main.tiles, 3))
     assert rows[3]["agree"] == f01.RULES["tokens"].judge(tw.token_contrast(r.main, 2))
     assert rows[4]["agree"] == f01.RULES["context"].judge(r.token_values)
     assert "K = 2: " in rows[0]["ours"] and "K = 4: " in rows[0]["ours"]

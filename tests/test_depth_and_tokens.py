@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from coupling_utils.analysis import depth_and_tokens as tw
+from coupling_utils.analysis import tile_grid
 from coupling_utils.engine.metric import coupling
 from coupling_utils.measurement import Options
 
@@ -194,7 +195,7 @@ def test_tile_diagonality():
                         "value": tile[r, c],
                     }
                 )
-    d = tw.tile_diagonality(pd.DataFrame(rows)).set_index(["layer_i", "layer_j"]).diagonal_share
+    d = tile_grid.tile_diagonality(pd.DataFrame(rows)).set_index(["layer_i", "layer_j"]).diagonal_share
     assert d[(0, 0)] == pytest.approx(1.0) and d[(0, 1)] == pytest.approx(1 / K)
 
 
@@ -271,10 +272,12 @@ def test_depth_contrast_counts_pairs_where_trained_beats_the_twin():
 
 
 def test_tile_and_token_contrast(pair):
-    tiles = tw.tile_contrast(pair.m.tiles, 3)
+    tiles = tile_grid.tile_contrast(pair.m.tiles, 3)
     assert tiles["chance"] == pytest.approx(1 / 3)
-    assert 0 <= tiles["diagonal_twin"] <= 1 and 0 <= tiles["diagonal_trained"] <= 1
-    diag = tw.tile_diagonality(pair.m.tiles)
+    for key in ("diagonal_trained", "diagonal_twin"):
+        iv = tiles[key]
+        assert 0 <= iv.estimate <= 1 and iv.low <= iv.estimate <= iv.high
+    diag = tile_grid.tile_diagonality(pair.m.tiles)
     off = diag[diag.layer_i != diag.layer_j]
     assert tiles["trained"] == pytest.approx(off[off.weights == "trained"].diagonal_share.mean())
     tokens = tw.token_contrast(pair.m, 2)
@@ -304,3 +307,27 @@ def test_twin_settings_as_one_object_or_its_fields(pair):
         tw.measure_twins("tiny", pair.prompts, s, k=3)
     with pytest.raises(TypeError, match=r"unknown setting\(s\) \['load'\]"):
         tw.measure_twins("tiny", pair.prompts, k=2, load=pair.load)
+
+
+def test_tile_rule_reads_every_k_the_tiles_hold_and_every_prompt():
+    """A tile diagonal at K = 4 whose 3 x 3 corner is not: the trained share is the worst over K."""
+    rows = []
+    for weights in ("trained", "random init"):
+        for prompt in ("a", "b", "c"):
+            for i, j in ((0, 1), (1, 0)):
+                tile = np.eye(4)
+                if weights == "trained":
+                    tile[3, 3], tile[0, 1] = 2.0, 1.5  # K=4: 7/9.25 on the diagonal; K=3: 3/5.25 < 2/3
+                rows += [
+                    {"weights": weights, "prompt": prompt, "token": 0, "K": 4, "layer_i": i, "layer_j": j,
+                     "row": r, "col": c, "value": tile[r, c]}
+                    for r in range(4) for c in range(4)
+                ]  # fmt: skip
+    tiles = pd.DataFrame(rows)
+    assert tile_grid.nested_tile_ks(4) == [3, 4] and tile_grid.nested_tile_ks(2) == [2]
+    out = tile_grid.tile_contrast(tiles, 4)
+    assert out["diagonal_trained"].estimate == 0.0  # visible at K = 4, not at K = 3
+    assert out["diagonal_twin"].estimate == 1.0
+    assert out["diagonal_trained"].over == "3 prompts, K = 3–4"
+    one = tile_grid.tile_contrast(tiles[tiles.prompt == "a"], 4)["diagonal_trained"]
+    assert one.over == "1 prompt" and one.low == -np.inf  # one prompt: nothing to resample, no yes

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from coupling_utils.analysis import emergence as em
+from coupling_utils.analysis.last_block import checkpoints_without_last_block
 from coupling_utils.engine.metric import coupling
 from coupling_utils.measurement import Options
 
@@ -179,9 +180,9 @@ def test_sweep_values_match_a_direct_computation(tiny_sweep):
     assert s.summary.query("step == 4 and K == 4").coupling.item() == pytest.approx(expected)
 
 
-def test_tables_without_last_block_drop_its_pairs_and_recompute_the_coupling(tiny_sweep):
+def test_checkpoints_without_last_block_drop_its_pairs_and_recompute_the_coupling(tiny_sweep):
     s = tiny_sweep.sweep
-    cut = em.tables_without_last_block(s)
+    cut = checkpoints_without_last_block(s)
     assert set(cut.depthwise.layer_i) == set(cut.depthwise.layer_j) == {0, 1, 2}
     g = s.depthwise.query("step == 4 and K == 4 and layer_i != layer_j and layer_i < 3 and layer_j < 3")
     expected = (1 - g.m**2).groupby(g.prompt).mean().mean()
@@ -192,7 +193,7 @@ def test_tables_without_last_block_drop_its_pairs_and_recompute_the_coupling(tin
     pd.testing.assert_frame_equal(cut.summary.drop(columns="coupling"), s.summary.drop(columns="coupling"))
     two = s.depthwise[(s.depthwise.layer_i < 2) & (s.depthwise.layer_j < 2)]
     with pytest.raises(ValueError, match="needs three"):
-        em.tables_without_last_block(dataclasses.replace(s, depthwise=two))
+        checkpoints_without_last_block(dataclasses.replace(s, depthwise=two))
 
 
 def test_the_last_block_setting_reaches_the_measurement():

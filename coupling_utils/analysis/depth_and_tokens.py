@@ -9,8 +9,9 @@ context coupling at one block) and returns the tables with a ``weights`` column 
 measured instead of stopping (:func:`twin_jobs` plans the jobs, :func:`twin_set` assembles what
 :func:`coupling_utils.measurement.collect` gave). The helpers below
 condense the tables for the figures (mean matrices, coupling against the distance between
-blocks, how diagonal the tiles are, token labels for axes) and into the numbers chapter f01's
-verdict rules judge (:func:`depth_contrast`, :func:`tile_contrast`, :func:`token_contrast`).
+blocks, token labels for axes) and into the numbers chapter f01's verdict rules judge
+(:func:`depth_contrast`, :func:`token_contrast`; the tiles in
+:mod:`coupling_utils.analysis.tile_grid`).
 """
 
 from __future__ import annotations
@@ -51,12 +52,10 @@ __all__ = [
     "twin_set",
     "summary_table",
     "depth_contrast",
-    "tile_contrast",
     "token_contrast",
     "distance_trend",
     "mean_depthwise",
     "coupling_by_distance",
-    "tile_diagonality",
     "offdiag_mean",
     "label_tokens",
 ]
@@ -410,20 +409,6 @@ def coupling_by_distance(depthwise: pd.DataFrame) -> pd.DataFrame:
     return df.groupby([*keys, "distance"], as_index=False)["coupling"].mean()
 
 
-def tile_diagonality(tiles: pd.DataFrame) -> pd.DataFrame:
-    """For each tile, the share of its squared entries on the diagonal (1 = perfectly diagonal,
-    about 1/K for a tile with no structure). Columns: the tile's keys, layer_i, layer_j,
-    diagonal_share; averaged over prompts and tokens."""
-    check_table(tiles, MEASURED["tiles"].need("layer_i", "layer_j", "row", "col", "value"))
-    keys = [c for c in ("model", "weights", "prompt", "token", "K") if c in tiles.columns]
-    sq = tiles.assign(sq=tiles["value"].astype(float) ** 2, on=tiles["row"] == tiles["col"])
-    sq["diag_sq"] = sq["sq"].where(sq["on"], 0.0)
-    per = sq.groupby([*keys, "layer_i", "layer_j"], as_index=False)[["diag_sq", "sq"]].sum()
-    per["diagonal_share"] = per["diag_sq"] / per["sq"].where(per["sq"] > 0)
-    outer = [c for c in keys if c not in ("prompt", "token")]
-    return per.groupby([*outer, "layer_i", "layer_j"], as_index=False)["diagonal_share"].mean()
-
-
 def offdiag_mean(
     df: pd.DataFrame, i: str, j: str, value: str = "coupling", by: str = "weights", *, how: str = "mean"
 ) -> pd.Series:
@@ -510,28 +495,6 @@ def _excess_interval(depthwise: pd.DataFrame, ks: Sequence[int], how: str, exces
     ci = bootstrap_ci(diff, lambda d: float(d.mean().min()), seed=0).iloc[0]
     lo, hi = min(float(ci["ci_low"]), excess), max(float(ci["ci_high"]), excess)
     return Interval(excess, lo, hi, over=f"{len(diff)} prompts")
-
-
-def tile_contrast(tiles: pd.DataFrame, k: int) -> dict:
-    """How diagonal the off-diagonal tiles (i ≠ j) are, trained against twin.
-
-    ``trained``, ``twin``: the mean share of a tile's squared mass on its diagonal;
-    ``chance`` = 1/K (a tile with no structure); ``diagonal_trained``, ``diagonal_twin``: the
-    share of tiles whose diagonal holds at least twice the chance share (a visible diagonal).
-    """
-    diag = tile_diagonality(tiles)
-    off = diag[diag["layer_i"] != diag["layer_j"]]
-    if off.empty:
-        raise ValueError("no tiles with layer_i != layer_j: the tile window needs at least two blocks")
-    by = off.groupby("weights")["diagonal_share"]
-    visible = off.assign(v=off["diagonal_share"] >= 2 / k).groupby("weights")["v"].mean()
-    return {
-        "trained": float(by.mean().get("trained", np.nan)),
-        "twin": float(by.mean().get("random init", np.nan)),
-        "chance": 1 / k,
-        "diagonal_trained": float(visible.get("trained", np.nan)),
-        "diagonal_twin": float(visible.get("random init", np.nan)),
-    }
 
 
 def token_contrast(pair: TwinMeasurement, k: int) -> dict:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,7 +48,6 @@ __all__ = [
     "run_checkpoints",
     "SweepSettings",
     "CheckpointTables",
-    "checkpoint_trajectories",
     "checkpoint_jobs",
     "NoCheckpointMeasured",
     "sweep_of",
@@ -62,7 +60,6 @@ __all__ = [
     "model_width",
     "main_k",
     "checkpoint_summary",
-    "tables_without_last_block",
     "growth_summary",
     "log_position",
     "relative_curve",
@@ -279,44 +276,6 @@ class CheckpointTables:
     failures: pd.DataFrame = field(default_factory=pd.DataFrame)  # checkpoints not measured, and why
 
 
-def checkpoint_trajectories(
-    lm, prompts: dict[str, str], *, max_tokens: int | None, layers: tuple[int, int] | None, tokens: str
-) -> dict[str, pd.DataFrame]:
-    """Residual-stream trajectories of the prompts' tokens at one checkpoint: ``trajectories``
-    (line-shape score, expodistance, growth per token) and ``step_norms`` (per token and layer)."""
-    from coupling_utils.analysis import trajectories as tj
-    from coupling_utils.engine.blocks import residual_stream
-
-    trajs, norms = [], []
-    for pid, text in prompts.items():
-        ids = lm.tokenizer(text, return_tensors="pt")["input_ids"][:, :max_tokens]
-        traj = residual_stream(lm, ids)  # [L+1, T, d]
-        if tokens == "last":
-            traj = traj[:, -1:]
-            token_ids = [ids.shape[1] - 1]
-        else:
-            token_ids = list(range(ids.shape[1]))
-        n_steps = (traj.shape[0] - 1) if layers is None else (layers[1] % traj.shape[0]) - layers[0]
-        if n_steps >= 3:
-            metrics = tj.trajectory_metrics(traj, layers=layers)
-        else:  # expodistance needs three steps; a 2-block model has only the line-shape score
-            with warnings.catch_warnings():  # the NaN columns below say so; no warning per prompt
-                warnings.simplefilter("ignore", tj.ShortWindowWarning)
-                metrics = tj.trajectory_metrics(traj, layers=layers, how=())
-            for h in tj.EXPODISTANCE_METHODS:
-                metrics[f"expodistance_{h}"] = np.nan
-                metrics[f"growth_{h}"] = np.nan
-        metrics["token"] = np.asarray(token_ids)[metrics["token"].to_numpy()]
-        trajs.append(metrics.assign(prompt=pid))
-        sn = tj.step_norms(traj, relative=True)
-        sn["token"] = np.asarray(token_ids)[sn["token"].to_numpy()]
-        norms.append(sn.assign(prompt=pid))
-    return {
-        "trajectories": pd.concat(trajs, ignore_index=True),
-        "step_norms": pd.concat(norms, ignore_index=True),
-    }
-
-
 def checkpoint_jobs(
     model: str,
     revisions: Sequence[str],
@@ -349,6 +308,8 @@ def checkpoint_jobs(
         max_tokens=s.max_tokens,
         last_block=s.last_block,
     )
+    from coupling_utils.analysis.trajectories import checkpoint_trajectories
+
     options = {"max_tokens": s.max_tokens, "layers": s.trajectory_layers, "tokens": s.trajectory_tokens}
     extra = Extra("trajectories", checkpoint_trajectories, options, sources=("analysis/trajectories.py",))
     loads = Loads(revisions=ordered, dtype=s.dtype)
@@ -576,31 +537,6 @@ def main_k(summary: pd.DataFrame, k_main: int, model: str) -> tuple[int, str]:
 
 def _lead(df: pd.DataFrame, lead: Sequence[str]) -> pd.DataFrame:
     return df[[*lead, *[c for c in df.columns if c not in lead]]]
-
-
-def tables_without_last_block(tables: CheckpointTables, how: str = "offdiag") -> CheckpointTables:
-    """``tables`` as the "excluded" convention of the last block sees them, from the same
-    measurement: the depth-wise pairs without each model's last measured block (a checkpoint
-    sweep measures every block, so that is the model's last) and the summary's ``coupling``
-    recomputed over the rest. A model of two blocks has no pair left and is dropped; none left
-    raises a ValueError."""
-    from coupling_utils.measurement import coupling_summary
-
-    d = tables.depthwise
-    last = d.groupby("model")[["layer_i", "layer_j"]].transform("max").max(axis=1)
-    cut = d[(d["layer_i"] != last) & (d["layer_j"] != last)]
-    cut = cut[cut.groupby("model")["layer_i"].transform("nunique") >= 2]
-    if cut.empty:
-        raise ValueError("without their last block no model has two blocks left ('excluded' needs three)")
-    keys = [c for c in ("panel", "model", "revision", "step", "K") if c in cut.columns]
-    rows = [
-        {**dict(zip(keys, key)), "coupling": coupling_summary(g, how=how, k=int(key[-1]))}
-        for key, g in cut.groupby(keys, sort=False)
-    ]
-    summary = tables.summary.drop(columns="coupling").merge(pd.DataFrame(rows), on=keys, how="inner")
-    return dataclasses.replace(
-        tables, depthwise=cut.reset_index(drop=True), summary=summary[list(tables.summary.columns)]
-    )
 
 
 def checkpoint_summary(

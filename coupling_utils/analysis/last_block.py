@@ -29,6 +29,7 @@ __all__ = [
     "CONVENTION_WORDS",
     "companions",
     "without_last_block",
+    "checkpoints_without_last_block",
     "last_lines",
     "lines_side_by_side",
     "convention_table",
@@ -89,6 +90,29 @@ def without_last_block(pair: TwinMeasurement, how: str = "offdiag") -> TwinMeasu
         singular_values=_drop_last(pair.singular_values, ("layer",), last),
         summary=pd.DataFrame(summary),
         **token_tables,
+    )
+
+
+def checkpoints_without_last_block(tables, how: str = "offdiag"):
+    """A checkpoint sweep's tables (``emergence.CheckpointTables``) as the "excluded" convention
+    sees them, from the same measurement: the depth-wise pairs without each model's last
+    measured block (a checkpoint sweep measures every block, so that is the model's last) and
+    the summary's ``coupling`` recomputed over the rest. A model of two blocks has no pair left
+    and is dropped; none left raises a ValueError."""
+    d = tables.depthwise
+    last = d.groupby("model")[["layer_i", "layer_j"]].transform("max").max(axis=1)
+    cut = d[(d["layer_i"] != last) & (d["layer_j"] != last)]
+    cut = cut[cut.groupby("model")["layer_i"].transform("nunique") >= 2]
+    if cut.empty:
+        raise ValueError("without their last block no model has two blocks left ('excluded' needs three)")
+    keys = [c for c in ("panel", "model", "revision", "step", "K") if c in cut.columns]
+    rows = [
+        {**dict(zip(keys, key)), "coupling": coupling_summary(g, how=how, k=int(key[-1]))}
+        for key, g in cut.groupby(keys, sort=False)
+    ]
+    summary = tables.summary.drop(columns="coupling").merge(pd.DataFrame(rows), on=keys, how="inner")
+    return dataclasses.replace(
+        tables, depthwise=cut.reset_index(drop=True), summary=summary[list(tables.summary.columns)]
     )
 
 
@@ -244,8 +268,7 @@ def changed_verdicts(
     ]
     unjudged = [c for c, verdicts in others.items() if all(v is None for v in verdicts.values())]
     tail = (
-        f" Under {' and '.join(repr(c) for c in unjudged)} the verdicts were not judged"
-        " here."
+        f" Under {' and '.join(repr(c) for c in unjudged)} the verdicts were not judged here."
         if unjudged
         else ""
     )

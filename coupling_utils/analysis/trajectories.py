@@ -33,6 +33,7 @@ import pandas as pd
 import torch
 
 __all__ = [
+    "checkpoint_trajectories",
     "step_norms",
     "line_shape_score",
     "expodistance",
@@ -510,3 +511,40 @@ def growth_contrast(metrics: pd.DataFrame, trained: str = "trained", twin: str =
         out[f"{how}_trained"], out[f"{how}_twin"] = a, b
         out[f"{how}_ratio"] = a / b if b > 0 else np.nan
     return out
+
+
+def checkpoint_trajectories(
+    lm, prompts: dict[str, str], *, max_tokens: int | None, layers: tuple[int, int] | None, tokens: str
+) -> dict[str, pd.DataFrame]:
+    """Residual-stream trajectories of the prompts' tokens at one checkpoint: ``trajectories``
+    (line-shape score, expodistance, growth per token) and ``step_norms`` (per token and layer)."""
+    from coupling_utils.engine.blocks import residual_stream
+
+    trajs, norms = [], []
+    for pid, text in prompts.items():
+        ids = lm.tokenizer(text, return_tensors="pt")["input_ids"][:, :max_tokens]
+        traj = residual_stream(lm, ids)  # [L+1, T, d]
+        if tokens == "last":
+            traj = traj[:, -1:]
+            token_ids = [ids.shape[1] - 1]
+        else:
+            token_ids = list(range(ids.shape[1]))
+        n_steps = (traj.shape[0] - 1) if layers is None else (layers[1] % traj.shape[0]) - layers[0]
+        if n_steps >= 3:
+            metrics = trajectory_metrics(traj, layers=layers)
+        else:  # expodistance needs three steps; a 2-block model has only the line-shape score
+            with warnings.catch_warnings():  # the NaN columns below say so; no warning per prompt
+                warnings.simplefilter("ignore", ShortWindowWarning)
+                metrics = trajectory_metrics(traj, layers=layers, how=())
+            for h in EXPODISTANCE_METHODS:
+                metrics[f"expodistance_{h}"] = np.nan
+                metrics[f"growth_{h}"] = np.nan
+        metrics["token"] = np.asarray(token_ids)[metrics["token"].to_numpy()]
+        trajs.append(metrics.assign(prompt=pid))
+        sn = step_norms(traj, relative=True)
+        sn["token"] = np.asarray(token_ids)[sn["token"].to_numpy()]
+        norms.append(sn.assign(prompt=pid))
+    return {
+        "trajectories": pd.concat(trajs, ignore_index=True),
+        "step_norms": pd.concat(norms, ignore_index=True),
+    }

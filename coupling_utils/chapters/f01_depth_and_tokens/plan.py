@@ -15,6 +15,7 @@ import pandas as pd
 
 from coupling_utils.analysis import depth_and_tokens as tw
 from coupling_utils.analysis import last_block as lb
+from coupling_utils.analysis import tile_grid
 from coupling_utils.analysis.verdicts import Rule
 from coupling_utils.chapters.checks import (
     DTYPES,
@@ -182,9 +183,9 @@ class Results:
 
     @functools.cached_property
     def tile_values(self) -> dict:
-        """How diagonal the drawn model's off-diagonal tiles are, trained and twin (``tile_contrast``)."""
-        pair = self.main
-        return tw.tile_contrast(pair.tiles[pair.tiles.prompt == self.focus], self.params.tile_k)
+        """How diagonal the drawn model's off-diagonal tiles are, trained and twin, over every prompt
+        and every K the tiles hold (``tile_contrast``)."""
+        return tile_grid.tile_contrast(self.main.tiles, self.params.tile_k)
 
     @functools.cached_property
     def by_distance(self) -> pd.DataFrame:

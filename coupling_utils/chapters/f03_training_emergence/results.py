@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from coupling_utils.analysis import emergence
+from coupling_utils.analysis.last_block import checkpoints_without_last_block
 from coupling_utils.analysis.straightness import straightness
 from coupling_utils.chapters.f03_training_emergence.plan import (
     MAIN,
@@ -356,7 +357,7 @@ class Results:
             if other == "excluded":
                 try:
                     sweeps = {
-                        panel: emergence.tables_without_last_block(t, self.params.how)
+                        panel: checkpoints_without_last_block(t, self.params.how)
                         for panel, t in self.sweeps.items()
                     }
                 except ValueError:  # two blocks: nothing left to judge

@@ -1,0 +1,107 @@
+"""The tile grid of f01: how diagonal block i's Jacobian is in block j's top-K singular bases.
+
+A tile is the K × K matrix ``|U_{j,K}^T J_i V_{j,K}|`` (``Settings.tiles``); the paper reads a
+bright diagonal in a tile as the two blocks sharing their top singular directions. Because the
+singular vectors come in order, the tile measured at K holds the tile of every smaller K as its
+top-left corner, so one measured tile answers for every K up to its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+
+from coupling_utils.analysis.verdicts import Interval
+from coupling_utils.measurement.tables import SCHEMAS as MEASURED
+from coupling_utils.schemas import check_table
+
+__all__ = ["tile_diagonality", "nested_tile_ks", "tile_contrast"]
+
+
+def tile_diagonality(tiles: pd.DataFrame) -> pd.DataFrame:
+    """For each tile, the share of its squared entries on the diagonal (1 = perfectly diagonal,
+    about 1/K for a tile with no structure). Columns: the tile's keys, layer_i, layer_j,
+    diagonal_share; averaged over prompts and tokens."""
+    check_table(tiles, MEASURED["tiles"].need("layer_i", "layer_j", "row", "col", "value"))
+    keys = [c for c in ("model", "weights", "prompt", "token", "K") if c in tiles.columns]
+    sq = tiles.assign(sq=tiles["value"].astype(float) ** 2, on=tiles["row"] == tiles["col"])
+    sq["diag_sq"] = sq["sq"].where(sq["on"], 0.0)
+    per = sq.groupby([*keys, "layer_i", "layer_j"], as_index=False)[["diag_sq", "sq"]].sum()
+    per["diagonal_share"] = per["diag_sq"] / per["sq"].where(per["sq"] > 0)
+    outer = [c for c in keys if c not in ("prompt", "token")]
+    return per.groupby([*outer, "layer_i", "layer_j"], as_index=False)["diagonal_share"].mean()
+
+
+def nested_tile_ks(k: int) -> list[int]:
+    """The K values a tile measured at K = ``k`` holds: its top-left K' × K' corner is the tile at
+    K' (the singular vectors come in order), for every K' from 3 (below it a visible diagonal,
+    ``2/K'`` of the squared mass, cannot be told from chance) to ``k``."""
+    return list(range(3, int(k) + 1)) if k >= 3 else [int(k)]
+
+
+def _corner_shares(tiles: pd.DataFrame, ks: Sequence[int]) -> pd.DataFrame:
+    """Per prompt (rows) the diagonal share of every off-diagonal tile's K' × K' corner, for each
+    K' in ``ks`` (columns: weights, K', layer_i, layer_j); tokens averaged."""
+    off = tiles[tiles["layer_i"] != tiles["layer_j"]]
+    frames = []
+    for kk in ks:
+        corner = off[(off["row"] < kk) & (off["col"] < kk)]
+        sq = corner.assign(sq=corner["value"].astype(float) ** 2)
+        sq["diag_sq"] = sq["sq"].where(sq["row"] == sq["col"], 0.0)
+        keys = [c for c in ("weights", "prompt", "token") if c in sq.columns]
+        per = sq.groupby([*keys, "layer_i", "layer_j"], as_index=False)[["diag_sq", "sq"]].sum()
+        per["share"] = per["diag_sq"] / per["sq"].where(per["sq"] > 0)
+        frames.append(per.assign(K=kk))
+    per = pd.concat(frames, ignore_index=True)
+    if "prompt" not in per:
+        per = per.assign(prompt="")
+    return per.pivot_table(index="prompt", columns=["weights", "K", "layer_i", "layer_j"], values="share")
+
+
+def _visible_extremes(shares: pd.DataFrame) -> dict[str, float]:
+    """From per-prompt corner shares: the smallest (over K') share of the trained model's tiles
+    with a visible diagonal (prompt-mean share ≥ 2/K'), and the largest of the twin's."""
+    mean = shares.mean()
+    ks = mean.index.get_level_values("K").to_numpy()
+    visible = pd.Series(mean.to_numpy() >= 2 / ks, index=mean.index).groupby(level=["weights", "K"]).mean()
+    return {
+        "diagonal_trained": float(visible.get("trained", pd.Series([np.nan])).min()),
+        "diagonal_twin": float(visible.get("random init", pd.Series([np.nan])).max()),
+    }
+
+
+def tile_contrast(tiles: pd.DataFrame, k: int) -> dict:
+    """How diagonal the off-diagonal tiles (i ≠ j) are, trained against twin, judged on every
+    tile, every prompt and every K the tiles hold (:func:`nested_tile_ks`).
+
+    ``trained``, ``twin``: the mean share of a tile's squared mass on its diagonal at K = ``k``
+    (prompts and tokens averaged); ``chance`` = 1/``k`` (a tile with no structure);
+    ``diagonal_trained``: the smallest, over K', share of the trained model's tiles whose
+    prompt-mean diagonal holds at least twice the chance share (2/K', a visible diagonal), and
+    ``diagonal_twin`` the largest such share of the twin's, each an
+    :class:`~coupling_utils.analysis.verdicts.Interval` (95% bootstrap over prompts).
+    """
+    from coupling_utils.analysis.stats import bootstrap_ci
+
+    diag = tile_diagonality(tiles)
+    off = diag[diag["layer_i"] != diag["layer_j"]]
+    if off.empty:
+        raise ValueError("no tiles with layer_i != layer_j: the tile window needs at least two blocks")
+    by = off.groupby("weights")["diagonal_share"]
+    ks = nested_tile_ks(k)
+    shares = _corner_shares(tiles, ks)
+    estimate = _visible_extremes(shares)
+    out = {
+        "trained": float(by.mean().get("trained", np.nan)),
+        "twin": float(by.mean().get("random init", np.nan)),
+        "chance": 1 / k,
+    }
+    n = len(shares)
+    if n < 2:
+        return out | {name: Interval(v, -np.inf, np.inf, over="1 prompt") for name, v in estimate.items()}
+    ci = bootstrap_ci(shares, _visible_extremes, n_resamples=1000, seed=0).set_index("statistic")
+    for name in estimate:
+        out[name] = Interval.from_bootstrap(ci.loc[name], over=f"{n} prompts, K = {ks[0]}–{ks[-1]}")
+    return out
