@@ -768,3 +768,44 @@ def test_build_renders_live_charts_figures_downloads_and_links(tmp_path):
     assert remote_assets(html) == []
     for name in BOOK_PAGES:
         assert (html / "book" / f"{name}.html").is_file(), name
+
+
+def test_proofreading_checks_each_verdict_word_against_the_status_table(tmp_path):
+    """A verdict glued with verdict_word agrees with its claim's status row, or the build says so;
+    a bold verdict typed into the prose is refused; a status table's own cells are not prose."""
+    import html
+
+    from coupling_utils.analysis.verdicts import Rule, claim, verdict_word
+    from coupling_utils.pipeline.proofread import proofread
+    from coupling_utils.pipeline.status import _html, status_table
+
+    rule = Rule(yes="x >= 1", partly="x > 0")
+    rows = [claim("the twin's coupling is low", paper="low", rule=rule, values={"x": 0.5})]  # partly
+    table = _html(status_table(rows))
+    word = verdict_word(rows[0]).data
+    assert 'data-claim="the twin&#x27;s coupling is low"' in word and "**partly**" in word
+
+    def span(claim_text, verdict):
+        return (
+            f'<span class="coupling-verdict" data-claim="{html.escape(claim_text, quote=True)}">'
+            f"<strong>{verdict}</strong></span>"
+        )
+
+    pages = tmp_path / "notebooks"
+    pages.mkdir()
+    (pages / "good.html").write_text(
+        f"<html><body><p>The twin ({span(rows[0]['claim'], 'partly')}).</p>"
+        f"<p><strong>Note</strong>: text.</p>{table}</body></html>"
+    )
+    (pages / "bad.html").write_text(
+        f"<html><body><p>The twin ({span(rows[0]['claim'], 'yes')}), the rise "
+        f"({span('the rise', 'no')}), and typed: <strong>partly</strong>.</p>{table}</body></html>"
+    )
+    found = proofread(tmp_path)
+    assert all(p.startswith("notebooks/bad.html: ") for p in found), found
+    text = "\n".join(found)
+    assert (
+        "verdict 'yes' in the prose, 'partly' in the status table, for \"the twin's coupling is low\"" in text
+    )
+    assert "verdict 'no' for the claim 'the rise', which no status table on the page lists" in text
+    assert "a typed bold verdict 'partly'" in text and len(found) == 3

@@ -3,6 +3,7 @@ values are the numbers the notebook's prose names, on tiny Llama models loaded b
 
 from __future__ import annotations
 
+import html
 import re
 from pathlib import Path
 from types import SimpleNamespace
@@ -133,8 +134,9 @@ def test_glue_values_are_the_names_the_prose_uses(measured):
     assert values["f01_trained"] == float(r.per_model.query("model == 'tiny' and K == 4").trained.iloc[0])
     assert values["f01_kmax"] == 4 and values["f01_kmin"] == 2 and values["f01_n_pairs"] == 4 * 3
     assert values["f01_diag_chance"] == pytest.approx(1 / 3)
-    assert values["f01_depth_verdict"] == status.agree.iloc[0]
-    assert values["f01_context_verdict"] == status.agree.iloc[4]
+    assert f"**{status.agree.iloc[0]}**" in values["f01_depth_verdict"].data  # the status row's, tagged
+    assert f'data-claim="{html.escape(status.claim.iloc[4])}"' in values["f01_context_verdict"].data
+    assert f"**{status.agree.iloc[4]}**" in values["f01_context_verdict"].data
     for name, v in values.items():
         assert type(v).__module__ in ("builtins", "IPython.core.display"), (name, type(v))
     others = values["f01_others"].data

@@ -95,7 +95,7 @@ def test_run_reads_back_what_the_model_gives(standin_hub, tmp_path, monkeypatch)
     prose, pinned = _glue_names()
     assert prose <= set(values) and set(values) == pinned  # every name the prose reads; the pinned set
     assert values["f05_lss_trained"] == r.linear["lss_trained"] == tr.model_means(r.metrics, "lss")["trained"]
-    assert values["f05_linear_verdict"] == rows[0]["agree"]
+    assert f"**{rows[0]['agree']}**" in values["f05_linear_verdict"].data  # the status row's verdict
     assert values["f05_sqrt_L"] == np.sqrt(lm.n_layers)
 
 
@@ -107,7 +107,7 @@ def test_without_the_twin_nothing_is_judged(standin_hub, tmp_path, monkeypatch):
     values = f05.glue_values(p, r, None)
     assert f05.claims(p, r) == [] and values["f05_linear_verdict"] == f05.NOT_JUDGED
     assert np.isnan(values["f05_lss_random"]) and np.isnan(values["f05_lincos_trained"])
-    assert values["f05_lss_verdict"] == "not comparable (no twin)"
+    assert values["f05_lss_direction"] == "not comparable (no twin)"
 
 
 def test_a_window_outside_the_model_names_both_parameters(standin_hub, tmp_path, monkeypatch):

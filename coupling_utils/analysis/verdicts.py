@@ -38,7 +38,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Rule", "RuleError", "Interval", "KINDS", "claim", "assume", "ASSUMPTION_KEY"]
+__all__ = [
+    "Rule",
+    "RuleError",
+    "Interval",
+    "KINDS",
+    "claim",
+    "verdict_word",
+    "VERDICT_CLASS",
+    "assume",
+    "ASSUMPTION_KEY",
+]
 
 KINDS = ("measured", "replot")
 """``measured``: this book's own measurement; ``replot``: the paper's own (digitised) points redrawn."""
@@ -356,6 +366,21 @@ def claim(
         "kind": kind,
         "note": note,
     }
+
+
+VERDICT_CLASS = "coupling-verdict"
+"""HTML class of a verdict word in the prose (:func:`verdict_word`); the book's proofreading
+(``pipeline/proofread.py``) checks each against its page's status table."""
+
+
+def verdict_word(row: Mapping[str, Any]):
+    """A status row's verdict (``row["agree"]``, as :func:`claim` made it) for the prose: the word
+    in bold, tagged with the row's claim so that the book's build fails when the prose and the
+    page's status table disagree. Glue it with ``{glue:md}``; never type a verdict word."""
+    from IPython.display import Markdown
+
+    claim_text = html.escape(str(row["claim"]), quote=True)
+    return Markdown(f'<span class="{VERDICT_CLASS}" data-claim="{claim_text}">**{row["agree"]}**</span>')
 
 
 ASSUMPTION_KEY = "coupling_assumption"

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from coupling_utils.analysis.straightness import STRAIGHTER, STRAIGHTER_TEXT, straightness
-from coupling_utils.analysis.verdicts import Rule, claim
+from coupling_utils.analysis.verdicts import Rule, claim, verdict_word
 from coupling_utils.chapters.checks import (
     DTYPES,
     NotMeasured,
@@ -274,19 +274,21 @@ def glue_values(p: Params, r: Results, status: pd.DataFrame | None) -> dict[str,
         "f05_lss_trained": linear["lss_trained"],
         "f05_lss_random": linear["lss_twin"],
         "f05_lss_share_lower": linear["share_lower"],
-        "f05_lss_verdict": "lower" if ratio < 1 else ("higher" if ratio > 1 else "not comparable (no twin)"),
+        "f05_lss_direction": "lower"
+        if ratio < 1
+        else ("higher" if ratio > 1 else "not comparable (no twin)"),
         "f05_first_token_kept": "skipped" if p.skip_first_token else "kept",
         "f05_sqrt_L": float(np.sqrt(r.window[1] - r.window[0])),
         **_straight_values(r.straight),
         **{f"f05_{key}": value for key, value in growth.items()},
-        "f05_expo_verdict": word[growth["log_linear_r2_ratio"] < 1],
-        "f05_expo_cv_verdict": word[growth["ratio_cv_ratio"] < 1],
+        "f05_expo_direction": word[growth["log_linear_r2_ratio"] < 1],
+        "f05_expo_cv_direction": word[growth["ratio_cv_ratio"] < 1],
         "f05_expo_agree": "agree"
         if (growth["log_linear_r2_ratio"] < 1) == (growth["ratio_cv_ratio"] < 1)
         else "disagree",
         "f05_lincos_trained": float(r.linearization_means.get(TRAINED, np.nan)),
         "f05_lincos_random": float(r.linearization_means.get(TWIN, np.nan)),
     }
-    verdicts = [NOT_JUDGED, NOT_JUDGED] if status is None else [status.agree.iloc[0], status.agree.iloc[1]]
+    verdicts = [NOT_JUDGED, NOT_JUDGED] if status is None else [verdict_word(status.iloc[i]) for i in (0, 1)]
     values["f05_linear_verdict"], values["f05_exponential_verdict"] = verdicts
     return values

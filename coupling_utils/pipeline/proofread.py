@@ -1,11 +1,15 @@
-"""Proofreading the built book: what a reader sees holds no Python or numpy repr, and no figure's
-caption or alt text says a panel is where the figure does not show it.
+"""Proofreading the built book: what a reader sees holds no Python or numpy repr, no figure's
+caption or alt text says a panel is where the figure does not show it, and no verdict in the
+prose differs from the page's status table.
 
 :func:`proofread` reads every page of the built HTML: its text (prose, outputs, captions; not
 the code of input cells, not scripts) and its images' alt text, for reprs such as
 ``np.float64(`` or ``array([``; and each chart figure's caption and alt text against the
 Vega-Lite spec the page embeds (the final one, as laid out for the book's column) with
-``layout.caption_problems``. ``build_book`` fails on what it finds, naming page and text.
+``layout.caption_problems``; and each verdict word of the prose (``verdicts.verdict_word``, a
+span naming its claim) against the row of that claim in the page's status table, while a bold
+"yes", "partly" or "no" typed outside such a span is refused (a verdict is glued from the status
+rows, never typed). ``build_book`` fails on what it finds, naming page and text.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 from coupling_utils.analysis.layout import caption_problems
+from coupling_utils.analysis.verdicts import VERDICT_CLASS
 
 __all__ = ["PAGE_REPRS", "proofread"]
 
@@ -38,6 +43,9 @@ class _Page(HTMLParser):
         self.text: list[str] = []
         self.alts: list[str] = []
         self.figures: list[dict] = []
+        self.verdicts: list[dict] = []  # {"claim", "text"}: the prose's verdict words
+        self.status: list[dict] = []  # {"claim", "agree"}: the rows of the page's status tables
+        self.bold: list[list[str]] = []  # bold text outside verdict words and status tables
 
     def _inside(self, cls: str) -> bool:
         return any(cls in classes for _, classes in self.stack)
@@ -47,6 +55,12 @@ class _Page(HTMLParser):
         classes = set((a.get("class") or "").split())
         if tag == "figure":
             self.figures.append({"spec": None, "caption": [], "alt": None})
+        if tag == "span" and VERDICT_CLASS in classes:
+            self.verdicts.append({"claim": a.get("data-claim") or "", "text": []})
+        if tag == "tr" and self._inside("coupling-status"):
+            self.status.append({"claim": [], "agree": []})
+        if tag == "strong" and not self._inside(VERDICT_CLASS) and not self._inside("coupling-status"):
+            self.bold.append([])
         if tag == "img" and a.get("alt"):
             self.alts.append(a["alt"])
             if self.figures and self._inside_figure():
@@ -72,6 +86,13 @@ class _Page(HTMLParser):
         if self._inside("headerlink"):
             return
         self.text.append(data)
+        if self.verdicts and self._inside(VERDICT_CLASS):
+            self.verdicts[-1]["text"].append(data)
+        for column in ("claim", "agree"):
+            if self.status and self._inside(f"status-{column}"):
+                self.status[-1][column].append(data)
+        if self.bold and self._inside("<strong>") and not self._inside(VERDICT_CLASS):
+            self.bold[-1].append(data)
         if self.figures and self._inside("caption-text"):
             self.figures[-1]["caption"].append(data)
 
@@ -95,7 +116,36 @@ def _page_problems(page: _Page) -> list[str]:
         problems += [f"figure caption {caption!r}: {p}" for p in caption_problems(caption, spec)]
         alt = figure["alt"] or ""
         problems += [f"figure alt text {alt!r}: {p}" for p in caption_problems(alt, spec)]
-    return list(dict.fromkeys(problems))
+    return list(dict.fromkeys(problems + _verdict_problems(page)))
+
+
+_VERDICT_WORDS = {"yes", "partly", "no"}
+
+
+def _verdict_problems(page: _Page) -> list[str]:
+    """Verdict words of the prose against the page's status rows, and typed bold verdicts."""
+    rows = {}
+    for row in page.status:
+        claim = " ".join("".join(row["claim"]).split())
+        if claim:
+            rows.setdefault(claim, set()).add("".join(row["agree"]).strip())
+    problems = []
+    for v in page.verdicts:
+        word, claim = "".join(v["text"]).strip(), " ".join(v["claim"].split())
+        if claim not in rows:
+            problems.append(
+                f"verdict {word!r} for the claim {claim!r}, which no status table on the page lists"
+            )
+        elif word not in rows[claim]:
+            shown = " or ".join(sorted(rows[claim]))
+            problems.append(f"verdict {word!r} in the prose, {shown!r} in the status table, for {claim!r}")
+    for bold in page.bold:
+        word = "".join(bold).strip()
+        if word.lower() in _VERDICT_WORDS:
+            problems.append(
+                f"a typed bold verdict {word!r}: glue it from the status rows (verdicts.verdict_word)"
+            )
+    return problems
 
 
 def proofread(html_dir: str | Path) -> list[str]:

@@ -12,7 +12,7 @@ import pandas as pd
 from coupling_utils.analysis import depth_and_tokens as tw
 from coupling_utils.analysis import last_block as lb
 from coupling_utils.analysis import tile_grid
-from coupling_utils.analysis.verdicts import Interval, claim
+from coupling_utils.analysis.verdicts import Interval, claim, verdict_word
 from coupling_utils.chapters.f01_depth_and_tokens.plan import ENCODER, PAPER_AXIS, RULES, Results, models
 
 
@@ -344,10 +344,10 @@ def glue_values(r: Results, status: pd.DataFrame) -> dict[str, Any]:
         "f01_excess": main["excess"].estimate,
         "f01_excess_low": main["excess"].low,
         "f01_excess_high": main["excess"].high,
-        "f01_depth_verdict": verdicts[claimed[0]],
-        "f01_tiles_verdict": verdicts[claimed[n]],
-        "f01_tokens_verdict": verdicts[claimed[n + 1]],
-        "f01_context_verdict": verdicts[claimed[n + 2]],
+        "f01_depth_verdict": verdict_word(status.iloc[0]),
+        "f01_tiles_verdict": verdict_word(status.iloc[n]),
+        "f01_tokens_verdict": verdict_word(status.iloc[n + 1]),
+        "f01_context_verdict": verdict_word(status.iloc[n + 2]),
         "f01_others": Markdown(_others_text(r, verdicts, claimed[:n])),
         "f01_encoder_note": Markdown(ENCODER_NOTE if _reversed_k(r).get(ENCODER) else ""),
     }

@@ -12,9 +12,20 @@ import pandas as pd
 from coupling_utils.analysis import emergence
 from coupling_utils.analysis import last_block as lb
 from coupling_utils.analysis.straightness import STRAIGHTER, STRAIGHTER_TEXT
-from coupling_utils.analysis.verdicts import claim
+from coupling_utils.analysis.verdicts import claim, verdict_word
 from coupling_utils.chapters.f03_training_emergence.plan import MAIN, RULES, quiz_prompts
 from coupling_utils.chapters.f03_training_emergence.results import Results
+
+RISE_CLAIM = "coupling rises progressively over training (shape of the curve)"
+STRAIGHT_CLAIM = (
+    "trajectories become straighter during training (than at initialisation and than a random walk)"
+)
+
+
+def _row(r: Results, text: str) -> dict:
+    """The status row of the claim ``text`` (its verdict is what the prose quotes)."""
+    return next(row for row in claims(r) if row["claim"] == text)
+
 
 CONVENTION_ROWS = {
     "rises": "rise",
@@ -36,7 +47,7 @@ def _coupling_rows(r: Results) -> list[dict]:
     p, first, pg, k = r.params, r.first, r.paper_growth, r.k_main
     return [
         claim(
-            "coupling rises progressively over training (shape of the curve)",
+            RISE_CLAIM,
             paper=f"≈{pg.ratio.mean():.1f}× from step 128 to 143000 (Fig. 1b)",
             rule=RULES["rises"],
             values=first.to_dict(),
@@ -99,7 +110,7 @@ def claims(r: Results) -> list[dict]:
             f"negative = more coupling, straighter; {_convention(r, 'together')}",
         ),
         claim(
-            "trajectories become straighter during training (than at initialisation and than a random walk)",
+            STRAIGHT_CLAIM,
             paper="increased linearity during training",
             rule=STRAIGHTER,
             values=r.straight,
@@ -182,7 +193,7 @@ def _coupling_values(r: Results) -> dict[str, Any]:
     out["f03_convention_sentence"] = Markdown(
         lb.changed_verdicts(r.coupling_verdicts, r.other_conventions, CONVENTION_ROWS)
     )
-    out["f03_rises_verdict"] = Markdown(f"**{first['rises progressively']}**")
+    out["f03_rises_verdict"] = verdict_word(_row(r, RISE_CLAIM))
     out["f03_shape_sentence"] = Markdown(
         "The curve ends at its top: coupling is highest at the last checkpoint."
         if first.final_vs_peak >= 0.99
@@ -256,7 +267,7 @@ def _trajectory_values(r: Results) -> dict[str, Any]:
         "f03_lss_spearman": float(lss.spearman),
         "f03_lss_walk": float(r.straight["walk"]),
         "f03_straight_rule": STRAIGHTER_TEXT,
-        "f03_straight_verdict": STRAIGHTER.judge(r.straight),
+        "f03_straight_verdict": verdict_word(_row(r, STRAIGHT_CLAIM)),
         "f03_walk_ratio": float(r.straight["walk_ratio"].estimate),
         "f03_walk_ratio_low": float(r.straight["walk_ratio"].low),
         "f03_walk_ratio_high": float(r.straight["walk_ratio"].high),

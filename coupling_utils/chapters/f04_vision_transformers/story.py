@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from coupling_utils.analysis import vision_transformers as vt
-from coupling_utils.analysis.verdicts import claim
+from coupling_utils.analysis.verdicts import claim, verdict_word
 from coupling_utils.chapters.f04_vision_transformers.plan import (
     ABOVE_TWIN,
     EMERGES,
@@ -108,10 +108,14 @@ def glue_values(p: Params, r: Results) -> dict[str, Any]:
         "f04_rho_acc": r.rho_acc,
         "f04_run_plateau_gain": 100 * r.run_plateau["gain"],
         "f04_run_plateau_from": r.run_plateau["from_step"],
-        "f04_emerges": Markdown(f"**{EMERGES.judge(shape)}**"),
         "f04_shape_words": Markdown(vt.describe_curve(shape)),
     }
-    return values | _twin_glue(r) | _family_glue(r) | {"f04_hub_missing": Markdown(_hub_missing(r))}
+    rows = claims(p, r)  # the prose's verdicts are the status rows': emergence, the twin, the family
+    verdicts = {"f04_emerges": verdict_word(rows[0]), "f04_above_twin": verdict_word(rows[1]),
+                "f04_family": verdict_word(rows[-1])}  # fmt: skip
+    return (
+        values | _twin_glue(r) | _family_glue(r) | verdicts | {"f04_hub_missing": Markdown(_hub_missing(r))}
+    )
 
 
 def _sign_sentence(trained: float) -> str:
@@ -139,7 +143,6 @@ def _twin_glue(r: Results) -> dict[str, Any]:
         "f04_excess_low": float(gap.excess_ci_low),
         "f04_excess_high": float(gap.excess_ci_high),
         "f04_init_gap": init_gap,
-        "f04_above_twin": Markdown(f"**{ABOVE_TWIN.judge(twin_values(r))}**"),
         "f04_twin_word": Markdown("above" if gap.excess > 0 else "below"),
         "f04_sign_sentence": Markdown(_sign_sentence(float(gap.trained))),
         "f04_excess_abs": abs(float(gap.excess)),
@@ -162,7 +165,6 @@ def _family_glue(r: Results) -> dict[str, Any]:
         values[f"f04_rho_{key}"] = float(fits.loc[label, "spearman"])
         values[f"f04_rho_{key}_low"] = float(fits.loc[label, "spearman_ci_low"])
         values[f"f04_rho_{key}_high"] = float(fits.loc[label, "spearman_ci_high"])
-    values["f04_family"] = Markdown(f"**{FAMILY.judge(family_values(r))}**")
     signs = np.sign(fits.loc["excess coupling", "spearman"]) * np.sign(fits.loc["coupling", "spearman"])
     values["f04_sign_words"] = Markdown(
         "agree in sign" if signs > 0 else
