@@ -449,3 +449,33 @@ def test_the_chapter_run_is_a_searched_run():
     spec = zoo.REGISTRY["pythia-tiny"].specs().to_dict()
     matches = [c for c, p in em.load_search().provenance.items() if p["spec"] == spec]
     assert matches == ["w64-l4-s4096"]
+
+
+def test_shape_intervals_resample_the_units_of_the_mean_curve():
+    from coupling_utils.analysis.training_curves import shape_intervals
+
+    steps = [1, 2, 4, 8, 16]
+    rng = np.random.default_rng(0)
+    rows = [
+        {"prompt": p, "step": s, "coupling": 0.1 * np.log2(s) + 0.05 * rng.standard_normal()}
+        for p in "abcdef"
+        for s in steps
+    ]
+    df = pd.DataFrame(rows)
+
+    def shape(curve):
+        return em.growth_summary(curve, "coupling").iloc[0].to_dict()
+
+    names = ["ratio", "spearman", "max_drop", "peak_position"]
+    out = shape_intervals(df, "coupling", shape, names, n_resamples=200)
+    mean = shape(df.groupby("step", as_index=False).coupling.mean())
+    for name in ("ratio", "spearman", "max_drop", "peak_position"):
+        iv = out[name]
+        assert iv.estimate == pytest.approx(mean[name]) and iv.low <= iv.estimate <= iv.high
+        assert iv.over == "6 prompts"
+    assert out["ratio"].high > out["ratio"].low  # the prompts differ, so the ratio moves
+    assert set(out) == set(names)  # what the rules judge, nothing else
+    one = shape_intervals(df[df.prompt == "a"], "coupling", shape, names)
+    assert one["ratio"].low == -np.inf and one["ratio"].over == "1 prompt"
+    with pytest.raises(ValueError, match="every prompt must be measured at every step"):
+        shape_intervals(df.iloc[1:], "coupling", shape, names)

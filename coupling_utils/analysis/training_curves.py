@@ -6,7 +6,9 @@ judged on.
 - :func:`log_position`: where a step lies on the log-step axis between two checkpoints;
 - :func:`relative_curve`: a curve rescaled to its final value against the fraction of
   training, so runs of very different lengths (ours, Pythia's) share one axis;
-- :func:`judge_rows`: a verdict rule applied to each row of such shape descriptors.
+- :func:`judge_rows`: a verdict rule applied to each row of such shape descriptors;
+- :func:`shape_intervals`: bootstrap intervals of a curve's descriptors over what it averages
+  (prompts, images), so a rule's "yes" needs the whole interval.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import pandas as pd
 
 from coupling_utils.schemas import Schema, check_table
 
-__all__ = ["growth_summary", "log_position", "relative_curve", "judge_rows"]
+__all__ = ["growth_summary", "log_position", "relative_curve", "judge_rows", "shape_intervals"]
 
 
 def _groups(df: pd.DataFrame, by):
@@ -162,3 +164,49 @@ def judge_rows(rows: pd.DataFrame, rule, *, column: str = "verdict") -> pd.DataF
     """``rows`` with ``column`` = ``rule.judge(row)`` for each row (a :class:`~verdicts.Rule`
     judged on the shape columns each row carries, e.g. the search's runs)."""
     return rows.assign(**{column: [rule.judge(r) for r in rows.to_dict("records")]})
+
+
+def shape_intervals(
+    per_unit: pd.DataFrame,
+    value: str,
+    shape,
+    names: Sequence[str],
+    *,
+    unit: str = "prompt",
+    step: str = "step",
+    n_resamples: int = 1000,
+    seed: int = 0,
+) -> dict:
+    """Bootstrap intervals of a curve's shape descriptors over the units it averages.
+
+    ``per_unit`` has one ``value`` per (``unit``, ``step``), every unit measured at every step;
+    the curve is their mean per step, and ``shape(curve)`` (a DataFrame of ``step`` and
+    ``value``) returns its descriptors, e.g. ``growth_summary(...).iloc[0]``'s. Units are
+    resampled with replacement (seeded); each descriptor in ``names`` (those a rule judges)
+    comes back as a 95% :class:`~coupling_utils.analysis.verdicts.Interval` ``over`` the units.
+    One unit leaves nothing to resample: the interval is then unbounded, so no rule can give it
+    a "yes".
+    """
+    from coupling_utils.analysis.stats import bootstrap_ci
+    from coupling_utils.analysis.verdicts import Interval
+
+    check_table(per_unit, Schema("per_unit", dict.fromkeys((unit, step, value), "any")))
+    wide = per_unit.pivot_table(index=unit, columns=step, values=value, aggfunc="mean").sort_index(axis=1)
+    if wide.isna().to_numpy().any():
+        raise ValueError(f"every {unit} must be measured at every {step}: some are missing")
+    steps = wide.columns.to_numpy()
+
+    def descriptors(sample: pd.DataFrame) -> dict[str, float]:
+        out = shape(pd.DataFrame({step: steps, value: sample.to_numpy().mean(axis=0)}))
+        return {k: float(out[k]) for k in names if np.isfinite(float(out[k]))}
+
+    estimate = descriptors(wide)
+    over = f"{len(wide)} {unit}s" if len(wide) != 1 else f"1 {unit}"
+    if len(wide) < 2:
+        return {k: Interval(v, -np.inf, np.inf, over=over) for k, v in estimate.items()}
+    ci = bootstrap_ci(wide, descriptors, n_resamples=n_resamples, seed=seed).set_index("statistic")
+    return {
+        k: Interval.from_bootstrap(ci.loc[k], over=over)
+        for k in estimate
+        if np.isfinite(ci.at[k, "ci_low"]) and np.isfinite(ci.at[k, "ci_high"])
+    }

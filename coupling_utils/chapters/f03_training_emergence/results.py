@@ -8,6 +8,7 @@ import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+import numpy as np
 import pandas as pd
 
 from coupling_utils.analysis import emergence
@@ -159,6 +160,34 @@ class Results:
     def first(self) -> pd.Series:
         """The headline curve's shape: held-out text, the showcase run."""
         return self.growth.set_index(["panel", "model"]).loc[(MAIN, self.showcase)]
+
+    @functools.cached_property
+    def per_prompt(self) -> pd.DataFrame:
+        """The headline curve per held-out window: step, prompt, coupling (K = :attr:`k_main`)."""
+        from coupling_utils.measurement import coupling_summary
+
+        d = self.depthwise
+        d = d[(d.panel == MAIN) & (d.model == self.showcase)]
+        rows = [
+            pd.DataFrame({"step": step, "coupling": per}).rename_axis("prompt").reset_index()
+            for step, g in d.groupby("step", sort=True)
+            for per in [coupling_summary(g, how=self.params.how, k=self.k_main, per_prompt=True)]
+        ]
+        return pd.concat(rows, ignore_index=True)
+
+    @functools.cached_property
+    def rise_values(self) -> dict:
+        """The headline curve's shape (:attr:`first`) with 95% intervals over the held-out windows
+        (bootstrap: windows resampled, their mean curve's descriptors recomputed)."""
+        from coupling_utils.analysis.training_curves import growth_summary, shape_intervals
+
+        def shape(curve: pd.DataFrame) -> dict:
+            return growth_summary(curve, "coupling", early_step=self.params.early_step).iloc[0].to_dict()
+
+        names = sorted(RULES["rises"].names | RULES["monotone"].names)
+        return self.first.to_dict() | shape_intervals(
+            self.per_prompt, "coupling", shape, names, n_resamples=500
+        )
 
     @functools.cached_property
     def step0(self):
@@ -335,15 +364,39 @@ class Results:
     def rho_lss(self) -> float:
         return float(self.together.set_index("y").statistic.get("lss", float("nan")))
 
+    @functools.cached_property
+    def together_values(self) -> dict:
+        """``rho_lss`` (Spearman's ρ of coupling with LSS over the checkpoints from ``early_step``)
+        with a 95% interval over the held-out windows (both curves from the same resampled windows)."""
+        from scipy import stats as sps
+
+        from coupling_utils.analysis.stats import bootstrap_ci
+        from coupling_utils.analysis.verdicts import Interval
+
+        t = self.trajectories
+        t = t[(t.panel == MAIN) & (t.model == self.showcase)]
+        lss = t.groupby(["prompt", "step"]).lss.mean().rename("lss").reset_index()
+        both = self.per_prompt.merge(lss, on=["prompt", "step"])
+        both = both[both.step >= self.params.early_step]
+        wide = both.pivot_table(index="prompt", columns="step", values=["coupling", "lss"])
+
+        def rho(sample: pd.DataFrame) -> float:
+            return float(sps.spearmanr(sample["coupling"].mean(), sample["lss"].mean()).statistic)
+
+        if len(wide) < 2 or wide.isna().to_numpy().any():
+            return {"rho_lss": Interval(self.rho_lss, -np.inf, np.inf, over=f"{len(wide)} window")}
+        ci = bootstrap_ci(wide, rho, n_resamples=500, seed=0).iloc[0]
+        return {"rho_lss": Interval.from_bootstrap(ci, over=f"{len(wide)} windows")}
+
     # ----------------------------------------------------------------- the last block
     @property
     def coupling_verdicts(self) -> dict[str, str]:
         """The verdicts of the rows that read coupling (rise, monotony, graphs, with linearity)."""
         return {
-            "rises": RULES["rises"].judge(self.first.to_dict()),
-            "monotone": RULES["monotone"].judge(self.first.to_dict()),
+            "rises": RULES["rises"].judge(self.rise_values),
+            "monotone": RULES["monotone"].judge(self.rise_values),
             "dense": RULES["dense"].judge(self.dense_values),
-            "together": RULES["together"].judge({"rho_lss": self.rho_lss}),
+            "together": RULES["together"].judge(self.together_values),
         }
 
     @functools.cached_property

@@ -16,15 +16,21 @@ from coupling_utils.analysis.verdicts import claim, verdict_word
 from coupling_utils.chapters.f03_training_emergence.plan import MAIN, RULES, quiz_prompts
 from coupling_utils.chapters.f03_training_emergence.results import Results
 
-RISE_CLAIM = "coupling rises progressively over training (shape of the curve)"
-STRAIGHT_CLAIM = (
-    "trajectories become straighter during training (than at initialisation and than a random walk)"
-)
+CLAIMS = {
+    "rises": "coupling rises progressively over training (shape of the curve)",
+    "monotone": "the rise is nearly monotonic",
+    "dense": "almost no coupling early, dense at the end (layer graphs)",
+    "together": "coupling develops together with trajectory linearity",
+    "straight": "trajectories become straighter during training "
+    "(than at initialisation and than a random walk)",
+    "expo": "layer-wise exponential growth develops (expodistance falls; our reconstruction)",
+}
+"""The status rows' claims, by key."""
 
 
-def _row(r: Results, text: str) -> dict:
-    """The status row of the claim ``text`` (its verdict is what the prose quotes)."""
-    return next(row for row in claims(r) if row["claim"] == text)
+def _verdict(r: Results, key: str):
+    """The status row's verdict of the claim ``key`` (:data:`CLAIMS`), as the prose quotes it."""
+    return verdict_word(next(row for row in claims(r) if row["claim"] == CLAIMS[key]))
 
 
 CONVENTION_ROWS = {
@@ -47,10 +53,10 @@ def _coupling_rows(r: Results) -> list[dict]:
     p, first, pg, k = r.params, r.first, r.paper_growth, r.k_main
     return [
         claim(
-            RISE_CLAIM,
+            CLAIMS["rises"],
             paper=f"≈{pg.ratio.mean():.1f}× from step 128 to 143000 (Fig. 1b)",
             rule=RULES["rises"],
-            values=first.to_dict(),
+            values=r.rise_values,
             ours=f"{first.ratio:.2f}× (ρ = {first.spearman:.2f}, peak at step {int(first.peak_step)}, "
             f"position {first.peak_position:.2f})",
             note=f"{r.showcase}, held-out text, steps {int(first.early_step)}→{int(first.final_step)}, "
@@ -67,10 +73,10 @@ def _coupling_rows(r: Results) -> list[dict]:
             kind="replot",
         ),
         claim(
-            "the rise is nearly monotonic",
+            CLAIMS["monotone"],
             paper="nearly monotonic for both models",
             rule=RULES["monotone"],
-            values=first.to_dict(),
+            values=r.rise_values,
             ours=f"ρ = {first.spearman:.2f}, largest fall {first.max_drop:.0%} of the range",
             note=f"rises between {first.rises:.0%} of consecutive checkpoints; {_convention(r, 'monotone')}",
         ),
@@ -91,7 +97,7 @@ def claims(r: Results) -> list[dict]:
     p, dense, lss, exp = r.params, r.dense_values, r.lss_row, r.exp_row
     rows = _coupling_rows(r) + [
         claim(
-            "almost no coupling early, dense at the end (layer graphs)",
+            CLAIMS["dense"],
             paper="step 1: almost none; step 143000: dense (Fig. 1c–e)",
             rule=RULES["dense"],
             values=dense,
@@ -101,16 +107,16 @@ def claims(r: Results) -> list[dict]:
             f"every checkpoint from step {p.early_step}; {_convention(r, 'dense')}",
         ),
         claim(
-            "coupling develops together with trajectory linearity",
+            CLAIMS["together"],
             paper="coupling emerges with increased linearity",
             rule=RULES["together"],
-            values={"rho_lss": r.rho_lss},
+            values=r.together_values,
             ours=f"ρ(coupling, LSS) = {r.rho_lss:.2f}",
             note=f"over the {len(r.together_in)} checkpoints from step {p.early_step} on; "
             f"negative = more coupling, straighter; {_convention(r, 'together')}",
         ),
         claim(
-            STRAIGHT_CLAIM,
+            CLAIMS["straight"],
             paper="increased linearity during training",
             rule=STRAIGHTER,
             values=r.straight,
@@ -121,7 +127,7 @@ def claims(r: Results) -> list[dict]:
     if exp is not None:
         rows.append(
             claim(
-                "layer-wise exponential growth develops (expodistance falls; our reconstruction)",
+                CLAIMS["expo"],
                 paper="layer-wise exponential growth develops (formula not published)",
                 rule=RULES["falls"],
                 values=exp.to_dict(),
@@ -186,6 +192,10 @@ def _coupling_values(r: Results) -> dict[str, Any]:
         out[f"f03_{name}"] = float(first[name])
     for name in ("early_step", "final_step", "peak_step"):
         out[f"f03_{name}"] = int(first[name])
+    for name in ("ratio", "spearman", "peak_position"):
+        iv = r.rise_values[name]
+        out[f"f03_{name}_low"], out[f"f03_{name}_high"] = float(iv.low), float(iv.high)
+    out["f03_n_windows"] = int(r.per_prompt.prompt.nunique())
     out["f03_k"] = r.k_main
     out["f03_step0"] = float(r.step0)
     out["f03_last_block"] = Markdown(f'`last_block = "{r.params.last_block}"`')
@@ -193,7 +203,7 @@ def _coupling_values(r: Results) -> dict[str, Any]:
     out["f03_convention_sentence"] = Markdown(
         lb.changed_verdicts(r.coupling_verdicts, r.other_conventions, CONVENTION_ROWS)
     )
-    out["f03_rises_verdict"] = verdict_word(_row(r, RISE_CLAIM))
+    out["f03_rises_verdict"] = _verdict(r, "rises")
     out["f03_shape_sentence"] = Markdown(
         "The curve ends at its top: coupling is highest at the last checkpoint."
         if first.final_vs_peak >= 0.99
@@ -267,7 +277,7 @@ def _trajectory_values(r: Results) -> dict[str, Any]:
         "f03_lss_spearman": float(lss.spearman),
         "f03_lss_walk": float(r.straight["walk"]),
         "f03_straight_rule": STRAIGHTER_TEXT,
-        "f03_straight_verdict": verdict_word(_row(r, STRAIGHT_CLAIM)),
+        "f03_straight_verdict": _verdict(r, "straight"),
         "f03_walk_ratio": float(r.straight["walk_ratio"].estimate),
         "f03_walk_ratio_low": float(r.straight["walk_ratio"].low),
         "f03_walk_ratio_high": float(r.straight["walk_ratio"].high),
@@ -364,11 +374,8 @@ def _search_effects(r: Results) -> dict[str, Any]:
 
 
 def _matched_rise(r: Results) -> list[str]:
-    """The bullets on the rise and its monotony."""
+    """The bullets on the rise and its monotony (verdicts: the status rows')."""
     first, pg, k = r.first, r.paper_growth, r.k_main
-    rise_v = RULES["rises"].judge(
-        first.to_dict()
-    )  # the verdicts of the status table, by the same rules and values
     where = (
         "at the end"
         if first.peak_position >= 0.99
@@ -376,14 +383,13 @@ def _matched_rise(r: Results) -> list[str]:
         f"{first.peak / first.final:.1f}× its final value"
     )
     return [
-        f"**Progressive rise: {rise_v}.** Coupling on held-out text (K = {k}) goes from {first.early:.3f} "
-        f"at step {int(first.early_step)} to {first.final:.3f} at step {int(first.final_step)} "
-        f"(ratio {first.ratio:.2f}; "
+        f"**Progressive rise** ({_verdict(r, 'rises').data}). Coupling on held-out text (K = {k}) goes from "
+        f"{first.early:.3f} at step {int(first.early_step)} to {first.final:.3f} at step "
+        f"{int(first.final_step)} (ratio {first.ratio:.2f}; "
         f"Pythia: about {pg.ratio.mean():.1f}), with its highest point {where}; ρ with the step "
         f"{first.spearman:.2f} against {pg.spearman.mean():.2f} for Pythia. Relative to the random "
         f"initialisation ({r.step0:.3f}) the final value is {first.final / r.step0:.1f}×.",
-        f"**Nearly monotonic: {RULES['monotone'].judge(first.to_dict())}.** "
-        "The largest fall between consecutive "
+        f"**Nearly monotonic** ({_verdict(r, 'monotone').data}). The largest fall between consecutive "
         f"checkpoints is {first.max_drop:.0%} of the curve's range (Pythia's digitised curves: "
         f"{pg.max_drop.max():.0%} at most).",
     ]
@@ -394,20 +400,20 @@ def _matched(r: Results) -> str:
     first, dense, lss, exp, rho = r.first, r.dense_values, r.lss_row, r.exp_row, r.rho_lss
     bullets = _matched_rise(r)
     bullets.append(
-        f"**Almost none early, dense at the end: {RULES['dense'].judge(dense)}.** The layer graph's edge "
+        f"**Almost none early, dense at the end** ({_verdict(r, 'dense').data}). The layer graph's edge "
         f"density goes {dense['density_early']:.2f} → {dense['density_final']:.2f} and is highest at "
         f"step {r.d_peak} (threshold {r.params.graph_threshold})."
     )
     bullets.append(
-        f"**Together with linearity: {RULES['together'].judge({'rho_lss': rho})}** (ρ(coupling, LSS) = "
-        f"{rho:.2f}); **straighter trajectories: {STRAIGHTER.judge(r.straight)}** (LSS "
+        f"**Together with linearity** ({_verdict(r, 'together').data}; ρ(coupling, LSS) = "
+        f"{rho:.2f}); **straighter trajectories** ({_verdict(r, 'straight').data}; LSS "
         f"{lss.early:.3f} → {lss.final:.3f}, ρ with the step {lss.spearman:.2f}; "
         f"{r.straight['walk_ratio'].estimate:.2f} of a random walk's score)"
         + (
             "."
             if exp is None
-            else f"; **exponential growth: {RULES['falls'].judge(exp.to_dict())}** "
-            f"(expodistance {exp.early:.3f} "
+            else f"; **exponential growth** ({_verdict(r, 'expo').data}; "
+            f"expodistance {exp.early:.3f} "
             f"→ {exp.final:.3f}, ρ {exp.spearman:.2f}; with only {r.held.layer_i.nunique()} steps per "
             "trajectory a log-linear fit says little)."
         )
@@ -447,8 +453,8 @@ def _exercise_k(r: Results) -> dict[str, Any]:
         ).iloc[0]
         out["f03_ex_128"] = Markdown(
             f"from step {int(g128.early_step)} the ratio final / early is {g128.ratio:.2f} "
-            f"(ρ = {g128.spearman:.2f}) and the verdict is "
-            f"**{RULES['rises'].judge(g128.to_dict())}**"
+            f"(ρ = {g128.spearman:.2f}), and the rule, judged on the mean curve alone (no "
+            f"intervals), gives {RULES['rises'].judge(g128.to_dict())}"
         )
     else:
         out["f03_ex_128"] = Markdown("this run has too few checkpoints after step 128 to say")
