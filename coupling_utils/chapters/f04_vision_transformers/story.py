@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from coupling_utils.analysis import vision_transformers as vt
-from coupling_utils.analysis.verdicts import claim, verdict_word
+from coupling_utils.analysis.verdicts import Interval, claim, verdict_word
 from coupling_utils.chapters.f04_vision_transformers.plan import (
     ABOVE_TWIN,
     EMERGES,
@@ -22,16 +22,37 @@ from coupling_utils.chapters.f04_vision_transformers.plan import (
 
 
 def twin_values(r: Results) -> dict[str, Any]:
-    """What :data:`ABOVE_TWIN` judges: the run's excess over its twin, its interval, the init gap."""
-    return {"excess": r.gap.excess, "excess_ci_low": r.gap.excess_ci_low, "init_gap": r.init_gap}
+    """What :data:`ABOVE_TWIN` judges: the run's excess over its twin with its interval (paired
+    bootstrap over the test images), the init gap."""
+    gap = r.gap
+    excess = Interval(gap.excess, gap.excess_ci_low, gap.excess_ci_high, over=f"{int(gap.n_images)} images")
+    return {"excess": excess, "init_gap": r.init_gap}
+
+
+def hub_values(h) -> dict[str, Any]:
+    """What :data:`HUB_ABOVE_TWIN` judges for one hub ViT (a row of ``hub_gaps``)."""
+    return {"excess": Interval(h.excess, h.excess_ci_low, h.excess_ci_high, over=f"{int(h.n_images)} images")}
 
 
 def family_values(r: Results) -> dict[str, Any]:
-    """What :data:`FAMILY` judges: Spearman's rho of test accuracy with the excess coupling."""
-    return {
-        "rho_excess": r.fits.loc["excess coupling", "spearman"],
-        "rho_excess_ci_low": r.fits.loc["excess coupling", "spearman_ci_low"],
-    }
+    """What :data:`FAMILY` judges: Spearman's rho of test accuracy with the excess coupling, with
+    its bootstrap interval over the members."""
+    row = r.fits.loc["excess coupling"]
+    rho = Interval(
+        row["spearman"], row["spearman_ci_low"], row["spearman_ci_high"], over=f"{len(r.vits)} ViTs"
+    )
+    return {"rho_excess": rho}
+
+
+def emerges_values(r: Results) -> dict[str, Any]:
+    """What :data:`EMERGES` judges: the curve's shape, with 95% intervals over the test images
+    (images resampled, their mean curve's descriptors recomputed)."""
+    from coupling_utils.analysis.training_curves import shape_intervals
+
+    per = r.over.per_prompt.rename(columns={"prompt": "image"})
+    per = per.assign(step=per.model.str.removeprefix("step").astype(int))
+    names = sorted(EMERGES.names)
+    return r.shape | shape_intervals(per, "coupling", vt.curve_shape, names, unit="image", n_resamples=500)
 
 
 def claims(p: Params, r: Results) -> list[dict[str, Any]]:
@@ -41,7 +62,7 @@ def claims(p: Params, r: Results) -> list[dict[str, Any]]:
     note = f"{p.n_images} test digits, {r.token_words}, K = {p.k}"
     rows = [
         claim("coupling emerges during ViT training", paper="emerges over training (no numbers published)",
-              rule=EMERGES, values=shape,
+              rule=EMERGES, values=emerges_values(r),
               ours=f"{shape['init']:.3f} → {shape['final']:.3f}, peak {shape['peak']:.3f} at step "
                    f"{shape['peak_step']}, ρ(step) {shape['spearman']:.2f}",
               note=f"{r.run_name}, {len(r.curve)} checkpoints; {note}"),
@@ -54,12 +75,12 @@ def claims(p: Params, r: Results) -> list[dict[str, Any]]:
     for h in r.hub_gaps.itertuples() if r.hub_gaps is not None else ():
         rows.append(claim(f"pretrained {h.model} is more coupled than its untrained twin",
                           paper="coupling absent at initialisation", rule=HUB_ABOVE_TWIN,
-                          values={"excess": h.excess, "excess_ci_low": h.excess_ci_low},
+                          values=hub_values(h),
                           ours=f"{h.trained:.3f} vs twin {h.twin:.3f}",
                           note=f"paired over {h.n_images} images; {note}"))  # fmt: skip
     rows.append(claim("more coupled ViTs generalise better (family, test accuracy)",
                       paper="coupling relates to generalisation", rule=FAMILY, values=fam,
-                      ours=f"ρ(excess) {fam['rho_excess']:.2f}; "
+                      ours=f"ρ(excess) {fam['rho_excess'].estimate:.2f}; "
                            f"raw ρ {r.fits.loc['coupling', 'spearman']:.2f}",
                       note=f"{len(r.vits)} ViTs trained here on MNIST (last third of training: at most "
                            f"{100 * r.members.plateau_share.max():.1f}% of each one's accuracy rise), "
