@@ -89,7 +89,8 @@ def test_run_reads_back_what_the_model_gives(standin_hub, tmp_path, monkeypatch)
     assert loads == [False, True]
     pd.testing.assert_frame_equal(again.metrics, r.metrics)
     rows = f05.claims(p, r)
-    assert [row["agree"] for row in rows] == [f05.LINEAR.judge(r.straight), f05.EXPONENTIAL.judge(r.growth)]
+    growth = r.growth | tr.growth_intervals(r.metrics)  # judged with its intervals over prompts
+    assert [row["agree"] for row in rows] == [f05.LINEAR.judge(r.straight), f05.EXPONENTIAL.judge(growth)]
     status = pd.DataFrame(rows)
     values = f05.glue_values(p, r, status)
     prose, pinned = _glue_names()

@@ -287,3 +287,26 @@ def test_trajectory_tables_over_prompts(tiny_llama):
     with pytest.warns(UserWarning):
         off = tr.trajectory_tables(model, [ids], linearization=False)
     assert off.linearization.empty and (off.metrics["token"] == 0).any()
+
+
+def test_growth_intervals_resample_prompts_of_both_models():
+    import pandas as pd
+
+    from coupling_utils.analysis.trajectories import growth_contrast, growth_intervals
+
+    rng = np.random.default_rng(0)
+    rows = [
+        {"model": m, "prompt": p, "token": t, "growth_log_linear_r2": 1.1 + 0.1 * rng.random(),
+         "expodistance_log_linear_r2": (0.2 if m == "trained" else 0.4) + 0.1 * rng.random(),
+         "expodistance_ratio_cv": (0.3 if m == "trained" else 0.5) + 0.1 * rng.random()}
+        for m in ("trained", "random init") for p in "abcd" for t in range(3 + "abcd".index(p))
+    ]  # fmt: skip
+    metrics = pd.DataFrame(rows)
+    point, out = growth_contrast(metrics), growth_intervals(metrics, n_resamples=200)
+    assert set(out) == {"growth", "log_linear_r2_ratio", "ratio_cv_ratio"}
+    for key, iv in out.items():
+        assert iv.estimate == pytest.approx(point[key]) and iv.low <= iv.estimate <= iv.high
+        assert iv.over == "4 prompts" and iv.high > iv.low
+    assert growth_intervals(metrics[metrics.model == "trained"]) == {}  # no twin, nothing to judge
+    one = growth_intervals(metrics[metrics.prompt == "a"])
+    assert one["growth"].low == -np.inf and one["growth"].over == "1 prompt"

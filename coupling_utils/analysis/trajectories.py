@@ -33,6 +33,7 @@ import pandas as pd
 import torch
 
 __all__ = [
+    "growth_intervals",
     "checkpoint_trajectories",
     "step_norms",
     "line_shape_score",
@@ -511,6 +512,41 @@ def growth_contrast(metrics: pd.DataFrame, trained: str = "trained", twin: str =
         out[f"{how}_trained"], out[f"{how}_twin"] = a, b
         out[f"{how}_ratio"] = a / b if b > 0 else np.nan
     return out
+
+
+def growth_intervals(
+    metrics: pd.DataFrame, trained: str = "trained", twin: str = "random init", *, n_resamples: int = 1000
+) -> dict:
+    """:func:`growth_contrast`'s ``growth`` and ``<how>_ratio`` as 95% intervals over prompts (a
+    prompt resampled with all its tokens, for both models at once; seeded). Empty without a twin;
+    one prompt gives unbounded intervals (nothing to resample)."""
+    from coupling_utils.analysis.stats import bootstrap_ci
+    from coupling_utils.analysis.verdicts import Interval
+
+    if not {trained, twin} <= set(metrics["model"]):
+        return {}
+    cols = ["growth_log_linear_r2", *(f"expodistance_{how}" for how in EXPODISTANCE_METHODS)]
+    grouped = metrics[metrics["model"].isin([trained, twin])].groupby(["prompt", "model"])[cols]
+    wide = pd.concat({"sum": grouped.sum(), "n": grouped.count()}, axis=1).unstack("model")
+
+    def values(sample: pd.DataFrame) -> dict[str, float]:
+        total = sample.sum()
+
+        def mean(column: str, model: str) -> float:
+            n = total[("n", column, model)]
+            return float(total[("sum", column, model)] / n) if n else np.nan
+
+        out = {"growth": mean("growth_log_linear_r2", trained)}
+        for how in EXPODISTANCE_METHODS:
+            a, b = mean(f"expodistance_{how}", trained), mean(f"expodistance_{how}", twin)
+            out[f"{how}_ratio"] = a / b if b > 0 else np.nan
+        return out
+
+    estimate, over = values(wide), f"{len(wide)} prompts" if len(wide) != 1 else "1 prompt"
+    if len(wide) < 2:
+        return {k: Interval(v, -np.inf, np.inf, over=over) for k, v in estimate.items() if np.isfinite(v)}
+    ci = bootstrap_ci(wide, values, n_resamples=n_resamples, seed=0).set_index("statistic")
+    return {k: Interval.from_bootstrap(ci.loc[k], over=over) for k, v in estimate.items() if np.isfinite(v)}
 
 
 def checkpoint_trajectories(
