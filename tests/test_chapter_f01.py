@@ -112,8 +112,9 @@ def test_claims_follow_the_rules(measured):
     assert rows[0]["agree"] == f01.RULES["depth"].judge(tw.depth_contrast(r.main, r.params.k, r.params.how))
     # the tiles judged are every prompt's, at every K they hold
     assert rows[2]["agree"] == f01.RULES["tiles"].judge(tile_grid.tile_contrast(r.main.tiles, 3))
-    assert rows[3]["agree"] == f01.RULES["tokens"].judge(tw.token_contrast(r.main, 2))
-    assert rows[4]["agree"] == f01.RULES["context"].judge(r.token_values)
+    tokens = tw.token_contrast(r.main, 2) | tw.token_intervals(r.main, 2)  # with intervals over prompts
+    assert rows[3]["agree"] == f01.RULES["tokens"].judge(tokens)
+    assert rows[4]["agree"] == f01.RULES["context"].judge(r.token_judged)
     assert "K = 2: " in rows[0]["ours"] and "K = 4: " in rows[0]["ours"]
     keys = [key for key, _, _ in f01.assumptions(r)]
     assert keys == ["f01-twin-near-chance", "f01-twin-tokens-uniform", "f01-tiles-shared",

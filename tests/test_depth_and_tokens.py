@@ -331,3 +331,15 @@ def test_tile_rule_reads_every_k_the_tiles_hold_and_every_prompt():
     assert out["diagonal_trained"].over == "3 prompts, K = 3–4"
     one = tile_grid.tile_contrast(tiles[tiles.prompt == "a"], 4)["diagonal_trained"]
     assert one.over == "1 prompt" and one.low == -np.inf  # one prompt: nothing to resample, no yes
+
+
+def test_token_intervals_pool_token_pairs_and_resample_prompts(pair):
+    point = tw.token_contrast(pair.m, 2)
+    out = tw.token_intervals(pair.m, 2, n_resamples=200)
+    assert out["self_trained"].estimate == pytest.approx(point["self_trained"])
+    assert out["self_excess"].estimate == pytest.approx(point["self_trained"] - point["self_twin"])
+    assert out["context_excess"].estimate == pytest.approx(point["context_trained"] - point["context_twin"])
+    assert out["sd_excess"].estimate == pytest.approx(point["context_sd"] - point["self_sd"])
+    n = pair.m.tokenwise.prompt.nunique()
+    for iv in out.values():
+        assert iv.low <= iv.estimate <= iv.high and iv.over == f"{n} prompts"

@@ -53,6 +53,7 @@ __all__ = [
     "summary_table",
     "depth_contrast",
     "token_contrast",
+    "token_intervals",
     "distance_trend",
     "mean_depthwise",
     "coupling_by_distance",
@@ -521,6 +522,53 @@ def token_contrast(pair: TwinMeasurement, k: int) -> dict:
         "context_twin": float(ctx_mean.get("random init", np.nan)),
         "context_sd": float(ctx_sd.get("trained", np.nan)),
     }
+
+
+def _pooled(df: pd.DataFrame) -> pd.DataFrame:
+    """Per prompt and weights: the sum, sum of squares and count of ``coupling`` over pairs of
+    different tokens (what a pooled mean and standard deviation are made of)."""
+    sub = df[df["token_i"] != df["token_j"]]
+    g = sub.assign(sq=sub["coupling"] ** 2).groupby(["prompt", "weights"])
+    parts = {"sum": g["coupling"].sum(), "sq": g["sq"].sum(), "n": g["coupling"].count()}
+    return pd.concat(parts, axis=1).unstack("weights")
+
+
+def token_intervals(pair: TwinMeasurement, k: int, *, n_resamples: int = 1000) -> dict[str, Interval]:
+    """What the token rules compare, with 95% intervals over prompts (a prompt resampled with all
+    its token pairs, trained and twin together): ``self_trained`` and ``context_trained`` (as
+    :func:`token_contrast`), the paired differences ``self_excess`` and ``context_excess``
+    (trained − twin) and ``sd_excess`` (context s.d. − self s.d., trained). One prompt gives
+    unbounded intervals (nothing to resample)."""
+    from coupling_utils.analysis.stats import bootstrap_ci
+
+    tok = pair.tokenwise[pair.tokenwise["K"] == k]
+    ctx = pair.context[(pair.context["K"] == k) & (pair.context["layer_i"] == pair.context["layer_j"])]
+    wide = pd.concat({"self": _pooled(tok), "context": _pooled(ctx)}, axis=1).fillna(0.0)
+
+    def values(sample: pd.DataFrame) -> dict[str, float]:
+        t = sample.sum()
+
+        def mean(part: str, w: str) -> float:
+            return float(t[(part, "sum", w)] / t[(part, "n", w)])
+
+        def sd(part: str, w: str) -> float:
+            n, total = t[(part, "n", w)], t[(part, "sum", w)]
+            return float(np.sqrt(max(0.0, (t[(part, "sq", w)] - total**2 / n) / (n - 1))))
+
+        trained, twin = WEIGHTS
+        return {
+            "self_trained": mean("self", trained),
+            "context_trained": mean("context", trained),
+            "self_excess": mean("self", trained) - mean("self", twin),
+            "context_excess": mean("context", trained) - mean("context", twin),
+            "sd_excess": sd("context", trained) - sd("self", trained),
+        }
+
+    estimate = values(wide)
+    if len(wide) < 2:
+        return {name: Interval(v, -np.inf, np.inf, over="1 prompt") for name, v in estimate.items()}
+    ci = bootstrap_ci(wide, values, n_resamples=n_resamples, seed=0).set_index("statistic")
+    return {name: Interval.from_bootstrap(ci.loc[name], over=f"{len(wide)} prompts") for name in estimate}
 
 
 def distance_trend(by_distance: pd.DataFrame) -> pd.DataFrame:

@@ -90,15 +90,16 @@ RULES = {
     ),
     # token-wise self coupling: strong (>= 0.5) and beyond what random weights give; never even
     # partly when the trained model is at or below its twin
+    # (self_excess: trained − twin, paired over prompts; a yes needs every interval clear)
     "tokens": Rule(
-        yes="self_trained >= 0.5 and self_trained > self_twin",
-        partly="self_trained >= 0.25 and self_trained > self_twin",
+        yes="self_trained >= 0.5 and self_excess > 0",
+        partly="self_trained >= 0.25 and self_excess > 0",
     ),
     # context coupling: present (>= 0.2), beyond the twin's, and less uniform across token pairs
-    # than self coupling; never even partly at or below the twin
+    # than self coupling (sd_excess: context s.d. − self s.d.); never even partly at or below the twin
     "context": Rule(
-        yes="context_trained >= 0.2 and context_trained > context_twin and context_sd > self_sd",
-        partly="context_trained > context_twin and (context_trained >= 0.2 or context_sd > self_sd)",
+        yes="context_trained >= 0.2 and context_excess > 0 and sd_excess > 0",
+        partly="context_excess > 0 and (context_trained >= 0.2 or sd_excess > 0)",
     ),
 }
 
@@ -214,6 +215,12 @@ class Results:
         return tw.token_contrast(self.main, min(self.params.k))
 
     @functools.cached_property
+    def token_judged(self) -> dict:
+        """:attr:`token_values` with what the token rules compare as intervals over prompts
+        (``token_intervals``): the values the rules judge."""
+        return self.token_values | tw.token_intervals(self.main, min(self.params.k))
+
+    @functools.cached_property
     def first_token(self) -> tuple[float, float]:
         """Mean self coupling (trained, the drawn prompt) of pairs involving the first token, and
         of pairs of other tokens."""
@@ -272,8 +279,8 @@ class Results:
         judges = {
             "depth": lambda: RULES["depth"].judge(self.depth[p.model]),
             "tiles": lambda: RULES["tiles"].judge(self.tile_values),
-            "tokens": lambda: RULES["tokens"].judge(self.token_values),
-            "context": lambda: RULES["context"].judge(self.token_values),
+            "tokens": lambda: RULES["tokens"].judge(self.token_judged),
+            "context": lambda: RULES["context"].judge(self.token_judged),
         }
         for row, judge in judges.items():
             try:

@@ -187,12 +187,12 @@ def claims(r: Results) -> list[dict]:
                    f"{_convention_note(r, 'tiles')}"),
         claim("token-wise self coupling is strong in the trained model",
               paper="strong coupling of the tokens' own Jacobians (project page)", rule=RULES["tokens"],
-              values=tokens, ours=f"{tokens['self_trained']:.3f} (twin {tokens['self_twin']:.3f})",
+              values=r.token_judged, ours=f"{tokens['self_trained']:.3f} (twin {tokens['self_twin']:.3f})",
               note=f"mean 1 − m² over token pairs, block {block}, K = {kmin}; "
                    f"{_convention_note(r, 'tokens')}"),
         claim("context coupling exists but varies across token pairs",
               paper="context coupling present, less uniform than self coupling", rule=RULES["context"],
-              values=tokens,
+              values=r.token_judged,
               ours=f"mean {tokens['context_trained']:.3f}, s.d. {tokens['context_sd']:.3f} "
                    f"(self: s.d. {tokens['self_sd']:.3f})",
               note=f"fixed output token (the last), block {block}, K = {kmin}; twin mean "
