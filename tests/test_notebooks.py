@@ -126,3 +126,21 @@ def test_each_notebook_measures_exactly_its_chapters_plan(name, smoke_runs, monk
         f"{name}: measured but not planned: {sorted(stored - planned)[:5]}; "
         f"planned but not measured: {sorted(planned - stored)[:5]}"
     )
+
+
+# Measured rows still judged on point estimates only, and why (each entry names its issue).
+WITHOUT_INTERVAL = {
+    "f02_generalization": "issue 21, item 7: f02's rows are being rebuilt with intervals over its family",
+}
+
+
+def test_every_measured_verdict_is_judged_with_an_interval(smoke_runs):
+    """Each measured status row's rule was judged on at least one Interval (its rule column
+    shows it as "x [low, high; 95% over ...]"), so a "yes" needed the whole interval."""
+    from coupling_utils.pipeline.status import read_statuses
+
+    status = read_statuses(SMOKE_DIR)
+    measured = status[(status.kind == "measured") & ~status.notebook.isin(list(WITHOUT_INTERVAL))]
+    assert len(measured) >= 10, measured
+    bare = [f"{r.notebook}: {r.claim} ({r.rule})" for r in measured.itertuples() if "; 95%" not in r.rule]
+    assert not bare, "judged without an interval:\n  " + "\n  ".join(bare)

@@ -269,6 +269,43 @@ class Results:
         """Edge density early, final, and where the densest graph lies (the rule's values)."""
         return self._dense[2]
 
+    @functools.cached_property
+    def dense_judged(self) -> dict:
+        """:attr:`dense_values` with 95% intervals over the held-out windows (windows resampled,
+        the mean matrices and their graphs recomputed at every checkpoint)."""
+        from coupling_utils.analysis.stats import bootstrap_ci
+        from coupling_utils.analysis.verdicts import Interval
+
+        h = self.held[self.held.step >= self.params.early_step]
+        h = h[h.layer_i != h.layer_j]
+        a, b = np.minimum(h.layer_i, h.layer_j), np.maximum(h.layer_i, h.layer_j)
+        per = h.assign(a=a, b=b).groupby(["prompt", "step", "a", "b"]).coupling.mean()
+        wide = per.unstack(["step", "a", "b"])
+        steps = wide.columns.get_level_values("step").to_numpy()
+        order = np.unique(steps)
+
+        def values(sample: pd.DataFrame) -> dict[str, float]:
+            edges = sample.to_numpy().mean(axis=0) > self.params.graph_threshold
+            density = np.array([edges[steps == st].mean() for st in order])
+            peak = int(order[int(density.argmax())])
+            return {
+                "density_early": float(density[0]),
+                "density_final": float(density[-1]),
+                "density_peak_position": emergence.log_position(peak, order[0], order[-1]),
+            }
+
+        if len(wide) < 2 or wide.isna().to_numpy().any():
+            bounds = {
+                k: Interval(v, -np.inf, np.inf, over=f"{len(wide)} window")
+                for k, v in self.dense_values.items()
+            }
+            return self.dense_values | bounds
+        ci = bootstrap_ci(wide, values, n_resamples=500, seed=0).set_index("statistic")
+        over = f"{len(wide)} windows"
+        return self.dense_values | {
+            k: Interval.from_bootstrap(ci.loc[k], over=over) for k in self.dense_values
+        }
+
     @property
     def d_peak(self) -> int:
         """The step of the densest graph from ``early_step`` on."""
@@ -333,6 +370,24 @@ class Results:
         return rows_of.loc[q] if q in rows_of.index else None
 
     @functools.cached_property
+    def exp_judged(self) -> dict | None:
+        """:attr:`exp_row` with 95% intervals over the held-out windows (``shape_intervals``)."""
+        from coupling_utils.analysis.training_curves import growth_summary, shape_intervals
+
+        if self.exp_row is None:
+            return None
+        q = "expodistance_log_linear_r2"
+        t = self.trajectories
+        t = t[(t.panel == MAIN) & (t.model == self.showcase)]
+        per = t.groupby(["prompt", "step"])[q].mean().reset_index()
+
+        def shape(curve: pd.DataFrame) -> dict:
+            return growth_summary(curve, q, early_step=self.params.early_step).iloc[0].to_dict()
+
+        names = sorted(RULES["falls"].names)
+        return self.exp_row.to_dict() | shape_intervals(per, q, shape, names, n_resamples=500)
+
+    @functools.cached_property
     def together_in(self) -> pd.DataFrame:
         """Per checkpoint from ``early_step`` on: coupling, trajectory measures, validation loss."""
         m, show = self.main, self.showcase
@@ -395,7 +450,7 @@ class Results:
         return {
             "rises": RULES["rises"].judge(self.rise_values),
             "monotone": RULES["monotone"].judge(self.rise_values),
-            "dense": RULES["dense"].judge(self.dense_values),
+            "dense": RULES["dense"].judge(self.dense_judged),
             "together": RULES["together"].judge(self.together_values),
         }
 

@@ -100,7 +100,7 @@ def claims(r: Results) -> list[dict]:
             CLAIMS["dense"],
             paper="step 1: almost none; step 143000: dense (Fig. 1c–e)",
             rule=RULES["dense"],
-            values=dense,
+            values=r.dense_judged,
             ours=f"edge density {dense['density_early']:.2f} → {dense['density_final']:.2f}, "
             f"highest at step {r.d_peak}",
             note=f"threshold 1 − m² > {p.graph_threshold}, K = {r.k_main}, "
@@ -130,7 +130,7 @@ def claims(r: Results) -> list[dict]:
                 CLAIMS["expo"],
                 paper="layer-wise exponential growth develops (formula not published)",
                 rule=RULES["falls"],
-                values=exp.to_dict(),
+                values=r.exp_judged,
                 ours=f"1 − R² {exp.early:.3f} → {exp.final:.3f} (ρ = {exp.spearman:.2f})",
                 note="log-linear fit of step sizes over all blocks",
             )
