@@ -56,13 +56,13 @@ format: $(STAMP)
 	$(BIN)/ruff format .
 
 unit: $(STAMP)
-	$(PY) -m pytest -m "not book and not default_book"
+	$(PY) -m pytest -m "not book and not default_book" --durations=25
 
 # Unit, oracle and pipeline tests plus a papermill smoke run of every notebook (tests/test_notebooks.py,
 # into _build/smoke/notebooks); then the smoke book is built and browsed offline (required: the browser
 # test fails, saying why, where it cannot run).
 test: $(STAMP) browser lint
-	$(PY) -m pytest -m "not book and not default_book"
+	$(PY) -m pytest -m "not book and not default_book" --durations=25
 	$(BIN)/coupling-book build --executed _build/smoke/notebooks --out _build/smoke/html
 	COUPLING_BOOK_HTML=_build/smoke/html COUPLING_REQUIRE_BROWSER=1 $(PY) -m pytest -m book
 
