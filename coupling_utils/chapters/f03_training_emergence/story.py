@@ -203,6 +203,7 @@ def _coupling_values(r: Results) -> dict[str, Any]:
     out["f03_convention_sentence"] = Markdown(
         lb.changed_verdicts(r.coupling_verdicts, r.other_conventions, CONVENTION_ROWS)
     )
+    out["f03_block_sentence"] = Markdown(_block_sentence(r))
     out["f03_rises_verdict"] = _verdict(r, "rises")
     out["f03_shape_sentence"] = Markdown(
         "The curve ends at its top: coupling is highest at the last checkpoint."
@@ -210,6 +211,19 @@ def _coupling_values(r: Results) -> dict[str, Any]:
         else f"The curve does not end at its top: the final value is {first.final_vs_peak:.0%} of the peak."
     )
     return out
+
+
+def _block_sentence(r: Results) -> str:
+    """What the stored search (measured with the last block alone) says of this very run."""
+    own = r.search_table[r.search_table.this_chapter]
+    if own.empty or r.params.last_block == "block":
+        return ""
+    return (
+        f'The search below stored this very run with the last block alone (`last_block = "block"`, '
+        f"K = d/16): judged on its mean curve by the same rise rule (no intervals: the search kept no "
+        f"per-window values), it gets {own['rises progressively'].iloc[0]}, here "
+        f"{r.coupling_verdicts['rises']}."
+    )
 
 
 def _wide_sentence(r: Results) -> str:
