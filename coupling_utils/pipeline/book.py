@@ -32,7 +32,7 @@ from pathlib import Path
 import yaml
 
 from coupling_utils.files import atomic_dir
-from coupling_utils.pipeline.kit import KIT_DOWNLOAD, build_kit, check_edition
+from coupling_utils.pipeline.kit import INSTALL_TAG, KIT_DOWNLOAD, build_kit, check_edition, publish_notebook
 from coupling_utils.pipeline.offline_assets import remote_assets
 from coupling_utils.pipeline.pages import (
     BookError,
@@ -45,6 +45,7 @@ from coupling_utils.pipeline.proofread import proofread
 
 __all__ = [
     "BookError",
+    "INSTALL_TAG",
     "BookPlan",
     "TocEntry",
     "toc_entries",
@@ -69,7 +70,6 @@ BIBLIOGRAPHY_PAGE = "bibliography"  # gets "Cite this companion" from CITATION.c
 DATA_DIR = "data"  # staged too: prose may include its tables
 EXTRA_STAGE = "_extra"  # an html_extra_path (see _config.yml): copied as is to the HTML root
 BOOK_KEY = "coupling_book"  # our own section of _config.yml, removed from the staged copy
-INSTALL_TAG = "companion-install"  # the notebooks' first cell: installs the package when missing
 MATHJAX_ENTRY = "tex-svg.js"  # SVG output: no web fonts to load
 # What tex-svg.js may load lazily (TeX extensions, menu, accessibility); the other
 # combined builds are left out.
@@ -272,7 +272,7 @@ def stage_book(
     (src / NOTEBOOK_DIR).mkdir()
     extra = src / EXTRA_STAGE
     kit = _stage_chapters(root, src, plan, links, edition)
-    _stage_generated_pages(root, src, plan, _under(root, executed), links, kit_edition=edition if kit else "")
+    _stage_generated_pages(root, src, plan, _under(root, executed), links, (edition, kit))
     keep = {e.docname for e in plan.included}
     (src / "_toc.yml").write_text(yaml.safe_dump(_staged_toc(root, keep), sort_keys=False), encoding="utf-8")
     _stage_mathjax(extra / "_static" / "mathjax")
@@ -313,11 +313,12 @@ def _stage_mathjax(target: Path) -> None:
 
 
 def _stage_generated_pages(
-    root: Path, src: Path, plan: BookPlan, executed: Path, links: dict, kit_edition: str = ""
+    root: Path, src: Path, plan: BookPlan, executed: Path, links: dict, edition_kit=("teacher", False)
 ) -> None:
     """The parts of pages made at build time: the status tables, the intro's summary, the
-    teaching page's exercises, costs and lab kit link (``kit_edition``: "" when there is no
-    kit), the architecture table, the citation."""
+    teaching page's exercises, costs and lab kit link (``edition_kit``: the edition and whether
+    there is a kit), the architecture table, the citation."""
+    edition, kit = edition_kit
     page = {name: src / PROSE_DIR / f"{name}.md" for name in (
         STATUS_PAGE, INTRO_PAGE, TEACHING_PAGE, ARCHITECTURES_PAGE, BIBLIOGRAPHY_PAGE)}  # fmt: skip
     included = {Path(e.docname).name for e in plan.included if e.kind == "notebook"}
@@ -330,11 +331,13 @@ def _stage_generated_pages(
         costs = root / "data" / "benchmarks" / "profile_costs.csv"
         stage_summary(page[INTRO_PAGE], status_rows(executed, included), executed, costs)
     if page[TEACHING_PAGE].is_file():
-        from coupling_utils.pipeline.teaching import stage_costs, stage_exercises, stage_kit_link
+        from coupling_utils.pipeline.teaching import stage_costs, stage_exercises, stage_kit_link, stage_plans
 
-        stage_exercises(page[TEACHING_PAGE], [e.source for e in plan.included if e.kind == "notebook"])
-        stage_kit_link(page[TEACHING_PAGE], f"../{KIT_DOWNLOAD}", kit_edition)
+        chapters = [e.source for e in plan.included if e.kind == "notebook"]
+        stage_exercises(page[TEACHING_PAGE], chapters, edition)
+        stage_kit_link(page[TEACHING_PAGE], f"../{KIT_DOWNLOAD}", edition if kit else "")
         stage_costs(page[TEACHING_PAGE], root / "data" / "benchmarks" / "chapter_costs.csv")
+        stage_plans(page[TEACHING_PAGE], root / "data" / "benchmarks" / "chapter_costs.csv")
     if page[ARCHITECTURES_PAGE].is_file():
         with page[ARCHITECTURES_PAGE].open("a", encoding="utf-8") as f:
             f.write("\n" + architectures_section())
@@ -425,37 +428,18 @@ def notebook_tables(nb) -> dict[str, str]:
     return tables
 
 
-_REPOSITORY_LINE = re.compile(r"^REPOSITORY = .*$", re.MULTILINE)
-
-
-def _publish_notebook(nb, published: Path, links: dict, edition: str) -> None:
-    """Write the downloadable copy of an executed notebook: its install cell knows the repository
-    (when there is one); the student edition leaves the solutions out."""
-    import nbformat
-
-    from coupling_utils.pipeline.teaching import remove_solutions
-
-    published.parent.mkdir(parents=True, exist_ok=True)
-    public = nbformat.from_dict(json.loads(json.dumps(nb)))  # a copy: the page keeps its solutions
-    for cell in public.cells:
-        if cell.cell_type == "code" and INSTALL_TAG in cell.metadata.get("tags", []) and links:
-            cell.source = _REPOSITORY_LINE.sub(
-                f"REPOSITORY = {links['url'] + '.git'!r}  # from the book's _config.yml", cell.source, count=1
-            )
-        if cell.cell_type == "markdown" and edition == "student":
-            cell.source = remove_solutions(cell.source)
-    nbformat.write(public, published)
-
-
 def _stage_notebook(entry: TocEntry, src: Path, extra: Path, links: dict, edition: str, kit: bool) -> None:
     """Stage one executed notebook: the page (with its chapter-links box, linking the lab kit
     when there is one), its published copy (for download and Colab; the install cell
     knows the repository; no solutions in the student edition) and its tables as CSV."""
     import nbformat
 
+    from coupling_utils.pipeline.teaching import stage_chapter_time
+
     name = Path(entry.docname).name
     nb = nbformat.read(entry.content, as_version=4)
-    _publish_notebook(nb, extra / NOTEBOOK_DIR / f"{name}.ipynb", links, edition)
+    stage_chapter_time(nb, entry.source.parent.parent / DATA_DIR / "benchmarks" / "chapter_costs.csv")
+    publish_notebook(nb, extra / NOTEBOOK_DIR / f"{name}.ipynb", links.get("url", ""), edition)
     tables = notebook_tables(nb)
     for table, csv in tables.items():
         path = extra / NOTEBOOK_DIR / name / f"{table}.csv"

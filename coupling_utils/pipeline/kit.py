@@ -19,6 +19,8 @@ to do. The student edition leaves the solutions out of the notebooks
 
 from __future__ import annotations
 
+import json
+import re
 import shutil
 import subprocess
 import sys
@@ -38,6 +40,7 @@ __all__ = [
     "build_wheel",
     "kit_notebook",
     "kit_readme",
+    "publish_notebook",
     "build_kit",
 ]
 
@@ -46,6 +49,8 @@ KIT_DOWNLOAD = f"_downloads/{KIT_NAME}.zip"  # where the book serves it, from th
 EDITIONS = ("teacher", "student")  # teacher: solutions included; student: left out
 WHEEL_SOURCES = ("pyproject.toml", "README.md", "LICENSE", "coupling_utils")
 WEIGHTS = "requirements-weights.txt"
+INSTALL_TAG = "companion-install"  # the notebooks' first cell: installs the package when missing
+_REPOSITORY_LINE = re.compile(r"^REPOSITORY = .*$", re.MULTILINE)
 
 # The first cell of every chapter notebook (tagged remove-cell, companion-install); a test checks
 # that each notebook's cell is exactly this text.
@@ -134,15 +139,35 @@ def build_wheel(root: str | Path, dest: str | Path) -> Path:
     return target
 
 
+def publish_notebook(nb, published: Path, repository: str, edition: str) -> None:
+    """Write the downloadable copy of an executed notebook: its install cell knows the repository
+    (``repository``: its web address, "" for none); the student edition leaves the solutions out."""
+    import nbformat
+
+    from coupling_utils.pipeline.teaching import remove_solutions
+
+    published.parent.mkdir(parents=True, exist_ok=True)
+    public = nbformat.from_dict(json.loads(json.dumps(nb)))  # a copy: the page keeps its solutions
+    for cell in public.cells:
+        if cell.cell_type == "code" and INSTALL_TAG in cell.metadata.get("tags", []) and repository:
+            cell.source = _REPOSITORY_LINE.sub(
+                f"REPOSITORY = {repository + '.git'!r}  # from the book's _config.yml", cell.source, count=1
+            )
+        if cell.cell_type == "markdown" and edition == "student":
+            cell.source = remove_solutions(cell.source)
+    nbformat.write(public, published)
+
+
 def kit_notebook(source: str | Path, edition: str = "teacher"):
     """The chapter notebook ``source`` (jupytext MyST) as the kit holds it: unexecuted, and in
     the student edition without its solution blocks."""
     import jupytext
 
-    from coupling_utils.pipeline.teaching import remove_solutions
+    from coupling_utils.pipeline.teaching import remove_solutions, stage_chapter_time
 
     check_edition(edition)
     nb = jupytext.read(source)
+    stage_chapter_time(nb, Path(source).parent.parent / "data" / "benchmarks" / "chapter_costs.csv")
     if edition == "student":
         for cell in nb.cells:
             if cell.cell_type == "markdown":

@@ -19,23 +19,53 @@ class BookError(RuntimeError):
     """The book cannot be built as asked; the message names the problem and the fix."""
 
 
+def _names(people) -> list[str]:
+    """CITATION.cff persons as "Given Family" (or their ``name``)."""
+    out = []
+    for p in people or []:
+        if p.get("name"):
+            out.append(str(p["name"]))
+        else:
+            out.append(" ".join(str(p[k]) for k in ("given-names", "family-names") if p.get(k)))
+    return out
+
+
+def _bibtex(kind: str, key: str, fields: list[tuple[str, str]]) -> str:
+    fields = [(k, v) for k, v in fields if v]
+    width = max((len(k) for k, _ in fields), default=0)
+    body = ",\n".join(f"  {k:<{width}} = {{{v}}}" for k, v in fields)
+    return f"```bibtex\n@{kind}{{{key},\n{body}\n}}\n```\n"
+
+
+def _paper_citation(preferred: dict) -> str:
+    """The paper, from CITATION.cff's ``preferred-citation``: a sentence and its BibTeX."""
+    people = preferred.get("authors") or []
+    authors = _names(people)
+    title = str(preferred.get("title", "")).strip()
+    venue = str(preferred.get("collection-title") or preferred.get("journal") or "").strip()
+    year = str(preferred.get("year", "")).strip()
+    ids = [str(i.get("value", "")) for i in preferred.get("identifiers") or [] if i.get("value")]
+    sentence = f"{', '.join(authors)}. *{title}*." + (f" {venue}." if venue else "")
+    sentence += f" {year}." if year and year not in venue else ""
+    sentence += "".join(f" {i}." for i in ids)
+    bib_authors = " and ".join(
+        f"{p['family-names']}, {p['given-names']}" if p.get("family-names") else str(p.get("name", ""))
+        for p in people
+    )
+    key = (str(people[0].get("family-names", "paper")).lower() if people else "paper") + year
+    fields = [("title", title), ("author", bib_authors), ("booktitle", venue), ("year", year)]
+    fields += [("note", "; ".join(ids))]
+    return f"**The paper** (the preferred citation): {sentence}\n\n" + _bibtex("inproceedings", key, fields)
+
+
 def citation_section(cff: Path, url: str = "") -> str:
-    """ "Cite this companion": a sentence and a BibTeX entry generated from ``CITATION.cff``."""
+    """ "Cite this companion and the paper": sentences and BibTeX entries generated from
+    ``CITATION.cff`` (the paper from its ``preferred-citation``, the companion from the rest)."""
     meta = yaml.safe_load(Path(cff).read_text(encoding="utf-8")) or {}
-
-    def names(people) -> list[str]:
-        out = []
-        for p in people or []:
-            if p.get("name"):
-                out.append(str(p["name"]))
-            else:
-                out.append(" ".join(str(p[k]) for k in ("given-names", "family-names") if p.get(k)))
-        return out
-
     title = str(meta.get("title", "")).strip()
     if not title:
         raise BookError(f"{cff} has no title: CITATION.cff needs title, authors, version")
-    authors = names(meta.get("authors"))
+    authors = _names(meta.get("authors"))
     version = str(meta.get("version", "")).strip()
     date = str(meta.get("date-released", "")).strip()
     link = url or str(meta.get("repository-code") or meta.get("url") or "").strip()
@@ -46,19 +76,20 @@ def citation_section(cff: Path, url: str = "") -> str:
     sentence += f". <{link}>" if link else "."
     fields = [("title", title), ("author", " and ".join(f"{{{a}}}" if " " in a else a for a in authors))]
     fields += [("version", version), ("year", year), ("url", link)]
-    body = ",\n".join(f"  {k:<7} = {{{v}}}" for k, v in fields if v)
     preferred = meta.get("preferred-citation") or {}
     paper = (
-        "It reproduces {cite:t}`aubry2025coupling`; please cite the paper as well "
-        "(CITATION.cff names it as the preferred citation).\n"
+        "It reproduces {cite:t}`aubry2025coupling`; please cite the paper as well.\n\n"
+        + _paper_citation(preferred)
         if preferred
         else ""
     )
+    message = str(meta.get("message", "")).strip()
     return (
-        "## Cite this companion\n\n"
-        "Generated from the repository's `CITATION.cff` when the book was built.\n\n"
-        f"{sentence}\n\n{paper}\n"
-        f"```bibtex\n@software{{coupling_companion,\n{body}\n}}\n```\n"
+        "## Cite this companion and the paper\n\n"
+        f"Generated from the repository's `CITATION.cff` when the book was built. {message}\n\n"
+        f"**This companion**: {sentence}\n\n"
+        + _bibtex("software", "coupling_companion", fields)
+        + (f"\n{paper}" if paper else "")
     )
 
 

@@ -7,7 +7,8 @@ sources, so that the teaching page says what is true of the exercises as they ar
 - an exercise **asks for a prediction first** when its text begins with "Predict first";
 - an exercise **needs a GPU** when it carries ``:class: needs-gpu`` (a class the book's
   stylesheet may mark; the default: it runs on a laptop CPU);
-- it **has a worked solution** when a ``{solution}`` block names its label.
+- it **has a worked solution** when a ``{solution}`` block names its label;
+- its **difficulty** is its title, one of :data:`DIFFICULTIES` (``{exercise} Medium``).
 
 :func:`stage_exercises` replaces the teaching page's ``% exercise-table`` line with the counts
 and a table per chapter; :func:`stage_costs` replaces its ``% costs-summary`` line with what the
@@ -27,6 +28,7 @@ __all__ = [
     "COSTS_MARKER",
     "LAB_CHAPTERS",
     "GPU_CLASS",
+    "DIFFICULTIES",
     "exercises",
     "exercise_section",
     "stage_exercises",
@@ -35,15 +37,32 @@ __all__ = [
     "remove_solutions",
     "KIT_MARKER",
     "stage_kit_link",
+    "TIME_MARKER",
+    "chapter_time",
+    "stage_chapter_time",
+    "PLANS",
+    "PLANS_MARKER",
+    "plans_summary",
+    "stage_plans",
 ]
 
 MARKER = "% exercise-table"
 COSTS_MARKER = "% costs-summary"
 KIT_MARKER = "% lab-kit"
-LAB_CHAPTERS = ("f00", "f01", "f05")  # the 90-minute lab of the course plan
+TIME_MARKER = "% chapter-time"  # in each chapter's objectives block
+PLANS_MARKER = "% plan-costs"
+LAB_CHAPTERS = ("f00", "f01", "f05")  # the 90-minute session of the course plans
 LAB_COMPUTE_MINUTES = 30  # at most this much of the lab's 90 minutes may be spent waiting for runs
+# the teaching page's course plans and the chapters each runs (their compute time is generated)
+PLANS = (
+    ("90-minute session", LAB_CHAPTERS),
+    ("2-hour lab", ("f00", "f01", "f03", "f05")),
+    ("4-week module", ("f00", "f01", "f02", "f03", "f04", "f05")),
+)
 GPU_CLASS = "needs-gpu"
+DIFFICULTIES = ("easy", "medium", "hard")  # an exercise's title
 PREDICT = re.compile(r"^\s*predict first\b", re.IGNORECASE)
+_EXERCISE_REF = re.compile(r"\{ref\}`(f\d\d-ex-[\w-]+)`")
 _FENCE = re.compile(r"^(?P<fence>`{3,}|~{3,})\{(?P<kind>exercise|solution)\}\s*(?P<arg>\S*)\s*$")
 
 
@@ -90,9 +109,10 @@ def remove_solutions(text: str) -> str:
 def exercises(notebooks: list[Path] | Path) -> pd.DataFrame:
     """One row per exercise of the given MyST notebooks (or every ``f*.md`` in a folder).
 
-    Columns: chapter (file stem), label, predict_first, needs_gpu, has_solution, text (the first
-    sentence of the exercise). An exercise without a ``:label:`` cannot have a solution, and is
-    listed with an empty label.
+    Columns: chapter (file stem), label, predict_first, needs_gpu, has_solution, difficulty (the
+    title if it is one of :data:`DIFFICULTIES`, else ""), text (the first sentence of the
+    exercise). An exercise without a ``:label:`` cannot have a solution, and is listed with an
+    empty label.
     """
     if isinstance(notebooks, Path):
         notebooks = sorted(notebooks.glob("f*.md"))
@@ -100,7 +120,7 @@ def exercises(notebooks: list[Path] | Path) -> pd.DataFrame:
     for path in notebooks:
         blocks = list(_blocks(Path(path).read_text(encoding="utf-8")))
         solved = {arg for kind, arg, _, _ in blocks if kind == "solution"}
-        for kind, _, options, body in blocks:
+        for kind, title, options, body in blocks:
             if kind != "exercise":
                 continue
             label = options.get("label", "")
@@ -112,26 +132,31 @@ def exercises(notebooks: list[Path] | Path) -> pd.DataFrame:
                     "predict_first": bool(PREDICT.match(body)),
                     "needs_gpu": GPU_CLASS in options.get("class", "").split(),
                     "has_solution": bool(label) and label in solved,
+                    "difficulty": title.lower() if title.lower() in DIFFICULTIES else "",
                     "text": first,
                 }
             )
-    columns = ["chapter", "label", "predict_first", "needs_gpu", "has_solution", "text"]
+    columns = ["chapter", "label", "predict_first", "needs_gpu", "has_solution", "difficulty", "text"]
     return pd.DataFrame(rows, columns=columns)
 
 
-def exercise_section(table: pd.DataFrame) -> str:
-    """The counts and one row per chapter (MyST markdown) for the teaching page."""
+def exercise_section(table: pd.DataFrame, edition: str = "teacher") -> str:
+    """The counts and one row per chapter (MyST markdown) for the teaching page of an edition."""
     if table.empty:
         return "No chapter has exercises yet.\n"
     n = len(table)
     lines = [
         f"The chapters hold {n} exercises: {int(table.has_solution.sum())} with a worked solution "
-        f"(hidden until opened), {int(table.predict_first.sum())} that ask for a prediction first "
+        + ("(left out of this student edition), " if edition == "student" else "(hidden until opened), ")
+        + f"{int(table.predict_first.sum())} that ask for a prediction first "
         f"and {int(table.needs_gpu.sum())} that need a GPU; the others run on a laptop CPU. "
-        "This list is read from the chapters when the book is built.",
+        "This list is read from the chapters when the book is built. Each exercise's title gives its "
+        "difficulty: *easy* (one rerun with one changed parameter, then reading a result), *medium* "
+        "(several reruns, a short new analysis or argument), *hard* (a proof, new code, a new training "
+        "run or the paper's models).",
         "",
-        "| chapter | exercises | with a solution | predict first | need a GPU |",
-        "| --- | --- | --- | --- | --- |",
+        "| chapter | exercises | with a solution | predict first | need a GPU | easy / medium / hard |",
+        "| --- | --- | --- | --- | --- | --- |",
     ]
     for chapter, group in table.groupby("chapter", sort=True):
         gpu = group[group.needs_gpu]
@@ -139,15 +164,25 @@ def exercise_section(table: pd.DataFrame) -> str:
         need = f"{len(gpu)}: " + ", ".join(named) if named else str(len(gpu))
         lines.append(
             f"| {{doc}}`../notebooks/{chapter}` | {len(group)} | {int(group.has_solution.sum())} | "
-            f"{int(group.predict_first.sum())} | {need} |"
+            f"{int(group.predict_first.sum())} | {need} | "
+            + " / ".join(str(int((group.difficulty == d).sum())) for d in DIFFICULTIES)
+            + " |"
         )
     return "\n".join(lines) + "\n"
 
 
-def stage_exercises(page: Path, notebooks: list[Path]) -> bool:
+def stage_exercises(page: Path, notebooks: list[Path], edition: str = "teacher") -> bool:
     """Replace the :data:`MARKER` line of a staged page with :func:`exercise_section` of the
-    notebooks the book includes. Returns False (the page unchanged) when the page has no marker."""
-    return _replace_marker(page, MARKER, exercise_section(exercises(notebooks)))
+    notebooks the book includes, and its links to exercises of other chapters with their labels.
+    Returns False (the marker's section not written) when the page has no marker."""
+    table = exercises(notebooks)
+    done = _replace_marker(page, MARKER, exercise_section(table, edition))
+    # the course plans name exercises: those of chapters this build leaves out are not links
+    known = set(table.label)
+    text = page.read_text(encoding="utf-8")
+    text = _EXERCISE_REF.sub(lambda m: m.group(0) if m.group(1) in known else f"`{m.group(1)}`", text)
+    page.write_text(text, encoding="utf-8")
+    return done
 
 
 def _replace_marker(page: Path, marker: str, section: str) -> bool:
@@ -237,3 +272,70 @@ def stage_kit_link(page: Path, href: str, edition: str) -> bool:
             "writes it from a clone.\n"
         )
     return _replace_marker(page, KIT_MARKER, section)
+
+
+def chapter_time(costs: pd.DataFrame, chapter: str) -> str:
+    """What a chapter's run costs at the ``default`` profile, in words, from the measured costs
+    (``bench/bench_chapters.py``'s table; ``chapter`` is a notebook stem or its ``fNN``)."""
+    short = chapter.split("_", 1)[0]
+    need = {"chapter", "state", "seconds", "status"}
+    rows = (
+        costs[(costs.chapter == short) & (costs.status == "ok")] if need <= set(costs.columns) else costs[:0]
+    )
+    if "profile" in rows.columns:
+        rows = rows[rows.profile == "default"]
+    minutes = rows.groupby("state").seconds.min() / 60
+    if "warm" not in minutes:
+        return (
+            f"not measured yet at the `default` profile: `python bench/bench_chapters.py --chapters {short}` "
+            "measures it."
+        )
+    text = f"about {minutes['warm']:.0f} min of computing at the `default` profile with its models built"
+    if "cold" in minutes:
+        text += f", about {minutes['cold']:.0f} min the first time (it builds them)"
+    date = str(rows["date_utc"].iloc[0])[:10] if "date_utc" in rows.columns else ""
+    text += f"; measured on a 2-core CPU on {date}" if date else ""
+    return text + " (the teaching page has the table)."
+
+
+def stage_chapter_time(nb, costs_csv: Path) -> None:
+    """Replace each :data:`TIME_MARKER` line of a notebook's markdown cells with
+    :func:`chapter_time` of the notebook's chapter (its ``papermill`` or file name is not needed:
+    the chapter is read from the title line ``# fNN · ...``)."""
+    costs = pd.read_csv(costs_csv) if Path(costs_csv).is_file() else pd.DataFrame()
+    title = next((c.source for c in nb.cells if c.cell_type == "markdown" and "\n# f" in "\n" + c.source), "")
+    m = re.search(r"^# (f\d\d)\b", title, re.MULTILINE)
+    for cell in nb.cells:
+        if cell.cell_type == "markdown" and TIME_MARKER in cell.source.splitlines():
+            sentence = chapter_time(costs, m.group(1)) if m else "not known (no `# fNN` title)."
+            cell.source = "\n".join(
+                sentence if line == TIME_MARKER else line for line in cell.source.splitlines()
+            )
+
+
+def plans_summary(costs: pd.DataFrame, plans: tuple = PLANS) -> str:
+    """One line per course plan: its chapters' measured compute time at the ``default`` profile,
+    warm (models built beforehand) and cold (MyST list)."""
+    need = {"chapter", "state", "seconds", "status"}
+    if costs.empty or not need <= set(costs.columns):
+        return "No chapter costs have been measured yet: run `python bench/bench_chapters.py`.\n"
+    ok = costs[costs.status == "ok"]
+    lines = []
+    for name, chapters in plans:
+        rows = {state: ok[(ok.state == state) & ok.chapter.isin(chapters)] for state in ("warm", "cold")}
+        missing = sorted(set(chapters) - set(rows["warm"].chapter))
+        if missing:
+            lines.append(f"- **{name}** ({', '.join(chapters)}): not measured for {', '.join(missing)}.")
+            continue
+        warm, cold = (rows[state].seconds.sum() / 60 for state in ("warm", "cold"))
+        lines.append(
+            f"- **{name}** ({', '.join(chapters)}): {warm:.0f} min of computing with the models "
+            f"built beforehand, {cold:.0f} min from an empty cache."
+        )
+    return "\n".join(lines) + "\n"
+
+
+def stage_plans(page: Path, costs_csv: Path) -> bool:
+    """Replace the :data:`PLANS_MARKER` line of a staged page with :func:`plans_summary`."""
+    costs = pd.read_csv(costs_csv) if Path(costs_csv).is_file() else pd.DataFrame()
+    return _replace_marker(page, PLANS_MARKER, plans_summary(costs))
