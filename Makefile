@@ -32,8 +32,9 @@ venv: $(STAMP)
 run: $(STAMP)
 	$(BIN)/coupling-book run --profile $(PROFILE) --jobs $(JOBS)
 
+# the HTML book and its printable edition (the whole book on one page: _build/html/print/index.html)
 build: $(STAMP)
-	$(BIN)/coupling-book build
+	$(BIN)/coupling-book build --printable
 
 # After the default run, the chapters' typed prose is checked against its numbers (tests/test_default_book.py).
 book: run build

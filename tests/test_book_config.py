@@ -668,10 +668,12 @@ It keeps rising.
 """
 
 
-def build_scratch_book(tmp_path: Path, repository: str = "", edition: str = "teacher") -> Path:
+def build_scratch_book(
+    tmp_path: Path, repository: str = "", edition: str = "teacher", printable: bool = False
+) -> Path:
     """Build the real prose plus one executed scratch notebook (a captioned chart, a table,
     formulas, an exercise) to HTML, with ``repository.url`` set to ``repository``, in the given
-    edition."""
+    edition (and with its printable edition)."""
     import jupytext
     from nbclient import NotebookClient
 
@@ -697,7 +699,13 @@ def build_scratch_book(tmp_path: Path, repository: str = "", edition: str = "tea
     executed.mkdir()
     nbformat.write(nb, executed / "f00_coupling_metric.ipynb")
     return book.build_book(
-        root, executed, tmp_path / "html", strict=True, work=tmp_path / "work", edition=edition
+        root,
+        executed,
+        tmp_path / "html",
+        strict=True,
+        work=tmp_path / "work",
+        edition=edition,
+        printable=printable,
     )
 
 

@@ -169,10 +169,16 @@ def test_the_student_kit_has_the_exercises_but_no_solutions(tmp_path):
 
 @pytest.mark.slow
 def test_the_student_edition_shows_no_solutions_in_pages_or_downloads(tmp_path):
-    """sphinx-exercise's hide_solutions in the pages; no solution block in the published notebook."""
+    """sphinx-exercise's hide_solutions in the pages; no solution block in the published notebook;
+    the printable edition (one page, linked from the intro) has the chapter and no solution either."""
     from test_book_config import build_scratch_book
 
-    html = build_scratch_book(tmp_path, edition="student")
+    html = build_scratch_book(tmp_path, edition="student", printable=True)
+    assert "book/intro.html" in (html / "print" / "index.html").read_text()  # jupyter-book redirects
+    one_page = (html / "print" / "book" / "intro.html").read_text()
+    assert "Scratch finding" in one_page and "Predict the coupling" in one_page
+    assert "It keeps rising" not in one_page and "Notation and method" in one_page
+    assert 'href="../print/index.html"' in (html / "book" / "intro.html").read_text()
     page = (html / "notebooks" / "f00_coupling_metric.html").read_text()
     assert "Predict the coupling" in page, "the exercise stays"
     assert "It keeps rising" not in page and 'class="solution' not in page

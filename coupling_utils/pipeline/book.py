@@ -35,13 +35,17 @@ from coupling_utils.files import atomic_dir
 from coupling_utils.pipeline.kit import INSTALL_TAG, KIT_DOWNLOAD, build_kit, check_edition, publish_notebook
 from coupling_utils.pipeline.offline_assets import remote_assets
 from coupling_utils.pipeline.pages import (
+    PRINT_DIR,
+    PRINT_MARKER,
     BookError,
     architectures_section,
     citation_section,
+    printable_link,
     status_rows,
     status_section,
 )
 from coupling_utils.pipeline.proofread import proofread
+from coupling_utils.pipeline.teaching import replace_marker
 
 __all__ = [
     "BookError",
@@ -57,6 +61,7 @@ __all__ = [
     "citation_section",
     "repository_links",
     "notebook_tables",
+    "printable_link",
     "build_book",
 ]
 
@@ -226,6 +231,7 @@ def stage_book(
     *,
     allow_unexecuted: bool = False,
     edition: str = "teacher",
+    printable: bool = False,
 ) -> BookPlan:
     """Lay out the Jupyter Book source tree ``src`` from the repository and executed notebooks.
 
@@ -272,7 +278,7 @@ def stage_book(
     (src / NOTEBOOK_DIR).mkdir()
     extra = src / EXTRA_STAGE
     kit = _stage_chapters(root, src, plan, links, edition)
-    _stage_generated_pages(root, src, plan, _under(root, executed), links, (edition, kit))
+    _stage_generated_pages(root, src, plan, _under(root, executed), links, (edition, kit, printable))
     keep = {e.docname for e in plan.included}
     (src / "_toc.yml").write_text(yaml.safe_dump(_staged_toc(root, keep), sort_keys=False), encoding="utf-8")
     _stage_mathjax(extra / "_static" / "mathjax")
@@ -313,12 +319,13 @@ def _stage_mathjax(target: Path) -> None:
 
 
 def _stage_generated_pages(
-    root: Path, src: Path, plan: BookPlan, executed: Path, links: dict, edition_kit=("teacher", False)
+    root: Path, src: Path, plan: BookPlan, executed: Path, links: dict, options=("teacher", False, False)
 ) -> None:
-    """The parts of pages made at build time: the status tables, the intro's summary, the
-    teaching page's exercises, costs and lab kit link (``edition_kit``: the edition and whether
-    there is a kit), the architecture table, the citation."""
-    edition, kit = edition_kit
+    """The parts of pages made at build time: the status tables, the intro's summary and link to
+    the printable edition, the teaching page's exercises, costs and lab kit link (``options``: the
+    edition, whether there is a kit, whether a printable edition), the architecture table, the
+    citation."""
+    edition, kit, printable = options
     page = {name: src / PROSE_DIR / f"{name}.md" for name in (
         STATUS_PAGE, INTRO_PAGE, TEACHING_PAGE, ARCHITECTURES_PAGE, BIBLIOGRAPHY_PAGE)}  # fmt: skip
     included = {Path(e.docname).name for e in plan.included if e.kind == "notebook"}
@@ -330,6 +337,7 @@ def _stage_generated_pages(
 
         costs = root / "data" / "benchmarks" / "profile_costs.csv"
         stage_summary(page[INTRO_PAGE], status_rows(executed, included), executed, costs)
+        replace_marker(page[INTRO_PAGE], PRINT_MARKER, printable_link(printable))
     if page[TEACHING_PAGE].is_file():
         from coupling_utils.pipeline.teaching import stage_costs, stage_exercises, stage_kit_link, stage_plans
 
@@ -498,7 +506,7 @@ def _report_plan(plan: BookPlan) -> None:
             )
 
 
-def _jupyter_book(root: Path, src: Path, jb: Path, strict: bool) -> Path:
+def _jupyter_book(root: Path, src: Path, jb: Path, strict: bool, builder: str = "html") -> Path:
     """Run ``jupyter-book build`` on ``src`` into ``jb``; the built HTML folder, or BookError."""
     if jb.exists():
         shutil.rmtree(jb)
@@ -511,13 +519,13 @@ def _jupyter_book(root: Path, src: Path, jb: Path, strict: bool) -> Path:
         "--path-output",
         str(jb),
         "--builder",
-        "html",
+        builder,
         "--all",
     ]
     if strict:
         cmd += ["-W", "-n", "--keep-going"]
     result = subprocess.run(cmd, cwd=root)
-    built = jb / "_build" / "html"
+    built = jb / "_build" / builder
     if result.returncode != 0 or not (built / "index.html").is_file():
         raise BookError(
             f"jupyter-book build failed (exit {result.returncode}); the messages above name "
@@ -552,21 +560,26 @@ def build_book(
     allow_unexecuted: bool = False,
     work: str | Path = "_build",
     edition: str = "teacher",
+    printable: bool = False,
 ) -> Path:
     """Render the book to static HTML at ``out`` and return ``out`` (``out/index.html`` exists).
 
     Stages ``work/src`` (see :func:`stage_book`), runs ``jupyter-book build`` into
     ``work/jb`` with execution off and, when ``strict``, every Sphinx warning an error
     (``-W -n --keep-going``) and no remote asset allowed; then replaces ``out`` atomically.
-    ``edition`` is "teacher" (solutions in drop-downs) or "student" (no solutions anywhere).
+    ``edition`` is "teacher" (solutions in drop-downs) or "student" (no solutions anywhere);
+    ``printable`` adds the whole book on one page (``singlehtml``) at ``out/print/index.html``.
     """
     root = Path(root).resolve()
     work = _under(root, work)
     src, jb = work / "src", work / "jb"
-    plan = stage_book(root, executed, src, allow_unexecuted=allow_unexecuted, edition=edition)
+    plan = stage_book(
+        root, executed, src, allow_unexecuted=allow_unexecuted, edition=edition, printable=printable
+    )
     _report_plan(plan)
     built = _jupyter_book(root, src, jb, strict)
-    remote = remote_assets(built)
+    one_page = _jupyter_book(root, src, work / "jb-print", strict, "singlehtml") if printable else None
+    remote = remote_assets(built) + (remote_assets(one_page) if one_page else [])
     if remote:
         listing = "\n".join(f"  - {page}: {url}" for page, url in remote[:20])
         message = f"the built book loads resources from other hosts, so it would not work offline:\n{listing}"
@@ -577,4 +590,6 @@ def build_book(
     out = _under(root, out)
     with atomic_dir(out) as tmp:
         shutil.copytree(built, tmp, dirs_exist_ok=True)
+        if one_page:
+            shutil.copytree(one_page, tmp / PRINT_DIR)
     return out

@@ -332,7 +332,21 @@ class ChartFigure(SphinxDirective):
         return [figure]
 
 
+def _single_page_handlers(app) -> None:
+    """The printable edition (the ``singlehtml`` builder) renders every node the HTML book does.
+
+    Sphinx uses the handlers registered for a builder's name instead of its format's once any
+    extension registers one for that name (sphinx-design does for ``singlehtml``), so the nodes
+    registered for ``html`` only (myst-nb's hidden code cells) would have none.
+    """
+    handlers = app.registry.translation_handlers
+    if app.builder.name == "singlehtml" and "singlehtml" in handlers:
+        for name, pair in handlers.get("html", {}).items():
+            handlers["singlehtml"].setdefault(name, pair)
+
+
 def setup(app) -> dict:
+    app.connect("builder-inited", _single_page_handlers)
     app.connect("builder-inited", _write_assets)
     app.connect("html-page-context", _page_context, priority=400)  # before the theme's buttons
     app.add_css_file(STYLESHEET)

@@ -3,6 +3,7 @@
 coupling-book list
 coupling-book run [NOTEBOOK ...] --profile smoke|default|paper [-p key=value ...] [--jobs N]
 coupling-book build [--executed DIR] [--out DIR] [--no-strict] [--allow-unexecuted] [--edition student]
+              [--printable]
 coupling-book kit [--out FILE] [--edition student]
 coupling-book zoo list | zoo prepare NAME ... [--jobs N]
 coupling-book sweep NOTEBOOK --profile P [-p key=value ...] --executor local|slurm [--partition ...]
@@ -78,6 +79,7 @@ def _cmd_build(args) -> int:
             strict=args.strict,
             allow_unexecuted=args.allow_unexecuted,
             edition=args.edition,
+            printable=args.printable,
         )
     except BookError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -150,6 +152,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-strict", dest="strict", action="store_false", help="do not turn Sphinx warnings into errors"
     )
     _edition_option(p)
+    p.add_argument(
+        "--printable",
+        action="store_true",
+        help="also write the whole book on one page, OUT/print/index.html, to print or save as PDF",
+    )
     p.set_defaults(func=_cmd_build)
 
     p = sub.add_parser(

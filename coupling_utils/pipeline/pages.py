@@ -12,7 +12,19 @@ from pathlib import Path
 
 import yaml
 
-__all__ = ["BookError", "citation_section", "architectures_section", "status_rows", "status_section"]
+__all__ = [
+    "BookError",
+    "PRINT_DIR",
+    "PRINT_MARKER",
+    "citation_section",
+    "printable_link",
+    "architectures_section",
+    "status_rows",
+    "status_section",
+]
+
+PRINT_DIR = "print"  # the printable edition: the whole book on one page, out/print/index.html
+PRINT_MARKER = "% printable"  # the intro's line that links it
 
 
 class BookError(RuntimeError):
@@ -133,3 +145,14 @@ def status_section(executed: Path, notebooks: set[str] | None = None) -> str:
     from coupling_utils.pipeline.status import status_markdown
 
     return status_markdown(status_rows(executed, notebooks))
+
+
+def printable_link(printable: bool) -> str:
+    """The intro's list item about the printable edition: a link to it, or how to build it."""
+    item = "- A **printable edition**, for classrooms without a screen per student: "
+    if printable:
+        return item + (
+            f'<a href="../{PRINT_DIR}/index.html">the whole book on one page</a>, to print or to save '
+            "as a PDF from the browser (`coupling-book build --printable`, which `make book` runs)."
+        )
+    return item + "not part of this build; `coupling-book build --printable` adds it (`make book` does)."

@@ -35,6 +35,7 @@ __all__ = [
     "costs_summary",
     "stage_costs",
     "remove_solutions",
+    "replace_marker",
     "KIT_MARKER",
     "stage_kit_link",
     "TIME_MARKER",
@@ -176,7 +177,7 @@ def stage_exercises(page: Path, notebooks: list[Path], edition: str = "teacher")
     notebooks the book includes, and its links to exercises of other chapters with their labels.
     Returns False (the marker's section not written) when the page has no marker."""
     table = exercises(notebooks)
-    done = _replace_marker(page, MARKER, exercise_section(table, edition))
+    done = replace_marker(page, MARKER, exercise_section(table, edition))
     # the course plans name exercises: those of chapters this build leaves out are not links
     known = set(table.label)
     text = page.read_text(encoding="utf-8")
@@ -185,7 +186,8 @@ def stage_exercises(page: Path, notebooks: list[Path], edition: str = "teacher")
     return done
 
 
-def _replace_marker(page: Path, marker: str, section: str) -> bool:
+def replace_marker(page: Path, marker: str, section: str) -> bool:
+    """Replace the line ``marker`` of a staged page with ``section``; False when it has none."""
     text = page.read_text(encoding="utf-8")
     lines = text.splitlines()
     if marker not in lines:
@@ -247,7 +249,7 @@ def stage_costs(page: Path, costs_csv: Path) -> bool:
     """Replace the :data:`COSTS_MARKER` line of a staged page with :func:`costs_summary` of the
     measured costs (a missing file says how to make it). False when the page has no marker."""
     costs = pd.read_csv(costs_csv) if Path(costs_csv).is_file() else pd.DataFrame()
-    return _replace_marker(page, COSTS_MARKER, costs_summary(costs))
+    return replace_marker(page, COSTS_MARKER, costs_summary(costs))
 
 
 def stage_kit_link(page: Path, href: str, edition: str) -> bool:
@@ -271,7 +273,7 @@ def stage_kit_link(page: Path, href: str, edition: str) -> bool:
             "is missing. Every chapter page links the same zip under its title; `coupling-book kit` "
             "writes it from a clone.\n"
         )
-    return _replace_marker(page, KIT_MARKER, section)
+    return replace_marker(page, KIT_MARKER, section)
 
 
 def chapter_time(costs: pd.DataFrame, chapter: str) -> str:
@@ -338,4 +340,4 @@ def plans_summary(costs: pd.DataFrame, plans: tuple = PLANS) -> str:
 def stage_plans(page: Path, costs_csv: Path) -> bool:
     """Replace the :data:`PLANS_MARKER` line of a staged page with :func:`plans_summary`."""
     costs = pd.read_csv(costs_csv) if Path(costs_csv).is_file() else pd.DataFrame()
-    return _replace_marker(page, PLANS_MARKER, plans_summary(costs))
+    return replace_marker(page, PLANS_MARKER, plans_summary(costs))
