@@ -227,3 +227,18 @@ def test_the_pages_agree_on_the_profiles_and_on_how_to_cite():
     assert "how to cite the paper and this companion" in pages["intro"]
     cite = citation_section(ROOT / "CITATION.cff")
     assert "@software{" in cite and "@inproceedings{" in cite and "arXiv:2407.07810" in cite
+
+
+def test_the_coupling_diagram_is_computed_when_the_book_is_built(tmp_path):
+    from coupling_utils.pipeline import diagrams
+
+    _chart, metrics = diagrams.coupling_diagram()
+    m = dict(zip(metrics.basis, metrics.m_K, strict=True))
+    assert m[diagrams.OWN] < 1e-10 < m[diagrams.COPY] < 0.2 and m[diagrams.OTHER] > 0.8
+    page = tmp_path / "notation-and-method.md"
+    page.write_text("Text.\n\n% concept-diagram\n")
+    assert diagrams.stage_diagrams(page)
+    text = page.read_text()
+    assert f"```{{chart-figure}} {diagrams.DIAGRAM_FILE}" in text and f"{m[diagrams.COPY]:.2f}" in text
+    assert (tmp_path / diagrams.DIAGRAM_FILE).stat().st_size > 1000
+    assert diagrams.MARKER in (ROOT / "book" / "notation-and-method.md").read_text().splitlines()
