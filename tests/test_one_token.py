@@ -117,3 +117,18 @@ def test_top_k_from_the_gram_matrix_equals_the_full_svd_on_every_metric_value():
     torch.testing.assert_close((s.U * s.S.unsqueeze(-2)) @ s.Vh, low, rtol=1e-4, atol=1e-4)
     assert gram_wins(J, 8) and not gram_wins(J, 9)
     assert exact_topk(J, 8)[1] == "gram_topk" and exact_topk(J, 20)[1] == "full_svd"
+
+
+def test_pair_tiles_in_chunks_of_partners_are_the_same():
+    """measure()'s token-wise tiles are made a chunk of partner tokens at a time (bounded memory)."""
+    from coupling_utils.engine.metric import coupling_tile, svd
+    from coupling_utils.measurement.compute import pair_tiles
+
+    J = torch.randn(7, 12, 12, generator=torch.Generator().manual_seed(4))
+    s = svd(J)
+    for orientation in ("ujv", "vju"):
+        whole = pair_tiles(J, s, 5, orientation)
+        torch.testing.assert_close(
+            pair_tiles(J, s, 5, orientation, max_numbers=1), whole, rtol=1e-5, atol=1e-5
+        )
+        torch.testing.assert_close(whole[2, 5], coupling_tile(J[2], J[5], 5, orientation=orientation))

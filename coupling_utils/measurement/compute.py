@@ -48,18 +48,26 @@ def pair_tiles(
     s: SVD,  # of J: U [N, d_out, ≥kmax], S [N, ≥kmax], Vh [N, ≥kmax, d_in]
     kmax: int,
     orientation: str,
+    *,
+    max_numbers: int = 1 << 26,
 ) -> torch.Tensor:  # [N, N, kmax, kmax]
     """``tiles[i, j] = |left_jᵀ J_i right_j|`` for all pairs, K = kmax.
 
     The K-tile of any K ≤ kmax is the top-left K×K corner of the kmax tile, since the bases
-    are nested; so one product serves all K.
+    are nested; so one product serves all K. Partners j go in chunks whose products ``J_i
+    right_j`` hold at most ``max_numbers`` numbers (256 MiB in fp32), so memory stays bounded
+    for long prompts (T = 256 tokens at d = 576 would need 7.5 GB at once).
     """
     left, right = bases(s, kmax, orientation)  # [N, d, kmax]
-    N, d = J.shape[0], J.shape[-1]
-    R = right.permute(1, 0, 2).reshape(d, N * kmax)  # all right bases side by side
-    JR = (J @ R).reshape(N, J.shape[-2], N, kmax)  # [i, d_out, j, kmax]
-    # tiles[i, j] = left_jᵀ (J_i right_j)
-    return torch.einsum("jdr,idjc->ijrc", left, JR).abs()
+    N, d_out, d = J.shape[0], J.shape[-2], J.shape[-1]
+    step = max(1, max_numbers // max(1, N * d_out * kmax))
+    out = torch.empty(N, N, kmax, kmax, dtype=torch.promote_types(J.dtype, left.dtype), device=J.device)
+    for j0 in range(0, N, step):
+        j1 = min(N, j0 + step)
+        R = right[j0:j1].permute(1, 0, 2).reshape(d, (j1 - j0) * kmax)  # these right bases side by side
+        JR = (J @ R).reshape(N, d_out, j1 - j0, kmax)  # [i, d_out, j, kmax]
+        out[:, j0:j1] = torch.einsum("jdr,idjc->ijrc", left[j0:j1], JR).abs()  # left_jᵀ (J_i right_j)
+    return out
 
 
 def couplings(
