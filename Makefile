@@ -78,6 +78,7 @@ mutants: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) bench/bench_jacobians.py
+	$(PY) bench/bench_engine.py
 
 # Preview the built book at http://localhost:$(PORT)/ (as a web server would publish it).
 PORT ?= 8000

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import torch
 
 from coupling_utils.engine.adapters import ATTENTION_ADAPTERS
-from coupling_utils.engine.attention import TOKEN_DIAGONAL
+from coupling_utils.engine.attention import ONE_TOKEN, TOKEN_DIAGONAL
 
 __all__ = [
     "Architecture",
@@ -485,17 +485,19 @@ def _configs(model) -> Iterator:
 
 
 @contextlib.contextmanager
-def attention_mode(model, *, token_diagonal: bool):
+def attention_mode(model, *, token_diagonal: bool, one_token: bool = False):
     """Route the model's attention through the token-diagonal function (or plain eager) meanwhile.
 
     ``token_diagonal=False`` selects the model's own eager attention (the ordinary block, the
-    oracle); adapter architectures then keep their implementation unchanged. The original
-    implementation (and any patched method) is always restored on exit.
+    oracle); adapter architectures then keep their implementation unchanged. ``one_token``
+    (with ``token_diagonal=False``) selects ``attention.one_token_attention`` for one query
+    against a cache where the model calls ``AttentionInterface`` (the others keep their own).
+    The original implementation (and any patched method) is always restored on exit.
     """
     model = unwrap_model(model)
     row = find_architecture(model)
     if row.attention == "interface":
-        target = TOKEN_DIAGONAL if token_diagonal else "eager"
+        target = TOKEN_DIAGONAL if token_diagonal else ONE_TOKEN if one_token else "eager"
         saved = [(c, c._attn_implementation_internal) for c in _configs(model)]
         try:
             for c, _ in saved:

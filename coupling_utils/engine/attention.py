@@ -27,6 +27,9 @@ adapters in ``architectures.py`` that call :func:`token_diagonal_attention` dire
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+
 import torch
 
 __all__ = [
@@ -36,10 +39,16 @@ __all__ = [
     "mask_to_bias",
     "repeat_kv",
     "hf_token_diagonal_attention",
+    "ONE_TOKEN",
+    "one_token_attention",
+    "own_rows",
 ]
 
 TOKEN_DIAGONAL = "coupling_token_diagonal"
 """Name under which the token-diagonal function is registered in ``transformers``."""
+
+ONE_TOKEN = "coupling_one_token"
+"""Name under which :func:`one_token_attention` is registered in ``transformers``."""
 
 
 def mask_to_bias(
@@ -176,13 +185,92 @@ def hf_token_diagonal_attention(
     return out.transpose(1, 2).contiguous(), weights
 
 
+_OWN_ROWS: contextvars.ContextVar[dict | None] = contextvars.ContextVar("own_rows", default=None)
+
+
+@contextlib.contextmanager
+def own_rows(cache):
+    """Meanwhile, ``cache.update`` stores detached keys/values and keeps the new (own) ones,
+    with their derivatives, for :func:`one_token_attention` (by layer index).
+
+    The cache's concatenation then carries no derivative, so a VJP never forms the zero
+    gradient of all S cached rows that slicing the own row out of it would.
+    """
+    rows: dict = {}
+    update = cache.update
+
+    def recording_update(key_states, value_states, layer_idx, *args, **kwargs):
+        rows[layer_idx] = (key_states, value_states)
+        return update(key_states.detach(), value_states.detach(), layer_idx, *args, **kwargs)
+
+    token = _OWN_ROWS.set(rows)
+    cache.update = recording_update
+    try:
+        yield cache
+    finally:
+        _OWN_ROWS.reset(token)
+        del cache.update
+
+
+def one_token_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    softcap: float | None = None,
+    **kwargs,
+):
+    """Eager attention of the newest token against a key/value cache, for the one-token path.
+
+    q [1,H,1,e]; k/v [1,Hkv,S,e] whose last row is the query's own token (the cache appends it)
+    and whose other rows are the prefix, constant in the query's input: they are detached, so
+    derivatives never form the S × d key/value gradients of the cache, only those of the own
+    key and value (``one_token.py``). Heads are taken one at a time as 2-D products, so a vmapped
+    VJP folds its batch into the rows instead of copying the cache once per cotangent (about 30×
+    faster at S = 256, d = 576). The value is plain eager attention's. Returns ([1,1,H,e],
+    weights [1,H,1,S]) as the eager functions do; dropout is ignored (eval mode).
+    """
+    if kwargs.get("s_aux") is not None:
+        raise NotImplementedError("attention sinks (s_aux) are not supported by one-token attention")
+    if query.shape[0] != 1 or query.shape[-2] != 1:
+        raise ValueError(f"one-token attention takes one query of batch 1, got {tuple(query.shape)}")
+    if scaling is None:
+        scaling = query.shape[-1] ** -0.5
+    H, S = query.shape[1], key.shape[-2]
+    n_rep = H // key.shape[1]
+    bias = mask_to_bias(attention_mask, 1, S, causal_if_none=False, device=query.device)
+    own = (_OWN_ROWS.get() or {}).get(getattr(module, "layer_idx", None))
+    if own is not None and own[0].shape[-2] == 1:  # the own key/value as the cache received them
+        k_own, v_own = own[0][0], own[1][0]  # [Hkv, 1, e]
+    else:  # sliced once (a slice's derivative spans all S rows)
+        k_own, v_own = key[0, :, -1:], value[0, :, -1:]
+    k_pre, v_pre = key[0, :, :-1].detach(), value[0, :, :-1].detach()  # [Hkv, S-1, e]
+    outs, weights = [], []
+    for h in range(H):
+        g, q = h // n_rep, query[0, h]  # q: [1, e]
+        z = torch.cat([_scores(q, k_pre[g], scaling, softcap), _scores(q, k_own[g], scaling, softcap)], -1)
+        if bias is not None:
+            z = z + bias[0, h if bias.shape[1] > 1 else 0][..., -S:]
+        a = torch.softmax(z, dim=-1).to(value.dtype)  # [1, S]
+        outs.append(a[:, :-1] @ v_pre[g] + a[:, -1:] * v_own[g])
+        weights.append(a)
+    out = torch.stack(outs, 1).unsqueeze(0)  # [1, 1, H, e]
+    return out, torch.stack(weights).unsqueeze(0)
+
+
 def _register() -> None:
-    """Register the function (and the eager mask builder) under :data:`TOKEN_DIAGONAL`."""
+    """Register the functions (and the eager mask builder) under :data:`TOKEN_DIAGONAL` and
+    :data:`ONE_TOKEN`."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
     AttentionInterface.register(TOKEN_DIAGONAL, hf_token_diagonal_attention)
     AttentionMaskInterface.register(TOKEN_DIAGONAL, eager_mask)
+    AttentionInterface.register(ONE_TOKEN, one_token_attention)
+    AttentionMaskInterface.register(ONE_TOKEN, eager_mask)
 
 
 _register()

@@ -24,6 +24,7 @@ nowhere else:
 from __future__ import annotations
 
 import contextlib
+import copy
 import inspect
 from collections.abc import Callable, Mapping
 
@@ -36,6 +37,7 @@ from coupling_utils.engine.architectures import (
     transformer_blocks,
     unwrap_model,
 )
+from coupling_utils.engine.attention import own_rows
 from coupling_utils.engine.hooks import _hidden, capture_blocks
 
 __all__ = [
@@ -218,6 +220,18 @@ def _dequantized(block, names: list[str]):
             setattr(parent, attr, layer)
 
 
+def _is_cache(value) -> bool:
+    from transformers.cache_utils import Cache
+
+    return isinstance(value, Cache)
+
+
+def _fresh(value):
+    """A copy of a captured key/value cache (the block appends to it when called; each call of a
+    :class:`BlockFunction` must see the cache as captured); any other argument as it is."""
+    return copy.deepcopy(value) if _is_cache(value) else value
+
+
 class BlockFunction:
     """``f(X) = block(X) − X`` for one block, with everything else fixed as captured.
 
@@ -225,14 +239,20 @@ class BlockFunction:
     ``token_diagonal`` the block runs with token-diagonal attention, so its Jacobian is
     block-diagonal over tokens with the true ``J_tt`` on the diagonal; otherwise it is the ordinary
     block. With a ``norm`` (the final norm of the last block under ``last_block="final_norm"``)
-    it is ``f(X) = norm(block(X)) − X``. The block runs in the model's dtype (the Jacobian
-    functions cast their results to fp32); bitsandbytes 4-bit/8-bit layers run dequantized
+    it is ``f(X) = norm(block(X)) − X``. ``one_token``: the block runs on one token against a
+    captured key/value cache (``one_token.py``), copied per call. The block runs in the model's
+    dtype (the Jacobian functions cast their results to fp32); bitsandbytes 4-bit/8-bit layers run dequantized
     (:class:`_DequantizedLinear` says what is exact).
     """
 
-    def __init__(self, model, block, args, kwargs, token_diagonal: bool, layer: int, norm=None):
+    def __init__(
+        self, model, block, args, kwargs, token_diagonal: bool, layer: int, norm=None, one_token: bool = False
+    ):
         self.model, self.block, self.layer = model, block, layer
-        self.token_diagonal, self.norm = token_diagonal, norm
+        self.token_diagonal, self.norm, self.one_token = token_diagonal, norm, one_token
+        # one_token_attention takes the own key/value from the cache's update (attention.own_rows);
+        # architectures with their own attention code slice them out of the cache themselves
+        self._own_rows = one_token and find_architecture(model).attention == "interface"
         self._quantized = _quantized_layers(block)
         if args:
             self._args, self._kwargs, self._key = tuple(args[1:]), dict(kwargs), None
@@ -244,14 +264,18 @@ class BlockFunction:
 
     def __call__(self, X: torch.Tensor) -> torch.Tensor:
         x = X.unsqueeze(0) if X.ndim == 2 else X
+        args = tuple(_fresh(a) for a in self._args)
+        kwargs = {key: _fresh(v) for key, v in self._kwargs.items()}
+        caches = [v for v in (*args, *kwargs.values()) if _is_cache(v)]
         with (
+            own_rows(caches[0]) if self._own_rows and caches else contextlib.nullcontext(),
             _dequantized(self.block, self._quantized),
-            attention_mode(self.model, token_diagonal=self.token_diagonal),
+            attention_mode(self.model, token_diagonal=self.token_diagonal, one_token=self.one_token),
         ):
             if self._key is None:
-                out = self.block(x, *self._args, **self._kwargs)
+                out = self.block(x, *args, **kwargs)
             else:
-                out = self.block(*self._args, hidden_states=x, **self._kwargs)
+                out = self.block(*args, hidden_states=x, **kwargs)
         y = _hidden(out)
         if self.norm is not None:
             y = self.norm(y)

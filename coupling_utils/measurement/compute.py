@@ -19,11 +19,12 @@ import torch
 from coupling_utils.engine import jacobians
 from coupling_utils.engine.blocks import block_function
 from coupling_utils.engine.metric import SVD, bases, check_k, tile_metric
+from coupling_utils.engine.one_token import OneTokenCalls, choose_path, one_token_jacobians
 from coupling_utils.engine.spectra import (
     Solver,
     TokenOperator,
     block_lanczos_svd,
-    lapack_threads,
+    exact_topk,
     operator_topk,
     topk_svd,
 )
@@ -47,18 +48,26 @@ def pair_tiles(
     s: SVD,  # of J: U [N, d_out, ≥kmax], S [N, ≥kmax], Vh [N, ≥kmax, d_in]
     kmax: int,
     orientation: str,
+    *,
+    max_numbers: int = 1 << 26,
 ) -> torch.Tensor:  # [N, N, kmax, kmax]
     """``tiles[i, j] = |left_jᵀ J_i right_j|`` for all pairs, K = kmax.
 
     The K-tile of any K ≤ kmax is the top-left K×K corner of the kmax tile, since the bases
-    are nested; so one product serves all K.
+    are nested; so one product serves all K. Partners j go in chunks whose products ``J_i
+    right_j`` hold at most ``max_numbers`` numbers (256 MiB in fp32), so memory stays bounded
+    for long prompts (T = 256 tokens at d = 576 would need 7.5 GB at once).
     """
     left, right = bases(s, kmax, orientation)  # [N, d, kmax]
-    N, d = J.shape[0], J.shape[-1]
-    R = right.permute(1, 0, 2).reshape(d, N * kmax)  # all right bases side by side
-    JR = (J @ R).reshape(N, J.shape[-2], N, kmax)  # [i, d_out, j, kmax]
-    # tiles[i, j] = left_jᵀ (J_i right_j)
-    return torch.einsum("jdr,idjc->ijrc", left, JR).abs()
+    N, d_out, d = J.shape[0], J.shape[-2], J.shape[-1]
+    step = max(1, max_numbers // max(1, N * d_out * kmax))
+    out = torch.empty(N, N, kmax, kmax, dtype=torch.promote_types(J.dtype, left.dtype), device=J.device)
+    for j0 in range(0, N, step):
+        j1 = min(N, j0 + step)
+        R = right[j0:j1].permute(1, 0, 2).reshape(d, (j1 - j0) * kmax)  # these right bases side by side
+        JR = (J @ R).reshape(N, d_out, j1 - j0, kmax)  # [i, d_out, j, kmax]
+        out[:, j0:j1] = torch.einsum("jdr,idjc->ijrc", left[j0:j1], JR).abs()  # left_jᵀ (J_i right_j)
+    return out
 
 
 def couplings(
@@ -96,12 +105,17 @@ def spectra(
     method: str,
     s: Settings,
 ) -> tuple[SVD, torch.Tensor]:  # (U [N, d, kmax], S [N, kmax], Vh [N, kmax, d]), S [N, n_singular]
-    """Top-kmax triplets of J and its top n_singular singular values."""
+    """Top-kmax triplets of J and its top n_singular singular values.
+
+    "exact": the top max(kmax, n_singular) triplets from ``spectra.exact_topk`` (a partial
+    eigensolver on JᵀJ where that is cheaper than a full SVD, else the full SVD).
+    """
     if method == "exact":
-        with lapack_threads():
-            U, S, Vh = torch.linalg.svd(J, full_matrices=False)
-        top = SVD(U[..., :kmax].contiguous(), S[..., :kmax].contiguous(), Vh[..., :kmax, :].contiguous())
-        return top, S[..., :n_singular]
+        res, _ = exact_topk(J, max(kmax, n_singular))
+        top = SVD(
+            res.U[..., :kmax].contiguous(), res.S[..., :kmax].contiguous(), res.Vh[..., :kmax, :].contiguous()
+        )
+        return top, res.S[..., :n_singular]
     if s.solver == "lanczos":
         Jt = J.transpose(-1, -2)
         solver = Solver("lanczos", block=s.block, steps=s.steps, seed=s.seed)
@@ -127,6 +141,16 @@ class LayerWork:
         self.s = settings
         self.store = store
         self.kmax = settings.kmax
+        self.paths: dict[tuple[str, int], tuple[str, str]] = {}  # (prompt, layer) -> (path, why)
+        self._one_token: tuple[str | None, dict] = (None, {})  # (prompt, {token: OneTokenCalls})
+
+    def _calls(self, p: Prompt, sel: list[int]) -> dict:
+        """The one-token block calls of the selected tokens for every measured block, made once
+        per prompt (two forward passes per token, shared by all blocks)."""
+        if self._one_token[0] != p.pid:
+            calls = {t: OneTokenCalls(self.model, p.inputs, t, self.s.layers) for t in sel}
+            self._one_token = (p.pid, calls)
+        return self._one_token[1]
 
     def compute_layer(self, p: Prompt, layer: int) -> dict:
         """Spectra of the selected tokens' J_tt, token-wise and context tables; marker last."""
@@ -157,6 +181,7 @@ class LayerWork:
             "context_tokens": ctx_tokens,
             "seconds": time.perf_counter() - t0,
             "block_passes": int(passes),
+            "path": self.paths.get((p.pid, layer), ("matrix_free", ""))[0],
         }
         write_json(ldir / "done.json", meta)  # written last: the layer is complete
         return meta
@@ -165,20 +190,39 @@ class LayerWork:
         atomic_write_parquet(concat(name, frames), ldir / f"{name}.parquet")
 
     def _formed_layer(self, p: Prompt, layer: int):
-        """Exact/randomized: form J_tt with one token-diagonal sweep (d VJPs), then its spectra."""
+        """Exact/randomized: form the selected J_tt, then their spectra.
+
+        A few tokens of a causal model: one token at a time against its prefix's key/value cache
+        (``engine.one_token``, d one-token VJPs each); otherwise one token-diagonal sweep over
+        all T tokens (d VJPs). ``self.paths`` records the choice per (prompt, layer).
+        """
         s = self.s
-        J_all = as_float(
-            jacobians.token_jacobians(self.model, p.inputs, layer, last_block=s.last_block)
-        )  # [T, d, d]
-        T = J_all.shape[0]
-        sel = token_positions(s.tokens, T)
-        J = J_all[sel].contiguous()  # [n, d, d]
-        del J_all
+        path, why = "all_tokens", "the inputs are not token ids"
+        if p.input_ids:
+            T = len(p.input_ids)
+            sel = token_positions(s.tokens, T)
+            path, why = choose_path(self.model, p.inputs, len(sel), T)
+        self.paths[(p.pid, layer)] = (path, why)
+        if path == "one_token":
+            J = as_float(
+                one_token_jacobians(
+                    self.model, p.inputs, layer, sel, last_block=s.last_block, calls=self._calls(p, sel)
+                )
+            )
+        else:
+            J_all = as_float(
+                jacobians.token_jacobians(self.model, p.inputs, layer, last_block=s.last_block)
+            )  # [T, d, d]
+            T = J_all.shape[0]
+            sel = token_positions(s.tokens, T)
+            J = J_all[sel].contiguous()  # [n, d, d]
+            del J_all
         check_k(self.kmax, J.shape[-1])
         basis, S_top = spectra(J, self.kmax, s.n_singular, s.method, s)
         save_npy(self.store.layer_dir(p.pid, layer) / "J.npy", J)
         tw_tiles = pair_tiles(J, basis, self.kmax, s.orientation) if len(sel) >= 2 else None
-        return T, sel, basis, S_top, tw_tiles, J.shape[-1]  # one VJP per output coordinate
+        passes = J.shape[-1] * (len(sel) if path == "one_token" else 1)  # one-token or all-token VJPs
+        return T, sel, basis, S_top, tw_tiles, passes
 
     def operator(self, p: Prompt, layer: int) -> TokenOperator:
         f, X = block_function(self.model, p.inputs, layer, token_diagonal=True, last_block=self.s.last_block)

@@ -65,7 +65,7 @@ from typing import Any
 import pandas as pd
 import torch
 
-from coupling_utils.engine.blocks import last_block_facts
+from coupling_utils.engine.blocks import last_block_facts, unwrap_model
 from coupling_utils.files import file_lock
 from coupling_utils.measurement.assemble import prompt_tables
 from coupling_utils.measurement.compute import LayerWork
@@ -183,6 +183,7 @@ class _Run:
         self.info, self.s, self.store, self.callback = info, settings, store, callback
         self.work = LayerWork(info, settings, store)
         self.progress = progress
+        self.paths: dict[str, int] = {}  # how the token Jacobians were formed: path -> layers
         self.started = _dt.datetime.now(_dt.timezone.utc)
 
     def all_prompts(self, plist: list[Prompt], keep_work: bool) -> dict[str, pd.DataFrame]:
@@ -210,6 +211,8 @@ class _Run:
             if computed:
                 meta = self.work.compute_layer(p, layer)
             metas.append(meta)
+            path = meta.get("path", "all_tokens" if self.s.method != "matrix_free" else "matrix_free")
+            self.paths[path] = self.paths.get(path, 0) + 1
             bar.update(1)
             self._report(p, layer, computed, "layer", meta)
         cross = None
@@ -227,6 +230,17 @@ class _Run:
     def _report(self, p: Prompt, layer: int, computed: bool, stage: str, meta: dict) -> None:
         if self.callback is not None:
             self.callback({"prompt": p.pid, "layer": layer, "computed": computed, "stage": stage, **meta})
+
+    def _spectra_choice(self) -> str:
+        """How formed Jacobians' top triplets are computed in this run (``spectra.exact_topk``)."""
+        s, d = self.s, self.info.d_model
+        if s.method != "exact":
+            return f"{s.method} ({s.solver})"
+        r = max(s.kmax, s.n_singular or s.kmax)
+        device = next(unwrap_model(self.info.model).parameters()).device.type
+        if device == "cpu" and d and 4 * r <= d:
+            return f"gram_topk: top {r} eigenpairs of JᵀJ (fp64, partial eigensolver), not a full SVD"
+        return f"full_svd: top {r} of a full SVD"
 
     def provenance(self, plist: list[Prompt], tables: dict[str, pd.DataFrame], made_by: dict) -> dict:
         """Where the numbers come from: settings, model, prompts, code, versions, machine, time."""
@@ -252,6 +266,14 @@ class _Run:
             "started_utc": self.started.isoformat(),
             "finished_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(),
             "total_block_passes": int(tables["timings"]["block_passes"].sum()),
+            "jacobian_paths": {
+                "layers": dict(sorted(self.paths.items())),
+                "rule": "one_token (each selected token against its prefix's key/value cache) for "
+                "causal token-id prompts with at most T/2 selected tokens; all_tokens (one "
+                "token-diagonal sweep) otherwise; matrix_free: products only",
+                "why": sorted({why for path, why in self.work.paths.values()}),
+                "spectra": self._spectra_choice(),
+            },
         }
 
 

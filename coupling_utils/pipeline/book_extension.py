@@ -214,12 +214,18 @@ class TidyTable(SphinxDirective):
     those named in ``:once:``) are said once, in a line above the table; ``:columns:``
     (comma-separated) chooses and orders the table's columns (default: all the others); the
     remaining columns are named below it, with a link to download the whole CSV. A CSV of one
-    row is shown as a two-column table (column, value).
+    row is shown as a two-column table (column, value). ``:missing:`` (text): a CSV that may
+    not exist yet (made only on some machines) is then said to be missing in that text,
+    instead of failing the build.
     """
 
     required_arguments = 1
     has_content = False
-    option_spec = {"columns": directives.unchanged, "once": directives.unchanged}
+    option_spec = {
+        "columns": directives.unchanged,
+        "once": directives.unchanged,
+        "missing": directives.unchanged,
+    }
 
     def _names(self, option: str, df) -> list[str]:
         names = [c.strip() for c in (self.options.get(option) or "").split(",") if c.strip()]
@@ -237,6 +243,8 @@ class TidyTable(SphinxDirective):
 
         rel, path = self.env.relfn2path(self.arguments[0], self.env.docname)
         if not Path(path).is_file():
+            if self.options.get("missing"):
+                return [nodes.paragraph(text=self.options["missing"], classes=["tidy-table-missing"])]
             raise self.error(f"tidy-table: no CSV file at {self.arguments[0]} (looked for {path})")
         self.env.note_dependency(rel)
         df = pd.read_csv(path)

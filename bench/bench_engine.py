@@ -1,0 +1,408 @@
+"""Benchmark: the engine against the authors' method, side by side in one run.
+
+Run from the repository root (``book/performance.md`` shows the results):
+
+    python bench/bench_engine.py              # every case (about 10 min on a quiet 2-core CPU)
+    python bench/bench_engine.py --quick      # T = 16 and 64 only, one prompt: a smoke run
+
+Methods (all in float32, on ``--threads`` torch threads, one after the other in this process):
+
+- ``reference``: the authors' method as the paper's code release describes it, d vector-Jacobian
+  products of one token's output through the ordinary block over all T tokens, read at that
+  token's input row (``jacobians.reference_jacobians``, one token). Its cost does not depend on
+  which token, so ``T ×`` one run is the reference for all tokens.
+- ``one_token``: ``one_token.one_token_jacobians`` for the last token (the block on that token
+  alone against its prefix's key/value cache).
+- ``all_tokens``: ``jacobians.token_jacobians`` (one token-diagonal sweep for all T tokens),
+  then what ``measure(tokens="all")`` does with them: the top-50 spectra of every token and the
+  token-wise coupling tiles of every pair (``measurement.compute.spectra``, ``pair_tiles``,
+  ``couplings``); seconds are given for the Jacobians alone and in all.
+
+Cases:
+
+- ``block``: one randomly initialised Llama block of SmolLM2-135M's size (d = 576, 9 heads,
+  3 key-value heads, RoPE, d_ff = 1536) at T = 16, 64 and 256.
+- ``neox``: one block of a random GPT-NeoX (d = 512, Pythia-70M's configuration) at T = 32:
+  the all-token sweep against the machine's GEMM rate.
+- ``measure``: a whole ``measure()`` on the trained ``embedded:smollm2-135m`` (30 blocks,
+  3 prompts, the last token), against the reference run on every block of the same prompts.
+
+The GEMM rate is a ``(64·T × d) @ (d × 4d)`` float32 matmul timed in the same run (best of 5).
+The FLOP accounting (printed, and in the CSV): a block's forward pass over T tokens is
+``2·T·P + 4·T²·d`` (P = the block's matrix parameters: q, k, v, o and the MLP; the attention
+scores and the weighted sum counted as full T × T products), and d VJPs cost d forward passes;
+one token against a T-token cache is ``2·P + 4·T·d`` per pass. The engine's rate is those FLOPs
+over its seconds; ``gemm_fraction`` is that rate over the GEMM rate.
+
+Peak memory: the process's resident set size sampled every 2 ms during the call, minus the size
+before it (``peak_mib``). The machine may be shared: ratios of methods measured in the same run
+are what counts; absolute seconds are not portable. Results go to
+``data/benchmarks/engine.csv``, every row with its provenance (machine and its load at start,
+threads, versions, UTC date, the command).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+TS = (16, 64, 256)
+K = (10, 30, 50)
+GEMM_TARGET = 0.6  # the all-token sweep's share of the machine's GEMM rate (issue 26)
+PROMPTS = {
+    "capital": "What is the capital of France? The capital is",
+    "story": "Once upon a time, a small robot lived in a quiet village by the sea.",
+    "math": "If a train travels 60 miles in one hour, how far does it go in three hours?",
+}
+
+
+def _rss_mib() -> float:
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+    except (OSError, IndexError, ValueError):
+        return float("nan")
+    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def timed(fn):
+    """``(result, seconds, peak MiB above the start)`` of ``fn()``, RSS sampled every 2 ms."""
+    import gc
+
+    gc.collect()
+    base, peak, done = _rss_mib(), [0.0], threading.Event()
+
+    def sample():
+        while not done.is_set():
+            peak[0] = max(peak[0], _rss_mib())
+            time.sleep(0.002)
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    t0 = time.perf_counter()
+    try:
+        out = fn()
+    finally:
+        seconds = time.perf_counter() - t0
+        done.set()
+        thread.join()
+    return out, seconds, max(0.0, max(peak[0], _rss_mib()) - base)
+
+
+# --------------------------------------------------------------------------- models and FLOPs
+def smollm2_block(layers: int = 1):
+    """A random-init Llama model of SmolLM2-135M's block size (``layers`` blocks, eager attention)."""
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    cfg = LlamaConfig(
+        hidden_size=576,
+        num_hidden_layers=layers,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        intermediate_size=1536,
+        vocab_size=49152,
+        rope_theta=100000.0,
+        max_position_embeddings=2048,
+        rms_norm_eps=1e-5,
+    )
+    cfg._attn_implementation_internal = "eager"
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(cfg).eval().requires_grad_(False)
+
+
+def neox_block():
+    import torch
+    from transformers import AutoModelForCausalLM, GPTNeoXConfig
+
+    cfg = GPTNeoXConfig(
+        hidden_size=512,
+        num_hidden_layers=1,
+        num_attention_heads=8,
+        intermediate_size=2048,
+        rotary_pct=0.25,
+        vocab_size=50304,
+        max_position_embeddings=2048,
+    )
+    cfg._attn_implementation_internal = "eager"
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(cfg).eval().requires_grad_(False)
+
+
+def block_params(model) -> int:
+    """P: the matrix parameters of block 0 (what a token's forward pass multiplies by)."""
+    from coupling_utils.engine.architectures import transformer_blocks
+
+    return sum(p.numel() for p in transformer_blocks(model)[0].parameters() if p.ndim == 2)
+
+
+def block_flops(P: int, T: int, d: int) -> float:
+    """One forward pass of a block over T tokens: ``2·T·P + 4·T²·d``."""
+    return 2.0 * T * P + 4.0 * T * T * d
+
+
+def one_token_flops(P: int, T: int, d: int) -> float:
+    """One forward pass of one token against a T-token cache: ``2·P + 4·T·d``."""
+    return 2.0 * P + 4.0 * T * d
+
+
+def gemm_rate(T: int, d: int) -> float:
+    """FLOP/s of a ``(64·T × d) @ (d × 4d)`` float32 matmul, best of 5."""
+    import torch
+
+    A, B = torch.randn(64 * T, d), torch.randn(d, 4 * d)
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        A @ B
+        best = min(best, time.perf_counter() - t0)
+    return 2.0 * 64 * T * d * 4 * d / best
+
+
+# --------------------------------------------------------------------------- the methods
+def all_token_work(model, ids, kmax: int = 50):
+    """What measure(tokens="all") computes for one block: (J, seconds of J, seconds in all)."""
+    from coupling_utils.engine.jacobians import token_jacobians
+    from coupling_utils.measurement.compute import couplings, pair_tiles, spectra
+    from coupling_utils.measurement.settings import Settings
+
+    t0 = time.perf_counter()
+    J = token_jacobians(model, ids, 0)
+    t_j = time.perf_counter() - t0
+    basis, _ = spectra(J, kmax, kmax, "exact", Settings())
+    couplings(pair_tiles(J, basis, kmax, "ujv"), basis.S, K, 2, "norm")
+    return J, t_j, time.perf_counter() - t0
+
+
+def case_block(T: int, model, label: str, gemm_T: int | None = None) -> list[dict]:
+    import torch
+
+    from coupling_utils.engine.jacobians import reference_jacobians
+    from coupling_utils.engine.one_token import one_token_jacobians
+
+    ids = torch.randint(0, model.config.vocab_size, (1, T), generator=torch.Generator().manual_seed(1))
+    d = model.config.hidden_size
+    P = block_params(model)
+    rate = gemm_rate(gemm_T or T, d)
+    R, t_ref, m_ref = timed(lambda: reference_jacobians(model, ids, 0, tokens=[T - 1]))
+    O, t_one, m_one = timed(lambda: one_token_jacobians(model, ids, 0, [T - 1]))
+    (J, t_j, t_all), _, m_all = timed(lambda: all_token_work(model, ids))
+    err = lambda A: float((A - R[0]).norm() / R[0].norm())  # noqa: E731
+    full, one = d * block_flops(P, T, d), d * one_token_flops(P, T, d)
+    common = {"case": label, "T": T, "d": d, "block_params": P, "gemm_flops_per_s": rate}
+    rows = [
+        {**common, "method": "reference (1 token)", "seconds": t_ref, "flops": full, "peak_mib": m_ref},
+        {
+            **common,
+            "method": "one_token (1 token)",
+            "seconds": t_one,
+            "speedup": t_ref / t_one,
+            "target": T / 2,
+            "flops": one,
+            "peak_mib": m_one,
+            "rel_error": err(O[0]),
+        },
+        {
+            **common,
+            "method": "all_tokens: Jacobians",
+            "seconds": t_j,
+            "speedup": T * t_ref / t_j,
+            "flops": full,
+            "peak_mib": m_all,
+            "rel_error": err(J[T - 1]),
+        },
+        {
+            **common,
+            "method": "all_tokens: Jacobians, spectra, coupling",
+            "seconds": t_all,
+            "speedup": T * t_ref / t_all,
+            "target": T / 2,
+            "peak_mib": m_all,
+        },
+    ]
+    for r in rows:
+        if "flops" in r:
+            r["flops_per_s"] = r["flops"] / r["seconds"]
+            r["gemm_fraction"] = r["flops_per_s"] / rate
+    rows[2]["gemm_target"] = GEMM_TARGET
+    if T <= 64:
+        rows += spectra_rows(J, common)
+    return _judged(rows)
+
+
+def spectra_rows(J, common: dict, kmax: int = 50) -> list[dict]:
+    """The top-50 triplets of every token's J: full SVD against ``spectra.gram_topk``, and the
+    largest difference of any token-wise coupling value m_K (K = 10, 30, 50) between the two."""
+    import torch
+
+    from coupling_utils.engine.metric import SVD, coupling_matrix
+    from coupling_utils.engine.spectra import gram_topk, lapack_threads
+
+    def full():
+        with lapack_threads():
+            U, S, Vh = torch.linalg.svd(J, full_matrices=False)
+        return SVD(U[..., :kmax], S[..., :kmax], Vh[..., :kmax, :])
+
+    ref, t_full, m_full = timed(full)
+    top, t_gram, m_gram = timed(lambda: gram_topk(J, kmax))
+    diff = max(
+        float((coupling_matrix(J, k, svds=top) - coupling_matrix(J, k, svds=ref)).abs().max()) for k in K
+    )
+    return [
+        {**common, "method": "spectra: full SVD, every token", "seconds": t_full, "peak_mib": m_full},
+        {
+            **common,
+            "method": "spectra: gram_topk (top 50), every token",
+            "seconds": t_gram,
+            "speedup": t_full / t_gram,
+            "peak_mib": m_gram,
+            "max_metric_diff": diff,
+        },
+    ]
+
+
+def _judged(rows: list[dict]) -> list[dict]:
+    """``meets_target`` on the rows that have a target: speed-up ≥ target, GEMM fraction ≥ its own."""
+    for r in rows:
+        checks = []
+        if r.get("target") is not None:
+            checks.append(r["speedup"] >= r["target"])
+        if r.get("gemm_target") is not None:
+            checks.append(r["gemm_fraction"] >= r["gemm_target"])
+        if checks:
+            r["meets_target"] = "yes" if all(checks) else "no"
+    return rows
+
+
+def case_measure(n_prompts: int) -> list[dict]:
+    """measure(tokens="last") on the embedded SmolLM2-135M against the reference on every block."""
+    import tempfile
+
+    from coupling_utils import load_model
+    from coupling_utils.engine.architectures import transformer_blocks
+    from coupling_utils.engine.jacobians import reference_jacobians
+    from coupling_utils.measurement import measure
+
+    model = load_model("embedded:smollm2-135m", dtype="float32")
+    prompts = dict(list(PROMPTS.items())[:n_prompts])
+    tok = model.tokenizer
+    ids = {k: tok(v, return_tensors="pt")["input_ids"] for k, v in prompts.items()}
+    L = len(transformer_blocks(model))
+
+    def reference():
+        for x in ids.values():
+            for layer in range(L):
+                reference_jacobians(model, x, layer, tokens=[-1])
+
+    def engine(tokens):
+        with tempfile.TemporaryDirectory() as out:
+            return measure(model, ids, tokens=tokens, k=K, out=out)
+
+    _, t_ref, m_ref = timed(reference)
+    res, t_last, m_last = timed(lambda: engine("last"))
+    lengths = [x.shape[1] for x in ids.values()]
+    common = {
+        "case": f"measure: embedded:smollm2-135m, {len(ids)} prompts of {min(lengths)}-{max(lengths)} tokens",
+        "T": max(lengths),
+        "d": 576,
+    }
+    paths = res.provenance["jacobian_paths"]["layers"]
+    rows = [
+        {**common, "method": "reference (last token, every block)", "seconds": t_ref, "peak_mib": m_ref},
+        {
+            **common,
+            "method": f"measure(tokens='last') [{', '.join(f'{k}: {v}' for k, v in paths.items())}]",
+            "seconds": t_last,
+            "speedup": t_ref / t_last,
+            "target": min(lengths) / 2,
+            "peak_mib": m_last,
+        },
+    ]
+    return _judged(rows)
+
+
+def provenance(threads: int, command: str) -> dict:
+    import torch
+    import transformers
+
+    import coupling_utils
+    from coupling_utils.provenance import cpu_name
+
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    return {
+        "machine": f"{os.cpu_count()} CPU ({cpu_name()}), load {load:.1f} at start",
+        "torch_threads": threads,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "coupling_utils": coupling_utils.__version__,
+        "date_utc": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M"),
+        "command": command,
+    }
+
+
+def _print_flops() -> None:
+    print(
+        "FLOP accounting: block forward over T tokens = 2·T·P + 4·T²·d; d VJPs = d forward passes;\n"
+        "one token against a T-token cache = 2·P + 4·T·d per pass; "
+        "GEMM rate = (64·T × d) @ (d × 4d), best of 5",
+        flush=True,
+    )
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="T = 16 and 64 only, one prompt")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    ap.add_argument("--out", default=str(ROOT / "data" / "benchmarks" / "engine.csv"))
+    args = ap.parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import pandas as pd
+    import torch
+
+    torch.set_num_threads(args.threads)
+    command = ("python bench/bench_engine.py " + " ".join(argv if argv is not None else sys.argv[1:])).strip()
+    prov = provenance(args.threads, command)
+    _print_flops()
+    rows = []
+    model = smollm2_block()
+    for T in TS[:2] if args.quick else TS:
+        print(f"[block] T = {T} ...", flush=True)
+        rows += case_block(T, model, "block: SmolLM2-size Llama (random init)")
+    print("[neox] T = 32 ...", flush=True)
+    rows += case_block(32, neox_block(), "block: GPT-NeoX d=512 (random init)")
+    print("[measure] embedded:smollm2-135m ...", flush=True)
+    rows += case_measure(1 if args.quick else len(PROMPTS))
+    df = pd.DataFrame(rows)
+    for key, value in prov.items():
+        df[key] = value
+    from coupling_utils.files import atomic_path
+
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(out) as t:
+        df.to_csv(t, index=False, float_format="%.4g")
+    cols = [
+        "case",
+        "T",
+        "method",
+        "seconds",
+        "speedup",
+        "target",
+        "gemm_fraction",
+        "peak_mib",
+        "meets_target",
+    ]
+    with pd.option_context("display.width", 220, "display.max_columns", 20, "display.max_colwidth", 60):
+        print(df[cols].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    print(f"wrote {out}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,252 @@
+"""The GPU check: one prepared run (at most about 8 minutes) on a CUDA machine.
+
+Run from the repository root on a machine with a CUDA GPU and a CUDA build of torch:
+
+    python bench/gpu_check.py               # the real check; writes data/benchmarks/gpu_check.csv
+    python bench/gpu_check.py --dry-run     # on any CPU: tiny sizes, says what it would do
+
+What it does:
+
+1. **Every chapter's ``paper`` profile on the stand-in hub** (``tests/support/standin_hub.py``:
+   tiny random models under every repo id the profiles name, so no download), with the prompt
+   overrides of ``tests/profile_overrides.yaml``, each notebook in its own papermill kernel on
+   the GPU: seconds and status per chapter. This checks that the paper path runs on CUDA; the
+   stand-in models are tiny, so these seconds are not the paper's cost.
+2. **The engine on random-init twins of paper-size configurations**: a Llama-style model with
+   d = 4096, 32 blocks, 32 heads, d_ff = 11008 (Llama-2-7B's shape), in bfloat16 and, where
+   bitsandbytes is installed, 4-bit (NF4, computed in bfloat16); prompts of T = 16 and 128
+   random tokens. For block 15: the authors' reference for one token (d VJPs over all T), the
+   one-token path (``one_token.one_token_jacobians``), the all-token sweep
+   (``jacobians.token_jacobians``) and the top-50 spectra; seconds per block, and the
+   predicted seconds of a whole 32-block ``measure`` (per block × 32), with peak GPU memory.
+
+Each step has a time budget (``--budget``, seconds in all); what does not fit is recorded as
+"skipped: budget". ``--dry-run`` runs step 2 for real on a tiny configuration (d = 64, 2 blocks,
+on the CPU) and lists the notebooks of step 1 without running them, so CI can check the script
+in seconds. The CSV (one row per measurement, with its provenance) is what
+``book/performance.md`` shows beside the cost model's prediction; a dry run writes its CSV
+only where ``--out`` says (never over the committed file by default).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+OUT = ROOT / "data" / "benchmarks" / "gpu_check.csv"
+PAPER = dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, intermediate_size=11008)
+TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128)
+TS, TINY_TS = (16, 128), (8,)
+
+
+class Budget:
+    """Seconds left of the whole run."""
+
+    def __init__(self, seconds: float):
+        self.end = time.perf_counter() + seconds
+
+    def left(self) -> float:
+        return self.end - time.perf_counter()
+
+
+def notebook_rows(dry_run: bool, budget: Budget, share: float) -> list[dict]:
+    """Step 1: each chapter's paper profile on the stand-in hub (listed only, in a dry run)."""
+    import yaml
+
+    from coupling_utils.pipeline.execution import notebook_paths
+
+    overrides = yaml.safe_load((ROOT / "tests" / "profile_overrides.yaml").read_text())
+    notebooks = notebook_paths(ROOT)
+    if dry_run:
+        for nb in notebooks:
+            print(f"would run {nb.stem} at the paper profile on the stand-in hub ({overrides[nb.stem]})")
+        return [
+            {"step": "paper profile", "name": nb.stem, "status": "dry run: not run", "seconds": None}
+            for nb in notebooks
+        ]
+    from support.standin_hub import write_standin_hub
+
+    from coupling_utils.pipeline.execution import run_notebook
+
+    rows, stop = [], budget.left() * (1 - share)
+    with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
+        hub = Path(tmp) / "hub"
+        write_standin_hub(hub)
+        os.environ.update(HF_HUB_CACHE=str(hub), HF_HUB_OFFLINE="1", COUPLING_CACHE=str(Path(tmp) / "cache"))
+        for nb in notebooks:
+            if budget.left() < stop:
+                rows.append({"step": "paper profile", "name": nb.stem, "status": "skipped: budget"})
+                continue
+            r = run_notebook(nb, "paper", overrides[nb.stem], Path(tmp) / "out")
+            status = r.status if r.status == "ok" else f"{r.status}: {r.error}"[:200]
+            rows.append({"step": "paper profile", "name": nb.stem, "status": status, "seconds": r.seconds})
+            print(f"{nb.stem}: {status} in {r.seconds:.1f} s", flush=True)
+    return rows
+
+
+def random_llama(shape: dict, dtype, device: str, quantize: bool):
+    """A random-init Llama-style model (``shape``) on ``device``; 4-bit NF4 blocks if ``quantize``."""
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    cfg = LlamaConfig(**shape, num_key_value_heads=shape["num_attention_heads"], vocab_size=32000)
+    cfg._attn_implementation_internal = "sdpa"
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
+    model.eval().requires_grad_(False)
+    if quantize:
+        import bitsandbytes as bnb
+
+        for block in model.model.layers:
+            for name, lin in list(block.named_modules()):
+                if isinstance(lin, torch.nn.Linear):
+                    q = bnb.nn.Linear4bit(
+                        lin.in_features, lin.out_features, bias=False, compute_dtype=dtype, quant_type="nf4"
+                    )
+                    q.weight = bnb.nn.Params4bit(lin.weight.data.cpu(), requires_grad=False, quant_type="nf4")
+                    parent, _, attr = name.rpartition(".")
+                    setattr(block.get_submodule(parent) if parent else block, attr, q.to(device))
+    return model
+
+
+def _timed(fn, device: str):
+    import torch
+
+    if device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    out = fn()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None
+    return out, time.perf_counter() - t0, peak
+
+
+def engine_rows(dry_run: bool, budget: Budget) -> list[dict]:
+    """Step 2: the engine's methods on one block of each paper-size twin, per dtype and T."""
+    import torch
+
+    from coupling_utils.engine.jacobians import reference_jacobians, token_jacobians
+    from coupling_utils.engine.one_token import one_token_jacobians
+    from coupling_utils.engine.spectra import exact_topk
+
+    device = "cpu" if dry_run else "cuda"
+    shape, ts = (TINY, TINY_TS) if dry_run else (PAPER, TS)
+    layer, L = shape["num_hidden_layers"] // 2, shape["num_hidden_layers"]
+    variants = [("bfloat16", False), ("4bit", True)]
+    rows = []
+    for label, quantize in variants:
+        base = {"step": "engine", "name": f"Llama-style d={shape['hidden_size']}, {L} blocks", "dtype": label}
+        if budget.left() < 60 and not dry_run:
+            rows.append({**base, "status": "skipped: budget"})
+            continue
+        try:
+            model = random_llama(shape, torch.bfloat16, device, quantize)
+        except Exception as exc:  # noqa: BLE001 - recorded: bitsandbytes missing or unusable here
+            rows.append({**base, "status": f"skipped: {type(exc).__name__}: {exc}"[:200]})
+            print(rows[-1]["status"], flush=True)
+            continue
+        for T in ts:
+            ids = torch.randint(0, 32000, (1, T), generator=torch.Generator().manual_seed(1)).to(device)
+            methods = {
+                "reference (1 token)": (reference_jacobians, dict(tokens=[T - 1])),
+                "one_token (1 token)": (one_token_jacobians, dict(tokens=[T - 1])),
+                "all_tokens: Jacobians": (token_jacobians, {}),
+            }
+            for method, (fn, kw) in methods.items():
+                if budget.left() < 30 and not dry_run:
+                    rows.append({**base, "T": T, "method": method, "status": "skipped: budget"})
+                    continue
+                J, seconds, peak = _timed(
+                    lambda fn=fn, kw=kw, ids=ids, m=model: fn(m, ids, layer, **kw), device
+                )
+                rows.append(
+                    {**base, "T": T, "method": method, "status": "ok", "seconds": seconds, "peak_gib": peak}
+                )
+                if method.startswith("all_tokens"):
+                    _, s_seconds, _ = _timed(lambda J=J: exact_topk(J.float(), 50), device)
+                    rows.append(
+                        {**base, "T": T, "method": "top-50 spectra", "status": "ok", "seconds": s_seconds}
+                    )
+                print(f"{label} T={T} {method}: {seconds:.2f} s", flush=True)
+        model = None  # free the twin before the next one
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    for r in rows:
+        if r.get("seconds") is not None and r.get("method"):
+            r["measure_seconds_predicted"] = r["seconds"] * L  # every block, one prompt
+    return rows
+
+
+def provenance(command: str, dry_run: bool) -> dict:
+    import torch
+    import transformers
+
+    import coupling_utils
+    from coupling_utils.provenance import cpu_name
+
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    return {
+        "device": "dry run on a CPU (tiny sizes: not a GPU measurement)" if dry_run else gpu,
+        "machine": f"{os.cpu_count()} CPU ({cpu_name()})",
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "coupling_utils": coupling_utils.__version__,
+        "date_utc": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M"),
+        "command": command,
+    }
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--dry-run", action="store_true", help="on a CPU: tiny sizes, notebooks listed only")
+    ap.add_argument(
+        "--out", default=None, help=f"the CSV (default {OUT.relative_to(ROOT)}; none in a dry run)"
+    )
+    ap.add_argument("--budget", type=float, default=480.0, help="seconds for the whole run (default 480)")
+    ap.add_argument("--notebook-share", type=float, default=0.5, help="share of the budget for step 1")
+    args = ap.parse_args(argv)
+    import torch
+
+    if not args.dry_run and not torch.cuda.is_available():
+        print(
+            "gpu_check: no CUDA device is visible to torch (torch.cuda.is_available() is False). "
+            "Run it on a machine with a CUDA GPU and a CUDA build of torch, or pass --dry-run to "
+            "check the script on this CPU.",
+            file=sys.stderr,
+        )
+        return 2
+    command = ("python bench/gpu_check.py " + " ".join(argv if argv is not None else sys.argv[1:])).strip()
+    prov = provenance(command, args.dry_run)
+    budget = Budget(args.budget)
+    rows = notebook_rows(args.dry_run, budget, args.notebook_share) + engine_rows(args.dry_run, budget)
+    import pandas as pd
+
+    df = pd.DataFrame(rows)
+    for key, value in prov.items():
+        df[key] = value
+    out = Path(args.out) if args.out else (None if args.dry_run else OUT)
+    if out is not None:
+        from coupling_utils.files import atomic_path
+
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_path(out) as t:
+            df.to_csv(t, index=False, float_format="%.4g")
+        print(f"wrote {out}")
+    with pd.option_context("display.width", 200, "display.max_columns", 12, "display.max_colwidth", 50):
+        print(df.drop(columns=list(prov)).to_string(index=False))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,134 @@
+"""The one-token path (``engine/one_token.py``): each selected token's J_tt against its prefix's
+key/value cache equals the all-token token-diagonal sweep, on every causal architecture of the
+table (GQA, RoPE, ALiBi, parallel attention/MLP, softcapping, sliding windows), under every
+``last_block``; measure() takes it for a few tokens and says so in its provenance."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from coupling_utils.engine.architectures import ARCHITECTURES, tiny_model
+from coupling_utils.engine.jacobians import token_jacobians
+from coupling_utils.engine.one_token import (
+    choose_path,
+    one_token_function,
+    one_token_jacobians,
+    one_token_supported,
+    one_token_wins,
+)
+
+CASES = [(a.model_types[0], None) for a in ARCHITECTURES] + [
+    (a.model_types[0], v) for a in ARCHITECTURES for v in a.tiny_variants
+]
+CAUSAL = [(t, v) for t, v in CASES if t not in ("vit",) and (t, v) != ("bert", None)]
+
+
+def rel(a, b):
+    return float((a - b).norm() / b.norm())
+
+
+@pytest.mark.parametrize("model_type,variant", CAUSAL, ids=[f"{t}-{v}" if v else t for t, v in CAUSAL])
+def test_one_token_equals_the_all_token_sweep(model_type, variant):
+    model = tiny_model(model_type, variant=variant)
+    x = torch.randint(0, 64, (1, 10), generator=torch.Generator().manual_seed(1))
+    assert one_token_supported(model, x) is None
+    tokens = [9, 0, 6]  # the last, the first (no prefix) and one beyond the sliding windows (4)
+    for layer, last_block in ((0, "block"), (1, "final_norm")):
+        J = token_jacobians(model, x, layer, tokens=tokens, last_block=last_block)
+        O = one_token_jacobians(model, x, layer, tokens, last_block=last_block)
+        assert O.shape == J.shape and O.dtype == torch.float32
+        assert rel(O, J) <= 1e-5, (model_type, variant, layer, last_block)
+
+
+def test_sdpa_models_and_the_cache_left_as_captured():
+    """SDPA-loaded models (reverse mode passes fused attention); calling the one-token function
+    twice gives the same value (the captured cache is copied per call, never extended)."""
+    model = tiny_model("falcon", variant="alibi", attn_implementation="sdpa")
+    x = torch.randint(0, 64, (1, 9))
+    torch.testing.assert_close(
+        one_token_jacobians(model, x, 1, [8]), token_jacobians(model, x, 1, tokens=[8]), rtol=1e-4, atol=1e-6
+    )
+    llama = tiny_model("llama")
+    f, xt = one_token_function(llama, x, 1, 5)
+    torch.testing.assert_close(f(xt), f(xt), rtol=0, atol=0)
+    assert xt.shape == (1, 32)
+
+
+def test_non_causal_blocks_and_other_inputs_keep_the_exact_path():
+    x = torch.randint(0, 64, (1, 8))
+    assert "not (only) causal" in one_token_supported(tiny_model("bert"), x)
+    assert one_token_supported(tiny_model("bert", variant="decoder"), x) is None
+    vit = tiny_model("vit")
+    assert "not (only) causal" in one_token_supported(vit, {"pixel_values": torch.randn(1, 1, 8, 8)})
+    llama = tiny_model("llama")
+    assert one_token_supported(llama, {"input_ids": x, "attention_mask": torch.ones(1, 8)}) is None
+    padded = {"input_ids": x, "attention_mask": torch.tensor([[0] + [1] * 7])}
+    assert "padding" in one_token_supported(llama, padded)
+    with pytest.raises(ValueError, match="does not apply here.*token_jacobians"):
+        one_token_jacobians(llama, padded, 0, [7])
+    assert choose_path(llama, x, 1, 8)[0] == "one_token"
+    assert choose_path(llama, x, 5, 8)[0] == "all_tokens"
+    assert choose_path(llama, padded, 1, 8)[0] == "all_tokens"
+    assert one_token_wins(8, 16) and not one_token_wins(9, 16)
+    with pytest.raises(IndexError, match="out of range"):
+        one_token_function(llama, x, 0, 8)
+
+
+def test_measure_takes_the_path_and_says_so(tmp_path):
+    from coupling_utils.measurement import measure
+
+    model = tiny_model("qwen2")
+    x = torch.randint(0, 64, (1, 12), generator=torch.Generator().manual_seed(2))
+    kw = dict(k=(4, 8), layers=[0, 1], tokens=[3, 11])
+    one = measure(model, x, **kw)
+    assert one.provenance["jacobian_paths"]["layers"] == {"one_token": 2}
+    assert one.provenance["jacobian_paths"]["spectra"].startswith("gram_topk: top 8")
+    every = measure(model, x, **{**kw, "tokens": "all"})
+    assert every.provenance["jacobian_paths"]["layers"] == {"all_tokens": 2}
+    a = one.tokenwise.sort_values(["layer", "K", "token_i", "token_j"])["m"].to_numpy()
+    b = every.tokenwise.query("token_i in (3, 11) and token_j in (3, 11)")
+    b = b.sort_values(["layer", "K", "token_i", "token_j"])["m"].to_numpy()
+    assert len(a) == len(b) == 2 * 2 * 4
+    assert abs(a - b).max() <= 1e-5
+    da = one.depthwise.query("token == 11").sort_values(["K", "layer_i", "layer_j"])["m"].to_numpy()
+    db = every.depthwise.query("token == 11").sort_values(["K", "layer_i", "layer_j"])["m"].to_numpy()
+    assert len(da) > 0 and abs(da - db).max() <= 1e-5
+
+
+def test_top_k_from_the_gram_matrix_equals_the_full_svd_on_every_metric_value():
+    """spectra.gram_topk (top-r eigenpairs of JᵀJ in fp64) against the full SVD: every coupling
+    value within 1e-5, on trained-like flat spectra (a tiny model's Jacobians) and a rank-deficient
+    matrix (which falls back to the full SVD)."""
+    from coupling_utils.engine.metric import coupling_matrix, svd
+    from coupling_utils.engine.spectra import exact_topk, gram_topk, gram_wins
+
+    model = tiny_model("llama")
+    x = torch.randint(0, 64, (1, 12), generator=torch.Generator().manual_seed(3))
+    J = torch.cat([token_jacobians(model, x, layer) for layer in (0, 1)])  # [24, 32, 32]
+    full = svd(J)
+    top = gram_topk(J, 8)
+    torch.testing.assert_close(top.S, full.S[:, :8], rtol=1e-5, atol=1e-6)
+    for k in (2, 5, 8):
+        exact = coupling_matrix(J, k, svds=full)
+        assert (coupling_matrix(J, k, svds=top) - exact).abs().max() <= 1e-5
+    low = torch.randn(32, 3) @ torch.randn(3, 32)  # rank 3: the 8th singular value is 0
+    s = gram_topk(low, 8)
+    torch.testing.assert_close((s.U * s.S.unsqueeze(-2)) @ s.Vh, low, rtol=1e-4, atol=1e-4)
+    assert gram_wins(J, 8) and not gram_wins(J, 9)
+    assert exact_topk(J, 8)[1] == "gram_topk" and exact_topk(J, 20)[1] == "full_svd"
+
+
+def test_pair_tiles_in_chunks_of_partners_are_the_same():
+    """measure()'s token-wise tiles are made a chunk of partner tokens at a time (bounded memory)."""
+    from coupling_utils.engine.metric import coupling_tile, svd
+    from coupling_utils.measurement.compute import pair_tiles
+
+    J = torch.randn(7, 12, 12, generator=torch.Generator().manual_seed(4))
+    s = svd(J)
+    for orientation in ("ujv", "vju"):
+        whole = pair_tiles(J, s, 5, orientation)
+        torch.testing.assert_close(
+            pair_tiles(J, s, 5, orientation, max_numbers=1), whole, rtol=1e-5, atol=1e-5
+        )
+        torch.testing.assert_close(whole[2, 5], coupling_tile(J[2], J[5], 5, orientation=orientation))
