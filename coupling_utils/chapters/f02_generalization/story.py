@@ -14,7 +14,7 @@ from IPython.display import Markdown
 
 from coupling_utils.analysis import last_block as lb
 from coupling_utils.analysis import scale
-from coupling_utils.analysis.verdicts import Interval, Rule, claim
+from coupling_utils.analysis.verdicts import Interval, Rule, claim, verdict_word
 from coupling_utils.chapters.f02_generalization.plan import (
     BEATS_SIZE,
     CLAIMS,
@@ -473,8 +473,8 @@ def _beyond_glue(paper: PaperFit, b: Beyond) -> dict[str, Any]:
 
 def _verdict_glue(story: Story, verdict: Mapping[str, str]) -> dict[str, Any]:
     fit = story.hub_coupling
-    out = {
-        f"f02_verdict_{name}": Markdown(verdict[CLAIMS[key]])
+    out = {  # each verdict word tagged with its claim, so the book checks it against the status table
+        f"f02_verdict_{name}": verdict_word({"claim": CLAIMS[key], "agree": verdict[CLAIMS[key]]})
         for name, key in (
             ("fig1a", "fig1a"),
             ("size", "size"),
@@ -491,11 +491,16 @@ def _verdict_glue(story: Story, verdict: Mapping[str, str]) -> dict[str, Any]:
         "(`--profile paper`); "
         "this run does not include it."
         if fit is None
-        else f"**The hub models** ({verdict[CLAIMS['hub']]}): our coupling of {int(fit['n'])} hub models "
-        f"with a v1 "
+        else f"**The hub models** ({_word(CLAIMS['hub'], verdict)}): our coupling of {int(fit['n'])} "
+        "hub models with a v1 "
         f"score explains $R^2$ = {fit['r2']:.3f} of the leaderboard average."
     )
     return out
+
+
+def _word(claim_text: str, verdict: Mapping[str, str]) -> str:
+    """A status row's verdict as the prose shows it (:func:`verdict_word`), as Markdown text."""
+    return verdict_word({"claim": claim_text, "agree": verdict[claim_text]}).data
 
 
 def assumptions(story: Story) -> list[tuple[str, bool, str]]:
