@@ -174,6 +174,7 @@ def test_beating_size_needs_the_whole_interval():
     assert judge({"gap": Interval(0.025, -0.063, 0.118)}) == "partly"  # only the estimate clears 0
     assert judge({"gap": Interval(0.05, 0.01, 0.12)}) == "yes"
     assert judge({"gap": Interval(-0.01, -0.1, 0.05)}) == "no"
+    assert "partly if gap > 0" in f02.plan.BEATS_SIZE.text  # the code form says what the words say
     within = f02.plan.WITHIN.judge
     assert within({"rho": Interval(0.8, 0.3, 0.95), "n": 7, "span": 0.22}) == "yes"
     assert within({"rho": Interval(0.8, 0.3, 0.95), "n": 7, "span": 0.1}) == "partly"  # too narrow a span

@@ -140,13 +140,13 @@ def scale_prompts(p: Params) -> dict[str, str]:
 FIG1A_FIT = Rule(yes="abs(r2 - 0.80) <= 0.02", partly="abs(r2 - 0.80) <= 0.1")
 # "more strongly than size": gap = R²(coupling) − R²(best size measure), an Interval (paired
 # bootstrap over models): yes needs the whole interval above 0; partly: only the estimate is
-BEATS_SIZE = Rule(yes="gap > 0")
+BEATS_SIZE = Rule(yes="gap > 0", partly="gap > 0")
 # the family: held-out accuracy rises with coupling *in excess of the twin* (rho: Spearman's rho,
 # an Interval, bootstrap over members): yes needs all of it above 0 and 6 members
 GENERALISES = Rule(yes="rho > 0 and n >= 6", partly="rho > 0")
 # the family: excess coupling explains accuracy better than the best size measure (gap, an
 # Interval), with a positive slope
-FAMILY_BEATS_SIZE = Rule(yes="gap > 0 and slope > 0")
+FAMILY_BEATS_SIZE = Rule(yes="gap > 0 and slope > 0", partly="gap > 0 and slope > 0")
 # the training family (one architecture, only training varies): held-out accuracy rises with the
 # excess coupling (rho, an Interval over members); at least 6 members and an accuracy span of 0.2
 WITHIN = Rule(yes="rho > 0 and n >= 6 and span >= 0.2", partly="rho > 0")

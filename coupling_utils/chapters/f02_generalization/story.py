@@ -333,9 +333,12 @@ def _near_zero(ours: pd.DataFrame) -> str:
     """How many members' excess is within two standard errors of 0, in all and by width."""
     near = (ours["excess"].abs() <= 2 * ours["excess_se"]).groupby(ours["d_model"]).agg(["sum", "size"])
     parts = "; ".join(f"{int(r['sum'])} of {int(r['size'])} at d = {d}" for d, r in near.iterrows())
+    n = int(near["sum"].sum())
+    if n == 0:
+        return f"No member's excess is within two standard errors of 0 ({parts})."
     return (
-        f"{int(near['sum'].sum())} of {len(ours)} members have an excess within two standard errors of 0 "
-        f"({parts}): for those, training moved coupling no further than the prompts do."
+        f"{n} of {len(ours)} members have an excess within two standard errors of 0 ({parts}): for "
+        "those, training moved coupling no further than the prompts do."
     )
 
 

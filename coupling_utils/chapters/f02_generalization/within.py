@@ -165,6 +165,20 @@ def _flat_sentence(t: Training) -> Markdown:
     )
 
 
+def _peak_sentence(ours: pd.DataFrame) -> Markdown:
+    """Where the excess peaks against where training went furthest."""
+    top, longest = ours.loc[ours["excess"].idxmax()], ours.loc[ours["steps"].idxmax()]
+    if top.run == longest.run:
+        return Markdown(
+            f"The most trained member, `{top.run}`, also has the largest excess ({top.excess:.3f})."
+        )
+    return Markdown(
+        f"The largest excess is `{top.run}`'s ({top.excess:.3f}, after {int(top.steps)} steps, held-out "
+        f"accuracy {top.val_acc:.3f}); the most trained member, `{longest.run}`, has {longest.excess:.3f} "
+        f"at accuracy {longest.val_acc:.3f}."
+    )
+
+
 def within_glue(w: Within | None) -> dict[str, Any]:
     """Every value the training family's prose glues, by name."""
     if w is None or w.family.ours.empty:
@@ -198,6 +212,7 @@ def within_glue(w: Within | None) -> dict[str, Any]:
         "f02_within_n_flat": t.n_flat,
         "f02_within_flat_sentence": _flat_sentence(t),
         "f02_within_data_sentence": _data_sentence(ours),
+        "f02_within_peak": _peak_sentence(ours),
         "f02_within_sign": Markdown(
             "positive, the direction the paper reports"
             if w.rho.estimate > 0
