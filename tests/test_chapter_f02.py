@@ -17,6 +17,7 @@ from coupling_utils.measurement import Options
 
 SMALL = {
     "family": "embedded:lm-family-smoke",
+    "training_family": "embedded:lm-training-family-smoke",
     "hub_models": ["org/hub-a", "org/hub-b"],
     "prompt_source": "prompt_set",
     "n_prompts": 2,
@@ -102,7 +103,11 @@ def test_run_collects_exactly_the_plan_and_condenses_each_part(tmp_path, monkeyp
     # with the paper's, for the status rows' notes
     conventions = [j.settings["measure"].last_block for j in planned]
     n_family, n_scale = 2 * len(members), 2 * len(f02.scale_ks(p))
-    assert conventions == ["final_norm"] * (n_family + 2 + n_scale) + ["block"] * (n_family + 2)
+    n_training = 2 * len(f02.member_models(p, "training_family"))
+    assert conventions == ["final_norm"] * (n_family + n_training + 2 + n_scale) + ["block"] * (n_family + 2)
+    # the training family: every member with its twin, at K from k_over_d, under the chapter's map only
+    assert list(got.training.summary.model) == list(f02.member_models(p, "training_family"))
+    assert got.training.summary.excess.notna().all() and got.others["block"].training is None
     assert set(got.others) == {"block"} and got.others["block"].hub is None
     other = got.others["block"]
     assert list(other.family.summary.model) == list(members)
@@ -125,3 +130,74 @@ def test_without_the_cache_run_measures_the_same_jobs_and_stores_nothing(tmp_pat
     stored = f02.run(p.__class__.checked({**p.values(), "use_cache": True}), Options(load=Loader()))
     pd.testing.assert_frame_equal(got.family.per_prompt, stored.family.per_prompt)
     pd.testing.assert_frame_equal(got.scale.values, stored.scale.values)
+
+
+def test_the_training_family_varies_only_training():
+    """lm-training-family: one architecture, at least 6 members, only steps and data differ, a
+    constant learning rate (so the flat rule can fail); its smoke twin has the same layout."""
+    from coupling_utils.models import zoo
+
+    for name, n in (("lm-training-family", 6), ("lm-training-family-smoke", 4)):
+        specs = list(zoo.REGISTRY[name].specs().values())
+        assert len(specs) >= n
+        fixed = {(s.d_model, s.n_layers, s.n_heads, s.seed, s.lr, s.batch_size, s.seq_len) for s in specs}
+        assert len(fixed) == 1, fixed
+        assert len({(s.steps, s.train_tokens) for s in specs}) == len(specs)
+        assert all(s.min_lr_ratio == 1.0 and s.checkpoints == "curve" for s in specs)
+
+
+def _training(rows):
+    stage = pd.DataFrame(rows, columns=["run", "tail_drop", "tail_drop_rel"])
+    stage["flat"] = [f02.plan.FLAT.judge({"tail_drop_rel": v}) == "yes" for v in stage.tail_drop_rel]
+    return f02.Training(pd.DataFrame(), stage, pd.DataFrame())
+
+
+def test_the_flat_rule_can_fail_and_says_where():
+    from coupling_utils.chapters.f02_generalization.within import _flat_sentence
+
+    t = _training([("s2048", 0.03, 0.007), ("s32", 0.5, 0.09), ("s512-data", -0.9, -0.1)])
+    assert list(t.stage.flat) == [True, False, False]  # falling fast, or rising (overfitting), is not flat
+    text = _flat_sentence(t).data
+    assert (
+        text.startswith("2 of 3 curves are not flat") and "`s32`'s held-out loss still fell by 0.500" in text
+    )
+    assert "`s512-data`'s rose by 0.900 nats" in text
+    assert "failed nowhere" in _flat_sentence(_training([("a", 0.0, 0.0)])).data
+    rising = _flat_sentence(_training([("a", -0.2, -0.05)])).data
+    assert "still fell" not in rising and "`a`'s rose by 0.200" in rising
+
+
+def test_beating_size_needs_the_whole_interval():
+    from coupling_utils.analysis.verdicts import Interval
+
+    judge = f02.plan.BEATS_SIZE.judge
+    assert judge({"gap": Interval(0.025, -0.063, 0.118)}) == "partly"  # only the estimate clears 0
+    assert judge({"gap": Interval(0.05, 0.01, 0.12)}) == "yes"
+    assert judge({"gap": Interval(-0.01, -0.1, 0.05)}) == "no"
+    assert "partly if gap > 0" in f02.plan.BEATS_SIZE.text  # the code form says what the words say
+    within = f02.plan.WITHIN.judge
+    assert within({"rho": Interval(0.8, 0.3, 0.95), "n": 7, "span": 0.22}) == "yes"
+    assert within({"rho": Interval(0.8, 0.3, 0.95), "n": 7, "span": 0.1}) == "partly"  # too narrow a span
+    assert within({"rho": Interval(0.5, -0.2, 0.9), "n": 7, "span": 0.22}) == "partly"
+    assert within({"rho": Interval(-0.5, -0.9, 0.1), "n": 7, "span": 0.22}) == "no"
+
+
+def test_every_rule_is_printed_in_code_and_in_words():
+    lines = f02.rule_lines().splitlines()
+    assert set(f02.RULE_WORDS) == set(f02.RULES) and len(lines) == 2 * len(f02.RULES)
+    for name, rule in f02.RULES.items():
+        i = lines.index(f"{name:16s} {rule.text}")
+        assert lines[i + 1].strip() == f"({f02.RULE_WORDS[name]})"
+
+
+def test_the_sign_sentence_says_when_the_twins_carry_the_order():
+    from coupling_utils.chapters.f02_generalization.story import _near_zero, _sign_carrier
+
+    confounded = _sign_carrier({"twin coupling": -0.78, "excess": -0.79})
+    assert "cannot say what training added" in confounded and "-0.78" in confounded
+    assert "cannot say" not in _sign_carrier({"twin coupling": 0.1, "excess": 0.8})
+    assert "opposite" in _sign_carrier({"twin coupling": -0.6, "excess": 0.8})
+    ours = pd.DataFrame(
+        {"d_model": [32, 32, 64, 64], "excess": [0.2, 0.01, 0.0, 0.3], "excess_se": [0.01] * 4}
+    )
+    assert _near_zero(ours).startswith("2 of 4 members") and "1 of 2 at d = 64" in _near_zero(ours)

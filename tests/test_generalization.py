@@ -257,6 +257,9 @@ def test_training_stage_measures_the_drop_over_the_last_stretch(tmp_path):
     assert stage.loc["flat", "tail_drop"] == pytest.approx(0.01)
     assert stage.loc["flat", "tail_share"] == pytest.approx(0.01 / 3.6)
     assert stage.loc["falling", "tail_share"] == pytest.approx(0.25)
+    # the drop as a share of the final loss: small for a flat end, large for a still-falling one
+    assert stage.loc["flat", "tail_drop_rel"] == pytest.approx(0.01 / 4.4)
+    assert stage.loc["falling", "tail_drop_rel"] == pytest.approx(0.25)
     assert np.isnan(stage.loc["end-only", "tail_drop"]) and "only at its end" in stage.loc["end-only", "note"]
     # a tail that starts between evaluations starts at the last evaluation before it
     assert training_stage(members, tail=0.3).set_index("run").loc["flat", "tail_start_loss"] == 4.5

@@ -338,6 +338,7 @@ STAGE_COLUMNS = [
     "tail_start_loss",
     "tail_drop",
     "tail_share",
+    "tail_drop_rel",
     "note",
 ]
 
@@ -350,9 +351,12 @@ def training_stage(members: pd.DataFrame, *, tail: float = 0.25) -> pd.DataFrame
     evaluated steps). Per member: ``initial_loss`` (step 0), final ``val_loss``,
     ``tail_start_loss`` (at the last evaluation at or before ``1 − tail`` of the steps),
     ``tail_drop`` = tail_start_loss − val_loss (nats: how much the loss still fell over the last
-    ``tail`` of training) and ``tail_share`` = tail_drop / (initial_loss − val_loss), the share
-    of the whole descent that came in that stretch. A flat end has a small drop and share. A
-    run evaluated only at its end (``checkpoints="final"``) gets NaN and a note.
+    ``tail`` of training), ``tail_share`` = tail_drop / (initial_loss − val_loss), the share
+    of the whole descent that came in that stretch, and ``tail_drop_rel`` = tail_drop /
+    val_loss, the drop as a fraction of the final loss. A flat end has a small drop. The share
+    is small for almost any run, since the first steps (from the uniform guess to the unigram
+    statistics) make most of the descent; the relative drop is not. A run evaluated only at its
+    end (``checkpoints="final"``) gets NaN and a note.
     """
     from coupling_utils.models.training import load_losses
 
@@ -380,6 +384,7 @@ def training_stage(members: pd.DataFrame, *, tail: float = 0.25) -> pd.DataFrame
                 "tail_start_loss": at,
                 "tail_drop": drop,
                 "tail_share": drop / total if total > 0 else float("nan"),
+                "tail_drop_rel": drop / row["val_loss"],
                 "note": "",
             }
         )

@@ -9,12 +9,14 @@ stored) exactly :func:`jobs`; each section then calls its analysis (:func:`paper
 :func:`scale_answer`, :func:`beyond`), shows its tables and charts, and the status cell reports
 :func:`claims` and glues :func:`glue_values` in one call. Three modules, as the notebook reads
 them: :mod:`.plan` (parameters, rules, plan, run), :mod:`.sections` (one analysis per section,
-with its tables and charts) and :mod:`.story` (status rows, glued values, assumptions).
+with its tables and charts), :mod:`.within` (the training family: one architecture, only
+training varies) and :mod:`.story` (status rows, glued values, assumptions).
 """
 
 from coupling_utils.chapters.f02_generalization.plan import (
     CLAIMS,
     NOTEBOOK,
+    RULE_WORDS,
     RULES,
     SHOW,
     SIZES,
@@ -48,6 +50,7 @@ from coupling_utils.chapters.f02_generalization.sections import (
     fig1a_chart,
     hub_chart,
     hub_fit,
+    join_family,
     members_table,
     paper_fit,
     per_prompt_chart,
@@ -63,13 +66,20 @@ from coupling_utils.chapters.f02_generalization.story import (
     convention_verdicts,
     glue_values,
 )
+from coupling_utils.chapters.f02_generalization.within import (
+    Within,
+    within,
+    within_chart,
+    within_table,
+)
 
 __all__ = [
-    "CLAIMS", "NOTEBOOK", "RULES", "SHOW", "SIZES", "Params", "Results", "member_models",
+    "CLAIMS", "NOTEBOOK", "RULE_WORDS", "RULES", "SHOW", "SIZES", "Params", "Results", "member_models",
     "family_widths", "jobs", "prompts", "rule_lines", "run", "scale_ks", "scale_prompts",
     "AXIS_RULES", "Beyond", "Family", "FamilyFits", "Hub", "PaperFit", "ScaleAnswer", "Training",
     "axis_lines", "beyond", "coupling_table", "curves_chart", "family_chart", "family_fits",
-    "family_section", "fig1a_chart", "hub_chart", "hub_fit", "members_table", "paper_fit",
+    "family_section", "fig1a_chart", "hub_chart", "hub_fit", "join_family", "members_table", "paper_fit",
     "per_prompt_chart", "scale_answer", "scale_section", "tasks_chart", "training", "Story",
-    "assumptions", "claims", "convention_verdicts", "glue_values",
+    "assumptions", "claims", "convention_verdicts", "glue_values", "Within", "within",
+    "within_chart", "within_table",
 ]  # fmt: skip

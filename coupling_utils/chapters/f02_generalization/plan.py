@@ -59,6 +59,7 @@ class Params(ChapterParams):
 
     fig1a_y: str = param("score", choice("score", "average"))
     family: str = param("embedded:lm-family", embedded_family)
+    training_family: str = param("embedded:lm-training-family", embedded_family)
     hub_models: list = param([], list_of(check_model, min_len=0))
     prompt_source: str = param("corpus", choice("corpus", "prompt_set"))
     n_prompts: int = param(4, integer(min=1))
@@ -93,26 +94,28 @@ def prompts(p: Params) -> dict[str, str]:
     return dict(zip(table["id"], table["text"]))
 
 
-def member_models(p: Params) -> dict[str, str]:
-    """``{run: "embedded:<family>/<run>"}`` from the zoo's registry (nothing is trained here)."""
+def member_models(p: Params, which: str = "family") -> dict[str, str]:
+    """``{run: "embedded:<family>/<run>"}`` of the parameter ``which`` ("family" or
+    "training_family") from the zoo's registry (nothing is trained here)."""
     from coupling_utils.models import zoo
 
-    name = p.family.removeprefix("embedded:")
+    family = getattr(p, which)
+    name = family.removeprefix("embedded:")
     entry = zoo.REGISTRY.get(name)
     if entry is None or not entry.is_family:
         families = ", ".join(e.name for e in zoo.REGISTRY.values() if e.is_family)
         raise ParameterError(
-            f"parameter 'family': {p.family!r} is not an embedded family; families: {families}"
+            f"parameter {which!r}: {family!r} is not an embedded family; families: {families}"
         )
     return {run: f"embedded:{name}/{run}" for run in entry.members()}
 
 
-def family_widths(p: Params) -> dict[str, int]:
-    """Each family member's width ``d``, ``{run: d}``, from its recipe (nothing is trained here)."""
+def family_widths(p: Params, which: str = "family") -> dict[str, int]:
+    """Each member's width ``d``, ``{run: d}``, of the family ``which`` names, from its recipe."""
     from coupling_utils.models import zoo
 
-    specs = zoo.REGISTRY[p.family.removeprefix("embedded:")].specs()
-    return {run: int(specs[run].d_model) for run in member_models(p)}
+    specs = zoo.REGISTRY[getattr(p, which).removeprefix("embedded:")].specs()
+    return {run: int(specs[run].d_model) for run in member_models(p, which)}
 
 
 def scale_ks(p: Params) -> dict[str, list[int]]:
@@ -135,29 +138,65 @@ def scale_prompts(p: Params) -> dict[str, str]:
 # --------------------------------------------------------------------------- the rules, fixed first
 # the replotted Fig. 1a: R² of the leaderboard score on the paper's digitised coupling
 FIG1A_FIT = Rule(yes="abs(r2 - 0.80) <= 0.02", partly="abs(r2 - 0.80) <= 0.1")
-# "more strongly than size": the paired bootstrap interval of R²(coupling) − R²(best size measure)
-BEATS_SIZE = Rule(yes="gap_low > 0", partly="gap > 0")
-# the family: held-out accuracy rises with coupling *in excess of the twin* (Spearman's rho, 95% interval)
-GENERALISES = Rule(yes="rho_low > 0 and n >= 6", partly="rho > 0")
-# the family: excess coupling explains accuracy better than the best size measure, with a positive slope
-FAMILY_BEATS_SIZE = Rule(yes="gap_low > 0 and slope > 0", partly="gap > 0 and slope > 0")
+# "more strongly than size": gap = R²(coupling) − R²(best size measure), an Interval (paired
+# bootstrap over models): yes needs the whole interval above 0; partly: only the estimate is
+BEATS_SIZE = Rule(yes="gap > 0", partly="gap > 0")
+# the family: held-out accuracy rises with coupling *in excess of the twin* (rho: Spearman's rho,
+# an Interval, bootstrap over members): yes needs all of it above 0 and 6 members
+GENERALISES = Rule(yes="rho > 0 and n >= 6", partly="rho > 0")
+# the family: excess coupling explains accuracy better than the best size measure (gap, an
+# Interval), with a positive slope
+FAMILY_BEATS_SIZE = Rule(yes="gap > 0 and slope > 0", partly="gap > 0 and slope > 0")
+# the training family (one architecture, only training varies): held-out accuracy rises with the
+# excess coupling (rho, an Interval over members); at least 6 members and an accuracy span of 0.2
+WITHIN = Rule(yes="rho > 0 and n >= 6 and span >= 0.2", partly="rho > 0")
 # hub models measured here: the leaderboard average rises with our coupling (slope's 95% interval)
 HUB = Rule(yes="slope_low > 0 and n >= 6", partly="slope > 0")
 # beyond the paper: the paper's coupling predicts the leaderboard v2 average (slope's 95% interval)
 EXTENSION = Rule(yes="slope_low > 0", partly="slope > 0")
 # a family member counts as trained to the flat part of its learning curve when the last
-# `tail` of its training lowered held-out loss by less than 5% of its whole descent
-FLAT = Rule(yes="tail_share <= 0.05")
+# `tail` of its training moved its held-out loss (down, or up by overfitting) by at most 1% of
+# the final loss
+FLAT = Rule(yes="abs(tail_drop_rel) <= 0.01")
 RULES = {
     "Fig. 1a fit": FIG1A_FIT,
     "beats size": BEATS_SIZE,
     "family": GENERALISES,
     "family vs size": FAMILY_BEATS_SIZE,
+    "training family": WITHIN,
     "hub models": HUB,
     "leaderboard v2": EXTENSION,
     "flat curve": FLAT,
 }
 """Each claim's rule by its short name, as "The claim" prints them before any number."""
+
+RULE_WORDS = {
+    "Fig. 1a fit": "yes if the replotted R² is within 0.02 of the paper's 0.80, partly within 0.1",
+    "beats size": (
+        "yes if coupling's R² exceeds the best size measure's over the whole paired 95% interval of the "
+        "difference; partly if only the estimate does"
+    ),
+    "family": (
+        "yes if Spearman's ρ of excess coupling and held-out accuracy is above 0 over its whole 95% "
+        "interval and there are at least 6 members; partly if only the estimate is"
+    ),
+    "family vs size": (
+        "yes if the excess explains accuracy better than the best size measure over the whole interval "
+        "of the difference, with a positive slope; partly if only the estimates do"
+    ),
+    "training family": (
+        "the same as 'family', for the members of one architecture, and only when their held-out "
+        "accuracies span at least 0.2"
+    ),
+    "hub models": "yes if the slope of the v1 average on our coupling is above 0 over its 95% interval",
+    "leaderboard v2": "yes if the slope of the v2 average on the paper's coupling is above 0 over its 95% "
+    "interval",
+    "flat curve": (
+        "a member's learning curve is flat at its end if, over the last `tail` of its training, its "
+        "held-out loss fell (or rose) by at most 1% of its final value"
+    ),
+}
+"""Each rule of :data:`RULES` in plain words (printed beside its code form)."""
 
 # the status rows' claims, by the short name the glue and the notebook use
 CLAIMS = {
@@ -165,6 +204,10 @@ CLAIMS = {
     "size": "coupling predicts the score better than parameters, depth or width (Fig. 1a models)",
     "family": "more coupled models generalise better (our LM family, excess over twin vs held-out accuracy)",
     "family_size": "coupling beats size as a predictor (our LM family, accuracy)",
+    "within": (
+        "more coupled models generalise better, size fixed (our training family: one architecture, "
+        "only training varies)"
+    ),
     "v2": (
         "Extension (this book's, not the paper's claim): the paper's coupling predicts the leaderboard "
         "v2 average"
@@ -208,17 +251,18 @@ FAMILY_PREDICTORS = {
 
 
 def rule_lines() -> str:
-    """Every claim's rule, one line each (what "The claim" prints)."""
-    return "\n".join(f"{name:15s} {rule.text}" for name, rule in RULES.items())
+    """Every claim's rule, two lines each: its code form, then the same in plain words."""
+    return "\n".join(f"{name:16s} {rule.text}\n{'':16s} ({RULE_WORDS[name]})" for name, rule in RULES.items())
 
 
 # --------------------------------------------------------------------------- the plan and the run
-def _family(p: Params, last_block: str, cache) -> list[Job]:
-    """The family's members and twins (K per width) with the last block as ``last_block``."""
+def _family(p: Params, last_block: str, cache, which: str = "family") -> list[Job]:
+    """The members and twins (K per width) of the family ``which`` names, with the last block as
+    ``last_block``."""
     settings = Settings(tokens=p.tokens, method=p.method, max_tokens=p.prompt_tokens, last_block=last_block)
-    family_k = {run: k_for_width(d, p.k_over_d) for run, d in family_widths(p).items()}
+    family_k = {run: k_for_width(d, p.k_over_d) for run, d in family_widths(p, which).items()}
     return family_jobs(
-        member_models(p), prompts(p), settings, k=family_k, dtype=p.dtype, cache=cache, twins=True,
+        member_models(p, which), prompts(p), settings, k=family_k, dtype=p.dtype, cache=cache, twins=True,
         twin_seed=p.init_seed,
     )  # fmt: skip
 
@@ -233,8 +277,9 @@ def _scale(p: Params, last_block: str, names: list[str], root) -> list[Job]:
 
 
 def _parts(p: Params, *, store: bool) -> dict[str, list[Job]]:
-    """The plan by part: "family" (members and twins, K per width), "hub" (``hub_models`` at
-    ``k``; empty without them) and "scale" (the scale question), all with the last block as
+    """The plan by part: "family" (members and twins, K per width), "training" (the training
+    family's, likewise), "hub" (``hub_models`` at ``k``; empty without them) and "scale" (the
+    scale question), all with the last block as
     ``last_block``; then, for each other map of the last block, "family@<map>" and "scale@<map>"
     (the scale reference only), whose verdicts the status rows compare. ``store``: under the cache."""
     cache = cache_dir("f02") if store else None
@@ -247,6 +292,7 @@ def _parts(p: Params, *, store: bool) -> dict[str, list[Job]]:
     )
     parts = {
         "family": _family(p, p.last_block, cache),
+        "training": _family(p, p.last_block, cache, "training_family"),
         "hub": hub,
         "scale": _scale(p, p.last_block, list(scale_ks(p)), root),
     }
@@ -257,8 +303,9 @@ def _parts(p: Params, *, store: bool) -> dict[str, list[Job]]:
 
 
 def jobs(p: Params) -> list[Job]:
-    """The measurement plan: the family with its twins (``K`` per width from ``k_over_d``), the
-    ``hub_models`` (``k``), and the scale question (``scale.scale_jobs``)."""
+    """The measurement plan: the family and the training family with their twins (``K`` per
+    width from ``k_over_d``), the ``hub_models`` (``k``), and the scale question
+    (``scale.scale_jobs``)."""
     if not p.use_cache:
         raise ParameterError(
             "parameter 'use_cache' is false: the notebook would not read what a sweep stores; drop the "
@@ -270,13 +317,15 @@ def jobs(p: Params) -> list[Job]:
 @dataclass
 class Results:
     """What :func:`run` collected: the prompts, the family with its twins, the hub models (None
-    without ``hub_models``), the scale question's candidates, and every missing job."""
+    without ``hub_models``), the scale question's candidates, every missing job and the training
+    family with its twins (None under the other maps of the last block, where it is not measured)."""
 
     prompts: dict[str, str]
     family: FamilyCoupling
     hub: FamilyCoupling | None
     scale: scale.ScaleMeasurement
     failures: pd.DataFrame = field(default_factory=pd.DataFrame)
+    training: FamilyCoupling | None = None
     others: dict[str, Results] = field(default_factory=dict)  # under each other map of the last block
 
     @property
@@ -310,4 +359,5 @@ def run(p: Params, options: Options | None = None) -> Results:
         scale=scale.scale_summary(results["scale"]),
         failures=got.failures,
         others=others,
+        training=family_summary(results["training"], how=p.how),
     )

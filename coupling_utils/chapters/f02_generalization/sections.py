@@ -83,16 +83,17 @@ class Training:
         return int(self.stage["flat"].sum())
 
 
-def training(p: Params) -> Training:
-    """The members (``zoo.family_table``, with tokens per parameter), each member's training
-    stage (:func:`training_stage` over the last ``tail``, judged by :data:`FLAT`) and curves."""
+def training(p: Params, which: str = "family") -> Training:
+    """The members of the family ``which`` names ("family" or "training_family";
+    ``zoo.family_table``, with tokens per parameter), each member's training stage
+    (:func:`training_stage` over the last ``tail``, judged by :data:`FLAT`) and curves."""
     from coupling_utils.models import zoo
 
-    members = zoo.family_table(p.family, progress=False)
+    members = zoo.family_table(getattr(p, which), progress=False)
     members["tokens per parameter"] = members["tokens"] / members["n_params"]
     stage = training_stage(members, tail=p.tail)
     curves = learning_curves(members)
-    stage["flat"] = [FLAT.judge({"tail_share": v}) == "yes" for v in stage["tail_share"]]
+    stage["flat"] = [FLAT.judge({"tail_drop_rel": v}) == "yes" for v in stage["tail_drop_rel"]]
     return Training(members, stage, curves)
 
 
@@ -140,9 +141,13 @@ class Family:
 def family_section(p: Params, t: Training, results: Results) -> Family:
     """The members with their coupling, their twin's and the excess (members without both are
     left out, with the reason)."""
+    return join_family(p, t, results.family)
+
+
+def join_family(p: Params, t: Training, measured: FamilyCoupling) -> Family:
+    """The members of ``t`` joined with their ``measured`` coupling, their twin's and the excess."""
     members = t.members
     family_k = {run: k_for_width(int(d), p.k_over_d) for run, d in zip(members["run"], members["d_model"])}
-    measured = results.family
     summary = measured.summary
     ours = members.merge(
         summary.drop(columns=["n_layers", "d_model", "n_params"]), left_on="run", right_on="model"

@@ -14,7 +14,7 @@ from IPython.display import Markdown
 
 from coupling_utils.analysis import last_block as lb
 from coupling_utils.analysis import scale
-from coupling_utils.analysis.verdicts import Rule, claim
+from coupling_utils.analysis.verdicts import Interval, Rule, claim, verdict_word
 from coupling_utils.chapters.f02_generalization.plan import (
     BEATS_SIZE,
     CLAIMS,
@@ -39,6 +39,12 @@ from coupling_utils.chapters.f02_generalization.sections import (
     family_section,
     scale_answer,
 )
+from coupling_utils.chapters.f02_generalization.within import (
+    Within,
+    spearman_interval,
+    within_claims,
+    within_glue,
+)
 
 
 # --------------------------------------------------------------------------- status and glue
@@ -57,6 +63,7 @@ class Story:
     conventions: dict[str, dict[str, str]] = field(default_factory=dict)
     # {other map: the scale question under it}, for the book's number under each map
     other_scale: dict[str, ScaleAnswer] = field(default_factory=dict)
+    within: Within | None = None  # the training family (one architecture); None: not judged
 
     @property
     def hub_coupling(self) -> pd.Series | None:
@@ -85,6 +92,8 @@ def _convention_note(p: Params, story: Story, row: Mapping[str, Any]) -> str:
         return "the paper's own points: no last-block convention of this book enters"
     if row["claim"] == CLAIMS["hub"]:
         return f"last block: '{p.last_block}'; the other map is not measured for the hub models"
+    if row["claim"] == CLAIMS["within"]:
+        return f"last block: '{p.last_block}'; the other maps are not measured for the training family"
     others = {c: v.get(row["claim"]) for c, v in story.conventions.items()}
     return lb.convention_note(p.last_block, row["agree"], others)
 
@@ -94,6 +103,8 @@ def claims(p: Params, story: Story) -> list[dict[str, Any]]:
     note says which last block its verdict uses and, for the measured rows, the verdict under
     the other maps (``story.conventions``)."""
     rows = [*_paper_claims(p, story.paper), *_family_claims(p, story), *_beyond_claims(p, story)]
+    if story.within is not None:
+        rows += within_claims(p, story.within)
     fit = story.hub_coupling
     if fit is not None:
         rows.append(
@@ -125,7 +136,7 @@ def _paper_claims(p: Params, paper: PaperFit) -> list[dict[str, Any]]:
             CLAIMS["size"],
             paper="higher R² than each (values not published)",
             rule=BEATS_SIZE,
-            values={"gap": gap["estimate"], "gap_low": gap["ci_low"]},
+            values={"gap": Interval.from_bootstrap(gap, over="models")},
             ours=f"R² {fig_r2:.3f} vs {rival} {paper.by_predictor.loc[rival, 'r2']:.3f}",
             kind="replot",
             note=f"the paper's digitised coupling; paired bootstrap ΔR² {gap['estimate']:.3f} "
@@ -142,7 +153,7 @@ def _family_claims(p: Params, story: Story) -> list[dict[str, Any]]:
             CLAIMS["family"],
             paper="positive correlation with performance",
             rule=GENERALISES,
-            values={"rho": ex["spearman"], "rho_low": ex["spearman_ci_low"], "n": len(ours)},
+            values={"rho": spearman_interval(ex), "n": len(ours)},
             ours=f"Spearman ρ {ex['spearman']:.2f} [{ex['spearman_ci_low']:.2f}, "
             f"{ex['spearman_ci_high']:.2f}]",
             note=f"{len(ours)} models trained here, K/d = {p.k_over_d}; raw coupling ρ "
@@ -154,7 +165,7 @@ def _family_claims(p: Params, story: Story) -> list[dict[str, Any]]:
             CLAIMS["family_size"],
             paper="higher R² than parameters, depth, width",
             rule=FAMILY_BEATS_SIZE,
-            values={"gap": gap["estimate"], "gap_low": gap["ci_low"], "slope": ex["slope"]},
+            values={"gap": Interval.from_bootstrap(gap, over="members"), "slope": ex["slope"]},
             ours=f"R² {ex['r2']:.3f} (excess) vs {fits.rival} {fits.acc.loc[fits.rival, 'r2']:.3f}",
             note=f"paired bootstrap ΔR² {gap['estimate']:.3f} [{gap['ci_low']:.3f}, {gap['ci_high']:.3f}]",
         ),
@@ -198,6 +209,7 @@ def glue_values(p: Params, story: Story, status: pd.DataFrame) -> dict[str, Any]
         **_beyond_glue(story.paper, story.beyond),
         **_verdict_glue(story, verdict),
         **_convention_glue(p, story, verdict),
+        **within_glue(story.within),
     }
 
 
@@ -247,15 +259,16 @@ def _training_glue(p: Params, t: Training) -> dict[str, Any]:
         "f02_tail": p.tail,
         "f02_worst_tail_share": float(stage["tail_share"].max()),
         "f02_worst_tail_drop": float(stage["tail_drop"].max()),
+        "f02_worst_tail_rel": float(stage["tail_drop_rel"].max()),
+        "f02_best_tail_rel": float(stage["tail_drop_rel"].min()),
         "f02_loss_low": float(members["val_loss"].min()),
         "f02_loss_high": float(members["val_loss"].max()),
         "f02_tpp": float(members["tokens per parameter"].median()),
         "f02_stage_sentence": Markdown(
             "every member's curve is flat at its end by that rule"
             if n_flat == len(stage)
-            else f"only {n_flat} of {len(stage)} curves are flat at their end by that rule: the others "
-            f"were still "
-            "descending, so the comparison below is partly one of how far training got"
+            else f"{n_flat} of {len(stage)} curves are flat at their end by that rule: the others were "
+            "still descending, so the comparison below is partly one of how far training got"
         ),
     }
 
@@ -271,7 +284,6 @@ def _family_ks_glue(p: Params, t: Training, f: Family) -> dict[str, Any]:
 
 def _fits_glue(f: Family, fits: FamilyFits) -> dict[str, Any]:
     ours, acc, rho, gap = f.ours, fits.acc, fits.rho, fits.gap
-    same_sign = np.sign(rho["excess"]) == np.sign(rho["raw coupling"])
     above = ours["excess"] > 0
     clear = ours["excess"] > 2 * ours["excess_se"]
     return {
@@ -289,18 +301,8 @@ def _fits_glue(f: Family, fits: FamilyFits) -> dict[str, Any]:
         "f02_family_gap_high": gap["ci_high"],
         "f02_family_best": Markdown(fits.best),
         "f02_family_best_r2": float(acc.loc[fits.best, "r2"]),
-        "f02_sign_carrier": Markdown(
-            f"Raw and excess coupling correlate with accuracy in the same direction "
-            f"({'positive' if rho['excess'] > 0 else 'negative'}), so by the rule stated above the sign "
-            f"is carried "
-            "by what training added"
-            if same_sign
-            else f"Raw coupling correlates with accuracy "
-            f"{'positively' if rho['raw coupling'] > 0 else 'negatively'}, "
-            f"the excess {'positively' if rho['excess'] > 0 else 'negatively'}: by the rule stated above "
-            f"the raw "
-            "sign is the chance level's, not training's"
-        ),
+        "f02_sign_carrier": Markdown(_sign_carrier(rho)),
+        "f02_near_zero": Markdown(_near_zero(ours)),
         "f02_above_twin": Markdown(
             "Every trained member is more coupled than its twin"
             if above.all()
@@ -308,6 +310,36 @@ def _fits_glue(f: Family, fits: FamilyFits) -> dict[str, Any]:
             f"({int(clear.sum())} by more than two standard errors)"
         ),
     }
+
+
+def _sign_carrier(rho: Mapping[str, float]) -> str:
+    """Whether the twins alone (no training) order the members as the excess does."""
+    twin, excess = rho["twin coupling"], rho["excess"]
+    said = f"The twins alone, which no training touched, give ρ = {twin:.2f}"
+    if np.sign(twin) == np.sign(excess) and abs(twin) >= 0.5 * abs(excess):
+        return (
+            f"{said} against the excess's {excess:.2f}: the members' order by accuracy is close to their "
+            "order by the twins' coupling, which only size sets. So this family cannot say what training "
+            "added; the training family below holds the architecture fixed"
+        )
+    if np.sign(twin) != np.sign(excess):
+        return (
+            f"{said}, of the opposite sign to the excess's {excess:.2f}: the excess's order is not the twins'"
+        )
+    return f"{said}, less than half the excess's {excess:.2f}: the excess's order is not mainly the twins'"
+
+
+def _near_zero(ours: pd.DataFrame) -> str:
+    """How many members' excess is within two standard errors of 0, in all and by width."""
+    near = (ours["excess"].abs() <= 2 * ours["excess_se"]).groupby(ours["d_model"]).agg(["sum", "size"])
+    parts = "; ".join(f"{int(r['sum'])} of {int(r['size'])} at d = {d}" for d, r in near.iterrows())
+    n = int(near["sum"].sum())
+    if n == 0:
+        return f"No member's excess is within two standard errors of 0 ({parts})."
+    return (
+        f"{n} of {len(ours)} members have an excess within two standard errors of 0 ({parts}): for "
+        "those, training moved coupling no further than the prompts do."
+    )
 
 
 def _width_glue(f: Family, fits: FamilyFits) -> dict[str, Any]:
@@ -444,8 +476,8 @@ def _beyond_glue(paper: PaperFit, b: Beyond) -> dict[str, Any]:
 
 def _verdict_glue(story: Story, verdict: Mapping[str, str]) -> dict[str, Any]:
     fit = story.hub_coupling
-    out = {
-        f"f02_verdict_{name}": Markdown(verdict[CLAIMS[key]])
+    out = {  # each verdict word tagged with its claim, so the book checks it against the status table
+        f"f02_verdict_{name}": verdict_word({"claim": CLAIMS[key], "agree": verdict[CLAIMS[key]]})
         for name, key in (
             ("fig1a", "fig1a"),
             ("size", "size"),
@@ -453,24 +485,31 @@ def _verdict_glue(story: Story, verdict: Mapping[str, str]) -> dict[str, Any]:
             ("family_size", "family_size"),
             ("v2", "v2"),
             ("scale", "scale"),
+            ("within", "within"),
         )
+        if CLAIMS[key] in verdict
     }
     out["f02_hub_sentence"] = Markdown(
         "**Not reproduced here.** The measurement of the 28 hub models needs a GPU and the hub "
         "(`--profile paper`); "
         "this run does not include it."
         if fit is None
-        else f"**The hub models** ({verdict[CLAIMS['hub']]}): our coupling of {int(fit['n'])} hub models "
-        f"with a v1 "
+        else f"**The hub models** ({_word(CLAIMS['hub'], verdict)}): our coupling of {int(fit['n'])} "
+        "hub models with a v1 "
         f"score explains $R^2$ = {fit['r2']:.3f} of the leaderboard average."
     )
     return out
 
 
+def _word(claim_text: str, verdict: Mapping[str, str]) -> str:
+    """A status row's verdict as the prose shows it (:func:`verdict_word`), as Markdown text."""
+    return verdict_word({"claim": claim_text, "agree": verdict[claim_text]}).data
+
+
 def assumptions(story: Story) -> list[tuple[str, bool, str]]:
     """``(key, holds, text)`` of every sentence that assumes something of this run's numbers
     (for ``verdicts.assume``)."""
-    s, t = story.scale, story.training
+    s = story.scale
     book, judged = s.book, s.judged
     tokens = judged[judged.view == "tokens"]
     return [
@@ -490,9 +529,9 @@ def assumptions(story: Story) -> list[tuple[str, bool, str]]:
             "this book's number lies on Fig. 1b's scale (the scale section's closing paragraph)",
         ),
         (
-            "f02-family-flat",
-            t.n_flat == len(t.stage),
-            "every member ends on the flat part of its learning curve (the family's introduction)",
+            "f02-within-one-twin",
+            story.within is None or float(np.ptp(story.within.family.ours["twin_coupling"])) < 1e-9,
+            "every member of the training family has the same twin (one config, one init seed)",
         ),
         (
             "f02-twins-tokenwise",

@@ -20,6 +20,8 @@ from coupling_utils.models.zoo.recipes import (
     PackagedModel,
     _lm_family,
     _lm_family_smoke,
+    _lm_training_family,
+    _lm_training_family_smoke,
     _pythia_smoke,
     _pythia_tiny,
     _vit_family,
@@ -157,6 +159,26 @@ REGISTRY: dict[str, ZooEntry] = {
             _SHAKESPEARE,
             "~10 s",
             spec=_lm_family_smoke,
+        ),
+        ZooEntry(
+            "lm-training-family",
+            "lm-family",
+            "7 GPT-NeoX LMs on Shakespeare of one architecture (lm-family's w64-l2: 2 blocks, d=64, seed 0) "
+            "that differ only in training: 2 to 2048 steps on all the data, and 512 steps on its first "
+            "16 384 tokens; constant learning rate after warm-up (learning curve evaluated, final model "
+            "kept): the within-architecture generalisation analysis.",
+            _SHAKESPEARE,
+            "~3 CPU-min (one thread per run, 172 CPU-s measured; 2 builds at once with --jobs 2), 11 MB",
+            spec=_lm_training_family,
+        ),
+        ZooEntry(
+            "lm-training-family-smoke",
+            "lm-family",
+            "4 tiny GPT-NeoX LMs (seconds) of one architecture, steps and data varied as in "
+            "lm-training-family.",
+            _SHAKESPEARE,
+            "~10 s",
+            spec=_lm_training_family_smoke,
         ),
         ZooEntry(
             "vit-mnist",

@@ -1,0 +1,221 @@
+"""f02's training family (``training_family``): one architecture, only training varies.
+
+In the size family (``family``) the members differ in width and depth, and so do their twins:
+the twins alone, untouched by training, order the members by accuracy about as well as the
+excess does, so that family cannot say what training added. Here width, depth and seed are
+fixed and only the steps and the data differ; every twin is the same model (same config, same
+``init_seed``), so the chance level is one number and the excess is raw coupling minus it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from IPython.display import Markdown
+
+from coupling_utils.analysis import plots
+from coupling_utils.analysis.predictors import predictor_comparison
+from coupling_utils.analysis.verdicts import Interval, claim
+from coupling_utils.chapters.f02_generalization.plan import CLAIMS, WITHIN, Params, Results
+from coupling_utils.chapters.f02_generalization.sections import Family, Training, join_family, training
+
+WITHIN_PREDICTORS = {
+    "excess": "excess",
+    "raw coupling": "coupling",
+    "twin coupling": "twin_coupling",
+    "log10 steps": "log10 steps",
+}
+"""The predictors of held-out accuracy in the training family (size is constant there)."""
+
+
+@dataclass
+class Within:
+    """The training family: its members and learning curves (``training``), their coupling
+    beside their twin's (``family``), every predictor of held-out accuracy (``fits``) and
+    Spearman's ρ of the excess with accuracy, with its bootstrap interval over members (``rho``)."""
+
+    training: Training
+    family: Family
+    fits: pd.DataFrame
+    rho: Interval
+
+    @property
+    def span(self) -> float:
+        """The range of held-out accuracy over the members measured (max − min)."""
+        acc = self.family.ours["val_acc"]
+        return float(acc.max() - acc.min()) if len(acc) else float("nan")
+
+
+def within(p: Params, results: Results) -> Within:
+    """The training family's members, curves (judged by the flat rule), coupling and fits."""
+    t = training(p, "training_family")
+    f = join_family(p, t, results.training)
+    ours = f.ours
+    ours["log10 steps"] = np.log10(ours["steps"].clip(lower=1))
+    fits = predictor_comparison(ours, "val_acc", WITHIN_PREDICTORS, n_resamples=p.n_resamples, seed=p.seed)
+    return Within(t, f, fits, spearman_interval(fits.set_index("predictor").loc["excess"]))
+
+
+def spearman_interval(fit: pd.Series) -> Interval:
+    """Spearman's ρ of a :func:`predictor_comparison` row with its bootstrap interval over
+    members, widened to hold its estimate (NaN where no fit was possible)."""
+    est = float(fit["spearman"])
+    if np.isnan(est):
+        return Interval(np.nan, np.nan, np.nan, over="members")
+    low, high = float(fit["spearman_ci_low"]), float(fit["spearman_ci_high"])
+    return Interval(est, min(low, est), max(high, est), over="members")
+
+
+def within_table(w: Within) -> pd.DataFrame:
+    """The training family's table the chapter shows: training, coupling and held-out scores."""
+    columns = ["run", "steps", "tokens", "K", "coupling", "twin_coupling", "excess", "excess_se"]
+    stage = w.training.stage[["run", "tail_drop_rel", "flat"]]
+    return w.family.ours[[*columns, "val_loss", "val_acc"]].merge(stage, on="run").round(4)
+
+
+def within_chart(w: Within):
+    """Held-out accuracy against the excess over the (one) twin, one point per member."""
+    return plots.scatter_fit(
+        w.family.ours,
+        "excess",
+        "val_acc",
+        label="run",
+        look=plots.Look(
+            title="One architecture, only training varies",
+            x_title="excess coupling (trained − twin)",
+            y_title="held-out accuracy",
+        ),
+    )
+
+
+def within_claims(p: Params, w: Within) -> list[dict[str, Any]]:
+    """The training family's status row, judged by :data:`WITHIN` (no row without members)."""
+    ours = w.family.ours
+    if ours.empty:
+        return []
+    twin = ours["twin_coupling"]
+    return [
+        claim(
+            CLAIMS["within"],
+            paper="positive correlation with performance",
+            rule=WITHIN,
+            values={"rho": w.rho, "n": len(ours), "span": w.span},
+            ours=f"Spearman ρ {w.rho.estimate:.2f} [{w.rho.low:.2f}, {w.rho.high:.2f}]",
+            note=f"{len(ours)} models of one architecture trained here, K/d = {p.k_over_d}; held-out "
+            f"accuracy {ours.val_acc.min():.3f} to {ours.val_acc.max():.3f}; twin coupling "
+            f"{twin.min():.3f} to {twin.max():.3f}; {w.training.n_flat} of {len(w.training.stage)} "
+            "learning curves flat",
+        )
+    ]
+
+
+def _pairs(ours: pd.DataFrame) -> list[tuple[pd.Series, pd.Series]]:
+    """(member with less data, the member of as many steps on all the data), by run name
+    (``s512-data16k`` beside ``s512``)."""
+    by_run = ours.set_index("run")
+    return [
+        (by_run.loc[run], by_run.loc[run.split("-")[0]])
+        for run in by_run.index
+        if "-" in run and run.split("-")[0] in by_run.index
+    ]
+
+
+def _data_sentence(ours: pd.DataFrame) -> Markdown:
+    pairs = _pairs(ours)
+    if not pairs:
+        return Markdown("No member is trained on less data at the same number of steps as another.")
+    return Markdown(
+        " ".join(
+            f"`{few.name}`, trained for as many steps as `{full.name}` on a fraction of the data, reaches "
+            f"held-out accuracy {few.val_acc:.3f} ({full.name}: {full.val_acc:.3f}) with excess coupling "
+            f"{few.excess:.3f} ({full.name}: {full.excess:.3f})."
+            for few, full in pairs
+        )
+    )
+
+
+def _flat_sentence(t: Training) -> Markdown:
+    stage = t.stage.dropna(subset=["tail_drop_rel"])
+    falling = stage[~stage["flat"]]
+    if falling.empty:
+        return Markdown(
+            "every member's curve is flat at its end by that rule, so the rule failed nowhere here"
+        )
+    names = ", ".join(f"`{r}`" for r in falling["run"])
+    parts = []
+    down, up = falling[falling["tail_drop"] > 0], falling[falling["tail_drop"] < 0]
+    if len(down):
+        worst = down.loc[down["tail_drop_rel"].idxmax()]
+        parts.append(
+            f"`{worst.run}`'s held-out loss still fell by {worst.tail_drop:.3f} nats, "
+            f"{worst.tail_drop_rel:.1%} of its final value, over its last stretch, so more steps would "
+            "still have lowered it"
+        )
+    if len(up):
+        worst = up.loc[up["tail_drop_rel"].idxmin()]
+        parts.append(
+            f"`{worst.run}`'s rose by {-worst.tail_drop:.3f} nats ({-worst.tail_drop_rel:.1%}): it was "
+            "overfitting its training data"
+        )
+    return Markdown(
+        f"{len(falling)} of {len(stage)} curves are not flat at their end ({names}): " + "; ".join(parts)
+    )
+
+
+def _peak_sentence(ours: pd.DataFrame) -> Markdown:
+    """Where the excess peaks against where training went furthest."""
+    top, longest = ours.loc[ours["excess"].idxmax()], ours.loc[ours["steps"].idxmax()]
+    if top.run == longest.run:
+        return Markdown(
+            f"The most trained member, `{top.run}`, also has the largest excess ({top.excess:.3f})."
+        )
+    return Markdown(
+        f"The largest excess is `{top.run}`'s ({top.excess:.3f}, after {int(top.steps)} steps, held-out "
+        f"accuracy {top.val_acc:.3f}); the most trained member, `{longest.run}`, has {longest.excess:.3f} "
+        f"at accuracy {longest.val_acc:.3f}."
+    )
+
+
+def within_glue(w: Within | None) -> dict[str, Any]:
+    """Every value the training family's prose glues, by name."""
+    if w is None or w.family.ours.empty:
+        return {}
+    ours, t = w.family.ours, w.training
+    fits = w.fits.set_index("predictor")
+    span = w.span
+    return {
+        "f02_within_n": len(ours),
+        "f02_within_arch": Markdown(
+            f"d = {int(ours.d_model.iloc[0])}, {int(ours.n_layers.iloc[0])} blocks, K = {int(ours.K.iloc[0])}"
+        ),
+        "f02_within_steps": Markdown(f"{int(ours.steps.min())} to {int(ours.steps.max())}"),
+        "f02_within_rho": w.rho.estimate,
+        "f02_within_rho_low": w.rho.low,
+        "f02_within_rho_high": w.rho.high,
+        "f02_within_r2": float(fits.loc["excess", "r2"]),
+        "f02_within_steps_rho": float(fits.loc["log10 steps", "spearman"]),
+        "f02_within_acc_low": float(ours.val_acc.min()),
+        "f02_within_acc_high": float(ours.val_acc.max()),
+        "f02_within_span": span,
+        "f02_within_span_word": Markdown(
+            "at least the 0.2 this family was built to span"
+            if span >= 0.2
+            else "less than the 0.2 it was built to span"
+        ),
+        "f02_within_twin": float(ours.twin_coupling.mean()),
+        "f02_within_twin_spread": float(ours.twin_coupling.max() - ours.twin_coupling.min()),
+        "f02_within_excess_low": float(ours.excess.min()),
+        "f02_within_excess_high": float(ours.excess.max()),
+        "f02_within_n_flat": t.n_flat,
+        "f02_within_flat_sentence": _flat_sentence(t),
+        "f02_within_data_sentence": _data_sentence(ours),
+        "f02_within_peak": _peak_sentence(ours),
+        "f02_within_sign": Markdown(
+            "positive, the direction the paper reports"
+            if w.rho.estimate > 0
+            else "not positive: more training raised accuracy without raising coupling in the same order"
+        ),
+    }
