@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pinned
@@ -106,10 +107,24 @@ def test_pinned_checksums_of_the_smoke_builds(smoke_zoo, monkeypatch):
         pytest.skip(
             f"no checksums pinned for CPU capability {cpu}: pin them on such a CPU with {pinned.UPDATE_ZOO}"
         )
-    assert sorted(pins["entries"]) == sorted(pinned.smoke_zoo_names()), (
-        f"the smoke notebooks now use other models; update the pins: {pinned.UPDATE_ZOO}"
+    names = set(pinned.smoke_zoo_names())
+    everywhere = [p["entries"] for p in pinned._zoo_document()["by_cpu_capability"].values()]
+    never = sorted(n for n in names if not any(n in entries for entries in everywhere))
+    stale = sorted(set(pins["entries"]) - names)
+    assert not never and not stale, (
+        f"the smoke notebooks now use other models (unpinned: {never}; no longer used: {stale}); "
+        f"update the pins: {pinned.UPDATE_ZOO}"
     )
     here = pinned.environment()
+    # a model pinned on another CPU capability only: its weights here cannot be checked (builds
+    # differ in the last bits across capabilities); said, not failed
+    elsewhere = sorted(names - set(pins["entries"]))
+    if elsewhere:
+        warnings.warn(
+            f"not checked on {here['cpu_capability']} (pinned on other CPUs only): {elsewhere}; "
+            f"pin them on such a CPU with {pinned.UPDATE_ZOO}",
+            stacklevel=1,
+        )
     drifted = []
     for name, want in pins["entries"].items():
         got = _session_checksums(name, smoke_zoo, monkeypatch)
