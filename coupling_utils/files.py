@@ -4,15 +4,20 @@ Everything built lives under one directory: ``$COUPLING_CACHE`` if set, else the
 directory (``platformdirs.user_cache_dir("coupling-book")``). The facts the book uses (leaderboard
 scores, metadata, prompts) are read from :func:`data_dir`. Every write goes to a temporary
 name in the same directory and is renamed into place, so an interrupted run never leaves a
-half-written file behind.
+half-written file behind. Files and folders get the modes the umask gives (as ``open`` and
+``mkdir`` would), so a group can share a cache; a corrupt JSON record is moved aside, not fatal
+(:func:`read_json`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
+import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -55,6 +60,48 @@ def data_dir() -> Path:
     return path
 
 
+def umask() -> int:
+    """The process's umask (read from /proc where it can be, so no other thread sees it change)."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _umask_mode(path: Path, directory: bool) -> None:
+    """Give a temporary file (0600 from mkstemp) or folder (0700 from mkdtemp) the umask's mode."""
+    os.chmod(path, (0o777 if directory else 0o666) & ~umask())
+
+
+def read_json(path: str | os.PathLike, what: str = "record"):
+    """The JSON at ``path`` (None if there is none). A file that is not valid JSON is moved aside to
+    ``<name>.corrupt-<UTC time>``, named on stderr, and None returned, so the caller recomputes
+    what it held instead of failing on it at every later run."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        aside = path.with_name(f"{path.name}.corrupt-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}")
+        moved = f"moved it to {aside.name}"
+        try:
+            os.replace(path, aside)
+        except OSError as err:  # a read-only place: leave it, and say so
+            moved = f"could not move it aside ({err.strerror}); it is ignored"
+        print(
+            f"warning: the {what} {path} is corrupt ({exc}); {moved} and will recompute what it held.",
+            file=sys.stderr,
+            flush=True,
+        )
+        return None
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary file path beside ``path``; rename it onto ``path`` only on success."""
@@ -63,6 +110,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     tmp = Path(tmp)
+    _umask_mode(tmp, directory=False)
     try:
         yield tmp
         os.replace(tmp, path)
@@ -80,6 +128,7 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    _umask_mode(tmp, directory=True)
     try:
         yield tmp
         if path.exists():
@@ -141,7 +190,11 @@ def is_locked(path: str | os.PathLike) -> bool:
         import fcntl
     except ImportError:  # pragma: no cover
         return False
-    with open(path, "a+") as fh:
+    try:
+        fh = open(path)  # noqa: SIM115 (read-only: a cache one cannot write is still readable)
+    except OSError:
+        return False
+    with fh:
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

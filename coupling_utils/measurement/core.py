@@ -69,7 +69,7 @@ from coupling_utils.engine.blocks import last_block_facts, unwrap_model
 from coupling_utils.files import file_lock
 from coupling_utils.measurement.assemble import prompt_tables
 from coupling_utils.measurement.compute import LayerWork
-from coupling_utils.measurement.inputs import ModelInfo, Prompt, model_info
+from coupling_utils.measurement.inputs import ModelInfo, Prompt, model_info, model_limits
 from coupling_utils.measurement.inputs import prompts as normalise_prompts
 from coupling_utils.measurement.options import Options
 from coupling_utils.measurement.settings import Settings
@@ -157,7 +157,7 @@ def measure_with(
     progress, reuse_stale = options.progress, options.reuse_stale
     info = model_info(model)
     resolved = settings.resolve(info)
-    plist = normalise_prompts(prompts, info.tokenizer, settings.max_tokens)
+    plist = normalise_prompts(prompts, info.tokenizer, settings.max_tokens, model_limits(info))
     tmp_out = Path(tempfile.mkdtemp(prefix="coupling-measure-")) if out is None else None
     out_path = tmp_out or Path(out)
     try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -11,7 +12,16 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["ModelInfo", "model_info", "Prompt", "prompts", "token_positions", "check_tokens_spec"]
+__all__ = [
+    "ModelInfo",
+    "model_info",
+    "Prompt",
+    "prompts",
+    "Limits",
+    "model_limits",
+    "token_positions",
+    "check_tokens_spec",
+]
 
 INPUT_KEYS = {"input_ids", "pixel_values", "attention_mask", "inputs_embeds"}
 
@@ -97,8 +107,56 @@ class Prompt:
     tokens: list[str] | None = None  # the tokenizer's token strings, when it has them
 
 
-def prompts(given, tokenizer, max_tokens: int | None) -> list[Prompt]:
-    """Normalise prompts (strings, token tensors or input dicts; a list or an id -> prompt map)."""
+@dataclass(frozen=True)
+class Limits:
+    """What a model accepts: ``context`` positions and token ids below ``vocab`` (None: unknown)."""
+
+    context: int | None = None
+    vocab: int | None = None
+
+
+def model_limits(info: ModelInfo) -> Limits:
+    """The context length and vocabulary size its config declares (a LoadedModel or a bare model)."""
+    module = getattr(info.model, "model", info.model)
+    cfg = getattr(module, "config", None) or getattr(info.model, "config", None)
+    if cfg is not None and hasattr(cfg, "get_text_config"):
+        cfg = cfg.get_text_config()
+
+    def first(*names):
+        vals = [getattr(cfg, n, None) for n in names]
+        return next((int(v) for v in vals if isinstance(v, int) and not isinstance(v, bool) and v > 0), None)
+
+    return Limits(first("max_position_embeddings", "n_positions", "n_ctx"), first("vocab_size"))
+
+
+def _bounded(pid: str, ids: torch.Tensor, limits: Limits) -> torch.Tensor:
+    """Token ids checked against the vocabulary and cut, with a notice, to the model's context.
+
+    A prompt longer than the context cannot be measured as a whole (positions past it do not
+    exist); its first ``context`` tokens are, and stderr says so. An id outside the vocabulary
+    is refused: the embedding would fail, or read another token's row."""
+    if limits.vocab is not None and ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= limits.vocab):
+        bad = [int(i) for i in ids[0].tolist() if not 0 <= i < limits.vocab][:5]
+        raise ValueError(
+            f"prompt {pid!r}: token ids {bad} are outside this model's vocabulary (0..{limits.vocab - 1}); "
+            "give ids the model's tokenizer makes, or text"
+        )
+    if limits.context is not None and ids.shape[1] > limits.context:
+        print(
+            f"notice: prompt {pid!r} has {ids.shape[1]} tokens, more than this model's context of "
+            f"{limits.context}; its first {limits.context} tokens are measured (max_tokens cuts it shorter)",
+            file=sys.stderr,
+            flush=True,
+        )
+        ids = ids[:, : limits.context]
+    return ids
+
+
+def prompts(given, tokenizer, max_tokens: int | None, limits: Limits | None = None) -> list[Prompt]:
+    """Normalise prompts (strings, token tensors or input dicts; a list or an id -> prompt map).
+
+    ``limits`` (:func:`model_limits`): token ids are checked against the model's vocabulary and
+    prompts cut to its context, saying so (see :func:`_bounded`)."""
     if isinstance(given, (str, torch.Tensor)) or (isinstance(given, Mapping) and set(given) & INPUT_KEYS):
         given = [given]  # one prompt
     items = list(given.items()) if isinstance(given, Mapping) else list(enumerate(given))
@@ -118,6 +176,7 @@ def prompts(given, tokenizer, max_tokens: int | None) -> list[Prompt]:
         ids, text = _token_ids(pid, p, tokenizer)
         if max_tokens is not None:
             ids = ids[:, :max_tokens]
+        ids = _bounded(pid, ids, limits or Limits())
         if ids.shape[1] < 1:
             raise ValueError(f"prompt {pid!r} has no tokens")
         input_ids = ids[0].tolist()

@@ -47,18 +47,57 @@ __all__ = [
 WEIGHTS = ("trained", "random init")
 
 
-def model_identity(ref: str) -> str:
-    """What identifies a model reference's weights: the zoo entry's keyed path, a local path
-    with its config's modification time, or the hub id itself (the revision is a load argument)."""
-    if ref.startswith("embedded:"):
-        from coupling_utils.models import zoo
+def model_identity(ref: str, revision: str | None = None) -> str:
+    """What identifies a model reference's weights: the zoo entry's keyed path; a local path with
+    the hash of its files' contents (each file's size and SHA-256, streamed once and remembered by
+    modification time: :func:`coupling_utils.models.zoo.file_sha256`), so new weights under an
+    unchanged config change it; a hub id with the commit its cached snapshot of ``revision`` is at
+    (the id alone if the cache does not know it). A misspelled ``embedded:`` name is its own
+    identity here: loading it fails, and the measurement loop records that failure."""
+    from coupling_utils.models import zoo
 
-        return str(zoo.entry_path(ref))
+    if ref.startswith("embedded:"):
+        try:
+            return str(zoo.entry_path(ref))
+        except zoo.ZooError:
+            return ref
     path = Path(ref).expanduser()
     if path.exists():
-        config = path / "config.json" if path.is_dir() else path
-        return f"{path.resolve()}@{config.stat().st_mtime_ns if config.exists() else 0}"
-    return ref
+        return f"{path.resolve()}@{_content_hash(path)}"
+    commit = _cached_commit(ref, revision)
+    return f"{ref}@{commit}" if commit else ref
+
+
+def _content_hash(path: Path) -> str:
+    """A hash of every file of a model (a .gguf file, or a folder's files but hidden ones)."""
+    from coupling_utils.models import zoo
+
+    files = (
+        [path]
+        if path.is_file()
+        else sorted(
+            f
+            for f in path.rglob("*")
+            if f.is_file() and not any(p.startswith(".") for p in f.relative_to(path).parts)
+        )
+    )
+    root = path.parent if path.is_file() else path
+    return stable_hash(
+        [[f.relative_to(root).as_posix(), f.stat().st_size, zoo.file_sha256(f)] for f in files], 16
+    )
+
+
+def _cached_commit(repo: str, revision: str | None) -> str | None:
+    """The commit of the hub cache's snapshot of ``repo`` at ``revision`` (offline; None if unknown)."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        found = try_to_load_from_cache(repo, "config.json", revision=revision or "main")
+    except Exception:  # not a repo id, no huggingface_hub: the id alone
+        return None
+    if not isinstance(found, str) or Path(found).parent.parent.name != "snapshots":
+        return None
+    return Path(found).parent.name
 
 
 @dataclass(frozen=True)
@@ -133,7 +172,11 @@ class Job:
         return self.root is not None and isinstance(self.model, str)
 
     def _key(self, what) -> str:
-        ident = {"model": model_identity(self.model), "load": dict(self.load_kwargs), "prompts": self.prompts}
+        ident = {
+            "model": model_identity(self.model, self.revision),
+            "load": dict(self.load_kwargs),
+            "prompts": self.prompts,
+        }
         if self.prepare is not None:
             ident["prepare"] = f"{self.prepare.__module__}.{self.prepare.__qualname__}"
         return stable_hash({**ident, "what": what})

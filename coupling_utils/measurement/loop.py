@@ -20,7 +20,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from coupling_utils.files import atomic_write_parquet, atomic_write_text, file_lock
+from coupling_utils.files import atomic_write_parquet, atomic_write_text, file_lock, read_json
 from coupling_utils.measurement.core import measure_with
 from coupling_utils.measurement.jobs import Job
 from coupling_utils.measurement.options import Options
@@ -138,10 +138,9 @@ def _stored(job: Job, reuse_stale: bool) -> tuple[dict[str, Measurement], dict[s
 
 def _stored_extra(job: Job, reuse_stale: bool) -> dict[str, pd.DataFrame] | None:
     out = job.extra_out()
-    marker = out / "done.json"
-    if not marker.exists():
+    done = read_json(out / "done.json", "stored extra tables' marker")
+    if done is None:
         return None
-    done = json.loads(marker.read_text())
     if done["code"]["fingerprint"] != job.extra.fingerprint()["fingerprint"] and not reuse_stale:
         return None
     return {name: columnwise(pd.read_parquet(out / f"{name}.parquet")) for name in done["tables"]}
@@ -266,8 +265,8 @@ def _one(job: Job, options: Options) -> Result:
         if len(measurements) == len(job.settings) and extra is not None:
             return Result(job, measurements, extra)
         path = _failure_path(job)
-        if path is not None and path.exists():
-            record = json.loads(path.read_text())
+        record = None if path is None else read_json(path, "failure record")
+        if record is not None:
             return Result(job, error=record["error"], message=record["message"])
         return Result(job, error="NotMeasured", message="not measured yet (collect with compute=True)")
     try:

@@ -11,7 +11,9 @@ Layout of ``out/``::
 Every file is written atomically (a temporary name, then a rename), and every completion marker
 (``done.json``, ``cross.json``, ``provenance.json``) only after the data it vouches for, so a
 process killed at any point leaves a folder that a rerun resumes from. One process at a time
-works in a folder (:func:`coupling_utils.files.file_lock` on ``out/.lock``).
+works in a folder (:func:`coupling_utils.files.file_lock` on ``out/.lock``). A marker or stamp
+that is not valid JSON is moved aside (``*.corrupt-<time>``, :func:`coupling_utils.files.read_json`)
+and what it vouched for is measured again.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import pandas as pd
 import torch
 
 from coupling_utils.engine.metric import SVD
-from coupling_utils.files import atomic_path, atomic_write_parquet, atomic_write_text
+from coupling_utils.files import atomic_path, atomic_write_parquet, atomic_write_text, read_json
 from coupling_utils.measurement.settings import Settings
 from coupling_utils.measurement.tables import TABLES, Measurement
 
@@ -50,7 +52,7 @@ def load_npy(path: Path, mmap: bool = True) -> np.ndarray:
 
 
 def _read_json(path: Path) -> dict | None:
-    return json.loads(path.read_text()) if path.exists() else None
+    return read_json(path, "stored measurement file")
 
 
 class Store:
@@ -80,7 +82,11 @@ class Store:
         self.out.mkdir(parents=True, exist_ok=True)
         for tmp in self.out.rglob(".*.tmp"):  # left by a killed writer; we hold the lock
             tmp.unlink(missing_ok=True)
-        stored = _read_json(self.out / "settings.json")
+        stamps = [self.out / "settings.json", self.out / "code.json"]
+        had = [p.exists() for p in stamps]
+        stored, made_by = (_read_json(p) for p in stamps)
+        if (had[0] and stored is None) or (had[1] and made_by is None):
+            self.clear()  # a corrupt stamp: what the folder holds cannot be vouched for
         if stored is not None and resume:
             diff = settings.differences(stored)
             if diff:
@@ -88,7 +94,6 @@ class Store:
                     f"{self.out} holds a measurement with other settings ({', '.join(diff)}); "
                     "use another out directory, or resume=False to replace it"
                 )
-        made_by = _read_json(self.out / "code.json")
         if not resume or not self.holds_work():
             self.clear()
             made_by = code
@@ -123,8 +128,8 @@ class Store:
         """Work folder of a prompt, cleared if it holds work for other inputs under this id."""
         work = self.work(pid)
         meta = _read_json(work / "prompt.json")
-        if meta is not None and meta.get("digest") != digest:
-            shutil.rmtree(work)
+        if (meta is None and work.exists()) or (meta is not None and meta.get("digest") != digest):
+            shutil.rmtree(work)  # work for other inputs under this id, or of unknown inputs
         work.mkdir(parents=True, exist_ok=True)
         write_json(work / "prompt.json", {"prompt": pid, "digest": digest, "text": text})
 

@@ -10,12 +10,19 @@ coupling-book sweep NOTEBOOK --profile P [-p key=value ...] --executor local|slu
               [--gpus-per-job N] [--time T] [--max-parallel N] [--dry-run] | sweep [NOTEBOOK] --status
 coupling-book measure MODEL [MODEL ...] [--revision R ...] [--prompts FILE] [--k K ...] [--executor ...]
               --out DIR
+
+Every command ends in its result or in one paragraph that names the input, the problem and the fix:
+exit status 2 for bad input, 1 for a failed run, 130 after Ctrl-C. ``--debug`` (anywhere on the
+line) or ``COUPLING_DEBUG=1`` shows Python's traceback instead.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import time
+import traceback
 from pathlib import Path
 
 from coupling_utils.chapters.checks import ParameterError
@@ -45,10 +52,10 @@ def _cmd_list(args) -> int:
 
 
 def _cmd_run(args) -> int:
-    from coupling_utils.pipeline.execution import parse_override, run_notebooks
+    from coupling_utils.pipeline.execution import parse_overrides, run_notebooks
 
     try:
-        overrides = dict(parse_override(o) for o in args.param)
+        overrides = parse_overrides(args.param)
         results = run_notebooks(
             args.notebooks,
             args.profile,
@@ -61,6 +68,8 @@ def _cmd_run(args) -> int:
         return 2
     failed = [r for r in results if r.status != "ok"]
     print(f"{len(results) - len(failed)} ok, {len(failed)} failed")
+    if failed and not any(r.ran for r in failed):
+        return 2  # only refused parameters: bad input
     return 1 if failed else 0
 
 
@@ -120,6 +129,9 @@ def build_parser() -> argparse.ArgumentParser:
     from coupling_utils.pipeline.execution import add_override_option
 
     parser = argparse.ArgumentParser(prog="coupling-book", description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--debug", action="store_true", help="show Python's traceback on an error (also: COUPLING_DEBUG=1)"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("list", help="show notebooks, profiles and parameters")
@@ -174,9 +186,107 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _StoreOnce(argparse._StoreAction):
+    """An option that takes one value: given twice, it is refused (not silently the last one)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        given = namespace.__dict__.setdefault("_given_once", set())
+        if self.dest in given:
+            parser.error(f"{option_string} is given twice; give it once")
+        given.add(self.dest)
+        super().__call__(parser, namespace, values, option_string)
+
+
+def _options_once(parser: argparse.ArgumentParser) -> None:
+    """Make every single-valued option of ``parser`` and its subcommands refuse a repeat."""
+    for action in parser._actions:
+        if type(action) is argparse._StoreAction and action.option_strings:
+            action.__class__ = _StoreOnce
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                _options_once(sub)
+
+
+def _known_errors() -> tuple[tuple[type[BaseException], ...], tuple[type[BaseException], ...]]:
+    """(bad input: exit 2, failed run: exit 1): the errors whose message already says the fix."""
+    from coupling_utils.models.loading import MissingDependencyError, ModelNotFoundError
+    from coupling_utils.models.zoo import ZooError
+    from coupling_utils.pipeline.measure_models import MeasureError
+    from coupling_utils.pipeline.pages import BookError
+    from coupling_utils.pipeline.status import StatusError
+    from coupling_utils.pipeline.sweep import SweepError
+    from coupling_utils.schemas import TableError
+
+    bad = (ParameterError, MeasureError, SweepError, ZooError, ModelNotFoundError, MissingDependencyError)
+    return bad + (StatusError, TableError), (BookError,)
+
+
+def _log_traceback(exc: BaseException) -> Path | None:
+    """Write the traceback of an unexpected error to ``<cache>/logs/``; None if that fails."""
+    try:
+        from coupling_utils.files import cache_dir
+
+        path = cache_dir("logs") / f"coupling-book-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.log"
+        path.write_text(
+            f"coupling-book {' '.join(sys.argv[1:])}\n\n" + "".join(traceback.format_exception(exc))
+        )
+        return path
+    except Exception:
+        return None
+
+
+def _explain(exc: Exception) -> tuple[int, str]:
+    """The exit status and the one paragraph a user sees for an error that reached the top."""
+    bad, failed = _known_errors()
+    if isinstance(exc, bad):
+        return 2, f"error: {exc}"
+    if isinstance(exc, failed):
+        return 1, f"error: {exc}"
+    if isinstance(exc, OSError) and exc.filename:
+        what = exc.strerror or type(exc).__name__
+        return (
+            1,
+            f"error: {what}: {exc.filename}. Check that this path exists, is the kind expected "
+            "and can be written.",
+        )
+    log = _log_traceback(exc)
+    where = f"the traceback is in {log}" if log else "rerun with --debug to see the traceback"
+    return 1, (
+        f"error: coupling-book stopped on an unexpected error ({type(exc).__name__}: {exc}). "
+        f"This is likely a bug: {where} (or rerun with --debug, or COUPLING_DEBUG=1); please report it."
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    """Run one command; errors become messages and exit statuses (see the module doc)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv or os.environ.get("COUPLING_DEBUG", "") not in ("", "0")
+    parser = build_parser()
+    _options_once(parser)
+    args = parser.parse_args([a for a in argv if a != "--debug"])
+    try:
+        status = int(args.func(args) or 0)
+        sys.stdout.flush()  # here, so that a closed pipe is seen below and not at exit
+        return status
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        print(
+            "\ninterrupted: stopped on Ctrl-C. What was finished is stored; rerun the same command "
+            "to continue.",
+            file=sys.stderr,
+        )
+        return 130
+    except BrokenPipeError:  # the reader went away (`coupling-book list | head`): stop quietly
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), sys.stdout.fileno())
+        return 141
+    except Exception as exc:
+        if debug:
+            raise
+        status, text = _explain(exc)
+        print(text, file=sys.stderr)
+        return status
 
 
 if __name__ == "__main__":

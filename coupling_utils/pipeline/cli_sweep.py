@@ -15,6 +15,8 @@ from pathlib import Path
 
 __all__ = ["add_sweep_commands"]
 
+DEFAULT_K = (10, 30, 50)
+
 
 def _executor_options(p: argparse.ArgumentParser, *, default: str | None) -> None:
     choices = ("local", "slurm") if default else ("none", "local", "slurm")
@@ -72,7 +74,7 @@ def _print_states(title: str, states) -> None:
 
 def _cmd_sweep(args) -> int:
     from coupling_utils.chapters.checks import ParameterError
-    from coupling_utils.pipeline.execution import parse_override
+    from coupling_utils.pipeline.execution import parse_overrides
     from coupling_utils.pipeline.sweep import (
         SweepError,
         load_sweep,
@@ -96,7 +98,7 @@ def _cmd_sweep(args) -> int:
         if not args.notebook:
             print("error: name a notebook (e.g. f02), or pass --status", file=sys.stderr)
             return 2
-        overrides = dict(parse_override(o) for o in args.param)
+        overrides = parse_overrides(args.param)
         sweep = plan_sweep(args.notebook, args.profile, overrides)
         if args.status:
             _print_states(f"{sweep.name} ({sweep.folder})", sweep_status(sweep))
@@ -124,7 +126,7 @@ def _cmd_measure(args) -> int:
     try:
         prompts = read_prompts(args.prompts, n=args.n_prompts)
         settings = measurement_settings(
-            args.k, args.tokens, args.method, args.max_tokens, args.layers, args.last_block
+            args.k or DEFAULT_K, args.tokens, args.method, args.max_tokens, args.layers, args.last_block
         )
         report = measure_many(
             args.models,
@@ -165,10 +167,41 @@ def add_sweep_commands(subparsers) -> None:
     _add_measure_command(subparsers)
 
 
-def _add_measure_command(subparsers) -> None:
+def _measure_settings_options(p: argparse.ArgumentParser) -> None:
+    """The options of ``measure`` that make its :class:`~coupling_utils.measurement.Settings`."""
     from coupling_utils.engine.blocks import LAST_BLOCKS
     from coupling_utils.pipeline.measure_models import HOWS, METHODS
 
+    p.add_argument(
+        "--k",
+        type=int,
+        nargs="+",
+        action="extend",
+        help="K values (default: 10 30 50); repeatable, they add up",
+    )
+    p.add_argument("--tokens", default="last", choices=("last", "all"), help="tokens compared across depth")
+    p.add_argument("--method", default="exact", choices=METHODS, help="Jacobian SVDs")
+    p.add_argument(
+        "--dtype", default="float32", choices=("float32", "bfloat16", "float16"), help="weights' dtype"
+    )
+    p.add_argument("--max-tokens", type=int, help="cut prompts to this many tokens")
+    p.add_argument(
+        "--layers", type=int, nargs="+", action="extend", help="blocks to measure (default: all); repeatable"
+    )
+    p.add_argument(
+        "--last-block",
+        default="block",
+        choices=LAST_BLOCKS,
+        help="what the last block is: 'block' (alone, the paper's definition; default), 'final_norm' "
+        "(with the model's final norm, hidden_states[L-1] -> hidden_states[L], as the authors' code "
+        "measured it) or 'excluded' (left out)",
+    )
+    p.add_argument(
+        "--how", default="offdiag", choices=HOWS, help="one number per model: offdiag or adjacent pairs"
+    )
+
+
+def _add_measure_command(subparsers) -> None:
     p = subparsers.add_parser(
         "measure",
         help="measure any models (hub ids, local directories, .gguf files) into tidy tables",
@@ -201,24 +234,6 @@ def _add_measure_command(subparsers) -> None:
         default=6,
         help="prompts from the project's set when --prompts is not given (plus the demo prompt)",
     )
-    p.add_argument("--k", type=int, nargs="+", default=[10, 30, 50], help="K values (default: 10 30 50)")
-    p.add_argument("--tokens", default="last", choices=("last", "all"), help="tokens compared across depth")
-    p.add_argument("--method", default="exact", choices=METHODS, help="Jacobian SVDs")
-    p.add_argument(
-        "--dtype", default="float32", choices=("float32", "bfloat16", "float16"), help="weights' dtype"
-    )
-    p.add_argument("--max-tokens", type=int, help="cut prompts to this many tokens")
-    p.add_argument("--layers", type=int, nargs="+", help="blocks to measure (default: all)")
-    p.add_argument(
-        "--last-block",
-        default="block",
-        choices=LAST_BLOCKS,
-        help="what the last block is: 'block' (alone, the paper's definition; default), 'final_norm' "
-        "(with the model's final norm, hidden_states[L-1] -> hidden_states[L], as the authors' code "
-        "measured it) or 'excluded' (left out)",
-    )
-    p.add_argument(
-        "--how", default="offdiag", choices=HOWS, help="one number per model: offdiag or adjacent pairs"
-    )
+    _measure_settings_options(p)
     _executor_options(p, default=None)
     p.set_defaults(func=_cmd_measure)

@@ -26,7 +26,7 @@ import yaml
 from coupling_utils.chapters import NAMES as CHAPTERS
 from coupling_utils.chapters import check_parameters
 from coupling_utils.chapters.checks import ParameterError
-from coupling_utils.files import atomic_write_text
+from coupling_utils.files import atomic_write_text, read_json
 from coupling_utils.pipeline.params import check_overrides, notebook_parameters
 from coupling_utils.provenance import code_fingerprint
 
@@ -136,6 +136,20 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key.strip(), value
 
 
+def parse_overrides(texts) -> dict[str, Any]:
+    """``-p`` overrides (see :func:`parse_override`) as a mapping; a name given twice is refused."""
+    out: dict[str, Any] = {}
+    for text in texts:
+        key, value = parse_override(text)
+        if key in out:
+            raise ParameterError(
+                f"parameter {key!r} is given twice (-p {key}={out[key]!r} and -p {text}); "
+                "give each parameter once"
+            )
+        out[key] = value
+    return out
+
+
 def add_override_option(parser) -> None:
     """Add ``-p/--param KEY=VALUE`` (parsed by :func:`parse_override`) to an argparse parser:
     one definition for ``coupling-book run`` and ``coupling-book sweep``."""
@@ -163,6 +177,11 @@ class RunResult:
         default_factory=lambda: code_fingerprint()["fingerprint"]
     )  # the code behind its numbers
 
+    @property
+    def ran(self) -> bool:
+        """Whether the notebook was executed (False: its parameters were refused first)."""
+        return not self.error.startswith("ParameterError:")
+
     def line(self) -> str:
         tail = f"  {self.error}" if self.error else ""
         return f"{self.notebook:<28} {self.status:<7} {self.seconds:7.1f}s{tail}"
@@ -185,7 +204,6 @@ def run_notebook(
 ) -> RunResult:
     """Execute one notebook under a profile (plus overrides) into ``output_dir``."""
     import jupytext
-    import papermill
 
     root = notebook.parent.parent
     output_dir = Path(output_dir or root / "_build" / "notebooks")
@@ -211,27 +229,36 @@ def run_notebook(
     error = ""
     try:
         with _kernel_env():
-            papermill.execute_notebook(
-                str(source),
-                str(running),
-                parameters=values,
-                kernel_name=kernel,
-                cwd=str(root),
-                progress_bar=False,
-                log_output=False,
-                report_mode=False,
-            )
+            _papermill(source, running, values, kernel, root)
         os.replace(running, out)
         failed.unlink(missing_ok=True)
     except Exception as exc:  # papermill.PapermillExecutionError and kernel failures
         error = _cell_error(exc)
         if running.exists():
             os.replace(running, failed)
+    except BaseException:  # Ctrl-C: no half-run notebook left behind, hidden or not
+        running.unlink(missing_ok=True)
+        raise
     finally:
         source.unlink(missing_ok=True)
     status = "failed" if error else "ok"
     return RunResult(
         notebook.stem, status, time.perf_counter() - start, str(out if not error else failed), error, values
+    )
+
+
+def _papermill(source: Path, running: Path, values: dict[str, Any], kernel: str, root: Path) -> None:
+    import papermill
+
+    papermill.execute_notebook(
+        str(source),
+        str(running),
+        parameters=values,
+        kernel_name=kernel,
+        cwd=str(root),
+        progress_bar=False,
+        log_output=False,
+        report_mode=False,
     )
 
 
@@ -281,7 +308,7 @@ def run_notebooks(
     output_dir = Path(output_dir or repo_root() / "_build" / "notebooks")
     output_dir.mkdir(parents=True, exist_ok=True)
     manifest = output_dir / "runs.json"
-    previous = json.loads(manifest.read_text()) if manifest.exists() else {}
+    previous = read_json(manifest, "record of notebook runs") or {}
     if jobs > 1:  # one at a time, each notebook builds what it needs on first use
         models: list[str] = []
         for nb in notebooks:
@@ -301,8 +328,10 @@ def run_notebooks(
     def one(nb: Path) -> RunResult:
         result = run_notebook(nb, profile, overrides, output_dir)
         echo(result.line())
+        if not result.ran:  # bad parameters: nothing ran, and a good run's record stays as it is
+            return result
         with lock:  # each notebook is recorded when it ends, with its own finish time
-            runs = json.loads(manifest.read_text()) if manifest.exists() else {}
+            runs = read_json(manifest, "record of notebook runs") or {}
             runs[result.notebook] = {**asdict(result), "profile": profile}
             atomic_write_text(manifest, json.dumps(runs, indent=2, default=str))
         return result

@@ -20,8 +20,12 @@ tables in ``OUT/``:
 from __future__ import annotations
 
 import csv
+import io
 import json
+import os
+import shutil
 import sys
+import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +33,6 @@ from typing import Any
 
 import pandas as pd
 
-from coupling_utils.files import atomic_write_text
 from coupling_utils.measurement import (
     MEASURE_METHODS,
     TABLES,
@@ -71,15 +74,26 @@ def read_prompts(path: str | Path | None, *, n: int = 6) -> dict[str, Any]:
     if path is None:
         from coupling_utils.analysis.data import load_prompts
 
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise MeasureError(
+                f"--n-prompts must be 0 or more (prompts from the project's set, besides the demo prompt), "
+                f"got {n!r}; or give your own prompts with --prompts FILE"
+            )
+
         table = load_prompts(n=n, include_demo=True)
         return dict(zip(table["id"], table["text"]))
     path = Path(path)
     if not path.is_file():
-        raise MeasureError(f"prompts file {path} does not exist")
+        raise MeasureError(
+            f"prompts file {path} does not exist"
+            + (" (it is a folder)" if path.is_dir() else "")
+            + "; give a .txt, .csv or .json file with --prompts"
+        )
+    text = _prompt_text(path)
     suffix = path.suffix.lower()
     if suffix == ".json":
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            data = json.loads(text)
         except ValueError as exc:
             raise MeasureError(f"{path}: not valid JSON ({exc})") from exc
         items = (
@@ -96,19 +110,33 @@ def read_prompts(path: str | Path | None, *, n: int = 6) -> dict[str, Any]:
             pid = str(key) if isinstance(data, dict) else f"p{key}"
             out[pid] = _json_prompt(path, pid, p)
     elif suffix == ".csv":
-        with open(path, newline="", encoding="utf-8") as f:
-            rows = list(csv.DictReader(f))
+        rows = list(csv.DictReader(io.StringIO(text, newline="")))
         if not rows or "text" not in rows[0]:
             raise MeasureError(f"{path}: a prompts CSV needs a 'text' column (and optionally 'id')")
         out = {str(r.get("id") or f"p{i}"): r["text"] for i, r in enumerate(rows)}
         if len(out) != len(rows):
             raise MeasureError(f"{path}: prompt ids must be unique")
     else:
-        lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
+        lines = [line.strip() for line in text.splitlines()]
         out = {f"p{i}": line for i, line in enumerate(x for x in lines if x)}
     if not out:
         raise MeasureError(f"{path} holds no prompts")
     return out
+
+
+def _prompt_text(path: Path) -> str:
+    """A prompts file's text: UTF-8, a leading byte-order mark dropped (else it is measured as
+    tokens and hides the CSV header); any other encoding is refused, named."""
+    try:
+        return path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise MeasureError(
+            f"prompts file {path} is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset "
+            f"{exc.start} cannot be decoded); save it as UTF-8, e.g. `iconv -f latin1 -t utf-8 {path.name} "
+            f"> prompts-utf8{path.suffix}`"
+        ) from None
+    except OSError as exc:
+        raise MeasureError(f"cannot read prompts file {path}: {exc.strerror}") from None
 
 
 def _json_prompt(path: Path, pid: str, p):
@@ -199,8 +227,7 @@ def measure_many(
         raise MeasureError(f"a model is named twice: {models}")
     if how not in HOWS:
         raise MeasureError(f"how must be one of {HOWS}, got {how!r}")
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = _out_folder(out)
     refs = {m: _reference(m) for m in models}
     loads = Loads(revisions=revisions, dtype=dtype)
     jobs = plan(refs, prompts, {"measure": settings}, loads=loads, root=out / "store")
@@ -227,6 +254,58 @@ def measure_many(
     return report
 
 
+def _out_folder(out: str | Path) -> Path:
+    """``--out``, created; a file there, or a folder that cannot be written, is bad input."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise MeasureError(f"--out {out} is a file, not a folder; name a folder (it is created if missing)")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise MeasureError(
+            f"cannot create the --out folder {out} ({exc.strerror}); name a folder you can write"
+        ) from None
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise MeasureError(
+            f"cannot write into the --out folder {out} (permission denied); name a folder you can write"
+        )
+    return out
+
+
+def _ids_as_lists(df: pd.DataFrame) -> pd.DataFrame:
+    """List-valued cells (``input_ids``, token strings) as JSON lists, ``[1, 5, 9]``, however the
+    table was read (a fresh list or a stored numpy array), so a CSV round-trips with ``json.loads``."""
+    import numpy as np
+
+    def listed(v):
+        return isinstance(v, (list, tuple, np.ndarray))
+
+    for col in df.columns:
+        if df[col].dtype == object and df[col].map(listed).any():
+            as_json = df[col].map(lambda v: json.dumps(np.asarray(v).tolist()) if listed(v) else v)
+            df = df.assign(**{col: as_json})
+    return df
+
+
+def _replace_tables(out: Path, texts: dict[str, str], provenance: dict) -> dict[str, Path]:
+    """Replace the tables in ``out`` as one set: all are written into a temporary folder first;
+    then the old provenance goes, every old table is replaced or removed, and the new provenance
+    comes last, so a provenance always describes exactly the tables beside it."""
+    tmp = Path(tempfile.mkdtemp(prefix=".tables.", suffix=".tmp", dir=out))
+    try:
+        for name, text in {**texts, "provenance": json.dumps(provenance, indent=2, default=str)}.items():
+            (tmp / f"{name}.{'json' if name == 'provenance' else 'csv'}").write_text(text, encoding="utf-8")
+        (out / "provenance.json").unlink(missing_ok=True)
+        for name in sorted({"summary", "failures", *TABLES} - set(texts)):
+            (out / f"{name}.csv").unlink(missing_ok=True)
+        for name in texts:
+            os.replace(tmp / f"{name}.csv", out / f"{name}.csv")
+        os.replace(tmp / "provenance.json", out / "provenance.json")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return {**{name: out / f"{name}.csv" for name in texts}, "provenance": out / "provenance.json"}
+
+
 def _size(r, key):
     v = r.model.get(key)
     return None if v is None else int(v)
@@ -239,7 +318,7 @@ def _write_tables(done, report: MeasureReport, *, how, settings, prompts, models
     def tidy(df: pd.DataFrame) -> pd.DataFrame:
         if "revision" not in df.columns:
             df = df.assign(revision="main")
-        return df[[*lead, *[c for c in df.columns if c not in lead]]]
+        return _ids_as_lists(df[[*lead, *[c for c in df.columns if c not in lead]]])
 
     frames = {}
     for name in TABLES:
@@ -271,12 +350,6 @@ def _write_tables(done, report: MeasureReport, *, how, settings, prompts, models
     report.failures = failures[failures["error"] != "NotMeasured"] if not failures.empty else failures
     if not report.failures.empty:
         frames["failures"] = report.failures.drop(columns=["key"], errors="ignore")
-    else:
-        (out / "failures.csv").unlink(missing_ok=True)
-    for name, df in frames.items():
-        path = out / f"{name}.csv"
-        atomic_write_text(path, df.to_csv(index=False))
-        report.tables[name] = path
     provenance = {
         "what": "coupling-book measure: block-coupling measurements of these models (measure())",
         "command": " ".join(sys.argv) if sys.argv and sys.argv[0].endswith("coupling-book") else None,
@@ -289,6 +362,7 @@ def _write_tables(done, report: MeasureReport, *, how, settings, prompts, models
             r.job.describe(): r.measurements["measure"].provenance for r in done.ok
         },
         "store": str(out / "store"),
+        "tables": sorted(frames),
     }  # fmt: skip
-    atomic_write_text(out / "provenance.json", json.dumps(provenance, indent=2, default=str))
-    report.tables["provenance"] = out / "provenance.json"
+    texts = {name: df.to_csv(index=False) for name, df in frames.items()}
+    report.tables.update(_replace_tables(out, texts, provenance))

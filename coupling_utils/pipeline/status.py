@@ -24,6 +24,8 @@ from typing import Any
 
 import pandas as pd
 
+from coupling_utils.files import read_json
+
 __all__ = [
     "METADATA_KEY",
     "COLUMNS",
@@ -271,7 +273,7 @@ def read_statuses(executed_dir: str | Path) -> pd.DataFrame:
             f"no executed notebooks at {executed_dir}: run `coupling-book run --profile <profile>` first"
         )
     manifest = executed_dir / "runs.json"
-    runs = json.loads(manifest.read_text(encoding="utf-8")) if manifest.exists() else {}
+    runs = read_json(manifest, "record of notebook runs") or {}
     frames, without, contradicted = [], [], []
     for path in _executed(executed_dir):
         nb = _read(path)

@@ -554,6 +554,13 @@ def _submit_slurm(submitit, sweep, todo, params: dict[str, Any], dry_run: bool, 
             echo(f"  {t.name} ({len(t.jobs)} job(s))")
         echo(script)
         return sweep_status(sweep)
+    import shutil
+
+    if shutil.which("sbatch") is None:
+        raise SweepError(
+            "--executor slurm submits with SLURM's sbatch, and this machine has no sbatch on its PATH; "
+            "run the command on the cluster's login node, or use --executor local (or, for measure, none)"
+        )
     ex = submitit.SlurmExecutor(folder=sweep.folder / "slurm")
     ex.update_parameters(**params)
     jobs = ex.map_array(run_task, todo, [str(sweep.folder)] * len(todo))

@@ -169,6 +169,8 @@ def prepare(
     _check_opt_in(entry, accept_terms)
     root = entry_dir(entry)
     key = root.name
+    if not force and (root / "manifest.json").exists():
+        return root / member if member else root  # built: reading needs no lock (a read-only cache)
     with _lock(entry.name):
         _remove_stale_builds(entry, root, key)
         if force and root.exists():
@@ -188,6 +190,11 @@ def resolve(
     still returns ``<dir>``: the loader picks the checkpoint by the local-directory rule.
     """
     path = prepare(name, progress=progress, accept_terms=accept_terms)
+    entry, _ = _split(name)
+    root = entry_dir(entry)
+    damage = _damage(entry, root, json.loads((root / "manifest.json").read_text()))
+    if damage:
+        raise ZooError(f"{PREFIX}{entry.name} in the cache ({root}) is {damage}")
     if (
         revision is not None
         and revision not in ("main", "final")
@@ -289,12 +296,24 @@ def _entry_row(e: ZooEntry) -> dict:
     if man_path.exists():
         man = json.loads(man_path.read_text())
         row.update(
-            state="ready",
+            state=_damage(e, root, man) or "ready",
             seconds=man.get("seconds"),
             size_mb=round(man.get("size_bytes", 0) / 2**20, 1),
             metrics=_fmt_metrics(man.get("metrics", {})),
         )
     return row
+
+
+def _damage(e: ZooEntry, root: Path, man: dict) -> str | None:
+    """Why a built entry is not whole (its files no longer add up to the size its manifest
+    recorded: truncated or removed weights), or None. Stats every file; reads none."""
+    have = _dir_size(root) - (root / "manifest.json").stat().st_size
+    if man.get("size_bytes") is None or have == man["size_bytes"]:
+        return None
+    return (
+        f"damaged ({have} of {man['size_bytes']} bytes; "
+        f"`coupling-book zoo prepare {e.name} --force` rebuilds it)"
+    )
 
 
 def _fmt_metrics(m: dict) -> str:

@@ -41,18 +41,18 @@ def file_sha256(path: str | Path) -> str:
     key = (str(path), st.st_size, st.st_mtime_ns)
     if key in _SHA_MEMO:
         return _SHA_MEMO[key]
-    memo_file = cache_dir("zoo") / "sha256-memo.json"
-    try:
+    try:  # a cache one cannot write, or without a zoo folder yet, has no memo to read
+        memo_file = cache_dir("zoo") / "sha256-memo.json"
         memo = json.loads(memo_file.read_text())
     except (OSError, ValueError):
-        memo = {}
+        memo_file, memo = None, {}
     skey = f"{key[0]}|{key[1]}|{key[2]}"
     digest = memo.get(skey)
     if digest is None:
         digest = _stream_sha256(path)
         memo[skey] = digest
         with contextlib.suppress(OSError):  # a read-only cache serves what it holds, unremembered
-            atomic_write_text(memo_file, json.dumps(memo, indent=1))
+            atomic_write_text(memo_file or cache_dir("zoo") / "sha256-memo.json", json.dumps(memo, indent=1))
 
     _SHA_MEMO[key] = digest
     return digest

@@ -1,0 +1,119 @@
+"""Bad input to ``coupling-book``: a one-paragraph message and exit 2, or the right result; never
+a traceback unless ``--debug`` asks. Repeated options add up or are refused."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from coupling_utils.pipeline import cli_sweep
+from coupling_utils.pipeline.cli import main
+from coupling_utils.pipeline.measure_models import read_prompts
+
+
+def _measure(model_dir, ids_file, out, *more):
+    return main(["measure", str(model_dir), "--prompts", str(ids_file), "--k", "2", "--out", str(out), *more])
+
+
+def _one_paragraph(err: str, *words: str) -> None:
+    assert "Traceback" not in err and err.strip().count("\n") <= 1, err
+    for w in words:
+        assert w in err, err
+
+
+def test_prompt_files_non_utf8_and_byte_order_mark(tmp_path, model_dir, capsys):
+    latin = tmp_path / "latin.txt"
+    latin.write_bytes("café au lait\n".encode("latin-1"))
+    assert main(["measure", str(model_dir), "--prompts", str(latin), "--out", str(tmp_path / "o")]) == 2
+    _one_paragraph(capsys.readouterr().err, str(latin), "not UTF-8", "byte 0xe9", "iconv")
+    bom = tmp_path / "bom.csv"
+    bom.write_bytes("\ufeffid,text\nq1,hello there\n".encode())
+    assert read_prompts(bom) == {"q1": "hello there"}  # the header is found, no BOM in the text
+    (tmp_path / "bom.txt").write_bytes("\ufefffirst\nsecond\n".encode())
+    assert read_prompts(tmp_path / "bom.txt") == {"p0": "first", "p1": "second"}
+    assert main(["measure", str(model_dir), "--prompts", str(tmp_path), "--out", str(tmp_path / "o")]) == 2
+    _one_paragraph(capsys.readouterr().err, "is a folder")
+
+
+def test_bad_out_folders_and_counts(tmp_path, model_dir, ids_file, capsys):
+    a_file = tmp_path / "file.txt"
+    a_file.write_text("x")
+    for out, words in [(a_file, ["is a file"]), (a_file / "sub", ["cannot create", "Not a directory"])]:
+        assert _measure(model_dir, ids_file, out) == 2
+        _one_paragraph(capsys.readouterr().err, str(out), *words)
+    assert main(["measure", str(model_dir), "--n-prompts", "-1", "--out", str(tmp_path / "o")]) == 2
+    _one_paragraph(capsys.readouterr().err, "--n-prompts must be 0 or more", "-1")
+
+
+def test_slurm_without_slurm(tmp_path, model_dir, ids_file, capsys, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no sbatch anywhere
+    assert _measure(model_dir, ids_file, tmp_path / "o", "--executor", "slurm") == 2
+    _one_paragraph(capsys.readouterr().err, "sbatch", "--executor local")
+
+
+def test_repeated_options_add_up_or_are_refused(tmp_path, model_dir, ids_file, capsys):
+    out = tmp_path / "o"
+    assert _measure(model_dir, ids_file, out, "--k", "4", "--k", "3") == 0
+    assert sorted(pd.read_csv(out / "summary.csv").K) == [2, 3, 4]
+    with pytest.raises(SystemExit) as exit_:
+        _measure(model_dir, ids_file, out, "--out", str(tmp_path / "other"))
+    assert exit_.value.code == 2 and "--out is given twice" in capsys.readouterr().err
+    runs = tmp_path / "runs"
+    rc = main(["run", "f00", "--profile", "smoke", "-p", "k=4", "-p", "k=3", "--output-dir", str(runs)])
+    assert rc == 2
+    _one_paragraph(capsys.readouterr().err, "parameter 'k' is given twice", "k=3")
+    assert not (runs / "runs.json").exists()
+    assert cli_sweep.DEFAULT_K == (10, 30, 50)  # what --k means when it is not given
+
+
+def test_prompts_too_long_are_cut_and_ids_out_of_range_refused(tmp_path, model_dir, capsys):
+    prompts = tmp_path / "p.json"
+    prompts.write_text(json.dumps({"long": list(range(1, 64)) * 3, "bad": [1, 2, 64, 99]}))
+    out = tmp_path / "o"
+    assert main(["measure", str(model_dir), "--prompts", str(prompts), "--k", "2", "--out", str(out)]) == 1
+    text = capsys.readouterr()
+    assert "prompt 'bad': token ids [64, 99] are outside this model's vocabulary (0..63)" in text.out
+    prompts.write_text(json.dumps({"long": list(range(1, 64)) * 3}))
+    assert main(["measure", str(model_dir), "--prompts", str(prompts), "--k", "2", "--out", str(out)]) == 0
+    assert "'long' has 189 tokens, more than this model's context of 64" in capsys.readouterr().err
+    assert pd.read_csv(out / "prompts.csv").n_tokens.tolist() == [64]
+
+
+def test_unexpected_errors_name_the_log_and_debug_shows_the_traceback(
+    tmp_path, model_dir, ids_file, capsys, monkeypatch
+):
+    from coupling_utils.pipeline import measure_models
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("something nobody planned for")
+
+    monkeypatch.setattr(measure_models, "measure_many", broken)
+    assert _measure(model_dir, ids_file, tmp_path / "o") == 1
+    err = capsys.readouterr().err
+    _one_paragraph(err, "RuntimeError: something nobody planned for", "--debug", "COUPLING_DEBUG=1")
+    log = err.split("the traceback is in ")[1].split(" (")[0]
+    assert "Traceback" in Path(log).read_text()
+    with pytest.raises(RuntimeError):
+        _measure(model_dir, ids_file, tmp_path / "o", "--debug")
+    monkeypatch.setenv("COUPLING_DEBUG", "1")
+    with pytest.raises(RuntimeError):
+        _measure(model_dir, ids_file, tmp_path / "o")
+    monkeypatch.delenv("COUPLING_DEBUG")
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(measure_models, "measure_many", interrupted)
+    assert _measure(model_dir, ids_file, tmp_path / "o") == 130
+    _one_paragraph(capsys.readouterr().err, "interrupted", "rerun the same command")
+
+
+def test_a_closed_pipe_is_quiet(cli):
+    """``coupling-book list | head -1``: the reader goes away; no BrokenPipeError traceback."""
+    proc = cli("list", background=True)
+    proc.stdout.close()  # as `head` does once it has its lines, here before any is written
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) in (0, 141) and "Traceback" not in err and "BrokenPipe" not in err, err

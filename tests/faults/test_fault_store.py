@@ -1,0 +1,147 @@
+"""Nothing stale, lost or inconsistent: models keyed by content, tables replaced as a set, inputs
+round-tripped, corrupt records quarantined, one bad model never stops the others, the umask
+respected, a read-only cache readable."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pandas as pd
+import pytest
+
+from coupling_utils import files
+from coupling_utils.engine.architectures import tiny_model
+from coupling_utils.measurement.jobs import model_identity
+from coupling_utils.pipeline.cli import main
+
+
+def _measure(out, *models, prompts):
+    return main(["measure", *map(str, models), "--prompts", str(prompts), "--k", "2", "--out", str(out)])
+
+
+def test_new_weights_under_an_unchanged_config_are_measured_again(model_dir, ids_file, tmp_path):
+    out = tmp_path / "o"
+    assert _measure(out, model_dir, prompts=ids_file) == 0
+    before = pd.read_csv(out / "summary.csv").coupling.tolist()
+    identity = model_identity(str(model_dir))
+    assert model_identity(str(model_dir)) == identity  # unchanged files: the same key
+    config_mtime = (model_dir / "config.json").stat().st_mtime_ns
+    tiny_model("gpt2", seed=11).save_pretrained(tmp_path / "other")
+    shutil.copy(tmp_path / "other" / "model.safetensors", model_dir / "model.safetensors")
+    assert (model_dir / "config.json").stat().st_mtime_ns == config_mtime
+    assert model_identity(str(model_dir)) != identity
+    assert _measure(out, model_dir, prompts=ids_file) == 0
+    assert pd.read_csv(out / "summary.csv").coupling.tolist() != before
+
+
+def test_inputs_round_trip_and_tables_are_replaced_as_a_set(model_dir, ids_file, tmp_path):
+    out = tmp_path / "o"
+    assert _measure(out, model_dir, prompts=ids_file) == 0
+    assert _measure(out, model_dir, prompts=ids_file) == 0  # from the store this time
+    ids = pd.read_csv(out / "prompts.csv").set_index("prompt").input_ids.map(json.loads)
+    assert ids.to_dict() == json.loads(ids_file.read_text())
+    # a rerun where every model fails: no table of the earlier run is left beside its provenance
+    assert _measure(out, "embedded:no-such-model", prompts=ids_file) == 1
+    prov = json.loads((out / "provenance.json").read_text())
+    assert list(prov["models"]) == ["embedded:no-such-model"]
+    assert sorted(p.stem for p in out.glob("*.csv")) == prov["tables"] == ["failures"]
+    assert not list(out.glob(".*"))  # no temporary folder left
+
+
+def test_one_bad_model_does_not_stop_the_others(model_dir, ids_file, tmp_path, capsys):
+    out = tmp_path / "o"
+    assert _measure(out, "embedded:no-such-model", model_dir, prompts=ids_file) == 1
+    text = capsys.readouterr().out
+    assert "1 of 2 measured" in text and "missing model=embedded:no-such-model: ZooError" in text
+    failures = pd.read_csv(out / "failures.csv")
+    assert failures.error.tolist() == ["ZooError"] and "unknown embedded model" in failures.message[0]
+    assert pd.read_csv(out / "summary.csv").model.tolist() == [str(model_dir)]
+
+
+def test_corrupt_store_files_are_quarantined_and_recomputed(model_dir, ids_file, tmp_path, capsys):
+    out = tmp_path / "o"
+    assert _measure(out, model_dir, prompts=ids_file) == 0
+    good = pd.read_csv(out / "depthwise.csv")
+    store = out / "store"
+    measurement = store.rglob("provenance.json").__next__().parent
+    for name in ("provenance.json", "settings.json", "done.json"):
+        victim = sorted(measurement.rglob(name))[0]
+        victim.write_text('{"half a rec')
+        if name != "provenance.json":
+            (measurement / "provenance.json").unlink()  # as if the run had stopped before the end
+        capsys.readouterr()
+        assert _measure(out, model_dir, prompts=ids_file) == 0, name
+        err = capsys.readouterr().err
+        assert f"{victim} is corrupt" in err and "moved it to" in err, err
+        assert len(list(victim.parent.glob(f"{name}.corrupt-*"))) == 1
+        for old in victim.parent.glob(f"{name}.corrupt-*"):
+            old.unlink()
+        pd.testing.assert_frame_equal(pd.read_csv(out / "depthwise.csv"), good, check_exact=False)
+
+
+def test_corrupt_runs_record_and_a_refused_run_keep_the_good_record(tmp_path, capsys):
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    good = {"f00_coupling_metric": {"status": "ok", "profile": "smoke", "code": "abc"}}
+    (runs / "runs.json").write_text(json.dumps(good))
+    args = ["run", "f00", "--profile", "smoke", "-p", "nope=1", "--output-dir", str(runs)]
+    assert main(args) == 2  # bad input, and nothing ran
+    assert json.loads((runs / "runs.json").read_text()) == good
+    (runs / "runs.json").write_text("{")
+    assert main(args) == 2
+    assert "runs.json is corrupt" in capsys.readouterr().err
+    assert len(list(runs.glob("runs.json.corrupt-*"))) == 1
+
+
+@pytest.mark.parametrize("mask", [0o002, 0o077])
+def test_files_and_folders_follow_the_umask(tmp_path, mask):
+    old = os.umask(mask)
+    try:
+        files.atomic_write_text(tmp_path / "f.txt", "x")
+        with files.atomic_dir(tmp_path / "d") as tmp:
+            (tmp / "inside").write_text("y")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "f.txt").stat().st_mode & 0o777 == 0o666 & ~mask
+    assert (tmp_path / "d").stat().st_mode & 0o777 == 0o777 & ~mask
+
+
+def _fake_entry(monkeypatch, tmp_path):
+    """A built zoo entry (manifest and a weights file) in a folder of its own."""
+    from coupling_utils.models.zoo import build
+
+    root = tmp_path / "zoo" / "pythia-smoke" / "key"
+    root.mkdir(parents=True)
+    (root / "config.json").write_text("{}")
+    (root / "model.safetensors").write_bytes(b"w" * 1000)
+    (root / "manifest.json").write_text(json.dumps({"size_bytes": 1002, "metrics": {}}))
+    monkeypatch.setattr(build, "entry_dir", lambda entry, member=None: root / member if member else root)
+    return build, root
+
+
+def test_truncated_zoo_weights_are_not_ready(monkeypatch, tmp_path):
+    from coupling_utils.models import zoo
+
+    build, root = _fake_entry(monkeypatch, tmp_path)
+    state = {r["name"]: r["state"] for r in zoo.list_entries().to_dict("records")}
+    assert state["embedded:pythia-smoke"] == "ready"
+    with open(root / "model.safetensors", "r+b") as f:
+        f.truncate(600)
+    state = {r["name"]: r["state"] for r in zoo.list_entries().to_dict("records")}
+    assert state["embedded:pythia-smoke"].startswith("damaged (602 of 1002 bytes")
+    with pytest.raises(zoo.ZooError, match="zoo prepare pythia-smoke --force"):
+        zoo.resolve("pythia-smoke", progress=False)
+
+
+def test_a_built_zoo_entry_is_read_without_its_lock(monkeypatch, tmp_path):
+    """A read-only cache cannot create lock files; a built entry needs none to be read."""
+    build, root = _fake_entry(monkeypatch, tmp_path)
+
+    def no_lock(name):
+        raise PermissionError(13, "Permission denied", str(tmp_path / "zoo" / name / ".lock"))
+
+    monkeypatch.setattr(build, "_lock", no_lock)
+    assert build.resolve("pythia-smoke", progress=False) == root
+    assert not files.is_locked(root / "manifest.json")
