@@ -53,6 +53,7 @@ __all__ = [
     "MissingDependencyError",
     "PreprocessorError",
     "QuantizationError",
+    "DamagedModelError",
     "DTYPES",
     "QUANTIZATIONS",
     "resolve_device",
@@ -85,6 +86,10 @@ class MissingDependencyError(ImportError):
 
 class PreprocessorError(RuntimeError):
     """The source has a tokenizer or image processor, but it could not be loaded (cause chained)."""
+
+
+class DamagedModelError(ValueError):
+    """A local model's weight files cannot be read: truncated or damaged (cause chained)."""
 
 
 class QuantizationError(RuntimeError):
@@ -414,12 +419,16 @@ def _read_config(src: _Source, name: str, revision: str | None):
             _unknown_model_type(
                 Path(src.path)
             )  # transformers does not know it: say what this project supports
+            if src.gguf_file and "support" not in str(e):  # read from a (short) GGUF's header
+                raise _damaged(name, src, e) from e
         raise
 
 
 def _weights(cls, config, src: _Source, how: dict[str, Any], name: str, revision: str | None):
     """The model with its weights (trained, or a random-init twin), moved where ``how`` says, frozen
     and in eval mode. ``how``: torch_dtype, target, seed, random_init, quant_config, device_map."""
+    from safetensors import SafetensorError
+
     placement = how["device_map"]
     if how["random_init"]:
         model = _random_init(cls, config, how["torch_dtype"], how["target"], how["seed"])
@@ -435,10 +444,23 @@ def _weights(cls, config, src: _Source, how: dict[str, Any], name: str, revision
         except OSError as e:
             if src.kind == "hub":
                 raise _hub_error(name, revision, e) from e
-            raise
+            raise _damaged(name, src, e) from e
+        except (ValueError, RuntimeError, SafetensorError) as e:  # a short GGUF or safetensors file
+            if src.kind == "hub" or isinstance(e, (QuantizationError, torch.OutOfMemoryError)):
+                raise
+            raise _damaged(name, src, e) from e
     if placement is None:
         model = model.to(how["target"])
     return model.eval().requires_grad_(False)
+
+
+def _damaged(name: str, src: _Source, cause: BaseException) -> DamagedModelError:
+    where = Path(src.path) / src.gguf_file if src.gguf_file else Path(src.path)
+    first = (str(cause).strip().splitlines() or [""])[0]
+    return DamagedModelError(
+        f"cannot read the weights of {name} at {where} ({type(cause).__name__}: {first}); a file is "
+        "probably truncated or damaged (an interrupted download, copy or save): copy or save it again"
+    )
 
 
 def _width(config) -> int:

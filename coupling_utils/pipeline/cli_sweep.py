@@ -184,7 +184,12 @@ def _measure_settings_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--dtype", default="float32", choices=("float32", "bfloat16", "float16"), help="weights' dtype"
     )
-    p.add_argument("--max-tokens", type=int, help="cut prompts to this many tokens")
+    p.add_argument(
+        "--max-tokens",
+        type=int,
+        help="cut prompts to this many tokens (a prompt longer than the model's context is always cut "
+        "to the context, with a notice)",
+    )
     p.add_argument(
         "--layers", type=int, nargs="+", action="extend", help="blocks to measure (default: all); repeatable"
     )

@@ -36,6 +36,14 @@ def test_new_weights_under_an_unchanged_config_are_measured_again(model_dir, ids
     assert pd.read_csv(out / "summary.csv").coupling.tolist() != before
 
 
+def test_hub_models_are_keyed_by_their_cached_commit(standin_hub):
+    hub, _ = standin_hub
+    step1, step128 = (model_identity("EleutherAI/pythia-6.9b", r) for r in ("step1", "step128"))
+    assert step1 != step128 and step1.startswith("EleutherAI/pythia-6.9b@")
+    assert (hub / "models--EleutherAI--pythia-6.9b" / "snapshots" / step1.split("@")[1]).is_dir()
+    assert model_identity("someorg/not-in-the-cache") == "someorg/not-in-the-cache"
+
+
 def test_inputs_round_trip_and_tables_are_replaced_as_a_set(model_dir, ids_file, tmp_path):
     out = tmp_path / "o"
     assert _measure(out, model_dir, prompts=ids_file) == 0
@@ -58,6 +66,20 @@ def test_one_bad_model_does_not_stop_the_others(model_dir, ids_file, tmp_path, c
     failures = pd.read_csv(out / "failures.csv")
     assert failures.error.tolist() == ["ZooError"] and "unknown embedded model" in failures.message[0]
     assert pd.read_csv(out / "summary.csv").model.tolist() == [str(model_dir)]
+
+
+def test_truncated_weights_are_named_as_damaged(model_dir, ids_file, tmp_path, capsys):
+    from test_loading import write_tiny_llama_gguf
+
+    gguf = tmp_path / "tiny.gguf"
+    write_tiny_llama_gguf(tiny_model("llama", seed=4), gguf)
+    for path in (gguf, model_dir / "model.safetensors"):
+        with open(path, "r+b") as f:
+            f.truncate(path.stat().st_size // 2)
+    assert _measure(tmp_path / "o", gguf, model_dir, prompts=ids_file) == 1
+    failures = pd.read_csv(tmp_path / "o" / "failures.csv")
+    assert failures.error.tolist() == ["DamagedModelError"] * 2, failures.message.tolist()
+    assert failures.message.str.contains("probably truncated or damaged").all()
 
 
 def test_corrupt_store_files_are_quarantined_and_recomputed(model_dir, ids_file, tmp_path, capsys):
