@@ -4,9 +4,11 @@ respected, a read-only cache readable."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import sys
 
 import pandas as pd
 import pytest
@@ -167,3 +169,50 @@ def test_a_built_zoo_entry_is_read_without_its_lock(monkeypatch, tmp_path):
     monkeypatch.setattr(build, "_lock", no_lock)
     assert build.resolve("pythia-smoke", progress=False) == root
     assert not files.is_locked(root / "manifest.json")
+
+
+def _readable_by_all(path) -> bool:
+    return all(p.stat().st_mode & 0o005 == 0o005 for p in [path, *path.parents])
+
+
+def test_a_read_only_cache_and_store_serve_what_they_hold(cli, tiny_dir, ids_file):
+    """As another user (root: `nobody`), with the cache and the stored measurement not writable."""
+    import pwd
+    import tempfile
+    from pathlib import Path
+
+    import coupling_utils
+
+    root = Path(coupling_utils.__file__).parents[1]
+    if os.geteuid() == 0 and not all(_readable_by_all(p) for p in (root, Path(sys.executable).resolve())):
+        pytest.skip("run as root, and `nobody` cannot read this checkout or its Python")
+    base = Path(tempfile.mkdtemp(prefix="coupling-ro-"))
+    try:
+        base.chmod(0o755)
+        model, cache, out = base / "model", base / "cache", base / "out"
+        shutil.copytree(tiny_dir, model)
+        shutil.copy(ids_file, base / "ids.json")
+        args = ["measure", model, "--prompts", base / "ids.json", "--k", "2", "--out", out]
+        env = {"COUPLING_CACHE": str(cache)}
+        assert cli(*args, env=env).returncode == 0
+        stored = {p: p.stat().st_mtime_ns for p in out.rglob("*") if "store" in p.parts}
+        as_user = {}
+        if os.geteuid() == 0:
+            nobody = pwd.getpwnam("nobody")
+            os.chown(out, nobody.pw_uid, nobody.pw_gid)  # tables may be written, the store may not
+            for p in [*out.iterdir()]:
+                if p.is_file():
+                    os.chown(p, nobody.pw_uid, nobody.pw_gid)
+            as_user = {"user": nobody.pw_uid, "group": nobody.pw_gid}
+        else:
+            for p in [cache, *cache.rglob("*"), out / "store", *(out / "store").rglob("*")]:
+                p.chmod(p.stat().st_mode & ~0o222)
+        r = cli(*args, env={**env, "HOME": str(base)}, **as_user)
+        assert r.returncode == 0, r.stderr
+        assert "Traceback" not in r.stderr
+        assert {p: p.stat().st_mtime_ns for p in out.rglob("*") if "store" in p.parts} == stored
+    finally:
+        for p in [base, *base.rglob("*")]:
+            with contextlib.suppress(OSError):
+                p.chmod(0o755)
+        shutil.rmtree(base, ignore_errors=True)
