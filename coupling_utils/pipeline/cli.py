@@ -263,8 +263,8 @@ def main(argv: list[str] | None = None) -> int:
     debug = "--debug" in argv or os.environ.get("COUPLING_DEBUG", "") not in ("", "0")
     parser = build_parser()
     _options_once(parser)
-    args = parser.parse_args([a for a in argv if a != "--debug"])
     try:
+        args = parser.parse_args([a for a in argv if a != "--debug"])  # --help can meet a closed pipe
         status = int(args.func(args) or 0)
         sys.stdout.flush()  # here, so that a closed pipe is seen below and not at exit
         return status
