@@ -106,6 +106,13 @@ class EmulatedTensor(torch.Tensor):
     def __repr__(self, *, tensor_contents=None):  # noqa: D105 - the CPU values, labelled
         return f"EmulatedTensor({self.elem!r}, device='{DEVICE}')"
 
+    def __deepcopy__(self, memo):
+        """A copy on the same (emulated) device, as ``copy.deepcopy`` of a CUDA tensor gives (a
+        key/value cache is deep-copied before each one-token block call)."""
+        if id(self) not in memo:
+            memo[id(self)] = EmulatedTensor(self.elem.detach().clone(), requires_grad=self.requires_grad)
+        return memo[id(self)]
+
     def numpy(self, *, force: bool = False):
         raise TypeError(
             f"can't convert {DEVICE} device type tensor to numpy. Use Tensor.cpu() to copy the tensor to "

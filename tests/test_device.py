@@ -213,8 +213,31 @@ MEASURE_CASES = {
 }
 
 
+@pytest.fixture
+def sweep_path_only(monkeypatch):
+    """Every Jacobian by the all-token sweep: the one-token path does not yet run on the emulated
+    device (see :func:`test_one_token_path_on_the_device`)."""
+    from coupling_utils.measurement import compute
+
+    monkeypatch.setattr(compute, "choose_path", lambda *a, **k: ("all_tokens", "test: sweep only"))
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=RuntimeError,
+    reason="open (issue 26): under torch.func.vjp the one-token path's key/value cache ends up holding "
+    "an EmulatedTensor around a dead functorch wrapper, and torch.cat then finds no storage; not yet "
+    "known whether a real GPU shows it (bench/gpu_check.py runs the path on CUDA)",
+)
+def test_one_token_path_on_the_device(standin_hub):
+    from coupling_utils.measurement import measure
+
+    with emulated_device() as dev:
+        measure(load_model("Qwen/Qwen2-7B", device=dev), [DEMO], layers=[3, 4], tokens="last", k=(2,))
+
+
 @pytest.mark.parametrize("case", MEASURE_CASES)
-def test_measure_on_the_device(case, standin_hub):
+def test_measure_on_the_device(case, standin_hub, sweep_path_only):
     """measure() with the model on the device: every table equals the host run's."""
     from coupling_utils.measurement import TABLES, measure
 
@@ -222,12 +245,14 @@ def test_measure_on_the_device(case, standin_hub):
     ref = measure(load_model(repo, device="cpu"), [DEMO], layers=layers, **MEASURE_CASES[case])
     with emulated_device() as dev:
         got = measure(load_model(repo, device=dev), [DEMO], layers=layers, **MEASURE_CASES[case])
+    # on the host the top-K spectra may come from the partial eigensolver (spectra.exact_topk, within
+    # 1e-5 of the full SVD by design), on a device from the full SVD: equal to the engine's tolerance
     for name in TABLES:
         if name != "timings":
-            pd.testing.assert_frame_equal(got.tables[name], ref.tables[name], check_exact=False, atol=1e-6)
+            pd.testing.assert_frame_equal(got.tables[name], ref.tables[name], check_exact=False, atol=1e-5)
 
 
-def test_twins_and_checkpoint_sweeps_on_the_device(standin_hub, tmp_path):
+def test_twins_and_checkpoint_sweeps_on_the_device(standin_hub, tmp_path, sweep_path_only):
     """The loops behind f01 and f03 (twins, checkpoints, trajectories) with every model on the device."""
     from coupling_utils.analysis.depth_and_tokens import measure_twins
     from coupling_utils.analysis.emergence import SweepSettings, sweep_checkpoints
