@@ -40,17 +40,18 @@ def test_the_overrides_change_prompt_count_and_length_only():
     from coupling_utils.pipeline.execution import _planned_values
 
     allowed = {"n_prompts", "max_tokens", "prompt_tokens", "n_images", "prompts", "include_demo"}
-    allowed |= {"scale_prompts", "scale_max_tokens", "n_windows", "window_tokens", "family"}
+    families = {"family", "training_family"}  # f02's two trained families, f04's family
+    allowed |= {"scale_prompts", "scale_max_tokens", "n_windows", "window_tokens"} | families
     assert set(OVERRIDES) == {nb.stem for nb in NOTEBOOKS}
     for nb, values in OVERRIDES.items():
         assert set(values) <= allowed, (
             f"{nb}: {sorted(set(values) - allowed)} is not a prompt count or length"
         )
-        if "family" in values:
+        for name in families & set(values):
             for profile in PROFILES:
-                own = _planned_values(ROOT / "notebooks" / f"{nb}.md", profile, {})["family"]
-                assert values["family"] == f"{own}-smoke", (
-                    f"{nb} at {profile}: the family override must be the smoke build of {own}"
+                own = _planned_values(ROOT / "notebooks" / f"{nb}.md", profile, {})[name]
+                assert values[name] == f"{own}-smoke", (
+                    f"{nb} at {profile}: the {name} override must be the smoke build of {own}"
                 )
 
 
