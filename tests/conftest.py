@@ -70,22 +70,14 @@ def zoo_cache(session_cache):
     return session_cache
 
 
-def smoke_zoo_names() -> list[str]:
-    """The embedded models the notebooks use under the smoke profile (as ``make test`` runs them)."""
-    from coupling_utils.pipeline.execution import _planned_values, embedded_models, notebook_paths
-
-    names: list[str] = []
-    for nb in notebook_paths():
-        names += embedded_models(_planned_values(nb, "smoke", None))
-    return [n.removeprefix("embedded:") for n in dict.fromkeys(names)]
-
-
 @pytest.fixture(scope="session")
 def smoke_zoo(session_cache):
     """The smoke notebooks' embedded models, built once per session into the session cache.
 
     Returns the cache folder; its ``zoo`` and ``corpus`` folders are then only read.
     """
+    from support.smoke_runs import smoke_zoo_names
+
     from coupling_utils.models import zoo
 
     names = smoke_zoo_names()

@@ -83,7 +83,7 @@ def fresh_cache() -> Iterator[Path]:
 
 def smoke_zoo_names() -> list[str]:
     sys.path.insert(0, str(HERE))
-    from conftest import smoke_zoo_names as names
+    from support.smoke_runs import smoke_zoo_names as names
 
     return names()
 

@@ -134,8 +134,9 @@ def test_a_sweep_resumes_after_a_killed_job_and_the_notebook_then_loads_no_model
     # worker's log exists yet depends on timing)
     lines = {row[1]: row[0] for row in rows if row[0] != "log:"}
     assert lines.pop(victim) == "interrupted" and set(lines.values()) == {"done"}, status.stdout
-    # the three smoke family members, the hub models and the scale question's own model, less the victim
-    assert len(lines) == 3 + len(HUB) + 1 - 1, status.stdout
+    # the three smoke family members, the four smoke training-family members, the hub models and the
+    # scale question's own model, less the victim
+    assert len(lines) == 3 + 4 + len(HUB) + 1 - 1, status.stdout
 
     again = _cli(*args)
     assert again.returncode == 0, again.stdout + again.stderr

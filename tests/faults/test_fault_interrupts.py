@@ -13,7 +13,7 @@ import pytest
 
 from coupling_utils.pipeline.cli import main
 
-N_PROMPTS = 40
+N_PROMPTS = 120  # enough that a fast CPU is still measuring when the signal comes
 
 
 @pytest.fixture
@@ -39,7 +39,7 @@ def test_an_interrupted_measure_resumes(sig, cli, model_dir, many_prompts, tmp_p
     proc = cli(*_args(model_dir, many_prompts, out), background=True)
     deadline = time.monotonic() + 240
     while not _finished(out) and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.02)
+        time.sleep(0.005)
     proc.send_signal(sig)
     rc = proc.wait(timeout=120)
     err = proc.stderr.read()

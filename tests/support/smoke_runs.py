@@ -53,3 +53,16 @@ def run_smoke(smoke_zoo: Path, tmp_path_factory) -> SimpleNamespace:
         before=before,
         after=after,
     )
+
+
+def smoke_zoo_names() -> list[str]:
+    """The embedded models the notebooks use under the smoke profile (as ``make test`` runs them).
+
+    Here, not in a conftest: every folder's conftest is imported as ``conftest``, so a name
+    imported from it depends on which one came last."""
+    from coupling_utils.pipeline.execution import _planned_values, embedded_models, notebook_paths
+
+    names: list[str] = []
+    for nb in notebook_paths():
+        names += embedded_models(_planned_values(nb, "smoke", None))
+    return [n.removeprefix("embedded:") for n in dict.fromkeys(names)]
