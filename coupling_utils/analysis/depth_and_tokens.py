@@ -539,7 +539,7 @@ def token_intervals(pair: TwinMeasurement, k: int, *, n_resamples: int = 1000) -
     :func:`token_contrast`), the paired differences ``self_excess`` and ``context_excess``
     (trained − twin) and ``sd_excess`` (context s.d. − self s.d., trained). One prompt gives
     unbounded intervals (nothing to resample)."""
-    from coupling_utils.analysis.stats import bootstrap_ci
+    from coupling_utils.analysis.stats import bootstrap_intervals
 
     tok = pair.tokenwise[pair.tokenwise["K"] == k]
     ctx = pair.context[(pair.context["K"] == k) & (pair.context["layer_i"] == pair.context["layer_j"])]
@@ -564,11 +564,7 @@ def token_intervals(pair: TwinMeasurement, k: int, *, n_resamples: int = 1000) -
             "sd_excess": sd("context", trained) - sd("self", trained),
         }
 
-    estimate = values(wide)
-    if len(wide) < 2:
-        return {name: Interval(v, -np.inf, np.inf, over="1 prompt") for name, v in estimate.items()}
-    ci = bootstrap_ci(wide, values, n_resamples=n_resamples, seed=0).set_index("statistic")
-    return {name: Interval.from_bootstrap(ci.loc[name], over=f"{len(wide)} prompts") for name in estimate}
+    return bootstrap_intervals(wide, values, "prompt", n_resamples=n_resamples)
 
 
 def distance_trend(by_distance: pd.DataFrame) -> pd.DataFrame:

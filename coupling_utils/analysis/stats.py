@@ -178,6 +178,35 @@ def bootstrap_ci(
     return pd.DataFrame(rows)
 
 
+def bootstrap_intervals(
+    df: pd.DataFrame,
+    statistic: Callable[[pd.DataFrame], Mapping[str, float]],
+    unit: str,
+    *,
+    detail: str = "",
+    n_resamples: int = 1000,
+    seed: int = 0,
+) -> dict:
+    """:func:`bootstrap_ci` of several statistics as ``verdicts.Interval``s, rows = ``unit``s.
+
+    One Interval per statistic whose estimate (and percentile bounds) are finite, ``over``
+    "N units" (+ ``detail``). A single row leaves nothing to resample: its intervals are then
+    unbounded, so no rule can give a "yes" on them.
+    """
+    from coupling_utils.analysis.verdicts import Interval
+
+    estimate = {k: float(v) for k, v in statistic(df).items() if np.isfinite(v)}
+    if len(df) < 2:
+        return {k: Interval(v, -np.inf, np.inf, over=f"{len(df)} {unit}") for k, v in estimate.items()}
+    ci = bootstrap_ci(df, statistic, n_resamples=n_resamples, seed=seed).set_index("statistic")
+    over = f"{len(df)} {unit}s{detail}"
+    return {
+        k: Interval.from_bootstrap(ci.loc[k], over=over)
+        for k in estimate
+        if np.isfinite(ci.at[k, "ci_low"]) and np.isfinite(ci.at[k, "ci_high"])
+    }
+
+
 def compare_predictors(
     df: pd.DataFrame,
     y: str,
@@ -238,4 +267,4 @@ def compare_predictors(
     return pd.DataFrame(rows)
 
 
-__all__ = ["ols", "rank_correlation", "bootstrap_ci", "compare_predictors"]
+__all__ = ["ols", "rank_correlation", "bootstrap_ci", "bootstrap_intervals", "compare_predictors"]

@@ -13,7 +13,6 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from coupling_utils.analysis.verdicts import Interval
 from coupling_utils.measurement.tables import SCHEMAS as MEASURED
 from coupling_utils.schemas import check_table
 
@@ -83,7 +82,7 @@ def tile_contrast(tiles: pd.DataFrame, k: int) -> dict:
     ``diagonal_twin`` the largest such share of the twin's, each an
     :class:`~coupling_utils.analysis.verdicts.Interval` (95% bootstrap over prompts).
     """
-    from coupling_utils.analysis.stats import bootstrap_ci
+    from coupling_utils.analysis.stats import bootstrap_intervals
 
     diag = tile_diagonality(tiles)
     off = diag[diag["layer_i"] != diag["layer_j"]]
@@ -92,16 +91,10 @@ def tile_contrast(tiles: pd.DataFrame, k: int) -> dict:
     by = off.groupby("weights")["diagonal_share"]
     ks = nested_tile_ks(k)
     shares = _corner_shares(tiles, ks)
-    estimate = _visible_extremes(shares)
     out = {
         "trained": float(by.mean().get("trained", np.nan)),
         "twin": float(by.mean().get("random init", np.nan)),
         "chance": 1 / k,
     }
-    n = len(shares)
-    if n < 2:
-        return out | {name: Interval(v, -np.inf, np.inf, over="1 prompt") for name, v in estimate.items()}
-    ci = bootstrap_ci(shares, _visible_extremes, n_resamples=1000, seed=0).set_index("statistic")
-    for name in estimate:
-        out[name] = Interval.from_bootstrap(ci.loc[name], over=f"{n} prompts, K = {ks[0]}–{ks[-1]}")
-    return out
+    detail = f", K = {ks[0]}–{ks[-1]}"
+    return out | bootstrap_intervals(shares, _visible_extremes, "prompt", detail=detail, n_resamples=1000)

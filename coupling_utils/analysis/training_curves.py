@@ -187,8 +187,7 @@ def shape_intervals(
     One unit leaves nothing to resample: the interval is then unbounded, so no rule can give it
     a "yes".
     """
-    from coupling_utils.analysis.stats import bootstrap_ci
-    from coupling_utils.analysis.verdicts import Interval
+    from coupling_utils.analysis.stats import bootstrap_intervals
 
     check_table(per_unit, Schema("per_unit", dict.fromkeys((unit, step, value), "any")))
     wide = per_unit.pivot_table(index=unit, columns=step, values=value, aggfunc="mean").sort_index(axis=1)
@@ -200,13 +199,4 @@ def shape_intervals(
         out = shape(pd.DataFrame({step: steps, value: sample.to_numpy().mean(axis=0)}))
         return {k: float(out[k]) for k in names if np.isfinite(float(out[k]))}
 
-    estimate = descriptors(wide)
-    over = f"{len(wide)} {unit}s" if len(wide) != 1 else f"1 {unit}"
-    if len(wide) < 2:
-        return {k: Interval(v, -np.inf, np.inf, over=over) for k, v in estimate.items()}
-    ci = bootstrap_ci(wide, descriptors, n_resamples=n_resamples, seed=seed).set_index("statistic")
-    return {
-        k: Interval.from_bootstrap(ci.loc[k], over=over)
-        for k in estimate
-        if np.isfinite(ci.at[k, "ci_low"]) and np.isfinite(ci.at[k, "ci_high"])
-    }
+    return bootstrap_intervals(wide, descriptors, unit, n_resamples=n_resamples, seed=seed)

@@ -520,8 +520,7 @@ def growth_intervals(
     """:func:`growth_contrast`'s ``growth`` and ``<how>_ratio`` as 95% intervals over prompts (a
     prompt resampled with all its tokens, for both models at once; seeded). Empty without a twin;
     one prompt gives unbounded intervals (nothing to resample)."""
-    from coupling_utils.analysis.stats import bootstrap_ci
-    from coupling_utils.analysis.verdicts import Interval
+    from coupling_utils.analysis.stats import bootstrap_intervals
 
     if not {trained, twin} <= set(metrics["model"]):
         return {}
@@ -542,11 +541,7 @@ def growth_intervals(
             out[f"{how}_ratio"] = a / b if b > 0 else np.nan
         return out
 
-    estimate, over = values(wide), f"{len(wide)} prompts" if len(wide) != 1 else "1 prompt"
-    if len(wide) < 2:
-        return {k: Interval(v, -np.inf, np.inf, over=over) for k, v in estimate.items() if np.isfinite(v)}
-    ci = bootstrap_ci(wide, values, n_resamples=n_resamples, seed=0).set_index("statistic")
-    return {k: Interval.from_bootstrap(ci.loc[k], over=over) for k, v in estimate.items() if np.isfinite(v)}
+    return bootstrap_intervals(wide, values, "prompt", n_resamples=n_resamples)
 
 
 def checkpoint_trajectories(

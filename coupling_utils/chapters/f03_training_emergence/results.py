@@ -273,7 +273,7 @@ class Results:
     def dense_judged(self) -> dict:
         """:attr:`dense_values` with 95% intervals over the held-out windows (windows resampled,
         the mean matrices and their graphs recomputed at every checkpoint)."""
-        from coupling_utils.analysis.stats import bootstrap_ci
+        from coupling_utils.analysis.stats import bootstrap_intervals
         from coupling_utils.analysis.verdicts import Interval
 
         h = self.held[self.held.step >= self.params.early_step]
@@ -294,17 +294,12 @@ class Results:
                 "density_peak_position": emergence.log_position(peak, order[0], order[-1]),
             }
 
-        if len(wide) < 2 or wide.isna().to_numpy().any():
-            bounds = {
-                k: Interval(v, -np.inf, np.inf, over=f"{len(wide)} window")
-                for k, v in self.dense_values.items()
+        if wide.isna().to_numpy().any():  # a window missing at some checkpoint: nothing to resample
+            over = "windows not measured at every checkpoint"
+            return self.dense_values | {
+                k: Interval(v, -np.inf, np.inf, over=over) for k, v in self.dense_values.items()
             }
-            return self.dense_values | bounds
-        ci = bootstrap_ci(wide, values, n_resamples=500, seed=0).set_index("statistic")
-        over = f"{len(wide)} windows"
-        return self.dense_values | {
-            k: Interval.from_bootstrap(ci.loc[k], over=over) for k in self.dense_values
-        }
+        return self.dense_values | bootstrap_intervals(wide, values, "window", n_resamples=500)
 
     @property
     def d_peak(self) -> int:
@@ -425,7 +420,7 @@ class Results:
         with a 95% interval over the held-out windows (both curves from the same resampled windows)."""
         from scipy import stats as sps
 
-        from coupling_utils.analysis.stats import bootstrap_ci
+        from coupling_utils.analysis.stats import bootstrap_intervals
         from coupling_utils.analysis.verdicts import Interval
 
         t = self.trajectories
@@ -438,10 +433,11 @@ class Results:
         def rho(sample: pd.DataFrame) -> float:
             return float(sps.spearmanr(sample["coupling"].mean(), sample["lss"].mean()).statistic)
 
-        if len(wide) < 2 or wide.isna().to_numpy().any():
-            return {"rho_lss": Interval(self.rho_lss, -np.inf, np.inf, over=f"{len(wide)} window")}
-        ci = bootstrap_ci(wide, rho, n_resamples=500, seed=0).iloc[0]
-        return {"rho_lss": Interval.from_bootstrap(ci, over=f"{len(wide)} windows")}
+        if wide.isna().to_numpy().any():  # a window missing at some checkpoint: nothing to resample
+            return {
+                "rho_lss": Interval(self.rho_lss, -np.inf, np.inf, over="windows not at every checkpoint")
+            }
+        return bootstrap_intervals(wide, lambda s: {"rho_lss": rho(s)}, "window", n_resamples=500)
 
     # ----------------------------------------------------------------- the last block
     @property
