@@ -6,6 +6,7 @@ from the collected jobs alone, as :class:`Results`)."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -207,6 +208,20 @@ class Results:
     @property
     def token_words(self) -> str:
         return self.facts["token_words"]
+
+    @functools.cached_property
+    def emerges_values(self) -> dict[str, Any]:
+        """What :data:`EMERGES` judges: :attr:`shape` with 95% intervals over the test images
+        (images resampled, their mean curve's descriptors recomputed); computed once, however
+        often the claims are."""
+        from coupling_utils.analysis.training_curves import shape_intervals
+
+        per = self.over.per_prompt.rename(columns={"prompt": "image"})
+        per = per.assign(step=per.model.str.removeprefix("step").astype(int))
+        names = sorted(EMERGES.names)
+        return self.shape | shape_intervals(
+            per, "coupling", vt.curve_shape, names, unit="image", n_resamples=500
+        )
 
     @property
     def ends(self) -> tuple[str, str]:

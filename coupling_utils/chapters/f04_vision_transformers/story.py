@@ -44,17 +44,6 @@ def family_values(r: Results) -> dict[str, Any]:
     return {"rho_excess": rho}
 
 
-def emerges_values(r: Results) -> dict[str, Any]:
-    """What :data:`EMERGES` judges: the curve's shape, with 95% intervals over the test images
-    (images resampled, their mean curve's descriptors recomputed)."""
-    from coupling_utils.analysis.training_curves import shape_intervals
-
-    per = r.over.per_prompt.rename(columns={"prompt": "image"})
-    per = per.assign(step=per.model.str.removeprefix("step").astype(int))
-    names = sorted(EMERGES.names)
-    return r.shape | shape_intervals(per, "coupling", vt.curve_shape, names, unit="image", n_resamples=500)
-
-
 def claims(p: Params, r: Results) -> list[dict[str, Any]]:
     """The reproduction-status rows (for ``pipeline.status.report``): emergence, the run against
     its twin, each hub ViT measured against its twin, and the family."""
@@ -62,7 +51,7 @@ def claims(p: Params, r: Results) -> list[dict[str, Any]]:
     note = f"{p.n_images} test digits, {r.token_words}, K = {p.k}"
     rows = [
         claim("coupling emerges during ViT training", paper="emerges over training (no numbers published)",
-              rule=EMERGES, values=emerges_values(r),
+              rule=EMERGES, values=r.emerges_values,
               ours=f"{shape['init']:.3f} → {shape['final']:.3f}, peak {shape['peak']:.3f} at step "
                    f"{shape['peak_step']}, ρ(step) {shape['spearman']:.2f}",
               note=f"{r.run_name}, {len(r.curve)} checkpoints; {note}"),
