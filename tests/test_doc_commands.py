@@ -5,7 +5,10 @@ book/*.md. Each block runs as one bash script (``set -e``), in a scratch folder,
 front of PATH that keep it small but real:
 
 - ``coupling-book run`` runs the named notebooks for real at the ``smoke`` profile (whatever
-  profile the docs name), with the documented overrides, into the documented output folder;
+  profile the docs name), with the documented overrides, into the documented output folder; a run
+  identical to one already made in this session (same notebook, the smoke profile, the same
+  overrides) is copied instead of executed again, the session's own smoke runs (``smoke_runs``)
+  included, which ran the same notebooks through the same ``run_notebook``;
 - ``coupling-book build`` renders a real book from what the block ran (into the scratch folder);
 - ``coupling-book zoo prepare NAME`` prepares the smoke-sized twin of NAME (``SMOKE_TWINS``);
 - ``coupling-book sweep`` runs at the ``smoke`` profile too, for real with ``--executor local``;
@@ -21,6 +24,8 @@ front of PATH that keep it small but real:
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
 import shlex
@@ -102,7 +107,7 @@ SHIM = textwrap.dedent(
     real = execution.run_notebook
 
     def run_notebook(notebook, profile, overrides=None, output_dir=None, **kw):
-        key = hashlib.sha256(json.dumps([notebook.stem, profile, overrides], sort_keys=True,
+        key = hashlib.sha256(json.dumps([notebook.stem, profile, overrides or {{}}], sort_keys=True,
                                         default=str).encode()).hexdigest()[:16]
         done = memo / key
         if (done / "result.json").exists():
@@ -136,9 +141,27 @@ SHIM = textwrap.dedent(
 )
 
 
+def memo_key(stem: str, profile: str, overrides) -> str:
+    """The shim's key for a notebook run (as :data:`SHIM` computes it)."""
+    text = json.dumps([stem, profile, overrides or {}], sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def seed_memo(memo: Path, smoke_runs) -> None:
+    """Enter the session's successful smoke runs (no overrides) in the shim's memo."""
+    for result in smoke_runs.results.values():
+        if result.status != "ok":
+            continue
+        done = memo / memo_key(Path(result.notebook).stem, "smoke", None)
+        done.mkdir(parents=True, exist_ok=True)
+        shutil.copy(result.output, done / "run.ipynb")
+        (done / "result.json").write_text(json.dumps(result.__dict__, default=str))
+
+
 @pytest.fixture(scope="module")
-def scratch(tmp_path_factory, standin_hub):
-    """A scratch book root (the repository's sources linked in) and a PATH with the shims first."""
+def scratch(tmp_path_factory, standin_hub, smoke_runs):
+    """A scratch book root (the repository's sources linked in), a PATH with the shims first, and
+    the shim's memo seeded with the session's smoke runs."""
     root = tmp_path_factory.mktemp("docs")
     for name in ("notebooks", "book", "data", "_config.yml", "_toc.yml", "CITATION.cff"):
         if (ROOT / name).exists():
@@ -152,6 +175,7 @@ def scratch(tmp_path_factory, standin_hub):
     (shims / "make").write_text(f'#!/bin/sh\nexec {make} -n -C {shlex.quote(str(ROOT))} "$@"\n')
     for shim in shims.iterdir():
         shim.chmod(0o755)
+    seed_memo(root / ".memo", smoke_runs)
     env = {
         **os.environ,
         "PATH": f"{shims}:{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
