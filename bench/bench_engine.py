@@ -16,7 +16,10 @@ Methods (all in float32, on ``--threads`` torch threads, one after the other in 
 - ``all_tokens``: ``jacobians.token_jacobians`` (one token-diagonal sweep for all T tokens),
   then what ``measure(tokens="all")`` does with them: the top-50 spectra of every token and the
   token-wise coupling tiles of every pair (``measurement.compute.spectra``, ``pair_tiles``,
-  ``couplings``); seconds are given for the Jacobians alone and in all.
+  ``couplings``); seconds are given for the Jacobians, the spectra and the tiles, and in all.
+  ``flop_bound`` is the speed-up the all-token path would have if it ran at the reference's
+  FLOP rate: ``T·F_ref / (F_sweep + F_tiles)``; the tiles ``|U_jᵀ J_i V_j|`` of all T² pairs
+  cost ``2·T²·50·d² + 2·T²·50²·d``, which grows as T² and at T = 256 is about twice the sweep.
 
 Cases:
 
@@ -122,17 +125,25 @@ def gemm_rate(T: int, d: int) -> float:
 
 # --------------------------------------------------------------------------- the methods
 def all_token_work(model, ids, kmax: int = 50):
-    """What measure(tokens="all") computes for one block: (J, seconds of J, seconds in all)."""
+    """What measure(tokens="all") computes for one block: (J, seconds of the Jacobians, of the
+    top-kmax spectra, of the coupling tiles and metric)."""
     from coupling_utils.engine.jacobians import token_jacobians
     from coupling_utils.measurement.compute import couplings, pair_tiles, spectra
     from coupling_utils.measurement.settings import Settings
 
     t0 = time.perf_counter()
     J = token_jacobians(model, ids, 0)
-    t_j = time.perf_counter() - t0
+    t1 = time.perf_counter()
     basis, _ = spectra(J, kmax, kmax, "exact", Settings())
+    t2 = time.perf_counter()
     couplings(pair_tiles(J, basis, kmax, "ujv"), basis.S, K, 2, "norm")
-    return J, t_j, time.perf_counter() - t0
+    return J, t1 - t0, t2 - t1, time.perf_counter() - t2
+
+
+def tile_flops(N: int, d: int, kmax: int = 50) -> float:
+    """The token-wise coupling tiles ``|U_jᵀ J_i V_j|`` of all N² pairs: ``2·N²·kmax·d²`` for
+    ``J_i V_j`` and ``2·N²·kmax²·d`` for the left products."""
+    return 2.0 * N * N * kmax * d * d + 2.0 * N * N * kmax * kmax * d
 
 
 def case_block(T: int, model, label: str, gemm_T: int | None = None) -> list[dict]:
@@ -147,7 +158,8 @@ def case_block(T: int, model, label: str, gemm_T: int | None = None) -> list[dic
     rate = gemm_rate(gemm_T or T, d)
     R, t_ref, m_ref = timed(lambda: reference_jacobians(model, ids, 0, tokens=[T - 1]))
     O, t_one, m_one = timed(lambda: one_token_jacobians(model, ids, 0, [T - 1]))
-    (J, t_j, t_all), _, m_all = timed(lambda: all_token_work(model, ids))
+    (J, t_j, t_spec, t_tiles), _, m_all = timed(lambda: all_token_work(model, ids))
+    t_all = t_j + t_spec + t_tiles
     err = lambda A: float((A - R[0]).norm() / R[0].norm())  # noqa: E731
     full, one = d * block_flops(P, T, d), d * one_token_flops(P, T, d)
     common = {"case": label, "T": T, "d": d, "block_params": P, "gemm_flops_per_s": rate}
@@ -178,7 +190,15 @@ def case_block(T: int, model, label: str, gemm_T: int | None = None) -> list[dic
             "seconds": t_all,
             "speedup": T * t_ref / t_all,
             "target": T / 2,
+            "flop_bound": T * full / (full + tile_flops(T, d)),
             "peak_mib": m_all,
+        },
+        {**common, "method": "all_tokens: spectra (top 50, every token)", "seconds": t_spec},
+        {
+            **common,
+            "method": "all_tokens: coupling tiles and metric",
+            "seconds": t_tiles,
+            "flops": tile_flops(T, d),
         },
     ]
     for r in rows:
@@ -331,6 +351,7 @@ def main(argv=None) -> int:
         "speedup",
         "target",
         "gemm_fraction",
+        "flop_bound",
         "peak_mib",
         "meets_target",
     ]
