@@ -32,7 +32,6 @@ torch, transformers, coupling_utils versions, UTC date, the command).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import subprocess
 import sys
@@ -40,6 +39,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+from _common import provenance  # noqa: E402
+
 # (name, model_type, d, ffn, heads, key/value heads): block shapes of small hub models
 SHAPES = (
     ("Pythia-70M block", "gpt_neox", 512, 2048, 8, 8),
@@ -48,13 +50,6 @@ SHAPES = (
 )
 TOKENS = (16, 32)
 VOCAB = 512
-
-
-def _provenance(threads: int, command: str) -> dict:
-    spec = importlib.util.spec_from_file_location("bench_jacobians", ROOT / "bench" / "bench_jacobians.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.provenance(threads, command)
 
 
 def _model(model_type: str, d: int, ffn: int, heads: int, kv: int, layers: int = 2):
@@ -186,7 +181,7 @@ def main(argv=None) -> int:
     command = "python bench/bench_costs.py " + " ".join(argv if argv is not None else sys.argv[1:])
     frames = []
     for threads in [int(t) for t in args.threads.split(",") if t.strip()]:
-        prov = _provenance(threads, command.strip())  # the load when this thread count starts
+        prov = provenance(command.strip(), threads=threads)  # the load when this thread count starts
         print(f"[costs] {threads} thread(s) ...", flush=True)
         proc = subprocess.run(
             [sys.executable, str(Path(__file__).resolve()), "--worker", str(threads)],

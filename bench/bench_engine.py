@@ -16,7 +16,10 @@ Methods (all in float32, on ``--threads`` torch threads, one after the other in 
 - ``all_tokens``: ``jacobians.token_jacobians`` (one token-diagonal sweep for all T tokens),
   then what ``measure(tokens="all")`` does with them: the top-50 spectra of every token and the
   token-wise coupling tiles of every pair (``measurement.compute.spectra``, ``pair_tiles``,
-  ``couplings``); seconds are given for the Jacobians alone and in all.
+  ``couplings``); seconds are given for the Jacobians, the spectra and the tiles, and in all.
+  ``flop_bound`` is the speed-up the all-token path would have if it ran at the reference's
+  FLOP rate: ``T·F_ref / (F_sweep + F_tiles)``; the tiles ``|U_jᵀ J_i V_j|`` of all T² pairs
+  cost ``2·T²·50·d² + 2·T²·50²·d``, which grows as T² and at T = 256 is about twice the sweep.
 
 Cases:
 
@@ -44,7 +47,6 @@ threads, versions, UTC date, the command).
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import os
 import sys
 import threading
@@ -53,6 +55,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+from _common import neox_model, provenance, rss_mib, smollm2_model  # noqa: E402
+
 TS = (16, 64, 256)
 K = (10, 30, 50)
 GEMM_TARGET = 0.6  # the all-token sweep's share of the machine's GEMM rate (issue 26)
@@ -63,24 +68,16 @@ PROMPTS = {
 }
 
 
-def _rss_mib() -> float:
-    try:
-        pages = int(Path("/proc/self/statm").read_text().split()[1])
-    except (OSError, IndexError, ValueError):
-        return float("nan")
-    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
-
-
 def timed(fn):
     """``(result, seconds, peak MiB above the start)`` of ``fn()``, RSS sampled every 2 ms."""
     import gc
 
     gc.collect()
-    base, peak, done = _rss_mib(), [0.0], threading.Event()
+    base, peak, done = rss_mib(), [0.0], threading.Event()
 
     def sample():
         while not done.is_set():
-            peak[0] = max(peak[0], _rss_mib())
+            peak[0] = max(peak[0], rss_mib())
             time.sleep(0.002)
 
     thread = threading.Thread(target=sample, daemon=True)
@@ -92,49 +89,10 @@ def timed(fn):
         seconds = time.perf_counter() - t0
         done.set()
         thread.join()
-    return out, seconds, max(0.0, max(peak[0], _rss_mib()) - base)
+    return out, seconds, max(0.0, max(peak[0], rss_mib()) - base)
 
 
 # --------------------------------------------------------------------------- models and FLOPs
-def smollm2_block(layers: int = 1):
-    """A random-init Llama model of SmolLM2-135M's block size (``layers`` blocks, eager attention)."""
-    import torch
-    from transformers import AutoModelForCausalLM, LlamaConfig
-
-    cfg = LlamaConfig(
-        hidden_size=576,
-        num_hidden_layers=layers,
-        num_attention_heads=9,
-        num_key_value_heads=3,
-        intermediate_size=1536,
-        vocab_size=49152,
-        rope_theta=100000.0,
-        max_position_embeddings=2048,
-        rms_norm_eps=1e-5,
-    )
-    cfg._attn_implementation_internal = "eager"
-    torch.manual_seed(0)
-    return AutoModelForCausalLM.from_config(cfg).eval().requires_grad_(False)
-
-
-def neox_block():
-    import torch
-    from transformers import AutoModelForCausalLM, GPTNeoXConfig
-
-    cfg = GPTNeoXConfig(
-        hidden_size=512,
-        num_hidden_layers=1,
-        num_attention_heads=8,
-        intermediate_size=2048,
-        rotary_pct=0.25,
-        vocab_size=50304,
-        max_position_embeddings=2048,
-    )
-    cfg._attn_implementation_internal = "eager"
-    torch.manual_seed(0)
-    return AutoModelForCausalLM.from_config(cfg).eval().requires_grad_(False)
-
-
 def block_params(model) -> int:
     """P: the matrix parameters of block 0 (what a token's forward pass multiplies by)."""
     from coupling_utils.engine.architectures import transformer_blocks
@@ -167,17 +125,25 @@ def gemm_rate(T: int, d: int) -> float:
 
 # --------------------------------------------------------------------------- the methods
 def all_token_work(model, ids, kmax: int = 50):
-    """What measure(tokens="all") computes for one block: (J, seconds of J, seconds in all)."""
+    """What measure(tokens="all") computes for one block: (J, seconds of the Jacobians, of the
+    top-kmax spectra, of the coupling tiles and metric)."""
     from coupling_utils.engine.jacobians import token_jacobians
     from coupling_utils.measurement.compute import couplings, pair_tiles, spectra
     from coupling_utils.measurement.settings import Settings
 
     t0 = time.perf_counter()
     J = token_jacobians(model, ids, 0)
-    t_j = time.perf_counter() - t0
+    t1 = time.perf_counter()
     basis, _ = spectra(J, kmax, kmax, "exact", Settings())
+    t2 = time.perf_counter()
     couplings(pair_tiles(J, basis, kmax, "ujv"), basis.S, K, 2, "norm")
-    return J, t_j, time.perf_counter() - t0
+    return J, t1 - t0, t2 - t1, time.perf_counter() - t2
+
+
+def tile_flops(N: int, d: int, kmax: int = 50) -> float:
+    """The token-wise coupling tiles ``|U_jᵀ J_i V_j|`` of all N² pairs: ``2·N²·kmax·d²`` for
+    ``J_i V_j`` and ``2·N²·kmax²·d`` for the left products."""
+    return 2.0 * N * N * kmax * d * d + 2.0 * N * N * kmax * kmax * d
 
 
 def case_block(T: int, model, label: str, gemm_T: int | None = None) -> list[dict]:
@@ -192,7 +158,8 @@ def case_block(T: int, model, label: str, gemm_T: int | None = None) -> list[dic
     rate = gemm_rate(gemm_T or T, d)
     R, t_ref, m_ref = timed(lambda: reference_jacobians(model, ids, 0, tokens=[T - 1]))
     O, t_one, m_one = timed(lambda: one_token_jacobians(model, ids, 0, [T - 1]))
-    (J, t_j, t_all), _, m_all = timed(lambda: all_token_work(model, ids))
+    (J, t_j, t_spec, t_tiles), _, m_all = timed(lambda: all_token_work(model, ids))
+    t_all = t_j + t_spec + t_tiles
     err = lambda A: float((A - R[0]).norm() / R[0].norm())  # noqa: E731
     full, one = d * block_flops(P, T, d), d * one_token_flops(P, T, d)
     common = {"case": label, "T": T, "d": d, "block_params": P, "gemm_flops_per_s": rate}
@@ -223,7 +190,15 @@ def case_block(T: int, model, label: str, gemm_T: int | None = None) -> list[dic
             "seconds": t_all,
             "speedup": T * t_ref / t_all,
             "target": T / 2,
+            "flop_bound": T * full / (full + tile_flops(T, d)),
             "peak_mib": m_all,
+        },
+        {**common, "method": "all_tokens: spectra (top 50, every token)", "seconds": t_spec},
+        {
+            **common,
+            "method": "all_tokens: coupling tiles and metric",
+            "seconds": t_tiles,
+            "flops": tile_flops(T, d),
         },
     ]
     for r in rows:
@@ -327,25 +302,6 @@ def case_measure(n_prompts: int) -> list[dict]:
     return _judged(rows)
 
 
-def provenance(threads: int, command: str) -> dict:
-    import torch
-    import transformers
-
-    import coupling_utils
-    from coupling_utils.provenance import cpu_name
-
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    return {
-        "machine": f"{os.cpu_count()} CPU ({cpu_name()}), load {load:.1f} at start",
-        "torch_threads": threads,
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "coupling_utils": coupling_utils.__version__,
-        "date_utc": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M"),
-        "command": command,
-    }
-
-
 def _print_flops() -> None:
     print(
         "FLOP accounting: block forward over T tokens = 2·T·P + 4·T²·d; d VJPs = d forward passes;\n"
@@ -367,15 +323,15 @@ def main(argv=None) -> int:
 
     torch.set_num_threads(args.threads)
     command = ("python bench/bench_engine.py " + " ".join(argv if argv is not None else sys.argv[1:])).strip()
-    prov = provenance(args.threads, command)
+    prov = provenance(command, threads=args.threads)
     _print_flops()
     rows = []
-    model = smollm2_block()
+    model = smollm2_model(1, attention="eager")
     for T in TS[:2] if args.quick else TS:
         print(f"[block] T = {T} ...", flush=True)
         rows += case_block(T, model, "block: SmolLM2-size Llama (random init)")
     print("[neox] T = 32 ...", flush=True)
-    rows += case_block(32, neox_block(), "block: GPT-NeoX d=512 (random init)")
+    rows += case_block(32, neox_model(1, attention="eager"), "block: GPT-NeoX d=512 (random init)")
     print("[measure] embedded:smollm2-135m ...", flush=True)
     rows += case_measure(1 if args.quick else len(PROMPTS))
     df = pd.DataFrame(rows)
@@ -395,6 +351,7 @@ def main(argv=None) -> int:
         "speedup",
         "target",
         "gemm_fraction",
+        "flop_bound",
         "peak_mib",
         "meets_target",
     ]

@@ -36,7 +36,6 @@ transformers, coupling_utils versions, UTC date, the command).
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
 import resource
@@ -47,6 +46,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+from _common import neox_model, provenance, rss_mib, smollm2_model  # noqa: E402
+
 CASES = ("neox", "profile", "matrix_free")
 DEMO_PROMPT = "What is the capital of France? The capital is"
 # matrix-free settings: (K, solver, solver options, depth_window); {} = the solver's defaults
@@ -59,54 +61,6 @@ MATRIX_FREE_SETTINGS = (
     (50, "lanczos", {}, 1),
 )
 MATRIX_FREE_K = (10, 30, 50)
-
-
-# --------------------------------------------------------------------------- models
-def neox_model():
-    import torch
-    from transformers import AutoModelForCausalLM, GPTNeoXConfig
-
-    cfg = GPTNeoXConfig(
-        hidden_size=512,
-        num_hidden_layers=6,
-        num_attention_heads=8,
-        intermediate_size=2048,
-        rotary_pct=0.25,
-        vocab_size=50304,
-        max_position_embeddings=2048,
-    )
-    torch.manual_seed(0)
-    return AutoModelForCausalLM.from_config(cfg).eval().requires_grad_(False)
-
-
-def smollm2_twin():
-    """A random-init model with SmolLM2-135M's configuration (no weights needed)."""
-    import torch
-    from transformers import AutoModelForCausalLM, LlamaConfig
-
-    cfg = LlamaConfig(
-        hidden_size=576,
-        num_hidden_layers=30,
-        num_attention_heads=9,
-        num_key_value_heads=3,
-        intermediate_size=1536,
-        vocab_size=49152,
-        rope_theta=100000.0,
-        tie_word_embeddings=True,
-        max_position_embeddings=8192,
-        rms_norm_eps=1e-5,
-    )
-    torch.manual_seed(0)
-    return AutoModelForCausalLM.from_config(cfg).eval().requires_grad_(False)
-
-
-def _rss_mib() -> float:
-    """Current resident set size (Linux /proc; NaN elsewhere)."""
-    try:
-        pages = int(Path("/proc/self/statm").read_text().split()[1])
-    except (OSError, IndexError, ValueError):
-        return float("nan")
-    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
 def _peak_mib() -> float:
@@ -123,9 +77,9 @@ def worker(case: str, method: str, opts: dict, outdir: Path) -> dict:
         from coupling_utils.engine.jacobians import reference_jacobians, token_jacobians
         from coupling_utils.engine.spectra import Solver, matrix_free_topk
 
-        model = neox_model()
+        model = neox_model(6)
         ids = torch.randint(0, 50304, (1, opts["T"]), generator=torch.Generator().manual_seed(1))
-        base = _rss_mib()
+        base = rss_mib()
         t0 = time.perf_counter()
         if method == "reference":
             J = reference_jacobians(model, ids, 3)
@@ -150,7 +104,7 @@ def worker(case: str, method: str, opts: dict, outdir: Path) -> dict:
         from coupling_utils.measurement import measure
 
         if case == "profile":
-            model = smollm2_twin()
+            model = smollm2_model(30, tie_word_embeddings=True, max_position_embeddings=8192)
             prompts = {
                 "random16": torch.randint(0, 49152, (1, 16), generator=torch.Generator().manual_seed(1))
             }
@@ -161,7 +115,7 @@ def worker(case: str, method: str, opts: dict, outdir: Path) -> dict:
             model = load_model("embedded:smollm2-135m")
             prompts = {"demo": DEMO_PROMPT}
             tokens = "last"
-        base = _rss_mib()
+        base = rss_mib()
         t0 = time.perf_counter()
         kw = (
             {}
@@ -375,26 +329,6 @@ def case_matrix_free(tmp: Path, threads: int, settings=MATRIX_FREE_SETTINGS) -> 
     return rows
 
 
-def provenance(threads: int, command: str) -> dict:
-    import torch
-    import transformers
-
-    import coupling_utils
-    from coupling_utils.provenance import cpu_name
-
-    cpu = cpu_name()
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    return {
-        "machine": f"{os.cpu_count()} CPU ({cpu}), load {load:.1f} at start",
-        "torch_threads": threads,
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "coupling_utils": coupling_utils.__version__,
-        "date_utc": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M"),
-        "command": command,
-    }
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, from {CASES}")
@@ -418,7 +352,7 @@ def main(argv=None) -> int:
         ap.error(f"unknown cases {sorted(unknown)}; choose from {CASES}")
     threads = args.threads or torch.get_num_threads()
     command = "python bench/bench_jacobians.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    prov = provenance(threads, command.strip())
+    prov = provenance(command.strip(), threads=threads)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     from coupling_utils.files import atomic_path

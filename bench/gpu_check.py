@@ -31,7 +31,6 @@ only where ``--out`` says (never over the committed file by default).
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import os
 import sys
 import tempfile
@@ -41,6 +40,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "bench"))
+from _common import provenance  # noqa: E402
+
 OUT = ROOT / "data" / "benchmarks" / "gpu_check.csv"
 PAPER = dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, intermediate_size=11008)
 TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128)
@@ -188,25 +190,6 @@ def engine_rows(dry_run: bool, budget: Budget) -> list[dict]:
     return rows
 
 
-def provenance(command: str, dry_run: bool) -> dict:
-    import torch
-    import transformers
-
-    import coupling_utils
-    from coupling_utils.provenance import cpu_name
-
-    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-    return {
-        "device": "dry run on a CPU (tiny sizes: not a GPU measurement)" if dry_run else gpu,
-        "machine": f"{os.cpu_count()} CPU ({cpu_name()})",
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "coupling_utils": coupling_utils.__version__,
-        "date_utc": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M"),
-        "command": command,
-    }
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--dry-run", action="store_true", help="on a CPU: tiny sizes, notebooks listed only")
@@ -227,7 +210,10 @@ def main(argv=None) -> int:
         )
         return 2
     command = ("python bench/gpu_check.py " + " ".join(argv if argv is not None else sys.argv[1:])).strip()
-    prov = provenance(command, args.dry_run)
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    prov = provenance(
+        command, device="dry run on a CPU (tiny sizes: not a GPU measurement)" if args.dry_run else gpu
+    )
     budget = Budget(args.budget)
     rows = notebook_rows(args.dry_run, budget, args.notebook_share) + engine_rows(args.dry_run, budget)
     import pandas as pd

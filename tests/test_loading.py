@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from support.wide_models import wide_model
 
 from coupling_utils.engine.architectures import UnsupportedArchitectureError, tiny_model
 from coupling_utils.models import loading
@@ -399,33 +400,9 @@ def test_quantization_needs_a_cuda_gpu(monkeypatch, llama_dir):
         load_model(llama_dir, quantization="4bit", device="cpu")
 
 
-def _wide_model(root, arch: str, n_layers: int, bias_std: float = 0.0):
-    """A small ``arch`` model 128 wide (bitsandbytes' CPU 4-bit kernels need rows of at least its
-    block size), saved to ``root``; ``bias_std`` > 0 redraws its biases (zero at init) that large."""
-    import transformers
-
-    config = getattr(transformers, f"{arch}Config")(
-        vocab_size=64,
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=n_layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
-    torch.manual_seed(0)
-    model = getattr(transformers, f"{arch}ForCausalLM")(config)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if bias_std and name.endswith("bias"):
-                p.normal_(0.0, bias_std)
-    model.save_pretrained(root)
-    return root
-
-
 @pytest.fixture(scope="module")
 def wide_llama_dir(tmp_path_factory):
-    return _wide_model(tmp_path_factory.mktemp("wide-llama"), "Llama", n_layers=2)
+    return wide_model(tmp_path_factory.mktemp("wide-llama"), "Llama", n_layers=2)
 
 
 @pytest.mark.parametrize("quantization,layer", [("4bit", "Linear4bit"), ("8bit", "Linear8bitLt")])
@@ -479,7 +456,7 @@ def test_quantized_model_gives_the_jacobian_of_its_dequantized_weights(
 @pytest.fixture(scope="module")
 def wide_qwen2_dir(tmp_path_factory):
     """Qwen2: its q/k/v projections have biases, set large here."""
-    return _wide_model(tmp_path_factory.mktemp("wide-qwen2"), "Qwen2", n_layers=1, bias_std=1.0)
+    return wide_model(tmp_path_factory.mktemp("wide-qwen2"), "Qwen2", n_layers=1, bias_std=1.0)
 
 
 @pytest.mark.parametrize("quantization", ["4bit", "8bit"])

@@ -132,3 +132,38 @@ def test_pair_tiles_in_chunks_of_partners_are_the_same():
             pair_tiles(J, s, 5, orientation, max_numbers=1), whole, rtol=1e-5, atol=1e-5
         )
         torch.testing.assert_close(whole[2, 5], coupling_tile(J[2], J[5], 5, orientation=orientation))
+
+
+@pytest.mark.parametrize("quantization", ["4bit", "8bit"])
+def test_one_token_on_a_bitsandbytes_quantized_block(monkeypatch, tmp_path, quantization):
+    """bitsandbytes' layers (their CPU backend, the CUDA-only guard widened). 4-bit: the one-token
+    path equals the all-token sweep, both through the dequantized weights. 8-bit (LLM.int8 rounds
+    the activations, so the prefix's cache is not the dequantized block's; forced, the path
+    differed from the sweep by 7e-4): the path declines and says why."""
+    pytest.importorskip("bitsandbytes", reason="the gpu extra (make venv installs it)")
+    from support.wide_models import wide_model
+
+    from coupling_utils.models import loading
+
+    monkeypatch.setattr(loading, "QUANTIZATION_DEVICES", ("cuda", "cpu"))
+    q = loading.load_model(
+        wide_model(tmp_path, "Llama", n_layers=2), quantization=quantization, dtype="float32", device="cpu"
+    )
+    layers = {type(m).__name__ for m in q.model.modules()}
+    assert {"4bit": "Linear4bit", "8bit": "Linear8bitLt"}[quantization] in layers
+    for module in q.model.modules():  # dequantize, then multiply (as on a GPU), not the repacked
+        if type(module).__name__ == "Linear4bit":  # bf16 kernels of an AVX512-BF16 CPU
+            module.support_avx512bf16_for_cpu = False
+    x = torch.randint(0, 64, (1, 9), generator=torch.Generator().manual_seed(1))
+    if quantization == "8bit":
+        assert "LLM.int8" in one_token_supported(q, x)
+        assert choose_path(q, x, 1, 9)[0] == "all_tokens"
+        with pytest.raises(ValueError, match="LLM.int8"):
+            one_token_jacobians(q, x, 0, [8])
+        return
+    assert one_token_supported(q, x) is None
+    for layer, last_block in ((0, "block"), (1, "final_norm")):
+        J = token_jacobians(q, x, layer, tokens=[8, 0, 4], last_block=last_block)
+        O = one_token_jacobians(q, x, layer, [8, 0, 4], last_block=last_block)
+        assert O.dtype == torch.float32 and float(J.abs().max()) > 0
+        assert rel(O, J) <= 1e-5, (quantization, layer, last_block)

@@ -7,9 +7,10 @@ cache: the model's own forward pass fills the cache with tokens 0..t−1 (stoppe
 ``l``), a second pass on token t alone is stopped when block ``l`` is called, and that call,
 ``x_t -> block(x_t; cache) − x_t``, is differentiated by d VJPs of one token (reverse mode:
 it passes fused SDPA and fp16 norms, which forward mode does not). Positions (RoPE, learned),
-ALiBi, sliding windows and grouped-query attention are the model's own code; quantized
-layers run dequantized as in ``blocks.BlockFunction``, which also copies the cache per call so
-the block's own cache update never leaks between calls.
+ALiBi, sliding windows and grouped-query attention are the model's own code; 4-bit layers run
+dequantized as in ``blocks.BlockFunction``, which also copies the cache per call so the block's
+own cache update never leaks between calls. LLM.int8 (8-bit) layers keep the all-token path: the
+prefix's cache would come from int8's rounded activations, which the dequantized block lacks.
 
 Cost per token: d × (one token's backward through the block + t·d for attention), against
 d × (a backward pass over all T tokens) for the all-token sweep of ``jacobians.token_jacobians``;
@@ -32,7 +33,13 @@ from coupling_utils.engine.architectures import (
     transformer_blocks,
     unwrap_model,
 )
-from coupling_utils.engine.blocks import BlockFunction, _is_cache, last_block_norm, model_inputs
+from coupling_utils.engine.blocks import (
+    BlockFunction,
+    _is_cache,
+    _quantized_layers,
+    last_block_norm,
+    model_inputs,
+)
 from coupling_utils.engine.hooks import capture_blocks
 
 __all__ = [
@@ -59,6 +66,11 @@ def one_token_supported(model, inputs) -> str | None:
     )
     if not causal:
         return f"{row.name} blocks are not (only) causal: every token's output depends on later tokens"
+    if any(type(model.get_submodule(n)).__name__ == "Linear8bitLt" for n in _quantized_layers(model)):
+        return (
+            "LLM.int8 (8-bit) layers round the activations: the prefix's key/value cache would hold "
+            "int8's keys and values, not those of the dequantized block the Jacobian differentiates"
+        )
     if not isinstance(inputs, torch.Tensor):
         if not isinstance(inputs, Mapping) or "input_ids" not in inputs:
             return "the inputs are not token ids"

@@ -1,0 +1,86 @@
+"""What the benchmark scripts share: their random-init models, memory sampling and the
+provenance every CSV row carries.
+
+The models are built from fixed configurations and ``torch.manual_seed(0)``, so a benchmark
+measures the same weights run after run; what differs between scripts (the number of blocks,
+the attention implementation, a tied head) is an argument, never a copy of the builder.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+from pathlib import Path
+
+
+def rss_mib() -> float:
+    """This process's resident set size in MiB (Linux ``/proc``; NaN elsewhere)."""
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+    except (OSError, IndexError, ValueError):
+        return float("nan")
+    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def _random_model(cfg, attention: str | None):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    if attention is not None:
+        cfg._attn_implementation_internal = attention
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(cfg).eval().requires_grad_(False)
+
+
+def smollm2_model(layers: int, *, attention: str | None = None, **config):
+    """A random-init Llama model with SmolLM2-135M's block shape (d = 576, 9 heads, 3 key-value
+    heads, d_ff = 1536, RoPE θ = 1e5) and ``layers`` blocks; ``attention`` the implementation
+    (None: transformers' default); ``config`` overrides the rest of the configuration."""
+    from transformers import LlamaConfig
+
+    base = dict(
+        hidden_size=576,
+        num_hidden_layers=layers,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        intermediate_size=1536,
+        vocab_size=49152,
+        rope_theta=100000.0,
+        max_position_embeddings=2048,
+        rms_norm_eps=1e-5,
+    )
+    return _random_model(LlamaConfig(**{**base, **config}), attention)
+
+
+def neox_model(layers: int, *, attention: str | None = None):
+    """A random-init GPT-NeoX with Pythia-70M's configuration (d = 512, 8 heads, d_ff = 2048,
+    rotary on a quarter of each head) and ``layers`` blocks."""
+    from transformers import GPTNeoXConfig
+
+    cfg = GPTNeoXConfig(
+        hidden_size=512,
+        num_hidden_layers=layers,
+        num_attention_heads=8,
+        intermediate_size=2048,
+        rotary_pct=0.25,
+        vocab_size=50304,
+        max_position_embeddings=2048,
+    )
+    return _random_model(cfg, attention)
+
+
+def provenance(command: str, *, threads: int | None = None, device: str | None = None) -> dict:
+    """The columns every benchmark row carries: the machine and its load when the run started,
+    the torch threads (if fixed), the device (if not the CPU), library versions, date, command."""
+    from coupling_utils.provenance import cpu_name, versions
+
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    out = {} if device is None else {"device": device}
+    out["machine"] = f"{os.cpu_count()} CPU ({cpu_name()}), load {load:.1f} at start"
+    if threads is not None:
+        out["torch_threads"] = threads
+    v = versions()
+    out.update({k: v[k] for k in ("torch", "transformers", "coupling_utils")})
+    out["date_utc"] = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M")
+    out["command"] = command
+    return out
