@@ -242,3 +242,39 @@ def test_the_coupling_diagram_is_computed_when_the_book_is_built(tmp_path):
     assert f"```{{chart-figure}} {diagrams.DIAGRAM_FILE}" in text and f"{m[diagrams.COPY]:.2f}" in text
     assert (tmp_path / diagrams.DIAGRAM_FILE).stat().st_size > 1000
     assert diagrams.MARKER in (ROOT / "book" / "notation-and-method.md").read_text().splitlines()
+
+
+def test_the_jacobian_and_tile_diagrams_are_computed_on_a_tiny_model(tmp_path):
+    """The two engine diagrams: a real block Jacobian of the tiny model (its norm and spectrum in
+    the caption), and a tile matrix whose aligned blocks are coupled and independent ones are not;
+    both staged on the notation page and referenced where the chapters first use them."""
+    import torch
+
+    from coupling_utils.engine.jacobians import token_jacobians
+    from coupling_utils.pipeline import diagrams
+
+    lm, ids = diagrams.tiny_block_model(), torch.tensor([diagrams.TINY_IDS])
+    J = token_jacobians(lm, ids, diagrams.STEP - 1, tokens=[len(diagrams.TINY_IDS) - 1], progress=False)[0]
+    assert J.shape == (diagrams.TINY_D, diagrams.TINY_D) and float(J.norm()) > 0
+    _chart, facts = diagrams.jacobian_diagram()
+    assert facts["norm"] == pytest.approx(float(J.norm()), rel=1e-5) and 0 < facts["share4"] <= 1
+    _chart, m = diagrams.tile_matrix_diagram()
+    assert m[diagrams.ALIGNED] < 0.3 and m[diagrams.INDEPENDENT] > 0.7
+    _chart, m_far = diagrams.tile_matrix_diagram(noise=3.0)  # much noise: the blocks decouple
+    assert m_far[diagrams.ALIGNED] > m[diagrams.ALIGNED] + 0.2
+    page = tmp_path / "notation-and-method.md"
+    page.write_text("A.\n\n% jacobian-diagram\n\nB.\n\n% tile-diagram\n")
+    assert diagrams.stage_diagrams(page)
+    text = page.read_text()
+    assert "% jacobian-diagram" not in text and "% tile-diagram" not in text
+    assert f":name: {diagrams.JACOBIAN_NAME}" in text and f":name: {diagrams.TILES_NAME}" in text
+    assert f"{facts['norm']:.2f}" in text and f"{m[diagrams.INDEPENDENT]:.2f}" in text
+    for d in diagrams.DIAGRAMS[1:]:
+        assert (tmp_path / d.file).stat().st_size > 1000
+    notation = (ROOT / "book" / "notation-and-method.md").read_text()
+    assert all(d.marker in notation.splitlines() for d in diagrams.DIAGRAMS)
+    for chapter, name in (
+        ("f00_coupling_metric", diagrams.JACOBIAN_NAME),
+        ("f01_depth_and_tokens", diagrams.TILES_NAME),
+    ):
+        assert f"<{name}>`" in (ROOT / "notebooks" / f"{chapter}.md").read_text(), chapter
