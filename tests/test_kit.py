@@ -178,7 +178,15 @@ def test_the_student_edition_shows_no_solutions_in_pages_or_downloads(tmp_path):
     one_page = (html / "print" / "book" / "intro.html").read_text()
     assert "Scratch finding" in one_page and "Predict the coupling" in one_page
     assert "It keeps rising" not in one_page and "Notation and method" in one_page
-    assert 'href="../print/index.html"' in (html / "book" / "intro.html").read_text()
+    intro = (html / "book" / "intro.html").read_text()
+    assert 'href="../print/index.html"' in intro
+    from coupling_utils.pipeline import printing
+
+    pdf = html / "print" / printing.PDF_FILE
+    if printing.find_chromium():  # the PDF of the one page, linked beside it
+        assert pdf.read_bytes()[:5] == b"%PDF-" and f'href="../print/{printing.PDF_FILE}"' in intro
+    else:
+        assert not pdf.exists() and printing.PDF_FILE not in intro
     page = (html / "notebooks" / "f00_coupling_metric.html").read_text()
     assert "Predict the coupling" in page, "the exercise stays"
     assert "It keeps rising" not in page and 'class="solution' not in page
@@ -278,3 +286,60 @@ def test_the_jacobian_and_tile_diagrams_are_computed_on_a_tiny_model(tmp_path):
         ("f01_depth_and_tokens", diagrams.TILES_NAME),
     ):
         assert f"<{name}>`" in (ROOT / "notebooks" / f"{chapter}.md").read_text(), chapter
+
+
+def _chart_page(path: Path, with_chart: bool) -> Path:
+    """A tiny printable page: a heading, and (``with_chart``) one chart as the book shows it, with
+    the book's stylesheet (whose print rules show the chart's static picture)."""
+    import altair as alt
+    import pandas as pd
+
+    from coupling_utils.analysis.display import chart_bundle
+
+    css = (ROOT / "coupling_utils" / "pipeline" / "book_static" / "book.css").read_text()
+    chart = (
+        alt.Chart(pd.DataFrame({"x": range(40), "y": [i * i for i in range(40)]}))
+        .mark_line()
+        .encode(x="x:Q", y="y:Q")
+    )
+    figure = chart_bundle(chart, alt="A rising curve.")[0]["text/html"] if with_chart else ""
+    path.write_text(f"<html><head><style>{css}</style></head><body><h1>Printable</h1>{figure}</body></html>")
+    return path
+
+
+def test_the_printable_pdf_is_printed_with_its_charts(tmp_path):
+    """Headless Chromium prints a tiny printable page to a PDF, chart included (the print
+    stylesheet shows its static picture: the PDF is much larger than the same page without it);
+    the one page behind the singlehtml redirect is what gets printed."""
+    from coupling_utils.pipeline import printing
+
+    if printing.find_chromium() is None:
+        pytest.skip("no Chromium installed (`make browser` or `apt-get install chromium`): no PDF to test")
+    sizes = {}
+    for with_chart in (True, False):
+        page = _chart_page(tmp_path / f"page-{with_chart}.html", with_chart)
+        pdf = printing.print_pdf(page, tmp_path / f"page-{with_chart}.pdf", wait_ms=2000)
+        assert pdf.read_bytes()[:5] == b"%PDF-" and not pdf.with_name(pdf.name + ".partial").exists()
+        sizes[with_chart] = pdf.stat().st_size
+    assert sizes[True] > sizes[False] + 2000, sizes
+    folder = tmp_path / "print"
+    (folder / "book").mkdir(parents=True)
+    (folder / "index.html").write_text('<meta http-equiv="Refresh" content="0; url=book/intro.html" />')
+    _chart_page(folder / "book" / "intro.html", True)
+    assert printing.one_page(folder) == (folder / "book" / "intro.html").resolve()
+    assert printing.add_pdf(folder).stat().st_size > sizes[False] + 2000
+
+
+def test_without_chromium_the_printable_edition_is_the_single_page(monkeypatch, capsys):
+    """No Chromium: the intro links the single page only, and the build says why in one line."""
+    from coupling_utils.pipeline import pages, printing
+
+    monkeypatch.setattr(printing, "find_chromium", lambda: None)
+    item = pages.printable_link(True)
+    assert "print/index.html" in item and printing.PDF_FILE not in item
+    note = capsys.readouterr().err.strip().splitlines()
+    assert len(note) == 1 and "no Chromium" in note[0] and "make browser" in note[0]
+    assert printing.add_pdf(Path("nowhere")) is None
+    monkeypatch.setattr(printing, "find_chromium", lambda: "/usr/bin/chromium")
+    assert f"print/{printing.PDF_FILE}" in pages.printable_link(True)
+    assert "not part of this build" in pages.printable_link(False)
