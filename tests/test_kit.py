@@ -174,8 +174,11 @@ def test_the_student_edition_shows_no_solutions_in_pages_or_downloads(tmp_path):
     from test_book_config import build_scratch_book
 
     html = build_scratch_book(tmp_path, edition="student", printable=True)
-    assert "book/intro.html" in (html / "print" / "index.html").read_text()  # jupyter-book redirects
-    one_page = (html / "print" / "book" / "intro.html").read_text()
+    # the one page is the print folder's index (where its relative links to styles, MathJax and
+    # charts resolve); jupyter-book's place for it redirects there
+    assert "../index.html" in (html / "print" / "book" / "intro.html").read_text()
+    one_page = (html / "print" / "index.html").read_text()
+    assert 'src="_static/mathjax/' in one_page and (html / "print" / "_static" / "mathjax").is_dir()
     assert "Scratch finding" in one_page and "Predict the coupling" in one_page
     assert "It keeps rising" not in one_page and "Notation and method" in one_page
     intro = (html / "book" / "intro.html").read_text()
@@ -327,10 +330,12 @@ def test_the_printable_pdf_is_printed_with_its_charts(tmp_path):
     (folder / "index.html").write_text('<meta http-equiv="Refresh" content="0; url=book/intro.html" />')
     _chart_page(folder / "book" / "intro.html", True)
     assert printing.one_page(folder) == (folder / "book" / "intro.html").resolve()
-    assert printing.add_pdf(folder).stat().st_size > sizes[False] + 2000
+    assert printing.finish_printable(folder).stat().st_size > sizes[False] + 2000
+    assert "<h1>Printable</h1>" in (folder / "index.html").read_text()  # the page, moved to the index
+    assert "url=../index.html" in (folder / "book" / "intro.html").read_text()  # the old place redirects
 
 
-def test_without_chromium_the_printable_edition_is_the_single_page(monkeypatch, capsys):
+def test_without_chromium_the_printable_edition_is_the_single_page(tmp_path, monkeypatch, capsys):
     """No Chromium: the intro links the single page only, and the build says why in one line."""
     from coupling_utils.pipeline import pages, printing
 
@@ -339,7 +344,10 @@ def test_without_chromium_the_printable_edition_is_the_single_page(monkeypatch, 
     assert "print/index.html" in item and printing.PDF_FILE not in item
     note = capsys.readouterr().err.strip().splitlines()
     assert len(note) == 1 and "no Chromium" in note[0] and "make browser" in note[0]
-    assert printing.add_pdf(Path("nowhere")) is None
+    folder = tmp_path / "print"
+    folder.mkdir()
+    (folder / "index.html").write_text("<h1>One page</h1>")
+    assert printing.finish_printable(folder) is None and not (folder / printing.PDF_FILE).exists()
     monkeypatch.setattr(printing, "find_chromium", lambda: "/usr/bin/chromium")
     assert f"print/{printing.PDF_FILE}" in pages.printable_link(True)
     assert "not part of this build" in pages.printable_link(False)

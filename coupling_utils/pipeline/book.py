@@ -43,7 +43,7 @@ from coupling_utils.pipeline.pages import (
     status_rows,
     status_section,
 )
-from coupling_utils.pipeline.printing import add_pdf
+from coupling_utils.pipeline.printing import finish_printable
 from coupling_utils.pipeline.proofread import proofread
 from coupling_utils.pipeline.teaching import replace_marker
 
@@ -596,5 +596,5 @@ def build_book(
     with atomic_dir(out) as tmp:
         shutil.copytree(built, tmp, dirs_exist_ok=True)
         if one_page:
-            add_pdf(shutil.copytree(one_page, tmp / PRINT_DIR))  # with Chromium, else the page only
+            finish_printable(shutil.copytree(one_page, tmp / PRINT_DIR))  # its PDF with Chromium
     return out

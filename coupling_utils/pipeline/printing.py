@@ -1,6 +1,7 @@
 """The printable edition as a PDF: the one-page book printed by headless Chromium.
 
-``coupling-book build --printable`` renders the whole book on one page (``print/index.html``).
+``coupling-book build --printable`` renders the whole book on one page (``print/index.html``,
+where :func:`settle_one_page` moves it so that its styles, MathJax and charts load).
 When a Chromium is installed (``make browser``, or the Debian package ``chromium``), the build
 also prints that page to :data:`PDF_FILE` beside it with :func:`print_pdf`, offline, after the
 page's scripts (the live charts) have run; the intro links both. Without Chromium the build says
@@ -18,7 +19,16 @@ from pathlib import Path
 
 from coupling_utils.pipeline.pages import BookError
 
-__all__ = ["PDF_FILE", "CHART_WAIT_MS", "find_chromium", "pdf_planned", "print_pdf", "one_page", "add_pdf"]
+__all__ = [
+    "PDF_FILE",
+    "CHART_WAIT_MS",
+    "find_chromium",
+    "pdf_planned",
+    "print_pdf",
+    "one_page",
+    "settle_one_page",
+    "finish_printable",
+]
 
 PDF_FILE = "coupling-book.pdf"  # in the printable edition's folder, beside its index.html
 CHART_WAIT_MS = 20_000  # virtual time the page's scripts get before printing (the charts draw)
@@ -94,10 +104,26 @@ def one_page(folder: Path) -> Path:
     return target if target.is_file() and target.is_relative_to(index.parent.resolve()) else index
 
 
-def add_pdf(folder: Path) -> Path | None:
-    """Print the printable edition in ``folder`` (:func:`one_page`) to :data:`PDF_FILE` beside its
-    ``index.html`` when a Chromium is installed; the PDF's path, or None without Chromium."""
+def settle_one_page(folder: Path) -> Path:
+    """Move the one page to ``folder/index.html`` and return that path. Jupyter Book's
+    ``singlehtml`` writes it at the root document's path (``book/intro.html``) with every link
+    (styles, scripts, MathJax, images) relative to ``folder``, so there it loads none of them;
+    its old place becomes a redirect to the index."""
+    folder = Path(folder).resolve()
+    index, page = folder / "index.html", one_page(folder)
+    if page != index:
+        index.write_text(page.read_text(encoding="utf-8"), encoding="utf-8")
+        up = "../" * (len(page.relative_to(folder).parts) - 1)
+        page.write_text(f'<meta http-equiv="Refresh" content="0; url={up}index.html" />\n', encoding="utf-8")
+    return index
+
+
+def finish_printable(folder: Path) -> Path | None:
+    """The printable edition in ``folder`` made whole: its one page at ``index.html``
+    (:func:`settle_one_page`) and, when a Chromium is installed, printed to :data:`PDF_FILE`
+    beside it; the PDF's path, or None without Chromium."""
+    index = settle_one_page(folder)
     chromium = find_chromium()
     if chromium is None:
         return None
-    return print_pdf(one_page(folder), Path(folder) / PDF_FILE, chromium=chromium)
+    return print_pdf(index, index.parent / PDF_FILE, chromium=chromium)
