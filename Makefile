@@ -32,7 +32,8 @@ venv: $(STAMP)
 run: $(STAMP)
 	$(BIN)/coupling-book run --profile $(PROFILE) --jobs $(JOBS)
 
-# the HTML book and its printable edition (the whole book on one page: _build/html/print/index.html)
+# the HTML book and its printable edition (the whole book on one page: _build/html/print/index.html,
+# and its PDF, print/coupling-book.pdf, when Chromium is installed: make browser)
 build: $(STAMP)
 	$(BIN)/coupling-book build --printable
 

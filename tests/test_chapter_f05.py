@@ -116,3 +116,23 @@ def test_a_window_outside_the_model_names_both_parameters(standin_hub, tmp_path,
     p = f05.Params.checked({**HUB, "first_layer": 5, "last_layer": 3, "compare_random_init": False})
     with pytest.raises(f05.NotMeasured, match="first_layer=5 and last_layer=3"):
         f05.run(p)
+
+
+def test_the_third_expodistance_is_zero_for_exact_growth_and_reads_only_the_window():
+    """Exercise f05-ex-expodistance's measure: the mean |residual| of log step sizes about their
+    line over the window; exact geometric steps give 0, noisy ones more; steps outside the window
+    (here a huge last step) are not read."""
+    from types import SimpleNamespace
+
+    rng = np.random.default_rng(0)
+    rows = []
+    for model, noise in (("trained", 0.0), ("random init", 0.5)):
+        for token in range(3):
+            for layer in range(1, 8):
+                size = 2.0**layer * np.exp(noise * rng.standard_normal()) if layer < 7 else 1e9
+                rows.append({"model": model, "prompt": 0, "token": token, "layer": layer, "step_norm": size})
+    r = SimpleNamespace(window=(0, 6), steps=pd.DataFrame(rows))
+    values = f05._third_expodistance(r)
+    assert values["f05_expo_residual_trained"] == pytest.approx(0, abs=1e-9)
+    assert values["f05_expo_residual_twin"] > 0.1
+    assert values["f05_expo_residual_word"].startswith("lower")

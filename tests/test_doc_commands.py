@@ -223,3 +223,86 @@ def test_documented_command_works(where, line, script, scratch):
         f"{where}:{line}: the documented commands failed (exit {proc.returncode}):\n{script}\n\n"
         f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
     )
+
+
+def _lent_packages(where: Path) -> Path:
+    """A folder of links to this environment's installed packages but the project's own (its
+    editable install and metadata), for a fresh venv to borrow the heavy ones (torch, ...) offline."""
+    import sysconfig
+
+    where.mkdir()
+    for entry in Path(sysconfig.get_paths()["purelib"]).iterdir():
+        name = entry.name.lower()
+        if not (
+            name.startswith(("coupling_utils", "__editable__", "coupling-utils")) or name.endswith(".pth")
+        ):
+            (where / entry.name).symlink_to(entry)
+    return where
+
+
+def _setup_lines() -> list[str]:
+    """The macOS/Linux lines of the running page's "Without `make`" section, as documented."""
+    text = (ROOT / "book" / "running.md").read_text(encoding="utf-8")
+    section = text[text.index("## Without `make`") :]
+    section = section[: section.index("\n## ", 5)]
+    (block,) = re.findall(r"^```bash\n(.*?)^```", section, re.M | re.S)
+    return block.strip().splitlines()
+
+
+@pytest.mark.slow
+def test_the_setup_without_make_runs_on_linux(tmp_path, smoke_zoo):
+    """The running page's setup without make, run line by line in a copy of the repository: a
+    real venv, real pip installs (offline: the venv borrows this environment's packages through a
+    path file, so torch and the book's packages are already satisfied and the project itself is
+    installed, editable, from the copy), then ``coupling-book`` from that venv. The run line keeps
+    its options but runs f00 at the smoke profile (the smoke models shared read-only): the default
+    profile takes minutes."""
+    lines = _setup_lines()
+    assert lines[0] == "python -m venv .venv" and lines[-1].startswith("coupling-book run ")
+    clone = tmp_path / "clone"
+    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, text=True, check=True)
+    for name in filter(None, tracked.stdout.split("\0")):
+        if (ROOT / name).is_file() and not name.startswith("tests/"):
+            (clone / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, clone / name)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    for name in ("zoo", "corpus"):
+        (cache / name).symlink_to(smoke_zoo / name, target_is_directory=True)
+    lent = _lent_packages(tmp_path / "lent")
+    purelib = ".venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()[\"purelib\"])'"
+    # the test's one addition: the venv borrows the lent packages, setuptools included (the old one
+    # that ensurepip puts in a Python 3.11 venv would shadow the newer one torch asks for)
+    borrow = (
+        ".venv/bin/python -m pip uninstall -q -y setuptools 2>/dev/null || true; "
+        f'echo {shlex.quote(str(lent))} > "$({purelib})/lent.pth"'
+    )
+    script = ["set -euo pipefail"]
+    for line in lines:
+        if line == "python -m venv .venv":
+            script += [f"{shlex.quote(sys.executable)} -m venv .venv", borrow]
+        elif line.startswith("coupling-book run "):
+            script.append(line.replace("--profile default", "--profile smoke").replace("run ", "run f00 ", 1))
+        else:
+            script.append(line)
+    script.append('python -c "import coupling_utils; print(coupling_utils.__file__)"')
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "COUPLING_BOOK_ROOT")
+    }
+    env.update(
+        PATH=os.pathsep.join(p for p in env["PATH"].split(os.pathsep) if not p.startswith(sys.prefix)),
+        PIP_NO_INDEX="1", PIP_NO_BUILD_ISOLATION="0", PIP_DISABLE_PIP_VERSION_CHECK="1",
+        COUPLING_CACHE=str(cache), XDG_CACHE_HOME=str(tmp_path / "xdg"), HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+    )  # fmt: skip
+    proc = subprocess.run(
+        ["bash", "-c", "\n".join(script)],
+        cwd=clone, env=env, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert proc.returncode == 0, (
+        f"exit {proc.returncode}\nstdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
+    )
+    imported = Path(proc.stdout.strip().splitlines()[-1])
+    assert imported.is_relative_to(clone), f"the venv imports coupling_utils from {imported}, not the copy"
+    assert (clone / ".venv" / "bin" / "coupling-book").is_file()
+    assert (clone / "_build" / "notebooks" / "f00_coupling_metric.ipynb").is_file()

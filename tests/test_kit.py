@@ -174,11 +174,22 @@ def test_the_student_edition_shows_no_solutions_in_pages_or_downloads(tmp_path):
     from test_book_config import build_scratch_book
 
     html = build_scratch_book(tmp_path, edition="student", printable=True)
-    assert "book/intro.html" in (html / "print" / "index.html").read_text()  # jupyter-book redirects
-    one_page = (html / "print" / "book" / "intro.html").read_text()
+    # the one page is the print folder's index (where its relative links to styles, MathJax and
+    # charts resolve); jupyter-book's place for it redirects there
+    assert "../index.html" in (html / "print" / "book" / "intro.html").read_text()
+    one_page = (html / "print" / "index.html").read_text()
+    assert 'src="_static/mathjax/' in one_page and (html / "print" / "_static" / "mathjax").is_dir()
     assert "Scratch finding" in one_page and "Predict the coupling" in one_page
     assert "It keeps rising" not in one_page and "Notation and method" in one_page
-    assert 'href="../print/index.html"' in (html / "book" / "intro.html").read_text()
+    intro = (html / "book" / "intro.html").read_text()
+    assert 'href="../print/index.html"' in intro
+    from coupling_utils.pipeline import printing
+
+    pdf = html / "print" / printing.PDF_FILE
+    if printing.find_chromium():  # the PDF of the one page, linked beside it
+        assert pdf.read_bytes()[:5] == b"%PDF-" and f'href="../print/{printing.PDF_FILE}"' in intro
+    else:
+        assert not pdf.exists() and printing.PDF_FILE not in intro
     page = (html / "notebooks" / "f00_coupling_metric.html").read_text()
     assert "Predict the coupling" in page, "the exercise stays"
     assert "It keeps rising" not in page and 'class="solution' not in page
@@ -242,3 +253,101 @@ def test_the_coupling_diagram_is_computed_when_the_book_is_built(tmp_path):
     assert f"```{{chart-figure}} {diagrams.DIAGRAM_FILE}" in text and f"{m[diagrams.COPY]:.2f}" in text
     assert (tmp_path / diagrams.DIAGRAM_FILE).stat().st_size > 1000
     assert diagrams.MARKER in (ROOT / "book" / "notation-and-method.md").read_text().splitlines()
+
+
+def test_the_jacobian_and_tile_diagrams_are_computed_on_a_tiny_model(tmp_path):
+    """The two engine diagrams: a real block Jacobian of the tiny model (its norm and spectrum in
+    the caption), and a tile matrix whose aligned blocks are coupled and independent ones are not;
+    both staged on the notation page and referenced where the chapters first use them."""
+    import torch
+
+    from coupling_utils.engine.jacobians import token_jacobians
+    from coupling_utils.pipeline import diagrams
+
+    lm, ids = diagrams.tiny_block_model(), torch.tensor([diagrams.TINY_IDS])
+    J = token_jacobians(lm, ids, diagrams.STEP - 1, tokens=[len(diagrams.TINY_IDS) - 1], progress=False)[0]
+    assert J.shape == (diagrams.TINY_D, diagrams.TINY_D) and float(J.norm()) > 0
+    _chart, facts = diagrams.jacobian_diagram()
+    assert facts["norm"] == pytest.approx(float(J.norm()), rel=1e-5) and 0 < facts["share4"] <= 1
+    _chart, m = diagrams.tile_matrix_diagram()
+    assert m[diagrams.ALIGNED] < 0.3 and m[diagrams.INDEPENDENT] > 0.7
+    _chart, m_far = diagrams.tile_matrix_diagram(noise=3.0)  # much noise: the blocks decouple
+    assert m_far[diagrams.ALIGNED] > m[diagrams.ALIGNED] + 0.2
+    page = tmp_path / "notation-and-method.md"
+    page.write_text("A.\n\n% jacobian-diagram\n\nB.\n\n% tile-diagram\n")
+    assert diagrams.stage_diagrams(page)
+    text = page.read_text()
+    assert "% jacobian-diagram" not in text and "% tile-diagram" not in text
+    assert f":name: {diagrams.JACOBIAN_NAME}" in text and f":name: {diagrams.TILES_NAME}" in text
+    assert f"{facts['norm']:.2f}" in text and f"{m[diagrams.INDEPENDENT]:.2f}" in text
+    for d in diagrams.DIAGRAMS[1:]:
+        assert (tmp_path / d.file).stat().st_size > 1000
+    notation = (ROOT / "book" / "notation-and-method.md").read_text()
+    assert all(d.marker in notation.splitlines() for d in diagrams.DIAGRAMS)
+    for chapter, name in (
+        ("f00_coupling_metric", diagrams.JACOBIAN_NAME),
+        ("f01_depth_and_tokens", diagrams.TILES_NAME),
+    ):
+        assert f"<{name}>`" in (ROOT / "notebooks" / f"{chapter}.md").read_text(), chapter
+
+
+def _chart_page(path: Path, with_chart: bool) -> Path:
+    """A tiny printable page: a heading, and (``with_chart``) one chart as the book shows it, with
+    the book's stylesheet (whose print rules show the chart's static picture)."""
+    import altair as alt
+    import pandas as pd
+
+    from coupling_utils.analysis.display import chart_bundle
+
+    css = (ROOT / "coupling_utils" / "pipeline" / "book_static" / "book.css").read_text()
+    chart = (
+        alt.Chart(pd.DataFrame({"x": range(40), "y": [i * i for i in range(40)]}))
+        .mark_line()
+        .encode(x="x:Q", y="y:Q")
+    )
+    figure = chart_bundle(chart, alt="A rising curve.")[0]["text/html"] if with_chart else ""
+    path.write_text(f"<html><head><style>{css}</style></head><body><h1>Printable</h1>{figure}</body></html>")
+    return path
+
+
+def test_the_printable_pdf_is_printed_with_its_charts(tmp_path):
+    """Headless Chromium prints a tiny printable page to a PDF, chart included (the print
+    stylesheet shows its static picture: the PDF is much larger than the same page without it);
+    the one page behind the singlehtml redirect is what gets printed."""
+    from coupling_utils.pipeline import printing
+
+    if printing.find_chromium() is None:
+        pytest.skip("no Chromium installed (`make browser` or `apt-get install chromium`): no PDF to test")
+    sizes = {}
+    for with_chart in (True, False):
+        page = _chart_page(tmp_path / f"page-{with_chart}.html", with_chart)
+        pdf = printing.print_pdf(page, tmp_path / f"page-{with_chart}.pdf", wait_ms=2000)
+        assert pdf.read_bytes()[:5] == b"%PDF-" and not pdf.with_name(pdf.name + ".partial").exists()
+        sizes[with_chart] = pdf.stat().st_size
+    assert sizes[True] > sizes[False] + 2000, sizes
+    folder = tmp_path / "print"
+    (folder / "book").mkdir(parents=True)
+    (folder / "index.html").write_text('<meta http-equiv="Refresh" content="0; url=book/intro.html" />')
+    _chart_page(folder / "book" / "intro.html", True)
+    assert printing.one_page(folder) == (folder / "book" / "intro.html").resolve()
+    assert printing.finish_printable(folder).stat().st_size > sizes[False] + 2000
+    assert "<h1>Printable</h1>" in (folder / "index.html").read_text()  # the page, moved to the index
+    assert "url=../index.html" in (folder / "book" / "intro.html").read_text()  # the old place redirects
+
+
+def test_without_chromium_the_printable_edition_is_the_single_page(tmp_path, monkeypatch, capsys):
+    """No Chromium: the intro links the single page only, and the build says why in one line."""
+    from coupling_utils.pipeline import pages, printing
+
+    monkeypatch.setattr(printing, "find_chromium", lambda: None)
+    item = pages.printable_link(True)
+    assert "print/index.html" in item and printing.PDF_FILE not in item
+    note = capsys.readouterr().err.strip().splitlines()
+    assert len(note) == 1 and "no Chromium" in note[0] and "make browser" in note[0]
+    folder = tmp_path / "print"
+    folder.mkdir()
+    (folder / "index.html").write_text("<h1>One page</h1>")
+    assert printing.finish_printable(folder) is None and not (folder / printing.PDF_FILE).exists()
+    monkeypatch.setattr(printing, "find_chromium", lambda: "/usr/bin/chromium")
+    assert f"print/{printing.PDF_FILE}" in pages.printable_link(True)
+    assert "not part of this build" in pages.printable_link(False)

@@ -149,3 +149,21 @@ def test_every_measured_verdict_is_judged_with_an_interval(smoke_runs):
         if "; 95%" not in r.rule and not r.claim.startswith(tuple(WITHOUT_INTERVAL))
     ]
     assert not bare, "judged without an interval:\n  " + "\n  ".join(bare)
+
+
+# a glued value ({glue:text}, {glue:md}, ...) or a numbered figure ({numref}`... <fig-...>`)
+_EXPECTED_RESULT = r"\{glue(:\w+)?\}`|\{numref\}`[^`]*<fig-[^`>]+>`"
+
+
+@pytest.mark.parametrize("nb", notebook_paths(ROOT), ids=lambda p: p.stem)
+def test_every_solution_states_its_expected_result(nb):
+    """Each {solution} block gives a result computed when the book builds (a glued value) or points
+    to a figure of the chapter, not only "rerun and see"."""
+    import re
+
+    from coupling_utils.pipeline.teaching import _blocks
+
+    solutions = [(arg, body) for kind, arg, _, body in _blocks(nb.read_text()) if kind == "solution"]
+    assert solutions, f"{nb.stem} has no solutions"
+    bare = [arg for arg, body in solutions if not re.search(_EXPECTED_RESULT, body)]
+    assert not bare, f"{nb.stem}: solutions with no glued value or figure: {bare}"

@@ -301,6 +301,19 @@ def glue_values(p: Params, r: Results) -> dict[str, Any]:
         "f00_random_mean": random_mean,
         "f00_random_max": random_max,
         "f00_n_random": p.n_random,
+        **_by_k_values(r.by_k),
+    }
+
+
+def _by_k_values(by_k: pd.DataFrame) -> dict[str, Any]:
+    """The by-K table's ends (exercise f00-ex-k): the gap at the smallest and the largest K."""
+    first, last = by_k.iloc[0], by_k.iloc[-1]
+    return {
+        "f00_k_first": int(first["K"]),
+        "f00_k_last": int(last["K"]),
+        "f00_gap_first": float(first["gap"]),
+        "f00_gap_last": float(last["gap"]),
+        "f00_gap_trend": "widens" if last["gap"] > first["gap"] else "shrinks",
     }
 
 

@@ -267,6 +267,31 @@ def _straight_values(s: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _third_expodistance(r: Results) -> dict[str, Any]:
+    """Exercise f05-ex-expodistance's third measure, from the stored step sizes over the window:
+    the mean absolute residual of a line through (l, log s_l), per trajectory, averaged by model
+    (0 = exact exponential growth; NaN with fewer than 3 steps or a zero step)."""
+    first, last = r.window
+    steps = r.steps[(r.steps["layer"] > first) & (r.steps["layer"] <= last)]
+
+    def residual(g: pd.DataFrame) -> float:
+        s = g.sort_values("layer")
+        if len(s) < 3 or (s["step_norm"] <= 0).any():
+            return np.nan
+        x, y = s["layer"].to_numpy(float), np.log(s["step_norm"].to_numpy(float))
+        return float(np.abs(y - np.polyval(np.polyfit(x, y, 1), x)).mean())
+
+    per = steps.groupby(["model", "prompt", "token"])[["layer", "step_norm"]].apply(residual)
+    means = per.groupby(level="model").mean()
+    a, b = float(means.get(TRAINED, np.nan)), float(means.get(TWIN, np.nan))
+    word = (
+        "lower (closer to exponential)"
+        if a < b
+        else ("higher (farther from exponential)" if a > b else "not comparable")
+    )
+    return {"f05_expo_residual_trained": a, "f05_expo_residual_twin": b, "f05_expo_residual_word": word}
+
+
 def glue_values(p: Params, r: Results, status: pd.DataFrame | None) -> dict[str, Any]:
     """Every value the prose glues, by name; ``status``: the reported rows of :func:`claims`
     (None without the twin: the verdicts are then "not judged")."""
@@ -289,6 +314,7 @@ def glue_values(p: Params, r: Results, status: pd.DataFrame | None) -> dict[str,
         "f05_expo_agree": "agree"
         if (growth["log_linear_r2_ratio"] < 1) == (growth["ratio_cv_ratio"] < 1)
         else "disagree",
+        **_third_expodistance(r),
         "f05_lincos_trained": float(r.linearization_means.get(TRAINED, np.nan)),
         "f05_lincos_random": float(r.linearization_means.get(TWIN, np.nan)),
     }

@@ -14,8 +14,7 @@ stored go to ``notebooks/<name>/<table>.csv``, both listed in a ``chapter-links`
 the chapter title. ``repository.url`` in ``_config.yml`` (empty: none of this) turns on the
 theme's repository and "edit this page" buttons, a link to each chapter's source and, on
 github.com, an "Open in Colab" link to the notebook as published on the Pages branch
-(``coupling_book.pages_branch``). The bibliography page gets "Cite this companion" from
-``CITATION.cff``.
+(``coupling_book.pages_branch``). The bibliography page gets "Cite this companion" from ``CITATION.cff``.
 """
 
 from __future__ import annotations
@@ -44,6 +43,7 @@ from coupling_utils.pipeline.pages import (
     status_rows,
     status_section,
 )
+from coupling_utils.pipeline.printing import finish_printable
 from coupling_utils.pipeline.proofread import proofread
 from coupling_utils.pipeline.teaching import replace_marker
 
@@ -573,7 +573,7 @@ def build_book(
     ``work/jb`` with execution off and, when ``strict``, every Sphinx warning an error
     (``-W -n --keep-going``) and no remote asset allowed; then replaces ``out`` atomically.
     ``edition`` is "teacher" (solutions in drop-downs) or "student" (no solutions anywhere);
-    ``printable`` adds the whole book on one page (``singlehtml``) at ``out/print/index.html``.
+    ``printable`` adds the whole book on one page at ``out/print/index.html`` (and its PDF).
     """
     root = Path(root).resolve()
     work = _under(root, work)
@@ -596,5 +596,5 @@ def build_book(
     with atomic_dir(out) as tmp:
         shutil.copytree(built, tmp, dirs_exist_ok=True)
         if one_page:
-            shutil.copytree(one_page, tmp / PRINT_DIR)
+            finish_printable(shutil.copytree(one_page, tmp / PRINT_DIR))  # its PDF with Chromium
     return out

@@ -167,7 +167,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--printable",
         action="store_true",
-        help="also write the whole book on one page, OUT/print/index.html, to print or save as PDF",
+        help="also write the whole book on one page, OUT/print/index.html, and, when Chromium is "
+        "installed (make browser), its PDF, OUT/print/coupling-book.pdf",
     )
     p.set_defaults(func=_cmd_build)
 

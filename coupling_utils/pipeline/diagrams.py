@@ -3,23 +3,89 @@
 :func:`coupling_diagram` is what coupling of top singular vectors means: a matrix ``J1`` seen in
 three singular bases (its own, that of a noisy copy ``J2`` and that of an unrelated matrix
 ``J3``), each drawn as the paper's K×K tile ``|U_{j,K}^T J1 V_{j,K}|`` with the metric ``m_K``
-computed by :func:`coupling_utils.engine.metric.coupling`. :func:`stage_diagrams` writes the
-chart beside the notation page and replaces its :data:`MARKER` line with a numbered figure.
+computed by :func:`coupling_utils.engine.metric.coupling`. :func:`jacobian_diagram` is a block
+Jacobian along a token trajectory: the states ``x^l_t`` of a tiny random GPT-NeoX through its
+blocks (PCA) and one step's ``d×d`` Jacobian ``J^l_tt``, both from the engine.
+:func:`tile_matrix_diagram` is chapter f01's tile matrix on the same tiny model, its blocks
+aligned (copies of one block with a little noise) or independent. :func:`stage_diagrams` writes
+each chart beside the notation page and replaces its marker line (:data:`DIAGRAMS`) with a
+numbered figure.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
-__all__ = ["MARKER", "DIAGRAM_FILE", "DIAGRAM_NAME", "coupling_diagram", "stage_diagrams"]
+__all__ = [
+    "MARKER",
+    "DIAGRAM_FILE",
+    "DIAGRAM_NAME",
+    "JACOBIAN_MARKER",
+    "JACOBIAN_NAME",
+    "TILES_MARKER",
+    "TILES_NAME",
+    "DIAGRAMS",
+    "Diagram",
+    "tiny_block_model",
+    "coupling_diagram",
+    "jacobian_diagram",
+    "tile_matrix_diagram",
+    "stage_diagrams",
+]
 
 MARKER = "% concept-diagram"
 DIAGRAM_FILE = "_generated/coupling-diagram.html"  # next to the page, in the staged book
 DIAGRAM_NAME = "fig-notation-coupling"
 OWN, COPY, OTHER = "J1 (its own)", "J2 (J1 + noise)", "J3 (unrelated)"  # the bases, in column order
 SIZE, K, NOISE, SEED = 24, 6, 0.1, 0  # J1 is SIZE×SIZE; J2 = J1 + noise of NOISE·‖J1‖ (Frobenius)
+
+JACOBIAN_MARKER, JACOBIAN_NAME = "% jacobian-diagram", "fig-notation-jacobian"
+TILES_MARKER, TILES_NAME = "% tile-diagram", "fig-notation-tiles"
+# the tiny model of the two engine diagrams: width, blocks, heads, vocabulary; its prompt's token ids
+TINY_D, TINY_L, TINY_HEADS, TINY_VOCAB = 16, 6, 2, 64
+TINY_IDS = (3, 17, 42, 8, 25)
+STEP = 3  # the Jacobian diagram draws block STEP's Jacobian J^STEP_tt (the step x^{STEP-1} -> x^STEP)
+TILE_BLOCKS, TILE_K = 4, 4  # the tile matrix: the first TILE_BLOCKS blocks, K = TILE_K
+ALIGNED, INDEPENDENT = "aligned blocks", "independent blocks"  # the tile diagram's panels, in order
+
+
+def tiny_block_model(n_layers: int = TINY_L, *, seed: int = SEED, aligned: float | None = None):
+    """A tiny random GPT-NeoX (width :data:`TINY_D`) as a ``LoadedModel`` the engine measures.
+
+    ``aligned``: None for independently initialised blocks; a noise level ``a`` makes every block
+    a copy of the first with noise of ``a`` times each weight's norm (blocks that compute nearly
+    the same map, as coupled blocks do). The global random state is left untouched."""
+    import torch
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+
+    from coupling_utils.models.loading import LoadedModel
+
+    config = GPTNeoXConfig(
+        vocab_size=TINY_VOCAB, hidden_size=TINY_D, num_hidden_layers=n_layers,
+        num_attention_heads=TINY_HEADS, intermediate_size=4 * TINY_D, hidden_act="gelu",
+        max_position_embeddings=64, attention_dropout=0.0, hidden_dropout=0.0,
+        tie_word_embeddings=False, use_parallel_residual=True,
+    )  # fmt: skip
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = GPTNeoXForCausalLM(config).eval()
+    if aligned is not None:
+        g = torch.Generator().manual_seed(seed + 1)
+        first, *others = model.gpt_neox.layers
+        with torch.no_grad():
+            for block in others:
+                for p, p0 in zip(block.parameters(), first.parameters(), strict=True):
+                    noise = torch.randn(p.shape, generator=g)
+                    p.copy_(p0 + aligned * p0.norm() * noise / noise.norm())
+    model.requires_grad_(False)
+    return LoadedModel(
+        model=model, tokenizer=None, name="tiny random GPT-NeoX", revision=None, dtype="float32",
+        arch="gpt_neox", n_layers=n_layers, d_model=TINY_D,
+    )  # fmt: skip
 
 
 def coupling_diagram() -> tuple[object, pd.DataFrame]:
@@ -50,15 +116,112 @@ def coupling_diagram() -> tuple[object, pd.DataFrame]:
     return plots.tile_grid(pd.DataFrame(rows), look=look), pd.DataFrame(metrics)
 
 
-def stage_diagrams(page: Path) -> bool:
-    """Replace the :data:`MARKER` line of a staged page with the coupling diagram as a numbered
-    figure (its chart written to :data:`DIAGRAM_FILE` beside the page). False without a marker."""
-    from coupling_utils.analysis import layout
-    from coupling_utils.analysis.display import chart_bundle
-    from coupling_utils.pipeline.teaching import replace_marker
+def jacobian_diagram() -> tuple[object, dict]:
+    """(chart, facts): the tiny model's token trajectories (PCA of ``x^l_t``) beside block
+    :data:`STEP`'s Jacobian ``J^l_tt`` of the last token; facts: its norm, top singular value and
+    the share of its Frobenius energy in the top 4 singular values."""
+    import altair as alt
+    import torch
 
-    if MARKER not in page.read_text(encoding="utf-8").splitlines():
-        return False
+    from coupling_utils.analysis import plots
+    from coupling_utils.analysis.trajectories import trajectory_pca
+    from coupling_utils.engine.blocks import residual_stream
+    from coupling_utils.engine.jacobians import token_jacobians
+
+    lm, ids = tiny_block_model(), torch.tensor([TINY_IDS])
+    t = len(TINY_IDS) - 1
+    pca = trajectory_pca(residual_stream(lm, ids), 2)
+    pca["token"] = "t = " + pca["token"].astype(str)
+    paths = plots.trajectory_pca_chart(pca, look=plots.Look(title="token trajectories", width=240))
+    J = token_jacobians(lm, ids, STEP - 1, tokens=[t], progress=False)[0].double()  # engine index = l − 1
+    S = torch.linalg.svdvals(J)
+    cells = pd.DataFrame(
+        [{"output": r, "input": c, "entry": float(J[r, c])} for r in range(TINY_D) for c in range(TINY_D)]
+    )
+    limit = float(J.abs().max())
+    no_axis = alt.Axis(labels=False, ticks=False, domain=False)
+    heat = alt.Chart(cells, title=f"Jacobian of block {STEP}, token t = {t}").mark_rect().encode(
+        x=alt.X("input:O", axis=no_axis, title="input coordinate"),
+        y=alt.Y("output:O", axis=no_axis, title="output coordinate"),
+        color=alt.Color("entry:Q", scale=alt.Scale(scheme="blueorange", domain=[-limit, limit]),
+                        title="entry"),
+        tooltip=["output:O", "input:O", alt.Tooltip("entry:Q", format=".3g")],
+    ).properties(width=240, height=240)  # fmt: skip
+    facts = {
+        "token": t,
+        "norm": float(J.norm()),
+        "top": float(S[0]),
+        "share4": float((S[:4] ** 2).sum() / (S**2).sum()),
+    }
+    return alt.hconcat(paths, heat).resolve_scale(color="independent"), facts
+
+
+def _tile_rows(lm, ids, weights: str) -> tuple[list[dict], float]:
+    """The long rows of one model's tile matrix (tile (i, j) at x = j·(K+1) + col) and its mean
+    ``m_K`` over block pairs i ≠ j."""
+    from coupling_utils.engine.jacobians import token_jacobians
+    from coupling_utils.engine.metric import coupling, coupling_tile
+
+    t = ids.shape[1] - 1
+    Js = [token_jacobians(lm, ids, b, tokens=[t], progress=False)[0].double() for b in range(TILE_BLOCKS)]
+    rows, ms = [], []
+    for i, Ji in enumerate(Js):
+        for j, Jj in enumerate(Js):
+            tile = coupling_tile(Ji, Jj, TILE_K).numpy()
+            top = float(tile.max()) or 1.0
+            if i != j:
+                ms.append(coupling(Ji, Jj, TILE_K))
+            for r in range(TILE_K):
+                for c in range(TILE_K):
+                    x, y = j * (TILE_K + 1) + c, i * (TILE_K + 1) + r
+                    rows.append({"weights": weights, "block_i": i + 1, "block_j": j + 1, "x": x, "y": y,
+                                 "x2": x + 1, "y2": y + 1, "value": float(tile[r, c]) / top})  # fmt: skip
+    return rows, sum(ms) / len(ms)
+
+
+def tile_matrix_diagram(noise: float = NOISE) -> tuple[object, dict[str, float]]:
+    """(chart, mean m_K by panel): the tile matrix ``|U_{j,K}^T J_i V_{j,K}|`` of the tiny model's
+    first :data:`TILE_BLOCKS` blocks (last token), its blocks aligned (noise ``noise``) and
+    independent, side by side."""
+    import altair as alt
+    import torch
+
+    ids = torch.tensor([TINY_IDS])
+    rows, means = [], {}
+    for weights, aligned in ((ALIGNED, noise), (INDEPENDENT, None)):
+        more, means[weights] = _tile_rows(tiny_block_model(TILE_BLOCKS, aligned=aligned), ids, weights)
+        rows += more
+    df = pd.DataFrame(rows)
+    none = alt.Axis(labels=False, ticks=False, domain=False, grid=False)
+    span = TILE_BLOCKS * (TILE_K + 1) - 1
+    chart = alt.Chart(df).mark_rect().encode(
+        x=alt.X("x:Q", axis=none, title="singular vectors U_j, V_j of block j",
+                scale=alt.Scale(domain=[0, span])),
+        x2="x2:Q",
+        y=alt.Y("y:Q", axis=none, title="Jacobian J_i of block i", scale=alt.Scale(domain=[span, 0])),
+        y2="y2:Q",
+        color=alt.Color("value:Q", scale=alt.Scale(scheme="viridis"), title="|entry| / tile max"),
+        tooltip=["block_i:O", "block_j:O", alt.Tooltip("value:Q", format=".2f")],
+    ).properties(width=200, height=200).facet(
+        column=alt.Column("weights:N", title=None, sort=[ALIGNED, INDEPENDENT])
+    )  # fmt: skip
+    return chart, means
+
+
+@dataclass(frozen=True)
+class Diagram:
+    """One concept diagram: the marker line it replaces, its figure's name and file, and the
+    function that computes it and returns (chart, caption, alt text)."""
+
+    marker: str
+    name: str
+    file: str
+    draw: Callable[[], tuple[object, str, str]]
+
+
+def _coupling_figure() -> tuple[object, str, str]:
+    from coupling_utils.analysis import layout
+
     chart, metrics = coupling_diagram()
     m = dict(zip(metrics.basis, metrics.m_K, strict=True))
     where = {name: layout.position(chart, f"J1, {name}") for name in (OWN, COPY, OTHER)}
@@ -75,9 +238,78 @@ def stage_diagrams(page: Path) -> bool:
         "a bright diagonal with faint off-diagonal cells. Unrelated matrix: bright cells scattered "
         "with no diagonal."
     )
-    bundle, _ = chart_bundle(chart, caption=caption, alt=alt, name=DIAGRAM_NAME)
-    target = page.parent / DIAGRAM_FILE
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(bundle["text/html"], encoding="utf-8")
-    figure = f"```{{chart-figure}} {DIAGRAM_FILE}\n:name: {DIAGRAM_NAME}\n\n{caption}\n```"
-    return replace_marker(page, MARKER, figure)
+    return chart, caption, alt
+
+
+def _jacobian_figure() -> tuple[object, str, str]:
+    from coupling_utils.analysis import layout
+
+    chart, f = jacobian_diagram()
+    paths, heat = layout.where(chart, "token trajectories"), layout.where(chart, f"Jacobian of block {STEP}")
+    caption = (
+        f"A block Jacobian along a token trajectory, computed when this book was built on a tiny "
+        f"random GPT-NeoX ({TINY_L} blocks, $d$ = {TINY_D}) and a prompt of {len(TINY_IDS)} tokens. "
+        f"The {paths}: each token's states $x^0_t, \\dots, x^{TINY_L}_t$ in the plane of their first two "
+        f"principal components, coloured by depth. The {heat}: the ${TINY_D} \\times {TINY_D}$ matrix "
+        f"$J^{STEP}_{{tt}}$ of the step from $x^{STEP - 1}_t$ to $x^{STEP}_t$ for token $t$ = {f['token']} "
+        f"(Frobenius norm {f['norm']:.2f}, top singular value {f['top']:.2f}; its top 4 singular "
+        f"values hold {f['share4']:.0%} of its energy)."
+    )
+    alt = (
+        f"Two panels in a row. First: {len(TINY_IDS)} short paths of {TINY_L + 1} points each, one "
+        f"per token, points coloured from dark (early blocks) to light (late blocks). Second: a "
+        f"{TINY_D} by {TINY_D} heatmap of the Jacobian's entries, blue negative, orange positive."
+    )
+    return chart, caption, alt
+
+
+def _tiles_figure() -> tuple[object, str, str]:
+    from coupling_utils.analysis import layout
+
+    chart, m = tile_matrix_diagram()
+    a, b = layout.where(chart, ALIGNED), layout.where(chart, INDEPENDENT)
+    caption = (
+        f"The tile matrix of chapter f01, computed when this book was built on a tiny GPT-NeoX "
+        f"($d$ = {TINY_D}; its first {TILE_BLOCKS} blocks, last token, $K$ = {TILE_K}): tile $(i, j)$ "
+        f"is $|U_{{j,K}}^\\top J_i V_{{j,K}}|$ over its largest entry. In the model whose blocks are "
+        f"copies of one block with {NOISE:.0%} noise, the {a}, every tile is nearly diagonal "
+        f"(mean $m_K$ over pairs $i \\ne j$ = {m[ALIGNED]:.2f}): the blocks are coupled. In the "
+        f"model with independently initialised blocks, the {b}, only the tiles $(i, i)$ are "
+        f"diagonal (mean $m_K$ = {m[INDEPENDENT]:.2f}). A trained model is expected to look like "
+        f"the first, its random twin like the second; the aligned blocks here only stand in for "
+        f"what training does."
+    )
+    alt = (
+        f"Two {TILE_BLOCKS} by {TILE_BLOCKS} grids of small {TILE_K} by {TILE_K} heatmaps in a row. "
+        "Aligned blocks: a bright diagonal in every small heatmap. Independent blocks: bright "
+        "diagonals only on the main diagonal of the grid, scattered cells elsewhere."
+    )
+    return chart, caption, alt
+
+
+DIAGRAMS = (
+    Diagram(MARKER, DIAGRAM_NAME, DIAGRAM_FILE, _coupling_figure),
+    Diagram(JACOBIAN_MARKER, JACOBIAN_NAME, "_generated/jacobian-diagram.html", _jacobian_figure),
+    Diagram(TILES_MARKER, TILES_NAME, "_generated/tile-diagram.html", _tiles_figure),
+)
+
+
+def stage_diagrams(page: Path) -> bool:
+    """Replace each :data:`DIAGRAMS` marker line of a staged page with its diagram as a numbered
+    figure (its chart written beside the page). False when the page has no marker."""
+    from coupling_utils.analysis.display import chart_bundle
+    from coupling_utils.pipeline.teaching import replace_marker
+
+    lines = page.read_text(encoding="utf-8").splitlines()
+    staged = False
+    for d in DIAGRAMS:
+        if d.marker not in lines:
+            continue
+        chart, caption, alt = d.draw()
+        bundle, _ = chart_bundle(chart, caption=caption, alt=alt, name=d.name)
+        target = page.parent / d.file
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(bundle["text/html"], encoding="utf-8")
+        figure = f"```{{chart-figure}} {d.file}\n:name: {d.name}\n\n{caption}\n```"
+        staged = replace_marker(page, d.marker, figure) or staged
+    return staged

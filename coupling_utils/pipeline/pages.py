@@ -148,11 +148,21 @@ def status_section(executed: Path, notebooks: set[str] | None = None) -> str:
 
 
 def printable_link(printable: bool) -> str:
-    """The intro's list item about the printable edition: a link to it, or how to build it."""
+    """The intro's list item about the printable edition: a link to it (and to its PDF when this
+    build can print one, :func:`~coupling_utils.pipeline.printing.pdf_planned`), or how to build it."""
+    from coupling_utils.pipeline.printing import PDF_FILE, pdf_planned
+
     item = "- A **printable edition**, for classrooms without a screen per student: "
+    if printable and pdf_planned(printable):
+        return item + (
+            f'<a href="../{PRINT_DIR}/index.html">the whole book on one page</a> and '
+            f'<a href="../{PRINT_DIR}/{PDF_FILE}">the same as one PDF</a>, printed by headless Chromium '
+            "when the book was built (`coupling-book build --printable`, which `make book` runs)."
+        )
     if printable:
         return item + (
             f'<a href="../{PRINT_DIR}/index.html">the whole book on one page</a>, to print or to save '
-            "as a PDF from the browser (`coupling-book build --printable`, which `make book` runs)."
+            "as a PDF from the browser (`coupling-book build --printable`, which `make book` runs; "
+            "with Chromium installed it also makes the PDF)."
         )
     return item + "not part of this build; `coupling-book build --printable` adds it (`make book` does)."

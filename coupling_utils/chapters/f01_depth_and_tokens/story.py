@@ -350,4 +350,19 @@ def glue_values(r: Results, status: pd.DataFrame) -> dict[str, Any]:
         "f01_context_verdict": verdict_word(status.iloc[n + 2]),
         "f01_others": Markdown(_others_text(r, verdicts, claimed[:n])),
         "f01_encoder_note": Markdown(ENCODER_NOTE if _reversed_k(r).get(ENCODER) else ""),
+        "f01_encoder_last_token": _encoder_last_token(r),
     }
+
+
+def _encoder_last_token(r: Results) -> str:
+    """The encoder's last-token ([SEP]) coupling against its twin at K = max(k), or why there is
+    none (exercise f01-ex-encoder: the reference a [CLS] measurement is compared with)."""
+    wide, kmax = r.per_model, max(r.params.k)
+    rows = wide[(wide.model == ENCODER) & (wide["K"] == kmax)]
+    if rows.empty:
+        return f"this run measured no encoder (the default profile adds {ENCODER})"
+    row = rows.iloc[0]
+    return (
+        f"this run's {ENCODER} gives, at its last token ([SEP]) and K = {kmax}, "
+        f"{row['trained']:.3f} against its twin's {row['random init']:.3f}"
+    )

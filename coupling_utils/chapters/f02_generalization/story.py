@@ -282,6 +282,16 @@ def _family_ks_glue(p: Params, t: Training, f: Family) -> dict[str, Any]:
     }
 
 
+def _r2(ours: pd.DataFrame, columns: list[str]) -> float:
+    """R² of the least-squares fit of ``val_acc`` on an intercept and ``columns`` (exercise
+    f02-ex-partial: the excess and size together); NaN when accuracy does not vary."""
+    X = np.column_stack([np.ones(len(ours)), *(ours[c].to_numpy(float) for c in columns)])
+    y = ours["val_acc"].to_numpy(float)
+    beta, *_ = np.linalg.lstsq(X, y, rcond=None)
+    total = float(((y - y.mean()) ** 2).sum())
+    return 1 - float(((y - X @ beta) ** 2).sum()) / total if total > 0 else float("nan")
+
+
 def _fits_glue(f: Family, fits: FamilyFits) -> dict[str, Any]:
     ours, acc, rho, gap = f.ours, fits.acc, fits.rho, fits.gap
     above = ours["excess"] > 0
@@ -296,6 +306,8 @@ def _fits_glue(f: Family, fits: FamilyFits) -> dict[str, Any]:
         "f02_twin_rho": rho["twin coupling"],
         "f02_family_rival": Markdown(fits.rival),
         "f02_family_rival_r2": float(acc.loc[fits.rival, "r2"]),
+        "f02_joint_r2": _r2(ours, ["excess", "log10 params"]),
+        "f02_size_r2": _r2(ours, ["log10 params"]),
         "f02_family_gap": gap["estimate"],
         "f02_family_gap_low": gap["ci_low"],
         "f02_family_gap_high": gap["ci_high"],

@@ -1,0 +1,129 @@
+"""The printable edition as a PDF: the one-page book printed by headless Chromium.
+
+``coupling-book build --printable`` renders the whole book on one page (``print/index.html``,
+where :func:`settle_one_page` moves it so that its styles, MathJax and charts load).
+When a Chromium is installed (``make browser``, or the Debian package ``chromium``), the build
+also prints that page to :data:`PDF_FILE` beside it with :func:`print_pdf`, offline, after the
+page's scripts (the live charts) have run; the intro links both. Without Chromium the build says
+so in one line and links the single page only.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from coupling_utils.pipeline.pages import BookError
+
+__all__ = [
+    "PDF_FILE",
+    "CHART_WAIT_MS",
+    "find_chromium",
+    "pdf_planned",
+    "print_pdf",
+    "one_page",
+    "settle_one_page",
+    "finish_printable",
+]
+
+PDF_FILE = "coupling-book.pdf"  # in the printable edition's folder, beside its index.html
+CHART_WAIT_MS = 20_000  # virtual time the page's scripts get before printing (the charts draw)
+PRINT_TIMEOUT_S = 600  # wall-clock limit of one print
+_REDIRECT = re.compile(r"""http-equiv=["']refresh["'][^>]*url=([^"'>\s]+)""", re.IGNORECASE)
+_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+
+
+def find_chromium() -> str | None:
+    """The path of an installed Chromium (or Chrome), or None."""
+    for name in _NAMES:
+        found = shutil.which(name)
+        if found:
+            return found
+    return None
+
+
+def pdf_planned(printable: bool) -> bool:
+    """Whether this build will add the PDF: a printable edition and a Chromium to print it. When
+    the printable edition is asked for but there is no Chromium, says so in one line."""
+    if not printable:
+        return False
+    if find_chromium() is None:
+        print(
+            "[book] no Chromium found: the printable edition is the single page only "
+            "(install it with `make browser` or `apt-get install chromium` for a PDF too)",
+            file=sys.stderr,
+        )
+        return False
+    return True
+
+
+def print_pdf(page: Path, pdf: Path, *, chromium: str | None = None, wait_ms: int = CHART_WAIT_MS) -> Path:
+    """Print the HTML file ``page`` to ``pdf`` with headless Chromium (no header or footer, its
+    scripts given ``wait_ms`` of virtual time first) and return ``pdf``. Raises
+    :class:`~coupling_utils.pipeline.pages.BookError` naming the page and Chromium's output when
+    no PDF comes out."""
+    chromium = chromium or find_chromium()
+    if chromium is None:
+        raise BookError(
+            f"cannot print {page} to a PDF: no Chromium found; install it (`make browser`) or build "
+            "without --printable"
+        )
+    page, pdf = Path(page).resolve(), Path(pdf).resolve()
+    pdf.parent.mkdir(parents=True, exist_ok=True)
+    partial = pdf.with_name(pdf.name + ".partial")
+    with tempfile.TemporaryDirectory(prefix="coupling-book-print-") as profile:
+        command = [
+            chromium, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+            "--disable-extensions", "--disable-background-networking", f"--user-data-dir={profile}",
+            "--no-pdf-header-footer", f"--virtual-time-budget={wait_ms}",
+            f"--print-to-pdf={partial}", page.as_uri(),
+        ]  # fmt: skip
+        done = subprocess.run(command, capture_output=True, text=True, timeout=PRINT_TIMEOUT_S)
+    if not partial.is_file() or partial.read_bytes()[:5] != b"%PDF-":
+        partial.unlink(missing_ok=True)
+        tail = (done.stderr or done.stdout).strip().splitlines()[-5:]
+        raise BookError(
+            f"Chromium ({chromium}) printed no PDF of {page} (exit {done.returncode}): "
+            + " | ".join(tail)
+            + "; check the page opens in a browser, or build without --printable"
+        )
+    partial.replace(pdf)
+    return pdf
+
+
+def one_page(folder: Path) -> Path:
+    """The page of the printable edition in ``folder``: what its ``index.html`` redirects to
+    (Jupyter Book's ``singlehtml`` puts the book at the root document's path), else itself."""
+    index = Path(folder) / "index.html"
+    found = _REDIRECT.search(index.read_text(encoding="utf-8", errors="replace"))
+    target = (index.parent / found.group(1)).resolve() if found else index
+    return target if target.is_file() and target.is_relative_to(index.parent.resolve()) else index
+
+
+def settle_one_page(folder: Path) -> Path:
+    """Move the one page to ``folder/index.html`` and return that path. Jupyter Book's
+    ``singlehtml`` writes it at the root document's path (``book/intro.html``) with every link
+    (styles, scripts, MathJax, images) relative to ``folder``, so there it loads none of them;
+    its old place becomes a redirect to the index."""
+    folder = Path(folder).resolve()
+    index, page = folder / "index.html", one_page(folder)
+    if page != index:
+        index.write_text(page.read_text(encoding="utf-8"), encoding="utf-8")
+        up = "../" * (len(page.relative_to(folder).parts) - 1)
+        page.write_text(f'<meta http-equiv="Refresh" content="0; url={up}index.html" />\n', encoding="utf-8")
+    return index
+
+
+def finish_printable(folder: Path) -> Path | None:
+    """The printable edition in ``folder`` made whole: its one page at ``index.html``
+    (:func:`settle_one_page`) and, when a Chromium is installed, printed to :data:`PDF_FILE`
+    beside it; the PDF's path, or None without Chromium."""
+    index = settle_one_page(folder)
+    chromium = find_chromium()
+    if chromium is None:
+        return None
+    return print_pdf(index, index.parent / PDF_FILE, chromium=chromium)
