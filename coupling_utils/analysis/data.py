@@ -244,6 +244,25 @@ SCHEMAS: dict[str, DataSchema] = {
         (Column("model_id"), Column("gated", "bool"), Column("access", required=False), Column("source")),
         key=("model_id",),
     ),
+    # written by coupling-book k-sensitivity, read by coupling_utils.analysis.k_policy (the method page)
+    "k_sensitivity.csv": DataSchema(
+        (
+            Column("model"),
+            Column("revision", required=False),
+            Column("d_model", "int", min=1, max=100_000),
+            Column("input", choices=("prompts", "images")),
+            Column("prompt"),
+            Column("k_over_d", "float", min=0.0, max=1.0, min_exclusive=True),
+            Column("K", "int", min=1, max=100_000),
+            Column("coupling_trained", "float", min=-1.0, max=1.0),
+            Column("coupling_twin", "float", min=-1.0, max=1.0),
+            Column("excess", "float", min=-2.0, max=2.0),
+            Column("last_block", choices=("block", "final_norm", "excluded")),
+            Column("init_seed", "int", min=0),
+            Column("source"),
+        ),
+        key=("model", "prompt", "k_over_d"),
+    ),
     # read by coupling_utils.pipeline.costs: the configuration fields a run's cost depends on
     "model_configs.csv": DataSchema(
         (

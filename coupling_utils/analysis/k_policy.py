@@ -16,7 +16,18 @@ import pandas as pd
 
 from coupling_utils.engine.metric import k_for_width
 
-__all__ = ["GRID", "K_OVER_D", "SHARE", "Choice", "choose", "choice", "k_for", "grid_ks"]
+__all__ = [
+    "GRID",
+    "K_OVER_D",
+    "SHARE",
+    "Choice",
+    "choose",
+    "choice",
+    "k_for",
+    "grid_ks",
+    "curve",
+    "measured_curve",
+]
 
 GRID = (1 / 64, 1 / 32, 1 / 16, 1 / 8, 1 / 4, 1 / 2)
 """The K/d values the sensitivity curve is measured at."""
@@ -103,3 +114,45 @@ def k_for(d_model: int) -> int:
 def grid_ks(d_model: int) -> dict[float, int]:
     """K of each grid K/d at width ``d_model`` (several K/d may share a K at a small width)."""
     return {r: k_for_width(d_model, r) for r in GRID}
+
+
+def curve(rows: pd.DataFrame, *, n_resamples: int = 1000, level: float = 0.95, seed: int = 0) -> pd.DataFrame:
+    """The sensitivity curve from its per-prompt rows (``data/k_sensitivity.csv``): per model and
+    K/d the mean excess over prompts (``excess``) with its percentile bootstrap interval over
+    prompts (``low``, ``high``; the prompts are resampled once for every K/d of a model), and
+    ``d_model``, ``K``, ``n`` (prompts)."""
+    from coupling_utils.analysis.stats import bootstrap_ci
+
+    out = []
+    for model, one in rows.groupby("model", sort=False):
+        wide = one.pivot(index="prompt", columns="k_over_d", values="excess")
+        ci = bootstrap_ci(
+            wide,
+            lambda df: {str(r): float(df[r].mean()) for r in df.columns},
+            n_resamples=n_resamples,
+            level=level,
+            seed=seed,
+        ).set_index("statistic")
+        ks = one.drop_duplicates("k_over_d").set_index("k_over_d")["K"]
+        for r in wide.columns:
+            est = ci.loc[str(r)]
+            out.append(
+                {
+                    "model": model,
+                    "d_model": int(one["d_model"].iloc[0]),
+                    "k_over_d": float(r),
+                    "K": int(ks[r]),
+                    "excess": float(est["estimate"]),
+                    "low": float(est["ci_low"]),
+                    "high": float(est["ci_high"]),
+                    "n": int(wide[r].notna().sum()),
+                }
+            )
+    return pd.DataFrame(out)
+
+
+def measured_curve() -> pd.DataFrame:
+    """:func:`curve` of the measured rows, ``data/k_sensitivity.csv`` (coupling-book k-sensitivity)."""
+    from coupling_utils.analysis.data import read_table
+
+    return curve(read_table("k_sensitivity.csv"))

@@ -30,7 +30,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -204,7 +204,7 @@ def digit_inputs(model, digits: Mapping[str, torch.Tensor]) -> dict[str, dict]:
 
 
 def _model_jobs(
-    name: str, ref: Any, digits: dict, setup: ViTSetup, *, k: int, twins: bool, init_seed: int
+    name: str, ref: Any, digits: dict, setup: ViTSetup, *, k: int | Sequence[int], twins: bool, init_seed: int
 ) -> list[Job]:
     """One model's jobs (trained, and its twin with ``twins``); nothing of the model is read
     here: its inputs are made and its token checked once it is loaded."""
@@ -212,7 +212,8 @@ def _model_jobs(
     if twins:
         weights["random init"] = _twin(name, ref, init_seed)
     check = functools.partial(check_vit_token, token=setup.token)
-    settings = Settings(k=[int(k)], tokens=vit_tokens(setup.token), method=setup.method)
+    ks = [int(k)] if isinstance(k, (int, np.integer)) else [int(x) for x in k]
+    settings = Settings(k=ks, tokens=vit_tokens(setup.token), method=setup.method)
     jobs, loads = [], Loads(dtype=setup.dtype)
     for w, spec in weights.items():
         for job in plan({name: spec}, digits, settings, loads=loads, root=setup.cache, check=check):
@@ -224,7 +225,7 @@ def vit_jobs(
     models: Mapping[str, Any],
     setup: ViTSetup | None = None,
     *,
-    k: int | Mapping[str, int] = 10,
+    k: int | Sequence[int] | Mapping[str, int] = 10,
     twins: bool = False,
     init_seed: int = 1,
 ) -> list[Job]:

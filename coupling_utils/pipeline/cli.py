@@ -181,8 +181,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     from coupling_utils.pipeline.cli_sweep import add_sweep_commands
     from coupling_utils.pipeline.cli_zoo import add_zoo_commands
+    from coupling_utils.pipeline.k_sensitivity import add_k_sensitivity_command
 
     add_zoo_commands(sub)
+    add_k_sensitivity_command(sub)
     add_sweep_commands(sub)
     return parser
 

@@ -28,8 +28,9 @@ Coupling values ``m`` (lower = more coupled) are drawn as ``1 − m²`` by defau
 coupled, about 0 = unrelated), as in the authors' figures; pass ``show="m"`` to draw ``m``.
 
 The builders live in modules named after what they draw: :mod:`.heatmaps` (tile grid, coupling
-matrices), :mod:`.graphs` (the circle figures), :mod:`.curves` (over training), :mod:`.means`
-(per layer, per category), :mod:`.scatter` (fits and labels), :mod:`.trajectories` (PCA paths);
+matrices), :mod:`.graphs` (the circle figures), :mod:`.curves` (over training),
+:mod:`.sensitivity` (against a setting), :mod:`.means` (per layer, per category),
+:mod:`.scatter` (fits and labels), :mod:`.trajectories` (PCA paths);
 :mod:`.look` holds what they share.
 """
 
@@ -41,6 +42,7 @@ from coupling_utils.analysis.plots.heatmaps import DIAGONAL_COLOUR, SHOWS, coupl
 from coupling_utils.analysis.plots.look import OKABE_ITO, TITLES, Look, title_of
 from coupling_utils.analysis.plots.means import bars, layer_profile
 from coupling_utils.analysis.plots.scatter import LABEL_PLACES, place_labels, scatter_fit
+from coupling_utils.analysis.plots.sensitivity import sensitivity_curve
 from coupling_utils.analysis.plots.trajectories import trajectory_pca_chart
 
 __all__ = [
@@ -54,6 +56,7 @@ __all__ = [
     "tile_grid",
     "coupling_heatmap",
     "training_curve",
+    "sensitivity_curve",
     "scatter_fit",
     "layer_coupling_graph",
     "trajectory_pca_chart",

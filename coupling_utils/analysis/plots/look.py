@@ -37,6 +37,7 @@ TITLES = {
     "row": "row",
     "col": "column",
     "K": "K",
+    "k_over_d": "K/d",
     "k": "K",
     "m": "m_K",
     "m_K": "m_K",
