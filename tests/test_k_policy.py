@@ -31,13 +31,13 @@ def test_choose_takes_the_smallest_k_over_d_where_the_median_share_reaches_the_b
         }
     )
     assert k_policy.choose(curve) == pytest.approx(1 / 16)
-    decision = k_policy.choice(curve)
+    decision = k_policy.decide(curve)
     assert decision.left_out == ("flat",)
     assert set(decision.models) == {"a", "b", "c"}
     # scaling one model's excess does not move the choice; the bar does
     scaled = curve.assign(excess=curve.excess.where(curve.model != "a", curve.excess * 7))
     assert k_policy.choose(scaled) == pytest.approx(1 / 16)
-    assert k_policy.choice(curve, share=0.99).k_over_d == pytest.approx(1 / 8)
+    assert k_policy.decide(curve, share=0.99).k_over_d == pytest.approx(1 / 8)
 
 
 def test_choose_refuses_curves_it_cannot_read():
@@ -51,6 +51,16 @@ def test_choose_refuses_curves_it_cannot_read():
         k_policy.choose(holey)
 
 
-def test_k_for_is_k_for_width_at_the_policy():
+def test_the_rule_chooses_nothing_on_the_measured_curve_as_the_module_says():
+    """k_policy's docstring says the measured curve chooses no K/d; if a new curve does, say so there."""
+    from pathlib import Path
+
+    rows = pd.read_csv(Path(__file__).resolve().parents[1] / "data" / "k_sensitivity.csv")
+    assert set(rows.k_over_d.round(6)) == {round(r, 6) for r in k_policy.GRID}
+    with pytest.raises(k_policy.NoChoiceError, match="chooses no K/d"):
+        k_policy.choose(k_policy.curve(rows))
+
+
+def test_k_for_width_at_the_grid():
     for d in (64, 384, 576, 4096):
-        assert k_policy.k_for(d) == k_for_width(d, k_policy.K_OVER_D)
+        assert [k_for_width(d, r) for r in k_policy.GRID] == sorted(k_for_width(d, r) for r in k_policy.GRID)

@@ -1,11 +1,18 @@
-"""The book's one K/d policy: which K every chapter reads its verdicts at, and the rule that chose it.
+"""Choosing one K/d for the whole book: the grid, the measured sensitivity curve and the rule.
 
 K, the number of top singular pairs the coupling metric compares, is set as a fraction of the
 width d (``engine.metric.k_for_width``), because the chance level of ``1 − m_K²`` grows with K/d.
-The fraction is not guessed: it is chosen by :func:`choose` from a measured sensitivity curve,
-the excess coupling of each trained model over its random-init twin at each K/d of :data:`GRID`
-(``data/k_sensitivity.csv``, drawn on the method page). The rule was fixed before the curve was
-measured; the book build fails if ``choose(curve)`` no longer equals :data:`K_OVER_D`.
+One K/d for every chapter should not be guessed: :func:`choose` picks it from a measured
+sensitivity curve, the excess coupling of each trained model over its random-init twin at each
+K/d of :data:`GRID` (``data/k_sensitivity.csv``, written by ``coupling-book k-sensitivity``). The
+rule was fixed (and committed) before the curve was measured.
+
+**Status: no policy yet.** On the curve measured so far (4 embedded models) the rule chooses no
+K/d: the models peak at opposite ends of the grid (MiniLM at 1/2; pythia-tiny and the ViT at
+1/64-1/32), so the median share never reaches :data:`SHARE`, and :func:`choose` says so. The
+chapters therefore keep their own K (f01 10/30/50, f02 d/8, f03 d/16, f04 d/4), each named in its
+captions. Amending the rule after seeing the curve would make the choice a fit to the data; a
+next rule (a minimum K, one per model family, more models) must be fixed before a new curve.
 """
 
 from __future__ import annotations
@@ -18,12 +25,11 @@ from coupling_utils.engine.metric import k_for_width
 
 __all__ = [
     "GRID",
-    "K_OVER_D",
     "SHARE",
     "Choice",
+    "NoChoiceError",
     "choose",
-    "choice",
-    "k_for",
+    "decide",
     "grid_ks",
     "curve",
     "measured_curve",
@@ -35,10 +41,12 @@ GRID = (1 / 64, 1 / 32, 1 / 16, 1 / 8, 1 / 4, 1 / 2)
 SHARE = 0.9
 """The share of a model's largest excess that the chosen K/d must reach (median over models)."""
 
-K_OVER_D = 1 / 16
-"""The book's K/d: ``choose`` of the measured curve (the book build checks that they agree)."""
 
 CURVE_COLUMNS = ("model", "k_over_d", "excess")
+
+
+class NoChoiceError(ValueError):
+    """The rule reaches its share at no grid value: the curve chooses no K/d."""
 
 
 @dataclass(frozen=True)
@@ -67,7 +75,7 @@ def _check_curve(curve: pd.DataFrame) -> None:
         )
 
 
-def choice(curve: pd.DataFrame, *, share: float = SHARE) -> Choice:
+def decide(curve: pd.DataFrame, *, share: float = SHARE) -> Choice:
     """:func:`choose`'s decision with its reasons (kept and left-out models, the median share)."""
     _check_curve(curve)
     wide = curve.pivot(index="k_over_d", columns="model", values="excess").sort_index()
@@ -87,6 +95,12 @@ def choice(curve: pd.DataFrame, *, share: float = SHARE) -> Choice:
     ratios = wide[kept] / peak[kept]
     median = ratios.median(axis=1)
     reached = median.index[median.to_numpy() >= share]
+    if not len(reached):
+        shares = ", ".join(f"{k:g}: {v:.3f}" for k, v in median.items())
+        raise NoChoiceError(
+            f"the rule chooses no K/d: the median share of the largest excess reaches {share} at no grid "
+            f"value ({shares}); the models peak at different K/d. Fix a new rule before measuring again"
+        )
     return Choice(float(reached[0]), tuple(kept), left_out, median)
 
 
@@ -96,19 +110,14 @@ def choose(curve: pd.DataFrame) -> float:
     The rule, in words: for each model, take its excess, the mean over prompts of its coupling
     minus its random-init twin's coupling, at each K/d of the grid. A model whose largest excess
     on the grid is not above zero shows no coupling to choose K by; it is left out (and named in
-    :func:`choice`). For the others, divide each excess by the model's largest one. The book's K/d
+    :func:`decide`). For the others, divide each excess by the model's largest one. The book's K/d
     is the smallest grid value at which the median of these shares over the models reaches 0.9:
     the smallest K that keeps nearly all of the trained-versus-random signal, since a smaller K
     is cheaper and nearer the paper's own K/d (about 0.01).
 
     ``curve`` has one row per model and K/d with columns ``model``, ``k_over_d``, ``excess``.
     """
-    return choice(curve).k_over_d
-
-
-def k_for(d_model: int) -> int:
-    """K at the book's K/d for a model of width ``d_model`` (``k_for_width(d_model, K_OVER_D)``)."""
-    return k_for_width(d_model, K_OVER_D)
+    return decide(curve).k_over_d
 
 
 def grid_ks(d_model: int) -> dict[float, int]:

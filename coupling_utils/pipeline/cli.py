@@ -179,13 +179,11 @@ def build_parser() -> argparse.ArgumentParser:
     _edition_option(p)
     p.set_defaults(func=_cmd_kit)
 
-    from coupling_utils.pipeline.cli_sweep import add_sweep_commands
-    from coupling_utils.pipeline.cli_zoo import add_zoo_commands
-    from coupling_utils.pipeline.k_sensitivity import add_k_sensitivity_command
+    from coupling_utils.pipeline import cli_sweep, cli_zoo, k_sensitivity
 
-    add_zoo_commands(sub)
-    add_k_sensitivity_command(sub)
-    add_sweep_commands(sub)
+    cli_zoo.add_zoo_commands(sub)
+    k_sensitivity.add_k_sensitivity_command(sub)
+    cli_sweep.add_sweep_commands(sub)
     return parser
 
 

@@ -169,11 +169,12 @@ def run_k_sensitivity(args) -> int:
     rows = measure_sensitivity(s)
     out = Path(args.out) if args.out else data_dir() / "k_sensitivity.csv"
     atomic_write_text(out, rows.to_csv(index=False))
-    decision = k_policy.choice(k_policy.curve(rows))
-    print(
-        f"wrote {out} ({len(rows)} rows); choose() gives K/d = {decision.k_over_d:g} "
-        f"(k_policy.K_OVER_D = {k_policy.K_OVER_D:g})"
-    )
+    try:
+        decision = k_policy.decide(k_policy.curve(rows))
+    except k_policy.NoChoiceError as exc:
+        print(f"wrote {out} ({len(rows)} rows); {exc}")
+        return 0
+    print(f"wrote {out} ({len(rows)} rows); choose() gives K/d = {decision.k_over_d:g}")
     print(decision.share.to_string())
     if decision.left_out:
         print(f"left out (no positive excess at any K/d): {', '.join(decision.left_out)}")
