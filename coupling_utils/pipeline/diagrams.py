@@ -70,7 +70,7 @@ def tiny_block_model(n_layers: int = TINY_L, *, seed: int = SEED, aligned: float
         max_position_embeddings=64, attention_dropout=0.0, hidden_dropout=0.0,
         tie_word_embeddings=False, use_parallel_residual=True,
     )  # fmt: skip
-    with torch.random.fork_rng():
+    with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = GPTNeoXForCausalLM(config).eval()
     if aligned is not None:
