@@ -115,6 +115,9 @@ def test_top_k_from_the_gram_matrix_equals_the_full_svd_on_every_metric_value():
     low = torch.randn(32, 3) @ torch.randn(3, 32)  # rank 3: the 8th singular value is 0
     s = gram_topk(low, 8)
     torch.testing.assert_close((s.U * s.S.unsqueeze(-2)) @ s.Vh, low, rtol=1e-4, atol=1e-4)
+    one = gram_topk(J, 1)  # K = 1 (smoke widths give K of 1-2): a reversed (n, 1) eigenvector block
+    torch.testing.assert_close(one.S, full.S[:, :1], rtol=1e-5, atol=1e-6)
+    assert (coupling_matrix(J, 1, svds=one) - coupling_matrix(J, 1, svds=full)).abs().max() <= 1e-5
     assert gram_wins(J, 8) and not gram_wins(J, 9)
     assert exact_topk(J, 8)[1] == "gram_topk" and exact_topk(J, 20)[1] == "full_svd"
 

@@ -385,7 +385,9 @@ def gram_topk(J: torch.Tensor, r: int) -> SVD:
         A64 = A.double()
         G = (A64.T @ A64).numpy()
         w, V = eigh(G, subset_by_index=[n - r, n - 1], driver="evr")
-        w, V = np.ascontiguousarray(w[::-1]), np.ascontiguousarray(V[:, ::-1])
+        # copies, not ascontiguousarray: a reversed (n, 1) view counts as contiguous in numpy
+        # yet keeps its negative stride, which torch.from_numpy refuses (K = 1)
+        w, V = w[::-1].copy(), V[:, ::-1].copy()
         S = torch.from_numpy(np.sqrt(np.clip(w, 0, None)))
         if not S[-1] > 1e-6 * S[0]:
             with lapack_threads():
