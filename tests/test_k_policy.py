@@ -9,56 +9,91 @@ from coupling_utils.analysis import k_policy
 from coupling_utils.engine.metric import k_for_width
 
 
-def _curve(rows: dict[str, list[float]]) -> pd.DataFrame:
+def _curve(rows: dict[str, list[float]], low: dict[str, list[float]] | None = None) -> pd.DataFrame:
+    """A curve with the interval's lower end at excess - 0.01, unless ``low`` gives it."""
     grid = k_policy.GRID
+    low = low or {}
     return pd.DataFrame(
         [
-            {"model": m, "k_over_d": r, "excess": e}
+            {"model": m, "k_over_d": r, "excess": e, "low": (low[m][i] if m in low else e - 0.01)}
             for m, es in rows.items()
-            for r, e in zip(grid, es, strict=True)
+            for i, (r, e) in enumerate(zip(grid, es, strict=True))
         ]
     )
 
 
-def test_choose_takes_the_smallest_k_over_d_where_the_median_share_reaches_the_bar():
-    # shares of each model's peak: a reaches 0.9 at 1/16, b at 1/8, c at 1/32; median crosses at 1/16
+def test_the_candidates_keep_four_pairs_at_the_narrowest_width():
+    assert k_policy.candidates() == (1 / 8, 1 / 4, 1 / 2)
+    assert all(k_for_width(k_policy.NARROWEST, r) >= k_policy.MIN_K for r in k_policy.candidates())
+
+
+def test_narrowest_is_the_narrowest_model_a_chapter_measures():
+    from coupling_utils.models import zoo
+
+    widths = [
+        int(spec.d_model)
+        for e in zoo.REGISTRY.values()
+        if not e.opt_in and not e.name.endswith("-smoke") and e.is_family
+        for spec in e.specs().values()
+    ]
+    assert min(widths) == k_policy.NARROWEST
+
+
+def test_choose_takes_the_best_median_share_or_a_smaller_candidate_within_the_tolerance():
+    # grid 1/64 1/32 1/16 1/8 1/4 1/2; candidates 1/8, 1/4, 1/2
     curve = _curve(
         {
-            "a": [0.1, 0.5, 0.95, 1.0, 0.8, 0.6],
-            "b": [0.1, 0.2, 0.5, 1.0, 0.9, 0.3],
-            "c": [0.5, 0.92, 1.0, 0.7, 0.6, 0.5],
+            "a": [0.1, 0.5, 0.95, 0.9, 1.0, 0.6],
+            "b": [0.1, 0.2, 0.5, 0.8, 1.0, 0.3],
+            "c": [0.5, 0.92, 1.0, 0.7, 0.8, 0.5],
             "flat": [-0.1, -0.2, 0.0, -0.1, -0.3, -0.4],
         }
     )
-    assert k_policy.choose(curve) == pytest.approx(1 / 16)
     decision = k_policy.decide(curve)
-    assert decision.left_out == ("flat",)
-    assert set(decision.models) == {"a", "b", "c"}
-    # scaling one model's excess does not move the choice; the bar does
+    # medians: 1/8 -> 0.8, 1/4 -> 1.0 (c: 0.8), 1/2 -> 0.5; the best is 1/4, 1/8 is 0.2 below it
+    assert decision.k_over_d == pytest.approx(1 / 4)
+    assert decision.left_out == ("flat",) and set(decision.models) == {"a", "b", "c"}
+    assert decision.candidates == (1 / 8, 1 / 4, 1 / 2)
+    # 1/16 has the best share (0.95) but keeps 2 pairs at d = 32: not a candidate
+    assert decision.share[1 / 16] < decision.share[1 / 4]
+    # within the tolerance the smaller candidate wins
+    assert k_policy.decide(curve, tolerance=0.25).k_over_d == pytest.approx(1 / 8)
+    # scaling one model's excess does not move the choice
     scaled = curve.assign(excess=curve.excess.where(curve.model != "a", curve.excess * 7))
-    assert k_policy.choose(scaled) == pytest.approx(1 / 16)
-    assert k_policy.decide(curve, share=0.99).k_over_d == pytest.approx(1 / 8)
+    scaled["low"] = scaled["excess"] - 0.01
+    assert k_policy.choose(scaled) == pytest.approx(1 / 4)
+
+
+def test_a_model_whose_largest_excess_interval_touches_zero_is_left_out():
+    curve = _curve(
+        {"a": [0.1, 0.2, 0.3, 1.0, 0.5, 0.2], "noisy": [0.9, 0.1, 0.1, 0.1, 0.1, 1.0]},
+        low={"noisy": [0.5, 0.0, 0.0, 0.0, 0.0, -0.2]},
+    )
+    decision = k_policy.decide(curve)
+    assert decision.left_out == ("noisy",) and decision.k_over_d == pytest.approx(1 / 8)
+
+
+def test_a_family_speaks_with_one_voice():
+    eight = {f"embedded:fam/m{i}": [0.1, 0.1, 0.1, 0.1, 0.1, 1.0] for i in range(8)}
+    curve = _curve({**eight, "x": [0.1, 0.1, 0.1, 1.0, 0.2, 0.2], "y": [0.1, 0.1, 0.1, 1.0, 0.3, 0.1]})
+    decision = k_policy.decide(curve)
+    assert set(decision.models) == {"embedded:fam", "x", "y"}
+    # two voices of three peak at 1/8; counted one by one the eight siblings would choose 1/2
+    assert decision.k_over_d == pytest.approx(1 / 8)
+    assert k_policy.voice("EleutherAI/pythia-160m") == "EleutherAI/pythia-160m"
 
 
 def test_choose_refuses_curves_it_cannot_read():
-    with pytest.raises(ValueError, match="no model's excess"):
+    with pytest.raises(k_policy.NoChoiceError, match="clear of 0"):
         k_policy.choose(_curve({"flat": [0, -1, -1, -1, -1, -1]}))
+    with pytest.raises(k_policy.NoChoiceError, match="positive median share"):
+        k_policy.choose(_curve({"early": [1.0, 0.5, 0.1, -0.5, -0.6, -0.7]}))
     with pytest.raises(ValueError, match="lacks the columns"):
-        k_policy.choose(pd.DataFrame({"model": ["a"], "k_over_d": [0.5]}))
+        k_policy.choose(pd.DataFrame({"model": ["a"], "k_over_d": [0.5], "excess": [0.1]}))
     holey = _curve({"a": [1, 1, 1, 1, 1, 1]}).iloc[1:]
     holey = pd.concat([holey, _curve({"b": [1, 1, 1, 1, 1, 1]})])
     with pytest.raises(ValueError, match="misses grid values"):
         k_policy.choose(holey)
-
-
-def test_the_rule_chooses_nothing_on_the_measured_curve_as_the_module_says():
-    """k_policy's docstring says the measured curve chooses no K/d; if a new curve does, say so there."""
-    from pathlib import Path
-
-    rows = pd.read_csv(Path(__file__).resolve().parents[1] / "data" / "k_sensitivity.csv")
-    assert set(rows.k_over_d.round(6)) == {round(r, 6) for r in k_policy.GRID}
-    with pytest.raises(k_policy.NoChoiceError, match="chooses no K/d"):
-        k_policy.choose(k_policy.curve(rows))
 
 
 def test_k_for_width_at_the_grid():

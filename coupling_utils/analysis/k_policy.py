@@ -4,15 +4,15 @@ K, the number of top singular pairs the coupling metric compares, is set as a fr
 width d (``engine.metric.k_for_width``), because the chance level of ``1 − m_K²`` grows with K/d.
 One K/d for every chapter should not be guessed: :func:`choose` picks it from a measured
 sensitivity curve, the excess coupling of each trained model over its random-init twin at each
-K/d of :data:`GRID` (``data/k_sensitivity.csv``, written by ``coupling-book k-sensitivity``). The
-rule was fixed (and committed) before the curve was measured.
+K/d of :data:`GRID` (``data/k_sensitivity.csv``, written by ``coupling-book k-sensitivity``).
 
-**Status: no policy yet.** On the curve measured so far (4 embedded models) the rule chooses no
-K/d: the models peak at opposite ends of the grid (MiniLM at 1/2; pythia-tiny and the ViT at
-1/64-1/32), so the median share never reaches :data:`SHARE`, and :func:`choose` says so. The
-chapters therefore keep their own K (f01 10/30/50, f02 d/8, f03 d/16, f04 d/4), each named in its
-captions. Amending the rule after seeing the curve would make the choice a fit to the data; a
-next rule (a minimum K, one per model family, more models) must be fixed before a new curve.
+**History of the rule (say it whenever the choice is quoted).** Rule 1 (the smallest K/d where
+the median share of each model's largest excess reaches 0.9) was committed before any curve was
+measured; on the first curve (4 embedded models: SmolLM2, MiniLM, pythia-tiny, the MNIST ViT) it
+chose nothing, the models peaking at opposite ends of the grid. Rule 2, :func:`decide` below, was
+written *after seeing that first curve* and committed before the second curve, on more models
+(the embedded families as well), was measured: it is not independent of the first curve, and the
+book must say so beside the value it gives.
 """
 
 from __future__ import annotations
@@ -25,7 +25,11 @@ from coupling_utils.engine.metric import k_for_width
 
 __all__ = [
     "GRID",
-    "SHARE",
+    "MIN_K",
+    "NARROWEST",
+    "TOLERANCE",
+    "candidates",
+    "voice",
     "Choice",
     "NoChoiceError",
     "choose",
@@ -38,26 +42,50 @@ __all__ = [
 GRID = (1 / 64, 1 / 32, 1 / 16, 1 / 8, 1 / 4, 1 / 2)
 """The K/d values the sensitivity curve is measured at."""
 
-SHARE = 0.9
-"""The share of a model's largest excess that the chosen K/d must reach (median over models)."""
+MIN_K = 4
+"""The fewest singular pairs a usable K keeps at the book's narrowest width: with K of 1-2 the
+metric compares one or two directions, which swap places wherever two singular values are close."""
 
+NARROWEST = 32
+"""The narrowest model any chapter measures (d = 32: members of the embedded LM and ViT families;
+tests/test_k_policy.py holds it to the zoo)."""
 
-CURVE_COLUMNS = ("model", "k_over_d", "excess")
+TOLERANCE = 0.05
+"""How far below the best median share a smaller K/d may be and still be preferred (cheaper, and
+nearer the paper's own K/d of about 0.01)."""
+
+CURVE_COLUMNS = ("model", "k_over_d", "excess", "low")
 
 
 class NoChoiceError(ValueError):
-    """The rule reaches its share at no grid value: the curve chooses no K/d."""
+    """The rule finds no K/d: no model shows an excess to choose by, or no candidate keeps any."""
 
 
 @dataclass(frozen=True)
 class Choice:
-    """What :func:`choose` decided: the K/d, the models it read and those it left out (and why)."""
+    """What :func:`choose` decided: the K/d, the voices it read (a single model, or a family as
+    one voice), the models it left out (and why), and the median share at each grid K/d."""
 
     k_over_d: float
     models: tuple[str, ...]
     left_out: tuple[str, ...]
     share: pd.Series
-    """Median over the kept models of excess / largest excess, one value per grid K/d."""
+    """Median over the voices of (excess / the model's largest excess), one value per grid K/d."""
+    candidates: tuple[float, ...]
+    """The grid values the rule may choose: K ≥ :data:`MIN_K` at width :data:`NARROWEST`."""
+
+
+def voice(model: str) -> str:
+    """The voice a model speaks with: an embedded family's member speaks as its family
+    (``embedded:lm-family/w32-l2-seed0`` -> ``embedded:lm-family``), any other model alone."""
+    if model.startswith("embedded:") and "/" in model:
+        return model.split("/", 1)[0]
+    return model
+
+
+def candidates(grid=GRID) -> tuple[float, ...]:
+    """Grid values whose K at :data:`NARROWEST` is at least :data:`MIN_K`."""
+    return tuple(r for r in grid if k_for_width(NARROWEST, r) >= MIN_K)
 
 
 def _check_curve(curve: pd.DataFrame) -> None:
@@ -65,7 +93,7 @@ def _check_curve(curve: pd.DataFrame) -> None:
     if missing:
         raise ValueError(
             f"the K/d sensitivity curve lacks the columns {missing} (it has {list(curve.columns)}); "
-            "pass one row per model and K/d with its mean excess, as k_sensitivity.curve() returns"
+            "pass one row per model and K/d with its mean excess and interval, as k_policy.curve() returns"
         )
     if curve.empty:
         raise ValueError("the K/d sensitivity curve is empty: measure it first (coupling-book k-sensitivity)")
@@ -75,47 +103,56 @@ def _check_curve(curve: pd.DataFrame) -> None:
         )
 
 
-def decide(curve: pd.DataFrame, *, share: float = SHARE) -> Choice:
-    """:func:`choose`'s decision with its reasons (kept and left-out models, the median share)."""
+def decide(curve: pd.DataFrame, *, tolerance: float = TOLERANCE) -> Choice:
+    """:func:`choose`'s decision with its reasons (voices, left-out models, the median share)."""
     _check_curve(curve)
     wide = curve.pivot(index="k_over_d", columns="model", values="excess").sort_index()
+    low = curve.pivot(index="k_over_d", columns="model", values="low").sort_index()
     if wide.isna().any().any():
         holes = [m for m in wide.columns if wide[m].isna().any()]
         raise ValueError(
             f"the K/d sensitivity curve misses grid values for {holes}: measure every model at every K/d"
         )
-    peak = wide.max(axis=0)
-    kept = [m for m in wide.columns if peak[m] > 0]
-    left_out = tuple(m for m in wide.columns if peak[m] <= 0)
+    peak_at = wide.idxmax(axis=0)
+    clears = {m: bool(low.loc[peak_at[m], m] > 0) for m in wide.columns}
+    kept = [m for m in wide.columns if clears[m]]
+    left_out = tuple(m for m in wide.columns if not clears[m])
     if not kept:
-        raise ValueError(
-            f"no model's excess over its random-init twin is positive at any K/d ({list(wide.columns)}): "
-            "the curve cannot choose a K/d; check the twins and the prompts"
+        raise NoChoiceError(
+            f"no model's largest excess over its random-init twin has an interval clear of 0 "
+            f"({list(wide.columns)}): the curve cannot choose a K/d; check the twins and the prompts"
         )
-    ratios = wide[kept] / peak[kept]
-    median = ratios.median(axis=1)
-    reached = median.index[median.to_numpy() >= share]
-    if not len(reached):
+    ratios = wide[kept] / wide[kept].max(axis=0)
+    by_voice = ratios.T.groupby([voice(m) for m in kept], sort=False).median().T
+    median = by_voice.median(axis=1)
+    allowed = [r for r in candidates(tuple(median.index)) if r in median.index]
+    if not allowed:
+        raise NoChoiceError(f"no grid value gives K >= {MIN_K} at d = {NARROWEST}: widen the grid")
+    best = float(median[allowed].max())
+    if not best > 0:
         shares = ", ".join(f"{k:g}: {v:.3f}" for k, v in median.items())
         raise NoChoiceError(
-            f"the rule chooses no K/d: the median share of the largest excess reaches {share} at no grid "
-            f"value ({shares}); the models peak at different K/d. Fix a new rule before measuring again"
+            f"the rule chooses no K/d: no candidate K/d keeps a positive median share ({shares})"
         )
-    return Choice(float(reached[0]), tuple(kept), left_out, median)
+    chosen = min(r for r in allowed if median[r] >= best - tolerance)
+    return Choice(float(chosen), tuple(by_voice.columns), left_out, median, tuple(allowed))
 
 
 def choose(curve: pd.DataFrame) -> float:
-    """The book's K/d from a measured sensitivity curve, by a rule fixed before the measurement.
+    """The book's K/d from a measured sensitivity curve (rule 2; see the module's history).
 
     The rule, in words: for each model, take its excess, the mean over prompts of its coupling
-    minus its random-init twin's coupling, at each K/d of the grid. A model whose largest excess
-    on the grid is not above zero shows no coupling to choose K by; it is left out (and named in
-    :func:`decide`). For the others, divide each excess by the model's largest one. The book's K/d
-    is the smallest grid value at which the median of these shares over the models reaches 0.9:
-    the smallest K that keeps nearly all of the trained-versus-random signal, since a smaller K
-    is cheaper and nearer the paper's own K/d (about 0.01).
+    minus its random-init twin's coupling, at each K/d of the grid, with its bootstrap interval. A
+    model whose largest excess has an interval that does not clear zero shows no coupling to choose
+    K by; it is left out (and named in :func:`decide`). For the others, divide each excess by the
+    model's largest one (its share). Members of one embedded family speak as one voice, the median
+    of their shares, so that eight tiny siblings do not outvote four other models. The candidates
+    are the grid values that keep at least 4 singular pairs at the narrowest width the book
+    measures (d = 32). The book's K/d is the candidate with the largest median share over the
+    voices, or the smallest candidate within 0.05 of it (cheaper, nearer the paper's K/d).
 
-    ``curve`` has one row per model and K/d with columns ``model``, ``k_over_d``, ``excess``.
+    ``curve`` has one row per model and K/d with columns ``model``, ``k_over_d``, ``excess``,
+    ``low`` (the interval's lower end), as :func:`curve` returns.
     """
     return decide(curve).k_over_d
 
