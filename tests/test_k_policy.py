@@ -99,3 +99,16 @@ def test_choose_refuses_curves_it_cannot_read():
 def test_k_for_width_at_the_grid():
     for d in (64, 384, 576, 4096):
         assert [k_for_width(d, r) for r in k_policy.GRID] == sorted(k_for_width(d, r) for r in k_policy.GRID)
+
+
+def test_the_sensitivity_curve_is_measured_on_every_member_of_the_embedded_families():
+    from coupling_utils.models import zoo
+    from coupling_utils.pipeline import k_sensitivity as ks
+
+    s = ks.SensitivitySettings()
+    for family in ks.LANGUAGE_FAMILIES + ks.VIT_FAMILIES:
+        names = zoo.REGISTRY[family.removeprefix(zoo.PREFIX)].members()
+        refs = {f"{family}/{m}" for m in names}
+        assert refs <= set(s.models + s.vits) and len(names) >= 6
+        assert {k_policy.voice(r) for r in refs} == {family}
+    assert not set(s.models) & set(s.vits)

@@ -6,7 +6,8 @@ Each model and its random-init twin are measured once, with every K of ``k_polic
 its CLS token) for the ViT. The rows, one per model, prompt (or image) and K/d, are the
 trained model's and its twin's coupling (mean of ``1 − m_K²`` over off-diagonal block pairs of the
 last token, or the CLS token) and their difference; they go to ``data/k_sensitivity.csv``, which
-the method page draws and ``k_policy.choose`` reads.
+the method page draws and ``k_policy.choose`` reads. An embedded family is measured member by
+member (``k_policy.voice`` lets the family speak once).
 """
 
 from __future__ import annotations
@@ -24,18 +25,32 @@ from coupling_utils.files import atomic_write_text, cache_dir, data_dir
 __all__ = ["SensitivitySettings", "sensitivity_jobs", "measure_sensitivity", "add_k_sensitivity_command"]
 
 LANGUAGE_MODELS = ("embedded:smollm2-135m", "embedded:minilm-l6", "embedded:pythia-tiny")
-VIT = "embedded:vit-mnist"
+LANGUAGE_FAMILIES = ("embedded:lm-family", "embedded:lm-training-family")
+VITS = ("embedded:vit-mnist",)
+VIT_FAMILIES = ("embedded:vit-family",)
+
+
+def members(families) -> tuple[str, ...]:
+    """Every member of the embedded families, as ``embedded:FAMILY/MEMBER`` refs."""
+    from coupling_utils.models import zoo
+
+    return tuple(
+        f"{zoo.PREFIX}{name}/{m}"
+        for name in (f.removeprefix(zoo.PREFIX) for f in families)
+        for m in zoo.REGISTRY[name].members()
+    )
 
 
 @dataclass(frozen=True)
 class SensitivitySettings:
     """What the curve is measured on: the language models (a training run at its last
-    checkpoint) on ``n_prompts`` of the prompt set and the demo prompt cut to ``max_tokens``; the
-    ViT on ``n_images`` test digits; twins drawn with ``init_seed``; the language models' last
-    block as f01 and f03 read it (``last_block``), the ViT's as f04 does (the block alone)."""
+    checkpoint; every member of the embedded LM families) on ``n_prompts`` of the prompt set and
+    the demo prompt cut to ``max_tokens``; the ViTs (the MNIST ViT and every member of the ViT
+    family) on ``n_images`` test digits; twins drawn with ``init_seed``; the language models' last
+    block as f01 and f03 read it (``last_block``), the ViTs' as f04 does (the block alone)."""
 
-    models: tuple[str, ...] = LANGUAGE_MODELS
-    vit: str | None = VIT
+    models: tuple[str, ...] = LANGUAGE_MODELS + members(LANGUAGE_FAMILIES)
+    vits: tuple[str, ...] = VITS + members(VIT_FAMILIES)
     n_prompts: int = 6
     max_tokens: int = 16
     n_images: int = 8
@@ -84,14 +99,12 @@ def sensitivity_jobs(
         settings = Settings(k=sorted(set(ks.values())), last_block=s.last_block, max_tokens=s.max_tokens)
         loads = Loads(revisions=[rev] if rev else None, weights=WEIGHTS, seed=s.init_seed, dtype=s.dtype)
         out[ref] = (plan({ref: ref}, texts, settings, loads=loads, root=root), d, ks, rev)
-    if s.vit:
-        rev = _last_revision(s.vit)
-        d, ks = _ks(s.vit, rev, s.grid)
+    for ref in s.vits:
+        rev = _last_revision(ref)
+        d, ks = _ks(ref, rev, s.grid)
         setup = vt.ViTSetup(n_images=s.n_images, token="cls", dtype=s.dtype, cache=root)
-        jobs = vt.vit_jobs(
-            {s.vit: s.vit}, setup, k=sorted(set(ks.values())), twins=True, init_seed=s.init_seed
-        )
-        out[s.vit] = (jobs, d, ks, rev)
+        jobs = vt.vit_jobs({ref: ref}, setup, k=sorted(set(ks.values())), twins=True, init_seed=s.init_seed)
+        out[ref] = (jobs, d, ks, rev)
     return out
 
 
@@ -133,8 +146,8 @@ def measure_sensitivity(s: SensitivitySettings | None = None, *, echo=print) -> 
         frames.append(_rows(done, ref, d, ks, rev))
         echo(f"{ref} (d = {d}): {len(jobs)} measurements in {time.perf_counter() - t0:.0f} s")
     rows = pd.concat(frames, ignore_index=True)
-    rows["input"] = ["images" if m == s.vit else "prompts" for m in rows["model"]]
-    rows["last_block"] = ["block" if m == s.vit else s.last_block for m in rows["model"]]
+    rows["input"] = ["images" if m in s.vits else "prompts" for m in rows["model"]]
+    rows["last_block"] = ["block" if m in s.vits else s.last_block for m in rows["model"]]
     rows["init_seed"] = s.init_seed
     rows["source"] = stamp
     return rows[[c.name for c in _schema().columns]]
@@ -177,5 +190,5 @@ def run_k_sensitivity(args) -> int:
     print(f"wrote {out} ({len(rows)} rows); choose() gives K/d = {decision.k_over_d:g}")
     print(decision.share.to_string())
     if decision.left_out:
-        print(f"left out (no positive excess at any K/d): {', '.join(decision.left_out)}")
+        print(f"left out (largest excess not clear of 0): {', '.join(decision.left_out)}")
     return 0
