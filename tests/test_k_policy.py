@@ -22,9 +22,9 @@ def _curve(rows: dict[str, list[float]], low: dict[str, list[float]] | None = No
     )
 
 
-def test_the_candidates_keep_four_pairs_at_the_narrowest_width():
-    assert k_policy.candidates() == (1 / 8, 1 / 4, 1 / 2)
-    assert all(k_for_width(k_policy.NARROWEST, r) >= k_policy.MIN_K for r in k_policy.candidates())
+def test_the_eligible_values_keep_four_pairs_at_the_narrowest_width():
+    assert k_policy.eligible() == (1 / 8, 1 / 4, 1 / 2)
+    assert all(k_for_width(k_policy.NARROWEST, r) >= k_policy.MIN_K for r in k_policy.eligible())
 
 
 def test_narrowest_is_the_narrowest_model_a_chapter_measures():
@@ -40,7 +40,7 @@ def test_narrowest_is_the_narrowest_model_a_chapter_measures():
 
 
 def test_choose_takes_the_best_median_share_or_a_smaller_candidate_within_the_tolerance():
-    # grid 1/64 1/32 1/16 1/8 1/4 1/2; candidates 1/8, 1/4, 1/2
+    # grid 1/64 1/32 1/16 1/8 1/4 1/2; eligible 1/8, 1/4, 1/2
     curve = _curve(
         {
             "a": [0.1, 0.5, 0.95, 0.9, 1.0, 0.6],
@@ -53,7 +53,7 @@ def test_choose_takes_the_best_median_share_or_a_smaller_candidate_within_the_to
     # medians: 1/8 -> 0.8, 1/4 -> 1.0 (c: 0.8), 1/2 -> 0.5; the best is 1/4, 1/8 is 0.2 below it
     assert decision.k_over_d == pytest.approx(1 / 4)
     assert decision.left_out == ("flat",) and set(decision.models) == {"a", "b", "c"}
-    assert decision.candidates == (1 / 8, 1 / 4, 1 / 2)
+    assert decision.eligible == (1 / 8, 1 / 4, 1 / 2)
     # 1/16 has the best share (0.95) but keeps 2 pairs at d = 32: not a candidate
     assert decision.share[1 / 16] < decision.share[1 / 4]
     # within the tolerance the smaller candidate wins
@@ -94,6 +94,21 @@ def test_choose_refuses_curves_it_cannot_read():
     holey = pd.concat([holey, _curve({"b": [1, 1, 1, 1, 1, 1]})])
     with pytest.raises(ValueError, match="misses grid values"):
         k_policy.choose(holey)
+
+
+def test_the_measured_curve_gives_what_the_module_says():
+    """k_policy states rule 2's value on data/k_sensitivity.csv; if the curve moves, say so there."""
+    from pathlib import Path
+
+    rows = pd.read_csv(Path(__file__).resolve().parents[1] / "data" / "k_sensitivity.csv")
+    assert set(rows.k_over_d.round(6)) == {round(r, 6) for r in k_policy.GRID}
+    decision = k_policy.decide(k_policy.curve(rows))
+    assert decision.k_over_d == pytest.approx(1 / 8)
+    assert "gives K/d = 1/8 on the second curve" in k_policy.__doc__
+    assert len(decision.models) == 6 and set(decision.left_out) == {
+        "embedded:pythia-tiny",
+        "embedded:lm-training-family/s2",
+    }
 
 
 def test_k_for_width_at_the_grid():
