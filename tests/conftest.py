@@ -4,6 +4,12 @@ Every test runs with ``COUPLING_CACHE`` pointing into pytest's temporary folder,
 read or write the user's real cache (``~/.cache/coupling-book``). The embedded models the smoke
 notebooks use are built once per session there (:func:`smoke_zoo`) and shared by the tests
 that need them.
+
+``make test`` runs the suite on two workers (pytest-xdist, ``--dist loadgroup``): each test file
+is one group, kept on one worker so its module fixtures run once, except the files that share
+the session's smoke runs (:data:`GROUPS`), which form one group because those runs write
+``_build/smoke/notebooks``. The two longest groups are collected first, so that each worker
+starts with one of them.
 """
 
 from __future__ import annotations
@@ -16,11 +22,38 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+from pathlib import Path  # noqa: E402
+
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+# test files that share one expensive session fixture, by group; the longest groups first
+GROUPS = {
+    "test_paper_profile.py": "profiles",  # every notebook at the paper and laptop profiles
+    "test_notebooks.py": "smoke",  # the session's smoke runs (smoke_runs)
+    "test_captions.py": "smoke",
+    "test_doc_commands.py": "smoke",
+}
+FIRST = ("profiles", "smoke")
+
 # Tests use tiny tensors: one thread is faster than two, and far faster on a shared CPU.
 torch.set_num_threads(1)
+
+
+def pytest_collection_modifyitems(config, items):
+    """One ``xdist_group`` per test file (or per :data:`GROUPS` entry), the :data:`FIRST` groups
+    collected first; the order is otherwise unchanged, and the same on every worker."""
+    tests = Path(__file__).resolve().parent
+    for item in items:
+        path = Path(str(item.fspath))
+        group = GROUPS.get(path.name) or path.relative_to(tests).as_posix()
+        item.add_marker(pytest.mark.xdist_group(group))
+    items.sort(key=_rank)
+
+
+def _rank(item) -> int:
+    group = GROUPS.get(Path(str(item.fspath)).name)
+    return FIRST.index(group) if group in FIRST else len(FIRST)
 
 
 @pytest.fixture(autouse=True)
