@@ -127,3 +127,40 @@ def test_the_sensitivity_curve_is_measured_on_every_member_of_the_embedded_famil
         assert refs <= set(s.models + s.vits) and len(names) >= 6
         assert {k_policy.voice(r) for r in refs} == {family}
     assert not set(s.models) & set(s.vits)
+
+
+def test_the_book_k_over_d_is_what_the_measured_curve_chooses():
+    assert k_policy.choose(k_policy.measured_curve()) == pytest.approx(k_policy.BOOK_K_OVER_D)
+
+
+def _width(model: str) -> int:
+    """The width of an embedded model, from the zoo (a run's spec, or a pretrained entry's text)."""
+    import re
+
+    from coupling_utils.models import zoo
+
+    entry = zoo.REGISTRY[model.removeprefix(zoo.PREFIX)]
+    if entry.source is not None:
+        return int(re.search(r"d=(\d+)", entry.description).group(1))
+    return int(entry.specs().d_model)
+
+
+def test_every_chapter_judges_at_the_book_k_over_d_in_the_default_book():
+    """The default profile of every chapter that judges coupling reads K = K/d × width at the
+    book's K/d: f00's K, f01's largest K (its verdicts' K, and the tiles' rule up to it), f02's
+    and f04's families, f03's k_main and f04's run."""
+    from pathlib import Path
+
+    from coupling_utils.pipeline.execution import _planned_values
+
+    root = Path(__file__).resolve().parents[1] / "notebooks"
+    names = ("f00_coupling_metric", "f01_depth_and_tokens", "f02_generalization")
+    names += ("f03_training_emergence", "f04_vision_transformers")
+    f00, f01, f02, f03, f04 = (_planned_values(root / f"{nb}.md", "default", {}) for nb in names)
+    book = k_policy.BOOK_K_OVER_D
+    assert f00["k"] == k_for_width(_width(f00["model"]), book)
+    assert max(f01["k"]) == f01["tile_k"] == k_for_width(_width(f01["model"]), book)
+    assert f02["k_over_d"] == f04["family_k_over_d"] == book
+    (run,) = f03["models"]
+    assert f03["k_main"] == k_for_width(_width(run), book)
+    assert f04["k"] == k_for_width(_width(f04["model"]), book)

@@ -280,7 +280,7 @@ def test_the_jacobian_and_tile_diagrams_are_computed_on_a_tiny_model(tmp_path):
     assert "% jacobian-diagram" not in text and "% tile-diagram" not in text
     assert f":name: {diagrams.JACOBIAN_NAME}" in text and f":name: {diagrams.TILES_NAME}" in text
     assert f"{facts['norm']:.2f}" in text and f"{m[diagrams.INDEPENDENT]:.2f}" in text
-    for d in diagrams.DIAGRAMS[1:]:
+    for d in diagrams.DIAGRAMS[1:3]:
         assert (tmp_path / d.file).stat().st_size > 1000
     notation = (ROOT / "book" / "notation-and-method.md").read_text()
     assert all(d.marker in notation.splitlines() for d in diagrams.DIAGRAMS)
@@ -289,6 +289,29 @@ def test_the_jacobian_and_tile_diagrams_are_computed_on_a_tiny_model(tmp_path):
         ("f01_depth_and_tokens", diagrams.TILES_NAME),
     ):
         assert f"<{name}>`" in (ROOT / "notebooks" / f"{chapter}.md").read_text(), chapter
+
+
+def test_the_k_policy_curve_is_staged_on_the_method_page_from_the_measured_curve(tmp_path, monkeypatch):
+    """The method page shows the sensitivity curve the book's K/d was chosen from, with the rule's
+    numbers in its caption; a curve that would choose another K/d than the book's fails the build."""
+    from coupling_utils.analysis import k_policy
+    from coupling_utils.pipeline import diagrams
+
+    decision = k_policy.decide(k_policy.measured_curve())
+    page = tmp_path / "notation-and-method.md"
+    page.write_text("A.\n\n% k-policy-curve\n")
+    assert diagrams.stage_diagrams(page)
+    text = page.read_text()
+    assert f":name: {diagrams.K_POLICY_NAME}" in text and "% k-policy-curve" not in text
+    assert f"K/d = {k_policy.BOOK_K_OVER_D:g}" in text
+    assert f"{decision.share[decision.k_over_d]:.3f} at {decision.k_over_d:g}" in text
+    assert all(m in text for m in decision.left_out)
+    assert (tmp_path / "_generated" / "k-policy-curve.html").stat().st_size > 1000
+    method = (ROOT / "book" / "notation-and-method.md").read_text()
+    assert f"<{diagrams.K_POLICY_NAME}>`" in method
+    monkeypatch.setattr(k_policy, "BOOK_K_OVER_D", 1 / 4)
+    with pytest.raises(ValueError, match="now chooses K/d = 0.125"):
+        diagrams.k_policy_figure()
 
 
 def _chart_page(path: Path, with_chart: bool) -> Path:

@@ -252,3 +252,16 @@ def test_run_records_each_notebook_when_it_ends(tmp_path, monkeypatch):
     assert runs["f00_first"]["finished"] <= runs["f01_second"]["finished"]
     assert runs["f00_first"]["parameters"] == {"k": [7]} and runs["f01_second"]["profile"] == "p"
     assert runs["f00_first"]["code"] == code_fingerprint()["fingerprint"]
+
+
+def test_papermill_reads_every_parameter_of_every_notebook():
+    """papermill parses the parameters cell itself to match what it injects (an '=' in a comment
+    hides that line from it, and it then warns of an unknown parameter): it must find every one."""
+    from papermill.translators import PythonTranslator
+
+    from coupling_utils.pipeline.execution import notebook_paths
+    from coupling_utils.pipeline.params import _read_cells, notebook_parameters
+
+    for nb in notebook_paths():
+        (cell,) = [c for c in _read_cells(nb) if "parameters" in c.metadata.get("tags", [])]
+        assert [p.name for p in PythonTranslator.inspect(cell)] == list(notebook_parameters(nb)), nb.stem

@@ -240,11 +240,13 @@ def metric_variants(J1, J2, ks: Iterable[int]) -> pd.DataFrame:
 class ToyProperties:
     """The metric's properties checked on random toy matrices (see :func:`toy_properties`).
 
-    ``table``: (case, value, expected) rows; ``random_pairs``: m_K of each unrelated pair.
+    ``table``: (case, value, expected) rows; ``random_pairs``: m_K of each unrelated pair;
+    ``k``: the K they were computed at.
     """
 
     table: pd.DataFrame
     random_pairs: pd.DataFrame
+    k: int
 
 
 def toy_properties(d: int, k: int, n_random: int, *, seed: int = 0) -> ToyProperties:
@@ -277,7 +279,7 @@ def toy_properties(d: int, k: int, n_random: int, *, seed: int = 0) -> ToyProper
         (f"max m over {n_random} unrelated random pairs", float(pairs.m_K.max()), "≤ √2 ≈ 1.414"),
         ("m(cyclic shift of diag(s), diag(s)), K = d", bound, "√2 (the bound)"),
     ]
-    return ToyProperties(pd.DataFrame(rows, columns=["case", "value", "expected"]), pairs)
+    return ToyProperties(pd.DataFrame(rows, columns=["case", "value", "expected"]), pairs, k)
 
 
 # --------------------------------------------------------------------------- the stored Jacobians

@@ -14,14 +14,15 @@ written *after seeing that first curve* and committed before the second curve, o
 (the embedded families as well), was measured: it is not independent of the first curve, and the
 book must say so beside the value it gives.
 
-**Status: rule 2 gives K/d = 1/8 on the second curve; the chapters do not apply it yet.** The
-second curve (2026-12-03) holds 27 models in 7 voices (SmolLM2, MiniLM, pythia-tiny, the MNIST
-ViT, and the LM, LM-training and ViT families member by member); it reproduces the first curve's
-four models to 1e-7. Left out: pythia-tiny and lm-training-family/s2 (their largest excess has an
+**Status: rule 2 gives K/d = 1/8 on the second curve, and the book applies it.** The second
+curve (2026-12-03) holds 27 models in 7 voices (SmolLM2, MiniLM, pythia-tiny, the MNIST ViT, and
+the LM, LM-training and ViT families member by member); it reproduces the first curve's four
+models to 1e-7. Left out: pythia-tiny and lm-training-family/s2 (their largest excess has an
 interval that touches 0), so 6 voices decide; their median share is 0.710 at 1/8, 0.671 at 1/4,
-0.617 at 1/2 (and 0.795 at 1/16, which keeps only 2 pairs at d = 32). The chapters still use
-their own K (f01 10/30/50, f02 d/8, f03 d/16, f04 d/4), each named in its captions, until they
-are moved to :func:`choose`'s value.
+0.617 at 1/2 (and 0.795 at 1/16, which keeps only 2 pairs at d = 32). :data:`BOOK_K_OVER_D`
+holds the value; every chapter's default profile measures its verdicts at it (f00 K = 72 and
+f01 K = 72 at d = 576, f02's families d/8, f03 K = 8 and f04 K = 8 at d = 64), and
+tests/test_k_policy.py holds both to the curve. The paper profile keeps the paper's own K.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import pandas as pd
 from coupling_utils.engine.metric import k_for_width
 
 __all__ = [
+    "BOOK_K_OVER_D",
     "GRID",
     "MIN_K",
     "NARROWEST",
@@ -47,6 +49,10 @@ __all__ = [
     "curve",
     "measured_curve",
 ]
+
+BOOK_K_OVER_D = 1 / 8
+"""The book's K/d: what :func:`choose` gives on ``data/k_sensitivity.csv`` (a test holds them
+equal, so a new curve that moves the choice fails until the chapters move with it)."""
 
 GRID = (1 / 64, 1 / 32, 1 / 16, 1 / 8, 1 / 4, 1 / 2)
 """The K/d values the sensitivity curve is measured at."""

@@ -9,7 +9,6 @@ findings (its assumptions are checked with ``assume`` next to the sentences that
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,7 +31,7 @@ from coupling_utils.chapters.checks import (
     text,
 )
 from coupling_utils.chapters.params import ChapterParams, param
-from coupling_utils.engine.metric import SVD, coupling, svd
+from coupling_utils.engine.metric import SVD, coupling, k_for_width, svd
 from coupling_utils.files import cache_dir
 from coupling_utils.measurement import Extra, Job, Options, collect
 
@@ -63,25 +62,18 @@ def neighbour_case(layer: int) -> str:
     return f"J (block {layer}) in block {layer + 1}'s basis"
 
 
-def _k_within_toy(v: Mapping[str, Any]) -> str | None:
-    if v["k"] > v["d_toy"]:
-        return f"parameter 'k' (K) must be <= d_toy = {v['d_toy']}, got {v['k']}"
-    return None
-
-
 @dataclass(frozen=True)
 class Params(ChapterParams):
     """The notebook's papermill parameters (defaults: its parameters cell)."""
 
     NOTEBOOK = NOTEBOOK
-    RULES = (_k_within_toy,)
 
     model: str = param("embedded:smollm2-135m", check_model)
     revision: str = param("", text(empty=True))
     dtype: str = param("float32", choice(*DTYPES))
     prompt: str = param("What is the capital of France? The capital is", text())
     layer: int = param(10, block)
-    k: int = param(10, k_values)
+    k: int = param(72, k_values)
     noise_levels: list = param([0.0, 0.1, 0.3, 1.0, 2.0, 3.0, 5.0, 10.0, 30.0], list_of(number(min=0.0)))
     d_toy: int = param(64, integer(min=2))
     n_random: int = param(200, integer(min=2))
@@ -209,7 +201,7 @@ def _results(p: Params, facts: dict, J: torch.Tensor, J_next: torch.Tensor, fail
     m_forward, m_backward = coupling(J, J_next, k), coupling(J_next, J, k)
     sweep = cm.noise_sweep(J, p.noise_levels, k, seed=p.seed)
     eps = cm.noise_equivalent(sweep, float(m_cases[neighbour_case(layer)]))
-    toy = cm.toy_properties(p.d_toy, k, p.n_random, seed=p.seed)
+    toy = cm.toy_properties(p.d_toy, k_for_width(p.d_toy, k / d), p.n_random, seed=p.seed)  # at J's K/d
     variants = cm.metric_variants(J, J_next, _ks(k, d))
     assumed = _assumptions(by_k, toy, variants)
     return Results(
@@ -272,7 +264,7 @@ def random_pairs_chart(r: Results, p: Params):
     import altair as alt
 
     return alt.Chart(r.toy.random_pairs).mark_bar().encode(
-        x=alt.X("m_K:Q", bin=alt.Bin(maxbins=30), title=f"m_K, K = {p.k}, d = {p.d_toy}"),
+        x=alt.X("m_K:Q", bin=alt.Bin(maxbins=30), title=f"m_K, K = {r.toy.k}, d = {p.d_toy}"),
         y=alt.Y("count():Q", title="pairs"),
     ).properties(width=420, height=160, title="Coupling of unrelated random matrices")  # fmt: skip
 

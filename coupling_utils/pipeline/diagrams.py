@@ -9,7 +9,9 @@ blocks (PCA) and one step's ``d×d`` Jacobian ``J^l_tt``, both from the engine.
 :func:`tile_matrix_diagram` is chapter f01's tile matrix on the same tiny model, its blocks
 aligned (copies of one block with a little noise) or independent. :func:`stage_diagrams` writes
 each chart beside the notation page and replaces its marker line (:data:`DIAGRAMS`) with a
-numbered figure.
+numbered figure. :func:`k_policy_figure` is not a concept but a measurement: the K/d
+sensitivity curve (``data/k_sensitivity.csv``) from which ``analysis.k_policy`` chooses the
+book's K/d, staged the same way on the method page.
 """
 
 from __future__ import annotations
@@ -34,6 +36,9 @@ __all__ = [
     "coupling_diagram",
     "jacobian_diagram",
     "tile_matrix_diagram",
+    "K_POLICY_MARKER",
+    "K_POLICY_NAME",
+    "k_policy_figure",
     "stage_diagrams",
 ]
 
@@ -51,6 +56,7 @@ TINY_IDS = (3, 17, 42, 8, 25)
 STEP = 3  # the Jacobian diagram draws block STEP's Jacobian J^STEP_tt (the step x^{STEP-1} -> x^STEP)
 TILE_BLOCKS, TILE_K = 4, 4  # the tile matrix: the first TILE_BLOCKS blocks, K = TILE_K
 ALIGNED, INDEPENDENT = "aligned blocks", "independent blocks"  # the tile diagram's panels, in order
+K_POLICY_MARKER, K_POLICY_NAME = "% k-policy-curve", "fig-method-k-policy"
 
 
 def tiny_block_model(n_layers: int = TINY_L, *, seed: int = SEED, aligned: float | None = None):
@@ -287,10 +293,66 @@ def _tiles_figure() -> tuple[object, str, str]:
     return chart, caption, alt
 
 
+def k_policy_figure() -> tuple[object, str, str]:
+    """The measured K/d sensitivity curve as the rule reads it: per voice (a single model, or an
+    embedded family's median member), each K/d's excess over the random twin as a share of the
+    model's largest, with the share of its bootstrap interval's ends; a rule at the chosen K/d."""
+    from coupling_utils.analysis import k_policy, plots
+
+    curve = k_policy.measured_curve()
+    decision = k_policy.decide(curve)
+    if decision.k_over_d != k_policy.BOOK_K_OVER_D:
+        raise ValueError(
+            f"data/k_sensitivity.csv now chooses K/d = {decision.k_over_d:g}, but the book measures at "
+            f"k_policy.BOOK_K_OVER_D = {k_policy.BOOK_K_OVER_D:g}: move BOOK_K_OVER_D and every "
+            "chapter's K with it (tests/test_k_policy.py lists them), then rerun the book"
+        )
+    kept = curve[~curve["model"].isin(decision.left_out)].copy()
+    peak = kept.groupby("model")["excess"].transform("max")
+    for col in ("excess", "low", "high"):
+        kept[col] = kept[col] / peak
+    kept["voice"] = kept["model"].map(k_policy.voice)
+    by_voice = kept.groupby(["voice", "k_over_d"], as_index=False)[["excess", "low", "high"]].median()
+    chart = plots.sensitivity_curve(
+        by_voice, "k_over_d", "excess", "low", "high", "voice", chosen=decision.k_over_d,
+        look=plots.Look(title="Excess over the random twin, as a share of each model's largest",
+                        x_title="K/d", y_title="share of the largest excess"),
+    )  # fmt: skip
+    n_models = curve["model"].nunique()
+    at_choice = by_voice[by_voice.k_over_d == decision.k_over_d]
+    flat = sorted(at_choice[at_choice.excess <= 0].voice)
+    at = decision.share
+    caption = (
+        f"The K/d sensitivity curve, measured on {n_models} embedded models and read when this book "
+        f"was built (data/k_sensitivity.csv): for each of {len(decision.models)} voices (a model, or "
+        f"an embedded family as the median of its members), the excess coupling over the random-init "
+        f"twin at each K/d, divided by the model's largest excess, with the same share of its 95% "
+        f"interval over prompts. Left out, their largest excess having an interval that touches 0: "
+        f"{', '.join(decision.left_out) or 'none'}. The rule (stated on this page) reads the median "
+        f"over voices among the K/d that keep at least {k_policy.MIN_K} pairs at width "
+        f"{k_policy.NARROWEST} ({', '.join(f'{r:g}' for r in decision.eligible)}): "
+        + "; ".join(f"{at[r]:.3f} at {r:g}" for r in decision.eligible)
+        + f". The grey rule marks its choice, K/d = {decision.k_over_d:g}. "
+        + (
+            f"At that K/d the excess is not above zero for {', '.join(flat)}."
+            if flat
+            else "At that K/d every voice's excess is above zero."
+        )
+    )
+    alt = (
+        f"A line chart with {len(decision.models)} lines, one per voice, of the share of the largest "
+        f"excess against K/d on a logarithmic axis from {min(k_policy.GRID):g} to "
+        f"{max(k_policy.GRID):g}, with interval bars, a dashed line at zero and a grey vertical rule "
+        f"at K/d = {decision.k_over_d:g}."
+    )
+    return chart, caption, alt
+
+
 DIAGRAMS = (
     Diagram(MARKER, DIAGRAM_NAME, DIAGRAM_FILE, _coupling_figure),
     Diagram(JACOBIAN_MARKER, JACOBIAN_NAME, "_generated/jacobian-diagram.html", _jacobian_figure),
     Diagram(TILES_MARKER, TILES_NAME, "_generated/tile-diagram.html", _tiles_figure),
+    Diagram(K_POLICY_MARKER, K_POLICY_NAME, "_generated/k-policy-curve.html", k_policy_figure),
 )
 
 

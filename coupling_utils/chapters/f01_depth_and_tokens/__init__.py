@@ -10,6 +10,7 @@ rules, plan, run) and :mod:`.story` (figures, status rows, glued values, assumpt
 """
 
 from coupling_utils.chapters.f01_depth_and_tokens.plan import (
+    DRAWN_TILE_K,
     ENCODER,
     NOTEBOOK,
     PAPER_AXIS,
@@ -39,7 +40,8 @@ from coupling_utils.chapters.f01_depth_and_tokens.story import (
 )
 
 __all__ = [
-    "NOTEBOOK", "ENCODER", "PAPER_AXIS", "ENCODER_NOTE", "ROW_NAMES", "Params", "RULES", "Results",
+    "NOTEBOOK", "ENCODER", "PAPER_AXIS", "DRAWN_TILE_K", "ENCODER_NOTE", "ROW_NAMES", "Params", "RULES",
+    "Results",
     "prompt_table", "prompts", "models", "twin_settings", "jobs", "run", "tile_chart", "depth_chart",
     "distance_chart", "per_model_chart", "token_chart", "context_chart", "last_block_chart", "claims",
     "assumptions", "glue_values",

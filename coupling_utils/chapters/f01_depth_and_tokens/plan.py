@@ -39,6 +39,7 @@ from coupling_utils.measurement.jobs import Job
 NOTEBOOK = "f01_depth_and_tokens"
 ENCODER = "embedded:minilm-l6"  # the encoder whose post-LN blocks the encoder note explains
 PAPER_AXIS = (0.89, 0.955)  # the range of the paper's Figure 1a axis (per-model coupling)
+DRAWN_TILE_K = 10  # the tile chart draws this K (the paper's smallest): a 72 × 72 tile is too fine to read
 
 
 def _need_a_prompt(v: Mapping[str, Any]) -> str | None:
@@ -67,10 +68,10 @@ class Params(ChapterParams):
     n_prompts: int = param(2, integer(min=0))
     include_demo: bool = param(True, boolean)
     max_tokens: int = param(16, integer(min=2))
-    k: list = param([10, 30, 50], k_values)
+    k: list = param([10, 30, 50, 72], k_values)
     layers: list = param([], list_of(block, min_len=0))
     tile_layers: list = param([11, 12, 13, 14, 15, 16, 17, 18], list_of(block, min_len=2, max_len=12))
-    tile_k: int = param(10, check_top_k)
+    tile_k: int = param(72, check_top_k)
     token_layer: int = param(15, block)
     how: str = param("offdiag", choice(*HOWS))
     init_seed: int = param(0, integer(min=0))
@@ -209,16 +210,23 @@ class Results:
         p = self.params
         return {name: tw.depth_contrast(r, p.k, p.how) for name, r in self.twins.results.items()}
 
+    @property
+    def k_verdict(self) -> int:
+        """The K every verdict of this chapter reads: the largest measured, which the book's
+        profiles set to its K/d (``analysis.k_policy.BOOK_K_OVER_D``) at the drawn model's width."""
+        return max(self.params.k)
+
     @functools.cached_property
     def token_values(self) -> dict:
-        """Token-wise self and context coupling of the drawn model at K = min(k) (``token_contrast``)."""
-        return tw.token_contrast(self.main, min(self.params.k))
+        """Token-wise self and context coupling of the drawn model at :attr:`k_verdict`
+        (``token_contrast``)."""
+        return tw.token_contrast(self.main, self.k_verdict)
 
     @functools.cached_property
     def token_judged(self) -> dict:
         """:attr:`token_values` with what the token rules compare as intervals over prompts
         (``token_intervals``): the values the rules judge."""
-        return self.token_values | tw.token_intervals(self.main, min(self.params.k))
+        return self.token_values | tw.token_intervals(self.main, self.k_verdict)
 
     @functools.cached_property
     def first_token(self) -> tuple[float, float]:
@@ -290,14 +298,14 @@ class Results:
         return out
 
     def _tokens(self) -> pd.DataFrame:
-        """The drawn prompt's token-wise self coupling at K = min(k)."""
-        tok, kmin = self.main.tokenwise, min(self.params.k)
-        return tok[(tok.prompt == self.focus) & (tok["K"] == kmin)]
+        """The drawn prompt's token-wise self coupling at :attr:`k_verdict`."""
+        tok = self.main.tokenwise
+        return tok[(tok.prompt == self.focus) & (tok["K"] == self.k_verdict)]
 
     def _context(self) -> pd.DataFrame:
-        """The drawn prompt's context coupling at K = min(k), within the token block."""
-        ctx, kmin = self.main.context, min(self.params.k)
-        return ctx[(ctx.prompt == self.focus) & (ctx["K"] == kmin) & (ctx.layer_i == ctx.layer_j)]
+        """The drawn prompt's context coupling at :attr:`k_verdict`, within the token block."""
+        ctx = self.main.context
+        return ctx[(ctx.prompt == self.focus) & (ctx["K"] == self.k_verdict) & (ctx.layer_i == ctx.layer_j)]
 
 
 def run(p: Params, options: Options | None = None) -> Results:

@@ -13,20 +13,31 @@ from coupling_utils.analysis import depth_and_tokens as tw
 from coupling_utils.analysis import last_block as lb
 from coupling_utils.analysis import tile_grid
 from coupling_utils.analysis.verdicts import Interval, claim, verdict_word
-from coupling_utils.chapters.f01_depth_and_tokens.plan import ENCODER, PAPER_AXIS, RULES, Results, models
+from coupling_utils.chapters.f01_depth_and_tokens.plan import (
+    DRAWN_TILE_K,
+    ENCODER,
+    PAPER_AXIS,
+    RULES,
+    Results,
+    models,
+)
 
 
 # --------------------------------------------------------------------------- figures
 def tile_chart(r: Results, label: str):
     """The drawn model's tile grid over ``tile_layers`` (``label``: "trained" or "random init"),
-    last token of the drawn prompt."""
+    last token of the drawn prompt: each tile's top-left corner up to :data:`DRAWN_TILE_K` (the
+    tile at that K, as the singular vectors come in order); the rule reads every K to ``tile_k``."""
     from coupling_utils.analysis import plots
 
     p, tiles = r.params, r.main.tiles
-    tiles = tiles[(tiles.weights == label) & (tiles.prompt == r.focus)]
+    drawn = min(p.tile_k, DRAWN_TILE_K)
+    tiles = tiles[
+        (tiles.weights == label) & (tiles.prompt == r.focus) & (tiles.row < drawn) & (tiles.col < drawn)
+    ]
     return plots.tile_grid(
         tiles,
-        look=plots.Look(title=f"{p.model}, {label}: |U_jᵀ J_i V_j|, K = {p.tile_k}, last token", width=44),
+        look=plots.Look(title=f"{p.model}, {label}: |U_jᵀ J_i V_j|, K = {drawn}, last token", width=44),
     )
 
 
@@ -97,12 +108,12 @@ def _token_heatmap(r: Results, table: pd.DataFrame, title: str):
 def token_chart(r: Results):
     """Token-wise self coupling of the drawn prompt at the token block, trained and twin."""
     block = r.main.token_layer
-    return _token_heatmap(r, r._tokens(), f"Token-wise self coupling at block {block}, K = {min(r.params.k)}")
+    return _token_heatmap(r, r._tokens(), f"Token-wise self coupling at block {block}, K = {r.k_verdict}")
 
 
 def context_chart(r: Results):
     """Context coupling (the last output token, input tokens against each other), trained and twin."""
-    title = f"Context coupling: ∂f(X)_last / ∂x_t at block {r.main.token_layer}, K = {min(r.params.k)}"
+    title = f"Context coupling: ∂f(X)_last / ∂x_t at block {r.main.token_layer}, K = {r.k_verdict}"
     return _token_heatmap(r, r._context(), title)
 
 
@@ -175,7 +186,7 @@ def claims(r: Results) -> list[dict]:
     """The status rows, each judged by its rule in :data:`RULES`: depth (one per model), tiles,
     token-wise self coupling, context coupling. Pass them to ``pipeline.status.report``."""
     p, tiles, tokens = r.params, r.tile_values, r.token_values
-    block, kmin = r.main.token_layer, min(p.k)
+    block, kv = r.main.token_layer, r.k_verdict
     return _depth_rows(r) + [
         claim("tiles of the trained model are diagonal, the twin's are not",
               paper="trained: diagonal in every tile; untrained: only where i = j", rule=RULES["tiles"],
@@ -188,14 +199,14 @@ def claims(r: Results) -> list[dict]:
         claim("token-wise self coupling is strong in the trained model",
               paper="strong coupling of the tokens' own Jacobians (project page)", rule=RULES["tokens"],
               values=r.token_judged, ours=f"{tokens['self_trained']:.3f} (twin {tokens['self_twin']:.3f})",
-              note=f"mean 1 − m² over token pairs, block {block}, K = {kmin}; "
+              note=f"mean 1 − m² over token pairs, block {block}, K = {kv}; "
                    f"{_convention_note(r, 'tokens')}"),
         claim("context coupling exists but varies across token pairs",
               paper="context coupling present, less uniform than self coupling", rule=RULES["context"],
               values=r.token_judged,
               ours=f"mean {tokens['context_trained']:.3f}, s.d. {tokens['context_sd']:.3f} "
                    f"(self: s.d. {tokens['self_sd']:.3f})",
-              note=f"fixed output token (the last), block {block}, K = {kmin}; twin mean "
+              note=f"fixed output token (the last), block {block}, K = {kv}; twin mean "
                    f"{tokens['context_twin']:.3f}; {_convention_note(r, 'context')}"),
     ]  # fmt: skip
 
