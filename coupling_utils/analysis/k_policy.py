@@ -41,6 +41,7 @@ __all__ = [
     "TOLERANCE",
     "eligible",
     "voice",
+    "voice_shares",
     "Choice",
     "NoChoiceError",
     "choose",
@@ -98,6 +99,17 @@ def voice(model: str) -> str:
     return model
 
 
+def voice_shares(curve: pd.DataFrame, left_out=()) -> pd.DataFrame:
+    """What the rule reads, per voice and K/d: each model's excess (and, where the curve has them,
+    its interval's ends ``low``, ``high``) divided by the model's largest excess, then the median
+    over the voice's models; the models in ``left_out`` take no part. Voices in curve order."""
+    kept = curve[~curve["model"].isin(left_out)]
+    cols = [c for c in ("excess", "low", "high") if c in kept.columns]
+    peak = kept.groupby("model")["excess"].transform("max")
+    shares = kept[cols].div(peak, axis=0).assign(voice=kept["model"].map(voice), k_over_d=kept["k_over_d"])
+    return shares.groupby(["voice", "k_over_d"], as_index=False, sort=False)[cols].median()
+
+
 def eligible(grid=GRID) -> tuple[float, ...]:
     """Grid values whose K at :data:`NARROWEST` is at least :data:`MIN_K`."""
     return tuple(r for r in grid if k_for_width(NARROWEST, r) >= MIN_K)
@@ -137,17 +149,18 @@ def decide(curve: pd.DataFrame, *, tolerance: float = TOLERANCE) -> Choice:
             f"no model's largest excess over its random-init twin has an interval clear of 0 "
             f"({list(wide.columns)}): the curve cannot choose a K/d; check the twins and the prompts"
         )
-    ratios = wide[kept] / wide[kept].max(axis=0)
-    by_voice = ratios.T.groupby([voice(m) for m in kept], sort=False).median().T
+    shares = voice_shares(curve, left_out)
+    by_voice = shares.pivot(index="k_over_d", columns="voice", values="excess")
+    by_voice = by_voice[list(dict.fromkeys(shares["voice"]))]
     median = by_voice.median(axis=1)
     allowed = [r for r in eligible(tuple(median.index)) if r in median.index]
     if not allowed:
         raise NoChoiceError(f"no grid value gives K >= {MIN_K} at d = {NARROWEST}: widen the grid")
     best = float(median[allowed].max())
     if not best > 0:
-        shares = ", ".join(f"{k:g}: {v:.3f}" for k, v in median.items())
+        listed = ", ".join(f"{k:g}: {v:.3f}" for k, v in median.items())
         raise NoChoiceError(
-            f"the rule chooses no K/d: no eligible K/d keeps a positive median share ({shares})"
+            f"the rule chooses no K/d: no eligible K/d keeps a positive median share ({listed})"
         )
     chosen = min(r for r in allowed if median[r] >= best - tolerance)
     return Choice(float(chosen), tuple(by_voice.columns), left_out, median, tuple(allowed))

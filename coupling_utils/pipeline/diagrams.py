@@ -307,12 +307,7 @@ def k_policy_figure() -> tuple[object, str, str]:
             f"k_policy.BOOK_K_OVER_D = {k_policy.BOOK_K_OVER_D:g}: move BOOK_K_OVER_D and every "
             "chapter's K with it (tests/test_k_policy.py lists them), then rerun the book"
         )
-    kept = curve[~curve["model"].isin(decision.left_out)].copy()
-    peak = kept.groupby("model")["excess"].transform("max")
-    for col in ("excess", "low", "high"):
-        kept[col] = kept[col] / peak
-    kept["voice"] = kept["model"].map(k_policy.voice)
-    by_voice = kept.groupby(["voice", "k_over_d"], as_index=False)[["excess", "low", "high"]].median()
+    by_voice = k_policy.voice_shares(curve, decision.left_out)
     chart = plots.sensitivity_curve(
         by_voice, "k_over_d", "excess", "low", "high", "voice", chosen=decision.k_over_d,
         look=plots.Look(title="Excess over the random twin, as a share of each model's largest",
