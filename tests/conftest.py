@@ -5,11 +5,11 @@ read or write the user's real cache (``~/.cache/coupling-book``). The embedded m
 notebooks use are built once per session there (:func:`smoke_zoo`) and shared by the tests
 that need them.
 
-``make test`` runs the suite on two workers (pytest-xdist, ``--dist loadgroup``): each test file
-is one group, kept on one worker so its module fixtures run once, except the files that share
-the session's smoke runs (:data:`GROUPS`), which form one group because those runs write
-``_build/smoke/notebooks``. The two longest groups are collected first, so that each worker
-starts with one of them.
+``make test`` runs the suite on two workers (pytest-xdist, ``-n 2 --dist loadfile``), each test
+file on one worker so that its module fixtures run once; :func:`pytest_xdist_make_scheduler`
+keeps the files that share the session's smoke runs (:data:`GROUPS`) on one worker too, because
+those runs write ``_build/smoke/notebooks``. The two longest groups are collected first, so that
+each worker starts with one of them.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -41,19 +40,35 @@ torch.set_num_threads(1)
 
 
 def pytest_collection_modifyitems(config, items):
-    """One ``xdist_group`` per test file (or per :data:`GROUPS` entry), the :data:`FIRST` groups
-    collected first; the order is otherwise unchanged, and the same on every worker."""
-    tests = Path(__file__).resolve().parent
-    for item in items:
-        path = Path(str(item.fspath))
-        group = GROUPS.get(path.name) or path.relative_to(tests).as_posix()
-        item.add_marker(pytest.mark.xdist_group(group))
-    items.sort(key=_rank)
+    """The :data:`FIRST` groups collected first; the order is otherwise unchanged (and the same on
+    every worker, as pytest-xdist requires)."""
+    items.sort(key=lambda item: _rank(item.nodeid))
 
 
-def _rank(item) -> int:
-    group = GROUPS.get(Path(str(item.fspath)).name)
+def _group(nodeid: str) -> str:
+    """A test's worker group: its file, or the file's :data:`GROUPS` entry."""
+    path = nodeid.split("::", 1)[0]
+    return GROUPS.get(path.rsplit("/", 1)[-1], path)
+
+
+def _rank(nodeid: str) -> int:
+    group = _group(nodeid)
     return FIRST.index(group) if group in FIRST else len(FIRST)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """With ``--dist loadfile``: pytest-xdist's file scheduling, one work unit per :func:`_group`
+    (its ``xdist_group`` marks do not reach the scheduler under pytest 9: the nodeid the worker
+    reports has no group suffix)."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FileGroups(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _group(nodeid)
+
+    return FileGroups(config, log)
 
 
 @pytest.fixture(autouse=True)

@@ -164,3 +164,24 @@ def test_every_chapter_judges_at_the_book_k_over_d_in_the_default_book():
     (run,) = f03["models"]
     assert f03["k_main"] == k_for_width(_width(run), book)
     assert f04["k"] == k_for_width(_width(f04["model"]), book)
+
+
+def test_family_sentence_reads_the_members_from_the_measured_rows():
+    """An exercise's expected result from the stored curve: each member's mean over prompts, then
+    the mean over members, at the asked K/d; a family the curve lacks says so."""
+    from pathlib import Path
+
+    rows = pd.read_csv(Path(__file__).resolve().parents[1] / "data" / "k_sensitivity.csv")
+    fam = rows[rows.model.str.startswith("embedded:vit-family/") & (rows.k_over_d == 0.5)]
+    twin = fam.groupby("model").coupling_twin.mean().mean()
+    excess = fam.groupby("model").excess.mean().mean()
+    means = k_policy.member_means("embedded:vit-family")
+    assert set(means.k_over_d) == set(k_policy.GRID) and means.run.nunique() == fam.model.nunique()
+    text = k_policy.family_sentence("embedded:vit-family", (0.5,))
+    assert f"the twins average {twin:.3f} and the excess {excess:.3f}" in text
+    acc = pd.Series({r: i for i, r in enumerate(sorted(means.run.unique()))}, name="rank")
+    by_run = fam.assign(run=fam.model.str.split("/").str[1]).groupby("run").excess.mean()
+    rho = by_run.rank().corr(acc.reindex(by_run.index).rank())
+    with_rho = k_policy.family_sentence("embedded:vit-family", (0.5,), acc)
+    assert f"ρ(excess, rank) = {rho:.2f}" in with_rho
+    assert "holds no member" in k_policy.family_sentence("embedded:vit-family-smoke", (0.5,))

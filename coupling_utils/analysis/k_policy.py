@@ -1,7 +1,8 @@
 """Choosing one K/d for the whole book: the grid, the measured sensitivity curve and the rule.
 
 K, the number of top singular pairs the coupling metric compares, is set as a fraction of the
-width d (``engine.metric.k_for_width``), because the chance level of ``1 − m_K²`` grows with K/d.
+width d (``engine.metric.k_for_width``), because the chance level of ``1 − m_K²`` depends on K/d
+(on the measured curve every random-init twin's coupling falls as K/d grows).
 One K/d for every chapter should not be guessed: :func:`choose` picks it from a measured
 sensitivity curve, the excess coupling of each trained model over its random-init twin at each
 K/d of :data:`GRID` (``data/k_sensitivity.csv``, written by ``coupling-book k-sensitivity``).
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import pandas as pd
 
 from coupling_utils.engine.metric import k_for_width
@@ -49,6 +51,8 @@ __all__ = [
     "grid_ks",
     "curve",
     "measured_curve",
+    "member_means",
+    "family_sentence",
 ]
 
 BOOK_K_OVER_D = 1 / 8
@@ -230,3 +234,49 @@ def measured_curve() -> pd.DataFrame:
     from coupling_utils.analysis.data import read_table
 
     return curve(read_table("k_sensitivity.csv"))
+
+
+def member_means(family: str) -> pd.DataFrame:
+    """Per K/d and member of the embedded family ``family`` (``"embedded:vit-family"``), its mean
+    over the curve's prompts of the twin's coupling and of the excess, from the measured rows
+    (``data/k_sensitivity.csv``); columns ``k_over_d``, ``run``, ``coupling_twin``, ``excess``,
+    ``n`` (prompts). Empty when the curve holds no member of ``family``."""
+    from coupling_utils.analysis.data import read_table
+
+    rows = read_table("k_sensitivity.csv")
+    rows = rows[rows["model"].str.startswith(f"{family}/")]
+    rows = rows.assign(run=rows["model"].str.split("/", n=1).str[1])
+    means = rows.groupby(["k_over_d", "run"], as_index=False).agg(
+        coupling_twin=("coupling_twin", "mean"), excess=("excess", "mean"), n=("prompt", "nunique")
+    )
+    return means
+
+
+def family_sentence(family: str, ratios, accuracy: pd.Series | None = None, *, unit: str = "prompts") -> str:
+    """What the stored curve says of the embedded family ``family`` at each K/d of ``ratios``, in
+    one sentence (an exercise's expected result): the members' mean twin coupling and mean
+    excess and, with ``accuracy`` (by run, named), Spearman's ρ of the members' excess with it.
+    Plain text (no math markup): it is glued as Markdown, where math is not rendered."""
+    from scipy.stats import spearmanr
+
+    means = member_means(family)
+    if means.empty:
+        return f"The stored sensitivity curve holds no member of {family}: rerun the exercise to see."
+    parts = []
+    for r in ratios:
+        per = means[np.isclose(means["k_over_d"], r)].set_index("run")
+        part = (
+            f"at K/d = {r:g} the twins average {per['coupling_twin'].mean():.3f} and the excess "
+            f"{per['excess'].mean():.3f}"
+        )
+        if accuracy is not None:
+            per = per.join(accuracy, how="inner")
+            rho = spearmanr(per["excess"], per[accuracy.name]).statistic
+            part += f", ρ(excess, {accuracy.name}) = {rho:.2f}"
+        parts.append(part)
+    return (
+        f"The stored K/d sensitivity curve (method page) answers it for the {means['run'].nunique()} "
+        f"members of {family}, each beside its twin on {int(means['n'].max())} {unit}: "
+        + "; ".join(parts)
+        + "."
+    )

@@ -12,8 +12,8 @@ import numpy as np
 import pandas as pd
 from IPython.display import Markdown
 
+from coupling_utils.analysis import k_policy, scale
 from coupling_utils.analysis import last_block as lb
-from coupling_utils.analysis import scale
 from coupling_utils.analysis.verdicts import Interval, Rule, claim, verdict_word
 from coupling_utils.chapters.f02_generalization.plan import (
     BEATS_SIZE,
@@ -279,6 +279,8 @@ def _family_ks_glue(p: Params, t: Training, f: Family) -> dict[str, Any]:
     return {
         "f02_k_over_d": p.k_over_d,
         "f02_family_ks": Markdown(", ".join(f"{K} at d = {d}" for d, K in sorted(by_width.items()))),
+        # exercise f02-ex-kd (twice the K/d): what the stored K/d sensitivity curve says of the family
+        "f02_ex_kd_curve": Markdown(k_policy.family_sentence(p.family, (p.k_over_d, 2 * p.k_over_d))),
     }
 
 

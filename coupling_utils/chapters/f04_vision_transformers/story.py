@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from coupling_utils.analysis import k_policy
 from coupling_utils.analysis import vision_transformers as vt
 from coupling_utils.analysis.verdicts import Interval, claim, verdict_word
 from coupling_utils.chapters.f04_vision_transformers.plan import (
@@ -124,7 +125,12 @@ def glue_values(p: Params, r: Results) -> dict[str, Any]:
     verdicts = {"f04_emerges": verdict_word(rows[0]), "f04_above_twin": verdict_word(rows[1]),
                 "f04_family": verdict_word(rows[-1])}  # fmt: skip
     return (
-        values | _twin_glue(r) | _family_glue(r) | verdicts | {"f04_hub_missing": Markdown(_hub_missing(r))}
+        values
+        | _twin_glue(r)
+        | _family_glue(r)
+        | verdicts
+        | {"f04_hub_missing": Markdown(_hub_missing(r))}
+        | {"f04_ex_kd_curve": Markdown(_kd_sentence(p, r))}
     )
 
 
@@ -184,6 +190,17 @@ def _family_glue(r: Results) -> dict[str, Any]:
     fitted = fits.dropna(subset=["r2"])
     values["f04_best"] = Markdown(f"{fitted.r2.idxmax()!s} (R² = {fitted.r2.max():.2f})")
     return values
+
+
+KD_EXERCISE = (1 / 8, 1 / 2)  # the two K/d the f04-ex-kd solution reads from the stored curve
+
+
+def _kd_sentence(p: Params, r: Results) -> str:
+    """f04-ex-kd's expected result: the family at :data:`KD_EXERCISE` on the stored K/d curve."""
+    accuracy = r.vits.set_index("run")["test_acc"].rename("test accuracy")
+    return k_policy.family_sentence(
+        p.family, KD_EXERCISE, accuracy, unit="test digits (fewer than this run's)"
+    )
 
 
 def _hub_missing(r: Results) -> str:
