@@ -64,7 +64,7 @@ unit: $(STAMP)
 # into _build/smoke/notebooks); then the smoke book is built and browsed offline (required: the browser
 # test fails, saying why, where it cannot run).
 test: $(STAMP) browser lint
-	$(PY) -m pytest -m "not book and not default_book" --durations=25 -n 2 --dist loadfile --no-loadscope-reorder
+	$(PY) -m pytest -m "not book and not default_book" --durations=25
 	$(BIN)/coupling-book build --executed _build/smoke/notebooks --out _build/smoke/html
 	COUPLING_BOOK_HTML=_build/smoke/html COUPLING_REQUIRE_BROWSER=1 $(PY) -m pytest -m book
 

@@ -4,12 +4,6 @@ Every test runs with ``COUPLING_CACHE`` pointing into pytest's temporary folder,
 read or write the user's real cache (``~/.cache/coupling-book``). The embedded models the smoke
 notebooks use are built once per session there (:func:`smoke_zoo`) and shared by the tests
 that need them.
-
-``make test`` runs the suite on two workers (pytest-xdist, ``-n 2 --dist loadfile``), each test
-file on one worker so that its module fixtures run once; :func:`pytest_xdist_make_scheduler`
-keeps the files that share the session's smoke runs (:data:`GROUPS`) on one worker too, because
-those runs write ``_build/smoke/notebooks``. The two longest groups are collected first, so that
-each worker starts with one of them.
 """
 
 from __future__ import annotations
@@ -22,53 +16,11 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-# test files that share one expensive session fixture, by group; the longest groups first
-GROUPS = {
-    "test_paper_profile.py": "profiles",  # every notebook at the paper and laptop profiles
-    "test_notebooks.py": "smoke",  # the session's smoke runs (smoke_runs)
-    "test_captions.py": "smoke",
-    "test_doc_commands.py": "smoke",
-}
-FIRST = ("profiles", "smoke")
-
 # Tests use tiny tensors: one thread is faster than two, and far faster on a shared CPU.
 torch.set_num_threads(1)
-
-
-def pytest_collection_modifyitems(config, items):
-    """The :data:`FIRST` groups collected first; the order is otherwise unchanged (and the same on
-    every worker, as pytest-xdist requires)."""
-    items.sort(key=lambda item: _rank(item.nodeid))
-
-
-def _group(nodeid: str) -> str:
-    """A test's worker group: its file, or the file's :data:`GROUPS` entry."""
-    path = nodeid.split("::", 1)[0]
-    return GROUPS.get(path.rsplit("/", 1)[-1], path)
-
-
-def _rank(nodeid: str) -> int:
-    group = _group(nodeid)
-    return FIRST.index(group) if group in FIRST else len(FIRST)
-
-
-def pytest_xdist_make_scheduler(config, log):
-    """With ``--dist loadfile``: pytest-xdist's file scheduling, one work unit per :func:`_group`
-    (its ``xdist_group`` marks do not reach the scheduler under pytest 9: the nodeid the worker
-    reports has no group suffix)."""
-    if config.getvalue("dist") != "loadfile":
-        return None
-    from xdist.scheduler import LoadScopeScheduling
-
-    class FileGroups(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            return _group(nodeid)
-
-    return FileGroups(config, log)
 
 
 @pytest.fixture(autouse=True)
