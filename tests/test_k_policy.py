@@ -185,3 +185,5 @@ def test_family_sentence_reads_the_members_from_the_measured_rows():
     with_rho = k_policy.family_sentence("embedded:vit-family", (0.5,), acc)
     assert f"ρ(excess, rank) = {rho:.2f}" in with_rho
     assert "holds no member" in k_policy.family_sentence("embedded:vit-family-smoke", (0.5,))
+    off_grid = k_policy.family_sentence("embedded:vit-family", (0.1, 0.5))
+    assert "at K/d = 0.1 it was not measured" in off_grid and "nan" not in off_grid

@@ -246,10 +246,9 @@ def member_means(family: str) -> pd.DataFrame:
     rows = read_table("k_sensitivity.csv")
     rows = rows[rows["model"].str.startswith(f"{family}/")]
     rows = rows.assign(run=rows["model"].str.split("/", n=1).str[1])
-    means = rows.groupby(["k_over_d", "run"], as_index=False).agg(
+    return rows.groupby(["k_over_d", "run"], as_index=False).agg(
         coupling_twin=("coupling_twin", "mean"), excess=("excess", "mean"), n=("prompt", "nunique")
     )
-    return means
 
 
 def family_sentence(family: str, ratios, accuracy: pd.Series | None = None, *, unit: str = "prompts") -> str:
@@ -265,6 +264,10 @@ def family_sentence(family: str, ratios, accuracy: pd.Series | None = None, *, u
     parts = []
     for r in ratios:
         per = means[np.isclose(means["k_over_d"], r)].set_index("run")
+        if per.empty:
+            grid = ", ".join(f"{g:g}" for g in GRID)
+            parts.append(f"at K/d = {r:g} it was not measured (its grid: {grid})")
+            continue
         part = (
             f"at K/d = {r:g} the twins average {per['coupling_twin'].mean():.3f} and the excess "
             f"{per['excess'].mean():.3f}"
