@@ -1,4 +1,4 @@
-"""Every notebook at the `paper` and `laptop` profiles, end to end on the stand-in hub.
+"""Every notebook at the `paper` profile, end to end on the stand-in hub; the `laptop` plans checked.
 
 The stand-in hub (``standin_hub`` fixture) holds a tiny random model under every repo id and
 revision the two profiles name, so the whole hub path runs offline: loading by id and revision,
@@ -11,6 +11,13 @@ minutes, too much for CI; ``make book`` trains them). Measurements go to a priva
 once in the session's cache and shared. Notebooks run two at a time, each kernel on one
 thread, like ``make book``; each (profile, notebook) is its own test, so a failure names the
 notebook and its error.
+
+The `laptop` profile names a subset of the paper's model families (GPT-2, Qwen1.5, Pythia, ViT)
+at float32, through the same notebooks: ``make test`` checks its plans without running the
+notebooks (every job planned from the profile, every hub model loaded from the stand-in hub at
+its revision and dtype, and the job's own check run on it), which is what can differ from the
+paper profile's run. ``COUPLING_STANDIN_PROFILES=paper,laptop`` runs both end to end (about ten
+more CPU minutes).
 """
 
 from __future__ import annotations
@@ -26,7 +33,9 @@ import yaml
 from coupling_utils.pipeline.execution import notebook_paths, run_notebook
 
 ROOT = Path(__file__).resolve().parents[1]
-PROFILES = ("paper", "laptop")
+ALL_PROFILES = ("paper", "laptop")
+# profiles run end to end (COUPLING_STANDIN_PROFILES=paper,laptop for both; see the module doc)
+PROFILES = tuple(os.environ.get("COUPLING_STANDIN_PROFILES", "paper").replace(" ", "").split(","))
 OVERRIDES = yaml.safe_load((ROOT / "tests" / "profile_overrides.yaml").read_text())
 OUT = ROOT / "_build" / "profiles"
 NOTEBOOKS = notebook_paths(ROOT)
@@ -43,12 +52,15 @@ def test_the_overrides_change_prompt_count_and_length_only():
     families = {"family", "training_family"}  # f02's two trained families, f04's family
     allowed |= {"scale_prompts", "scale_max_tokens", "n_windows", "window_tokens"} | families
     assert set(OVERRIDES) == {nb.stem for nb in NOTEBOOKS}
+    assert set(PROFILES) <= set(ALL_PROFILES), (
+        f"COUPLING_STANDIN_PROFILES={','.join(PROFILES)}: name profiles among {', '.join(ALL_PROFILES)}"
+    )
     for nb, values in OVERRIDES.items():
         assert set(values) <= allowed, (
             f"{nb}: {sorted(set(values) - allowed)} is not a prompt count or length"
         )
         for name in families & set(values):
-            for profile in PROFILES:
+            for profile in ALL_PROFILES:
                 own = _planned_values(ROOT / "notebooks" / f"{nb}.md", profile, {})[name]
                 assert values[name] == f"{own}-smoke", (
                     f"{nb} at {profile}: the {name} override must be the smoke build of {own}"
@@ -107,3 +119,28 @@ def test_profile_runs_on_the_standin_hub(profile, nb, profile_runs):
         pytest.xfail(KNOWN_FAILURES[nb.stem])
     assert result.status == "ok", f"{nb.stem} at {profile}: {result.error} (see {result.output})"
     assert os.path.exists(result.output)
+
+
+@pytest.mark.skipif("laptop" in PROFILES, reason="the laptop profile runs end to end in this session")
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.stem)
+def test_laptop_plan_loads_on_the_standin_hub(nb, standin_hub):
+    """The laptop profile's plan, short of measuring: its jobs, its hub models, their checks.
+
+    Every job the chapter plans from the laptop profile (as ``coupling-book run`` and a sweep
+    would), every hub model it names loaded from the stand-in hub at the job's revision and
+    load arguments (dtype, weights), and the job's own check of the loaded model (layers in
+    range, token positions, image sizes) run on it.
+    """
+    from coupling_utils.models.loading import load_model
+    from coupling_utils.pipeline.sweep import notebook_jobs
+
+    jobs = notebook_jobs(nb.stem, "laptop", OVERRIDES[nb.stem])
+    hub = [j for j in jobs if not str(j.model).startswith("embedded:")]
+    loaded: dict[tuple, object] = {}
+    for job in hub:
+        key = (job.model, tuple(sorted((k, repr(v)) for k, v in job.load_kwargs.items())))
+        if key not in loaded:
+            loaded[key] = load_model(job.model, **job.load_kwargs)
+        if job.check is not None:
+            job.check(loaded[key])
+    assert hub, f"{nb.stem}: the laptop profile plans no hub model"

@@ -381,3 +381,27 @@ def test_a_predictor_function_is_paired_with_rows_by_label():
     df["w"] = 2 * df["v"] + np.array([0.1, -0.1, 0.0, 0.2, -0.2])
     reordered = S.ols(df, "w", lambda d: d["v"].sort_index()).iloc[0]  # same labels, other order
     assert reordered["slope"] == pytest.approx(S.ols(df, "w", "v").loc[0, "slope"], rel=1e-12)
+
+
+def test_vectorized_bootstrap_draws_the_same_resamples_as_the_loop():
+    """bootstrap_ci(vectorized=True) sees the rows the per-resample loop sees, so intervals agree."""
+    rng = np.random.default_rng(4)
+    df = pd.DataFrame({"x": rng.normal(size=9), "y": rng.normal(size=9)})
+    df.loc[2, "x"] = df.loc[5, "x"]  # a tie, and small resamples that come out constant
+    loop = S.bootstrap_ci(df, lambda d: {"mean": d["x"].mean(), "r": np.corrcoef(d["x"], d["y"])[0, 1]
+                                          if np.ptp(d["x"]) and np.ptp(d["y"]) else np.nan},
+                          n_resamples=300, seed=5)  # fmt: skip
+    vec = S.bootstrap_ci(df, lambda c: {"mean": c["x"].mean(axis=-1), "r": S.rowwise_pearson(c["x"], c["y"])},
+                         n_resamples=300, seed=5, vectorized=True)  # fmt: skip
+    pd.testing.assert_frame_equal(loop, vec, check_exact=False, rtol=1e-12, atol=1e-12)
+    assert S.resample_rows(9, 300, 5).shape == (300, 9)
+
+
+def test_rowwise_pearson_is_numpys_correlation_per_row():
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(5, 7)), rng.normal(size=(5, 7))
+    x[3] = 1.0  # a constant row has no correlation
+    got = S.rowwise_pearson(x, y)
+    want = [np.corrcoef(a, b)[0, 1] if np.ptp(a) else np.nan for a, b in zip(x, y)]
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+    assert np.isnan(got[3])

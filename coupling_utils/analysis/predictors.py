@@ -120,19 +120,19 @@ def _bootstrap_intervals(
     work: pd.DataFrame, label: str, y: str, *, n_resamples: int, level: float, seed: int
 ) -> dict[str, Any]:
     """Percentile-bootstrap intervals of R² and Spearman's rho of ``y`` on predictor ``label``."""
-    from coupling_utils.analysis.stats import bootstrap_ci
+    from scipy.stats import rankdata
 
-    def stat(d: pd.DataFrame) -> dict[str, float]:
-        x, v = d[label].to_numpy(), d[y].to_numpy()
-        if np.ptp(x) == 0 or np.ptp(v) == 0:
-            return {"r2": np.nan, "spearman": np.nan}
-        r = np.corrcoef(x, v)[0, 1]
-        rho = pd.Series(x).rank().corr(pd.Series(v).rank())
+    from coupling_utils.analysis.stats import bootstrap_ci, rowwise_pearson
+
+    def stat(c: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:  # every resample at once: [R, n]
+        x, v = c[label], c[y]
+        r = rowwise_pearson(x, v)
+        rho = rowwise_pearson(rankdata(x, axis=-1), rankdata(v, axis=-1))  # average ranks for ties
         return {"r2": r * r, "spearman": rho}
 
-    ci = bootstrap_ci(work[[label, y]], stat, n_resamples=n_resamples, level=level, seed=seed).set_index(
-        "statistic"
-    )
+    ci = bootstrap_ci(
+        work[[label, y]], stat, n_resamples=n_resamples, level=level, seed=seed, vectorized=True
+    ).set_index("statistic")
     return {
         "r2_ci_low": ci.loc["r2", "ci_low"],
         "r2_ci_high": ci.loc["r2", "ci_high"],
@@ -153,12 +153,6 @@ def best_predictor(comparison: pd.DataFrame, among: Sequence[str] | None = None)
     return str(fitted.loc[fitted["r2"].idxmax(), "predictor"])
 
 
-def _r2(x: np.ndarray, y: np.ndarray) -> float:
-    if np.ptp(x) == 0 or np.ptp(y) == 0:
-        return float("nan")
-    return float(np.corrcoef(x, y)[0, 1] ** 2)
-
-
 def r2_difference(
     df: pd.DataFrame,
     y: str,
@@ -175,7 +169,7 @@ def r2_difference(
     better than ``b`` beyond what the choice of models does (an interval above 0), rather than
     comparing two separate intervals. Returns ``estimate, ci_low, ci_high, n, level``.
     """
-    from coupling_utils.analysis.stats import bootstrap_ci
+    from coupling_utils.analysis.stats import bootstrap_ci, rowwise_pearson
 
     work = pd.DataFrame(
         {"a": _values(df, a), "b": _values(df, b), "y": pd.to_numeric(df[y], errors="coerce")}
@@ -184,10 +178,10 @@ def r2_difference(
     if len(work) < 3:
         raise ValueError(f"need at least 3 complete rows to compare R², got {len(work)}")
 
-    def diff(d: pd.DataFrame) -> float:
-        return _r2(d.a.to_numpy(), d.y.to_numpy()) - _r2(d.b.to_numpy(), d.y.to_numpy())
+    def diff(c: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:  # every resample at once: [R, n]
+        return {"statistic": rowwise_pearson(c["a"], c["y"]) ** 2 - rowwise_pearson(c["b"], c["y"]) ** 2}
 
-    ci = bootstrap_ci(work, diff, n_resamples=n_resamples, level=level, seed=seed).iloc[0]
+    ci = bootstrap_ci(work, diff, n_resamples=n_resamples, level=level, seed=seed, vectorized=True).iloc[0]
     return {
         "estimate": float(ci["estimate"]),
         "ci_low": float(ci["ci_low"]),

@@ -121,6 +121,13 @@ def rank_correlation(df: pd.DataFrame, x: Predictor, y: str) -> pd.DataFrame:
     )
 
 
+def resample_rows(n: int, n_resamples: int, seed: int) -> np.ndarray:
+    """The rows each bootstrap resample draws: ``[n_resamples, n]`` indices, one
+    ``rng.integers(0, n, size=n)`` per resample from ``numpy.random.default_rng(seed)``."""
+    rng = np.random.default_rng(seed)
+    return np.stack([rng.integers(0, n, size=n) for _ in range(n_resamples)])
+
+
 def bootstrap_ci(
     df: pd.DataFrame,
     statistic: Callable[[pd.DataFrame], float | Mapping[str, float]],
@@ -128,42 +135,36 @@ def bootstrap_ci(
     n_resamples: int = 2000,
     level: float = 0.95,
     seed: int = 0,
+    vectorized: bool = False,
 ) -> pd.DataFrame:
     """Percentile bootstrap CI of ``statistic(df)``, resampling rows with replacement.
 
     ``statistic`` returns a float or a mapping name -> float (several statistics from the
-    same resamples). Seeded (``numpy.random.default_rng(seed)``), so reruns agree exactly.
-    Resamples where a statistic is not finite (e.g. a constant predictor) are skipped and
-    counted in ``n_valid``. One row per statistic: ``statistic, estimate, ci_low, ci_high,
-    level, n_resamples, n_valid, seed``.
+    same resamples). Seeded (:func:`resample_rows`), so reruns agree exactly. With
+    ``vectorized=True`` it is called once on every resample together: it gets a mapping column
+    -> ``[n_resamples, n]`` array and returns a mapping name -> ``[n_resamples]`` array (NaN
+    where undefined); the estimate is the same call on the rows as drawn once. Resamples where a
+    statistic is not finite (e.g. a constant predictor) are skipped and counted in ``n_valid``.
+    One row per statistic: ``statistic, estimate, ci_low, ci_high, level, n_resamples,
+    n_valid, seed``.
     """
     if n_resamples < 10:
         raise ValueError(f"n_resamples must be at least 10, got {n_resamples}.")
-
-    def as_dict(value) -> dict[str, float]:
-        if isinstance(value, Mapping):
-            return {str(k): float(v) for k, v in value.items()}
-        return {"statistic": float(value)}
-
-    estimate = as_dict(statistic(df))
-    rng = np.random.default_rng(seed)
-    n = len(df)
-    draws: dict[str, list[float]] = {k: [] for k in estimate}
-    for _ in range(n_resamples):
-        sample = df.iloc[rng.integers(0, n, size=n)]
-        try:
-            value = as_dict(statistic(sample))
-        except (ValueError, ZeroDivisionError, FloatingPointError):
-            value = dict.fromkeys(estimate, np.nan)
-        for k in estimate:
-            draws[k].append(value.get(k, np.nan))
+    rows = resample_rows(len(df), n_resamples, seed)
+    if vectorized:
+        columns = {c: df[c].to_numpy(dtype=float) for c in df.columns}
+        once = statistic({c: a[None, :] for c, a in columns.items()})
+        estimate = {str(k): float(v[0]) for k, v in once.items()}
+        drawn = statistic({c: a[rows] for c, a in columns.items()})
+        draws = {k: np.asarray(drawn[k], dtype=float) for k in estimate}
+    else:
+        estimate, draws = _draw_each(df, statistic, rows)
     alpha = (1.0 - level) / 2.0
-    rows = []
+    out = []
     for k, est in estimate.items():
-        arr = np.asarray(draws[k], dtype=float)
-        arr = arr[np.isfinite(arr)]
+        arr = draws[k][np.isfinite(draws[k])]
         lo, hi = np.quantile(arr, [alpha, 1.0 - alpha]) if len(arr) else (np.nan, np.nan)
-        rows.append(
+        out.append(
             {
                 "statistic": k,
                 "estimate": est,
@@ -175,7 +176,37 @@ def bootstrap_ci(
                 "seed": seed,
             }
         )
-    return pd.DataFrame(rows)
+    return pd.DataFrame(out)
+
+
+def _draw_each(df: pd.DataFrame, statistic: Callable, rows: np.ndarray) -> tuple[dict, dict]:
+    """``statistic`` on the whole table, then on each resample (``rows``): estimate and draws."""
+
+    def as_dict(value) -> dict[str, float]:
+        if isinstance(value, Mapping):
+            return {str(k): float(v) for k, v in value.items()}
+        return {"statistic": float(value)}
+
+    estimate = as_dict(statistic(df))
+    draws: dict[str, list[float]] = {k: [] for k in estimate}
+    for idx in rows:
+        try:
+            value = as_dict(statistic(df.iloc[idx]))
+        except (ValueError, ZeroDivisionError, FloatingPointError):
+            value = dict.fromkeys(estimate, np.nan)
+        for k in estimate:
+            draws[k].append(value.get(k, np.nan))
+    return estimate, {k: np.asarray(v, dtype=float) for k, v in draws.items()}
+
+
+def rowwise_pearson(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Pearson's r of each row of ``x: [..., n]`` with the same row of ``y``; NaN for a constant row."""
+    xc = x - x.mean(axis=-1, keepdims=True)
+    yc = y - y.mean(axis=-1, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        r = (xc * yc).sum(axis=-1) / np.sqrt((xc * xc).sum(axis=-1) * (yc * yc).sum(axis=-1))
+    constant = (np.ptp(x, axis=-1) == 0) | (np.ptp(y, axis=-1) == 0)
+    return np.where(constant, np.nan, np.clip(r, -1.0, 1.0))
 
 
 def bootstrap_intervals(
