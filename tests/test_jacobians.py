@@ -539,12 +539,14 @@ def test_block_function_object():
     assert str(info.value) == "could not find the hidden states among block 7's arguments"
 
 
-def test_default_chunks_bound_the_cotangents_to_2_to_the_24_numbers():
+def test_default_chunks_bound_the_cotangents_to_2_to_the_20_numbers_on_a_cpu_2_to_the_24_elsewhere():
     from coupling_utils.engine.jacobians import _default_chunk
 
-    assert _default_chunk(576, 64, None) == (1 << 24) // (64 * 576) == 455
+    assert _default_chunk(576, 64, None) == (1 << 20) // (64 * 576) == 28
+    assert _default_chunk(576, 64, None, torch.device("cpu")) == 28
+    assert _default_chunk(576, 64, None, "cuda") == (1 << 24) // (64 * 576) == 455
     assert _default_chunk(4096, 4096, None) == 1
-    assert _default_chunk(4096, 8192, None) == 1  # never below one
+    assert _default_chunk(4096, 8192, None, "cuda") == 1  # never below one
     assert _default_chunk(32, 10, None) == 32  # never above d
     assert _default_chunk(32, 10, 7) == 7
     assert all(isinstance(_default_chunk(d, T, None), int) for d, T in ((576, 64), (32, 10)))

@@ -83,13 +83,21 @@ def _token_list(tokens: Tokens, T: int) -> list:
     return out
 
 
-def _default_chunk(d: int, T: int, chunk_size: int | None) -> int:
+def _default_chunk(d: int, T: int, chunk_size: int | None, device: torch.device | str | None = None) -> int:
+    """How many cotangents one batched VJP takes: ``chunk_size``, or a budget of chunk × T × d numbers.
+
+    On a CPU the budget is 2^20 numbers (4 MiB in fp32), so that each batched operation's operands
+    stay in cache: on one SmolLM2-sized block, one thread, the all-token sweep took 2.2 s at
+    T = 64 and 10.5 s at T = 256 against 4.1 s and 19.2 s with 2^24 (chunks of 28 and 7 cotangents
+    against 455 and 113; no change on a GPT-NeoX block at T = 32). An accelerator keeps 2^24: it
+    needs large batches to fill, and has the memory for them.
+    """
     if chunk_size is not None:
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
         return int(chunk_size)
-    # bound the batched cotangents (chunk × T × d values) to about 2^24 numbers
-    return max(1, min(d, (1 << 24) // max(1, T * d)))
+    budget = 1 << 20 if torch.device(device or "cpu").type == "cpu" else 1 << 24
+    return max(1, min(d, budget // max(1, T * d)))
 
 
 def _vjp_rows(vjp_fn, make_cotangents, d: int, chunk: int, progress: bool | None, desc: str):
@@ -131,7 +139,7 @@ def token_jacobians(
             C[torch.arange(i1 - i0), :, torch.arange(i0, i1)] = 1
             return C
 
-        chunk = _default_chunk(d, T, chunk_size)
+        chunk = _default_chunk(d, T, chunk_size, X.device)
         pieces = []
         bar = tqdm(
             range(0, d, chunk),
@@ -169,7 +177,7 @@ def reference_jacobians(
         T, d = X.shape
         keep = _token_list(tokens, T)
         _, vjp_fn = torch.func.vjp(f, X)
-        chunk = _default_chunk(d, T, chunk_size)
+        chunk = _default_chunk(d, T, chunk_size, X.device)
         out = []
         for t in tqdm(
             keep,
@@ -218,9 +226,8 @@ def context_jacobians(
             C[torch.arange(i1 - i0), t2, torch.arange(i0, i1)] = 1
             return C
 
-        rows = _vjp_rows(
-            vjp_fn, cotangents, d, _default_chunk(d, T, chunk_size), progress, f"J_(t1,{t2}) layer {layer}"
-        )
+        chunk = _default_chunk(d, T, chunk_size, X.device)
+        rows = _vjp_rows(vjp_fn, cotangents, d, chunk, progress, f"J_(t1,{t2}) layer {layer}")
         J = rows.transpose(0, 1).float().contiguous()  # [T (input token), d_out, d_in]
     check_finite(J, layer, list(range(T)), what=f"context Jacobian (output token {t2})")
     return J

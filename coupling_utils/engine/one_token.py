@@ -223,7 +223,7 @@ def one_token_jacobians(
             def cotangents(i0, i1, x=x, d=d):
                 return torch.eye(d, dtype=x.dtype, device=x.device)[i0:i1, None, :]  # [c, 1, d]
 
-            rows = _vjp_rows(vjp_fn, cotangents, d, _default_chunk(d, 1, chunk_size), False, "")
+            rows = _vjp_rows(vjp_fn, cotangents, d, _default_chunk(d, 1, chunk_size, x.device), False, "")
             out.append(rows[:, 0, :].float())
             kept.append(got.t)
     J = torch.stack(out)
