@@ -5,8 +5,8 @@
     .venv/bin/python tests/pinned.py smoke --only f05   # re-pin one chapter, keep the others
 
 ``zoo`` builds every embedded model the smoke notebooks use in a fresh temporary cache and pins
-their checksums for this machine's CPU capability in ``tests/pinned/zoo_checksums.json``
-(checked by ``tests/test_zoo_builds.py``; a CPU capability with no pins is skipped, saying so).
+their checksums for this machine's CPU (capability and vendor) in ``tests/pinned/zoo_checksums.json``
+(checked by ``tests/test_zoo_builds.py``; a CPU with no pins is skipped, saying so).
 ``smoke`` runs the smoke notebooks in a fresh temporary cache (or reads already executed ones
 with ``--executed DIR``) and writes ``tests/pinned/smoke_values.yaml`` (checked by
 ``tests/test_notebooks.py``), keeping the tolerances already there. Run one only when a change of
@@ -52,8 +52,27 @@ def environment() -> dict:
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "cpu_vendor": cpu_vendor(),
         "machine": platform.machine(),
     }
+
+
+def cpu_vendor() -> str:
+    """The CPU's vendor id (``GenuineIntel``, ``AuthenticAMD``; the machine type where it is not
+    listed): the BLAS picks other kernels on Intel and AMD at the same capability."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("vendor_id"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def cpu_key(env: dict | None = None) -> str:
+    """Which set of pinned checksums a machine reads: its CPU capability and vendor."""
+    env = env or environment()
+    return f"{env['cpu_capability']} {env['cpu_vendor']}"
 
 
 def _git_commit() -> str:
@@ -108,27 +127,28 @@ def zoo_checksums() -> dict:
 
 ZOO_ABOUT = (
     "SHA-256 of the tensors (zoo.tensors_sha256) of every weight file of the embedded models the smoke "
-    "notebooks use, built from scratch, one set per CPU capability (torch picks other kernels on AVX2 "
-    "and AVX512, and training then rounds differently: the weights differ in the last bits). Checked "
-    f"by tests/test_zoo_builds.py. Update on purpose (and say why in the commit): {UPDATE_ZOO}"
+    "notebooks use, built from scratch, one set per CPU capability and vendor (torch picks other "
+    "kernels on AVX2 and AVX512, the BLAS others on Intel and AMD, and training then rounds "
+    "differently: the weights differ in the last bits). Checked by tests/test_zoo_builds.py. Update "
+    f"on purpose (and say why in the commit): {UPDATE_ZOO}"
 )
 
 
 def _zoo_document() -> dict:
     doc = json.loads(ZOO_CHECKSUMS.read_text()) if ZOO_CHECKSUMS.exists() else {}
-    return {"about": ZOO_ABOUT, "by_cpu_capability": dict(doc.get("by_cpu_capability", {}))}
+    return {"about": ZOO_ABOUT, "by_cpu": dict(doc.get("by_cpu", {}))}
 
 
 def load_zoo_checksums() -> dict | None:
-    """The pinned checksums made on a CPU of this machine's capability (None: none pinned)."""
-    return _zoo_document()["by_cpu_capability"].get(environment()["cpu_capability"])
+    """The pinned checksums made on a CPU of this machine's capability and vendor (None: none)."""
+    return _zoo_document()["by_cpu"].get(cpu_key())
 
 
 def pin_zoo_checksums() -> dict:
-    """Build the smoke models and pin their checksums for this CPU capability (others kept)."""
+    """Build the smoke models and pin their checksums for this CPU (others kept)."""
     doc = _zoo_document()
     pins = zoo_checksums()
-    doc["by_cpu_capability"][pins["made"]["cpu_capability"]] = pins
+    doc["by_cpu"][cpu_key(pins["made"])] = pins
     ZOO_CHECKSUMS.write_text(json.dumps(doc, indent=1) + "\n")
     return pins
 
@@ -325,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.what == "zoo":
         pins = pin_zoo_checksums()
         n = sum(len(v) for v in pins["entries"].values())
-        print(f"wrote {ZOO_CHECKSUMS} ({n} weight files, CPU capability {pins['made']['cpu_capability']})")
+        print(f"wrote {ZOO_CHECKSUMS} ({n} weight files, CPU {cpu_key(pins['made'])})")
         return 0
     if args.executed:
         text = smoke_document(args.executed, f"the executed notebooks in {args.executed}", args.only)

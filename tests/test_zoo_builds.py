@@ -103,12 +103,12 @@ def test_pinned_checksums_of_the_smoke_builds(smoke_zoo, monkeypatch):
     """Every smoke model's weights are the pinned ones (a change in training must be on purpose)."""
     pins = pinned.load_zoo_checksums()
     if pins is None:
-        cpu = pinned.environment()["cpu_capability"]
         pytest.skip(
-            f"no checksums pinned for CPU capability {cpu}: pin them on such a CPU with {pinned.UPDATE_ZOO}"
+            f"no checksums pinned for this CPU ({pinned.cpu_key()}): "
+            f"pin them on such a CPU with {pinned.UPDATE_ZOO}"
         )
     names = set(pinned.smoke_zoo_names())
-    everywhere = [p["entries"] for p in pinned._zoo_document()["by_cpu_capability"].values()]
+    everywhere = [p["entries"] for p in pinned._zoo_document()["by_cpu"].values()]
     never = sorted(n for n in names if not any(n in entries for entries in everywhere))
     stale = sorted(set(pins["entries"]) - names)
     assert not never and not stale, (
@@ -116,12 +116,12 @@ def test_pinned_checksums_of_the_smoke_builds(smoke_zoo, monkeypatch):
         f"update the pins: {pinned.UPDATE_ZOO}"
     )
     here = pinned.environment()
-    # a model pinned on another CPU capability only: its weights here cannot be checked (builds
-    # differ in the last bits across capabilities); said, not failed
+    # a model pinned on another CPU only: its weights here cannot be checked (builds differ in the
+    # last bits across capabilities and vendors); said, not failed
     elsewhere = sorted(names - set(pins["entries"]))
     if elsewhere:
         warnings.warn(
-            f"not checked on {here['cpu_capability']} (pinned on other CPUs only): {elsewhere}; "
+            f"not checked on {pinned.cpu_key(here)} (pinned on other CPUs only): {elsewhere}; "
             f"pin them on such a CPU with {pinned.UPDATE_ZOO}",
             stacklevel=1,
         )
