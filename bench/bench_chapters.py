@@ -7,7 +7,9 @@ first run), then again with the cache it filled (the second run of a class). Eac
 subprocess; its wall time, the CPU time of the process and its children (user + system: less
 sensitive than wall time to other load on a shared machine) and the largest resident memory of
 any of its processes are written to ``data/benchmarks/chapter_costs.csv`` with the machine's
-description and the command. Offline: only the embedded models are used.
+description, the command and the chapter's plan (``teaching.current_plans``: a hash of its
+parameter values at the default profile, so the book can tell times measured on an earlier plan).
+Offline: only the embedded models are used.
 
     python bench/bench_chapters.py                       # all six chapters, cold then warm
     python bench/bench_chapters.py --chapters f00 f05    # some of them (the others' rows are kept)
@@ -36,6 +38,7 @@ COLUMNS = [
     "peak_rss_mib",
     "status",
     "profile",
+    "plan",
     "machine",
     "memory_gib",
     "torch",
@@ -90,6 +93,8 @@ def run(chapter: str, cache: Path, out: Path) -> dict:
 
 
 def main(argv=None) -> int:
+    from coupling_utils.pipeline.teaching import current_plans
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--chapters", nargs="*", default=list(CHAPTERS), help=f"from {CHAPTERS}")
     ap.add_argument("--out", default=str(ROOT / "data" / "benchmarks" / "chapter_costs.csv"))
@@ -105,9 +110,17 @@ def main(argv=None) -> int:
         for chapter in args.chapters:
             cache, out = Path(tmp) / f"cache-{chapter}", Path(tmp) / f"runs-{chapter}"
             facts = machine()
+            plan = current_plans()[chapter]  # what was measured: the chapter's plan today
             for state in ("cold", "warm"):
                 result = run(chapter, cache, out)
-                row = {"chapter": chapter, "state": state, **result, "profile": "default", **facts}
+                row = {
+                    "chapter": chapter,
+                    "state": state,
+                    **result,
+                    "profile": "default",
+                    "plan": plan,
+                    **facts,
+                }
                 now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M")
                 row |= {"date_utc": now, "command": command}
                 rows.append(row)
@@ -120,7 +133,7 @@ def main(argv=None) -> int:
     target = Path(args.out)
     if target.is_file():  # keep the rows of the chapters not rerun, each with its own command and date
         with target.open(newline="", encoding="utf-8") as fh:
-            kept = [r for r in csv.DictReader(fh) if r["chapter"] not in args.chapters]
+            kept = [{"plan": "", **r} for r in csv.DictReader(fh) if r["chapter"] not in args.chapters]
         rows = sorted(kept + rows, key=lambda r: (CHAPTERS.index(r["chapter"]), r["state"]))
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp_target = target.with_suffix(".tmp")

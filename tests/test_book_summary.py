@@ -177,3 +177,21 @@ def test_the_first_screen_names_the_models_measured_and_what_the_paper_profile_t
     assert "`x/y` (f01)" in text and "1 hub model(s)" in text
     assert "about 1,500 TFLOP over 2 chapters, up to 30 GB of GPU memory and 316 GB of downloads" in text
     assert summary.what_was_measured(tmp_path / "none") == ""
+
+
+def test_costs_measured_on_another_plan_are_named_as_such():
+    """A chapter's cost measured with other (or unrecorded) default parameters is said to be."""
+    from coupling_utils.pipeline import teaching
+
+    plans = {"f00": teaching.current_plans()["f00"], "f01": "0123456789ab"}
+    costs = pd.DataFrame(
+        {"chapter": ["f00", "f00", "f01", "f01"], "state": ["cold", "warm"] * 2, "seconds": [120.0, 60.0] * 2,
+         "cpu_seconds": [60.0, 30.0] * 2, "status": "ok", "plan": [plans["f00"]] * 2 + ["", ""]}
+    )  # fmt: skip
+    assert teaching.replanned(costs, plans) == ["f01"]
+    assert "earlier plan" not in teaching.costs_summary(costs.iloc[:2], lab=("f00",), plans=plans)
+    assert "The times of f01 were measured on an earlier plan" in teaching.costs_summary(costs, plans=plans)
+    assert "--chapters f01` measures them again" in teaching.plans_summary(costs, chapter_plans=plans)
+    assert "have changed since" in teaching.chapter_time(costs, "f01", plans["f01"])
+    assert "have changed since" not in teaching.chapter_time(costs, "f00", plans["f00"])
+    assert teaching.replanned(costs.drop(columns="plan"), plans) == ["f00", "f01"]  # no column: unrecorded

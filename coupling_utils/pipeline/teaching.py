@@ -19,6 +19,7 @@ say about the course plan, so that the plan's timing follows the measurement.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from pathlib import Path
 
 import pandas as pd
@@ -40,6 +41,8 @@ __all__ = [
     "stage_kit_link",
     "TIME_MARKER",
     "chapter_time",
+    "current_plans",
+    "replanned",
     "stage_chapter_time",
     "PLANS",
     "PLANS_MARKER",
@@ -199,12 +202,47 @@ def replace_marker(page: Path, marker: str, section: str) -> bool:
     return True
 
 
-def costs_summary(costs: pd.DataFrame, lab: tuple[str, ...] = LAB_CHAPTERS) -> str:
+def current_plans() -> dict[str, str]:
+    """Each chapter's plan at the ``default`` profile today, by ``fNN``: a hash of its checked
+    parameter values (``sweep.planned_values``), what a measured cost's ``plan`` column is
+    compared with (``bench/bench_chapters.py`` records it)."""
+    from coupling_utils.chapters import NAMES
+    from coupling_utils.pipeline.sweep import planned_values
+    from coupling_utils.provenance import stable_hash
+
+    return {name.split("_", 1)[0]: stable_hash(planned_values(name, "default")) for name in NAMES}
+
+
+def replanned(costs: pd.DataFrame, plans: Mapping[str, str] | None) -> list[str]:
+    """The chapters whose costs were measured on another plan than ``plans`` says they have today
+    (their default parameters changed since), or on a plan that was not recorded."""
+    if not plans or costs.empty or "chapter" not in costs.columns:
+        return []
+    recorded = costs["plan"] if "plan" in costs.columns else pd.Series("", index=costs.index)
+    stale = costs[recorded.fillna("").astype(str) != costs.chapter.map(plans).fillna("")]
+    return sorted(set(stale.chapter) & set(plans))
+
+
+def _replanned_note(costs: pd.DataFrame, plans: Mapping[str, str] | None) -> str:
+    stale = replanned(costs, plans)
+    if not stale:
+        return ""
+    return (
+        f" The times of {', '.join(stale)} were measured on an earlier plan of the chapter (its "
+        "default parameters have changed since, or the plan was not recorded): "
+        f"`python bench/bench_chapters.py --chapters {' '.join(stale)}` measures them again."
+    )
+
+
+def costs_summary(
+    costs: pd.DataFrame, lab: tuple[str, ...] = LAB_CHAPTERS, plans: Mapping[str, str] | None = None
+) -> str:
     """What the measured chapter costs say about the course plan's lab (MyST text).
 
     ``costs`` has the columns of ``bench/bench_chapters.py`` (chapter, state cold|warm, seconds,
-    cpu_seconds, status). The lab fits when its chapters' warm runs take together at most
-    ``LAB_COMPUTE_MINUTES`` of wall time (the rule is stated on the page with the result)."""
+    cpu_seconds, status, plan). The lab fits when its chapters' warm runs take together at most
+    ``LAB_COMPUTE_MINUTES`` of wall time (the rule is stated on the page with the result).
+    ``plans`` (:func:`current_plans`): the chapters measured on another plan are named."""
     need = {"chapter", "state", "seconds", "cpu_seconds", "status"}
     if costs.empty or not need <= set(costs.columns):
         return "No chapter costs have been measured yet: run `python bench/bench_chapters.py`.\n"
@@ -242,14 +280,14 @@ def costs_summary(costs: pd.DataFrame, lab: tuple[str, ...] = LAB_CHAPTERS) -> s
         verdict += " The other chapters (minutes): " + "; ".join(parts) + "."
     if failed:
         verdict += f" Runs that failed when measured: {', '.join(failed)} (see the table)."
-    return verdict + "\n"
+    return verdict + _replanned_note(costs, plans) + "\n"
 
 
 def stage_costs(page: Path, costs_csv: Path) -> bool:
     """Replace the :data:`COSTS_MARKER` line of a staged page with :func:`costs_summary` of the
     measured costs (a missing file says how to make it). False when the page has no marker."""
     costs = pd.read_csv(costs_csv) if Path(costs_csv).is_file() else pd.DataFrame()
-    return replace_marker(page, COSTS_MARKER, costs_summary(costs))
+    return replace_marker(page, COSTS_MARKER, costs_summary(costs, plans=current_plans()))
 
 
 def stage_kit_link(page: Path, href: str, edition: str) -> bool:
@@ -276,9 +314,10 @@ def stage_kit_link(page: Path, href: str, edition: str) -> bool:
     return replace_marker(page, KIT_MARKER, section)
 
 
-def chapter_time(costs: pd.DataFrame, chapter: str) -> str:
+def chapter_time(costs: pd.DataFrame, chapter: str, plan: str | None = None) -> str:
     """What a chapter's run costs at the ``default`` profile, in words, from the measured costs
-    (``bench/bench_chapters.py``'s table; ``chapter`` is a notebook stem or its ``fNN``)."""
+    (``bench/bench_chapters.py``'s table; ``chapter`` is a notebook stem or its ``fNN``); with
+    ``plan`` (the chapter's plan today) it says when they were measured on another one."""
     short = chapter.split("_", 1)[0]
     need = {"chapter", "state", "seconds", "status"}
     rows = (
@@ -297,6 +336,12 @@ def chapter_time(costs: pd.DataFrame, chapter: str) -> str:
         text += f", about {minutes['cold']:.0f} min the first time (it builds them)"
     date = str(rows["date_utc"].iloc[0])[:10] if "date_utc" in rows.columns else ""
     text += f"; measured on a 2-core CPU on {date}" if date else ""
+    if plan is not None and replanned(rows, {short: plan}):
+        return text + (
+            ", with parameters that have changed since or were not recorded "
+            f"(`python bench/bench_chapters.py --chapters {short}` measures it again; "
+            "the teaching page has the table)."
+        )
     return text + " (the teaching page has the table)."
 
 
@@ -305,19 +350,27 @@ def stage_chapter_time(nb, costs_csv: Path) -> None:
     :func:`chapter_time` of the notebook's chapter (its ``papermill`` or file name is not needed:
     the chapter is read from the title line ``# fNN · ...``)."""
     costs = pd.read_csv(costs_csv) if Path(costs_csv).is_file() else pd.DataFrame()
+    plans = current_plans()
     title = next((c.source for c in nb.cells if c.cell_type == "markdown" and "\n# f" in "\n" + c.source), "")
     m = re.search(r"^# (f\d\d)\b", title, re.MULTILINE)
     for cell in nb.cells:
         if cell.cell_type == "markdown" and TIME_MARKER in cell.source.splitlines():
-            sentence = chapter_time(costs, m.group(1)) if m else "not known (no `# fNN` title)."
+            sentence = (
+                chapter_time(costs, m.group(1), plans.get(m.group(1)))
+                if m
+                else "not known (no `# fNN` title)."
+            )
             cell.source = "\n".join(
                 sentence if line == TIME_MARKER else line for line in cell.source.splitlines()
             )
 
 
-def plans_summary(costs: pd.DataFrame, plans: tuple = PLANS) -> str:
+def plans_summary(
+    costs: pd.DataFrame, plans: tuple = PLANS, chapter_plans: Mapping[str, str] | None = None
+) -> str:
     """One line per course plan: its chapters' measured compute time at the ``default`` profile,
-    warm (models built beforehand) and cold (MyST list)."""
+    warm (models built beforehand) and cold (MyST list); ``chapter_plans`` (:func:`current_plans`):
+    the chapters measured on another plan are named."""
     need = {"chapter", "state", "seconds", "status"}
     if costs.empty or not need <= set(costs.columns):
         return "No chapter costs have been measured yet: run `python bench/bench_chapters.py`.\n"
@@ -334,10 +387,11 @@ def plans_summary(costs: pd.DataFrame, plans: tuple = PLANS) -> str:
             f"- **{name}** ({', '.join(chapters)}): {warm:.0f} min of computing with the models "
             f"built beforehand, {cold:.0f} min from an empty cache."
         )
-    return "\n".join(lines) + "\n"
+    note = _replanned_note(costs, chapter_plans).strip()
+    return "\n".join(lines) + ("\n\n" + note if note else "") + "\n"
 
 
 def stage_plans(page: Path, costs_csv: Path) -> bool:
     """Replace the :data:`PLANS_MARKER` line of a staged page with :func:`plans_summary`."""
     costs = pd.read_csv(costs_csv) if Path(costs_csv).is_file() else pd.DataFrame()
-    return replace_marker(page, PLANS_MARKER, plans_summary(costs))
+    return replace_marker(page, PLANS_MARKER, plans_summary(costs, chapter_plans=current_plans()))
