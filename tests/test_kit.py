@@ -314,6 +314,31 @@ def test_the_k_policy_curve_is_staged_on_the_method_page_from_the_measured_curve
         diagrams.k_policy_figure()
 
 
+def test_the_engine_figure_is_staged_on_the_performance_page_from_the_benchmark(tmp_path):
+    """The performance page draws the engine's speed-ups from data/benchmarks/engine.csv, and its
+    caption's numbers and verdicts follow the CSV."""
+    import pandas as pd
+
+    from coupling_utils.pipeline import diagrams
+
+    page = tmp_path / "performance.md"
+    page.write_text("A.\n\n% engine-speedup\n")
+    assert diagrams.stage_diagrams(page)
+    text = page.read_text()
+    assert f":name: {diagrams.ENGINE_NAME}" in text and "% engine-speedup" not in text
+    assert (tmp_path / "_generated" / "engine-speedup.html").stat().st_size > 1000
+    assert f"<{diagrams.ENGINE_NAME}>`" in (ROOT / "book" / "performance.md").read_text()
+    table = pd.read_csv(ROOT / "data" / "benchmarks" / "engine.csv")
+    one = table[table.case.str.startswith("block: SmolLM2") & (table.method == "one_token (1 token)")]
+    assert ", ".join(f"{v:.0f}×" for v in one.sort_values("T").speedup) in text
+    # all tokens twice as fast everywhere: the caption's verdict follows the numbers
+    rows = table.method == "all_tokens: Jacobians, spectra, coupling"
+    table.loc[rows, "speedup"] = table.loc[rows, "target"] * 2
+    table.to_csv(tmp_path / "engine.csv", index=False)
+    _, caption, _ = diagrams.engine_figure(tmp_path / "engine.csv")
+    assert caption.endswith("One token meets it at every T, all tokens at every T.")
+
+
 def _chart_page(path: Path, with_chart: bool) -> Path:
     """A tiny printable page: a heading, and (``with_chart``) one chart as the book shows it, with
     the book's stylesheet (whose print rules show the chart's static picture)."""

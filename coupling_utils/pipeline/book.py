@@ -346,11 +346,11 @@ def _stage_generated_pages(
         stage_kit_link(page[TEACHING_PAGE], f"../{KIT_DOWNLOAD}", edition if kit else "")
         stage_costs(page[TEACHING_PAGE], root / "data" / "benchmarks" / "chapter_costs.csv")
         stage_plans(page[TEACHING_PAGE], root / "data" / "benchmarks" / "chapter_costs.csv")
-    notation = src / PROSE_DIR / "notation-and-method.md"
-    if notation.is_file():
-        from coupling_utils.pipeline.diagrams import stage_diagrams
+    from coupling_utils.pipeline.diagrams import stage_diagrams
 
-        stage_diagrams(notation)
+    for name in ("notation-and-method", "performance"):  # the pages with figures drawn at build time
+        if (src / PROSE_DIR / f"{name}.md").is_file():
+            stage_diagrams(src / PROSE_DIR / f"{name}.md")
     if page[ARCHITECTURES_PAGE].is_file():
         with page[ARCHITECTURES_PAGE].open("a", encoding="utf-8") as f:
             f.write("\n" + architectures_section())

@@ -11,7 +11,9 @@ aligned (copies of one block with a little noise) or independent. :func:`stage_d
 each chart beside the notation page and replaces its marker line (:data:`DIAGRAMS`) with a
 numbered figure. :func:`k_policy_figure` is not a concept but a measurement: the K/d
 sensitivity curve (``data/k_sensitivity.csv``) from which ``analysis.k_policy`` chooses the
-book's K/d, staged the same way on the method page.
+book's K/d, staged the same way on the method page; :func:`engine_figure` is the engine's
+measured speed-up over the authors' method (``data/benchmarks/engine.csv``), on the performance
+page.
 """
 
 from __future__ import annotations
@@ -39,6 +41,9 @@ __all__ = [
     "K_POLICY_MARKER",
     "K_POLICY_NAME",
     "k_policy_figure",
+    "ENGINE_MARKER",
+    "ENGINE_NAME",
+    "engine_figure",
     "stage_diagrams",
 ]
 
@@ -57,6 +62,9 @@ STEP = 3  # the Jacobian diagram draws block STEP's Jacobian J^STEP_tt (the step
 TILE_BLOCKS, TILE_K = 4, 4  # the tile matrix: the first TILE_BLOCKS blocks, K = TILE_K
 ALIGNED, INDEPENDENT = "aligned blocks", "independent blocks"  # the tile diagram's panels, in order
 K_POLICY_MARKER, K_POLICY_NAME = "% k-policy-curve", "fig-method-k-policy"
+ENGINE_MARKER, ENGINE_NAME = "% engine-speedup", "fig-performance-engine"
+# the engine figure's series: bench/bench_engine.py's method names on the SmolLM2-sized block
+ENGINE_SERIES = {"one_token (1 token)": "one token", "all_tokens: Jacobians, spectra, coupling": "all tokens"}
 
 
 def tiny_block_model(n_layers: int = TINY_L, *, seed: int = SEED, aligned: float | None = None):
@@ -343,11 +351,62 @@ def k_policy_figure() -> tuple[object, str, str]:
     return chart, caption, alt
 
 
+def engine_figure(csv: Path | None = None) -> tuple[object, str, str]:
+    """The engine against the authors' method, from ``bench/bench_engine.py``'s CSV: the speed-up
+    of the one-token and the all-token paths over the per-token reverse-mode reference on the
+    SmolLM2-sized block, against the prompt length T, beside issue 26's target of T/2."""
+    from coupling_utils.analysis import plots
+    from coupling_utils.files import data_dir
+
+    table = pd.read_csv(csv or data_dir() / "benchmarks" / "engine.csv")
+    block = table[table.case.str.startswith("block: SmolLM2") & table.method.isin(list(ENGINE_SERIES))]
+    if block.empty:
+        raise ValueError(
+            "data/benchmarks/engine.csv has no SmolLM2-block rows: run python bench/bench_engine.py"
+        )
+    rows = block.assign(series=block.method.map(ENGINE_SERIES))[["T", "series", "speedup", "target"]]
+    target = rows.drop_duplicates("T").assign(series="target (T/2)", speedup=lambda d: d.target)
+    data = pd.concat([rows, target]).assign(low=lambda d: d.speedup, high=lambda d: d.speedup)
+    chart = plots.sensitivity_curve(
+        data, "T", "speedup", "low", "high", "series",
+        look=plots.Look(title="Speed-up over the authors' method", x_title="prompt length T (tokens)",
+                        y_title="speed-up (times)"),
+    )  # fmt: skip
+    Ts = sorted(rows["T"].unique())
+
+    def listed(series: str) -> str:
+        got = rows[rows.series == series].set_index("T").speedup
+        return ", ".join(f"{got[t]:.0f}×" for t in Ts if t in got)
+
+    def meets(series: str) -> str:
+        got = rows[rows.series == series]
+        ok = sorted(got[got.speedup >= got.target]["T"])
+        return "at every T" if len(ok) == len(got) else f"at T = {', '.join(map(str, ok)) or 'none'}"
+
+    machine, date = block.machine.iloc[0], str(block.date_utc.iloc[0])
+    caption = (
+        f"The engine against the authors' method (the reference: d VJPs of one token through the block "
+        f"over all T tokens), on one randomly initialised SmolLM2-sized block (d = {block.d.iloc[0]}), "
+        f"one thread, measured by bench/bench_engine.py ({machine}; {date} UTC). At T = "
+        f"{', '.join(map(str, Ts))}: the one-token path is {listed('one token')} faster than the "
+        f"reference; all tokens (their Jacobians, top-50 spectra and token-wise coupling, against T runs "
+        f"of the reference) {listed('all tokens')}; the target, T/2, is "
+        f"{', '.join(f'{t / 2:.0f}' for t in Ts)}. One token meets it {meets('one token')}, all tokens "
+        f"{meets('all tokens')}."
+    )
+    alt = (
+        f"A line chart of the speed-up against the prompt length on a logarithmic axis (T = "
+        f"{', '.join(map(str, Ts))}), with three lines: the one-token path, all tokens, and the target T/2."
+    )
+    return chart, caption, alt
+
+
 DIAGRAMS = (
     Diagram(MARKER, DIAGRAM_NAME, DIAGRAM_FILE, _coupling_figure),
     Diagram(JACOBIAN_MARKER, JACOBIAN_NAME, "_generated/jacobian-diagram.html", _jacobian_figure),
     Diagram(TILES_MARKER, TILES_NAME, "_generated/tile-diagram.html", _tiles_figure),
     Diagram(K_POLICY_MARKER, K_POLICY_NAME, "_generated/k-policy-curve.html", k_policy_figure),
+    Diagram(ENGINE_MARKER, ENGINE_NAME, "_generated/engine-speedup.html", engine_figure),
 )
 
 
