@@ -3,8 +3,10 @@ no model build, no network), and a way to run ``coupling-book`` in a subprocess.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -52,5 +54,8 @@ def _cli(*args, env=None, **kwargs) -> subprocess.Popen | subprocess.CompletedPr
     cmd = [sys.executable, "-m", "coupling_utils.pipeline.cli", *map(str, args)]
     if kwargs.pop("background", False):
         pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
-        return subprocess.Popen(cmd, env=full_env, cwd=ROOT, text=True, **pipes)
+        # Ctrl-C as in a terminal: a shell script's background job (a CI runner's, say) starts with
+        # SIGINT ignored, and the child would inherit that and never see the signal
+        reset = functools.partial(signal.signal, signal.SIGINT, signal.SIG_DFL)
+        return subprocess.Popen(cmd, env=full_env, cwd=ROOT, text=True, preexec_fn=reset, **pipes)
     return subprocess.run(cmd, env=full_env, cwd=ROOT, capture_output=True, text=True, timeout=300, **kwargs)

@@ -39,7 +39,7 @@ def test_an_interrupted_measure_resumes(sig, cli, model_dir, many_prompts, tmp_p
     out = tmp_path / "o"
     proc = cli(*_args(model_dir, many_prompts, out), background=True)
     # the measure at the lowest priority: on a busy machine it, not this polling loop, waits for a
-    # core, so the signal still comes mid-run (once, under load, all 120 prompts ended first)
+    # core, so the signal still comes mid-run
     os.setpriority(os.PRIO_PROCESS, proc.pid, 19)
     deadline = time.monotonic() + 240
     while not _finished(out) and proc.poll() is None and time.monotonic() < deadline:
