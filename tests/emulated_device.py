@@ -108,9 +108,16 @@ class EmulatedTensor(torch.Tensor):
 
     def __deepcopy__(self, memo):
         """A copy on the same (emulated) device, as ``copy.deepcopy`` of a CUDA tensor gives (a
-        key/value cache is deep-copied before each one-token block call)."""
+        key/value cache is deep-copied before each one-token block call, inside ``torch.func.vjp``).
+
+        The copy is a dispatched ``clone`` of the wrapper, as for a CUDA tensor: inside a functorch
+        transform the result is then the transform's wrapper around a new EmulatedTensor. Cloning
+        ``self.elem`` here, in Python, would let the transform lift the *payload* instead, and the
+        EmulatedTensor would hold a functorch wrapper that dies with the transform (issue 26).
+        """
         if id(self) not in memo:
-            memo[id(self)] = EmulatedTensor(self.elem.detach().clone(), requires_grad=self.requires_grad)
+            copied = self.detach().clone()
+            memo[id(self)] = copied.requires_grad_() if self.requires_grad else copied
         return memo[id(self)]
 
     def numpy(self, *, force: bool = False):

@@ -3,6 +3,7 @@ f00 helpers under an emulated accelerator (``tests/emulated_device.py``) that fa
 
 from __future__ import annotations
 
+import copy
 import functools
 
 import numpy as np
@@ -44,6 +45,27 @@ def test_harness_fails_where_cuda_fails():
         C = torch.zeros(2, 3, device=dev)
         C[torch.arange(2), torch.arange(2)] = 1  # CPU index tensors on a device tensor: allowed
         assert float(C.sum()) == 2 and on_device(torch.tensor([1, 2], device=dev))
+
+
+def test_a_deep_copy_inside_a_transform_is_a_device_tensor_there():
+    """A device tensor deep-copied inside ``torch.func.vjp`` (the one-token path copies its key/value
+    cache there) is, as on CUDA, the transform's wrapper around a device tensor: usable with the
+    transform's other tensors, with the same values and derivatives as on the host."""
+    c, x = torch.randn(2, 3), torch.randn(1, 3)
+
+    def f(x, c):
+        return torch.cat([copy.deepcopy(c), x]).sin()
+
+    ref, ref_vjp = torch.func.vjp(lambda x: f(x, c), x)
+    with emulated_device() as dev:
+        cd = c.to(dev)
+        y, vjp_fn = torch.func.vjp(lambda x: f(x, cd), x.to(dev))
+        (g,) = vjp_fn(torch.ones_like(y))
+        assert on_device(y) and on_device(g)
+        with pytest.raises(DeviceMismatch, match="same device"):
+            torch.func.vjp(lambda x: torch.cat([copy.deepcopy(cd), x]), x)  # a host x: refused, as on CUDA
+    torch.testing.assert_close(y.cpu(), ref, rtol=0, atol=0)
+    torch.testing.assert_close(g.cpu(), ref_vjp(torch.ones_like(ref))[0], rtol=0, atol=0)
 
 
 def test_the_known_bugs_of_issue_10_fail_under_the_harness():
@@ -215,25 +237,30 @@ MEASURE_CASES = {
 
 @pytest.fixture
 def sweep_path_only(monkeypatch):
-    """Every Jacobian by the all-token sweep: the one-token path does not yet run on the emulated
-    device (see :func:`test_one_token_path_on_the_device`)."""
+    """Every Jacobian by the all-token sweep, so that the cases below test that path on the device
+    (the one-token path has its own test, :func:`test_one_token_path_on_the_device`)."""
     from coupling_utils.measurement import compute
 
     monkeypatch.setattr(compute, "choose_path", lambda *a, **k: ("all_tokens", "test: sweep only"))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=RuntimeError,
-    reason="open (issue 26): under torch.func.vjp the one-token path's key/value cache ends up holding "
-    "an EmulatedTensor around a dead functorch wrapper, and torch.cat then finds no storage; not yet "
-    "known whether a real GPU shows it (bench/gpu_check.py runs the path on CUDA)",
-)
-def test_one_token_path_on_the_device(standin_hub):
-    from coupling_utils.measurement import measure
+def test_one_token_path_on_the_device(standin_hub, monkeypatch):
+    """measure() by the one-token path (a deep-copied key/value cache under ``torch.func.vjp``) with
+    the model on the device: every table equals the host run's (issue 26: the emulation's deep copy
+    of a device tensor inside the transform once wrapped a functorch wrapper that died with it)."""
+    from coupling_utils.measurement import TABLES, compute, measure
 
+    used, one_token = [], compute.one_token_jacobians
+    monkeypatch.setattr(compute, "one_token_jacobians", lambda *a, **k: used.append(1) or one_token(*a, **k))
+    repo, plan = "Qwen/Qwen2-7B", dict(layers=[3, 4], tokens="last", k=(2,))
+    ref = measure(load_model(repo, device="cpu"), [DEMO], **plan)
+    assert len(used) == 2, "the host run did not take the one-token path"
     with emulated_device() as dev:
-        measure(load_model("Qwen/Qwen2-7B", device=dev), [DEMO], layers=[3, 4], tokens="last", k=(2,))
+        got = measure(load_model(repo, device=dev), [DEMO], **plan)
+    assert len(used) == 4, "the device run did not take the one-token path"
+    for name in TABLES:
+        if name != "timings":
+            pd.testing.assert_frame_equal(got.tables[name], ref.tables[name], check_exact=False, atol=1e-5)
 
 
 @pytest.mark.parametrize("case", MEASURE_CASES)

@@ -306,6 +306,7 @@ def test_accepts_a_loaded_model(tmp_path):
 SDPA_CASES = [
     ("falcon", None),
     ("falcon", "alibi"),
+    ("falcon", "multi_head"),
     ("falcon", "new_decoder"),
     ("llama", None),
     ("bert", None),

@@ -50,36 +50,60 @@ def _gpt_neo_forward(
     return GPTNeoSelfAttention.forward(self, hidden_states, attention_mask=attention_mask)
 
 
+def _falcon_qkv(self, hidden_states):
+    """Queries [B,H,T,e], keys and values [B,Hkv,T,e] from the fused projection.
+
+    FalconAttention's own layouts (transformers 5.24's ``_split_heads`` and 5.25's inline split
+    take the same elements): new decoder architecture, per KV group its queries then its key and
+    value; multi-query, all queries then one key and one value; otherwise q, k, v interleaved per head.
+    """
+    B, T = hidden_states.shape[:2]
+    fused = self.query_key_value(hidden_states).view(B, T, -1, self.head_dim)
+    if self.new_decoder_architecture:
+        grouped = fused.view(B, T, self.num_kv_heads, -1, self.head_dim)
+        q, k, v = grouped[..., :-2, :].flatten(2, 3), grouped[..., -2, :], grouped[..., -1, :]
+    elif self.multi_query:
+        q, k, v = fused.split([self.num_heads, 1, 1], dim=2)
+    else:
+        q, k, v = fused.unflatten(2, (self.num_heads, 3)).unbind(3)
+    return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+
+
 def _falcon_forward(
     self,
     hidden_states,
-    alibi,
-    attention_mask,
+    attention_mask=None,
     position_ids=None,
     layer_past=None,
     use_cache=False,
     output_attentions=False,
     position_embeddings=None,
+    *,
+    alibi=None,
     **kwargs,
 ):
-    """FalconAttention.forward with the attention core replaced (rotary or ALiBi, any KV grouping)."""
+    """FalconAttention.forward with the attention core replaced (rotary or ALiBi, any KV grouping).
+
+    Exact on transformers 5.24 and 5.25, told apart by the call, not the version: in both,
+    FalconModel.forward folds ALiBi (over sqrt(head_dim)) into the 4-D float mask. 5.24's decoder
+    layer also passes ``alibi=`` (keyword), and its eager path adds ALiBi to the logits a second
+    time, softmax((q·k + alibi)/sqrt(e) + mask); its SDPA path uses the mask alone. 5.25 passes no
+    ``alibi`` (dropped from the signature) and both paths use the mask alone. Rotary iff not
+    ``config.alibi`` in both (5.24 passes ``alibi`` exactly when ``config.alibi``).
+    """
     from transformers.models.falcon.modeling_falcon import apply_rotary_pos_emb
 
     _no_cache(layer_past, "Falcon")
-    q, k, v = self._split_heads(self.query_key_value(hidden_states))
-    B, T = q.shape[:2]
-    n_kv = self.num_heads if self.new_decoder_architecture else self.num_kv_heads
-    q = q.transpose(1, 2).reshape(B, self.num_heads, T, self.head_dim)
-    k = k.transpose(1, 2).reshape(B, n_kv, T, self.head_dim)
-    v = v.transpose(1, 2).reshape(B, n_kv, T, self.head_dim)
-    if alibi is None:
+    q, k, v = _falcon_qkv(self, hidden_states)
+    B, _, T, _ = q.shape
+    if not self.config.alibi:
         cos, sin = position_embeddings
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
-    k, v = repeat_kv(k, self.num_heads // n_kv), repeat_kv(v, self.num_heads // n_kv)
+    k, v = repeat_kv(k, self.num_heads // k.shape[1]), repeat_kv(v, self.num_heads // v.shape[1])
     bias = mask_to_bias(attention_mask, T, T, causal_if_none=True, device=q.device)
     sdpa = self.config._attn_implementation == "sdpa" and not output_attentions
     if alibi is not None and not sdpa:
-        # eager ALiBi path: softmax((q·k + alibi) · inv_norm + mask)
+        # 5.24's eager ALiBi path: softmax((q·k + alibi) · inv_norm + mask)
         bias = alibi.view(B, self.num_heads, 1, -1).float() * self.inv_norm_factor + bias
     out, weights = token_diagonal_attention(q, k, v, bias, scaling=self.inv_norm_factor)
     out = out.permute(0, 2, 1, 3).reshape(B, T, self.num_heads * self.head_dim)

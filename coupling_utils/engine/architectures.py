@@ -274,6 +274,7 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         tiny=dict(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4),
         tiny_variants={
             "alibi": dict(alibi=True),
+            "multi_head": dict(multi_query=False),  # q, k, v interleaved per head (falcon-rw)
             "new_decoder": dict(new_decoder_architecture=True, num_kv_heads=2),
         },
     ),
