@@ -282,8 +282,12 @@ def test_the_jacobian_and_tile_diagrams_are_computed_on_a_tiny_model(tmp_path):
     assert f"{facts['norm']:.2f}" in text and f"{m[diagrams.INDEPENDENT]:.2f}" in text
     for d in diagrams.DIAGRAMS[1:3]:
         assert (tmp_path / d.file).stat().st_size > 1000
-    notation = (ROOT / "book" / "notation-and-method.md").read_text()
-    assert all(d.marker in notation.splitlines() for d in diagrams.DIAGRAMS)
+    pages = [
+        (ROOT / "book" / f"{name}.md").read_text().splitlines()
+        for name in ("notation-and-method", "performance")
+    ]
+    assert all(any(d.marker in lines for lines in pages) for d in diagrams.DIAGRAMS)  # each drawn on a page
+    assert diagrams.ENGINE_MARKER in pages[1] and diagrams.ENGINE_MARKER not in pages[0]
     for chapter, name in (
         ("f00_coupling_metric", diagrams.JACOBIAN_NAME),
         ("f01_depth_and_tokens", diagrams.TILES_NAME),
