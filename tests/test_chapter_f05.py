@@ -27,8 +27,14 @@ HUB = {
 @pytest.mark.parametrize("profile", ["smoke", "default", "laptop", "paper"])
 def test_jobs_are_the_model_and_its_twin_each_with_its_study(profile):
     p = planned_params(f05.NOTEBOOK, profile)
-    jobs = f05.jobs(p)
+    *jobs, variant = f05.jobs(p)
     assert [j.weights for j in jobs] == ["trained", "random init"]  # every profile compares with the twin
+    # f05-ex-first-token's variant: the trained model with skip_first_token flipped, no linearisation
+    assert (
+        variant.labels == {**jobs[0].labels, "variant": "first_token"} and variant.extra.passes(12, 64) == 12
+    )
+    assert variant.extra.options["skip_first_token"] is not p.skip_first_token
+    assert variant.load_kwargs == jobs[0].load_kwargs and variant.key not in {j.key for j in jobs}
     for job in jobs:
         assert job.storable and job.settings == {} and job.model == p.model and job.prompts == p.prompts
         assert job.extra.fn is tr.trajectory_study and job.extra.options["label"] == job.weights
@@ -42,7 +48,7 @@ def test_jobs_are_the_model_and_its_twin_each_with_its_study(profile):
 
 def test_jobs_follow_the_parameters():
     p = f05.Params.checked({"compare_random_init": False, "linearization": False, "first_layer": 2})
-    (job,) = f05.jobs(p)
+    job, _ = f05.jobs(p)
     assert job.weights == "trained" and job.extra.passes(12, 64) == 12
     assert job.extra.options["window"] == [2, -1] and not job.extra.options["linearization"]
     assert f05.jobs(p.__class__.checked({**p.values(), "init_seed": 3}))[0].key == job.key  # no twin, no seed
