@@ -77,7 +77,7 @@ def test_run_reads_back_what_the_model_gives(standin_hub, tmp_path, monkeypatch)
         return load_model(ref, **kw)
 
     r = f05.run(p, Options(load=load))
-    assert loads == [False, True]
+    assert loads == [False, True, False]  # the trained model, its twin, the first-token variant
     lm = load_model(HUB["model"], revision=HUB["revision"])
     inputs = [lm.tokenizer(t, return_tensors="pt").input_ids for t in HUB["prompts"]]
     want = tr.trajectory_tables(lm, inputs, label="trained", layers=(0, lm.n_layers), skip_first_token=True)
@@ -86,13 +86,18 @@ def test_run_reads_back_what_the_model_gives(standin_hub, tmp_path, monkeypatch)
         pd.testing.assert_frame_equal(
             got, getattr(want, name), check_dtype=False
         )  # exact: parquet round trip
+    kept = tr.trajectory_tables(
+        lm, inputs, label=f05.FIRST_TOKEN, layers=(0, lm.n_layers), linearization=False
+    )
+    for name in ("steps", "metrics"):  # f05-ex-first-token's variant: position 0 kept
+        pd.testing.assert_frame_equal(r.first_token[name], getattr(kept, name), check_dtype=False)
     assert r.n_tokens == [int(x.shape[1]) for x in inputs] and r.window == (0, lm.n_layers)
     assert r.pca_tokens["token"].tolist() == lm.tokenizer.convert_ids_to_tokens(inputs[0][0].tolist())
     assert set(r.pca["model"]) == {"trained", "random init"} and (r.pca["token"] > 0).all()
     assert r.headline().startswith(f"{lm.name}: {lm.n_layers} blocks, d = {lm.d_model}; 2 prompt(s)")
 
     again = f05.run(p, Options(load=load, compute=False))  # read only: nothing loaded, the same numbers
-    assert loads == [False, True]
+    assert loads == [False, True, False]
     pd.testing.assert_frame_equal(again.metrics, r.metrics)
     rows = f05.claims(p, r)
     growth = r.growth | tr.growth_intervals(r.metrics)  # judged with its intervals over prompts
