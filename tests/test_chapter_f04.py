@@ -80,3 +80,56 @@ def test_run_collects_the_plan_and_a_read_only_rerun_tells_the_same_story(smoke_
     }
     assert f04.claims(p, measured) == f04.claims(p, read)
     assert set(glued) >= {"f04_rule_emerges", "f04_trained", "f04_rho_excess", "f04_best", "f04_n_tokens"}
+
+
+@pytest.mark.parametrize("token", ["cls", "mean", "last"])
+def test_the_exercises_study_measures_each_variant_once(smoke_vits, token):
+    """The variants the solutions quote: the run and its twin at every other token, a second
+    training curve (every token, or the CLS token when the chapter measures the mean), and the
+    twin alone at the four other seeds, none of them the run's own training seed."""
+    from coupling_utils.chapters.f04_vision_transformers import exercises as ex
+
+    p = _params(token=token)
+    jobs = [j for j in f04.jobs(p) if j.labels["study"] == "exercises"]
+    variants = {}
+    for j in jobs:
+        variants.setdefault(j.labels["variant"], []).append(j)
+    tokens = [t for t in ex.EX_TOKENS if t != token]
+    curve = ex.curve_token(token)
+    seeds = ex.twin_seeds(p.model, p.init_seed)
+    assert list(variants) == [f"token:{t}" for t in tokens] + [f"curve:{curve}"] + [
+        f"seed:{s}" for s in seeds[1:]
+    ]
+    for t in tokens:
+        assert [j.weights for j in variants[f"token:{t}"]] == ["trained", "random init"]
+    assert [j.labels["model"] for j in variants[f"curve:{curve}"]] == f04.checkpoints(p)
+    assert len(seeds) == ex.N_SEEDS == len(set(seeds)) and seeds[0] == p.init_seed
+    assert vt.training_seed(p.model) not in seeds
+    for s in seeds[1:]:
+        (twin,) = variants[f"seed:{s}"]
+        assert twin.weights == "random init" and twin.load_kwargs["seed"] == s
+
+
+def test_twin_seeds_skip_the_runs_training_seed():
+    from coupling_utils.chapters.f04_vision_transformers import exercises as ex
+
+    trained = vt.training_seed("embedded:vit-mnist-smoke")
+    assert ex.twin_seeds("embedded:vit-mnist-smoke", trained) == [
+        trained + i for i in range(1, ex.N_SEEDS + 1)
+    ]
+
+
+def test_comparison_words_follow_the_numbers():
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    from coupling_utils.chapters.f04_vision_transformers import exercises as ex
+
+    p = SimpleNamespace(n_resamples=200, seed=0)
+    above = ex._compared(p, pd.Series([0.2, 0.3, 0.25, 0.28]), "X")
+    below = ex._compared(p, pd.Series([-0.2, -0.3, -0.25, -0.28]), "X")
+    mixed = ex._compared(p, pd.Series([0.5, -0.4, 0.3, -0.3]), "X")
+    assert above.startswith("larger than X by 0.258") and "excludes 0" in above
+    assert below.startswith("smaller than X by 0.258") and "excludes 0" in below
+    assert "includes 0" in mixed

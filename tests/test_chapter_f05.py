@@ -27,8 +27,14 @@ HUB = {
 @pytest.mark.parametrize("profile", ["smoke", "default", "laptop", "paper"])
 def test_jobs_are_the_model_and_its_twin_each_with_its_study(profile):
     p = planned_params(f05.NOTEBOOK, profile)
-    jobs = f05.jobs(p)
+    *jobs, variant = f05.jobs(p)
     assert [j.weights for j in jobs] == ["trained", "random init"]  # every profile compares with the twin
+    # f05-ex-first-token's variant: the trained model with skip_first_token flipped, no linearisation
+    assert (
+        variant.labels == {**jobs[0].labels, "variant": "first_token"} and variant.extra.passes(12, 64) == 12
+    )
+    assert variant.extra.options["skip_first_token"] is not p.skip_first_token
+    assert variant.load_kwargs == jobs[0].load_kwargs and variant.key not in {j.key for j in jobs}
     for job in jobs:
         assert job.storable and job.settings == {} and job.model == p.model and job.prompts == p.prompts
         assert job.extra.fn is tr.trajectory_study and job.extra.options["label"] == job.weights
@@ -42,7 +48,7 @@ def test_jobs_are_the_model_and_its_twin_each_with_its_study(profile):
 
 def test_jobs_follow_the_parameters():
     p = f05.Params.checked({"compare_random_init": False, "linearization": False, "first_layer": 2})
-    (job,) = f05.jobs(p)
+    job, _ = f05.jobs(p)
     assert job.weights == "trained" and job.extra.passes(12, 64) == 12
     assert job.extra.options["window"] == [2, -1] and not job.extra.options["linearization"]
     assert f05.jobs(p.__class__.checked({**p.values(), "init_seed": 3}))[0].key == job.key  # no twin, no seed
@@ -71,7 +77,7 @@ def test_run_reads_back_what_the_model_gives(standin_hub, tmp_path, monkeypatch)
         return load_model(ref, **kw)
 
     r = f05.run(p, Options(load=load))
-    assert loads == [False, True]
+    assert loads == [False, True, False]  # the trained model, its twin, the first-token variant
     lm = load_model(HUB["model"], revision=HUB["revision"])
     inputs = [lm.tokenizer(t, return_tensors="pt").input_ids for t in HUB["prompts"]]
     want = tr.trajectory_tables(lm, inputs, label="trained", layers=(0, lm.n_layers), skip_first_token=True)
@@ -80,13 +86,18 @@ def test_run_reads_back_what_the_model_gives(standin_hub, tmp_path, monkeypatch)
         pd.testing.assert_frame_equal(
             got, getattr(want, name), check_dtype=False
         )  # exact: parquet round trip
+    kept = tr.trajectory_tables(
+        lm, inputs, label=f05.FIRST_TOKEN, layers=(0, lm.n_layers), linearization=False
+    )
+    for name in ("steps", "metrics"):  # f05-ex-first-token's variant: position 0 kept
+        pd.testing.assert_frame_equal(r.first_token[name], getattr(kept, name), check_dtype=False)
     assert r.n_tokens == [int(x.shape[1]) for x in inputs] and r.window == (0, lm.n_layers)
     assert r.pca_tokens["token"].tolist() == lm.tokenizer.convert_ids_to_tokens(inputs[0][0].tolist())
     assert set(r.pca["model"]) == {"trained", "random init"} and (r.pca["token"] > 0).all()
     assert r.headline().startswith(f"{lm.name}: {lm.n_layers} blocks, d = {lm.d_model}; 2 prompt(s)")
 
     again = f05.run(p, Options(load=load, compute=False))  # read only: nothing loaded, the same numbers
-    assert loads == [False, True]
+    assert loads == [False, True, False]
     pd.testing.assert_frame_equal(again.metrics, r.metrics)
     rows = f05.claims(p, r)
     growth = r.growth | tr.growth_intervals(r.metrics)  # judged with its intervals over prompts

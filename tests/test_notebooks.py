@@ -167,3 +167,30 @@ def test_every_solution_states_its_expected_result(nb):
     assert solutions, f"{nb.stem} has no solutions"
     bare = [arg for arg, body in solutions if not re.search(_EXPECTED_RESULT, body)]
     assert not bare, f"{nb.stem}: solutions with no glued value or figure: {bare}"
+
+
+# exercises whose variant the chapter's plan measures: their solutions quote what the variant gave
+# (a value glued as <chapter>_ex_..., computed from the variant's own measurements), not only this
+# run's reference values
+MEASURED_VARIANTS = {
+    "f04_vision_transformers": ("f04-ex-token", "f04-ex-mean", "f04-ex-patch", "f04-ex-seed"),
+    "f05_token_trajectories": ("f05-ex-first-token",),
+}
+
+
+@pytest.mark.parametrize("nb", notebook_paths(ROOT), ids=lambda p: p.stem)
+def test_solutions_quote_values_the_notebook_computes(nb):
+    """Every value a solution glues is one the smoke run reports (pinned), and each exercise of
+    :data:`MEASURED_VARIANTS` quotes its variant's own value."""
+    import re
+
+    from coupling_utils.pipeline.teaching import _blocks
+
+    pinned_glue = pinned.load_smoke_values()["notebooks"].get(nb.stem, {}).get("glue", {})
+    solutions = {arg: body for kind, arg, _, body in _blocks(nb.read_text()) if kind == "solution"}
+    quoted = {arg: re.findall(r"\{glue(?::\w+)?\}`([^`:]+)", body) for arg, body in solutions.items()}
+    unknown = [f"{arg}: {name}" for arg, names in quoted.items() for name in names if name not in pinned_glue]
+    assert not unknown, f"{nb.stem}: solutions glue values the notebook does not report: {unknown}"
+    prefix = nb.stem.split("_")[0] + "_ex_"
+    for arg in MEASURED_VARIANTS.get(nb.stem, ()):
+        assert any(name.startswith(prefix) for name in quoted[arg]), f"{arg} quotes no {prefix}* value"

@@ -5,6 +5,7 @@ tables), its verdict rules and claims, and the values its prose glues."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -129,7 +130,23 @@ def jobs(p: Params) -> list[Job]:
                       passes=passes)  # fmt: skip
         labels = {"model": p.model, **({"revision": p.revision} if p.revision else {}), "weights": name}
         out.append(Job(p.model, list(p.prompts), {}, load, labels, cache_dir("f05"), extra))
-    return out
+    return out + [_first_token_job(p, options, out[0])]
+
+
+FIRST_TOKEN = "first token variant"  # the variant job's label (f05-ex-first-token)
+
+
+def _first_token_job(p: Params, options: dict, trained: Job) -> Job:
+    """f05-ex-first-token's variant: the trained model with ``skip_first_token`` flipped, no
+    linearisation (L block passes per prompt); its tables give the solution's numbers."""
+    from coupling_utils.analysis import trajectories as tr
+
+    flipped = {**options, "skip_first_token": not p.skip_first_token, "linearization": False}
+    extra = Extra("trajectory_study", tr.trajectory_study, {"label": FIRST_TOKEN, **flipped},
+                  sources=("analysis/trajectories.py", "analysis/linearization.py"),
+                  passes=tr.study_passes)  # fmt: skip
+    labels = {**trained.labels, "variant": "first_token"}
+    return Job(p.model, list(p.prompts), {}, trained.load_kwargs, labels, cache_dir("f05"), extra)
 
 
 # --------------------------------------------------------------------------- the results
@@ -164,6 +181,8 @@ class Results:
     growth: dict[str, float]
     failures: pd.DataFrame
     straight: dict[str, Any]
+    # f05-ex-first-token: the trained model's steps and metrics with skip_first_token flipped
+    first_token: dict[str, pd.DataFrame] = dataclasses.field(default_factory=dict)
 
     @property
     def n_layers(self) -> int:
@@ -188,12 +207,15 @@ def run(p: Params, options: Options | None = None) -> Results:
     done = collect(jobs(p), options, desc=NOTEBOOK)
     if done.missing:
         raise NotMeasured(f"{NOTEBOOK} needs every job of its plan:\n{done.report()}")
+    main = [r for r in done.ok if "variant" not in r.job.labels]
     tables = {
-        name: pd.concat([r.extra[name] for r in done.ok], ignore_index=True)
+        name: pd.concat([r.extra[name] for r in main], ignore_index=True)
         for name in ("steps", "metrics", "linearization", "pca")
     }
-    trained = done.ok[0].extra
-    return _results(p, tables, trained["facts"].iloc[0].to_dict(), trained["tokens"], done.failures)
+    trained = main[0].extra
+    results = _results(p, tables, trained["facts"].iloc[0].to_dict(), trained["tokens"], done.failures)
+    (variant,) = [r.extra for r in done.ok if "variant" in r.job.labels]
+    return dataclasses.replace(results, first_token={key: variant[key] for key in ("steps", "metrics")})
 
 
 def _results(p: Params, t: dict, facts: dict, tokens: pd.DataFrame, failures: pd.DataFrame) -> Results:
@@ -306,6 +328,7 @@ def glue_values(p: Params, r: Results, status: pd.DataFrame | None) -> dict[str,
         if ratio < 1
         else ("higher" if ratio > 1 else "not comparable (no twin)"),
         "f05_first_token_kept": "skipped" if p.skip_first_token else "kept",
+        **first_token_values(p, r),
         "f05_sqrt_L": float(np.sqrt(r.window[1] - r.window[0])),
         **_straight_values(r.straight),
         **{f"f05_{key}": value for key, value in growth.items()},
@@ -321,3 +344,31 @@ def glue_values(p: Params, r: Results, status: pd.DataFrame | None) -> dict[str,
     verdicts = [NOT_JUDGED, NOT_JUDGED] if status is None else [verdict_word(status.iloc[i]) for i in (0, 1)]
     values["f05_linear_verdict"], values["f05_exponential_verdict"] = verdicts
     return values
+
+
+def first_token_values(p: Params, r: Results) -> dict[str, Any]:
+    """f05-ex-first-token's expected result: the trained model's mean LSS with position 0 kept and
+    skipped (one of them is the variant's), and position 0's own LSS and relative steps against
+    the other tokens'."""
+    from IPython.display import Markdown
+
+    ours = r.metrics[r.metrics.model == TRAINED]
+    kept = r.first_token["metrics"] if p.skip_first_token else ours
+    skipped = ours if p.skip_first_token else r.first_token["metrics"]
+    steps = r.first_token["steps"] if p.skip_first_token else r.steps[r.steps.model == TRAINED]
+    first, others = kept[kept.token == 0].lss, kept[kept.token != 0].lss
+    biggest = steps.groupby(["prompt", "token"]).relative_step.max().reset_index()
+    step0, step_rest = biggest[biggest.token == 0].relative_step, biggest[biggest.token != 0].relative_step
+    a, b = float(kept.lss.mean()), float(skipped.lss.mean())
+    word = "raises" if a > b else "lowers" if a < b else "leaves unchanged"
+    return {
+        "f05_ex_lss_kept": a,
+        "f05_ex_lss_skipped": b,
+        "f05_ex_first_token": Markdown(
+            f"Measured here (trained model, the same window and prompts): keeping position 0 {word} the "
+            f"mean LSS, {a:.3f} with it against {b:.3f} without. Position 0's own LSS is "
+            f"{first.mean():.3f} (the other tokens': median {others.median():.3f}, range "
+            f"{others.min():.3f}–{others.max():.3f}); its largest step relative to its norm is "
+            f"{step0.mean():.3f}, against a median of {step_rest.median():.3f} for the other tokens."
+        ),
+    }

@@ -35,6 +35,7 @@ from coupling_utils.chapters.checks import (
     text,
     vit_token,
 )
+from coupling_utils.chapters.f04_vision_transformers.exercises import condense_exercises, exercise_jobs
 from coupling_utils.chapters.params import ChapterParams, param
 from coupling_utils.files import cache_dir
 from coupling_utils.measurement import Job, Options, collect, relabel
@@ -87,8 +88,9 @@ FAMILY = Rule(yes="rho_excess >= 0.5", partly="rho_excess > 0")
 RULES = {"emerges": EMERGES, "above_twin": ABOVE_TWIN, "hub": HUB_ABOVE_TWIN, "family": FAMILY}
 
 # the chapter's measurements, the ``study`` label of their jobs: the run over its checkpoints,
-# the run and its twin, the hub ViTs and their twins, the family and its twins
-STUDIES = ("training", "twins", "hub", "family")
+# the run and its twin, the hub ViTs and their twins, the family and its twins, and the variants
+# the exercises' solutions quote (:mod:`.exercises`)
+STUDIES = ("training", "twins", "hub", "family", "exercises")
 # the family's predictors of test accuracy: {label: column}
 PREDICTORS = {
     "excess coupling": "excess coupling",
@@ -160,6 +162,7 @@ def jobs(p: Params) -> list[Job]:
         "hub": vt.vit_jobs({h: h for h in p.hub_models}, s, k=p.k, **twins) if p.hub_models else [],
         "family": vt.vit_jobs(dict(zip(members.run, members.name)), s, k=dict(zip(members.run, members.K)),
                               **twins),
+        "exercises": exercise_jobs(p, s, run_name(p), checkpoints(p)),
     }  # fmt: skip
     return [
         job
@@ -204,6 +207,7 @@ class Results:
     vits: pd.DataFrame
     fits: pd.DataFrame
     log: dict[str, list[str]] = dataclasses.field(default_factory=dict)  # by study: a line per job
+    exercises: dict[str, vt.ViTCoupling] = dataclasses.field(default_factory=dict)  # by variant
 
     @property
     def token_words(self) -> str:
@@ -290,11 +294,12 @@ def run(p: Params, options: Options | None = None) -> Results:
             + "\n".join(f"missing {r.job.describe()}: {r.error}: {r.message}" for r in lost)
         )
     s, log = vit_setup(p), {study: [] for study in STUDIES}
+    by = {study: [r for r in done.results if r.job.labels["study"] == study] for study in STUDIES}
     studies = {
-        study: vt.condense([r for r in done.results if r.job.labels["study"] == study], s, log[study].append)
-        for study in STUDIES
+        study: vt.condense(by[study], s, log[study].append) for study in STUDIES if study != "exercises"
     }
-    return dataclasses.replace(_results(p, studies, family_runs(p)), log=log)
+    exercises = condense_exercises(by["exercises"], s, log["exercises"].append)
+    return dataclasses.replace(_results(p, studies, family_runs(p)), log=log, exercises=exercises)
 
 
 def _facts(p: Params) -> dict[str, Any]:

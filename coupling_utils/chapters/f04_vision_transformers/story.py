@@ -11,6 +11,7 @@ import numpy as np
 from coupling_utils.analysis import k_policy
 from coupling_utils.analysis import vision_transformers as vt
 from coupling_utils.analysis.verdicts import Interval, claim, verdict_word
+from coupling_utils.chapters.f04_vision_transformers.exercises import exercise_glue
 from coupling_utils.chapters.f04_vision_transformers.plan import (
     ABOVE_TWIN,
     EMERGES,
@@ -131,6 +132,7 @@ def glue_values(p: Params, r: Results) -> dict[str, Any]:
         | verdicts
         | {"f04_hub_missing": Markdown(_hub_missing(r))}
         | {"f04_ex_kd_curve": Markdown(_kd_sentence(p, r))}
+        | exercise_glue(p, r)
     )
 
 

@@ -1,0 +1,220 @@
+"""f04's exercise variants, measured in the chapter's plan so that each solution states what the
+variant gives (``f04-ex-token``, ``f04-ex-patch``, ``f04-ex-mean``, ``f04-ex-seed``): the run
+and its twin at the other tokens (:data:`EX_TOKENS`), the run's checkpoints averaged over every
+token, and twins drawn under :data:`N_SEEDS` ``init_seed`` values. The ViTs are tiny, so this
+costs seconds; :func:`exercise_jobs` plans it, :func:`condense_exercises` reads it back and
+:func:`exercise_glue` puts it into the solutions' words."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import pandas as pd
+
+from coupling_utils.analysis import vision_transformers as vt
+from coupling_utils.analysis.stats import bootstrap_ci
+from coupling_utils.analysis.verdicts import Interval
+from coupling_utils.measurement import Job, Result, relabel
+
+# the tokens the token exercises compare (the chapter's own token comes from its twins study)
+CENTRE = ("patch5", "patch6", "patch9", "patch10")
+EX_TOKENS = ("cls", "last", "mean", *CENTRE)
+N_SEEDS = 5  # f04-ex-seed: the twins drawn under this many init_seed values
+
+
+def twin_seeds(model: str, init_seed: int) -> list[int]:
+    """:data:`N_SEEDS` twin seeds from ``init_seed`` on, skipping the seed the run was trained from."""
+    trained = vt.training_seed(model)
+    seeds, s = [], int(init_seed)
+    while len(seeds) < N_SEEDS:
+        if s != trained:
+            seeds.append(s)
+        s += 1
+    return seeds
+
+
+def curve_token(token: str) -> str:
+    """The token of f04-ex-mean's second training curve: every token (``mean``), or the CLS token
+    when the chapter already measures the mean."""
+    return "mean" if token != "mean" else "cls"
+
+
+def exercise_jobs(p, setup: vt.ViTSetup, name: str, revisions: list[str]) -> list[Job]:
+    """The variants' jobs, each labelled with its ``variant``: ``token:<t>`` (the run and its twin at
+    each of :data:`EX_TOKENS` but the chapter's token), ``curve:<t>`` (every checkpoint at
+    :func:`curve_token`) and ``seed:<s>`` (the twin alone, at each of
+    :func:`twin_seeds` but ``init_seed``)."""
+    twins = {"twins": True, "init_seed": p.init_seed}
+    planned: list[Job] = []
+    for token in (t for t in EX_TOKENS if t != p.token):
+        jobs = vt.vit_jobs({name: p.model}, dataclasses.replace(setup, token=token), k=p.k, **twins)
+        planned += relabel(jobs, lambda _, t=token: {"variant": f"token:{t}"})
+    other = curve_token(p.token)
+    refs = {rev: {"name_or_path": p.model, "revision": rev} for rev in revisions}
+    jobs = vt.vit_jobs(refs, dataclasses.replace(setup, token=other), k=p.k)
+    planned += relabel(jobs, lambda _: {"variant": f"curve:{other}"})
+    for seed in twin_seeds(p.model, p.init_seed)[1:]:
+        jobs = vt.vit_jobs({name: p.model}, setup, k=p.k, twins=True, init_seed=seed)
+        twin = [j for j in jobs if j.labels["weights"] == "random init"]
+        planned += relabel(twin, lambda _, s=seed: {"variant": f"seed:{s}"})
+    return planned
+
+
+def condense_exercises(
+    results: Iterable[Result], setup: vt.ViTSetup, echo: Callable[[str], None] | None = None
+) -> dict[str, vt.ViTCoupling]:
+    """The collected variants by ``variant`` label, each condensed at its own token."""
+    by: dict[str, list[Result]] = {}
+    for r in results:
+        by.setdefault(r.job.labels["variant"], []).append(r)
+    out = {}
+    for variant, done in by.items():
+        kind, _, token = variant.partition(":")
+        token = setup.token if kind == "seed" else token
+        out[variant] = vt.condense(done, dataclasses.replace(setup, token=token), echo)
+    return out
+
+
+# --------------------------------------------------------------------------- the solutions' values
+def token_coupling(p, r, token: str) -> vt.ViTCoupling:
+    """The run and its twin at ``token``: the chapter's twins study, or the variant that measured it."""
+    return r.twins if token == p.token else r.exercises[f"token:{token}"]
+
+
+def _excess_by_image(c: vt.ViTCoupling) -> pd.Series:
+    """Trained minus twin per image (the first model measured both ways)."""
+    paired = c.per_prompt.pivot_table(index="prompt", columns="weights", values="coupling", aggfunc="mean")
+    return (paired["trained"] - paired["random init"]).rename("excess")
+
+
+def _interval(p, values: pd.DataFrame, statistic, over: str) -> Interval:
+    """``statistic`` of ``values`` with its bootstrap interval (resampling rows)."""
+    ci = bootstrap_ci(values, statistic, n_resamples=p.n_resamples, seed=p.seed).iloc[0]
+    return Interval.from_bootstrap(ci, over=over)
+
+
+def token_excesses(p, r, tokens) -> pd.DataFrame:
+    """Per image, each token's excess over its twin (a column per token)."""
+    return pd.concat({t: _excess_by_image(token_coupling(p, r, t)) for t in tokens}, axis=1).dropna()
+
+
+def _compared(p, diff: pd.Series, what: str) -> str:
+    """The words "larger/smaller than <what> by d [lo, hi]" with whether the interval excludes 0."""
+    over = f"{len(diff)} images"
+    d = _interval(p, diff.to_frame("d"), lambda f: float(f["d"].mean()), over)
+    word = "larger" if d.estimate > 0 else "smaller" if d.estimate < 0 else "no different"
+    clear = (
+        "an interval that excludes 0" if d.low > 0 or d.high < 0
+        else "an interval that includes 0, so the two are not told apart on these images"
+    )  # fmt: skip
+    return f"{word} than {what} by {abs(d.estimate):.3f} (difference {d}: {clear})"
+
+
+def token_sentence(p, r) -> str:
+    """f04-ex-token's expected result: the last patch against the CLS token."""
+    last = vt.twin_gap(token_coupling(p, r, "last"), n_resamples=p.n_resamples, seed=p.seed).iloc[0]
+    both = token_excesses(p, r, ("last", "cls"))
+    return (
+        f"Measured here at the last patch token: trained {last.trained:.3f} against twin {last.twin:.3f}, "
+        f"an excess of {last.excess:.3f} (95% interval [{last.excess_ci_low:.3f}, {last.excess_ci_high:.3f}] "
+        f"over {int(last.n_images)} images), "
+        + _compared(p, both["last"] - both["cls"], "the CLS token's excess")
+        + "."
+    )
+
+
+def patch_sentence(p, r) -> str:
+    """f04-ex-patch's expected result: the centre patches between the CLS token and the last patch?"""
+    per = token_excesses(p, r, ("cls", *CENTRE, "last"))
+    per["centre"] = per[list(CENTRE)].mean(axis=1)
+    over = f"{len(per)} images"
+    centre = _interval(p, per[["centre"]], lambda f: float(f["centre"].mean()), over)
+    means = per.mean()
+    patches = ", ".join(f"{t.removeprefix('patch')}: {means[t]:.3f}" for t in CENTRE)
+    names = {"cls": "CLS", "centre": "centre", "last": "last"}
+    order = sorted(names, key=lambda t: -means[t])
+    ranking = " > ".join(names[t] for t in order)
+    verdict = "is" if order == ["cls", "centre", "last"] else "is not"
+    return (
+        f"Measured here, the excess over the twin is {means['cls']:.3f} at the CLS token, {patches} at "
+        f"the centre patches (their mean {centre}) and {means['last']:.3f} at the last patch: the ranking "
+        f"{ranking} {verdict} the order CLS > centre > last. The centre's mean is "
+        + _compared(p, per["centre"] - per["last"], "the last patch's")
+        + "."
+    )
+
+
+def mean_sentence(p, r) -> str:
+    """f04-ex-mean's expected result: the shape of the curve over every token against the CLS token's."""
+    other = curve_token(p.token)
+    c = r.exercises[f"curve:{other}"].summary.rename(columns={"model": "revision"})
+    c["step"] = c.revision.str.removeprefix("step").astype(int)
+    shapes = {p.token: r.shape, other: vt.curve_shape(c)}
+    ref = "cls" if "cls" in shapes else p.token  # the laptop profile measures the last patch
+    mean, cls = shapes["mean"], shapes[ref]
+    steadier = (
+        "more steadily" if mean["spearman"] > cls["spearman"] else
+        "less steadily" if mean["spearman"] < cls["spearman"] else "as steadily"
+    )  # fmt: skip
+    later = (
+        "later" if mean["peak_position"] > cls["peak_position"] else
+        "earlier" if mean["peak_position"] < cls["peak_position"] else "at the same place"
+    )  # fmt: skip
+    which = "the CLS token's" if ref == "cls" else f"{r.token_words}'s"
+    return (
+        f"Measured here over the same checkpoints, the curve averaged over every token has ρ = "
+        f"{mean['spearman']:.2f} with the step and its peak at position {mean['peak_position']:.2f}, "
+        f"against {which} ρ = {cls['spearman']:.2f} and {cls['peak_position']:.2f}: it rises {steadier} "
+        f"(by ρ) and peaks {later}; its largest fall is {mean['max_drop']:.2f} of its range "
+        f"(against {cls['max_drop']:.2f})."
+    )
+
+
+def seed_values(p, r) -> dict[str, Any]:
+    """f04-ex-seed: the twins' coupling at :func:`twin_seeds` against the trained run's."""
+    seeds = twin_seeds(p.model, p.init_seed)
+    per = {seeds[0]: r.twins.per_prompt}
+    per |= {s: r.exercises[f"seed:{s}"].per_prompt for s in seeds[1:]}
+    twins = pd.Series({s: float(pp[pp.weights == "random init"].coupling.mean()) for s, pp in per.items()})
+    mean = _interval(p, twins.to_frame("twin"), lambda f: float(f["twin"].mean()), f"{len(twins)} seeds")
+    sd, trained = float(twins.std(ddof=1)), float(r.gap.trained)
+    gap = trained - float(twins.mean())
+    outside = trained > twins.max() or trained < twins.min()
+    return {
+        "seeds": seeds, "twins": twins, "mean": mean, "sd": sd, "trained": trained, "gap": gap,
+        "in_sd": abs(gap) / sd if sd > 0 else float("inf"), "outside": outside,
+        "range": float(twins.max() - twins.min()),
+    }  # fmt: skip
+
+
+def seed_sentence(p, r) -> str:
+    """f04-ex-seed's expected result, in words that follow :func:`seed_values`."""
+    v = seed_values(p, r)
+    twins = ", ".join(f"{c:.3f}" for c in v["twins"])
+    where = (
+        "outside the range of the twins, so the trained–twin gap does not hang on the seed" if v["outside"]
+        else "inside the range of the twins, so the trained–twin gap depends on which seed draws the twin"
+    )  # fmt: skip
+    return (
+        f"Measured here, twins drawn under seeds {', '.join(map(str, v['seeds']))} give {twins}: mean "
+        f"{v['mean']} and standard deviation {v['sd']:.4f} (range {v['range']:.4f}). The trained ViT's "
+        f"{v['trained']:.3f} is {v['gap']:+.3f} from their mean, {v['in_sd']:.1f} standard deviations, "
+        f"and {where}."
+    )
+
+
+def exercise_glue(p, r) -> dict[str, Any]:
+    """The solutions' values: a sentence per exercise (``glue:md``) and the seed study's numbers."""
+    from IPython.display import Markdown
+
+    v = seed_values(p, r)
+    return {
+        "f04_ex_token": Markdown(token_sentence(p, r)),
+        "f04_ex_patch": Markdown(patch_sentence(p, r)),
+        "f04_ex_mean": Markdown(mean_sentence(p, r)),
+        "f04_ex_seed": Markdown(seed_sentence(p, r)),
+        "f04_ex_seed_sd": v["sd"],
+        "f04_ex_seed_in_sd": v["in_sd"],
+    }
