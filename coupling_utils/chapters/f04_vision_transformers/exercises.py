@@ -1,8 +1,9 @@
 """f04's exercise variants, measured in the chapter's plan so that each solution states what the
 variant gives (``f04-ex-token``, ``f04-ex-patch``, ``f04-ex-mean``, ``f04-ex-seed``): the run
 and its twin at the other tokens (:data:`EX_TOKENS`), the run's checkpoints averaged over every
-token, and twins drawn under :data:`N_SEEDS` ``init_seed`` values. The ViTs are tiny, so this
-costs seconds; :func:`exercise_jobs` plans it, :func:`condense_exercises` reads it back and
+token, and twins drawn under :data:`N_SEEDS` ``init_seed`` values. At the smoke profile this
+costs seconds, at the default one (64 digits, 19 checkpoints) minutes (:data:`CURVE_IMAGES`).
+:func:`exercise_jobs` plans it, :func:`condense_exercises` reads it back and
 :func:`exercise_glue` puts it into the solutions' words."""
 
 from __future__ import annotations
@@ -20,8 +21,11 @@ from coupling_utils.measurement import Job, Result, relabel
 
 # the tokens the token exercises compare (the chapter's own token comes from its twins study)
 CENTRE = ("patch5", "patch6", "patch9", "patch10")
-EX_TOKENS = ("cls", "last", "mean", *CENTRE)
+EX_TOKENS = ("cls", "last", *CENTRE)
 N_SEEDS = 5  # f04-ex-seed: the twins drawn under this many init_seed values
+# f04-ex-mean's curve over every token reads at most this many digits: over all 64 of the default
+# profile its 19 checkpoints took about 13 of the variants' 19 minutes on a 2-core CPU
+CURVE_IMAGES = 16
 
 
 def twin_seeds(model: str, init_seed: int) -> list[int]:
@@ -41,6 +45,17 @@ def curve_token(token: str) -> str:
     return "mean" if token != "mean" else "cls"
 
 
+def variant_setup(setup: vt.ViTSetup, variant: str) -> vt.ViTSetup:
+    """The run's setup as a variant measures it: at its own token, and for the curve over every
+    token on at most :data:`CURVE_IMAGES` digits."""
+    kind, _, token = variant.partition(":")
+    if kind == "seed":
+        return setup
+    if kind == "curve":
+        return dataclasses.replace(setup, token=token, n_images=min(setup.n_images, CURVE_IMAGES))
+    return dataclasses.replace(setup, token=token)
+
+
 def exercise_jobs(p, setup: vt.ViTSetup, name: str, revisions: list[str]) -> list[Job]:
     """The variants' jobs, each labelled with its ``variant``: ``token:<t>`` (the run and its twin at
     each of :data:`EX_TOKENS` but the chapter's token), ``curve:<t>`` (every checkpoint at
@@ -53,7 +68,7 @@ def exercise_jobs(p, setup: vt.ViTSetup, name: str, revisions: list[str]) -> lis
         planned += relabel(jobs, lambda _, t=token: {"variant": f"token:{t}"})
     other = curve_token(p.token)
     refs = {rev: {"name_or_path": p.model, "revision": rev} for rev in revisions}
-    jobs = vt.vit_jobs(refs, dataclasses.replace(setup, token=other), k=p.k)
+    jobs = vt.vit_jobs(refs, variant_setup(setup, f"curve:{other}"), k=p.k)
     planned += relabel(jobs, lambda _: {"variant": f"curve:{other}"})
     for seed in twin_seeds(p.model, p.init_seed)[1:]:
         jobs = vt.vit_jobs({name: p.model}, setup, k=p.k, twins=True, init_seed=seed)
@@ -69,12 +84,7 @@ def condense_exercises(
     by: dict[str, list[Result]] = {}
     for r in results:
         by.setdefault(r.job.labels["variant"], []).append(r)
-    out = {}
-    for variant, done in by.items():
-        kind, _, token = variant.partition(":")
-        token = setup.token if kind == "seed" else token
-        out[variant] = vt.condense(done, dataclasses.replace(setup, token=token), echo)
-    return out
+    return {variant: vt.condense(done, variant_setup(setup, variant), echo) for variant, done in by.items()}
 
 
 # --------------------------------------------------------------------------- the solutions' values
@@ -163,8 +173,12 @@ def mean_sentence(p, r) -> str:
         "earlier" if mean["peak_position"] < cls["peak_position"] else "at the same place"
     )  # fmt: skip
     which = "the CLS token's" if ref == "cls" else f"{r.token_words}'s"
+    n_curve, n_run = min(p.n_images, CURVE_IMAGES), p.n_images
+    digits = (
+        f"on the run's {n_run} digits" if n_curve == n_run else f"on {n_curve} of the run's {n_run} digits"
+    )
     return (
-        f"Measured here over the same checkpoints, the curve averaged over every token has ρ = "
+        f"Measured here over the same checkpoints ({digits}), the curve averaged over every token has ρ = "
         f"{mean['spearman']:.2f} with the step and its peak at position {mean['peak_position']:.2f}, "
         f"against {which} ρ = {cls['spearman']:.2f} and {cls['peak_position']:.2f}: it rises {steadier} "
         f"(by ρ) and peaks {later}; its largest fall is {mean['max_drop']:.2f} of its range "
