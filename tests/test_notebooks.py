@@ -173,6 +173,7 @@ def test_every_solution_states_its_expected_result(nb):
 # (a value glued as <chapter>_ex_..., computed from the variant's own measurements), not only this
 # run's reference values
 MEASURED_VARIANTS = {
+    "f01_depth_and_tokens": ("f01-ex-matrix-free",),  # from the stored benchmark, not a variant run
     "f04_vision_transformers": ("f04-ex-token", "f04-ex-mean", "f04-ex-patch", "f04-ex-seed"),
     "f05_token_trajectories": ("f05-ex-first-token",),
 }

@@ -21,6 +21,7 @@ from coupling_utils.chapters.f01_depth_and_tokens.plan import (
     Results,
     models,
 )
+from coupling_utils.schemas import Schema
 
 
 # --------------------------------------------------------------------------- figures
@@ -362,7 +363,49 @@ def glue_values(r: Results, status: pd.DataFrame) -> dict[str, Any]:
         "f01_others": Markdown(_others_text(r, verdicts, claimed[:n])),
         "f01_encoder_note": Markdown(ENCODER_NOTE if _reversed_k(r).get(ENCODER) else ""),
         "f01_encoder_last_token": _encoder_last_token(r),
+        "f01_ex_matrix_free": Markdown(matrix_free_sentence()),
     }
+
+
+# the columns of bench/bench_jacobians.py's matrix-free table that the sentence reads
+MATRIX_FREE_BENCHMARK = Schema(
+    "data/benchmarks/matrix_free.csv",
+    {"model": "str", "method": "str", "solver": "str", "steps": "number", "scope": "str", "K": "int",
+     "block_passes_per_layer": "int", "passes_reduction": "number", "seconds": "number",
+     "max_abs_coupling_error": "number", "date_utc": "str", "command": "str"},
+    fix="rerun python bench/bench_jacobians.py --cases matrix_free --out data/benchmarks",
+)  # fmt: skip
+
+
+def matrix_free_sentence() -> str:
+    """Exercise f01-ex-matrix-free's expected result, from the stored benchmark
+    (``data/benchmarks/matrix_free.csv``): block Lanczos with its default settings against the
+    exact method on the embedded SmolLM2, per K and set of layer pairs (error, passes, seconds)."""
+    from coupling_utils.files import data_dir
+    from coupling_utils.schemas import check_table
+
+    t = check_table(pd.read_csv(data_dir() / "benchmarks" / "matrix_free.csv"), MATRIX_FREE_BENCHMARK)
+    exact = t[t.method == "exact"]
+    lanczos = t[(t.solver == "lanczos") & (t.steps == 45)].sort_values(["scope", "K"])  # the defaults
+    if exact.empty or lanczos.empty:
+        return "The stored benchmark holds no default matrix-free row: rerun the exercise to see."
+    d = int(exact.block_passes_per_layer.iloc[0])
+    parts = [
+        f"K = {row.K}, {row.scope}: coupling values at most {row.max_abs_coupling_error:.1g} from exact, "
+        f"{row.block_passes_per_layer} block passes per layer ({row.passes_reduction:.1f}× fewer than "
+        f"d = {d}), {row.seconds:.0f} s"
+        for row in lanczos.itertuples()
+    ]
+    slower = (lanczos.seconds > exact.seconds.max()).all()
+    return (
+        f"The stored benchmark ({t.model.iloc[0]}; measured on {t.date_utc.iloc[0][:10]} by "
+        f"`{t.command.iloc[0]}`) gives, for block Lanczos with its default settings: "
+        + "; ".join(parts)
+        + f". The exact method took {exact.seconds.max():.0f} s, so matrix-free was "
+        + ("slower in every case" if slower else "faster in some cases")
+        + " on that CPU; its largest difference from the exact coupling values was "
+        + f"{lanczos.max_abs_coupling_error.max():.1g}."
+    )
 
 
 def _encoder_last_token(r: Results) -> str:
