@@ -31,7 +31,7 @@ import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-__all__ = ["slug", "stable_hash", "versions", "cpu_name", "code_fingerprint", "NUMBER_SOURCES"]
+__all__ = ["slug", "stable_hash", "versions", "cpu_name", "cpu_vendor", "code_fingerprint", "NUMBER_SOURCES"]
 
 PACKAGE = Path(__file__).resolve().parent
 NUMBER_SOURCES = ("engine", "measurement", "models/loading.py", "models/preprocessors.py")
@@ -106,16 +106,27 @@ def versions() -> dict[str, str]:
     }
 
 
-def cpu_name() -> str:
-    """The processor's model name (``/proc/cpuinfo`` on Linux, else what ``platform`` knows), for
-    benchmark rows that say which machine measured them."""
+def _cpuinfo(field: str) -> str | None:
+    """One field of ``/proc/cpuinfo`` (Linux), or None where it is not there."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
+            if line.startswith(field):
                 return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    return None
+
+
+def cpu_name() -> str:
+    """The processor's model name (``/proc/cpuinfo`` on Linux, else what ``platform`` knows), for
+    benchmark rows that say which machine measured them."""
+    return _cpuinfo("model name") or platform.processor() or platform.machine()
+
+
+def cpu_vendor() -> str:
+    """The processor's vendor id (``GenuineIntel``, ``AuthenticAMD``; else what ``platform`` knows):
+    the BLAS picks other kernels on Intel and AMD at the same capability."""
+    return _cpuinfo("vendor_id") or platform.processor() or platform.machine()
 
 
 def code_fingerprint(extra: Iterable[str] = ()) -> dict[str, object]:

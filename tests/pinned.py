@@ -48,6 +48,8 @@ def environment() -> dict:
     import torch
     import transformers
 
+    from coupling_utils.provenance import cpu_vendor
+
     return {
         "torch": torch.__version__,
         "transformers": transformers.__version__,
@@ -55,18 +57,6 @@ def environment() -> dict:
         "cpu_vendor": cpu_vendor(),
         "machine": platform.machine(),
     }
-
-
-def cpu_vendor() -> str:
-    """The CPU's vendor id (``GenuineIntel``, ``AuthenticAMD``; the machine type where it is not
-    listed): the BLAS picks other kernels on Intel and AMD at the same capability."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("vendor_id"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def cpu_key(env: dict | None = None) -> str:
