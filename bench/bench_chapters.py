@@ -7,7 +7,7 @@ first run), then again with the cache it filled (the second run of a class). Eac
 subprocess; its wall time, the CPU time of the process and its children (user + system: less
 sensitive than wall time to other load on a shared machine) and the largest resident memory of
 any of its processes are written to ``data/benchmarks/chapter_costs.csv`` with the machine's
-description, the command and the chapter's plan (``teaching.current_plans``: a hash of its
+description, the command and the chapter's plan (``teaching.chapter_plan``: a hash of its
 parameter values at the default profile, so the book can tell times measured on an earlier plan).
 Offline: only the embedded models are used.
 
@@ -93,7 +93,7 @@ def run(chapter: str, cache: Path, out: Path) -> dict:
 
 
 def main(argv=None) -> int:
-    from coupling_utils.pipeline.teaching import current_plans
+    from coupling_utils.pipeline.teaching import chapter_plan
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--chapters", nargs="*", default=list(CHAPTERS), help=f"from {CHAPTERS}")
@@ -110,7 +110,7 @@ def main(argv=None) -> int:
         for chapter in args.chapters:
             cache, out = Path(tmp) / f"cache-{chapter}", Path(tmp) / f"runs-{chapter}"
             facts = machine()
-            plan = current_plans()[chapter]  # what was measured: the chapter's plan today
+            plan = chapter_plan(chapter)  # what was measured: the chapter's plan today
             for state in ("cold", "warm"):
                 result = run(chapter, cache, out)
                 row = {

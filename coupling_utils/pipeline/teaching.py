@@ -41,6 +41,7 @@ __all__ = [
     "stage_kit_link",
     "TIME_MARKER",
     "chapter_time",
+    "chapter_plan",
     "current_plans",
     "replanned",
     "stage_chapter_time",
@@ -202,15 +203,21 @@ def replace_marker(page: Path, marker: str, section: str) -> bool:
     return True
 
 
-def current_plans() -> dict[str, str]:
-    """Each chapter's plan at the ``default`` profile today, by ``fNN``: a hash of its checked
-    parameter values (``sweep.planned_values``), what a measured cost's ``plan`` column is
-    compared with (``bench/bench_chapters.py`` records it)."""
-    from coupling_utils.chapters import NAMES
+def chapter_plan(chapter: str) -> str:
+    """A chapter's plan at the ``default`` profile today (``chapter``: ``fNN`` or the notebook's
+    stem): a hash of its checked parameter values (``sweep.planned_values``), what a measured
+    cost's ``plan`` column is compared with (``bench/bench_chapters.py`` records it)."""
     from coupling_utils.pipeline.sweep import planned_values
     from coupling_utils.provenance import stable_hash
 
-    return {name.split("_", 1)[0]: stable_hash(planned_values(name, "default")) for name in NAMES}
+    return stable_hash(planned_values(chapter.split("_", 1)[0], "default"))
+
+
+def current_plans() -> dict[str, str]:
+    """:func:`chapter_plan` of every chapter, by ``fNN``."""
+    from coupling_utils.chapters import NAMES
+
+    return {name.split("_", 1)[0]: chapter_plan(name) for name in NAMES}
 
 
 def replanned(costs: pd.DataFrame, plans: Mapping[str, str] | None) -> list[str]:
@@ -350,13 +357,12 @@ def stage_chapter_time(nb, costs_csv: Path) -> None:
     :func:`chapter_time` of the notebook's chapter (its ``papermill`` or file name is not needed:
     the chapter is read from the title line ``# fNN · ...``)."""
     costs = pd.read_csv(costs_csv) if Path(costs_csv).is_file() else pd.DataFrame()
-    plans = current_plans()
     title = next((c.source for c in nb.cells if c.cell_type == "markdown" and "\n# f" in "\n" + c.source), "")
     m = re.search(r"^# (f\d\d)\b", title, re.MULTILINE)
     for cell in nb.cells:
         if cell.cell_type == "markdown" and TIME_MARKER in cell.source.splitlines():
             sentence = (
-                chapter_time(costs, m.group(1), plans.get(m.group(1)))
+                chapter_time(costs, m.group(1), chapter_plan(m.group(1)))
                 if m
                 else "not known (no `# fNN` title)."
             )
