@@ -238,6 +238,39 @@ def _wrap(x):
     return x
 
 
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def _layer_norm(x, shape, weight, bias, eps):
+    """CUDA's LayerNorm of a half-precision input: statistics accumulated and returned in float32
+    (the CPU kernel returns them in float16, where forward-mode's ``rstd**3`` overflows)."""
+    if x.dtype not in _HALF:
+        return torch.ops.aten.native_layer_norm.default(x, shape, weight, bias, eps)
+    f = [None if t is None else t.float() for t in (x, weight, bias)]
+    out, mean, rstd = torch.ops.aten.native_layer_norm.default(f[0], shape, f[1], f[2], eps)
+    return out.to(x.dtype), mean, rstd
+
+
+def _layer_norm_backward(grad, x, shape, mean, rstd, weight, bias, mask):
+    """The backward of :func:`_layer_norm` (float32 statistics with a half-precision input)."""
+    if x.dtype not in _HALF:
+        return torch.ops.aten.native_layer_norm_backward.default(
+            grad, x, shape, mean, rstd, weight, bias, mask
+        )
+    f = [None if t is None else t.float() for t in (grad, x, weight, bias)]
+    grads = torch.ops.aten.native_layer_norm_backward.default(
+        f[0], f[1], shape, mean.float(), rstd.float(), f[2], f[3], mask
+    )
+    dtypes = (x.dtype, None if weight is None else weight.dtype, None if bias is None else bias.dtype)
+    return tuple(None if g is None else g.to(dt) for g, dt in zip(grads, dtypes))
+
+
+_HALF_LAYER_NORM = {
+    torch.ops.aten.native_layer_norm.default: _layer_norm,
+    torch.ops.aten.native_layer_norm_backward.default: _layer_norm_backward,
+}
+
+
 def _run(func, args, kwargs):
     _check(func, args, kwargs)
     flat, _ = tree_flatten((args, kwargs))
@@ -262,7 +295,7 @@ def _run(func, args, kwargs):
     if func is torch.ops.aten._efficientzerotensor.default:
         # forward-mode AD's zero tangents carry no data (ZeroTensor key), which the wrapper hides
         func = torch.ops.aten.zeros.default
-    out = func(*uargs, **ukwargs)
+    out = _HALF_LAYER_NORM.get(func, func)(*uargs, **ukwargs)
     if func.__name__.split(".")[0].endswith("_") and args and isinstance(args[0], EmulatedTensor):
         return args[0]  # in-place: the values of args[0].elem changed
     if "out" in kwargs:

@@ -100,6 +100,31 @@ def test_a_twin_built_the_old_way_shows_an_fp32_host_copy():
     assert big, "the counter saw no fp32 host tensors for a model built on the host"
 
 
+def test_half_precision_layer_norm_is_cudas():
+    """CUDA's LayerNorm of a float16 input keeps its statistics in float32 (the CPU kernel's are
+    float16), so a forward-mode product through it comes out float32 and stops the next float16
+    matmul, as on a GPU; the engine's float32_layer_norms gives a float16 tangent equal to the
+    float32 reference."""
+    from coupling_utils.engine.blocks import float32_layer_norms
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.LayerNorm(16), torch.nn.Linear(16, 16)).half()
+    x, v = 0.02 * torch.randn(3, 16), torch.randn(3, 16)
+    _, ref = torch.func.jvp(net.float(), (x,), (v,))
+    net.half()
+    with emulated_device() as dev:
+        net.to(dev)
+        _, _, rstd = torch.ops.aten.native_layer_norm(x.half().to(dev), [16], None, None, 1e-5)
+        assert rstd.dtype == torch.float32
+        with pytest.raises(RuntimeError, match="same dtype"):
+            torch.func.jvp(net, (x.half().to(dev),), (v.half().to(dev),))
+        with float32_layer_norms(net):
+            _, t = torch.func.jvp(net, (x.half().to(dev),), (v.half().to(dev),))
+        assert on_device(t) and t.dtype == torch.float16
+    assert "forward" not in net[0].__dict__  # restored
+    torch.testing.assert_close(t.cpu().float(), ref, rtol=2e-2, atol=2e-2)
+
+
 # --------------------------------------------------------------------------- the engine on every architecture
 ROWS = [(a.model_types[0], v) for a in ARCHITECTURES for v in (None, *sorted(a.tiny_variants))]
 
@@ -204,6 +229,22 @@ def test_trajectories_on_the_device(standin_hub):
             a.select_dtypes("number"), b.select_dtypes("number"), atol=1e-9
         )
     assert len(pca) == 33 * prompts[0].shape[1] and not on_device(Y) and Y.dtype == torch.float64
+
+
+def test_a_float16_trajectory_study_on_the_device(standin_hub):
+    """f05 at the paper profile (Pythia in float16, linearised, and its first-token variant) on the
+    device: the run that failed on a GPU (issue 26's GPU check) before the half-precision
+    LayerNorms ran in float32 for forward-mode products; the linearisation's cosines match the
+    float32 model's."""
+    lm32 = load_model("EleutherAI/pythia-6.9b", revision="step143000", device="cpu")
+    ref = tr.trajectory_study(lm32, [DEMO], label="m")
+    with emulated_device() as dev:
+        lm = load_model("EleutherAI/pythia-6.9b", revision="step143000", device=dev, dtype="float16")
+        out = tr.trajectory_study(lm, [DEMO], label="m")
+        flipped = tr.trajectory_study(lm, [DEMO], label="m", skip_first_token=True, linearization=False)
+    assert set(out) == set(ref) and len(flipped["steps"]) > 0
+    a, b = out["linearization"], ref["linearization"]
+    assert a.shape == b.shape and np.allclose(a.cosine, b.cosine, atol=0.05)
 
 
 def test_f00_helpers_on_the_device(standin_hub):

@@ -274,6 +274,24 @@ def test_forward_mode_linearisation_matches_the_jacobians(tiny_llama):
         lin.linearized_stream(model, ids, start=2, stop=2)
 
 
+def test_the_tangents_power_of_two_scaling_changes_no_bit(tiny_llama):
+    """_propagate scales each token's tangent by a power of two (so a float16 run cannot overflow
+    on a growing y); in float32 the result is bit for bit the unscaled propagation."""
+    from coupling_utils.engine.jacobians import frozen
+
+    model, ids = tiny_llama
+    traj, fns = lin._stream_and_blocks(model, ids)
+    y, want = traj[0].double(), [traj[0].double()]
+    with frozen(model):
+        for layer in range(len(fns)):
+            _, Jy = torch.func.jvp(fns[layer], (traj[layer],), (y.float(),))
+            y = y + Jy.double()
+            want.append(y)
+    got = lin.linearized_stream(model, ids)
+    assert torch.equal(got, torch.stack(want))
+    assert got.abs().amax(dim=-1).max() < 0.5  # every tangent was scaled up (by 2 or more): the test can fail
+
+
 def test_trajectory_tables_over_prompts(tiny_llama):
     model, ids = tiny_llama
     with pytest.warns(UserWarning, match="only 2 steps"):  # the tiny model has 2 blocks

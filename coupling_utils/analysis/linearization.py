@@ -169,7 +169,12 @@ def _stream_and_blocks(model, inputs) -> tuple[torch.Tensor, list]:
 
 
 def _propagate(traj: torch.Tensor, fns: list, start: int, stop: int) -> torch.Tensor:
-    """``y^l = y^{l-1} + J^l y^{l-1}`` from ``y^start = x^start`` with forward-mode products."""
+    """``y^l = y^{l-1} + J^l y^{l-1}`` from ``y^start = x^start`` with forward-mode products.
+
+    ``y`` is kept in float64 on the host and can outgrow the model's dtype (float16 ends at
+    65504): each token's tangent is scaled by a power of two to a largest entry of at most 1
+    before the product and the product scaled back, exact because ``J^l`` is token-diagonal and
+    linear and a power of two changes no rounding."""
     from coupling_utils.engine.jacobians import frozen
 
     y = traj[start].to(device="cpu", dtype=torch.float64)  # propagated on the host, in float64
@@ -177,10 +182,14 @@ def _propagate(traj: torch.Tensor, fns: list, start: int, stop: int) -> torch.Te
     with frozen(fns[0].model):
         for layer in range(start, stop):  # block index `layer` maps x^layer -> x^{layer+1}
             X = traj[layer]
-            _, Jy = torch.func.jvp(fns[layer], (X,), (y.to(device=X.device, dtype=X.dtype),))
+            # a power of two per token [T, 1]: scaling by it is exact, so float32 runs are unchanged
+            scale = torch.exp2(
+                torch.ceil(torch.log2(y.abs().amax(dim=-1, keepdim=True).clamp_min(2.0**-1000)))
+            )
+            _, Jy = torch.func.jvp(fns[layer], (X,), ((y / scale).to(device=X.device, dtype=X.dtype),))
             if not torch.isfinite(Jy).all():
                 raise ValueError(f"NaN/inf in the linearised step of block {layer}; use dtype='float32'")
-            y = y + Jy.detach().to(device="cpu", dtype=torch.float64)
+            y = y + Jy.detach().to(device="cpu", dtype=torch.float64) * scale
             states.append(y)
     return torch.stack(states)
 

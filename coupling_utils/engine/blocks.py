@@ -220,6 +220,48 @@ def _dequantized(block, names: list[str]):
             setattr(parent, attr, layer)
 
 
+HALF = (torch.float16, torch.bfloat16)
+
+
+def _float32_layer_norm(norm: torch.nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
+    """``norm(x)`` computed in float32 and rounded to ``x``'s dtype (what CUDA's half-precision
+    kernel computes), as a composite whose forward-mode tangent keeps ``x``'s dtype."""
+    w, b = norm.weight, norm.bias
+    out = torch.nn.functional.layer_norm(
+        x.float(),
+        norm.normalized_shape,
+        None if w is None else w.float(),
+        None if b is None else b.float(),
+        norm.eps,
+    )
+    return out.to(x.dtype)
+
+
+@contextlib.contextmanager
+def float32_layer_norms(*modules):
+    """Meanwhile, the half-precision ``torch.nn.LayerNorm`` layers in ``modules`` run in float32.
+
+    A half-precision LayerNorm's forward-mode product breaks on both devices: the CPU kernel keeps
+    its statistics in float16, where the product's ``rstd³`` overflows (NaN/inf), and CUDA's
+    returns float32 statistics, which turn the tangent float32 and stop the next matmul (float
+    tangent, half weights). Values are those of the half-precision kernel up to its rounding.
+    """
+    norms = [
+        m
+        for module in modules
+        if module is not None
+        for m in module.modules()
+        if isinstance(m, torch.nn.LayerNorm) and any(p.dtype in HALF for p in m.parameters())
+    ]
+    try:
+        for m in norms:
+            m.forward = _float32_layer_norm.__get__(m)
+        yield
+    finally:
+        for m in norms:
+            m.__dict__.pop("forward", None)
+
+
 def _is_cache(value) -> bool:
     from transformers.cache_utils import Cache
 
@@ -270,6 +312,7 @@ class BlockFunction:
         with (
             own_rows(caches[0]) if self._own_rows and caches else contextlib.nullcontext(),
             _dequantized(self.block, self._quantized),
+            float32_layer_norms(self.block, self.norm),
             attention_mode(self.model, token_diagonal=self.token_diagonal, one_token=self.one_token),
         ):
             if self._key is None:
