@@ -59,8 +59,11 @@ class Budget:
         return self.end - time.perf_counter()
 
 
-def notebook_rows(dry_run: bool, budget: Budget, share: float) -> list[dict]:
-    """Step 1: each chapter's paper profile on the stand-in hub (listed only, in a dry run)."""
+def notebook_rows(dry_run: bool, budget: Budget, share: float, jobs: int = 1, emit=None) -> list[dict]:
+    """Step 1: each chapter's paper profile on the stand-in hub (listed only, in a dry run).
+
+    ``jobs`` notebooks run at a time (each in its own kernel); ``emit(rows)`` is called after
+    each one, so a run stopped from outside keeps what finished."""
     import yaml
 
     from coupling_utils.pipeline.execution import notebook_paths
@@ -74,6 +77,8 @@ def notebook_rows(dry_run: bool, budget: Budget, share: float) -> list[dict]:
             {"step": "paper profile", "name": nb.stem, "status": "dry run: not run", "seconds": None}
             for nb in notebooks
         ]
+    from concurrent.futures import ThreadPoolExecutor, as_completed
+
     from support.standin_hub import write_standin_hub
 
     from coupling_utils.pipeline.execution import run_notebook
@@ -81,23 +86,38 @@ def notebook_rows(dry_run: bool, budget: Budget, share: float) -> list[dict]:
     rows, stop = [], budget.left() * (1 - share)
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
         hub = Path(tmp) / "hub"
-        write_standin_hub(hub)
+        try:
+            write_standin_hub(hub)
+        except Exception as exc:  # noqa: BLE001 - recorded; step 2 still runs
+            status = f"failed: the stand-in hub could not be written: {type(exc).__name__}: {exc}"[:200]
+            print(status, flush=True)
+            return [{"step": "paper profile", "name": nb.stem, "status": status} for nb in notebooks]
         os.environ.update(HF_HUB_CACHE=str(hub), HF_HUB_OFFLINE="1", COUPLING_CACHE=str(Path(tmp) / "cache"))
-        for nb in notebooks:
+
+        def one(nb: Path) -> dict:
             if budget.left() < stop:
-                rows.append({"step": "paper profile", "name": nb.stem, "status": "skipped: budget"})
-                continue
+                return {"step": "paper profile", "name": nb.stem, "status": "skipped: budget"}
             r = run_notebook(nb, "paper", overrides[nb.stem], Path(tmp) / "out")
-            status = r.status if r.status == "ok" else f"{r.status}: {r.error}"[:200]
-            rows.append({"step": "paper profile", "name": nb.stem, "status": status, "seconds": r.seconds})
+            status = r.status if r.status == "ok" else f"{r.status}: {r.error}"[:1000]
             print(f"{nb.stem}: {status} in {r.seconds:.1f} s", flush=True)
-    return rows
+            return {"step": "paper profile", "name": nb.stem, "status": status, "seconds": r.seconds}
+
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            for future in as_completed([pool.submit(one, nb) for nb in notebooks]):
+                rows.append(future.result())
+                if emit is not None:
+                    emit(rows)
+    order = [nb.stem for nb in notebooks]
+    return sorted(rows, key=lambda r: order.index(r["name"]))
 
 
 def random_llama(shape: dict, dtype, device: str, quantize: bool):
     """A random-init Llama-style model (``shape``) on ``device``; 4-bit NF4 blocks if ``quantize``."""
     import torch
     from transformers import AutoModelForCausalLM, LlamaConfig
+
+    if quantize:
+        import bitsandbytes as bnb  # first: a missing bitsandbytes is recorded before the twin is built
 
     cfg = LlamaConfig(**shape, num_key_value_heads=shape["num_attention_heads"], vocab_size=32000)
     cfg._attn_implementation_internal = "sdpa"
@@ -106,8 +126,6 @@ def random_llama(shape: dict, dtype, device: str, quantize: bool):
         model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
     model.eval().requires_grad_(False)
     if quantize:
-        import bitsandbytes as bnb
-
         for block in model.model.layers:
             for name, lin in list(block.named_modules()):
                 if isinstance(lin, torch.nn.Linear):
@@ -134,13 +152,73 @@ def _timed(fn, device: str):
     return out, time.perf_counter() - t0, peak
 
 
-def engine_rows(dry_run: bool, budget: Budget) -> list[dict]:
-    """Step 2: the engine's methods on one block of each paper-size twin, per dtype and T."""
+def gemm_rate(T: int, d: int, dtype, device: str) -> float:
+    """FLOP/s of a ``(64·T × d) @ (d × 4d)`` matmul in ``dtype`` on ``device``, best of 5 (the
+    rate the engine's share is judged against, as in ``bench/bench_engine.py``)."""
     import torch
+
+    A = torch.randn(64 * T, d, device=device, dtype=dtype)
+    B = torch.randn(d, 4 * d, device=device, dtype=dtype)
+    best = float("inf")
+    for _ in range(6):  # the first is a warm-up
+        _, seconds, _ = _timed(lambda: A @ B, device)
+        best = min(best, seconds)
+    return 2.0 * 64 * T * d * 4 * d / best
+
+
+def _block_rows(model, T, layer, base, budget, device, dry_run, quantize, warm_up) -> list[dict]:
+    """Step 2 for one prompt length: each method on block ``layer`` of ``model``, timed, with
+    its FLOPs against the GEMM rate (bfloat16 only), and the top-50 spectra of the all-token
+    Jacobians (seconds for all T matrices, and how they were computed)."""
+    import torch
+    from bench_engine import block_flops, one_token_flops
 
     from coupling_utils.engine.jacobians import reference_jacobians, token_jacobians
     from coupling_utils.engine.one_token import one_token_jacobians
     from coupling_utils.engine.spectra import exact_topk
+
+    d = model.config.hidden_size
+    P = sum(p.numel() for p in model.model.layers[0].parameters() if p.ndim == 2)
+    ids = torch.randint(0, 32000, (1, T), generator=torch.Generator().manual_seed(1)).to(device)
+    methods = {
+        "reference (1 token)": (reference_jacobians, dict(tokens=[T - 1]), block_flops(P, T, d)),
+        "one_token (1 token)": (one_token_jacobians, dict(tokens=[T - 1]), one_token_flops(P, T, d)),
+        "all_tokens: Jacobians": (token_jacobians, {}, block_flops(P, T, d)),
+    }
+    if warm_up:  # untimed: CUDA context, cuBLAS handles and kernel selection
+        for fn, kw, _ in methods.values():
+            fn(model, ids, layer, **kw)
+    rate = gemm_rate(T, d, torch.bfloat16, device)
+    rows = []
+    for method, (fn, kw, pass_flops) in methods.items():
+        if budget.left() < 30 and not dry_run:
+            rows.append({**base, "T": T, "method": method, "status": "skipped: budget"})
+            continue
+        J, seconds, peak = _timed(lambda fn=fn, kw=kw: fn(model, ids, layer, **kw), device)
+        row = {**base, "T": T, "method": method, "status": "ok", "seconds": seconds, "peak_gib": peak}
+        if not quantize:  # a 4-bit block's work is not its matmuls' FLOPs
+            flops = d * pass_flops
+            row.update(flops=flops, flops_per_s=flops / seconds, gemm_flops_per_s=rate)
+            row["gemm_fraction"] = row["flops_per_s"] / rate
+        rows.append(row)
+        if method.startswith("all_tokens"):
+            (_, how), s_seconds, s_peak = _timed(lambda J=J: exact_topk(J.float(), 50), device)
+            rows.append(
+                {**base, "T": T, "method": f"top-50 spectra ({how}, {T} matrices)", "status": "ok",
+                 "seconds": s_seconds, "peak_gib": s_peak}
+            )  # fmt: skip
+        print(f"{base['dtype']} T={T} {method}: {seconds:.2f} s", flush=True)
+    return rows
+
+
+def engine_rows(dry_run: bool, budget: Budget) -> list[dict]:
+    """Step 2: the engine's methods on one block of each paper-size twin, per dtype and T.
+
+    Each method runs once untimed at the smallest T first (CUDA context, cuBLAS handles and
+    kernel selection are not the method's cost). FLOPs are counted as ``bench/bench_engine.py``
+    counts them (d passes of the block's forward FLOPs; one token's forward against a T-token
+    cache for the one-token path), beside the GEMM rate measured in the same run."""
+    import torch
 
     device = "cpu" if dry_run else "cuda"
     shape, ts = (TINY, TINY_TS) if dry_run else (PAPER, TS)
@@ -158,29 +236,8 @@ def engine_rows(dry_run: bool, budget: Budget) -> list[dict]:
             rows.append({**base, "status": f"skipped: {type(exc).__name__}: {exc}"[:200]})
             print(rows[-1]["status"], flush=True)
             continue
-        for T in ts:
-            ids = torch.randint(0, 32000, (1, T), generator=torch.Generator().manual_seed(1)).to(device)
-            methods = {
-                "reference (1 token)": (reference_jacobians, dict(tokens=[T - 1])),
-                "one_token (1 token)": (one_token_jacobians, dict(tokens=[T - 1])),
-                "all_tokens: Jacobians": (token_jacobians, {}),
-            }
-            for method, (fn, kw) in methods.items():
-                if budget.left() < 30 and not dry_run:
-                    rows.append({**base, "T": T, "method": method, "status": "skipped: budget"})
-                    continue
-                J, seconds, peak = _timed(
-                    lambda fn=fn, kw=kw, ids=ids, m=model: fn(m, ids, layer, **kw), device
-                )
-                rows.append(
-                    {**base, "T": T, "method": method, "status": "ok", "seconds": seconds, "peak_gib": peak}
-                )
-                if method.startswith("all_tokens"):
-                    _, s_seconds, _ = _timed(lambda J=J: exact_topk(J.float(), 50), device)
-                    rows.append(
-                        {**base, "T": T, "method": "top-50 spectra", "status": "ok", "seconds": s_seconds}
-                    )
-                print(f"{label} T={T} {method}: {seconds:.2f} s", flush=True)
+        for i, T in enumerate(ts):
+            rows += _block_rows(model, T, layer, base, budget, device, dry_run, quantize, warm_up=i == 0)
         model = None  # free the twin before the next one
         if device == "cuda":
             torch.cuda.empty_cache()
@@ -190,6 +247,42 @@ def engine_rows(dry_run: bool, budget: Budget) -> list[dict]:
     return rows
 
 
+STEPS = {"notebooks": "paper profile", "engine": "engine"}
+
+
+def kept_rows(out: Path | None, step: str):
+    """The rows of the steps not run now, from ``out`` as written by an earlier run (each row
+    keeps its own provenance), so one step can be rerun without losing the other's."""
+    import pandas as pd
+
+    if step == "all" or out is None or not out.exists():
+        return None
+    df = pd.read_csv(out)
+    return df[df["step"] != STEPS[step]]
+
+
+def write_table(kept, rows: list[dict], prov: dict, out: Path | None):
+    """The table of ``rows`` (with this run's provenance) after ``kept``; written to ``out``
+    atomically when given."""
+    import pandas as pd
+
+    df = pd.DataFrame(rows)
+    for key, value in prov.items():
+        df[key] = value
+    if kept is not None and len(kept):
+        df = pd.concat([df, kept], ignore_index=True)
+        df = df.sort_values(
+            "step", key=lambda c: c.map({v: i for i, v in enumerate(STEPS.values())}), kind="stable"
+        )
+    if out is not None:
+        from coupling_utils.files import atomic_path
+
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_path(out) as t:
+            df.to_csv(t, index=False, float_format="%.4g")
+    return df
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--dry-run", action="store_true", help="on a CPU: tiny sizes, notebooks listed only")
@@ -197,6 +290,13 @@ def main(argv=None) -> int:
         "--out", default=None, help=f"the CSV (default {OUT.relative_to(ROOT)}; none in a dry run)"
     )
     ap.add_argument("--budget", type=float, default=480.0, help="seconds for the whole run (default 480)")
+    ap.add_argument(
+        "--step",
+        choices=["all", *STEPS],
+        default="all",
+        help="run one step only; the other step's rows in --out are kept (default all)",
+    )
+    ap.add_argument("--jobs", type=int, default=1, help="notebooks run at a time in step 1 (default 1)")
     ap.add_argument("--notebook-share", type=float, default=0.5, help="share of the budget for step 1")
     args = ap.parse_args(argv)
     import torch
@@ -215,22 +315,25 @@ def main(argv=None) -> int:
         command, device="dry run on a CPU (tiny sizes: not a GPU measurement)" if args.dry_run else gpu
     )
     budget = Budget(args.budget)
-    rows = notebook_rows(args.dry_run, budget, args.notebook_share) + engine_rows(args.dry_run, budget)
+    out = Path(args.out) if args.out else (None if args.dry_run else OUT)
+    kept = kept_rows(out, args.step)
+
+    def emit(rows: list[dict]):
+        if out is not None:
+            write_table(kept, rows, prov, out)
+
+    rows = []
+    if args.step in ("all", "notebooks"):
+        rows += notebook_rows(args.dry_run, budget, args.notebook_share, args.jobs, emit)
+    if args.step in ("all", "engine"):
+        rows += engine_rows(args.dry_run, budget)
+    df = write_table(kept, rows, prov, out)
+    if out is not None:
+        print(f"wrote {out}")
     import pandas as pd
 
-    df = pd.DataFrame(rows)
-    for key, value in prov.items():
-        df[key] = value
-    out = Path(args.out) if args.out else (None if args.dry_run else OUT)
-    if out is not None:
-        from coupling_utils.files import atomic_path
-
-        out.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_path(out) as t:
-            df.to_csv(t, index=False, float_format="%.4g")
-        print(f"wrote {out}")
     with pd.option_context("display.width", 200, "display.max_columns", 12, "display.max_colwidth", 50):
-        print(df.drop(columns=list(prov)).to_string(index=False))
+        print(df.drop(columns=[c for c in prov if c in df]).to_string(index=False))
     return 0
 
 

@@ -39,9 +39,48 @@ def test_dry_run_on_a_cpu(gpu_check, tmp_path, capsys):
         "reference (1 token)",
         "one_token (1 token)",
         "all_tokens: Jacobians",
-        "top-50 spectra",
+        "top-50 spectra (full_svd, 8 matrices)",  # d = 64: the full SVD is the cheaper there
     }
+    passes = engine[engine.method != "top-50 spectra (full_svd, 8 matrices)"]
+    assert (passes.gemm_fraction > 0).all()
+    assert ((passes.flops_per_s - passes.flops / passes.seconds).abs() <= 1e-3 * passes.flops_per_s).all()
     assert (engine.status == "ok").all() and (engine.seconds > 0).all()
     assert ((engine.measure_seconds_predicted - engine.seconds * 2).abs() <= 1e-3 * engine.seconds).all()
     assert set(df.device) == {"dry run on a CPU (tiny sizes: not a GPU measurement)"}
     assert df[df.dtype == "4bit"].status.notna().all()  # run, or skipped saying why
+
+
+def test_one_step_rerun_keeps_the_other_steps_rows(gpu_check, tmp_path):
+    """--step notebooks replaces the notebook rows only; the engine rows of the earlier run stay,
+    with their own provenance."""
+    out = tmp_path / "gpu_check.csv"
+    assert gpu_check.main(["--dry-run", "--out", str(out)]) == 0
+    before = pd.read_csv(out)
+    assert gpu_check.main(["--dry-run", "--step", "notebooks", "--jobs", "2", "--out", str(out)]) == 0
+    after = pd.read_csv(out)
+    engine = after[after.step == "engine"]
+    assert len(engine) == len(before[before.step == "engine"])
+    assert set(engine.command) == {f"python bench/gpu_check.py --dry-run --out {out}"}
+    notebooks = after[after.step == "paper profile"]
+    assert len(notebooks) == 6 and set(notebooks.command) == {
+        f"python bench/gpu_check.py --dry-run --step notebooks --jobs 2 --out {out}"
+    }
+    assert list(after.step) == ["paper profile"] * 6 + ["engine"] * len(engine)
+
+
+def test_the_performance_pages_sentences_follow_the_recorded_run():
+    """Each claim the performance page makes about data/benchmarks/gpu_check.csv is there exactly
+    when the table bears it out (a new run that changes the facts fails until the page follows)."""
+    page = (ROOT / "book" / "performance.md").read_text()
+    path = ROOT / "data" / "benchmarks" / "gpu_check.csv"
+    df = pd.read_csv(path) if path.exists() else None
+    f05 = None if df is None else df[(df.step == "paper profile") & (df.name == "f05_token_trajectories")]
+    f05_failed = f05 is not None and len(f05) == 1 and not str(f05.status.iloc[0]).startswith("ok")
+    assert ("% gpu-check: f05 failed" in page) == f05_failed
+    dominate = False
+    if df is not None:
+        engine = df[(df.step == "engine") & (df.status == "ok") & (df.dtype == "bfloat16")]
+        sweep = engine[engine.method == "all_tokens: Jacobians"].set_index("T").seconds
+        spectra = engine[engine.method.str.startswith("top-50 spectra")].set_index("T").seconds
+        dominate = len(sweep) > 0 and set(sweep.index) == set(spectra.index) and (spectra > sweep).all()
+    assert ("% gpu-check: spectra dominate" in page) == dominate

@@ -500,7 +500,9 @@ def sweep_runs(
 
 def model_width(model: str, revision: str | None = None) -> int | None:
     """The width d (hidden size) of ``model`` from its config, read without loading weights: an
-    embedded name, a local directory, or a hub id in the Hugging Face cache. None if unknown."""
+    embedded name, a local directory, a hub id in the Hugging Face cache, else the project's
+    recorded config (``data/model_configs.csv``) before asking the hub, so that planning a known
+    model never waits on the network. None if unknown."""
     import json
 
     try:
@@ -515,11 +517,26 @@ def model_width(model: str, revision: str | None = None) -> int | None:
         else:
             from transformers import AutoConfig
 
-            config = AutoConfig.from_pretrained(model, revision=revision).to_dict()
+            try:
+                config = AutoConfig.from_pretrained(model, revision=revision, local_files_only=True).to_dict()
+            except OSError:  # not in the cache
+                recorded = _recorded_width(model)
+                if recorded is not None:
+                    return recorded
+                config = AutoConfig.from_pretrained(model, revision=revision).to_dict()
     except (OSError, ValueError):  # not found or not readable: measure() then says what is wrong
         return None
     widths = [config.get(key) for key in ("hidden_size", "n_embd", "d_model")]
     return next((int(w) for w in widths if isinstance(w, int) and not isinstance(w, bool)), None)
+
+
+def _recorded_width(model: str) -> int | None:
+    """``d_model`` of ``model``'s row in ``data/model_configs.csv`` (None without a row)."""
+    from coupling_utils.analysis.data import read_table
+
+    rows = read_table("model_configs.csv")
+    row = rows[rows.model_id == model]
+    return int(row.d_model.iloc[0]) if len(row) else None
 
 
 def main_k(summary: pd.DataFrame, k_main: int, model: str) -> tuple[int, str]:

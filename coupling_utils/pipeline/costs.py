@@ -26,8 +26,11 @@ CPU time divides the pass FLOPs by the throughput measured on one core for that 
 median over the benchmarked block shapes and prompt lengths, in CPU time, so that a shared
 machine's waiting is left out) and adds the measured time of a ``d × d`` SVD scaled as ``d³``.
 On ``c`` cores it is the one-core time over ``c``: perfect scaling, so a lower bound, with the
-one-core time the upper bound; the profiles and the page give both. GPU time is not predicted:
-no GPU throughput has been measured here (run ``bench/bench_costs.py`` on one).
+one-core time the upper bound; the profiles and the page give both. GPU time is the same
+arithmetic at the rates ``bench/gpu_check.py`` measured on a GPU (:func:`gpu_rates`: the all-token
+sweep's FLOP rate and the top-50 spectra's seconds per ``d³`` on a bfloat16 Llama-7B-shaped twin),
+where that run is recorded; it is a prediction from measured rates, not a measured run of the
+profile (the paper's models cannot be loaded here).
 
 Which measurements a notebook makes comes from its chapter's plan, ``jobs(params)``
 (``coupling_utils.chapters``), the list the notebook and the sweep use. Embedded models (trained
@@ -39,6 +42,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,6 +58,7 @@ __all__ = [
     "Work",
     "work_cost",
     "cpu_rates",
+    "gpu_rates",
     "notebook_work",
     "notebook_costs",
     "gpu_fit",
@@ -266,8 +271,38 @@ def cpu_rates(bench: pd.DataFrame | None = None) -> Rates:
     )
 
 
+GPU_ENGINE = re.compile(r"\bd=(\d+)\b")  # bench/gpu_check.py names a twin "Llama-style d=4096, 32 blocks"
+
+
+def gpu_rates(check: pd.DataFrame | None = None) -> Rates | None:
+    """The engine's throughput on a GPU, measured by ``bench/gpu_check.py``
+    (``data/benchmarks/gpu_check.csv``) on a random-init twin of a paper-size model in bfloat16:
+    the all-token sweep's FLOP rate (median over the prompt lengths) and the top-50 spectra's
+    seconds per ``d × d`` matrix over ``d³``; no matrix-free rate (not measured on a GPU: NaN,
+    so a matrix-free run's GPU time is unknown). None where no GPU run is recorded."""
+    if check is None:
+        from coupling_utils.files import data_dir
+
+        path = data_dir() / "benchmarks" / "gpu_check.csv"
+        if not path.exists():
+            return None
+        check = pd.read_csv(path)
+    ok = check[(check.step == "engine") & (check.status == "ok") & (check.dtype == "bfloat16")]
+    sweep = ok[ok.method == "all_tokens: Jacobians"]
+    spectra = ok[ok.method.str.startswith("top-50 spectra")]
+    if sweep.empty or spectra.empty:
+        return None
+    d = spectra.name.map(lambda name: float(GPU_ENGINE.search(name).group(1)))
+    return Rates(
+        float(sweep.flops_per_s.median()),
+        math.nan,
+        float((spectra.seconds / spectra["T"] / d**3).median()),
+        str(ok.device.iloc[0]),
+    )
+
+
 def cpu_seconds(cost: Cost, rates: Rates) -> float:
-    """Predicted seconds of a :class:`Cost` on one core at ``rates``."""
+    """Predicted seconds of a :class:`Cost` at ``rates`` (one core's, or a GPU's: :func:`gpu_rates`)."""
     if cost.size is None:
         return math.nan
     rate = rates.matrix_free_flops_per_s if cost.work.method == "matrix_free" else rates.exact_flops_per_s
@@ -371,7 +406,7 @@ class NotebookCost:
     embedded: list[str] = field(default_factory=list)  # embedded models: the zoo's cost, not counted here
     unknown: list[str] = field(default_factory=list)  # hub models without a model_configs.csv row
 
-    def totals(self, rates: Rates | None = None) -> dict[str, Any]:
+    def totals(self, rates: Rates | None = None, gpu: Rates | None = None) -> dict[str, Any]:
         known = [c for c in self.costs if c.size is not None]
         loads = {(c.work.model, c.work.revision) for c in known if c.work.download}
         big = max(known, key=lambda c: c.device_gb, default=None)
@@ -394,6 +429,8 @@ class NotebookCost:
             row[f"{gb} GB GPU"] = "all" if not worst else "all but " + ", ".join(names)
         if rates is not None:
             row["one-core seconds"] = sum(cpu_seconds(c, rates) for c in known)
+        if gpu is not None:
+            row["GPU seconds"] = sum(cpu_seconds(c, gpu) for c in known)
         if self.embedded:
             row["embedded (zoo cost)"] = ", ".join(self.embedded)
         return row
@@ -438,22 +475,26 @@ def profile_costs_table(
     notebooks: Sequence[str] | None = None,
     cores: int = 4,
     bench: pd.DataFrame | None = None,
+    gpu_check: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
     """The performance page's table: one row per (notebook, profile), numbers to three significant
-    digits, CPU time on ``cores`` cores (perfect scaling) and on one core in words (:func:`duration`)."""
+    digits, CPU time on ``cores`` cores (perfect scaling) and on one core in words (:func:`duration`),
+    and, where ``bench/gpu_check.py`` has measured a GPU, the time at that GPU's measured rates."""
     from coupling_utils.pipeline.execution import notebook_paths
 
-    rates = cpu_rates(bench)
+    rates, gpu = cpu_rates(bench), gpu_rates(gpu_check)
     names = [p.stem for p in notebook_paths()] if notebooks is None else list(notebooks)
     rows = []
     for profile in profiles:
         for nb in names:
-            row = notebook_costs(nb, profile).totals(rates)
+            row = notebook_costs(nb, profile).totals(rates, gpu)
             seconds = row.pop("one-core seconds")
             for key in ("TFLOP", "GPU memory (GB)", "host memory (GB)", "download (GB)"):
                 row[key] = _sig(row[key]) if row[key] is not None else None
             row[f"{cores}-core CPU time"] = duration(seconds / cores)
             row["1-core CPU time"] = duration(seconds)
+            if gpu is not None:
+                row["GPU time (measured rates)"] = duration(row.pop("GPU seconds"))
             row.setdefault("embedded (zoo cost)", "")
             rows.append(row)
     return pd.DataFrame(rows)
