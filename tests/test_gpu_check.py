@@ -84,3 +84,30 @@ def test_the_performance_pages_sentences_follow_the_recorded_run():
         spectra = engine[engine.method.str.startswith("top-50 spectra")].set_index("T").seconds
         dominate = len(sweep) > 0 and set(sweep.index) == set(spectra.index) and (spectra > sweep).all()
     assert ("% gpu-check: spectra dominate" in page) == dominate
+
+
+def test_gpu_rates_read_per_matrix_spectra_seconds():
+    """costs.gpu_rates: the sweep's median FLOP rate, and the spectra's seconds per matrix over d³,
+    dividing by ``matrices`` where a row has it and by T for rows of runs that timed all T."""
+    from coupling_utils.pipeline.costs import gpu_rates
+
+    name = "Llama-style d=100, 2 blocks"
+    base = {"step": "engine", "name": name, "status": "ok", "dtype": "bfloat16", "device": "GPU X"}
+    df = pd.DataFrame(
+        [
+            {**base, "T": 16, "method": "all_tokens: Jacobians", "flops_per_s": 2e12},
+            {**base, "T": 128, "method": "all_tokens: Jacobians", "flops_per_s": 4e12},
+            {**base, "T": 16, "method": "top-50 spectra", "seconds": 16.0},  # all 16: 1 s each
+            {
+                **base,
+                "T": 128,
+                "method": "top-50 spectra (gram_topk, 16 matrices)",
+                "seconds": 48.0,
+                "matrices": 16,
+            },
+        ]
+    )
+    rates = gpu_rates(df)
+    assert rates.exact_flops_per_s == 3e12 and rates.machine == "GPU X"
+    assert abs(rates.svd_seconds_per_d3 - 2.0 / 100**3) < 1e-15  # median of 1 s and 3 s per matrix
+    assert gpu_rates(df[df.method.str.startswith("all_tokens")]) is None  # no spectra: no GPU time

@@ -293,10 +293,12 @@ def gpu_rates(check: pd.DataFrame | None = None) -> Rates | None:
     if sweep.empty or spectra.empty:
         return None
     d = spectra.name.map(lambda name: float(GPU_ENGINE.search(name).group(1)))
+    # matrices decomposed per row (runs before that column timed all T of the sweep's matrices)
+    n = spectra["matrices"].fillna(spectra["T"]) if "matrices" in spectra else spectra["T"]
     return Rates(
         float(sweep.flops_per_s.median()),
         math.nan,
-        float((spectra.seconds / spectra["T"] / d**3).median()),
+        float((spectra.seconds / n / d**3).median()),
         str(ok.device.iloc[0]),
     )
 
