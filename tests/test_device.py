@@ -123,6 +123,12 @@ def test_half_precision_layer_norm_is_cudas():
         assert on_device(t) and t.dtype == torch.float16
     assert "forward" not in net[0].__dict__  # restored
     torch.testing.assert_close(t.cpu().float(), ref, rtol=2e-2, atol=2e-2)
+    bare = torch.nn.LayerNorm(16, elementwise_affine=False)  # no parameters: found by its input
+    with emulated_device() as dev, float32_layer_norms(bare):
+        _, t = torch.func.jvp(bare, (x.half().to(dev),), (v.half().to(dev),))
+        assert t.dtype == torch.float16 and bool(torch.isfinite(t).all())
+    with float32_layer_norms(bare):  # a float32 input: nn.LayerNorm's own call, bit for bit
+        assert torch.equal(bare(x), torch.nn.functional.layer_norm(x, (16,), eps=bare.eps))
 
 
 # --------------------------------------------------------------------------- the engine on every architecture

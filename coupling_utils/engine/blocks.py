@@ -224,9 +224,12 @@ HALF = (torch.float16, torch.bfloat16)
 
 
 def _float32_layer_norm(norm: torch.nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
-    """``norm(x)`` computed in float32 and rounded to ``x``'s dtype (what CUDA's half-precision
-    kernel computes), as a composite whose forward-mode tangent keeps ``x``'s dtype."""
+    """``norm(x)``; for a half-precision ``x``, computed in float32 and rounded to ``x``'s dtype
+    (what CUDA's half-precision kernel computes), as a composite whose forward-mode tangent keeps
+    ``x``'s dtype. Other inputs take ``nn.LayerNorm.forward``'s own call."""
     w, b = norm.weight, norm.bias
+    if x.dtype not in HALF:
+        return torch.nn.functional.layer_norm(x, norm.normalized_shape, w, b, norm.eps)
     out = torch.nn.functional.layer_norm(
         x.float(),
         norm.normalized_shape,
@@ -239,7 +242,8 @@ def _float32_layer_norm(norm: torch.nn.LayerNorm, x: torch.Tensor) -> torch.Tens
 
 @contextlib.contextmanager
 def float32_layer_norms(*modules):
-    """Meanwhile, the half-precision ``torch.nn.LayerNorm`` layers in ``modules`` run in float32.
+    """Meanwhile, the ``torch.nn.LayerNorm`` layers in ``modules`` run in float32 on a
+    half-precision input (:func:`_float32_layer_norm`; other inputs as before, bit for bit).
 
     A half-precision LayerNorm's forward-mode product breaks on both devices: the CPU kernel keeps
     its statistics in float16, where the product's ``rstd³`` overflows (NaN/inf), and CUDA's
@@ -251,7 +255,7 @@ def float32_layer_norms(*modules):
         for module in modules
         if module is not None
         for m in module.modules()
-        if isinstance(m, torch.nn.LayerNorm) and any(p.dtype in HALF for p in m.parameters())
+        if isinstance(m, torch.nn.LayerNorm)
     ]
     try:
         for m in norms:
