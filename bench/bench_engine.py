@@ -110,15 +110,20 @@ def one_token_flops(P: int, T: int, d: int) -> float:
     return 2.0 * P + 4.0 * T * d
 
 
-def gemm_rate(T: int, d: int) -> float:
-    """FLOP/s of a ``(64·T × d) @ (d × 4d)`` float32 matmul, best of 5."""
+def gemm_rate(T: int, d: int, dtype=None, device: str = "cpu") -> float:
+    """FLOP/s of a ``(64·T × d) @ (d × 4d)`` matmul (float32 unless ``dtype``) on ``device``,
+    best of 5 (the first also warms up; on CUDA each is synchronised)."""
     import torch
 
-    A, B = torch.randn(64 * T, d), torch.randn(d, 4 * d)
+    A = torch.randn(64 * T, d, dtype=dtype, device=device)
+    B = torch.randn(d, 4 * d, dtype=dtype, device=device)
+    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
     best = float("inf")
     for _ in range(5):
+        sync()
         t0 = time.perf_counter()
         A @ B
+        sync()
         best = min(best, time.perf_counter() - t0)
     return 2.0 * 64 * T * d * 4 * d / best
 

@@ -156,33 +156,19 @@ def _timed(fn, device: str):
     return out, time.perf_counter() - t0, peak
 
 
-def gemm_rate(T: int, d: int, dtype, device: str) -> float:
-    """FLOP/s of a ``(64·T × d) @ (d × 4d)`` matmul in ``dtype`` on ``device``, best of 5 (the
-    rate the engine's share is judged against, as in ``bench/bench_engine.py``)."""
-    import torch
-
-    A = torch.randn(64 * T, d, device=device, dtype=dtype)
-    B = torch.randn(d, 4 * d, device=device, dtype=dtype)
-    best = float("inf")
-    for _ in range(6):  # the first is a warm-up
-        _, seconds, _ = _timed(lambda: A @ B, device)
-        best = min(best, seconds)
-    return 2.0 * 64 * T * d * 4 * d / best
-
-
 def _block_rows(model, T, layer, base, budget, device, dry_run, quantize, warm_up) -> list[dict]:
     """Step 2 for one prompt length: each method on block ``layer`` of ``model``, timed, with
     its FLOPs against the GEMM rate (bfloat16 only), and the top-50 spectra of the all-token
     Jacobians (seconds for the last :data:`SPECTRA_MATRICES` of them, and how they were computed)."""
     import torch
-    from bench_engine import block_flops, one_token_flops
+    from bench_engine import block_flops, block_params, gemm_rate, one_token_flops
 
     from coupling_utils.engine.jacobians import reference_jacobians, token_jacobians
     from coupling_utils.engine.one_token import one_token_jacobians
     from coupling_utils.engine.spectra import exact_topk
 
     d = model.config.hidden_size
-    P = sum(p.numel() for p in model.model.layers[0].parameters() if p.ndim == 2)
+    P = block_params(model)
     ids = torch.randint(0, 32000, (1, T), generator=torch.Generator().manual_seed(1)).to(device)
     methods = {
         "reference (1 token)": (reference_jacobians, dict(tokens=[T - 1]), block_flops(P, T, d)),

@@ -240,6 +240,17 @@ def _float32_layer_norm(norm: torch.nn.LayerNorm, x: torch.Tensor) -> torch.Tens
     return out.to(x.dtype)
 
 
+def layer_norms(*modules) -> list[torch.nn.LayerNorm]:
+    """The ``torch.nn.LayerNorm`` layers in ``modules`` (None entries skipped)."""
+    return [
+        m
+        for module in modules
+        if module is not None
+        for m in module.modules()
+        if isinstance(m, torch.nn.LayerNorm)
+    ]
+
+
 @contextlib.contextmanager
 def float32_layer_norms(*modules):
     """Meanwhile, the ``torch.nn.LayerNorm`` layers in ``modules`` run in float32 on a
@@ -250,13 +261,7 @@ def float32_layer_norms(*modules):
     returns float32 statistics, which turn the tangent float32 and stop the next matmul (float
     tangent, half weights). Values are those of the half-precision kernel up to its rounding.
     """
-    norms = [
-        m
-        for module in modules
-        if module is not None
-        for m in module.modules()
-        if isinstance(m, torch.nn.LayerNorm)
-    ]
+    norms = layer_norms(*modules)
     try:
         for m in norms:
             m.forward = _float32_layer_norm.__get__(m)
@@ -300,6 +305,7 @@ class BlockFunction:
         # architectures with their own attention code slice them out of the cache themselves
         self._own_rows = one_token and find_architecture(model).attention == "interface"
         self._quantized = _quantized_layers(block)
+        self._norms = layer_norms(block, norm)  # found once: __call__ runs once per product
         if args:
             self._args, self._kwargs, self._key = tuple(args[1:]), dict(kwargs), None
         else:
@@ -316,7 +322,7 @@ class BlockFunction:
         with (
             own_rows(caches[0]) if self._own_rows and caches else contextlib.nullcontext(),
             _dequantized(self.block, self._quantized),
-            float32_layer_norms(self.block, self.norm),
+            float32_layer_norms(*self._norms),
             attention_mode(self.model, token_diagonal=self.token_diagonal, one_token=self.one_token),
         ):
             if self._key is None:
