@@ -241,15 +241,36 @@ def engine_rows(dry_run: bool, budget: Budget) -> list[dict]:
 STEPS = {"notebooks": "paper profile", "engine": "engine"}
 
 
+class BadOut(Exception):
+    """``--out`` cannot be written, or its earlier rows cannot be read: said before the run."""
+
+
 def kept_rows(out: Path | None, step: str):
     """The rows of the steps not run now, from ``out`` as written by an earlier run (each row
-    keeps its own provenance), so one step can be rerun without losing the other's."""
+    keeps its own provenance), so one step can be rerun without losing the other's. Checks
+    first that ``out``'s folder can be written (a run must not end on a file it cannot write)."""
     import pandas as pd
 
-    if step == "all" or out is None or not out.exists():
+    if out is None:
         return None
-    df = pd.read_csv(out)
-    return df[df["step"] != STEPS[step]]
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=out.parent, prefix=f".{out.name}."):
+            pass
+    except OSError as exc:
+        raise BadOut(
+            f"--out {out}: its folder cannot be written ({exc.strerror}); pass a writable --out"
+        ) from exc
+    if step == "all" or not out.exists():
+        return None
+    try:
+        df = pd.read_csv(out)
+        return df[df["step"] != STEPS[step]]
+    except (ValueError, KeyError, UnicodeDecodeError, pd.errors.ParserError) as exc:
+        raise BadOut(
+            f"--out {out}: not a table written by this script ({type(exc).__name__}: {exc}), so the other "
+            f"step's rows cannot be kept; pass another --out, or --step all to write a new one"
+        ) from exc
 
 
 def write_table(kept, rows: list[dict], prov: dict, out: Path | None):
@@ -307,7 +328,11 @@ def main(argv=None) -> int:
     )
     budget = Budget(args.budget)
     out = Path(args.out) if args.out else (None if args.dry_run else OUT)
-    kept = kept_rows(out, args.step)
+    try:
+        kept = kept_rows(out, args.step)
+    except BadOut as exc:
+        print(f"gpu_check: {exc}", file=sys.stderr)
+        return 2
 
     def emit(rows: list[dict]):
         if out is not None:
@@ -329,4 +354,8 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # Ctrl-C: the CSV (written whole, after each notebook) holds what finished
+        print("gpu_check: interrupted; --out holds the notebooks that finished, if any", file=sys.stderr)
+        sys.exit(130)

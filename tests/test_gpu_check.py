@@ -111,3 +111,19 @@ def test_gpu_rates_read_per_matrix_spectra_seconds():
     assert rates.exact_flops_per_s == 3e12 and rates.machine == "GPU X"
     assert abs(rates.svd_seconds_per_d3 - 2.0 / 100**3) < 1e-15  # median of 1 s and 3 s per matrix
     assert gpu_rates(df[df.method.str.startswith("all_tokens")]) is None  # no spectra: no GPU time
+
+
+def test_a_bad_out_is_refused_before_the_run(gpu_check, tmp_path, capsys):
+    """An --out that cannot be written, or (with --step) an earlier file that is not this script's
+    table, exits 2 with a message naming it, before anything is measured; nothing is written."""
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    assert gpu_check.main(["--dry-run", "--out", str(blocker / "gpu_check.csv")]) == 2
+    err = capsys.readouterr().err
+    assert "--out" in err and "cannot be written" in err and "Traceback" not in err
+    bad = tmp_path / "bad.csv"
+    bad.write_bytes(b"\xff\xfe not a table")
+    assert gpu_check.main(["--dry-run", "--step", "engine", "--out", str(bad)]) == 2
+    assert "not a table written by this script" in capsys.readouterr().err
+    assert bad.read_bytes() == b"\xff\xfe not a table"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.csv", "file"]
