@@ -175,6 +175,24 @@ def test_coupling_matrix_stays_on_the_device_of_its_jacobians():
     torch.testing.assert_close(M.cpu(), M0, rtol=0, atol=1e-12)
 
 
+def test_the_batched_gram_path_stays_on_the_device():
+    """gram.gram_topk_batched (the GPU candidate bench/gpu_check.py times) runs in torch alone on
+    the device, including the full-SVD fallback of a matrix below MIXED_FLOOR, and gives the
+    host's triplets."""
+    from coupling_utils.engine.gram import gram_topk_batched
+
+    g = torch.Generator().manual_seed(0)
+    Js = torch.randn(3, 48, 48, generator=g)
+    Js[1] = torch.outer(torch.randn(48, generator=g), torch.randn(48, generator=g))  # rank 1
+    host = gram_topk_batched(Js, 6)
+    with emulated_device() as dev:
+        top = gram_topk_batched(Js.to(dev), 6)
+        assert all(on_device(t) for t in top)
+        M = coupling_matrix(Js.to(dev), 6, svds=top)
+    torch.testing.assert_close(top.S.cpu(), host.S, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(M.cpu(), coupling_matrix(Js, 6, svds=host), rtol=1e-5, atol=1e-5)
+
+
 # --------------------------------------------------------------------------- loading, twins, checkpoints
 def test_load_model_onto_the_device(standin_hub):
     with emulated_device() as dev:
@@ -319,7 +337,7 @@ def test_measure_on_the_device(case, standin_hub, sweep_path_only):
     ref = measure(load_model(repo, device="cpu"), [DEMO], layers=layers, **MEASURE_CASES[case])
     with emulated_device() as dev:
         got = measure(load_model(repo, device=dev), [DEMO], layers=layers, **MEASURE_CASES[case])
-    # on the host the top-K spectra may come from the partial eigensolver (spectra.exact_topk, within
+    # on the host the top-K spectra may come from the partial eigensolver (gram.exact_topk, within
     # 1e-5 of the full SVD by design), on a device from the full SVD: equal to the engine's tolerance
     for name in TABLES:
         if name != "timings":

@@ -3,7 +3,8 @@
 The coupling metric needs only the top K (≤ 50) singular triplets of each token Jacobian
 ``J_tt`` (d × d). Ways to get them:
 
-- ``topk_svd(J, k, "exact")``: full SVD, truncated (the oracle).
+- ``topk_svd(J, k, "exact")``: full SVD, truncated (the oracle). What ``measure()`` uses on formed
+  Jacobians, the top triplets from the Gram matrix ``JᵀJ``, is in :mod:`coupling_utils.engine.gram`.
 - ``topk_svd(J, k, "randomized")``: randomized range finder with power (subspace) iterations,
   Halko, Martinsson & Tropp (2011), Algorithms 4.4 and 5.1, on a formed matrix:
   ``(2·n_iter + 2)·(k + oversample)`` products.
@@ -39,9 +40,6 @@ from coupling_utils.engine.metric import SVD, _as_tensor, check_k
 
 __all__ = [
     "topk_svd",
-    "gram_topk",
-    "exact_topk",
-    "gram_wins",
     "randomized_svd",
     "block_lanczos_svd",
     "lanczos_plan",
@@ -352,66 +350,6 @@ def topk_svd(
         lambda V: J @ V, lambda U: Jt @ U, tuple(J.shape), k, solver, dtype=J.dtype, device=J.device
     )
     return s
-
-
-def gram_wins(J: torch.Tensor, r: int) -> bool:
-    """Whether :func:`gram_topk` is cheaper than a full SVD for the top ``r`` triplets of ``J``.
-
-    On a CPU, for ``r ≤ min(m, n) / 4``: the partial symmetric eigensolver (LAPACK ``syevr``)
-    then skips most eigenvectors; measured 2.4× faster than ``torch.linalg.svd`` for r = 50 of
-    576 on one thread (``bench/bench_engine.py``). On other devices the full SVD is kept.
-    """
-    return J.device.type == "cpu" and 4 * r <= min(J.shape[-2:])
-
-
-def gram_topk(J: torch.Tensor, r: int) -> SVD:
-    """Top-``r`` singular triplets of ``J: Tensor  # [..., m, n]`` from the Gram matrix ``JᵀJ``.
-
-    ``JᵀJ`` is formed in fp64 and only its top r eigenpairs are computed (``scipy.linalg.eigh``,
-    ``subset_by_index``): ``V`` its eigenvectors, ``S = sqrt(λ)``, ``U = J V / S``. Exact up to
-    rounding (fp64 makes the squared condition harmless for the top r); a matrix whose r-th
-    singular value is below 1e-6·σ₁ (where ``U = J V / S`` loses accuracy) gets a full SVD
-    instead. Returns an :class:`SVD` in J's dtype (fp32 or better), values descending.
-    """
-    import numpy as np
-    from scipy.linalg import eigh
-
-    J = _as_tensor(J, "J")
-    *batch, m, n = J.shape
-    r = check_k(r, min(m, n))
-    flat = J.reshape(-1, m, n)
-    Us, Ss, Vhs = [], [], []
-    for A in flat:
-        A64 = A.double()
-        G = (A64.T @ A64).numpy()
-        w, V = eigh(G, subset_by_index=[n - r, n - 1], driver="evr")
-        # copies, not ascontiguousarray: a reversed (n, 1) view counts as contiguous in numpy
-        # yet keeps its negative stride, which torch.from_numpy refuses (K = 1)
-        w, V = w[::-1].copy(), V[:, ::-1].copy()
-        S = torch.from_numpy(np.sqrt(np.clip(w, 0, None)))
-        if not S[-1] > 1e-6 * S[0]:
-            with lapack_threads():
-                U_, S_, Vh_ = torch.linalg.svd(A, full_matrices=False)
-            Us.append(U_[:, :r]), Ss.append(S_[:r]), Vhs.append(Vh_[:r])
-            continue
-        V = torch.from_numpy(V)
-        Us.append(((A64 @ V) / S).to(J.dtype)), Ss.append(S.to(J.dtype)), Vhs.append(V.T.to(J.dtype))
-    shape = tuple(batch)
-    return SVD(
-        torch.stack(Us).reshape(*shape, m, r),
-        torch.stack(Ss).reshape(*shape, r),
-        torch.stack(Vhs).reshape(*shape, r, n),
-    )
-
-
-def exact_topk(J: torch.Tensor, r: int) -> tuple[SVD, str]:
-    """``(top-r triplets, how)``: :func:`gram_topk` where :func:`gram_wins`, else the full SVD
-    (``torch.linalg.svd``) truncated; ``how`` is "gram_topk" or "full_svd", for provenance."""
-    if gram_wins(J, r):
-        return gram_topk(J, r), "gram_topk"
-    with lapack_threads():
-        U, S, Vh = torch.linalg.svd(J, full_matrices=False)
-    return SVD(U[..., :, :r].contiguous(), S[..., :r].contiguous(), Vh[..., :r, :].contiguous()), "full_svd"
 
 
 class TokenOperator:

@@ -66,6 +66,7 @@ import pandas as pd
 import torch
 
 from coupling_utils.engine.blocks import last_block_facts, unwrap_model
+from coupling_utils.engine.gram import gram_chosen
 from coupling_utils.files import file_lock
 from coupling_utils.measurement.assemble import prompt_tables
 from coupling_utils.measurement.compute import LayerWork
@@ -232,14 +233,17 @@ class _Run:
             self.callback({"prompt": p.pid, "layer": layer, "computed": computed, "stage": stage, **meta})
 
     def _spectra_choice(self) -> str:
-        """How formed Jacobians' top triplets are computed in this run (``spectra.exact_topk``)."""
+        """How formed Jacobians' top triplets are computed in this run (``gram.exact_topk``)."""
         s, d = self.s, self.info.d_model
         if s.method != "exact":
             return f"{s.method} ({s.solver})"
         r = max(s.kmax, s.n_singular or s.kmax)
         device = next(unwrap_model(self.info.model).parameters()).device.type
-        if device == "cpu" and d and 4 * r <= d:
-            return f"gram_topk: top {r} eigenpairs of JᵀJ (fp64, partial eigensolver), not a full SVD"
+        if d and gram_chosen(device, d, r):
+            return (
+                f"gram_topk: top {r} triplets from a partial eigensolver on JᵀJ (float32, refined "
+                "in float64 by a power step and Rayleigh–Ritz; float64 where σ_r < 0.01·σ_1), not a full SVD"
+            )
         return f"full_svd: top {r} of a full SVD"
 
     def provenance(self, plist: list[Prompt], tables: dict[str, pd.DataFrame], made_by: dict) -> dict:

@@ -1,0 +1,177 @@
+"""The exact top-K singular triplets of formed Jacobians, from the Gram matrix ``JᵀJ``.
+
+The coupling metric needs the top K ≤ 50 triplets of each d × d Jacobian, not all d. On a CPU
+(:func:`gram_chosen`) :func:`exact_topk` takes them from a partial symmetric eigensolver on
+``JᵀJ`` (:func:`gram_topk`): the top eigenvectors of the float32 Gram, refined in float64 by a
+power step and a Rayleigh–Ritz step, equal the full SVD to rounding and cost a fraction of it.
+Elsewhere it takes the full SVD. :func:`gram_topk_batched` is the same refinement in torch alone
+(a full ``eigh``), for GPUs, where ``bench/gpu_check.py`` times it before anything chooses it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from coupling_utils.engine.metric import SVD, _as_tensor, check_k
+from coupling_utils.engine.spectra import lapack_threads
+
+__all__ = [
+    "exact_topk",
+    "gram_topk",
+    "gram_topk_batched",
+    "gram_wins",
+    "gram_chosen",
+    "MIXED_FLOOR",
+]
+
+# gram_topk refines a float32 Gram where σ_r ≥ MIXED_FLOOR·σ_1: float32's rounding of JᵀJ (about
+# ε·σ_1², ε = 6e-8) is then at most 6e-4 of σ_r², and one float64 power step and a float64
+# Rayleigh–Ritz bring every metric value within 5e-6 of a float64 SVD on flat, outlier-over-flat
+# and geometric spectra, where a float32 full SVD is off by up to 8e-6 (tests/test_one_token.py).
+MIXED_FLOOR = 1e-2
+GRAM_OVERSAMPLE = 10  # extra eigenvectors of the float32 Gram: room for the refinement
+GRAM_POWER_STEPS = 1  # float64 power steps JᵀJ Q before the Rayleigh–Ritz
+
+
+def gram_wins(J: torch.Tensor, r: int) -> bool:
+    """Whether :func:`gram_topk` is cheaper than a full SVD for the top ``r`` triplets of ``J``
+    (:func:`gram_chosen` for J's device and shape)."""
+    return gram_chosen(J.device.type, min(J.shape[-2:]), r)
+
+
+def gram_chosen(device: str, size: int, r: int) -> bool:
+    """The rule :func:`exact_topk` follows: :func:`gram_topk` on a CPU for ``r ≤ size / 4``
+    (``size = min(m, n)``), where the partial symmetric eigensolver (LAPACK ``syevr``) skips most
+    eigenvectors: measured faster than ``torch.linalg.svd`` for r = 50 of 576 on one thread
+    (``bench/bench_engine.py``). On other devices the full SVD is kept."""
+    return device == "cpu" and 4 * r <= size
+
+
+def gram_topk(J: torch.Tensor, r: int, *, mixed: bool = True) -> SVD:
+    """Top-``r`` singular triplets of ``J: Tensor  # [..., m, n]`` from the Gram matrix ``JᵀJ``.
+
+    For each matrix, in float32 or lower (``mixed=True``): the top ``r + 10`` eigenvectors of the
+    float32 Gram (LAPACK ``ssyevr``, ``subset_by_index``; cheaper than in float64) span
+    a subspace Q; one power step ``Q = orth(JᵀJ Q)`` and the SVD of ``J Q`` (Rayleigh–Ritz), both
+    in float64, give the triplets: ``S``, ``U``, and ``V = Q Vb``. Where that leaves
+    ``σ_r < MIXED_FLOOR·σ_1`` (float32's rounding of JᵀJ is then no longer small against σ_r²),
+    and for float64 input or ``mixed=False``: the top r eigenpairs of the float64 Gram, ``V``
+    its eigenvectors, ``S = sqrt(λ)``, ``U = J V / S``; where σ_r < 1e-6·σ₁ (``U = J V / S``
+    loses accuracy) a full SVD instead. Returns an :class:`SVD` in J's dtype (fp32 or better),
+    values descending.
+    """
+    J = _as_tensor(J, "J")
+    *batch, m, n = J.shape
+    r = check_k(r, min(m, n))
+    flat = J.reshape(-1, m, n)
+    mixed = mixed and flat.dtype != torch.float64
+    Us, Ss, Vhs = [], [], []
+    for A in flat:
+        found = _float32_gram_topk(A, r) if mixed else None
+        found = found or _float64_gram_topk(A, r)
+        if found is None:
+            with lapack_threads():
+                U_, S_, Vh_ = torch.linalg.svd(A, full_matrices=False)
+            found = U_[:, :r], S_[:r], Vh_[:r]
+        U_, S_, Vh_ = (t.to(J.dtype) for t in found)
+        Us.append(U_), Ss.append(S_), Vhs.append(Vh_)
+    shape = tuple(batch)
+    return SVD(
+        torch.stack(Us).reshape(*shape, m, r),
+        torch.stack(Ss).reshape(*shape, r),
+        torch.stack(Vhs).reshape(*shape, r, n),
+    )
+
+
+def _float32_gram_topk(A: torch.Tensor, r: int) -> tuple[torch.Tensor, ...] | None:
+    """(U, S, Vh) in float64 from the float32 Gram refined in float64, or None where σ_r is
+    below ``MIXED_FLOOR·σ_1`` (or the float32 Gram overflows)."""
+    import numpy as np
+    from scipy.linalg import eigh
+    from scipy.linalg.blas import ssyrk
+
+    n = A.shape[-1]
+    l = min(n, r + GRAM_OVERSAMPLE)
+    a = A.detach().float().cpu().numpy()
+    G = ssyrk(1.0, a.T)  # the upper triangle of aᵀa (a.T is Fortran-ordered: no copy)
+    if not np.isfinite(G).all():
+        return None
+    _, W = eigh(
+        G, lower=False, subset_by_index=[n - l, n - 1], driver="evr", overwrite_a=True, check_finite=False
+    )
+    A64 = A.double()
+    with lapack_threads():
+        Q = torch.from_numpy(W).double()
+        for _ in range(GRAM_POWER_STEPS):
+            Q = torch.linalg.qr(A64.T @ (A64 @ Q)).Q
+        Ub, S, Vbh = torch.linalg.svd(A64 @ Q, full_matrices=False)  # Rayleigh–Ritz in span(Q)
+    if not S[r - 1] > MIXED_FLOOR * S[0]:
+        return None
+    return Ub[:, :r], S[:r], Vbh[:r] @ Q.T
+
+
+def _float64_gram_topk(A: torch.Tensor, r: int) -> tuple[torch.Tensor, ...] | None:
+    """(U, S, Vh) in float64 from the top r eigenpairs of the float64 Gram, or None where
+    σ_r < 1e-6·σ_1."""
+    import numpy as np
+    from scipy.linalg import eigh
+
+    n = A.shape[-1]
+    A64 = A.double()
+    G = (A64.T @ A64).numpy()
+    w, V = eigh(G, subset_by_index=[n - r, n - 1], driver="evr")
+    # copies, not ascontiguousarray: a reversed (n, 1) view counts as contiguous in numpy
+    # yet keeps its negative stride, which torch.from_numpy refuses (K = 1)
+    w, V = w[::-1].copy(), V[:, ::-1].copy()
+    S = torch.from_numpy(np.sqrt(np.clip(w, 0, None)))
+    if not S[-1] > 1e-6 * S[0]:
+        return None
+    V = torch.from_numpy(V)
+    return (A64 @ V) / S, S, V.T
+
+
+def gram_topk_batched(J: torch.Tensor, r: int) -> SVD:
+    """:func:`gram_topk`'s float32-Gram path in torch alone, batched, on any device.
+
+    ``J: Tensor  # [..., m, n]``. The top ``2·(r + 10)`` eigenvectors of the float32 Gram come
+    from a full ``torch.linalg.eigh`` (torch has no partial symmetric eigensolver; on a GPU,
+    cuSOLVER's ``syevd``), then two float64 power steps and a float64 Rayleigh–Ritz, as in
+    :func:`gram_topk`; matrices whose ``σ_r ≤ MIXED_FLOOR·σ_1`` get a full SVD. The wider
+    subspace and the second step cost little beside a full eigh, and are needed: with ``r + 10``
+    vectors and one step, syevd's eigenvectors left a coupling value 1.5e-5 off on an outlier
+    over a flat spectrum (``tests/test_one_token.py``; ``gram_topk``: 2.1e-6). On a CPU the
+    partial LAPACK solver of :func:`gram_topk` is faster; on a GPU ``bench/gpu_check.py`` times
+    this against the full SVD (not measured yet, so :func:`exact_topk` does not choose it).
+    """
+    J = _as_tensor(J, "J")
+    *batch, m, n = J.shape
+    r = check_k(r, min(m, n))
+    l = min(n, 2 * (r + GRAM_OVERSAMPLE))
+    A = J.reshape(-1, m, n)
+    A32 = A.float()
+    _, W = torch.linalg.eigh(A32.mT @ A32)  # ascending
+    A64 = A.double()
+    Q = W[..., -l:].double()
+    for _ in range(2):
+        Q = torch.linalg.qr(A64.mT @ (A64 @ Q)).Q
+    Ub, S, Vbh = torch.linalg.svd(A64 @ Q, full_matrices=False)  # Rayleigh–Ritz in span(Q)
+    U, S, Vh = Ub[..., :r], S[..., :r], Vbh[..., :r, :] @ Q.mT
+    low = ~(S[:, r - 1] > MIXED_FLOOR * S[:, 0])
+    if bool(low.any()):
+        Uf, Sf, Vhf = torch.linalg.svd(A64[low], full_matrices=False)
+        U, S, Vh = U.clone(), S.clone(), Vh.clone()
+        U[low], S[low], Vh[low] = Uf[..., :r], Sf[..., :r], Vhf[..., :r, :]
+    dtype = torch.promote_types(J.dtype, torch.float32)
+    return SVD(
+        U.to(dtype).reshape(*batch, m, r), S.to(dtype).reshape(*batch, r), Vh.to(dtype).reshape(*batch, r, n)
+    )
+
+
+def exact_topk(J: torch.Tensor, r: int) -> tuple[SVD, str]:
+    """``(top-r triplets, how)``: :func:`gram_topk` where :func:`gram_wins`, else the full SVD
+    (``torch.linalg.svd``) truncated; ``how`` is "gram_topk" or "full_svd", for provenance."""
+    if gram_wins(J, r):
+        return gram_topk(J, r), "gram_topk"
+    with lapack_threads():
+        U, S, Vh = torch.linalg.svd(J, full_matrices=False)
+    return SVD(U[..., :, :r].contiguous(), S[..., :r].contiguous(), Vh[..., :r, :].contiguous()), "full_svd"
