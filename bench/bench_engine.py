@@ -20,6 +20,10 @@ Methods (all in float32, on ``--threads`` torch threads, one after the other in 
   ``flop_bound`` is the speed-up the all-token path would have if it ran at the reference's
   FLOP rate: ``T·F_ref / (F_sweep + F_tiles)``; the tiles ``|U_jᵀ J_i V_j|`` of all T² pairs
   cost ``2·T²·50·d² + 2·T²·50²·d``, which grows as T² and at T = 256 is about twice the sweep.
+- ``spectra`` (T ≤ 64): the top-50 triplets of every token's J by the full SVD and by
+  ``gram.gram_topk`` (float32 Gram refined in float64; float64 Gram), each with the largest
+  difference of any coupling value from the full SVD's; and ``gram_topk`` with its matrices
+  shared between 2 threads (one BLAS thread each), the one row not on ``--threads`` threads.
 
 Cases:
 
@@ -47,6 +51,7 @@ threads, versions, UTC date, the command).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import threading
@@ -233,8 +238,12 @@ def spectra_rows(J, common: dict, kmax: int = 50) -> list[dict]:
 
     ref, t_full, m_full = timed(full)
     rows = [{**common, "method": "spectra: full SVD, every token", "seconds": t_full, "peak_mib": m_full}]
-    for label, mixed in (("float32 Gram refined in float64", True), ("float64 Gram", False)):
-        top, t_gram, m_gram = timed(lambda mixed=mixed: gram_topk(J, kmax, mixed=mixed))
+    variants = [("float32 Gram refined in float64", True, 1), ("float64 Gram", False, 1)]
+    if (os.cpu_count() or 1) >= 2:  # the matrices shared between two threads, one BLAS thread each
+        variants.append(("float32 Gram refined in float64, 2 threads", True, 2))
+    for label, mixed, threads in variants:
+        with torch_threads(threads):
+            top, t_gram, m_gram = timed(lambda mixed=mixed: gram_topk(J, kmax, mixed=mixed))
         diff = max(
             float((coupling_matrix(J, k, svds=top) - coupling_matrix(J, k, svds=ref)).abs().max()) for k in K
         )
@@ -249,6 +258,19 @@ def spectra_rows(J, common: dict, kmax: int = 50) -> list[dict]:
             }
         )
     return rows
+
+
+@contextlib.contextmanager
+def torch_threads(n: int):
+    """torch's thread count set to ``n`` for the block, then restored."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def _judged(rows: list[dict]) -> list[dict]:

@@ -27,7 +27,8 @@ HUB = {
 @pytest.mark.parametrize("profile", ["smoke", "default", "laptop", "paper"])
 def test_jobs_are_the_model_and_its_twin_each_with_its_study(profile):
     p = planned_params(f05.NOTEBOOK, profile)
-    *jobs, variant = f05.jobs(p)
+    trained, variant, twin = f05.jobs(p)  # the variant next to the job that loads the same model
+    jobs = [trained, twin]
     assert [j.weights for j in jobs] == ["trained", "random init"]  # every profile compares with the twin
     # f05-ex-first-token's variant: the trained model with skip_first_token flipped, no linearisation
     assert (
@@ -77,7 +78,8 @@ def test_run_reads_back_what_the_model_gives(standin_hub, tmp_path, monkeypatch)
         return load_model(ref, **kw)
 
     r = f05.run(p, Options(load=load))
-    assert loads == [False, True, False]  # the trained model, its twin, the first-token variant
+    # the trained model (loaded once for its job and the first-token variant's, which follows it), its twin
+    assert loads == [False, True]
     lm = load_model(HUB["model"], revision=HUB["revision"])
     inputs = [lm.tokenizer(t, return_tensors="pt").input_ids for t in HUB["prompts"]]
     want = tr.trajectory_tables(lm, inputs, label="trained", layers=(0, lm.n_layers), skip_first_token=True)
@@ -97,7 +99,7 @@ def test_run_reads_back_what_the_model_gives(standin_hub, tmp_path, monkeypatch)
     assert r.headline().startswith(f"{lm.name}: {lm.n_layers} blocks, d = {lm.d_model}; 2 prompt(s)")
 
     again = f05.run(p, Options(load=load, compute=False))  # read only: nothing loaded, the same numbers
-    assert loads == [False, True, False]
+    assert loads == [False, True]
     pd.testing.assert_frame_equal(again.metrics, r.metrics)
     rows = f05.claims(p, r)
     growth = r.growth | tr.growth_intervals(r.metrics)  # judged with its intervals over prompts

@@ -12,6 +12,7 @@ import torch
 
 from coupling_utils import provenance
 from coupling_utils.measurement import Loads, Options, Settings, collect, measure, plan, run
+from coupling_utils.measurement.loop import Collected
 
 PROMPTS = {"a": torch.tensor([[1, 5, 9, 3, 7]]), "b": torch.tensor([[2, 4, 6, 8]])}
 
@@ -126,6 +127,35 @@ def test_models_are_released_between_jobs(tmp_path):
     assert [r.ok for r in done.results] == [True, True, False, True]
     assert seen_alive == [0, 0, 0, 0]  # no earlier model alive when the next one loads
     assert all(ref() is None for ref in load.alive)
+
+
+def test_adjacent_jobs_of_one_model_load_it_once(tmp_path):
+    """Two jobs that load the same reference with the same arguments, one after the other, share
+    one load (f05's variant job); a job loading anything else in between, a failed job, or the
+    end of the list releases the kept model before the next load, as between any jobs."""
+    load = Loader()
+    seen_alive = []
+
+    def checking_load(name, **kwargs):
+        seen_alive.append(sum(ref() is not None for ref in load.alive))
+        return load(name, **kwargs)
+
+    def job(model, k, **loads):
+        (j,) = plan([model], PROMPTS, Settings(k=k), root=tmp_path / f"{model}-{k}", **loads)
+        return j
+
+    twin = Loads(weights=["random init"])
+    jobs = [job("m-a", 2), job("m-a", 3), job("m-b", 2), job("m-a", 2, loads=twin), job("m-a", 3, loads=twin)]
+    jobs.insert(1, job("m-a", 2))  # stored by then (same key as the first): loads nothing, keeps nothing
+    done = collect(jobs, Options(load=checking_load))
+    assert all(r.ok for r in done.results) and [r.loaded for r in done.results] == [True, False] + [True] * 4
+    assert load.calls == [("m-a", None, False), ("m-b", None, False), ("m-a", None, True)]
+    assert seen_alive == [0, 0, 0]  # no earlier model alive when the next one loads
+    assert all(ref() is None for ref in load.alive)  # the last kept model is released at the end
+    # the shared model measures what a fresh load measures
+    fresh = collect(plan(["m-a"], PROMPTS, Settings(k=3), root=tmp_path / "fresh"), Options(load=Loader()))
+    assert fresh.results[0].loaded
+    pd.testing.assert_frame_equal(fresh.table("depthwise"), Collected(done.results[2:3]).table("depthwise"))
 
 
 def test_other_code_remeasures_unless_stale_results_are_reused(tmp_path, monkeypatch):

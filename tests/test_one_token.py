@@ -170,6 +170,18 @@ def test_the_float32_gram_refined_in_float64_matches_the_float64_svd_on_every_me
         assert same == (spectrum == "below_the_floor")
 
 
+def test_gram_topk_on_several_workers_gives_the_same_bits():
+    """gram_topk shares the matrices among threads, each matrix on one BLAS thread: the result is
+    bit for bit the one-worker result, and torch's thread count is restored."""
+    from coupling_utils.engine.gram import gram_topk
+
+    J = torch.randn(5, 64, 64, generator=torch.Generator().manual_seed(8))
+    before = torch.get_num_threads()
+    one, two = gram_topk(J, 10, workers=1), gram_topk(J, 10, workers=2)
+    assert all(torch.equal(a, b) for a, b in zip(one, two))
+    assert torch.get_num_threads() == before
+
+
 def test_pair_tiles_in_chunks_of_partners_are_the_same():
     """measure()'s token-wise tiles are made a chunk of partner tokens at a time (bounded memory)."""
     from coupling_utils.engine.metric import coupling_tile, svd

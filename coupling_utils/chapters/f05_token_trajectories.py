@@ -130,7 +130,8 @@ def jobs(p: Params) -> list[Job]:
                       passes=passes)  # fmt: skip
         labels = {"model": p.model, **({"revision": p.revision} if p.revision else {}), "weights": name}
         out.append(Job(p.model, list(p.prompts), {}, load, labels, cache_dir("f05"), extra))
-    return out + [_first_token_job(p, options, out[0])]
+    # the variant right after the trained model's job: collect() then loads that model once for both
+    return [out[0], _first_token_job(p, options, out[0]), *out[1:]]
 
 
 FIRST_TOKEN = "first token variant"  # the variant job's label (f05-ex-first-token)

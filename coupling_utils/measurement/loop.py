@@ -2,7 +2,8 @@
 
 See :mod:`coupling_utils.measurement.jobs` for the jobs themselves. A job whose measurements
 (and extra tables) are stored, made by today's code, loads no model at all; between jobs the
-model is released (deleted, ``gc.collect()``, ``torch.cuda.empty_cache()`` when CUDA is there);
+model is released (deleted, ``gc.collect()``, ``torch.cuda.empty_cache()`` when CUDA is there),
+unless the next job loads the same reference with the same arguments: then it is kept for it;
 a job that fails is recorded with its reason and the others still run.
 """
 
@@ -163,13 +164,51 @@ def _failure_path(job: Job) -> Path | None:
     return None if job.folder is None else job.folder / f"failed-{job.key}.json"
 
 
-def run(job: Job, options: Options | None = None) -> Result:
+class _Held:
+    """A model loaded by one job and kept for the next, when that job loads the same reference
+    with the same arguments (f05's variant job measures the trained model again): one load
+    instead of two. ``next`` is the next job's :func:`_load_key`; anything else is dropped."""
+
+    def __init__(self):
+        self.key: str | None = None
+        self.model = None
+        self.next: str | None = None
+
+    def take(self, key: str | None):
+        """The kept model if it is ``key``'s (then no longer kept), else None."""
+        model = self.model if key is not None and key == self.key else None
+        self.key, self.model = None, None
+        return model
+
+    def keep(self, key: str | None, model) -> bool:
+        """Keep ``model`` if the next job loads it (``key``); whether it was kept."""
+        if key is None or key != self.next:
+            return False
+        self.key, self.model = key, model
+        return True
+
+    def drop(self) -> None:
+        if self.model is not None:
+            self.key, self.model = None, None
+            release_memory()
+
+
+def _load_key(job: Job | None) -> str | None:
+    """What a job loads (its reference and ``load_model`` arguments), or None for a model given
+    already loaded (nothing to keep)."""
+    if job is None or not isinstance(job.model, str):
+        return None
+    return json.dumps([job.model, dict(job.load_kwargs)], sort_keys=True, default=repr)
+
+
+def run(job: Job, options: Options | None = None, held: _Held | None = None) -> Result:
     """Do one job: read what is stored; load the model only for what is missing; release it.
 
     ``options.load(model, **job.load_kwargs)`` loads a reference (default: ``load_model``);
     ``options.reuse_stale`` reuses results made by other code. A job that raises leaves a
     ``failed-<key>.json`` record (type and message) in its folder, for :func:`collect` with
-    ``compute=False``; a later success removes it.
+    ``compute=False``; a later success removes it. ``held`` (from :func:`collect`): a model the
+    previous job kept for this one, and where to keep this one's for the next.
     """
     options = options or Options()
     load, reuse_stale = options.load, options.reuse_stale
@@ -177,8 +216,14 @@ def run(job: Job, options: Options | None = None) -> Result:
     measurements, extra = _stored(job, reuse_stale)
     if len(measurements) == len(job.settings) and extra is not None:
         return Result(job, measurements, extra, loaded=False, seconds=time.perf_counter() - t0)
+    key = _load_key(job)
     try:
-        lm = _load(job, load)
+        lm = held.take(key) if held is not None else None
+        if lm is None:
+            if held is not None:
+                held.drop()  # a model kept for another job goes before this one's arrives
+            lm = _load(job, load)
+        done = False
         try:
             if job.check is not None:
                 job.check(lm)
@@ -189,9 +234,12 @@ def run(job: Job, options: Options | None = None) -> Result:
                     measurements[part] = measure_with(lm, prompts, settings, out=out, options=options)
             if extra is None:
                 extra = _compute_extra(job, lm, prompts)
+            done = True
         finally:
-            del lm  # the model goes before the next job's arrives
-            release_memory()
+            kept = done and held is not None and held.keep(key, lm)
+            del lm  # the model goes before the next job's arrives (unless that job is its own)
+            if not kept:
+                release_memory()
     except Exception as exc:
         _record_failure(job, exc)
         raise
@@ -247,19 +295,24 @@ def collect(
 
         bar = tqdm(total=len(jobs), desc=desc, unit="job")
     results = []
-    for job in jobs:
-        result = _one(job, options)
+    held = _Held()  # a model kept from one job for the next when both load the same
+    for i, job in enumerate(jobs):
+        held.next = _load_key(jobs[i + 1]) if i + 1 < len(jobs) else None
+        result = _one(job, options, held)
+        if held.key is not None and held.key != held.next:
+            held.drop()
         results.append(result)
         if callback is not None:
             callback(result)
         if bar is not None:
             bar.update(1)
+    held.drop()
     if bar is not None:
         bar.close()
     return Collected(results)
 
 
-def _one(job: Job, options: Options) -> Result:
+def _one(job: Job, options: Options, held: _Held | None = None) -> Result:
     if not options.compute:
         measurements, extra = _stored(job, options.reuse_stale)
         if len(measurements) == len(job.settings) and extra is not None:
@@ -270,7 +323,7 @@ def _one(job: Job, options: Options) -> Result:
             return Result(job, error=record["error"], message=record["message"])
         return Result(job, error="NotMeasured", message="not measured yet (collect with compute=True)")
     try:
-        return run(job, options)
+        return run(job, options, held)
     except Exception as exc:
         if options.on_error == "raise":
             raise
