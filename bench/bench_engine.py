@@ -51,7 +51,6 @@ threads, versions, UTC date, the command).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import sys
 import threading
@@ -230,6 +229,7 @@ def spectra_rows(J, common: dict, kmax: int = 50) -> list[dict]:
     from coupling_utils.engine.gram import gram_topk
     from coupling_utils.engine.metric import SVD, coupling_matrix
     from coupling_utils.engine.spectra import lapack_threads
+    from coupling_utils.models.training import torch_threads
 
     def full():
         with lapack_threads():
@@ -258,19 +258,6 @@ def spectra_rows(J, common: dict, kmax: int = 50) -> list[dict]:
             }
         )
     return rows
-
-
-@contextlib.contextmanager
-def torch_threads(n: int):
-    """torch's thread count set to ``n`` for the block, then restored."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def _judged(rows: list[dict]) -> list[dict]:

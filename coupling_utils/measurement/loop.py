@@ -175,9 +175,12 @@ class _Held:
         self.next: str | None = None
 
     def take(self, key: str | None):
-        """The kept model if it is ``key``'s (then no longer kept), else None."""
-        model = self.model if key is not None and key == self.key else None
-        self.key, self.model = None, None
+        """The kept model if it is ``key``'s (then no longer kept); else None, and any kept model
+        released before the caller loads its own."""
+        if key is None or key != self.key:
+            self.drop()
+            return None
+        model, self.key, self.model = self.model, None, None
         return model
 
     def keep(self, key: str | None, model) -> bool:
@@ -220,8 +223,6 @@ def run(job: Job, options: Options | None = None, held: _Held | None = None) -> 
     try:
         lm = held.take(key) if held is not None else None
         if lm is None:
-            if held is not None:
-                held.drop()  # a model kept for another job goes before this one's arrives
             lm = _load(job, load)
         done = False
         try:
