@@ -118,14 +118,20 @@ def _float32_gram_topk(A: torch.Tensor, r: int) -> tuple[torch.Tensor, ...] | No
     _, W = eigh(
         G, lower=False, subset_by_index=[n - l, n - 1], driver="evr", overwrite_a=True, check_finite=False
     )
-    A64 = A.double()
-    Q = torch.from_numpy(W).double()
-    for _ in range(GRAM_POWER_STEPS):
-        Q = torch.linalg.qr(A64.T @ (A64 @ Q)).Q
-    Ub, S, Vbh = torch.linalg.svd(A64 @ Q, full_matrices=False)  # Rayleigh–Ritz in span(Q)
+    U, S, Vh = _refined(A.double(), torch.from_numpy(W).double(), r, GRAM_POWER_STEPS)
     if not S[r - 1] > MIXED_FLOOR * S[0]:
         return None
-    return Ub[:, :r], S[:r], Vbh[:r] @ Q.T
+    return U, S, Vh
+
+
+def _refined(A64: torch.Tensor, Q: torch.Tensor, r: int, steps: int) -> tuple[torch.Tensor, ...]:
+    """The top r triplets of ``A64: Tensor  # [..., m, n]`` (float64) from an approximate basis
+    ``Q  # [..., n, l]`` of its top right singular vectors: ``steps`` power steps
+    ``Q = orth(AᵀA Q)``, then the SVD of ``A Q`` (Rayleigh–Ritz in span(Q)); (U, S, Vh)."""
+    for _ in range(steps):
+        Q = torch.linalg.qr(A64.mT @ (A64 @ Q)).Q
+    Ub, S, Vbh = torch.linalg.svd(A64 @ Q, full_matrices=False)
+    return Ub[..., :r], S[..., :r], Vbh[..., :r, :] @ Q.mT
 
 
 def _float64_gram_topk(A: torch.Tensor, r: int) -> tuple[torch.Tensor, ...] | None:
@@ -166,11 +172,7 @@ def gram_topk_batched(J: torch.Tensor, r: int) -> SVD:
     A32 = A.float()
     _, W = torch.linalg.eigh(A32.mT @ A32)  # ascending
     A64 = A.double()
-    Q = W[..., -l:].double()
-    for _ in range(2):
-        Q = torch.linalg.qr(A64.mT @ (A64 @ Q)).Q
-    Ub, S, Vbh = torch.linalg.svd(A64 @ Q, full_matrices=False)  # Rayleigh–Ritz in span(Q)
-    U, S, Vh = Ub[..., :r], S[..., :r], Vbh[..., :r, :] @ Q.mT
+    U, S, Vh = _refined(A64, W[..., -l:].double(), r, 2)
     low = ~(S[:, r - 1] > MIXED_FLOOR * S[:, 0])
     if bool(low.any()):
         Uf, Sf, Vhf = torch.linalg.svd(A64[low], full_matrices=False)
