@@ -265,3 +265,55 @@ def test_papermill_reads_every_parameter_of_every_notebook():
     for nb in notebook_paths():
         (cell,) = [c for c in _read_cells(nb) if "parameters" in c.metadata.get("tags", [])]
         assert [p.name for p in PythonTranslator.inspect(cell)] == list(notebook_parameters(nb)), nb.stem
+
+
+PROBE = """---
+jupytext:
+  text_representation:
+    extension: .md
+    format_name: myst
+kernelspec:
+  display_name: Python 3
+  language: python
+  name: python3
+---
+
+```{code-cell} ipython3
+:tags: [parameters]
+tag = 0  # which run this is
+```
+
+```{code-cell} ipython3
+import json, os
+from ipykernel.connect import get_connection_info
+info = json.loads(get_connection_info())
+print(json.dumps({"tag": tag, "pid": os.getpid(), "transport": info["transport"], "ip": info["ip"]}))
+```
+"""
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="Windows kernels keep TCP")
+def test_notebooks_run_side_by_side_on_private_unix_sockets_left_behind_by_none(tmp_path):
+    """TCP ports are picked, released and only then bound by the kernel, so a notebook started beside
+    it could take one ("Address already in use": a kernel dead at start, seen in CI). Each kernel
+    listens on Unix sockets in its own folder instead, and the folder goes when the run ends."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    (tmp_path / "notebooks" / "profiles" / "smoke").mkdir(parents=True)
+    nb = tmp_path / "notebooks" / "probe.md"
+    nb.write_text(PROBE)
+    (tmp_path / "notebooks" / "profiles" / "smoke" / "probe.yaml").write_text("{}\n")
+
+    def one(tag):
+        result = run_notebook(nb, "smoke", {"tag": tag}, tmp_path / f"out{tag}")
+        assert result.status == "ok", result.error
+        text = json.loads(Path(result.output).read_text())["cells"][-1]["outputs"][0]["text"]
+        return json.loads("".join(text))
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        seen = list(pool.map(one, range(4)))
+    assert [s["tag"] for s in seen] == [0, 1, 2, 3]  # each run spoke to its own kernel
+    assert len({s["pid"] for s in seen}) == 4
+    assert {s["transport"] for s in seen} == {"ipc"}
+    folders = {Path(s["ip"]).parent for s in seen}
+    assert len(folders) == 4 and not any(f.exists() for f in folders)

@@ -250,16 +250,44 @@ def run_notebook(
 def _papermill(source: Path, running: Path, values: dict[str, Any], kernel: str, root: Path) -> None:
     import papermill
 
-    papermill.execute_notebook(
-        str(source),
-        str(running),
-        parameters=values,
-        kernel_name=kernel,
-        cwd=str(root),
-        progress_bar=False,
-        log_output=False,
-        report_mode=False,
-    )
+    with _kernel_sockets(kernel) as manager:
+        papermill.execute_notebook(
+            str(source),
+            str(running),
+            parameters=values,
+            kernel_name=kernel,
+            cwd=str(root),
+            progress_bar=False,
+            log_output=False,
+            report_mode=False,
+            **manager,
+        )
+
+
+@contextlib.contextmanager
+def _kernel_sockets(kernel: str) -> Iterator[dict[str, Any]]:
+    """A kernel manager whose kernel listens on Unix sockets in a private folder, removed afterwards.
+
+    Jupyter's default TCP transport picks free ports, releases them and lets the kernel bind them;
+    a notebook started beside it can take one in between, and the kernel dies at start ("Address
+    already in use", then "Kernel died before replying to kernel_info": seen in CI with two
+    notebooks at once). Sockets named inside a folder of our own cannot collide. Windows has no
+    Unix sockets there, and a folder path too long for one (about 100 bytes) keeps TCP too.
+    """
+    import shutil
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix="kernel-")
+    address = os.path.join(folder, "k")
+    try:
+        if os.name == "nt" or len(os.fsencode(address)) > 96:
+            yield {}
+        else:
+            from jupyter_client.manager import KernelManager
+
+            yield {"km": KernelManager(kernel_name=kernel, transport="ipc", ip=address)}
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def embedded_models(values: Mapping[str, Any]) -> list[str]:
