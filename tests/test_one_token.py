@@ -182,6 +182,34 @@ def test_gram_topk_on_several_workers_gives_the_same_bits():
     assert torch.get_num_threads() == before
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("n,l", [(1, 1), (7, 1), (40, 13), (40, 40)])
+def test_lapack_called_without_the_gil_gives_scipys_bits(dtype, n, l):
+    """gram_topk calls BLAS ssyrk and LAPACK ?syevr through ctypes, which releases the GIL (scipy's
+    own wrappers hold it, so threads ran one at a time); the arguments travel by address, easy to
+    get wrong: the result is bit for bit scipy's, for either triangle, and the calls are C calls."""
+    import ctypes
+
+    import numpy as np
+    from scipy.linalg import eigh
+    from scipy.linalg.blas import ssyrk
+
+    from coupling_utils.engine import gram
+
+    rng = np.random.default_rng(n * 100 + l)
+    a = rng.standard_normal((n + 3, n)).astype(dtype)
+    G = a.T @ a + np.triu(rng.standard_normal((n, n)), 1).astype(dtype)  # each triangle its own matrix
+    for uplo, lower in ((b"U", False), (b"L", True)):
+        want_w, want_V = eigh(G, lower=lower, subset_by_index=[n - l, n - 1], driver="evr")
+        w, V = gram._syevr_top(np.asfortranarray(G), l, uplo)
+        assert w.dtype == V.dtype == np.dtype(dtype) and V.shape == (n, l)
+        assert np.array_equal(w, want_w) and np.array_equal(V, want_V)
+    if dtype == "float32":
+        assert np.array_equal(np.triu(gram._gram_upper(a)), np.triu(ssyrk(1.0, a.T)))
+    for routine in [*gram._SYRK.values(), *gram._SYEVR.values()]:
+        assert not routine._flags_ & ctypes._FUNCFLAG_PYTHONAPI  # CFUNCTYPE: the GIL is released
+
+
 def test_pair_tiles_in_chunks_of_partners_are_the_same():
     """measure()'s token-wise tiles are made a chunk of partner tokens at a time (bounded memory)."""
     from coupling_utils.engine.metric import coupling_tile, svd

@@ -10,6 +10,7 @@ Elsewhere it takes the full SVD. :func:`gram_topk_batched` is the same refinemen
 
 from __future__ import annotations
 
+import ctypes
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -17,8 +18,7 @@ import torch
 
 # scipy's LAPACK is loaded here, not at the first call: threadpool_limits (in gram_topk) limits
 # only the BLAS libraries already loaded, and a first call on more threads rounds differently
-from scipy.linalg import eigh
-from scipy.linalg.blas import ssyrk
+from scipy.linalg import cython_blas, cython_lapack
 from threadpoolctl import threadpool_limits
 
 from coupling_utils.engine.metric import SVD, _as_tensor, check_k
@@ -73,7 +73,7 @@ def gram_topk(J: torch.Tensor, r: int, *, mixed: bool = True, workers: int | Non
     matrices are shared among ``workers`` threads (default: torch's thread count): LAPACK on one
     576 × 576 matrix gains nothing from a second thread and loses under load (scipy's ``ssyevr``
     took 13.5 ms on one thread, 16.8 ms on two, on 2 busy cores), while separate matrices
-    run side by side.
+    run side by side: BLAS and LAPACK are called without Python's GIL (:func:`_syevr_top`).
     """
     J = _as_tensor(J, "J")
     *batch, m, n = J.shape
@@ -111,13 +111,10 @@ def _float32_gram_topk(A: torch.Tensor, r: int) -> tuple[torch.Tensor, ...] | No
     below ``MIXED_FLOOR·σ_1`` (or the float32 Gram overflows)."""
     n = A.shape[-1]
     l = min(n, r + GRAM_OVERSAMPLE)
-    a = A.detach().float().cpu().numpy()
-    G = ssyrk(1.0, a.T)  # the upper triangle of aᵀa (a.T is Fortran-ordered: no copy)
+    G = _gram_upper(A.detach().float().cpu().numpy())
     if not np.isfinite(G).all():
         return None
-    _, W = eigh(
-        G, lower=False, subset_by_index=[n - l, n - 1], driver="evr", overwrite_a=True, check_finite=False
-    )
+    _, W = _syevr_top(G, l, b"U")
     U, S, Vh = _refined(A.double(), torch.from_numpy(W).double(), r, GRAM_POWER_STEPS)
     if not S[r - 1] > MIXED_FLOOR * S[0]:
         return None
@@ -137,10 +134,9 @@ def _refined(A64: torch.Tensor, Q: torch.Tensor, r: int, steps: int) -> tuple[to
 def _float64_gram_topk(A: torch.Tensor, r: int) -> tuple[torch.Tensor, ...] | None:
     """(U, S, Vh) in float64 from the top r eigenpairs of the float64 Gram, or None where
     σ_r < 1e-6·σ_1."""
-    n = A.shape[-1]
     A64 = A.double()
-    G = (A64.T @ A64).numpy()
-    w, V = eigh(G, subset_by_index=[n - r, n - 1], driver="evr")
+    G = np.asfortranarray((A64.T @ A64).numpy())  # column-major, for LAPACK
+    w, V = _syevr_top(G, r, b"L")
     # copies, not ascontiguousarray: a reversed (n, 1) view counts as contiguous in numpy
     # yet keeps its negative stride, which torch.from_numpy refuses (K = 1)
     w, V = w[::-1].copy(), V[:, ::-1].copy()
@@ -149,6 +145,70 @@ def _float64_gram_topk(A: torch.Tensor, r: int) -> tuple[torch.Tensor, ...] | No
         return None
     V = torch.from_numpy(V)
     return (A64 @ V) / S, S, V.T
+
+
+# ---------------------------------------------------------------- LAPACK without the GIL
+# scipy's own wrappers (scipy.linalg.eigh, scipy.linalg.blas) hold Python's GIL while LAPACK runs,
+# so threads sharing the matrices ran one at a time (1.04x on 2 threads, measured). The same
+# routines, from scipy's table of BLAS and LAPACK function pointers for Cython, called through
+# ctypes, release it, and give the same bits (same library, same workspace query).
+_capsule_name = ctypes.pythonapi.PyCapsule_GetName
+_capsule_name.restype, _capsule_name.argtypes = ctypes.c_char_p, [ctypes.py_object]
+_capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+_capsule_pointer.restype, _capsule_pointer.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+
+
+def _routine(table, name: str, n_args: int):
+    """The Fortran routine ``name`` of scipy's ``cython_blas`` or ``cython_lapack``, every argument a
+    pointer; ctypes releases the GIL for the call."""
+    capsule = table.__pyx_capi__[name]
+    address = _capsule_pointer(capsule, _capsule_name(capsule))
+    return ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * n_args)(address)
+
+
+_SYRK = {np.float32: _routine(cython_blas, "ssyrk", 10)}
+_SYEVR = {
+    np.float32: _routine(cython_lapack, "ssyevr", 21),
+    np.float64: _routine(cython_lapack, "dsyevr", 21),
+}
+
+
+def _by_reference(routine, *args) -> None:
+    """Call a Fortran routine: bytes as they are, ints as one-element int arrays, arrays by address
+    (every array referenced here, so alive until the call returns)."""
+    held = [np.array([a], dtype=np.intc) if isinstance(a, int) else a for a in args]
+    routine(*[a if isinstance(a, bytes) else a.ctypes.data for a in held])
+
+
+def _gram_upper(a: np.ndarray) -> np.ndarray:
+    """The upper triangle of ``aᵀa`` (``a`` float32, m × n, C-ordered), Fortran-ordered n × n
+    (BLAS ``ssyrk``)."""
+    m, n = a.shape
+    a = np.ascontiguousarray(a, dtype=np.float32)  # column-major, this is aᵀ: n × m, leading dimension n
+    G = np.zeros((n, n), dtype=np.float32, order="F")
+    one, zero = np.ones(1, np.float32), np.zeros(1, np.float32)
+    _by_reference(_SYRK[np.float32], b"U", b"N", n, m, one, a, n, zero, G, n)
+    return G
+
+
+def _syevr_top(G: np.ndarray, l: int, uplo: bytes) -> tuple[np.ndarray, np.ndarray]:
+    """The top ``l`` eigenpairs of the symmetric ``G`` (n × n, float32 or float64; its ``uplo``
+    triangle as LAPACK reads the buffer, column-major), from ``?syevr``: eigenvalues ascending,
+    eigenvectors n × l. Overwrites G."""
+    n = G.shape[0]
+    dtype = G.dtype.type
+    w, Z = np.empty(n, dtype), np.empty((n, l), dtype, order="F")
+    found, info, support = np.zeros(1, np.intc), np.zeros(1, np.intc), np.empty(2 * max(1, l), np.intc)
+    unused = np.zeros(1, dtype)  # vl, vu (the range is by index) and abstol (0: LAPACK's default)
+    head = (b"V", b"I", uplo, n, G, n, unused, unused, n - l + 1, n, unused, found, w, Z, n, support)
+    best_work, best_iwork = np.empty(1, dtype), np.empty(1, np.intc)
+    _by_reference(_SYEVR[dtype], *head, best_work, -1, best_iwork, -1, info)  # workspace query
+    lwork, liwork = int(best_work[0]), int(best_iwork[0])
+    work, iwork = np.empty(lwork, dtype), np.empty(liwork, np.intc)
+    _by_reference(_SYEVR[dtype], *head, work, lwork, iwork, liwork, info)
+    if info[0] != 0:
+        raise np.linalg.LinAlgError(f"LAPACK ?syevr failed on an {n} × {n} Gram matrix, info {int(info[0])}")
+    return w[: found[0]], Z[:, : found[0]]
 
 
 def gram_topk_batched(J: torch.Tensor, r: int) -> SVD:
