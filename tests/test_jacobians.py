@@ -609,3 +609,50 @@ def test_progress_none_means_on_a_terminal(monkeypatch):
         term.text = ""
         fn(model, x, *args, progress=False)
         assert term.text == ""
+
+
+def test_the_sweep_cut_at_the_residual_outputs_gives_the_uncut_numbers(monkeypatch):
+    """token_jacobians feeds the MLP's output projection its cotangent rows directly (the table's
+    residual_outputs) instead of multiplying all T tokens by its weight: the same J as the uncut
+    sweep, the cut taken once per chunk, and not under a final norm (which comes after it)."""
+    import dataclasses
+
+    from coupling_utils.engine import jacobians
+    from coupling_utils.engine.blocks import BlockFunction
+
+    model = tiny_model("llama")
+    x = torch.randint(0, 64, (1, 9), generator=torch.Generator().manual_seed(3))
+    row = find_architecture(model)
+    assert row.residual_outputs == ("mlp.down_proj",)
+    calls = []
+    original = BlockFunction.row_products
+    monkeypatch.setattr(BlockFunction, "row_products", lambda *a: calls.append(a[1]) or original(*a))
+    cut = token_jacobians(model, x, 1, chunk_size=8)
+    assert calls == ["mlp.down_proj"] * 4  # d = 32 in chunks of 8
+    monkeypatch.setattr(
+        jacobians, "find_architecture", lambda m: dataclasses.replace(row, residual_outputs=())
+    )
+    torch.testing.assert_close(token_jacobians(model, x, 1, chunk_size=8), cut, rtol=1e-6, atol=1e-6)
+    assert len(calls) == 4
+    monkeypatch.undo()
+    calls.clear()
+    monkeypatch.setattr(BlockFunction, "row_products", lambda *a: calls.append(a[1]) or original(*a))
+    token_jacobians(model, x, 1, last_block="final_norm")
+    assert calls == []
+
+
+def test_a_cut_module_that_does_not_run_once_is_a_table_error(monkeypatch):
+    """A residual_outputs entry naming a module the block does not call once is refused, naming
+    the table, rather than giving a Jacobian without that module's part."""
+    import dataclasses
+
+    from coupling_utils.engine import jacobians
+
+    model = tiny_model("llama")
+    model.model.layers[0].unused = torch.nn.Linear(32, 32)  # in the block, never called
+    x = torch.randint(0, 64, (1, 6))
+    row = find_architecture(model)
+    wrong = dataclasses.replace(row, residual_outputs=("mlp.down_proj", "unused"))
+    monkeypatch.setattr(jacobians, "find_architecture", lambda m: wrong)
+    with pytest.raises(RuntimeError, match="not once each.*residual_outputs in the architecture table"):
+        token_jacobians(model, x, 0)

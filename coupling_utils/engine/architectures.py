@@ -10,6 +10,8 @@ adapter function named by a row), so the engine itself has no ``if model_type ==
   ``AttentionInterface`` (the token-diagonal function is selected by name), otherwise the key of
   an adapter in :data:`ATTENTION_ADAPTERS` that patches those modules' forward;
 - ``causal``: causal (decoder) or bidirectional (encoder) attention;
+- ``residual_outputs``: modules (paths in a block) whose output goes into the block's output as
+  it is, no norm after them (a pre-norm MLP's output projection): the all-token sweep cuts there;
 - ``final_norm``: where the norm after the last block lives, relative to ``model.base_model``
   (candidate paths, like ``block_paths``), or None for an architecture without one (post-norm
   encoders such as BERT normalise inside every block); ``norm_in_hidden_states``: whether
@@ -68,6 +70,8 @@ class Architecture:
     notes: str = ""
     final_norm: tuple[str, ...] | None = ()  # () = not stated: refused below
     norm_in_hidden_states: bool = True
+    # see the module doc; a wrong entry fails token_jacobians' oracle test (tests/test_jacobians.py)
+    residual_outputs: tuple[str, ...] = ()
     tiny: dict = field(default_factory=dict, compare=False, hash=False)  # tiny test config (kwargs)
     tiny_variants: dict[str, dict] = field(default_factory=dict, compare=False, hash=False)
 
@@ -95,6 +99,7 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         ("openai-community/gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"),
         ("h",),
         "GPT2Block",
+        residual_outputs=("mlp.c_proj",),
         final_norm=("ln_f",),
         notes="learned absolute positions; Conv1D projections",
         tiny=dict(vocab_size=64, n_embd=32, n_layer=2, n_head=4, n_positions=64),
@@ -105,6 +110,7 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         ("EleutherAI/gpt-neo-125m", "EleutherAI/gpt-neo-2.7B"),
         ("h",),
         "GPTNeoBlock",
+        residual_outputs=("mlp.c_proj",),
         attention="gpt_neo",
         final_norm=("ln_f",),
         notes="alternating global/local (windowed) layers; unscaled logits; own attention code (adapter)",
@@ -125,6 +131,7 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         ("EleutherAI/gpt-j-6b",),
         ("h",),
         "GPTJBlock",
+        residual_outputs=("attn.out_proj", "mlp.fc_out"),
         final_norm=("ln_f",),
         notes="parallel attention and MLP; partial rotary",
         tiny=dict(vocab_size=64, n_embd=32, n_layer=2, n_head=4, rotary_dim=4, n_positions=64),
@@ -135,6 +142,7 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         ("EleutherAI/pythia-1.4b", "EleutherAI/pythia-6.9b", "EleutherAI/gpt-neox-20b"),
         ("layers",),
         "GPTNeoXLayer",
+        residual_outputs=("mlp.dense_4h_to_h",),
         final_norm=("final_layer_norm",),
         notes="parallel residual; partial rotary; Pythia training checkpoints as revisions step<N>",
         tiny=dict(_T, rotary_pct=0.25),
@@ -173,6 +181,7 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         ("layers",),
         "LlamaDecoderLayer",
         final_norm=("norm",),
+        residual_outputs=("mlp.down_proj",),
         notes="RMSNorm, rotary, grouped-query attention (Llama-2-70B, Llama-3); "
         "also Vicuna, Orca-2, CodeLlama, SmolLM2",
         tiny=dict(_T, num_key_value_heads=2),
@@ -183,6 +192,7 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         ("mistralai/Mistral-7B-v0.1", "mistralai/Mistral-7B-Instruct-v0.2"),
         ("layers",),
         "MistralDecoderLayer",
+        residual_outputs=("mlp.down_proj",),
         final_norm=("norm",),
         notes="grouped-query attention; sliding window (v0.1)",
         tiny=dict(_T, num_key_value_heads=2, sliding_window=4),
@@ -193,6 +203,7 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         ("google/gemma-2b", "google/gemma-7b"),
         ("layers",),
         "GemmaDecoderLayer",
+        residual_outputs=("mlp.down_proj",),
         final_norm=("norm",),
         notes="multi-query attention (2b); embeddings scaled by sqrt(d)",
         tiny=dict(_T, num_key_value_heads=1, head_dim=8),
@@ -237,6 +248,7 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         ("Qwen/Qwen1.5-0.5B", "Qwen/Qwen1.5-7B", "Qwen/Qwen2-7B"),
         ("layers",),
         "Qwen2DecoderLayer",
+        residual_outputs=("mlp.down_proj",),
         final_norm=("norm",),
         notes="QKV biases; grouped-query attention (Qwen2)",
         tiny=dict(_T, num_key_value_heads=2),
@@ -247,6 +259,7 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         ("microsoft/phi-1", "microsoft/phi-1_5", "microsoft/phi-2"),
         ("layers",),
         "PhiDecoderLayer",
+        residual_outputs=("self_attn.dense", "mlp.fc2"),
         final_norm=("final_layernorm",),
         notes="parallel attention and MLP; partial rotary",
         tiny=dict(_T, partial_rotary_factor=0.5),
@@ -257,6 +270,7 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         ("microsoft/Phi-3-mini-4k-instruct",),
         ("layers",),
         "Phi3DecoderLayer",
+        residual_outputs=("mlp.down_proj",),
         final_norm=("norm",),
         notes="fused QKV and gate-up projections",
         tiny=dict(_T, num_key_value_heads=2, pad_token_id=0),
@@ -267,6 +281,7 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         ("tiiuae/falcon-7b", "tiiuae/falcon-11B", "tiiuae/falcon-40b"),
         ("h",),
         "FalconDecoderLayer",
+        residual_outputs=("mlp.dense_4h_to_h",),
         attention="falcon",
         final_norm=("ln_f",),
         notes="rotary or ALiBi; multi-query / grouped (new decoder architecture); "
@@ -284,6 +299,7 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         ("allenai/OLMo-1B-hf", "allenai/OLMo-1.7-7B-hf"),
         ("layers",),
         "OlmoDecoderLayer",
+        residual_outputs=("mlp.down_proj",),
         final_norm=("norm",),
         notes="non-parametric layer norm",
         tiny=dict(_T),
@@ -304,6 +320,7 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         ("mosaicml/mpt-7b", "mosaicml/mpt-30b"),
         ("blocks",),
         "MptBlock",
+        residual_outputs=("ffn.down_proj",),
         attention="mpt",
         final_norm=("norm_f",),
         notes="ALiBi; no biases; own attention code (adapter)",
@@ -328,6 +345,7 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         ("google/vit-base-patch16-224",),
         ("layers", "encoder.layer"),
         "ViTLayer",
+        residual_outputs=("mlp.fc2",),
         causal="bidirectional",
         modality="vision",
         final_norm=("layernorm",),
@@ -368,6 +386,7 @@ def supported_architectures():
                 if a.attention == "interface"
                 else f"adapter ({a.attention})",
                 "notes": a.notes,
+                "residual_outputs": ", ".join(a.residual_outputs) or "none",
             }
             for a in ARCHITECTURES
         ]

@@ -46,6 +46,7 @@ __all__ = [
     "unwrap_model",
     "model_inputs",
     "BlockFunction",
+    "cut_at",
     "LAST_BLOCKS",
     "check_last_block",
     "last_block_norm",
@@ -314,7 +315,10 @@ class BlockFunction:
                 raise RuntimeError(f"could not find the hidden states among block {layer}'s arguments")
             self._kwargs.pop("hidden_states")
 
-    def __call__(self, X: torch.Tensor) -> torch.Tensor:
+    def __call__(self, X: torch.Tensor, cut: tuple[str, ...] = ()):
+        """``f(X)``; with ``cut`` (paths of modules in the block), ``(f(X), inputs)``: the block
+        runs with those modules' inputs detached, and ``inputs`` are what entered them, one per
+        call (:func:`cut_at`)."""
         x = X.unsqueeze(0) if X.ndim == 2 else X
         args = tuple(_fresh(a) for a in self._args)
         kwargs = {key: _fresh(v) for key, v in self._kwargs.items()}
@@ -322,6 +326,7 @@ class BlockFunction:
         with (
             own_rows(caches[0]) if self._own_rows and caches else contextlib.nullcontext(),
             _dequantized(self.block, self._quantized),
+            cut_at(self.block, cut) as inputs,
             float32_layer_norms(*self._norms),
             attention_mode(self.model, token_diagonal=self.token_diagonal, one_token=self.one_token),
         ):
@@ -334,7 +339,55 @@ class BlockFunction:
             y = self.norm(y)
         if X.ndim == 2:
             y = y.squeeze(0)
-        return y - X
+        if not cut:
+            return y - X
+        ran = [path for path, _ in inputs]
+        if sorted(ran) != sorted(cut):
+            raise RuntimeError(
+                f"block {self.layer}: the modules to cut at ran as {ran}, not once each as {list(cut)}; "
+                "fix residual_outputs in the architecture table"
+            )
+        entered = dict(inputs)
+        return y - X, tuple(entered[p] for p in cut)
+
+    def row_products(self, path: str, z: torch.Tensor, C: torch.Tensor) -> torch.Tensor:
+        """``cᵀ ∂m(z)/∂z`` of the module ``m`` at ``path`` in the block, for each row ``c`` of
+        ``C: Tensor  # [n, d_out]``, at the input ``z: Tensor  # [..., 1, d_in]`` (one token):
+        ``Tensor  # [n, ..., 1, d_in]``. For a linear module, rows of its weight matrix."""
+        with _dequantized(self.block, self._quantized):
+            module = self.block.get_submodule(path)
+            out, back = torch.func.vjp(module, z)
+            C = C.to(out.dtype).reshape(C.shape[0], *[1] * (out.ndim - 1), C.shape[-1])
+            (rows,) = torch.func.vmap(back)(C.expand(C.shape[0], *out.shape))
+        return rows
+
+
+@contextlib.contextmanager
+def cut_at(block, paths: tuple[str, ...]):
+    """Meanwhile, each module at ``paths`` in ``block`` gets its input detached; yields the list
+    of ``(path, what entered it)``, appended as they run.
+
+    A module whose output the block adds to its output as it is (``Architecture.residual_outputs``)
+    receives, in a VJP from the block's output with the same cotangent row on every token, that
+    same row on every token; so ``jacobians.token_jacobians`` cuts the block there and feeds
+    the module's input its cotangent directly (:meth:`BlockFunction.row_products`), sparing the
+    backward matrix product over all T tokens.
+    """
+    entered: list[tuple[str, torch.Tensor]] = []
+
+    def detach_input(path):
+        def hook(module, args):
+            entered.append((path, args[0]))
+            return (args[0].detach(), *args[1:])
+
+        return hook
+
+    handles = [block.get_submodule(p).register_forward_pre_hook(detach_input(p)) for p in paths]
+    try:
+        yield entered
+    finally:
+        for h in handles:
+            h.remove()
 
 
 def block_function(

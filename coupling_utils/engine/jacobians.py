@@ -28,6 +28,7 @@ from collections.abc import Sequence
 import torch
 from tqdm.auto import tqdm
 
+from coupling_utils.engine.architectures import find_architecture
 from coupling_utils.engine.blocks import block_function, residual_stream, unwrap_model
 
 __all__ = [
@@ -129,17 +130,32 @@ def token_jacobians(
     block with token-diagonal attention; cotangent ``i`` is the unit vector e_i on every token's
     row, and its VJP is row i of every ``J_tt`` at once. ``inputs``: token ids ``[1, T]`` or a
     dict of model inputs.
+
+    Where the architecture table names the modules whose output the block adds to its output as
+    it is (``residual_outputs``, e.g. the MLP's output projection W), the cotangent reaching
+    their input is ``e_iᵀW``, the same on every token: the sweep cuts the block there
+    (``blocks.cut_at``) and feeds it directly, instead of multiplying all T rows by W (a quarter
+    of a Llama block's backward FLOPs). Not after a final norm (``last_block="final_norm"``).
     """
     with frozen(model):
         f, X = block_function(model, inputs, layer, token_diagonal=True, last_block=last_block)
         T, d = X.shape
         keep = _token_list(tokens, T)
-        _, vjp_fn = torch.func.vjp(f, X)
+        cut = find_architecture(model).residual_outputs if f.norm is None else ()
+        if cut:
+            (_, entered), vjp_fn = torch.func.vjp(lambda x: f(x, cut), X)
+            one = [z[..., :1, :] for z in entered]  # any token: the modules are affine
+        else:
+            _, vjp_fn = torch.func.vjp(f, X)
 
         def cotangents(i0, i1):
             C = torch.zeros(i1 - i0, T, d, dtype=X.dtype, device=X.device)
             C[torch.arange(i1 - i0), :, torch.arange(i0, i1)] = 1
-            return C
+            if not cut:
+                return C
+            E = C[:, 0]  # [c, d]: the rows e_i
+            into = [f.row_products(p, z, E) for p, z in zip(cut, one)]  # [c, ..., 1, d_in] each
+            return C, tuple(r.expand(*r.shape[:-2], T, r.shape[-1]) for r in into)
 
         chunk = _default_chunk(d, T, chunk_size, X.device)
         bar = tqdm(
