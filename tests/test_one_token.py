@@ -64,7 +64,13 @@ def test_non_causal_blocks_and_other_inputs_keep_the_exact_path():
     llama = tiny_model("llama")
     assert one_token_supported(llama, {"input_ids": x, "attention_mask": torch.ones(1, 8)}) is None
     padded = {"input_ids": x, "attention_mask": torch.tensor([[0] + [1] * 7])}
-    assert "padding" in one_token_supported(llama, padded)
+    assert one_token_supported(llama, padded) == "the inputs carry more than token ids (or a padding mask)"
+    extra = {"input_ids": x, "position_ids": torch.arange(8)[None]}
+    assert one_token_supported(llama, extra) == "the inputs carry more than token ids (or a padding mask)"
+    assert (
+        one_token_supported(llama, {"inputs_embeds": torch.randn(1, 8, 32)}) == "the inputs are not token ids"
+    )
+    assert one_token_supported(llama, [x]) == "the inputs are not token ids"
     with pytest.raises(ValueError, match="does not apply here.*token_jacobians"):
         one_token_jacobians(llama, padded, 0, [7])
     assert choose_path(llama, x, 1, 8)[0] == "one_token"
@@ -247,7 +253,10 @@ def test_one_token_on_a_bitsandbytes_quantized_block(monkeypatch, tmp_path, quan
             module.support_avx512bf16_for_cpu = False
     x = torch.randint(0, 64, (1, 9), generator=torch.Generator().manual_seed(1))
     if quantization == "8bit":
-        assert "LLM.int8" in one_token_supported(q, x)
+        assert one_token_supported(q, x) == (
+            "LLM.int8 (8-bit) layers round the activations: the prefix's key/value cache would hold "
+            "int8's keys and values, not those of the dequantized block the Jacobian differentiates"
+        )
         assert choose_path(q, x, 1, 9)[0] == "all_tokens"
         with pytest.raises(ValueError, match="LLM.int8"):
             one_token_jacobians(q, x, 0, [8])
@@ -258,3 +267,164 @@ def test_one_token_on_a_bitsandbytes_quantized_block(monkeypatch, tmp_path, quan
         O = one_token_jacobians(q, x, layer, [8, 0, 4], last_block=last_block)
         assert O.dtype == torch.float32 and float(J.abs().max()) > 0
         assert rel(O, J) <= 1e-5, (quantization, layer, last_block)
+
+
+def test_cache_argument_follows_the_forward_signature():
+    """The prefix's cache goes in under the name the model's forward takes: ``cache`` (transformers
+    5) or ``past_key_values`` (before; the installed transformers cannot show it)."""
+    from coupling_utils.engine.one_token import _cache_argument
+
+    class New:
+        def forward(self, input_ids=None, cache=None, **kwargs): ...
+
+    class Old:
+        def forward(self, input_ids=None, past_key_values=None, **kwargs): ...
+
+    assert _cache_argument(New()) == "cache"
+    assert _cache_argument(Old()) == "past_key_values"
+
+
+def test_one_token_calls_pass_exactly_these_inputs(monkeypatch):
+    """The two forward passes get the token ids, an all-ones int64 mask and use_cache: the prefix
+    pass (tokens < t; only for t > 0, t = 1 included) with use_cache=True, the query pass (token t
+    alone) with a copy of the prefix's cache under the forward's name and use_cache = t > 0."""
+    from coupling_utils.engine import one_token
+
+    passes, real = [], one_token.capture_blocks
+    monkeypatch.setattr(
+        one_token, "capture_blocks", lambda m, b, kw, **k: passes.append(dict(kw)) or real(m, b, kw, **k)
+    )
+    llama = tiny_model("llama")
+    x = torch.randint(0, 64, (1, 8), generator=torch.Generator().manual_seed(11))
+    for t in (0, 1, 3):
+        passes.clear()
+        one_token.OneTokenCalls(llama, x, t, [1])
+        *prefix, query = passes
+        assert len(prefix) == (t > 0)
+        if t:
+            assert (
+                set(prefix[0]) == {"input_ids", "attention_mask", "use_cache"}
+                and prefix[0]["use_cache"] is True
+            )
+            assert torch.equal(prefix[0]["input_ids"], x[:, :t])
+            mask = prefix[0]["attention_mask"]
+            assert mask.dtype == torch.long and torch.equal(mask, torch.ones(1, t, dtype=torch.long))
+        assert set(query) == {"input_ids", "attention_mask", "use_cache"} | ({"cache"} if t else set())
+        assert query["use_cache"] is (t > 0) and torch.equal(query["input_ids"], x[:, t : t + 1])
+        mask = query["attention_mask"]
+        assert mask.dtype == torch.long and torch.equal(mask, torch.ones(1, t + 1, dtype=torch.long))
+    torch.testing.assert_close(
+        one_token_jacobians(llama, x, 1, [1]), token_jacobians(llama, x, 1, tokens=[1]), rtol=1e-5, atol=1e-6
+    )
+
+
+def test_one_token_calls_range_checks_and_errors(monkeypatch):
+    """Layers in -n..n-1 and tokens in -T..T-1 (negative ones count from the end, as everywhere),
+    and the messages for a model in training mode, a model that makes no cache and a block the
+    pass never reached."""
+    from coupling_utils.engine import one_token
+    from coupling_utils.engine.one_token import OneTokenCalls
+
+    llama = tiny_model("llama")  # 2 blocks
+    x = torch.randint(0, 64, (1, 8), generator=torch.Generator().manual_seed(12))
+    f, xt = OneTokenCalls(llama, x, 5, [-2]).function(-2)
+    g, _ = OneTokenCalls(llama, x, 5, [0]).function(0)
+    torch.testing.assert_close(f(xt), g(xt), rtol=0, atol=0)
+    with pytest.raises(IndexError, match=r"^layer 2 out of range: the model has 2 blocks \(0\.\.1\)$"):
+        OneTokenCalls(llama, x, 5, [2])
+    with pytest.raises(IndexError, match=r"^layer -3 out of range"):
+        OneTokenCalls(llama, x, 5, [-3])
+    f, xt = one_token_function(llama, x, 1, -8)
+    g, x0 = one_token_function(llama, x, 1, 0)
+    assert torch.equal(xt, x0) and torch.equal(f(xt), g(x0))
+    llama.train()
+    try:
+        with pytest.raises(
+            ValueError,
+            match=r"^the model is in training mode \(dropout would make Jacobians random\); "
+            r"call model\.eval\(\)$",
+        ):
+            OneTokenCalls(llama, x, 5, [0])
+    finally:
+        llama.eval()
+    with monkeypatch.context() as m:
+        m.setattr(one_token, "_is_cache", lambda v: False)
+        with pytest.raises(
+            RuntimeError, match=rf"^{type(llama).__name__} made no key/value cache with use_cache=True$"
+        ):
+            OneTokenCalls(llama, x, 5, [0])
+    real = one_token.capture_blocks
+
+    def lose_the_calls(*args, **kwargs):
+        got = real(*args, **kwargs)
+        if not kwargs.get("outputs"):  # the query pass
+            got.calls.clear()
+        return got
+
+    monkeypatch.setattr(one_token, "capture_blocks", lose_the_calls)
+    with pytest.raises(RuntimeError, match=r"^block\(s\) \[1\] were not called during the forward pass$"):
+        OneTokenCalls(llama, x, 5, [1])
+
+
+def test_one_token_function_arguments():
+    """function(layer) defaults to last_block="block"; one_token_function passes last_block on; a
+    block called with hidden_states by keyword gives the same function as one called positionally."""
+    from coupling_utils.engine.one_token import OneTokenCalls
+
+    llama = tiny_model("llama")
+    x = torch.randint(0, 64, (1, 8), generator=torch.Generator().manual_seed(13))
+    calls = OneTokenCalls(llama, x, 6, [1])
+    f, xt = calls.function(1)
+    g, _ = calls.function(1, "block")
+    h, _ = calls.function(1, "final_norm")
+    assert torch.equal(f(xt), g(xt)) and not torch.allclose(f(xt), h(xt))
+    n, _ = one_token_function(llama, x, 1, 6, last_block="final_norm")
+    assert torch.equal(n(xt), h(xt))
+    args, kwargs = calls.calls[1]
+    assert len(args) == 1
+    calls.calls[1] = ((), {**kwargs, "hidden_states": args[0]})
+    k, xk = calls.function(1)
+    assert torch.equal(xk, xt) and torch.equal(k(xt), g(xt))
+
+
+def test_calls_shared_by_blocks_with_a_positional_cache():
+    """GPT-2 hands its blocks the cache positionally: one OneTokenCalls shared by both blocks (as
+    measure() shares them) must still give each block the prefix's cache, not the query pass's
+    (which block 0 has already extended by token t), and the calls given are used, not remade."""
+    from coupling_utils.engine.one_token import OneTokenCalls
+
+    gpt2 = tiny_model("gpt2")
+    x = torch.randint(0, 64, (1, 8), generator=torch.Generator().manual_seed(14))
+    shared = {t: OneTokenCalls(gpt2, x, t, [0, 1]) for t in (4, 7)}
+    for layer in (0, 1):
+        O = one_token_jacobians(gpt2, x, layer, [4, 7], calls=shared)
+        assert rel(O, token_jacobians(gpt2, x, layer, tokens=[4, 7])) <= 1e-5
+    y = torch.randint(0, 64, (1, 8), generator=torch.Generator().manual_seed(15))
+    other = {7: OneTokenCalls(gpt2, y, 7, [1])}
+    torch.testing.assert_close(
+        one_token_jacobians(gpt2, x, 1, [7], calls=other), one_token_jacobians(gpt2, y, 1, [7])
+    )
+
+
+def test_one_token_jacobians_options_dtype_and_non_finite_blocks(monkeypatch):
+    """chunk_size is checked, no progress bar is drawn, a float64 model gives an fp32 result equal
+    to its sweep, and a non-finite Jacobian is reported with its layer and its tokens (negative
+    ones as positions)."""
+    from coupling_utils.engine import jacobians
+
+    llama = tiny_model("llama")
+    x = torch.randint(0, 64, (1, 8), generator=torch.Generator().manual_seed(16))
+    with pytest.raises(ValueError, match="chunk_size must be >= 1"):
+        one_token_jacobians(llama, x, 0, [3], chunk_size=0)
+    bars, tqdm = [], jacobians.tqdm
+    monkeypatch.setattr(jacobians, "tqdm", lambda *a, **k: bars.append(k) or tqdm(*a, **k))
+    one_token_jacobians(llama, x, 0, [3], chunk_size=5)
+    assert [b["disable"] for b in bars] == [True]
+    wide = tiny_model("llama").double()
+    O = one_token_jacobians(wide, x, 1, [5])
+    assert O.dtype == torch.float32
+    assert rel(O, token_jacobians(wide, x, 1, tokens=[5])) <= 1e-6
+    with torch.no_grad():
+        llama.model.layers[1].mlp.down_proj.weight[0, 0] = float("nan")
+    with pytest.raises(ValueError, match=r"NaN/inf in the block Jacobian at layer 1, token\(s\) \[5, 7\]\."):
+        one_token_jacobians(llama, x, 1, [5, -1])
