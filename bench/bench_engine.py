@@ -18,7 +18,9 @@ Methods (all in float32, on ``--threads`` torch threads, one after the other in 
   token-wise coupling tiles of every pair (``measurement.compute.spectra``, ``pair_tiles``,
   ``couplings``); seconds are given for the Jacobians, the spectra and the tiles, and in all.
   ``flop_bound`` is the speed-up the all-token path would have if it ran at the reference's
-  FLOP rate: ``T·F_ref / (F_sweep + F_tiles)``; the tiles ``|U_jᵀ J_i V_j|`` of all T² pairs
+  FLOP rate: ``T·F_ref / (F_sweep + F_tiles)``; the sweep does not multiply the T tokens'
+  cotangents by the MLP's output projection (``residual_outputs``, cut at), so
+  ``F_sweep = d·(2·T·(P − P_cut) + 4·T²·d + 2·P_cut)``; the tiles ``|U_jᵀ J_i V_j|`` of all T² pairs
   cost ``2·T²·50·d² + 2·T²·50²·d``, which grows as T² and at T = 256 is about twice the sweep.
 - ``spectra`` (T ≤ 64): the top-50 triplets of every token's J by the full SVD and by
   ``gram.gram_topk`` (float32 Gram refined in float64; float64 Gram), each with the largest
@@ -38,8 +40,9 @@ The GEMM rate is a ``(64·T × d) @ (d × 4d)`` float32 matmul timed in the same
 The FLOP accounting (printed, and in the CSV): a block's forward pass over T tokens is
 ``2·T·P + 4·T²·d`` (P = the block's matrix parameters: q, k, v, o and the MLP; the attention
 scores and the weighted sum counted as full T × T products), and d VJPs cost d forward passes;
-one token against a T-token cache is ``2·P + 4·T·d`` per pass. The engine's rate is those FLOPs
-over its seconds; ``gemm_fraction`` is that rate over the GEMM rate.
+one token against a T-token cache is ``2·P + 4·T·d`` per pass; the all-token sweep, which skips the
+cut modules' product over the tokens, ``d·(2·T·(P − P_cut) + 4·T²·d + 2·P_cut)``. The engine's
+rate is those FLOPs over its seconds; ``gemm_fraction`` is that rate over the GEMM rate.
 
 Peak memory: the process's resident set size sampled every 2 ms during the call, minus the size
 before it (``peak_mib``). The machine may be shared: ratios of methods measured in the same run
@@ -102,6 +105,22 @@ def block_params(model) -> int:
     from coupling_utils.engine.architectures import transformer_blocks
 
     return sum(p.numel() for p in transformer_blocks(model)[0].parameters() if p.ndim == 2)
+
+
+def cut_params(model) -> int:
+    """The matrix parameters of block 0's ``residual_outputs`` modules (the architecture table):
+    the all-token sweep skips their backward product over the T tokens (``blocks.cut_at``)."""
+    from coupling_utils.engine.architectures import find_architecture, transformer_blocks
+
+    block = transformer_blocks(model)[0]
+    paths = find_architecture(model).residual_outputs
+    return sum(p.numel() for path in paths for p in block.get_submodule(path).parameters() if p.ndim == 2)
+
+
+def sweep_flops(P: int, P_cut: int, T: int, d: int) -> float:
+    """The all-token sweep's d VJPs: d forward passes of the block without the cut modules over
+    T tokens, plus the cut modules' rows once per cotangent: ``d·(2·T·(P − P_cut) + 4·T²·d + 2·P_cut)``."""
+    return d * (block_flops(P - P_cut, T, d) + 2.0 * P_cut)
 
 
 def block_flops(P: int, T: int, d: int) -> float:
@@ -171,6 +190,7 @@ def case_block(T: int, model, label: str, gemm_T: int | None = None) -> list[dic
     t_all = t_j + t_spec + t_tiles
     err = lambda A: float((A - R[0]).norm() / R[0].norm())  # noqa: E731
     full, one = d * block_flops(P, T, d), d * one_token_flops(P, T, d)
+    sweep = sweep_flops(P, cut_params(model), T, d)
     common = {"case": label, "T": T, "d": d, "block_params": P, "gemm_flops_per_s": rate}
     rows = [
         {**common, "method": "reference (1 token)", "seconds": t_ref, "flops": full, "peak_mib": m_ref},
@@ -189,7 +209,7 @@ def case_block(T: int, model, label: str, gemm_T: int | None = None) -> list[dic
             "method": "all_tokens: Jacobians",
             "seconds": t_j,
             "speedup": T * t_ref / t_j,
-            "flops": full,
+            "flops": sweep,
             "peak_mib": m_all,
             "rel_error": err(J[T - 1]),
         },
@@ -199,7 +219,7 @@ def case_block(T: int, model, label: str, gemm_T: int | None = None) -> list[dic
             "seconds": t_all,
             "speedup": T * t_ref / t_all,
             "target": T / 2,
-            "flop_bound": T * full / (full + tile_flops(T, d)),
+            "flop_bound": T * full / (sweep + tile_flops(T, d)),
             "peak_mib": m_all,
         },
         {**common, "method": "all_tokens: spectra (top 50, every token)", "seconds": t_spec},
@@ -323,6 +343,7 @@ def case_measure(n_prompts: int) -> list[dict]:
 def _print_flops() -> None:
     print(
         "FLOP accounting: block forward over T tokens = 2·T·P + 4·T²·d; d VJPs = d forward passes;\n"
+        "the all-token sweep without its cut modules (P_cut): d·(2·T·(P − P_cut) + 4·T²·d + 2·P_cut);\n"
         "one token against a T-token cache = 2·P + 4·T·d per pass; "
         "GEMM rate = (64·T × d) @ (d × 4d), best of 5",
         flush=True,
