@@ -656,3 +656,105 @@ def test_a_cut_module_that_does_not_run_once_is_a_table_error(monkeypatch):
     monkeypatch.setattr(jacobians, "find_architecture", lambda m: wrong)
     with pytest.raises(RuntimeError, match="not once each.*residual_outputs in the architecture table"):
         token_jacobians(model, x, 0)
+
+
+def test_a_cut_block_returns_what_entered_the_cut_modules_and_the_same_output():
+    """f(X, cut) is (f(X), inputs): the inputs the cut modules received (one per path, in the
+    order of cut, still connected to X), with the block's output unchanged; a module that runs
+    twice or never is refused with a message naming the table."""
+    model = tiny_model("llama")
+    x = torch.randint(0, 64, (1, 5), generator=torch.Generator().manual_seed(1))
+    f, X = block_function(model, x, 1)
+    seen = {}
+    for path in ("mlp.down_proj", "self_attn.o_proj"):
+        h = f.block.get_submodule(path).register_forward_pre_hook(
+            lambda m, a, p=path: seen.__setitem__(p, a[0])
+        )
+        f(X)
+        h.remove()
+    Xg = X.clone().requires_grad_(True)
+    y, entered = f(Xg, ("mlp.down_proj", "self_attn.o_proj"))
+    torch.testing.assert_close(y, f(X), rtol=0, atol=0)
+    assert len(entered) == 2 and all(z.requires_grad for z in entered)
+    torch.testing.assert_close(entered[0], seen["mlp.down_proj"], rtol=0, atol=0)
+    torch.testing.assert_close(entered[1], seen["self_attn.o_proj"], rtol=0, atol=0)
+    y2, (z,) = f(X[None], ("mlp.down_proj",))  # a batch [1, T, d]: no squeeze
+    assert y2.shape == (1, 5, 32) and z.shape == seen["mlp.down_proj"].shape
+    # the block's output does not depend on X through the cut module's input any more
+    (g,) = torch.autograd.grad(f(Xg, ("mlp.down_proj",))[0].sum(), Xg)
+    (g_full,) = torch.autograd.grad(f(Xg).sum(), Xg)
+    assert float((g - g_full).abs().max()) > 1e-6
+    model.model.layers[1].unused = torch.nn.Linear(32, 32)
+    with pytest.raises(RuntimeError) as info:
+        f(X, ("mlp.down_proj", "unused"))
+    assert str(info.value) == (
+        "block 1: the modules to cut at ran as ['mlp.down_proj'], not once each as "
+        "['mlp.down_proj', 'unused']; fix residual_outputs in the architecture table"
+    )
+
+
+def test_row_products_are_the_rows_c_transposed_times_the_modules_jacobian():
+    """row_products(path, z, C) = cᵀ ∂m(z)/∂z for each row c of C: for a linear module the rows
+    of C W, for another module those of its autograd Jacobian; C is cast to the module's dtype."""
+    model = tiny_model("llama")
+    x = torch.randint(0, 64, (1, 4), generator=torch.Generator().manual_seed(2))
+    f, X = block_function(model, x, 0)
+    g = torch.Generator().manual_seed(5)
+    lin = f.block.mlp.down_proj
+    z = torch.randn(1, 1, lin.in_features, generator=g)
+    C = torch.randn(3, lin.out_features, generator=g)
+    rows = f.row_products("mlp.down_proj", z, C)
+    assert rows.shape == (3, 1, 1, lin.in_features)
+    torch.testing.assert_close(rows[:, 0, 0], C @ lin.weight, rtol=1e-5, atol=1e-6)
+    zm = torch.randn(1, 1, 32, generator=g)
+    Cm = torch.randn(32, 32, generator=g)
+    Jm = torch.autograd.functional.jacobian(lambda v: f.block.mlp(v).reshape(-1), zm).reshape(32, 32)
+    torch.testing.assert_close(f.row_products("mlp", zm, Cm)[:, 0, 0], Cm @ Jm, rtol=1e-5, atol=1e-6)
+    double = tiny_model("llama").double()
+    fd, _ = block_function(double, x, 0)
+    rd = fd.row_products("mlp.down_proj", z.double(), C)  # float32 rows on a float64 module
+    assert rd.dtype == torch.float64
+    torch.testing.assert_close(rd[:, 0, 0], C.double() @ fd.block.mlp.down_proj.weight)
+
+
+@pytest.mark.parametrize("T", [1, 3])
+def test_the_cut_sweep_on_one_token_and_on_few(T):
+    """The cut sweep reads the cut modules' input on the first token and the cotangent row of
+    the first token: it holds for a sequence of one token too, against the oracle."""
+    model = tiny_model("llama")
+    x = torch.randint(0, 64, (1, T), generator=torch.Generator().manual_seed(4))
+    for chunk in (None, 5):
+        torch.testing.assert_close(
+            token_jacobians(model, x, 1, chunk_size=chunk),
+            reference_jacobians(model, x, 1),
+            rtol=1e-5,
+            atol=1e-6,
+        )
+
+
+def test_token_jacobians_are_float32_whatever_the_default_dtype():
+    """J comes back in fp32 even where torch's default dtype is float64 (the model then too)."""
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        model = tiny_model("llama")
+        x = torch.randint(0, 64, (1, 3), generator=torch.Generator().manual_seed(6))
+        J = token_jacobians(model, x, 0)
+    finally:
+        torch.set_default_dtype(old)
+    assert J.dtype == torch.float32
+    assert bool(torch.isfinite(J).all()) and float(J.abs().max()) > 0
+
+
+def test_reference_and_context_fold_the_final_norm_into_the_last_block():
+    """last_block='final_norm' reaches the oracle and the context sweep: the last block's J_tt
+    differs from the block alone, and all three methods agree on it."""
+    model = tiny_model("llama")
+    x = torch.randint(0, 64, (1, 4), generator=torch.Generator().manual_seed(7))
+    last = len(transformer_blocks(model)) - 1
+    token = token_jacobians(model, x, last, last_block="final_norm")
+    assert rel(token, token_jacobians(model, x, last)) > 1e-3
+    ref = reference_jacobians(model, x, last, last_block="final_norm")
+    torch.testing.assert_close(ref, token, rtol=1e-5, atol=1e-6)
+    ctx = context_jacobians(model, x, last, 2, last_block="final_norm")
+    torch.testing.assert_close(ctx[2], token[2], rtol=1e-5, atol=1e-6)
