@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_gram import _with_spectrum  # n matrices U diag(sigma) Vᵀ, float32 by default
 
 from coupling_utils.engine.architectures import ARCHITECTURES, tiny_model
 from coupling_utils.engine.jacobians import token_jacobians
@@ -126,18 +127,6 @@ def test_top_k_from_the_gram_matrix_equals_the_full_svd_on_every_metric_value():
     assert (coupling_matrix(J, 1, svds=one) - coupling_matrix(J, 1, svds=full)).abs().max() <= 1e-5
     assert gram_wins(J, 8) and not gram_wins(J, 9)
     assert exact_topk(J, 8)[1] == "gram_topk" and exact_topk(J, 20)[1] == "full_svd"
-
-
-def _with_spectrum(sigma: torch.Tensor, n: int, seed: int) -> torch.Tensor:
-    """n float32 matrices U diag(sigma) Vᵀ with random orthogonal U, V."""
-    g = torch.Generator().manual_seed(seed)
-    d = sigma.numel()
-    out = []
-    for _ in range(n):
-        U = torch.linalg.qr(torch.randn(d, d, generator=g, dtype=torch.float64)).Q
-        V = torch.linalg.qr(torch.randn(d, d, generator=g, dtype=torch.float64)).Q
-        out.append((U * sigma) @ V.T)
-    return torch.stack(out).float()
 
 
 @pytest.mark.parametrize("batched", [False, True], ids=["gram_topk", "gram_topk_batched"])
