@@ -113,7 +113,7 @@ def cut_params(model) -> int:
     from coupling_utils.engine.architectures import find_architecture, transformer_blocks
 
     block = transformer_blocks(model)[0]
-    paths = find_architecture(model).residual_outputs
+    paths = find_architecture(model).cut(model.config)
     return sum(p.numel() for path in paths for p in block.get_submodule(path).parameters() if p.ndim == 2)
 
 

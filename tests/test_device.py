@@ -158,8 +158,11 @@ def test_engine_on_the_device(arch, variant):
         L = lin.model_linearization_cosine(model, inputs, prefix=True)
         stream = residual_stream(model, inputs)
     assert all(on_device(t) for t in (J, C, S, S_sub, stream))
-    torch.testing.assert_close(J.cpu(), J0, rtol=0, atol=0)
-    torch.testing.assert_close(C.cpu(), C0, rtol=0, atol=0)
+    # to rounding, not bit for bit: a held SiLU slope (blocks.held_slopes) comes from the CPU's
+    # fused silu_backward on the host and from PyTorch's decomposition of it on the device (which
+    # runs every operation through a dispatch mode), 1 ulp apart, as a real GPU's kernel would be
+    torch.testing.assert_close(J.cpu(), J0, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(C.cpu(), C0, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(S.cpu(), S0, rtol=1e-5, atol=1e-6)
     assert np.allclose(L.cosine, L0.cosine, atol=1e-12)
 
@@ -338,10 +341,14 @@ def test_measure_on_the_device(case, standin_hub, sweep_path_only):
     with emulated_device() as dev:
         got = measure(load_model(repo, device=dev), [DEMO], layers=layers, **MEASURE_CASES[case])
     # on the host the top-K spectra may come from the partial eigensolver (gram.exact_topk, within
-    # 1e-5 of the full SVD by design), on a device from the full SVD: equal to the engine's tolerance
+    # 1e-5 of the full SVD by design), on a device from the full SVD: equal to the engine's tolerance;
+    # the matrix-free solve is iterative (here within 1.5e-5 of the exact path's values, measured on
+    # the host), and the products it starts from differ by rounding (a held SiLU slope:
+    # test_engine_on_the_device), so two of its runs agree to a few times that, not to 1e-5
+    atol = 5e-5 if case == "matrix_free" else 1e-5
     for name in TABLES:
         if name != "timings":
-            pd.testing.assert_frame_equal(got.tables[name], ref.tables[name], check_exact=False, atol=1e-5)
+            pd.testing.assert_frame_equal(got.tables[name], ref.tables[name], check_exact=False, atol=atol)
 
 
 def test_twins_and_checkpoint_sweeps_on_the_device(standin_hub, tmp_path, sweep_path_only):

@@ -39,7 +39,7 @@ def rel(a, b):
 
 def full_jacobian(model, inputs, layer):
     """[T, d, T, d] = ∂f(X)_{t2} / ∂x_{t1} of the ordinary block (autograd), indexed [t2, :, t1, :]."""
-    f, X = block_function(model, inputs, layer, token_diagonal=False)
+    f, X = block_function(model, inputs, layer, token_diagonal=False, plain=True)
     return torch.autograd.functional.jacobian(f, X, vectorize=True)
 
 
@@ -614,7 +614,8 @@ def test_progress_none_means_on_a_terminal(monkeypatch):
 def test_the_sweep_cut_at_the_residual_outputs_gives_the_uncut_numbers(monkeypatch):
     """token_jacobians feeds the MLP's output projection its cotangent rows directly (the table's
     residual_outputs) instead of multiplying all T tokens by its weight: the same J as the uncut
-    sweep, the cut taken once per chunk, and not under a final norm (which comes after it)."""
+    sweep, the cut's rows taken once per sweep (not per chunk), and not under a final norm (which
+    comes after it)."""
     import dataclasses
 
     from coupling_utils.engine import jacobians
@@ -628,17 +629,101 @@ def test_the_sweep_cut_at_the_residual_outputs_gives_the_uncut_numbers(monkeypat
     original = BlockFunction.row_products
     monkeypatch.setattr(BlockFunction, "row_products", lambda *a: calls.append(a[1]) or original(*a))
     cut = token_jacobians(model, x, 1, chunk_size=8)
-    assert calls == ["mlp.down_proj"] * 4  # d = 32 in chunks of 8
+    assert calls == ["mlp.down_proj"]  # d = 32 in chunks of 8: the rows of all 32 at once
     monkeypatch.setattr(
         jacobians, "find_architecture", lambda m: dataclasses.replace(row, residual_outputs=())
     )
     torch.testing.assert_close(token_jacobians(model, x, 1, chunk_size=8), cut, rtol=1e-6, atol=1e-6)
-    assert len(calls) == 4
+    assert len(calls) == 1
     monkeypatch.undo()
     calls.clear()
     monkeypatch.setattr(BlockFunction, "row_products", lambda *a: calls.append(a[1]) or original(*a))
     token_jacobians(model, x, 1, last_block="final_norm")
     assert calls == []
+
+
+def test_parallel_blocks_also_cut_at_the_attention_output_where_their_config_says_so():
+    """Architecture.cut adds residual_outputs_when's paths where the config sets the flag: GPT-NeoX
+    and Falcon with parallel attention and MLP cut at the attention output too, their sequential
+    variants (attention output into the MLP's norm) do not (the oracle test of the sequential
+    variants fails if they do: checked)."""
+    cut = lambda t, v=None: find_architecture(m := tiny_model(t, variant=v)).cut(m.config)  # noqa: E731
+    assert cut("gpt_neox") == ("mlp.dense_4h_to_h", "attention.dense")
+    assert cut("gpt_neox", "sequential") == ("mlp.dense_4h_to_h",)
+    assert cut("falcon") == ("mlp.dense_4h_to_h", "self_attention.dense")
+    assert cut("falcon", "new_decoder") == ("mlp.dense_4h_to_h", "self_attention.dense")
+    assert cut("falcon", "sequential") == ("mlp.dense_4h_to_h",)
+    assert cut("llama") == ("mlp.down_proj",)
+    assert cut("gptj") == ("attn.out_proj", "mlp.fc_out")
+
+
+@pytest.mark.parametrize("model_type", ["llama", "gpt_neox", "gpt2"])
+def test_pointwise_activations_hold_their_slopes(model_type):
+    """In every block function but the oracle's (plain=True), the block's pointwise activation
+    modules hold their slopes: the same forward values bit for bit, the same products both ways
+    (VJP and JVP) up to rounding, through the held slope; the module is itself again after."""
+    from coupling_utils.engine import blocks
+
+    model = tiny_model(model_type)
+    x = _inputs(model)
+    f, X = block_function(model, x, 1, token_diagonal=False)
+    plain, _ = block_function(model, x, 1, token_diagonal=False, plain=True)
+    acts = blocks.pointwise_activations(f.block)
+    assert len(acts) == 1 and plain._activations == [] and f._activations == acts
+    torch.testing.assert_close(f(X), plain(X), rtol=0, atol=0)
+    C = torch.randn(3, *X.shape, generator=torch.Generator().manual_seed(0))
+    (held,) = torch.func.vmap(torch.func.vjp(f, X)[1])(C)
+    (exact,) = torch.func.vmap(torch.func.vjp(plain, X)[1])(C)
+    torch.testing.assert_close(held, exact, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(
+        torch.func.jvp(f, (X,), (C[0],))[1], torch.func.jvp(plain, (X,), (C[0],))[1], rtol=1e-5, atol=1e-6
+    )
+    calls = []
+    original = blocks._HeldSlope.apply
+    blocks._HeldSlope.apply = lambda *a: calls.append(a) or original(*a)
+    try:
+        f(X)
+        plain(X)
+    finally:
+        blocks._HeldSlope.apply = original
+    assert len(calls) == 1 and "forward" not in vars(acts[0])
+
+
+def test_a_held_slope_of_a_half_precision_input_is_taken_in_float32():
+    """The slope of a bfloat16 input is computed in float32 (as autograd's kernels do) and the
+    products come back in the cotangent's dtype, equal to autograd's to bfloat16 rounding."""
+    from coupling_utils.engine.blocks import _HeldSlope
+
+    act = torch.nn.GELU()
+    x = torch.randn(4, 64, generator=torch.Generator().manual_seed(1)).bfloat16()
+    y, slope = _HeldSlope.apply(x, act)
+    assert slope.dtype == torch.float32 and torch.equal(y, act(x))
+    g = torch.randn(4, 64, generator=torch.Generator().manual_seed(2)).bfloat16()
+    (held,) = torch.func.vjp(lambda v: _HeldSlope.apply(v, act)[0], x)[1](g)
+    (exact,) = torch.func.vjp(act, x)[1](g)
+    assert held.dtype == torch.bfloat16
+    torch.testing.assert_close(held, exact, rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(held.float(), (g.float() * slope).bfloat16().float(), rtol=0, atol=0)
+
+
+def test_the_block_output_without_minus_input_is_f_plus_x():
+    """f(X, minus_input=False) is the block's output itself: token_jacobians subtracts the
+    identity from J_tt's diagonal instead of differentiating − X."""
+    model = tiny_model("llama")
+    f, X = block_function(model, _inputs(model), 1)
+    torch.testing.assert_close(f(X, minus_input=False) - X, f(X), rtol=0, atol=0)
+    y, (z,) = f(X, ("mlp.down_proj",), minus_input=False)
+    torch.testing.assert_close(y - X, f(X), rtol=0, atol=0)
+
+
+def test_check_finite_passes_a_finite_j_whose_sum_overflows_and_names_bad_tokens():
+    """The one-pass shortcut sums in J's own dtype; a finite J whose sum overflows to inf takes
+    the exact per-token check and passes it; NaN or inf are reported with layer and token."""
+    J = torch.full((3, 4, 4), 3e38)
+    check_finite(J, 2, [5, 6, 7])
+    J[1, 0, 0] = float("nan")
+    with pytest.raises(ValueError, match=r"layer 2, token\(s\) \[6\]"):
+        check_finite(J, 2, [5, 6, 7])
 
 
 def test_a_cut_module_that_does_not_run_once_is_a_table_error(monkeypatch):

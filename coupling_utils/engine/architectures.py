@@ -12,6 +12,8 @@ adapter function named by a row), so the engine itself has no ``if model_type ==
 - ``causal``: causal (decoder) or bidirectional (encoder) attention;
 - ``residual_outputs``: modules (paths in a block) whose output goes into the block's output as
   it is, no norm after them (a pre-norm MLP's output projection): the all-token sweep cuts there;
+  ``residual_outputs_when``: more of them where a config flag is true (``{flag: paths}``: the
+  attention output of a block with parallel attention and MLP), read by :meth:`Architecture.cut`;
 - ``final_norm``: where the norm after the last block lives, relative to ``model.base_model``
   (candidate paths, like ``block_paths``), or None for an architecture without one (post-norm
   encoders such as BERT normalise inside every block); ``norm_in_hidden_states``: whether
@@ -46,6 +48,7 @@ __all__ = [
     "final_norm",
     "hidden_states_norm",
     "attention_mode",
+    "POINTWISE_ACTIVATIONS",
     "tiny_model",
     "unwrap_model",
 ]
@@ -72,8 +75,20 @@ class Architecture:
     norm_in_hidden_states: bool = True
     # see the module doc; a wrong entry fails token_jacobians' oracle test (tests/test_jacobians.py)
     residual_outputs: tuple[str, ...] = ()
+    residual_outputs_when: dict[str, tuple[str, ...]] = field(default_factory=dict, compare=False, hash=False)
     tiny: dict = field(default_factory=dict, compare=False, hash=False)  # tiny test config (kwargs)
     tiny_variants: dict[str, dict] = field(default_factory=dict, compare=False, hash=False)
+
+    def cut(self, config) -> tuple[str, ...]:
+        """The ``residual_outputs`` of a block of this model (``config``: its configuration),
+        with those of ``residual_outputs_when`` whose flag the configuration sets."""
+        more = [
+            p
+            for flag, paths in self.residual_outputs_when.items()
+            if getattr(config, flag, False)
+            for p in paths
+        ]
+        return tuple(dict.fromkeys((*self.residual_outputs, *more)))
 
     def __post_init__(self):
         if self.final_norm == ():
@@ -82,6 +97,28 @@ class Architecture:
                 "relative to model.base_model) or that it has none (final_norm=None)"
             )
 
+
+POINTWISE_ACTIVATIONS: dict[str, tuple[str, ...]] = {
+    "torch.nn.modules.activation": ("SiLU", "GELU", "ReLU", "Tanh", "Sigmoid", "Mish", "ReLU6", "ELU"),
+    "transformers.activations": (
+        "SiLUActivation",
+        "GELUActivation",
+        "NewGELUActivation",
+        "FastGELUActivation",
+        "QuickGELUActivation",
+        "GELUTanh",
+        "PytorchGELUTanh",
+        "ClippedGELUActivation",
+        "AccurateGELUActivation",
+        "MishActivation",
+        "LaplaceActivation",
+        "ReLUSquaredActivation",
+        "SqrtSoftplusActivation",
+    ),
+}
+"""Activation modules (by their module and class name) that act on each number alone, y_i = φ(x_i),
+without parameters: a product through one needs only the slope φ'(x), which
+``blocks.held_slopes`` computes once per block call instead of once per product."""
 
 _T = dict(
     vocab_size=64,
@@ -143,6 +180,7 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         ("layers",),
         "GPTNeoXLayer",
         residual_outputs=("mlp.dense_4h_to_h",),
+        residual_outputs_when={"use_parallel_residual": ("attention.dense",)},
         final_norm=("final_layer_norm",),
         notes="parallel residual; partial rotary; Pythia training checkpoints as revisions step<N>",
         tiny=dict(_T, rotary_pct=0.25),
@@ -282,6 +320,10 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         ("h",),
         "FalconDecoderLayer",
         residual_outputs=("mlp.dense_4h_to_h",),
+        residual_outputs_when={
+            "parallel_attn": ("self_attention.dense",),
+            "new_decoder_architecture": ("self_attention.dense",),
+        },
         attention="falcon",
         final_norm=("ln_f",),
         notes="rotary or ALiBi; multi-query / grouped (new decoder architecture); "
@@ -291,6 +333,7 @@ ARCHITECTURES: tuple[Architecture, ...] = (
             "alibi": dict(alibi=True),
             "multi_head": dict(multi_query=False),  # q, k, v interleaved per head (falcon-rw)
             "new_decoder": dict(new_decoder_architecture=True, num_kv_heads=2),
+            "sequential": dict(parallel_attn=False),  # attention output into the MLP's norm
         },
     ),
     Architecture(
@@ -387,6 +430,9 @@ def supported_architectures():
                 else f"adapter ({a.attention})",
                 "notes": a.notes,
                 "residual_outputs": ", ".join(a.residual_outputs) or "none",
+                "residual_outputs_when": "; ".join(
+                    f"{', '.join(paths)} if {flag}" for flag, paths in a.residual_outputs_when.items()
+                ),
             }
             for a in ARCHITECTURES
         ]

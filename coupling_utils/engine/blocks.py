@@ -31,6 +31,7 @@ from collections.abc import Callable, Mapping
 import torch
 
 from coupling_utils.engine.architectures import (
+    POINTWISE_ACTIVATIONS,
     attention_mode,
     find_architecture,
     hidden_states_norm,
@@ -47,6 +48,7 @@ __all__ = [
     "model_inputs",
     "BlockFunction",
     "cut_at",
+    "held_slopes",
     "LAST_BLOCKS",
     "check_last_block",
     "last_block_norm",
@@ -272,6 +274,70 @@ def float32_layer_norms(*modules):
             m.__dict__.pop("forward", None)
 
 
+def pointwise_activations(*modules) -> list[torch.nn.Module]:
+    """The activation modules in ``modules`` that :data:`POINTWISE_ACTIVATIONS` names."""
+    return [
+        m
+        for module in modules
+        if module is not None
+        for m in module.modules()
+        if type(m).__name__ in POINTWISE_ACTIVATIONS.get(type(m).__module__, ())
+    ]
+
+
+class _HeldSlope(torch.autograd.Function):
+    """``φ(x)`` whose products are ``g ⊙ φ'(x)`` with ``φ'(x)`` computed once, in the forward pass.
+
+    Autograd's own rule recomputes ``φ'`` from ``x`` in every product (an ``erf`` or ``exp`` per
+    number per cotangent, and under ``vmap`` a copy of ``x`` per batch); a sweep of d products at
+    one point needs it once. The slope of a half-precision ``x`` is taken in float32, as
+    autograd's kernels compute it; products come back in the cotangent's dtype.
+    """
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x, act):
+        wide = x.float() if x.dtype in HALF else x
+        y, back = torch.func.vjp(act, wide)  # autograd's own rule, as a product would take it
+        (slope,) = back(torch.ones_like(y))
+        return act(x), slope
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.mark_non_differentiable(output[1])
+        ctx.save_for_backward(output[1])
+        ctx.slope = output[1]
+
+    @staticmethod
+    def backward(ctx, g, _):
+        (slope,) = ctx.saved_tensors
+        return (g * slope).to(g.dtype), None
+
+    @staticmethod
+    def jvp(ctx, t, _):
+        return (t * ctx.slope).to(t.dtype), None
+
+
+def _held_slope_forward(act, x):
+    return _HeldSlope.apply(x, type(act).forward.__get__(act))[0]
+
+
+@contextlib.contextmanager
+def held_slopes(activations: list[torch.nn.Module]):
+    """Meanwhile, each of these pointwise ``activations`` (:func:`pointwise_activations`) holds its
+    slope for every product through it (:class:`_HeldSlope`); values are unchanged, products equal
+    autograd's up to rounding. A sweep of d products through a GELU block then spends one
+    multiplication per number where autograd spent a ``gelu_backward``."""
+    try:
+        for m in activations:
+            m.forward = _held_slope_forward.__get__(m)
+        yield
+    finally:
+        for m in activations:
+            m.__dict__.pop("forward", None)
+
+
 def _is_cache(value) -> bool:
     from transformers.cache_utils import Cache
 
@@ -294,11 +360,22 @@ class BlockFunction:
     it is ``f(X) = norm(block(X)) − X``. ``one_token``: the block runs on one token against a
     captured key/value cache (``one_token.py``), copied per call. The block runs in the model's
     dtype (the Jacobian functions cast their results to fp32); bitsandbytes 4-bit/8-bit layers run dequantized
-    (:class:`_DequantizedLinear` says what is exact).
+    (:class:`_DequantizedLinear` says what is exact). Its pointwise activations hold their slopes
+    (:func:`held_slopes`) unless ``plain``: the block exactly as ``transformers`` runs it, for the
+    oracle (``jacobians.reference_jacobians``).
     """
 
     def __init__(
-        self, model, block, args, kwargs, token_diagonal: bool, layer: int, norm=None, one_token: bool = False
+        self,
+        model,
+        block,
+        args,
+        kwargs,
+        token_diagonal: bool,
+        layer: int,
+        norm=None,
+        one_token: bool = False,
+        plain: bool = False,
     ):
         self.model, self.block, self.layer = model, block, layer
         self.token_diagonal, self.norm, self.one_token = token_diagonal, norm, one_token
@@ -307,6 +384,7 @@ class BlockFunction:
         self._own_rows = one_token and find_architecture(model).attention == "interface"
         self._quantized = _quantized_layers(block)
         self._norms = layer_norms(block, norm)  # found once: __call__ runs once per product
+        self._activations = [] if plain else pointwise_activations(block)
         if args:
             self._args, self._kwargs, self._key = tuple(args[1:]), dict(kwargs), None
         else:
@@ -315,10 +393,12 @@ class BlockFunction:
                 raise RuntimeError(f"could not find the hidden states among block {layer}'s arguments")
             self._kwargs.pop("hidden_states")
 
-    def __call__(self, X: torch.Tensor, cut: tuple[str, ...] = ()):
+    def __call__(self, X: torch.Tensor, cut: tuple[str, ...] = (), minus_input: bool = True):
         """``f(X)``; with ``cut`` (paths of modules in the block), ``(f(X), inputs)``: the block
         runs with those modules' inputs detached, and ``inputs`` are what entered them, one per
-        call (:func:`cut_at`)."""
+        call (:func:`cut_at`). ``minus_input=False``: ``f(X) + X`` (the block's output), for a
+        sweep that subtracts the identity from its Jacobians itself, once per diagonal entry
+        (a VJP through ``− X`` costs two passes over every cotangent)."""
         x = X.unsqueeze(0) if X.ndim == 2 else X
         args = tuple(_fresh(a) for a in self._args)
         kwargs = {key: _fresh(v) for key, v in self._kwargs.items()}
@@ -328,6 +408,7 @@ class BlockFunction:
             _dequantized(self.block, self._quantized),
             cut_at(self.block, cut) as inputs,
             float32_layer_norms(*self._norms),
+            held_slopes(self._activations),
             attention_mode(self.model, token_diagonal=self.token_diagonal, one_token=self.one_token),
         ):
             if self._key is None:
@@ -340,7 +421,7 @@ class BlockFunction:
         if X.ndim == 2:
             y = y.squeeze(0)
         if not cut:
-            return y - X
+            return y - X if minus_input else y
         ran = [path for path, _ in inputs]
         if sorted(ran) != sorted(cut):
             raise RuntimeError(
@@ -348,17 +429,22 @@ class BlockFunction:
                 "fix residual_outputs in the architecture table"
             )
         entered = dict(inputs)
-        return y - X, tuple(entered[p] for p in cut)
+        return y - X if minus_input else y, tuple(entered[p] for p in cut)
 
     def row_products(self, path: str, z: torch.Tensor, C: torch.Tensor) -> torch.Tensor:
         """``cᵀ ∂m(z)/∂z`` of the module ``m`` at ``path`` in the block, for each row ``c`` of
         ``C: Tensor  # [n, d_out]``, at the input ``z: Tensor  # [..., 1, d_in]`` (one token):
-        ``Tensor  # [n, ..., 1, d_in]``. For a linear module, rows of its weight matrix."""
+        ``Tensor  # [n, ..., 1, d_in]``. For a linear module, rows of its weight matrix.
+
+        One VJP of ``m`` on n copies of ``z`` (a batch, which a per-token module such as a
+        projection takes as it is): for a linear layer one ``[n, d_out] @ W`` product, where a
+        ``vmap`` over the rows reads the whole weight once per row."""
         with _dequantized(self.block, self._quantized):
             module = self.block.get_submodule(path)
-            out, back = torch.func.vjp(module, z)
-            C = C.to(out.dtype).reshape(C.shape[0], *[1] * (out.ndim - 1), C.shape[-1])
-            (rows,) = torch.func.vmap(back)(C.expand(C.shape[0], *out.shape))
+            out, back = torch.func.vjp(module, z.expand(C.shape[0], *z.shape).contiguous())  # folds to 2-D
+            (rows,) = back(
+                C.to(out.dtype).reshape(C.shape[0], *[1] * (out.ndim - 2), C.shape[-1]).expand(out.shape)
+            )
         return rows
 
 
@@ -391,7 +477,13 @@ def cut_at(block, paths: tuple[str, ...]):
 
 
 def block_function(
-    model, inputs: Inputs, layer: int, *, token_diagonal: bool = True, last_block: str = "block"
+    model,
+    inputs: Inputs,
+    layer: int,
+    *,
+    token_diagonal: bool = True,
+    last_block: str = "block",
+    plain: bool = False,
 ) -> tuple[Callable, torch.Tensor]:
     """``(f, X)``: block ``layer`` as a function and its input.
 
@@ -401,7 +493,7 @@ def block_function(
     a cotangent ``C: Tensor  # [T, d]`` returns the rows ``c_tᵀ J_tt`` for all tokens at once
     (and JVPs likewise). ``last_block`` (:data:`LAST_BLOCKS`) says what the last block's map is:
     under ``"final_norm"`` it is ``N(block(X)) − X`` (the module doc); under ``"excluded"`` the
-    last block is refused.
+    last block is refused. ``plain``: no held slopes (:class:`BlockFunction`), for the oracle.
     """
     model = unwrap_model(model)
     find_architecture(model)
@@ -414,7 +506,7 @@ def block_function(
     x = args[0] if args else kwargs["hidden_states"]
     if x.shape[0] != 1:
         raise ValueError(f"block inputs must have batch size 1, got {tuple(x.shape)}")
-    f = BlockFunction(model, block, args, kwargs, token_diagonal, layer, norm)
+    f = BlockFunction(model, block, args, kwargs, token_diagonal, layer, norm, plain=plain)
     return f, x[0].detach()
 
 

@@ -61,8 +61,8 @@ def frozen(model):
 def check_finite(J: torch.Tensor, layer: int, tokens: Sequence[int], what: str = "block Jacobian") -> None:
     """Raise a ValueError naming the layer and tokens if ``J: Tensor  # [T, d_out, d_in]`` holds
     NaN or inf (``tokens`` names the T positions)."""
-    if bool(torch.isfinite(J.sum(dtype=torch.float64))):  # NaN or inf would make the sum so: one pass
-        return
+    if bool(torch.isfinite(J.sum())):  # NaN or inf would make the sum so: one pass, no copy
+        return  # (a finite J whose sum overflows takes the exact check below, and passes it)
     bad = ~torch.isfinite(J).flatten(1).all(dim=1)
     if bool(bad.any()):
         where = [int(tokens[i]) for i in torch.nonzero(bad).flatten().tolist()]
@@ -141,21 +141,22 @@ def token_jacobians(
         f, X = block_function(model, inputs, layer, token_diagonal=True, last_block=last_block)
         T, d = X.shape
         keep = _token_list(tokens, T)
-        cut = find_architecture(model).residual_outputs if f.norm is None else ()
-        if cut:
-            (_, entered), vjp_fn = torch.func.vjp(lambda x: f(x, cut), X)
-            one = [z[..., :1, :] for z in entered]  # any token: the modules are affine
+        cut = find_architecture(model).cut(f.model.config) if f.norm is None else ()
+        if cut:  # the block's output, without − X: J_tt − I is taken below, on the diagonal only
+            (_, entered), vjp_fn = torch.func.vjp(lambda x: f(x, cut, minus_input=False), X)
+            E = torch.eye(d, dtype=X.dtype, device=X.device)  # the rows e_i, all at once:
+            # any token's input will do (the modules are affine), and once for the whole sweep
+            into = [f.row_products(p, z[..., :1, :], E) for p, z in zip(cut, entered)]  # [d, ..., 1, d_in]
         else:
-            _, vjp_fn = torch.func.vjp(f, X)
+            _, vjp_fn = torch.func.vjp(lambda x: f(x, minus_input=False), X)
 
         def cotangents(i0, i1):
             C = torch.zeros(i1 - i0, T, d, dtype=X.dtype, device=X.device)
             C[torch.arange(i1 - i0), :, torch.arange(i0, i1)] = 1
             if not cut:
                 return C
-            E = C[:, 0]  # [c, d]: the rows e_i
-            into = [f.row_products(p, z, E) for p, z in zip(cut, one)]  # [c, ..., 1, d_in] each
-            return C, tuple(r.expand(*r.shape[:-2], T, r.shape[-1]) for r in into)
+            rows = (r[i0:i1] for r in into)  # [c, ..., 1, d_in] each, the same on every token
+            return C, tuple(r.expand(*r.shape[:-2], T, r.shape[-1]) for r in rows)
 
         chunk = _default_chunk(d, T, chunk_size, X.device)
         bar = tqdm(
@@ -170,6 +171,7 @@ def token_jacobians(
             stop = min(d, start + chunk)
             (rows,) = torch.func.vmap(vjp_fn)(cotangents(start, stop))  # [c, T, d]
             J[:, start:stop] = rows.index_select(1, index).transpose(0, 1)  # written in place: no cat
+        J.diagonal(dim1=1, dim2=2).sub_(1)  # the skip connection's identity
     check_finite(J, layer, keep)
     return J
 
@@ -191,7 +193,7 @@ def reference_jacobians(
     t of each result is row i of ``J_tt``. T·d backward passes in all.
     """
     with frozen(model):
-        f, X = block_function(model, inputs, layer, token_diagonal=False, last_block=last_block)
+        f, X = block_function(model, inputs, layer, token_diagonal=False, last_block=last_block, plain=True)
         T, d = X.shape
         keep = _token_list(tokens, T)
         _, vjp_fn = torch.func.vjp(f, X)
