@@ -1,4 +1,4 @@
-"""What the benchmark scripts share: their random-init models, memory sampling and the
+"""What the benchmark scripts share: their random-init models, memory measures and the
 provenance every CSV row carries.
 
 The models are built from fixed configurations and ``torch.manual_seed(0)``, so a benchmark
@@ -20,6 +20,31 @@ def rss_mib() -> float:
     except (OSError, IndexError, ValueError):
         return float("nan")
     return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def peak_tensor_mib(fn) -> tuple[object, float]:
+    """``(fn(), peak)``: the largest total of torch's CPU buffers alive during ``fn`` above those
+    alive before it, in MiB, from the profiler's allocation records (an op's own allocations net
+    of its frees, at its start; frees outside any op, at theirs).
+
+    Deterministic, unlike the resident set size: the allocator keeps freed pages or returns them
+    to the system as it likes, and the same code's RSS peak varied by 25 % between runs. Run it
+    apart from a timed run (the profiler slows every op); one thread (other threads' records are
+    not counted).
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        out = fn()
+    records = sorted(
+        (e.time_range.start, e.cpu_memory_usage if e.name == "[memory]" else e.self_cpu_memory_usage)
+        for e in prof.events()
+    )
+    live = peak = 0
+    for _, size in records:
+        live += size
+        peak = max(peak, live)
+    return out, peak / 2**20
 
 
 def _random_model(cfg, attention: str | None):

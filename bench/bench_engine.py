@@ -44,8 +44,11 @@ one token against a T-token cache is ``2·P + 4·T·d`` per pass; the all-token 
 cut modules' product over the tokens, ``d·(2·T·(P − P_cut) + 4·T²·d + 2·P_cut)``. The engine's
 rate is those FLOPs over its seconds; ``gemm_fraction`` is that rate over the GEMM rate.
 
-Peak memory: the process's resident set size sampled every 2 ms during the call, minus the size
-before it (``peak_mib``). The machine may be shared: ratios of methods measured in the same run
+Peak memory (``peak_tensor_mib``): the largest total of torch's buffers alive during the call above
+those alive before it, from the profiler's allocation records in a second, untimed run of the same
+call (``_common.peak_tensor_mib``; deterministic, where the resident set size of the same code
+varied by 25 % between runs); not measured for the whole ``measure`` case and the two-thread row.
+The machine may be shared: ratios of methods measured in the same run
 are what counts; absolute seconds are not portable. Results go to
 ``data/benchmarks/engine.csv``, every row with its provenance (machine and its load at start,
 threads, versions, UTC date, the command).
@@ -56,14 +59,13 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import threading
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
-from _common import neox_model, provenance, rss_mib, smollm2_model  # noqa: E402
+from _common import neox_model, peak_tensor_mib, provenance, smollm2_model  # noqa: E402
 
 TS = (16, 64, 256)
 K = (10, 30, 50)
@@ -76,27 +78,21 @@ PROMPTS = {
 
 
 def timed(fn):
-    """``(result, seconds, peak MiB above the start)`` of ``fn()``, RSS sampled every 2 ms."""
+    """``(result, seconds)`` of ``fn()``."""
     import gc
 
     gc.collect()
-    base, peak, done = rss_mib(), [0.0], threading.Event()
-
-    def sample():
-        while not done.is_set():
-            peak[0] = max(peak[0], rss_mib())
-            time.sleep(0.002)
-
-    thread = threading.Thread(target=sample, daemon=True)
-    thread.start()
     t0 = time.perf_counter()
-    try:
-        out = fn()
-    finally:
-        seconds = time.perf_counter() - t0
-        done.set()
-        thread.join()
-    return out, seconds, max(0.0, max(peak[0], rss_mib()) - base)
+    out = fn()
+    return out, time.perf_counter() - t0
+
+
+def peak(fn) -> float:
+    """``fn``'s peak of torch buffers in MiB (``_common.peak_tensor_mib``), in a run of its own."""
+    import gc
+
+    gc.collect()
+    return peak_tensor_mib(fn)[1]
 
 
 # --------------------------------------------------------------------------- models and FLOPs
@@ -184,16 +180,25 @@ def case_block(T: int, model, label: str, gemm_T: int | None = None) -> list[dic
     d = model.config.hidden_size
     P = block_params(model)
     rate = gemm_rate(gemm_T or T, d)
-    R, t_ref, m_ref = timed(lambda: reference_jacobians(model, ids, 0, tokens=[T - 1]))
-    O, t_one, m_one = timed(lambda: one_token_jacobians(model, ids, 0, [T - 1]))
-    (J, t_j, t_spec, t_tiles), _, m_all = timed(lambda: all_token_work(model, ids))
+    R, t_ref = timed(lambda: reference_jacobians(model, ids, 0, tokens=[T - 1]))
+    O, t_one = timed(lambda: one_token_jacobians(model, ids, 0, [T - 1]))
+    (J, t_j, t_spec, t_tiles), _ = timed(lambda: all_token_work(model, ids))
+    m_ref = peak(lambda: reference_jacobians(model, ids, 0, tokens=[T - 1]))
+    m_one = peak(lambda: one_token_jacobians(model, ids, 0, [T - 1]))
+    m_all = peak(lambda: all_token_work(model, ids))
     t_all = t_j + t_spec + t_tiles
     err = lambda A: float((A - R[0]).norm() / R[0].norm())  # noqa: E731
     full, one = d * block_flops(P, T, d), d * one_token_flops(P, T, d)
     sweep = sweep_flops(P, cut_params(model), T, d)
     common = {"case": label, "T": T, "d": d, "block_params": P, "gemm_flops_per_s": rate}
     rows = [
-        {**common, "method": "reference (1 token)", "seconds": t_ref, "flops": full, "peak_mib": m_ref},
+        {
+            **common,
+            "method": "reference (1 token)",
+            "seconds": t_ref,
+            "flops": full,
+            "peak_tensor_mib": m_ref,
+        },
         {
             **common,
             "method": "one_token (1 token)",
@@ -201,7 +206,7 @@ def case_block(T: int, model, label: str, gemm_T: int | None = None) -> list[dic
             "speedup": t_ref / t_one,
             "target": T / 2,
             "flops": one,
-            "peak_mib": m_one,
+            "peak_tensor_mib": m_one,
             "rel_error": err(O[0]),
         },
         {
@@ -210,7 +215,7 @@ def case_block(T: int, model, label: str, gemm_T: int | None = None) -> list[dic
             "seconds": t_j,
             "speedup": T * t_ref / t_j,
             "flops": sweep,
-            "peak_mib": m_all,
+            "peak_tensor_mib": m_all,
             "rel_error": err(J[T - 1]),
         },
         {
@@ -220,7 +225,7 @@ def case_block(T: int, model, label: str, gemm_T: int | None = None) -> list[dic
             "speedup": T * t_ref / t_all,
             "target": T / 2,
             "flop_bound": T * full / (sweep + tile_flops(T, d)),
-            "peak_mib": m_all,
+            "peak_tensor_mib": m_all,
         },
         {**common, "method": "all_tokens: spectra (top 50, every token)", "seconds": t_spec},
         {
@@ -256,14 +261,18 @@ def spectra_rows(J, common: dict, kmax: int = 50) -> list[dict]:
             U, S, Vh = torch.linalg.svd(J, full_matrices=False)
         return SVD(U[..., :kmax], S[..., :kmax], Vh[..., :kmax, :])
 
-    ref, t_full, m_full = timed(full)
-    rows = [{**common, "method": "spectra: full SVD, every token", "seconds": t_full, "peak_mib": m_full}]
+    ref, t_full = timed(full)
+    m_full = peak(full)
+    rows = [
+        {**common, "method": "spectra: full SVD, every token", "seconds": t_full, "peak_tensor_mib": m_full}
+    ]
     variants = [("float32 Gram refined in float64", True, 1), ("float64 Gram", False, 1)]
     if (os.cpu_count() or 1) >= 2:  # the matrices shared between two threads, one BLAS thread each
         variants.append(("float32 Gram refined in float64, 2 threads", True, 2))
     for label, mixed, threads in variants:
         with torch_threads(threads):
-            top, t_gram, m_gram = timed(lambda mixed=mixed: gram_topk(J, kmax, mixed=mixed))
+            top, t_gram = timed(lambda mixed=mixed: gram_topk(J, kmax, mixed=mixed))
+            m_gram = peak(lambda mixed=mixed: gram_topk(J, kmax, mixed=mixed)) if threads == 1 else None
         diff = max(
             float((coupling_matrix(J, k, svds=top) - coupling_matrix(J, k, svds=ref)).abs().max()) for k in K
         )
@@ -273,7 +282,7 @@ def spectra_rows(J, common: dict, kmax: int = 50) -> list[dict]:
                 "method": f"spectra: gram_topk (top 50, {label}), every token",
                 "seconds": t_gram,
                 "speedup": t_full / t_gram,
-                "peak_mib": m_gram,
+                "peak_tensor_mib": m_gram,
                 "max_metric_diff": diff,
             }
         )
@@ -317,8 +326,8 @@ def case_measure(n_prompts: int) -> list[dict]:
         with tempfile.TemporaryDirectory() as out:
             return measure(model, ids, tokens=tokens, k=K, out=out)
 
-    _, t_ref, m_ref = timed(reference)
-    res, t_last, m_last = timed(lambda: engine("last"))
+    _, t_ref = timed(reference)
+    res, t_last = timed(lambda: engine("last"))
     lengths = [x.shape[1] for x in ids.values()]
     common = {
         "case": f"measure: embedded:smollm2-135m, {len(ids)} prompts of {min(lengths)}-{max(lengths)} tokens",
@@ -327,14 +336,13 @@ def case_measure(n_prompts: int) -> list[dict]:
     }
     paths = res.provenance["jacobian_paths"]["layers"]
     rows = [
-        {**common, "method": "reference (last token, every block)", "seconds": t_ref, "peak_mib": m_ref},
+        {**common, "method": "reference (last token, every block)", "seconds": t_ref},
         {
             **common,
             "method": f"measure(tokens='last') [{', '.join(f'{k}: {v}' for k, v in paths.items())}]",
             "seconds": t_last,
             "speedup": t_ref / t_last,
             "target": min(lengths) / 2,
-            "peak_mib": m_last,
         },
     ]
     return _judged(rows)
@@ -391,7 +399,7 @@ def main(argv=None) -> int:
         "target",
         "gemm_fraction",
         "flop_bound",
-        "peak_mib",
+        "peak_tensor_mib",
         "meets_target",
     ]
     with pd.option_context("display.width", 220, "display.max_columns", 20, "display.max_colwidth", 60):

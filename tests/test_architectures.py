@@ -8,13 +8,13 @@ import torch
 from coupling_utils.engine.architectures import (
     ARCHITECTURES,
     UnsupportedArchitectureError,
-    attention_mode,
     find_architecture,
     supported_architectures,
     tiny_model,
     transformer_blocks,
 )
 from coupling_utils.engine.attention import TOKEN_DIAGONAL, plain_attention, token_diagonal_attention
+from coupling_utils.engine.attention_modes import attention_mode
 from coupling_utils.engine.blocks import block_function, residual_stream
 
 

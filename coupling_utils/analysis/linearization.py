@@ -142,7 +142,8 @@ def _stream_and_blocks(model, inputs) -> tuple[torch.Tensor, list]:
     linearisation costs one forward instead of one per block. The pass runs with
     token-diagonal attention (same forward values), as the returned functions do.
     """
-    from coupling_utils.engine.architectures import attention_mode, transformer_blocks
+    from coupling_utils.engine.architectures import transformer_blocks
+    from coupling_utils.engine.attention_modes import attention_mode
     from coupling_utils.engine.blocks import BlockFunction, model_inputs, unwrap_model
     from coupling_utils.engine.hooks import capture_blocks
 

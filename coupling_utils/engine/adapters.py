@@ -4,7 +4,7 @@ Each adapter reproduces its module's own computation (same weights, same operati
 the attention core through :func:`~coupling_utils.engine.attention.token_diagonal_attention`.
 KV caches are refused (Jacobians are taken without them). The architecture table
 (``architectures.py``) names an adapter by its key in :data:`ATTENTION_ADAPTERS`;
-``architectures.attention_mode`` patches the modules meanwhile.
+``attention_modes.attention_mode`` patches the modules meanwhile.
 """
 
 from __future__ import annotations

@@ -23,20 +23,15 @@ adapter function named by a row), so the engine itself has no ``if model_type ==
   norm applied to the block's output (``blocks.block_function(..., last_block="final_norm")``).
 
 Block calls themselves are captured with hooks (``blocks.py``), so no row needs to know a
-block's argument list.
+block's argument list; ``attention_modes.py`` switches attention as the row says.
 """
 
 from __future__ import annotations
 
-import contextlib
 import types
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
-
-from coupling_utils.engine.adapters import ATTENTION_ADAPTERS
-from coupling_utils.engine.attention import ONE_TOKEN, TOKEN_DIAGONAL
 
 __all__ = [
     "Architecture",
@@ -47,7 +42,6 @@ __all__ = [
     "transformer_blocks",
     "final_norm",
     "hidden_states_norm",
-    "attention_mode",
     "POINTWISE_ACTIVATIONS",
     "tiny_model",
     "unwrap_model",
@@ -533,67 +527,6 @@ def hidden_states_norm(model) -> torch.nn.Module | None:
     """
     row = find_architecture(model)
     return final_norm(model) if row.norm_in_hidden_states else None
-
-
-def _configs(model) -> Iterator:
-    """Every config object reachable from the model's modules (and their sub-configs), once."""
-    seen, stack = set(), [m.config for m in model.modules() if hasattr(m, "config")]
-    while stack:
-        c = stack.pop()
-        if id(c) in seen or not hasattr(c, "_attn_implementation_internal"):
-            continue
-        seen.add(id(c))
-        yield c
-        for key in getattr(c, "sub_configs", {}) or {}:
-            sub = getattr(c, key, None)
-            if sub is not None:
-                stack.append(sub)
-
-
-@contextlib.contextmanager
-def attention_mode(model, *, token_diagonal: bool, one_token: bool = False):
-    """Route the model's attention through the token-diagonal function (or plain eager) meanwhile.
-
-    ``token_diagonal=False`` selects the model's own eager attention (the ordinary block, the
-    oracle); adapter architectures then keep their implementation unchanged. ``one_token``
-    (with ``token_diagonal=False``) selects ``attention.one_token_attention`` for one query
-    against a cache where the model calls ``AttentionInterface`` (the others keep their own).
-    The original implementation (and any patched method) is always restored on exit.
-    """
-    model = unwrap_model(model)
-    row = find_architecture(model)
-    if row.attention == "interface":
-        target = TOKEN_DIAGONAL if token_diagonal else ONE_TOKEN if one_token else "eager"
-        saved = [(c, c._attn_implementation_internal) for c in _configs(model)]
-        try:
-            for c, _ in saved:
-                c._attn_implementation_internal = target
-            yield
-        finally:
-            for c, value in saved:
-                c._attn_implementation_internal = value
-        return
-    if not token_diagonal:
-        yield
-        return
-    class_name, methods = ATTENTION_ADAPTERS[row.attention]
-    patched = []
-    try:
-        for module in model.modules():
-            if any(cls.__name__ == class_name for cls in type(module).__mro__):
-                for method, fn in methods.items():
-                    had = method in module.__dict__
-                    patched.append((module, method, module.__dict__.get(method), had))
-                    setattr(module, method, types.MethodType(fn, module))
-        if not patched:
-            raise UnsupportedArchitectureError(f"{row.name}: no {class_name} modules found to adapt")
-        yield
-    finally:
-        for module, method, old, had in reversed(patched):
-            if had:
-                setattr(module, method, old)
-            else:
-                delattr(module, method)
 
 
 def tiny_model(

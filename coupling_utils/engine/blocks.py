@@ -32,13 +32,13 @@ import torch
 
 from coupling_utils.engine.architectures import (
     POINTWISE_ACTIVATIONS,
-    attention_mode,
     find_architecture,
     hidden_states_norm,
     transformer_blocks,
     unwrap_model,
 )
 from coupling_utils.engine.attention import own_rows
+from coupling_utils.engine.attention_modes import attention_mode
 from coupling_utils.engine.hooks import _hidden, capture_blocks
 
 __all__ = [

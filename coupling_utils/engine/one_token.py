@@ -28,11 +28,11 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from coupling_utils.engine.architectures import (
-    attention_mode,
     find_architecture,
     transformer_blocks,
     unwrap_model,
 )
+from coupling_utils.engine.attention_modes import attention_mode
 from coupling_utils.engine.blocks import (
     BlockFunction,
     _is_cache,
