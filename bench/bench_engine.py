@@ -36,13 +36,18 @@ Cases:
 - ``measure``: a whole ``measure()`` on the trained ``embedded:smollm2-135m`` (30 blocks,
   3 prompts, the last token), against the reference run on every block of the same prompts.
 
-The GEMM rate is a ``(64·T × d) @ (d × 4d)`` float32 matmul timed in the same run (best of 5).
+The GEMM rate is a ``(64·T × d) @ (d × 4d)`` float32 matmul timed in the same run, the median over
+products repeated for half a second (sustained: one product's rate moved by ±20 % from one second
+to the next here, so the best of a few bursts judged a seconds-long sweep against a peak it never
+saw).
 The FLOP accounting (printed, and in the CSV): a block's forward pass over T tokens is
 ``2·T·P + 4·T²·d`` (P = the block's matrix parameters: q, k, v, o and the MLP; the attention
 scores and the weighted sum counted as full T × T products), and d VJPs cost d forward passes;
 one token against a T-token cache is ``2·P + 4·T·d`` per pass; the all-token sweep, which skips the
 cut modules' product over the tokens, ``d·(2·T·(P − P_cut) + 4·T²·d + 2·P_cut)``. The engine's
-rate is those FLOPs over its seconds; ``gemm_fraction`` is that rate over the GEMM rate.
+rate is those FLOPs over its seconds; ``gemm_fraction`` is that rate over the GEMM rate; for the
+all-token sweep (the row with ``gemm_target``) it is the median of three runs of the sweep alone,
+each over the GEMM rate measured just before it (``paired_fraction``).
 
 Peak memory (``peak_tensor_mib``): the largest total of torch's buffers alive during the call above
 those alive before it, from the profiler's allocation records in a second, untimed run of the same
@@ -129,22 +134,41 @@ def one_token_flops(P: int, T: int, d: int) -> float:
     return 2.0 * P + 4.0 * T * d
 
 
-def gemm_rate(T: int, d: int, dtype=None, device: str = "cpu") -> float:
-    """FLOP/s of a ``(64·T × d) @ (d × 4d)`` matmul (float32 unless ``dtype``) on ``device``,
-    best of 5 (the first also warms up; on CUDA each is synchronised)."""
+def gemm_rate(T: int, d: int, dtype=None, device: str = "cpu", seconds: float = 0.5) -> float:
+    """FLOP/s of a ``(64·T × d) @ (d × 4d)`` matmul (float32 unless ``dtype``) on ``device``: the
+    median over products repeated for ``seconds`` after one to warm up (on CUDA each synchronised).
+
+    Sustained, not the best of a few bursts: on this kind of shared machine the rate of one
+    product moved by ±20 % from one second to the next, and a sweep runs for seconds."""
+    import statistics
+
     import torch
 
     A = torch.randn(64 * T, d, dtype=dtype, device=device)
     B = torch.randn(d, 4 * d, dtype=dtype, device=device)
     sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
-    best = float("inf")
-    for _ in range(5):
+    times, end = [], None
+    while end is None or time.perf_counter() < end or len(times) < 3:
         sync()
         t0 = time.perf_counter()
         A @ B
         sync()
-        best = min(best, time.perf_counter() - t0)
-    return 2.0 * 64 * T * d * 4 * d / best
+        times.append(time.perf_counter() - t0)
+        end = end or time.perf_counter() + seconds
+    return 2.0 * 64 * T * d * 4 * d / statistics.median(times[1:])
+
+
+def paired_fraction(fn, flops: float, T: int, d: int, runs: int = 3) -> float:
+    """``fn``'s FLOP rate over the GEMM rate measured just before it, the median of ``runs`` pairs:
+    the machine's rate drifts (:func:`gemm_rate`), and a pair taken together sees the same drift."""
+    import statistics
+
+    fractions = []
+    for _ in range(runs):
+        rate = gemm_rate(T, d)
+        _, seconds = timed(fn)
+        fractions.append(flops / seconds / rate)
+    return statistics.median(fractions)
 
 
 # --------------------------------------------------------------------------- the methods
@@ -173,7 +197,7 @@ def tile_flops(N: int, d: int, kmax: int = 50) -> float:
 def case_block(T: int, model, label: str, gemm_T: int | None = None) -> list[dict]:
     import torch
 
-    from coupling_utils.engine.jacobians import reference_jacobians
+    from coupling_utils.engine.jacobians import reference_jacobians, token_jacobians
     from coupling_utils.engine.one_token import one_token_jacobians
 
     ids = torch.randint(0, model.config.vocab_size, (1, T), generator=torch.Generator().manual_seed(1))
@@ -239,7 +263,8 @@ def case_block(T: int, model, label: str, gemm_T: int | None = None) -> list[dic
         if "flops" in r:
             r["flops_per_s"] = r["flops"] / r["seconds"]
             r["gemm_fraction"] = r["flops_per_s"] / rate
-    rows[2]["gemm_target"] = GEMM_TARGET
+    rows[2]["gemm_target"] = GEMM_TARGET  # judged on the sweep alone, paired with the GEMM rate:
+    rows[2]["gemm_fraction"] = paired_fraction(lambda: token_jacobians(model, ids, 0), sweep, gemm_T or T, d)
     if T <= 64:
         rows += spectra_rows(J, common)
     return _judged(rows)
@@ -353,7 +378,7 @@ def _print_flops() -> None:
         "FLOP accounting: block forward over T tokens = 2·T·P + 4·T²·d; d VJPs = d forward passes;\n"
         "the all-token sweep without its cut modules (P_cut): d·(2·T·(P − P_cut) + 4·T²·d + 2·P_cut);\n"
         "one token against a T-token cache = 2·P + 4·T·d per pass; "
-        "GEMM rate = (64·T × d) @ (d × 4d), best of 5",
+        "GEMM rate = (64·T × d) @ (d × 4d), sustained (median over 0.5 s)",
         flush=True,
     )
 
