@@ -15,6 +15,10 @@ leaves the block's cost unchanged) and prompts of T tokens, it times:
 
 - ``exact``: ``token_jacobians`` of block 0 (d VJPs through the block, batched): seconds per
   block pass = seconds / d;
+- ``one_token``: ``one_token_jacobians`` of block 0 for the last token (d VJPs of that token
+  alone against its prefix's key/value cache, the path ``measure()`` takes for a few tokens of
+  a causal model): seconds per one-token pass = seconds / d, FLOPs per pass as
+  ``costs.one_token_pass_flops`` counts them (``2 · block parameters + 4 · T · d``);
 - ``matrix_free``: ``matrix_free_topk(K=10)`` of block 0 with the default Lanczos solver:
   seconds / its block passes (JVPs and VJPs);
 - ``svd``: ``torch.linalg.svd`` of a d × d float32 matrix (U, S and V), the exact method's
@@ -97,9 +101,10 @@ def worker(threads: int) -> list[dict]:
     import torch
 
     from coupling_utils.engine.jacobians import token_jacobians
+    from coupling_utils.engine.one_token import one_token_jacobians
     from coupling_utils.engine.spectra import matrix_free_topk
     from coupling_utils.measurement import measure
-    from coupling_utils.pipeline.costs import pass_flops
+    from coupling_utils.pipeline.costs import one_token_pass_flops, pass_flops
 
     torch.set_num_threads(threads)
     rows = []
@@ -114,6 +119,10 @@ def worker(threads: int) -> list[dict]:
             with _Clock() as c:
                 token_jacobians(model, ids, 0)
             rows.append(_row("exact", name, d, p_block, T, d, c, flops))
+            one_token_jacobians(model, ids[:, :4], 0, [3])  # warm-up
+            with _Clock() as c:
+                one_token_jacobians(model, ids, 0, [T - 1])
+            rows.append(_row("one_token", name, d, p_block, T, d, c, one_token_pass_flops(p_block, T, d)))
             with _Clock() as c:
                 res = matrix_free_topk(model, ids, 0, 10)
             rows.append(_row("matrix_free", name, d, p_block, T, res.block_passes, c, flops))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from pathlib import Path
@@ -51,8 +52,16 @@ def test_gpt2_by_hand():
     work = C.Work("openai-community/gpt2", None, "float32", n_prompts=2, T=16, layers=None, n_tokens=1, k=50)
     cost = C.work_cost(work)
     per_pass = 2 * size.block_params * 16 + 4 * 16 * 16 * d
-    assert cost.passes == 2 * L * (d + 1) and cost.svds == 2 * L
-    assert cost.flops == pytest.approx(2 * L * (d + 1) * per_pass + 2 * L * 21 * d**3)
+    one_pass = 2 * size.block_params + 4 * 16 * d  # one token against a 16-token cache
+    # the last token of a causal model: d one-token passes per block, and a pass over the prefix
+    assert cost.passes == 2 * L and cost.one_token_passes == 2 * L * d and cost.svds == 2 * L
+    assert cost.flops == pytest.approx(2 * L * per_pass + 2 * L * d * one_pass + 2 * L * 21 * d**3)
+    sweep = C.work_cost(dataclasses.replace(work, n_tokens=16))  # every token: one all-token sweep
+    assert sweep.passes == 2 * L * (d + 1) and sweep.one_token_passes == 0 and sweep.svds == 2 * L * 16
+    assert sweep.flops == pytest.approx(2 * L * (d + 1) * per_pass + 2 * L * 16 * 21 * d**3)
+    eight = C.work_cost(dataclasses.replace(work, n_tokens=8))  # T/2 tokens: still one at a time
+    assert eight.one_token_passes == 2 * L * 8 * d
+    assert C.work_cost(dataclasses.replace(work, n_tokens=9)).one_token_passes == 0
     weights = size.n_params * 4 / 1e9
     assert cost.host_gb == pytest.approx(weights)
     assert cost.device_gb == pytest.approx(
@@ -61,6 +70,26 @@ def test_gpt2_by_hand():
     assert cost.download_gb == pytest.approx(weights)  # GPT-2 stores float32
     twin = C.work_cost(C.Work("openai-community/gpt2", None, "float32", 2, 16, None, 1, download=False))
     assert twin.download_gb == 0 and twin.flops == cost.flops
+
+
+def test_a_bidirectional_model_keeps_the_sweep_for_one_token():
+    """The one-token path needs a causal model (engine.one_token.choose_path): a ViT's CLS token
+    is formed by the all-token sweep, as measure() forms it."""
+    size = C.ModelSize("vit", "vit", 12, 768, 0, 7_087_872, "float32")
+    cost = C.size_cost(C.Work("vit", None, "float32", 1, 197, None, 1), size)
+    assert cost.passes == 12 * 769 and cost.one_token_passes == 0
+
+
+def test_one_token_passes_take_their_own_rate():
+    """cpu_seconds prices one-token passes at the one-token rate (NaN where it is not measured:
+    the time is then unknown, not priced at the sweep's rate)."""
+    size = C.model_size("openai-community/gpt2")
+    cost = C.work_cost(C.Work("openai-community/gpt2", None, "float32", 1, 16, None, 1))
+    rates = C.Rates(1e11, 1e10, 0.0, "m", 1e10)
+    one = cost.one_token_passes * (2 * size.block_params + 4 * 16 * 768) / 1e10
+    prefix = cost.passes * (2 * size.block_params * 16 + 4 * 16 * 16 * 768) / 1e11
+    assert C.cpu_seconds(cost, rates) == pytest.approx(one + prefix)
+    assert math.isnan(C.cpu_seconds(cost, C.Rates(1e11, 1e10, 0.0, "m")))
 
 
 def test_matrix_free_counts_solver_and_tile_passes():
@@ -114,6 +143,12 @@ def test_rates_are_the_one_thread_medians():
         ]
     rates = C.cpu_rates(pd.DataFrame(rows))
     assert (rates.exact_flops_per_s, rates.matrix_free_flops_per_s) == (12e9, 7e9)
+    assert math.isnan(rates.one_token_flops_per_s)  # not in this benchmark
+    one = [
+        {"what": "one_token", "torch_threads": t, "flops_per_s": r, "machine": "m"}
+        for t, r in ((1, 3e9), (1, 5e9), (2, 1))
+    ]
+    assert C.cpu_rates(pd.DataFrame(rows + one)).one_token_flops_per_s == 4e9
     assert rates.svd_seconds_per_d3 == pytest.approx(7e-9)
     with pytest.raises(ValueError, match="no one-thread rows"):
         C.cpu_rates(pd.DataFrame(rows[-3:]))
@@ -125,8 +160,8 @@ def test_the_benchmark_validates_the_cost_model():
     bench = pd.read_csv(ROOT / "data" / "benchmarks" / "costs.csv")
     v = bench[(bench.what == "validate") & (bench.torch_threads == 1)].iloc[0]
     size = C.ModelSize("bench", "gpt2", int(v.layers), int(v.d), 0, int(v.block_params), "float32")
-    cost = C.Cost(C.Work("bench", None, "float32", 1, int(v["T"]), None, 1), size)
-    cost.passes, cost.svds = int(v.layers) * (int(v.d) + 1), int(v.layers)
+    cost = C.size_cost(C.Work("bench", None, "float32", 1, int(v["T"]), None, 1), size)
+    assert cost.one_token_passes == int(v.layers) * int(v.d)  # the last token: the one-token path
     predicted = C.cpu_seconds(cost, C.cpu_rates(bench))
     assert 0.5 < predicted / v.seconds < 2, (predicted, v.seconds)
 

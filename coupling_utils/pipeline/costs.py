@@ -10,7 +10,10 @@ weights) and from the engine's throughput measured by ``bench/bench_costs.py``
   :func:`pass_flops` = ``2·P·T + 4·T²·d`` FLOPs (matrix products, attention);
 - the **exact** method makes ``d`` passes per block (one row of every token's Jacobian each),
   plus one forward pass, then a full SVD of each measured token's ``d × d`` Jacobian
-  (``21·d³`` FLOPs, Golub & Van Loan's count for U, Σ and V);
+  (``21·d³`` FLOPs, Golub & Van Loan's count for U, Σ and V); where ``measure()`` takes the
+  one-token path instead (at most T/2 tokens of a causal model, ``engine.one_token``), ``d``
+  **one-token passes** per token and block (:func:`one_token_pass_flops` = ``2·P + 4·T·d``,
+  priced at their own measured rate) and a pass over the prefix;
 - **matrix-free** makes the Lanczos solver's passes for the largest K plus ``K`` per partner
   block for the tiles (:func:`coupling_utils.engine.spectra.solver_passes`), and no SVD of size d;
 - **memory** on the device: the weights in the run's dtype, one chunk of 64 VJP cotangents through
@@ -22,7 +25,7 @@ weights) and from the engine's throughput measured by ``bench/bench_costs.py``
 - **download**: the weights in the dtype the repo stores (``torch_dtype``), per (model, revision);
   random-init twins need none.
 
-CPU time divides the pass FLOPs by the throughput measured on one core for that method (the
+CPU time divides the pass FLOPs by the throughput measured on one core for that method and path (the
 median over the benchmarked block shapes and prompt lengths, in CPU time, so that a shared
 machine's waiting is left out) and adds the measured time of a ``d × d`` SVD scaled as ``d³``.
 On ``c`` cores it is the one-core time over ``c``: perfect scaling, so a lower bound, with the
@@ -83,6 +86,12 @@ def pass_flops(block_params: int, T: int, d: int) -> float:
     """FLOPs of one block pass over ``T`` tokens: ``2 · block_params · T`` for the matrix
     products and ``4 · T² · d`` for attention's scores and weighted values."""
     return 2.0 * block_params * T + 4.0 * T * T * d
+
+
+def one_token_pass_flops(block_params: int, T: int, d: int) -> float:
+    """FLOPs of one block pass of one token against a ``T``-token key/value cache (the one-token
+    path, ``engine.one_token``): ``2 · block_params`` and ``4 · T · d`` for its attention row."""
+    return 2.0 * block_params + 4.0 * T * d
 
 
 def svd_flops(d: int) -> float:
@@ -204,8 +213,9 @@ class Cost:
     work: Work
     size: ModelSize | None
     flops: float = math.nan
-    passes: int = 0  # block passes in all
+    passes: int = 0  # block passes over all T tokens, in all
     svds: int = 0  # d × d SVDs in all
+    one_token_passes: int = 0  # block passes of one token against its prefix's cache, in all
     device_gb: float = math.nan
     host_gb: float = math.nan
     download_gb: float = 0.0
@@ -214,26 +224,52 @@ class Cost:
 def work_cost(work: Work) -> Cost:
     """The FLOPs, passes, SVDs, device memory, host memory and download of one :class:`Work`."""
     size = model_size(work.model)
-    if size is None:
-        return Cost(work, None)
+    return Cost(work, None) if size is None else size_cost(work, size)
+
+
+def size_cost(work: Work, size: ModelSize) -> Cost:
+    """:func:`work_cost` for a model of ``size``. Exact and randomized runs form each selected
+    token's Jacobian as ``measure()`` does (``engine.one_token.choose_path``'s rule): a few
+    tokens of a causal model one at a time against the prefix's key/value cache (d one-token
+    passes each, and a pass over the prefix), otherwise one all-token sweep (d passes)."""
+    import types
+
+    from coupling_utils.engine.architectures import find_architecture
+    from coupling_utils.engine.one_token import one_token_wins
     from coupling_utils.engine.spectra import solver_passes
 
     d, P = size.d_model, size.block_params
     L = size.n_layers if work.layers is None else int(work.layers)
+    causal = find_architecture(types.SimpleNamespace(model_type=size.model_type)).causal == "causal"
+    one = 0
     if work.method == "matrix_free":
         per_layer = solver_passes(work.k, d=d) + max(L - 1, 0) * work.k
         svds = 0
+    elif causal and one_token_wins(work.n_tokens, work.T):
+        per_layer = work.n_tokens  # the prefix passes, without gradients
+        one = work.n_prompts * L * work.n_tokens * d
+        svds = L * work.n_tokens * work.n_prompts
     else:
         per_layer = d + 1
         svds = L * work.n_tokens * work.n_prompts
     extra = work.extra_passes if work.extra_cost is None else work.extra_cost(size.n_layers, d)
     passes = work.n_prompts * (L * per_layer + extra)
-    flops = passes * pass_flops(P, work.T, d) + svds * svd_flops(d)
+    flops = passes * pass_flops(P, work.T, d) + one * one_token_pass_flops(P, work.T, d) + svds * svd_flops(d)
     weights = size.weights_gb(work.dtype)
     buffers = (CHUNK * work.T * P / d + 3 * work.n_tokens * d * d) * 4 / GB
     device = weights + buffers + DEVICE_ALLOWANCE_GB
     download = size.weights_gb(size.stored_dtype) if work.download else 0.0
-    return Cost(work, size, flops, passes, svds, device, weights, download)
+    return Cost(
+        work,
+        size,
+        flops,
+        passes,
+        svds,
+        one_token_passes=one,
+        device_gb=device,
+        host_gb=weights,
+        download_gb=download,
+    )
 
 
 # --------------------------------------------------------------------------- measured throughput
@@ -254,6 +290,7 @@ class Rates:
     matrix_free_flops_per_s: float
     svd_seconds_per_d3: float
     machine: str = ""
+    one_token_flops_per_s: float = math.nan  # NaN: not measured (a one-token run's time unknown)
 
 
 def cpu_rates(bench: pd.DataFrame | None = None) -> Rates:
@@ -268,6 +305,7 @@ def cpu_rates(bench: pd.DataFrame | None = None) -> Rates:
         float(rows[rows.what == "matrix_free"].flops_per_s.median()),
         float((svd.seconds / svd.d.astype(float) ** 3).median()),
         str(rows.machine.iloc[0]),
+        float(rows[rows.what == "one_token"].flops_per_s.median()),  # NaN in a run without them
     )
 
 
@@ -278,8 +316,9 @@ def gpu_rates(check: pd.DataFrame | None = None) -> Rates | None:
     """The engine's throughput on a GPU, measured by ``bench/gpu_check.py``
     (``data/benchmarks/gpu_check.csv``) on a random-init twin of a paper-size model in bfloat16:
     the all-token sweep's FLOP rate (median over the prompt lengths) and the top-50 spectra's
-    seconds per ``d × d`` matrix over ``d³``; no matrix-free rate (not measured on a GPU: NaN,
-    so a matrix-free run's GPU time is unknown). None where no GPU run is recorded."""
+    seconds per ``d × d`` matrix over ``d³``; the one-token path's FLOP rate (NaN in a run
+    without it); no matrix-free rate (not measured on a GPU: NaN, so a matrix-free run's GPU
+    time is unknown). None where no GPU run is recorded."""
     if check is None:
         from coupling_utils.files import data_dir
 
@@ -300,6 +339,7 @@ def gpu_rates(check: pd.DataFrame | None = None) -> Rates | None:
         math.nan,
         float((spectra.seconds / n / d**3).median()),
         str(ok.device.iloc[0]),
+        float(ok[ok.method == "one_token (1 token)"].flops_per_s.median()),
     )
 
 
@@ -308,8 +348,12 @@ def cpu_seconds(cost: Cost, rates: Rates) -> float:
     if cost.size is None:
         return math.nan
     rate = rates.matrix_free_flops_per_s if cost.work.method == "matrix_free" else rates.exact_flops_per_s
-    pass_part = cost.passes * pass_flops(cost.size.block_params, cost.work.T, cost.size.d_model) / rate
-    return pass_part + cost.svds * rates.svd_seconds_per_d3 * float(cost.size.d_model) ** 3
+    shape = (cost.size.block_params, cost.work.T, cost.size.d_model)
+    pass_part = cost.passes * pass_flops(*shape) / rate
+    one_part = 0.0
+    if cost.one_token_passes:
+        one_part = cost.one_token_passes * one_token_pass_flops(*shape) / rates.one_token_flops_per_s
+    return pass_part + one_part + cost.svds * rates.svd_seconds_per_d3 * float(cost.size.d_model) ** 3
 
 
 # --------------------------------------------------------------------------- what a notebook measures
