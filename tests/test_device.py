@@ -312,6 +312,20 @@ def sweep_path_only(monkeypatch):
     monkeypatch.setattr(compute, "choose_path", lambda *a, **k: ("all_tokens", "test: sweep only"))
 
 
+def test_the_path_rule_is_the_models_devices():
+    """choose_path reads the model's device: two of 16 tokens go one at a time on the CPU (T/2)
+    and by one sweep on an accelerator (T/16: engine.one_token.one_token_wins)."""
+    from coupling_utils.engine.one_token import choose_path
+
+    model, x = tiny_model("llama"), torch.randint(0, 64, (1, 16), generator=torch.Generator().manual_seed(0))
+    assert choose_path(model, x, 2, 16)[0] == "one_token"
+    with emulated_device() as dev:
+        model.to(dev)
+        path, why = choose_path(model, x, 2, 16)
+        assert choose_path(model, x, 1, 16)[0] == "one_token"
+    assert path == "all_tokens" and why == "2 of 16 tokens on emulated: one sweep over all tokens is cheaper"
+
+
 def test_one_token_path_on_the_device(standin_hub, monkeypatch):
     """measure() by the one-token path (a deep-copied key/value cache under ``torch.func.vjp``) with
     the model on the device: every table equals the host run's (issue 26: the emulation's deep copy

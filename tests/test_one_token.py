@@ -78,6 +78,9 @@ def test_non_causal_blocks_and_other_inputs_keep_the_exact_path():
     assert choose_path(llama, x, 5, 8)[0] == "all_tokens"
     assert choose_path(llama, padded, 1, 8)[0] == "all_tokens"
     assert one_token_wins(8, 16) and not one_token_wins(9, 16)
+    # on an accelerator a token's d small products cost as much at T = 128 as at T = 16
+    assert one_token_wins(1, 16, "cuda") and not one_token_wins(2, 16, "cuda")
+    assert one_token_wins(8, 128, "cuda:0") and not one_token_wins(9, 128, torch.device("cuda"))
     with pytest.raises(IndexError, match="out of range"):
         one_token_function(llama, x, 0, 8)
 

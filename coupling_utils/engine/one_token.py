@@ -81,13 +81,18 @@ def one_token_supported(model, inputs) -> str | None:
     return None
 
 
-def one_token_wins(n_tokens: int, T: int) -> bool:
+def one_token_wins(n_tokens: int, T: int, device: torch.device | str = "cpu") -> bool:
     """Whether ``n_tokens`` one-token Jacobians cost less than one all-token sweep over T.
 
-    Each costs about 1/T of the sweep's block work (plus a prefix pass without gradients), so
-    the path wins below T/2 tokens (the measured ratios are in ``bench/bench_engine.py``).
+    On a CPU each costs about 1/T of the sweep's block work (plus a prefix pass without
+    gradients), so the path wins below T/2 tokens (the measured ratios are in
+    ``bench/bench_engine.py``). On an accelerator the d products of one token are too small to
+    fill it: one token took as long at T = 128 as at T = 16 (0.11 s a block, against the sweep's
+    0.13 s and 0.76 s, ``data/benchmarks/gpu_check.csv``: an H200, a bfloat16 Llama-7B-shaped
+    block), so there it wins below T/16 tokens.
     """
-    return 2 * n_tokens <= T
+    share = 2 if torch.device(device).type == "cpu" else 16
+    return share * n_tokens <= T
 
 
 def choose_path(model, inputs, n_tokens: int, T: int) -> tuple[str, str]:
@@ -100,8 +105,12 @@ def choose_path(model, inputs, n_tokens: int, T: int) -> tuple[str, str]:
     why = one_token_supported(model, inputs)
     if why is not None:
         return "all_tokens", why
-    if not one_token_wins(n_tokens, T):
-        return "all_tokens", f"{n_tokens} of {T} tokens: one sweep over all tokens is cheaper"
+    device = next(unwrap_model(model).parameters()).device
+    if not one_token_wins(n_tokens, T, device):
+        return (
+            "all_tokens",
+            f"{n_tokens} of {T} tokens on {device.type}: one sweep over all tokens is cheaper",
+        )
     return "one_token", f"{n_tokens} of {T} tokens, each against its prefix's key/value cache"
 
 

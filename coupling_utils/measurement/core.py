@@ -273,7 +273,8 @@ class _Run:
             "jacobian_paths": {
                 "layers": dict(sorted(self.paths.items())),
                 "rule": "one_token (each selected token against its prefix's key/value cache) for "
-                "causal token-id prompts with at most T/2 selected tokens; all_tokens (one "
+                "causal token-id prompts with at most T/2 selected tokens on a CPU, T/16 on an "
+                "accelerator; all_tokens (one "
                 "token-diagonal sweep) otherwise; matrix_free: products only",
                 "why": sorted({why for path, why in self.work.paths.values()}),
                 "spectra": self._spectra_choice(),

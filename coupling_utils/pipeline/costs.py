@@ -11,7 +11,8 @@ weights) and from the engine's throughput measured by ``bench/bench_costs.py``
 - the **exact** method makes ``d`` passes per block (one row of every token's Jacobian each),
   plus one forward pass, then a full SVD of each measured token's ``d × d`` Jacobian
   (``21·d³`` FLOPs, Golub & Van Loan's count for U, Σ and V); where ``measure()`` takes the
-  one-token path instead (at most T/2 tokens of a causal model, ``engine.one_token``), ``d``
+  one-token path instead (at most T/2 tokens of a causal model on a CPU, T/16 on a GPU,
+  ``engine.one_token.one_token_wins``), ``d``
   **one-token passes** per token and block (:func:`one_token_pass_flops` = ``2·P + 4·T·d``,
   priced at their own measured rate) and a pass over the prefix;
 - **matrix-free** makes the Lanczos solver's passes for the largest K plus ``K`` per partner
@@ -227,11 +228,12 @@ def work_cost(work: Work) -> Cost:
     return Cost(work, None) if size is None else size_cost(work, size)
 
 
-def size_cost(work: Work, size: ModelSize) -> Cost:
-    """:func:`work_cost` for a model of ``size``. Exact and randomized runs form each selected
-    token's Jacobian as ``measure()`` does (``engine.one_token.choose_path``'s rule): a few
-    tokens of a causal model one at a time against the prefix's key/value cache (d one-token
-    passes each, and a pass over the prefix), otherwise one all-token sweep (d passes)."""
+def size_cost(work: Work, size: ModelSize, device: str = "cpu") -> Cost:
+    """:func:`work_cost` for a model of ``size`` on ``device`` ("cpu", or "cuda" for a GPU's).
+    Exact and randomized runs form each selected token's Jacobian as ``measure()`` does there
+    (``engine.one_token.choose_path``'s rule): a few tokens of a causal model one at a time
+    against the prefix's key/value cache (d one-token passes each, and a pass over the prefix),
+    otherwise one all-token sweep (d passes)."""
     import types
 
     from coupling_utils.engine.architectures import find_architecture
@@ -245,7 +247,7 @@ def size_cost(work: Work, size: ModelSize) -> Cost:
     if work.method == "matrix_free":
         per_layer = solver_passes(work.k, d=d) + max(L - 1, 0) * work.k
         svds = 0
-    elif causal and one_token_wins(work.n_tokens, work.T):
+    elif causal and one_token_wins(work.n_tokens, work.T, device):
         per_layer = work.n_tokens  # the prefix passes, without gradients
         one = work.n_prompts * L * work.n_tokens * d
         svds = L * work.n_tokens * work.n_prompts
@@ -476,7 +478,7 @@ class NotebookCost:
         if rates is not None:
             row["one-core seconds"] = sum(cpu_seconds(c, rates) for c in known)
         if gpu is not None:
-            row["GPU seconds"] = sum(cpu_seconds(c, gpu) for c in known)
+            row["GPU seconds"] = sum(cpu_seconds(size_cost(c.work, c.size, "cuda"), gpu) for c in known)
         if self.embedded:
             row["embedded (zoo cost)"] = ", ".join(self.embedded)
         return row
