@@ -689,6 +689,24 @@ def test_pointwise_activations_hold_their_slopes(model_type):
     assert len(calls) == 1 and "forward" not in vars(acts[0])
 
 
+def test_held_slopes_keep_a_float64_block_in_float64():
+    """A float64 block's slopes are taken in float64 (only half precision is widened, to float32):
+    its held-slope products equal autograd's to float64 rounding, and the one-token path's block
+    functions hold slopes too (BlockFunction's default)."""
+    from coupling_utils.engine.one_token import OneTokenCalls
+
+    model = tiny_model("gpt_neox").double()
+    x = _inputs(model)
+    f, X = block_function(model, x, 1, token_diagonal=False)
+    plain, _ = block_function(model, x, 1, token_diagonal=False, plain=True)
+    C = torch.randn(2, *X.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    (held,) = torch.func.vmap(torch.func.vjp(f, X)[1])(C)
+    (exact,) = torch.func.vmap(torch.func.vjp(plain, X)[1])(C)
+    torch.testing.assert_close(held, exact, rtol=1e-12, atol=1e-12)
+    g, _ = OneTokenCalls(model, x, 3, [1]).function(1)
+    assert len(g._activations) == 1
+
+
 def test_a_held_slope_of_a_half_precision_input_is_taken_in_float32():
     """The slope of a bfloat16 input is computed in float32 (as autograd's kernels do) and the
     products come back in the cotangent's dtype, equal to autograd's to bfloat16 rounding."""
