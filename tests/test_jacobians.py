@@ -707,6 +707,28 @@ def test_held_slopes_keep_a_float64_block_in_float64():
     assert len(g._activations) == 1
 
 
+def test_the_oracle_runs_the_plain_block_and_the_sweep_cuts_where_the_config_says(monkeypatch):
+    """reference_jacobians (the oracle) takes the block exactly as transformers runs it (plain:
+    no held slopes; their values agree to rounding, so only the call can show it), and the sweep
+    reads the cut from the model's own config: a parallel GPT-NeoX block is cut at its
+    attention output too."""
+    from coupling_utils.engine import jacobians
+    from coupling_utils.engine.blocks import BlockFunction
+
+    seen = []
+    original = jacobians.block_function
+    monkeypatch.setattr(jacobians, "block_function", lambda *a, **k: seen.append(k) or original(*a, **k))
+    model = tiny_model("gpt_neox")
+    x = _inputs(model)
+    reference_jacobians(model, x, 1, tokens=[2])
+    assert seen[-1]["plain"] is True and seen[-1]["token_diagonal"] is False
+    calls = []
+    rows = BlockFunction.row_products
+    monkeypatch.setattr(BlockFunction, "row_products", lambda *a: calls.append(a[1]) or rows(*a))
+    token_jacobians(model, x, 1)
+    assert calls == ["mlp.dense_4h_to_h", "attention.dense"] and seen[-1].get("plain", False) is False
+
+
 def test_a_held_slope_of_a_half_precision_input_is_taken_in_float32():
     """The slope of a bfloat16 input is computed in float32 (as autograd's kernels do) and the
     products come back in the cotangent's dtype, equal to autograd's to bfloat16 rounding."""
@@ -721,6 +743,10 @@ def test_a_held_slope_of_a_half_precision_input_is_taken_in_float32():
     (exact,) = torch.func.vjp(act, x)[1](g)
     assert held.dtype == torch.bfloat16
     torch.testing.assert_close(held, exact, rtol=1e-2, atol=1e-2)
+    # forward mode does not cast a tangent to its primal's dtype: the rule itself must
+    (_, tangent) = torch.func.jvp(lambda v: _HeldSlope.apply(v, act)[0], (x,), (g,))
+    assert tangent.dtype == torch.bfloat16
+    torch.testing.assert_close(tangent, held, rtol=0, atol=0)
     torch.testing.assert_close(held.float(), (g.float() * slope).bfloat16().float(), rtol=0, atol=0)
 
 
