@@ -214,7 +214,7 @@ def _spectra_candidates(Js, chosen, base: dict, device: str) -> list[dict]:
     30, 50) from it: ``gram.gram_topk_batched`` (a float32 Gram's full eigh refined in float64)
     and, on CUDA, cuSOLVER's Jacobi SVD (``gesvdj``). The spectra are most of a GPU measure; these
     rows say whether ``exact_topk`` should choose otherwise there. Named "spectra candidate" so
-    that the cost model (``costs.gpu_rates``) reads only the chosen method's rows."""
+    that the cost model (``rates.gpu_rates``) reads only the chosen method's rows."""
     import torch
 
     from coupling_utils.engine.gram import gram_topk_batched

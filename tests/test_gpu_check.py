@@ -4,6 +4,7 @@ on a CPU with --dry-run (tiny sizes, the notebooks listed, every engine method t
 from __future__ import annotations
 
 import importlib.util
+import math
 from pathlib import Path
 
 import pandas as pd
@@ -91,9 +92,9 @@ def test_the_performance_pages_sentences_follow_the_recorded_run():
 
 
 def test_gpu_rates_read_per_matrix_spectra_seconds():
-    """costs.gpu_rates: the sweep's median FLOP rate, and the spectra's seconds per matrix over d³,
+    """rates.gpu_rates: the sweep's median FLOP rate, and the spectra's seconds per matrix over d³,
     dividing by ``matrices`` where a row has it and by T for rows of runs that timed all T."""
-    from coupling_utils.pipeline.costs import gpu_rates
+    from coupling_utils.pipeline.rates import gpu_rates
 
     name = "Llama-style d=100, 2 blocks"
     base = {"step": "engine", "name": name, "status": "ok", "dtype": "bfloat16", "device": "GPU X"}
@@ -115,6 +116,14 @@ def test_gpu_rates_read_per_matrix_spectra_seconds():
     assert rates.exact_flops_per_s == 3e12 and rates.machine == "GPU X"
     assert abs(rates.svd_seconds_per_d3 - 2.0 / 100**3) < 1e-15  # median of 1 s and 3 s per matrix
     assert gpu_rates(df[df.method.str.startswith("all_tokens")]) is None  # no spectra: no GPU time
+    assert math.isnan(rates.one_token_flops_per_s)  # no one-token rows: its GPU time is unknown
+    one = pd.DataFrame(
+        [
+            {**base, "T": t, "method": "one_token (1 token)", "flops_per_s": r}
+            for t, r in ((16, 1e12), (128, 3e12))
+        ]
+    )
+    assert gpu_rates(pd.concat([df, one])).one_token_flops_per_s == 2e12
 
 
 def test_a_bad_out_is_refused_before_the_run(gpu_check, tmp_path, capsys):

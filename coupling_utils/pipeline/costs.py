@@ -31,7 +31,7 @@ median over the benchmarked block shapes and prompt lengths, in CPU time, so tha
 machine's waiting is left out) and adds the measured time of a ``d × d`` SVD scaled as ``d³``.
 On ``c`` cores it is the one-core time over ``c``: perfect scaling, so a lower bound, with the
 one-core time the upper bound; the profiles and the page give both. GPU time is the same
-arithmetic at the rates ``bench/gpu_check.py`` measured on a GPU (:func:`gpu_rates`: the all-token
+arithmetic at the rates ``bench/gpu_check.py`` measured on a GPU (``rates.gpu_rates``: the all-token
 sweep's FLOP rate and the top-50 spectra's seconds per ``d³`` on a bfloat16 Llama-7B-shaped twin),
 where that run is recorded; it is a prediction from measured rates, not a measured run of the
 profile (the paper's models cannot be loaded here).
@@ -54,6 +54,8 @@ from typing import Any
 
 import pandas as pd
 
+from coupling_utils.pipeline.rates import Rates, cpu_rates, gpu_rates
+
 __all__ = [
     "pass_flops",
     "svd_flops",
@@ -61,8 +63,8 @@ __all__ = [
     "model_size",
     "Work",
     "work_cost",
-    "cpu_rates",
-    "gpu_rates",
+    "size_cost",
+    "one_token_pass_flops",
     "notebook_work",
     "notebook_costs",
     "gpu_fit",
@@ -274,79 +276,8 @@ def size_cost(work: Work, size: ModelSize, device: str = "cpu") -> Cost:
     )
 
 
-# --------------------------------------------------------------------------- measured throughput
-def _bench(path: str | Path | None = None) -> pd.DataFrame:
-    if path is None:
-        from coupling_utils.files import data_dir
-
-        path = data_dir() / "benchmarks" / "costs.csv"
-    return pd.read_csv(path)
-
-
-@dataclass(frozen=True)
-class Rates:
-    """The engine's throughput on one core, measured by ``bench/bench_costs.py`` (one torch
-    thread, CPU time: the median over the benchmarked block shapes and prompt lengths)."""
-
-    exact_flops_per_s: float
-    matrix_free_flops_per_s: float
-    svd_seconds_per_d3: float
-    machine: str = ""
-    one_token_flops_per_s: float = math.nan  # NaN: not measured (a one-token run's time unknown)
-
-
-def cpu_rates(bench: pd.DataFrame | None = None) -> Rates:
-    """The per-core throughput of the benchmark's one-thread rows (see :class:`Rates`)."""
-    df = _bench() if bench is None else bench
-    rows = df[df.torch_threads == 1]
-    if rows.empty:
-        raise ValueError("the benchmark has no one-thread rows: run python bench/bench_costs.py --threads 1")
-    svd = rows[rows.what == "svd"]
-    return Rates(
-        float(rows[rows.what == "exact"].flops_per_s.median()),
-        float(rows[rows.what == "matrix_free"].flops_per_s.median()),
-        float((svd.seconds / svd.d.astype(float) ** 3).median()),
-        str(rows.machine.iloc[0]),
-        float(rows[rows.what == "one_token"].flops_per_s.median()),  # NaN in a run without them
-    )
-
-
-GPU_ENGINE = re.compile(r"\bd=(\d+)\b")  # bench/gpu_check.py names a twin "Llama-style d=4096, 32 blocks"
-
-
-def gpu_rates(check: pd.DataFrame | None = None) -> Rates | None:
-    """The engine's throughput on a GPU, measured by ``bench/gpu_check.py``
-    (``data/benchmarks/gpu_check.csv``) on a random-init twin of a paper-size model in bfloat16:
-    the all-token sweep's FLOP rate (median over the prompt lengths) and the top-50 spectra's
-    seconds per ``d × d`` matrix over ``d³``; the one-token path's FLOP rate (NaN in a run
-    without it); no matrix-free rate (not measured on a GPU: NaN, so a matrix-free run's GPU
-    time is unknown). None where no GPU run is recorded."""
-    if check is None:
-        from coupling_utils.files import data_dir
-
-        path = data_dir() / "benchmarks" / "gpu_check.csv"
-        if not path.exists():
-            return None
-        check = pd.read_csv(path)
-    ok = check[(check.step == "engine") & (check.status == "ok") & (check.dtype == "bfloat16")]
-    sweep = ok[ok.method == "all_tokens: Jacobians"]
-    spectra = ok[ok.method.str.startswith("top-50 spectra")]
-    if sweep.empty or spectra.empty:
-        return None
-    d = spectra.name.map(lambda name: float(GPU_ENGINE.search(name).group(1)))
-    # matrices decomposed per row (runs before that column timed all T of the sweep's matrices)
-    n = spectra["matrices"].fillna(spectra["T"]) if "matrices" in spectra else spectra["T"]
-    return Rates(
-        float(sweep.flops_per_s.median()),
-        math.nan,
-        float((spectra.seconds / n / d**3).median()),
-        str(ok.device.iloc[0]),
-        float(ok[ok.method == "one_token (1 token)"].flops_per_s.median()),
-    )
-
-
 def cpu_seconds(cost: Cost, rates: Rates) -> float:
-    """Predicted seconds of a :class:`Cost` at ``rates`` (one core's, or a GPU's: :func:`gpu_rates`)."""
+    """Predicted seconds of a :class:`Cost` at ``rates`` (one core's, or a GPU's: ``rates.gpu_rates``)."""
     if cost.size is None:
         return math.nan
     rate = rates.matrix_free_flops_per_s if cost.work.method == "matrix_free" else rates.exact_flops_per_s
@@ -570,7 +501,6 @@ def expected_time_line(row: Mapping[str, Any]) -> str:
 def state_laptop_times(table: pd.DataFrame, folder: str | Path | None = None) -> list[Path]:
     """Rewrite the expected-time line of every ``laptop`` profile file from ``table`` (the profile
     files state what the cost model predicts, never a typed guess); returns the files changed."""
-    import re
 
     from coupling_utils.files import atomic_write_text
     from coupling_utils.pipeline.execution import repo_root
