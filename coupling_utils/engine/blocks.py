@@ -264,13 +264,19 @@ def float32_layer_norms(*modules):
     returns float32 statistics, which turn the tangent float32 and stop the next matmul (float
     tangent, half weights). Values are those of the half-precision kernel up to its rounding.
     """
-    norms = layer_norms(*modules)
+    with _forwards_replaced(layer_norms(*modules), _float32_layer_norm):
+        yield
+
+
+@contextlib.contextmanager
+def _forwards_replaced(modules, forward):
+    """Meanwhile, each of ``modules`` runs ``forward(module, x)`` instead of its own forward."""
     try:
-        for m in norms:
-            m.forward = _float32_layer_norm.__get__(m)
+        for m in modules:
+            m.forward = forward.__get__(m)
         yield
     finally:
-        for m in norms:
+        for m in modules:
             m.__dict__.pop("forward", None)
 
 
@@ -329,13 +335,8 @@ def held_slopes(activations: list[torch.nn.Module]):
     slope for every product through it (:class:`_HeldSlope`); values are unchanged, products equal
     autograd's up to rounding. A sweep of d products through a GELU block then spends one
     multiplication per number where autograd spent a ``gelu_backward``."""
-    try:
-        for m in activations:
-            m.forward = _held_slope_forward.__get__(m)
+    with _forwards_replaced(activations, _held_slope_forward):
         yield
-    finally:
-        for m in activations:
-            m.__dict__.pop("forward", None)
 
 
 def _is_cache(value) -> bool:
