@@ -72,6 +72,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 from _common import neox_model, peak_tensor_mib, provenance, smollm2_model  # noqa: E402
 
+from coupling_utils.pipeline.costs import one_token_pass_flops, pass_flops  # noqa: E402
+
 TS = (16, 64, 256)
 K = (10, 30, 50)
 GEMM_TARGET = 0.6  # the all-token sweep's share of the machine's GEMM rate (issue 26)
@@ -124,14 +126,9 @@ def sweep_flops(P: int, P_cut: int, T: int, d: int) -> float:
     return d * (block_flops(P - P_cut, T, d) + 2.0 * P_cut)
 
 
-def block_flops(P: int, T: int, d: int) -> float:
-    """One forward pass of a block over T tokens: ``2·T·P + 4·T²·d``."""
-    return 2.0 * T * P + 4.0 * T * T * d
-
-
-def one_token_flops(P: int, T: int, d: int) -> float:
-    """One forward pass of one token against a T-token cache: ``2·P + 4·T·d``."""
-    return 2.0 * P + 4.0 * T * d
+# One forward pass of a block over T tokens, ``2·T·P + 4·T²·d``, and of one token against a T-token
+# cache, ``2·P + 4·T·d``: the cost model's own counts (bench/gpu_check.py imports them from here)
+block_flops, one_token_flops = pass_flops, one_token_pass_flops
 
 
 def gemm_rate(T: int, d: int, dtype=None, device: str = "cpu", seconds: float = 0.5) -> float:
