@@ -40,6 +40,7 @@ from coupling_utils.engine.architectures import (
 from coupling_utils.engine.attention import own_rows
 from coupling_utils.engine.attention_modes import attention_mode
 from coupling_utils.engine.hooks import _hidden, capture_blocks
+from coupling_utils.engine.rotary import linear_rotary, rotary_modules
 
 __all__ = [
     "block_function",
@@ -362,7 +363,8 @@ class BlockFunction:
     captured key/value cache (``one_token.py``), copied per call. The block runs in the model's
     dtype (the Jacobian functions cast their results to fp32); bitsandbytes 4-bit/8-bit layers run dequantized
     (:class:`_DequantizedLinear` says what is exact). Its pointwise activations hold their slopes
-    (:func:`held_slopes`) unless ``plain``: the block exactly as ``transformers`` runs it, for the
+    (:func:`held_slopes`) and its rotary embedding takes products through its transpose
+    (``rotary.linear_rotary``) unless ``plain``: the block exactly as ``transformers`` runs it, for the
     oracle (``jacobians.reference_jacobians``).
     """
 
@@ -386,6 +388,7 @@ class BlockFunction:
         self._quantized = _quantized_layers(block)
         self._norms = layer_norms(block, norm)  # found once: __call__ runs once per product
         self._activations = [] if plain else pointwise_activations(block)
+        self._rotary = [] if plain else rotary_modules(block)
         if args:
             self._args, self._kwargs, self._key = tuple(args[1:]), dict(kwargs), None
         else:
@@ -410,6 +413,7 @@ class BlockFunction:
             cut_at(self.block, cut) as inputs,
             float32_layer_norms(*self._norms),
             held_slopes(self._activations),
+            linear_rotary(self._rotary),
             attention_mode(self.model, token_diagonal=self.token_diagonal, one_token=self.one_token),
         ):
             if self._key is None:
