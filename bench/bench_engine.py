@@ -46,8 +46,9 @@ scores and the weighted sum counted as full T × T products), and d VJPs cost d 
 one token against a T-token cache is ``2·P + 4·T·d`` per pass; the all-token sweep, which skips the
 cut modules' product over the tokens, ``d·(2·T·(P − P_cut) + 4·T²·d + 2·P_cut)``. The engine's
 rate is those FLOPs over its seconds; ``gemm_fraction`` is that rate over the GEMM rate; for the
-all-token sweep (the row with ``gemm_target``) it is the median of three runs of the sweep alone,
-each over the GEMM rate measured just before it (``paired_fraction``).
+all-token sweep (the row with ``gemm_target``) it is the median of five runs of the sweep alone,
+each over the GEMM rate measured just before it (``paired_fraction``); ``gemm_fraction_range`` is
+the lowest and highest of the five, and the target is judged on the median.
 
 Peak memory (``peak_tensor_mib``): the largest total of torch's buffers alive during the call above
 those alive before it, from the profiler's allocation records in a second, untimed run of the same
@@ -155,9 +156,10 @@ def gemm_rate(T: int, d: int, dtype=None, device: str = "cpu", seconds: float = 
     return 2.0 * 64 * T * d * 4 * d / statistics.median(times[1:])
 
 
-def paired_fraction(fn, flops: float, T: int, d: int, runs: int = 3) -> float:
-    """``fn``'s FLOP rate over the GEMM rate measured just before it, the median of ``runs`` pairs:
-    the machine's rate drifts (:func:`gemm_rate`), and a pair taken together sees the same drift."""
+def paired_fraction(fn, flops: float, T: int, d: int, runs: int = 5) -> tuple[float, float, float]:
+    """``fn``'s FLOP rate over the GEMM rate measured just before it: (median, lowest, highest) of
+    ``runs`` pairs. The machine's rate drifts (:func:`gemm_rate`), and a pair taken together sees
+    the same drift; the spread says how far one pair can be from the median."""
     import statistics
 
     fractions = []
@@ -165,7 +167,7 @@ def paired_fraction(fn, flops: float, T: int, d: int, runs: int = 3) -> float:
         rate = gemm_rate(T, d)
         _, seconds = timed(fn)
         fractions.append(flops / seconds / rate)
-    return statistics.median(fractions)
+    return statistics.median(fractions), min(fractions), max(fractions)
 
 
 # --------------------------------------------------------------------------- the methods
@@ -261,7 +263,8 @@ def case_block(T: int, model, label: str, gemm_T: int | None = None) -> list[dic
             r["flops_per_s"] = r["flops"] / r["seconds"]
             r["gemm_fraction"] = r["flops_per_s"] / rate
     rows[2]["gemm_target"] = GEMM_TARGET  # judged on the sweep alone, paired with the GEMM rate:
-    rows[2]["gemm_fraction"] = paired_fraction(lambda: token_jacobians(model, ids, 0), sweep, gemm_T or T, d)
+    median, low, high = paired_fraction(lambda: token_jacobians(model, ids, 0), sweep, gemm_T or T, d)
+    rows[2]["gemm_fraction"], rows[2]["gemm_fraction_range"] = median, f"{low:.2f}-{high:.2f}"
     if T <= 64:
         rows += spectra_rows(J, common)
     return _judged(rows)
@@ -420,6 +423,7 @@ def main(argv=None) -> int:
         "speedup",
         "target",
         "gemm_fraction",
+        "gemm_fraction_range",
         "flop_bound",
         "peak_tensor_mib",
         "meets_target",
