@@ -82,22 +82,46 @@ def test_products_come_back_in_each_inputs_dtype_rounded_once():
         torch.testing.assert_close(a, b, atol=1e-2, rtol=1e-1)
 
 
-def test_tables_that_depend_on_the_input_keep_autograds_rule():
+@pytest.mark.parametrize("depends", ["cos", "sin"])
+def test_tables_that_depend_on_the_input_keep_autograds_rule(depends):
     module = importlib.import_module("transformers.models.llama.modeling_llama")
     q, k = _qk(8)
-    cos, sin = (t.requires_grad_() for t in _tables(6, 8))
+    tables = dict(zip(("cos", "sin"), _tables(6, 8)))
+    tables[depends].requires_grad_()
     calls = []
     original = _LinearRotary.apply
     _LinearRotary.apply = lambda *a: calls.append(a) or original(*a)
     try:
         with linear_rotary([module]):
-            out = module.apply_rotary_pos_emb(q, k, cos, sin)
+            out = module.apply_rotary_pos_emb(q, k, **tables)
             assert sum(o.sum() for o in out).backward() is None
-            assert calls == [] and cos.grad is not None and sin.grad is not None
-            module.apply_rotary_pos_emb(q, k, cos.detach(), sin.detach())
+            assert calls == [] and tables[depends].grad is not None
+            module.apply_rotary_pos_emb(q, k, *(t.detach() for t in tables.values()))
             assert len(calls) == 1
     finally:
         _LinearRotary.apply = original
+
+
+def test_heads_after_tokens_unsqueeze_the_tables_where_the_caller_says():
+    # unsqueeze_dim=2: q and k laid out [B, T, H, e] (the tables [B, T, r] then broadcast over H)
+    module = importlib.import_module("transformers.models.gpt_neox.modeling_gpt_neox")
+    apply = module.apply_rotary_pos_emb
+    q, k = (x.transpose(1, 2) for x in _qk(8))
+    cos, sin = _tables(6, 4)
+    g = tuple(x.transpose(1, 2) for x in _qk(8))
+    want = apply(q, k, cos, sin, 2)
+    with linear_rotary([module]):
+        held = module.apply_rotary_pos_emb
+        got, back = torch.func.vjp(lambda a, b: held(a, b, cos, sin, 2), q, k)
+        tangents = torch.func.jvp(lambda a, b: held(a, b, cos, sin, 2), (q, k), g)[1]
+        cos.requires_grad_()
+        assert all(torch.equal(a, b) for a, b in zip(held(q, k, cos, sin, 2), want))
+    cos.requires_grad_(False)
+    want_back = torch.func.vjp(lambda a, b: apply(a, b, cos, sin, 2), q, k)[1](g)
+    want_t = torch.func.jvp(lambda a, b: apply(a, b, cos, sin, 2), (q, k), g)[1]
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    for a, b in zip((*back(g), *tangents), (*want_back, *want_t)):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
 
 
 def test_the_sweep_uses_it_and_the_oracle_does_not():

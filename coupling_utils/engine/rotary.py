@@ -38,14 +38,14 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def _transposed(g: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """The rotary map's transpose applied to the cotangent ``g``, returned in the input's dtype."""
-    g = g.to(torch.promote_types(g.dtype, cos.dtype))
+def _transposed(g: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """The rotary map's transpose applied to the cotangent ``g`` (in the type ``g·cos`` promotes
+    to, rounded once; autograd casts the result to the input's dtype, as for its own rules)."""
     r = cos.shape[-1]
     if r == g.shape[-1]:
-        return (g * cos - _rotate_half(g * sin)).to(dtype)
+        return g * cos - _rotate_half(g * sin)
     head = g[..., :r]
-    return torch.cat((head * cos - _rotate_half(head * sin), g[..., r:]), dim=-1).to(dtype)
+    return torch.cat((head * cos - _rotate_half(head * sin), g[..., r:]), dim=-1)
 
 
 class _LinearRotary(torch.autograd.Function):
@@ -60,20 +60,18 @@ class _LinearRotary(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        q, k, cos, sin, apply, unsqueeze_dim = inputs
+        _, _, cos, sin, apply, unsqueeze_dim = inputs
         ctx.save_for_backward(cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim))
         # ctx.rotary, not ctx.apply: autograd's engine calls ctx.apply to run the backward
         ctx.rotary, ctx.unsqueeze_dim, ctx.tables = apply, unsqueeze_dim, (cos, sin)
-        ctx.dtypes = (q.dtype, k.dtype)
 
     @staticmethod
     def backward(ctx, gq, gk):
         cos, sin = ctx.saved_tensors
-        (q_dtype, k_dtype) = ctx.dtypes
         q_needed, k_needed = ctx.needs_input_grad[:2]
         return (
-            _transposed(gq, cos, sin, q_dtype) if q_needed else None,
-            _transposed(gk, cos, sin, k_dtype) if k_needed else None,
+            _transposed(gq, cos, sin) if q_needed else None,
+            _transposed(gk, cos, sin) if k_needed else None,
             *(None,) * 4,
         )
 
