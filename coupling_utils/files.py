@@ -77,16 +77,16 @@ def _umask_mode(path: Path, directory: bool) -> None:
 
 
 def read_json(path: str | os.PathLike, what: str = "record"):
-    """The JSON at ``path`` (None if there is none). A file that is not valid JSON is moved aside to
-    ``<name>.corrupt-<UTC time>``, named on stderr, and None returned, so the caller recomputes
-    what it held instead of failing on it at every later run."""
+    """The JSON at ``path`` (None if there is none). A file that is not valid JSON (or not UTF-8) is
+    moved aside to ``<name>.corrupt-<UTC time>``, named on stderr, and None returned, so the caller
+    recomputes what it held instead of failing on it at every later run."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        data = path.read_bytes()
     except FileNotFoundError:
         return None
     try:
-        return json.loads(text)
+        return json.loads(data)  # from bytes: UTF-8 as JSON says, whatever the locale
     except ValueError as exc:
         aside = path.with_name(f"{path.name}.corrupt-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}")
         moved = f"moved it to {aside.name}"

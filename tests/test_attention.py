@@ -8,9 +8,12 @@ import pytest
 import torch
 
 from coupling_utils.engine.attention import (
+    ONE_TOKEN,
     TOKEN_DIAGONAL,
     hf_token_diagonal_attention,
     mask_to_bias,
+    one_token_attention,
+    own_rows,
     plain_attention,
     repeat_kv,
     token_diagonal_attention,
@@ -138,6 +141,8 @@ def test_registered_under_its_name_in_transformers():
 
     assert AttentionInterface._global_mapping[TOKEN_DIAGONAL] is hf_token_diagonal_attention
     assert AttentionMaskInterface._global_mapping[TOKEN_DIAGONAL] is eager_mask
+    assert AttentionInterface._global_mapping[ONE_TOKEN] is one_token_attention
+    assert AttentionMaskInterface._global_mapping[ONE_TOKEN] is eager_mask
 
 
 def test_low_precision_scores_are_computed_in_fp32():
@@ -148,7 +153,7 @@ def test_low_precision_scores_are_computed_in_fp32():
     want = torch.softmax(z, dim=-1).to(torch.bfloat16)
     assert torch.equal(a, want) and torch.equal(out, want @ v)
     td, _ = token_diagonal_attention(q, k, v, scaling=0.5)
-    assert torch.equal(td, out)
+    assert td.dtype == torch.bfloat16 and torch.equal(td, out)
 
 
 def test_masks_stay_on_the_device_of_their_input():
@@ -182,3 +187,121 @@ def test_hf_wrapper_cuts_a_per_head_mask_as_long_as_it_is_wide():
     got = hf_token_diagonal_attention(_Module(), q, k, v, mask)[0]
     want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask[..., :3]).transpose(1, 2)
     torch.testing.assert_close(got, want)
+
+
+def _one_token_qkv(H=4, Hkv=2, S=6, e=8, dtype=torch.float64, seed=7):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(1, H, 1, e, generator=g, dtype=dtype)
+    k, v = (torch.randn(1, Hkv, S, e, generator=g, dtype=dtype) for _ in range(2))
+    return q, k, v
+
+
+def _eager(q, k, v, bias=None, *, scaling, softcap=None):
+    """Plain eager attention over the repeated keys/values, in one_token_attention's [1, 1, H, e] layout."""
+    n_rep = q.shape[1] // k.shape[1]
+    out, a = plain_attention(
+        q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), bias, scaling=scaling, softcap=softcap
+    )
+    return out.transpose(1, 2), a
+
+
+def test_one_token_attention_is_plain_attention_with_grouped_heads_and_default_scaling():
+    """GQA (4 query heads on 2 key/value heads), scaling 1/sqrt(e) when left out, no layer_idx."""
+    q, k, v = _one_token_qkv()
+    out, weights = one_token_attention(_Module(), q, k, v, None)
+    want, want_weights = _eager(q, k, v, scaling=8**-0.5)
+    assert out.shape == (1, 1, 4, 8) and weights.shape == (1, 4, 1, 6)
+    torch.testing.assert_close(out, want)
+    torch.testing.assert_close(weights, want_weights)
+    # an explicit scaling and logit soft-capping (Gemma 2), multi-query attention (one key/value head)
+    q, k, v = _one_token_qkv(H=3, Hkv=1, seed=8)
+    out, weights = one_token_attention(_Module(), q, k, v, None, scaling=0.9, softcap=1.5)
+    want, want_weights = _eager(q, k, v, scaling=0.9, softcap=1.5)
+    torch.testing.assert_close(out, want)
+    torch.testing.assert_close(weights, want_weights)
+
+
+def test_one_token_attention_keeps_the_value_dtype():
+    """bf16 inputs: softmax in fp32, weights and output in bf16 as plain eager attention gives them."""
+    q, k, v = (t.to(torch.bfloat16) for t in _one_token_qkv(seed=9))
+    out, weights = one_token_attention(_Module(), q, k, v, None, scaling=0.5)
+    want, want_weights = _eager(q, k, v, scaling=0.5)
+    assert out.dtype == weights.dtype == torch.bfloat16
+    torch.testing.assert_close(out, want, atol=1e-2, rtol=1e-2)  # bf16 sums in another order
+    torch.testing.assert_close(weights, want_weights)
+
+
+def test_one_token_attention_applies_shared_and_per_head_masks():
+    """A boolean padding mask, a sliding-window mask longer than the keys (its last S columns are the
+    keys'), and an ALiBi-like per-head additive bias on 2 heads."""
+    q, k, v = _one_token_qkv(H=2, Hkv=1, S=5, seed=10)
+    keep = torch.tensor([[[[False, True, True, False, True]]]])  # [1, 1, 1, S]
+    out, weights = one_token_attention(_Module(), q, k, v, keep, scaling=0.5)
+    want, want_weights = _eager(q, k, v, mask_to_bias(keep, 1, 5, causal_if_none=False), scaling=0.5)
+    torch.testing.assert_close(out, want)
+    assert torch.all(weights[..., 0] == 0) and torch.all(weights[..., 3] == 0)
+    torch.testing.assert_close(weights, want_weights)
+    window = torch.zeros(1, 1, 1, 8, dtype=torch.float64)
+    window[..., :5] = NEG  # 8 columns, the first 5 (3 before the keys, 2 of them) outside the window
+    out, _ = one_token_attention(_Module(), q, k, v, window, scaling=0.5)
+    torch.testing.assert_close(out, _eager(q, k, v, window[..., -5:], scaling=0.5)[0])
+    slopes = torch.tensor([0.5, 2.0], dtype=torch.float64).view(1, 2, 1, 1)
+    alibi = slopes * (torch.arange(5, dtype=torch.float64) - 4)  # [1, 2, 1, S]: each head its own bias
+    out, weights = one_token_attention(_Module(), q, k, v, alibi, scaling=0.5)
+    want, want_weights = _eager(q, k, v, alibi, scaling=0.5)
+    torch.testing.assert_close(out, want)
+    torch.testing.assert_close(weights, want_weights)
+
+
+def test_one_token_attention_refuses_more_than_one_query_and_attention_sinks():
+    q, k, v = _one_token_qkv()
+    for shape in ((2, 4, 1, 8), (1, 4, 2, 8)):
+        with pytest.raises(
+            ValueError,
+            match=rf"^one-token attention takes one query of batch 1, got \({shape[0]}, 4, {shape[2]}, 8\)$",
+        ):
+            one_token_attention(_Module(), torch.zeros(shape, dtype=q.dtype), k, v, None)
+    with pytest.raises(
+        NotImplementedError,
+        match=r"^attention sinks \(s_aux\) are not supported by one-token attention$",
+    ):
+        one_token_attention(_Module(), q, k, v, None, s_aux=torch.zeros(4))
+    one_token_attention(_Module(), q, k, v, None, s_aux=None)  # None: no sinks
+
+
+class _Cache:
+    """A one-layer key/value cache whose update appends the new rows, as ``transformers``' caches do."""
+
+    def __init__(self, key, value):
+        self.key, self.value = key, value
+
+    def update(self, key_states, value_states, layer_idx):
+        self.key = torch.cat([self.key, key_states], -2)
+        self.value = torch.cat([self.value, value_states], -2)
+        return self.key, self.value
+
+
+def test_one_token_attention_gives_plain_attentions_derivatives_for_the_own_key_and_value():
+    """With and without own_rows: the value is plain attention's, the own key/value get plain attention's
+    gradient, and the cached prefix none (it is constant in the query's input)."""
+    q, k, v = _one_token_qkv(S=5, seed=11)
+    k_own, v_own = (t[:, :, -1:].clone().requires_grad_(True) for t in (k, v))
+    k_pre, v_pre = (t[:, :, :-1].clone().requires_grad_(True) for t in (k, v))
+    cot = torch.randn(1, 1, 4, 8, generator=torch.Generator().manual_seed(12), dtype=torch.float64)
+    want = _eager(q, torch.cat([k_pre, k_own], -2), torch.cat([v_pre, v_own], -2), scaling=0.5)[0]
+    want_grads = torch.autograd.grad((want * cot).sum(), (k_own, v_own))
+    cache = _Cache(k_pre.detach(), v_pre.detach())  # the prefix as the cache holds it
+    with own_rows(cache):
+        key, value = cache.update(k_own, v_own, 3)
+        assert not key.requires_grad  # the cache holds detached rows ...
+        out, _ = one_token_attention(_Module(layer_idx=3), q, key, value, None, scaling=0.5)
+    assert "update" not in vars(cache)  # ... only while own_rows lasts
+    torch.testing.assert_close(out, want)
+    torch.testing.assert_close(torch.autograd.grad((out * cot).sum(), (k_own, v_own)), want_grads)
+    # outside own_rows the own row is sliced from the keys/values it is given
+    key, value = torch.cat([k_pre, k_own], -2), torch.cat([v_pre, v_own], -2)
+    out, _ = one_token_attention(_Module(layer_idx=3), q, key, value, None, scaling=0.5)
+    torch.testing.assert_close(out, want)
+    grads = torch.autograd.grad((out * cot).sum(), (k_own, v_own, k_pre, v_pre), allow_unused=True)
+    torch.testing.assert_close(grads[:2], want_grads)
+    assert all(g is None or not g.any() for g in grads[2:])

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pandas as pd
@@ -208,3 +214,203 @@ def test_data_dir_says_how_to_fix_a_package_installed_without_its_data(monkeypat
     )
     with pytest.raises(FileNotFoundError, match=message):
         files.data_dir()
+
+
+# --------------------------------------------------------------------------- read_json
+def _stamp_time(aside: Path, name: str) -> float:
+    """The UTC time in a moved-aside file's name ``<name>.corrupt-<YYYYmmddTHHMMSSZ>``, as a timestamp."""
+    assert re.fullmatch(rf"{re.escape(name)}\.corrupt-\d{{8}}T\d{{6}}Z", aside.name), aside.name
+    stamp = aside.name.rsplit("-", 1)[1]
+    return datetime.strptime(stamp, "%Y%m%dT%H%M%SZ").replace(tzinfo=timezone.utc).timestamp()
+
+
+def test_read_json_reads_a_record_and_gives_none_for_a_missing_one(tmp_path):
+    assert files.read_json(tmp_path / "none.json") is None
+    files.atomic_write_text(tmp_path / "r.json", json.dumps({"prompt": "Größe ≈ 0.9", "k": [1, 2]}))
+    assert files.read_json(tmp_path / "r.json") == {"prompt": "Größe ≈ 0.9", "k": [1, 2]}
+    assert files.read_json(str(tmp_path / "r.json"), "marker") == {"prompt": "Größe ≈ 0.9", "k": [1, 2]}
+
+
+READ_UNDER_LOCALE = """
+import json, locale, sys
+from coupling_utils.files import read_json
+print(locale.getpreferredencoding(False), json.dumps(read_json(sys.argv[1])))
+"""
+
+
+def test_read_json_reads_utf8_records_under_an_ascii_locale(tmp_path):
+    """A job started with LANG unset (the C locale, no UTF-8 mode) reads the non-ASCII records it wrote."""
+    record = tmp_path / "r.json"
+    files.atomic_write_text(record, json.dumps({"text": "Größe ≈ 0.9"}, ensure_ascii=False))
+    env = {**os.environ, "LC_ALL": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0"}
+    run = subprocess.run(
+        [sys.executable, "-c", READ_UNDER_LOCALE, str(record)], capture_output=True, text=True, env=env
+    )
+    assert run.returncode == 0, run.stderr
+    encoding, got = run.stdout.split(" ", 1)
+    assert encoding.lower() != "utf-8"  # the fault is really there
+    assert json.loads(got) == {"text": "Größe ≈ 0.9"} and run.stderr == ""
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json"]  # not taken for corrupt
+
+
+@pytest.mark.parametrize(
+    "content, problem",
+    [(b'{"half a rec', "Unterminated string"), ('{"text": "Größe"}'.encode("latin-1"), "can't decode byte")],
+    ids=["truncated", "not-utf8"],
+)
+def test_a_corrupt_record_is_moved_aside_and_named_with_the_problem(tmp_path, capsys, content, problem):
+    """The warning names the file, the problem and what happens; the bytes are kept for a post-mortem."""
+    bad = tmp_path / "state.json"
+    bad.write_bytes(content)
+    before = int(time.time())
+    assert files.read_json(bad) is None
+    after = time.time()
+    assert not bad.exists()
+    (aside,) = [p for p in tmp_path.iterdir() if p.name != "state.json"]
+    assert aside.read_bytes() == content and before <= _stamp_time(aside, "state.json") <= after
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert re.fullmatch(
+        rf"warning: the record {re.escape(str(bad))} is corrupt \(.*{problem}.*\); moved it to "
+        rf"{re.escape(aside.name)} and will recompute what it held\.\n",
+        captured.err,
+    ), captured.err
+    assert files.read_json(bad) is None and capsys.readouterr().err == ""  # said once, not at every run
+
+
+def test_a_corrupt_record_is_stamped_with_utc_time_whatever_the_time_zone(tmp_path, monkeypatch):
+    bad = tmp_path / "runs.json"
+    bad.write_text("{")
+    with monkeypatch.context() as m:
+        m.setenv("TZ", "NPT-05:45")  # Nepal: 5 h 45 min ahead of UTC, no tz database needed
+        time.tzset()
+        try:
+            before = int(time.time())
+            files.read_json(bad)
+            after = time.time()
+        finally:
+            m.undo()
+            time.tzset()
+    (aside,) = list(tmp_path.iterdir())
+    assert before <= _stamp_time(aside, "runs.json") <= after
+
+
+def test_the_corrupt_record_warning_is_written_at_once_to_a_buffered_stderr(tmp_path, monkeypatch):
+    """Where stderr is block-buffered (a log file, a notebook kernel), the warning is out before the
+    recomputation it announces, not after it."""
+    raw = io.BytesIO()
+    monkeypatch.setattr(sys, "stderr", io.TextIOWrapper(raw, encoding="utf-8", line_buffering=False))
+    (tmp_path / "done.json").write_text("{")
+    assert files.read_json(tmp_path / "done.json") is None
+    assert b"warning: the record " in raw.getvalue() and b"done.json is corrupt" in raw.getvalue()
+
+
+def test_a_corrupt_record_in_a_read_only_place_is_ignored_and_said_so(tmp_path, monkeypatch, capsys):
+    """A folder one may not write (another user's cache): the record stays, and is not used.
+
+    The refusal is injected: the tests may run as root, whom no folder refuses."""
+    bad = tmp_path / "done.json"
+    bad.write_text("{")
+
+    def refuse(src, dst):
+        raise PermissionError(13, "Permission denied", str(src))
+
+    monkeypatch.setattr(os, "replace", refuse)
+    assert files.read_json(bad, "marker") is None
+    monkeypatch.undo()
+    assert bad.read_text() == "{" and sorted(p.name for p in tmp_path.iterdir()) == ["done.json"]
+    assert re.fullmatch(
+        rf"warning: the marker {re.escape(str(bad))} is corrupt \(.+\); could not move it aside "
+        r"\(Permission denied\); it is ignored and will recompute what it held\.\n",
+        capsys.readouterr().err,
+    )
+
+
+# --------------------------------------------------------------------------- the umask
+@contextlib.contextmanager
+def _umask(mask: int) -> Iterator[None]:
+    old = os.umask(mask)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+def _current_umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+@pytest.mark.parametrize("mask", [0o002, 0o027, 0o077])
+def test_umask_is_the_process_s_and_is_left_as_it_was(mask):
+    with _umask(mask):
+        assert files.umask() == mask
+        assert _current_umask() == mask
+
+
+def test_umask_on_linux_is_read_without_being_set(monkeypatch):
+    """Reading it from /proc leaves it unchanged throughout, so a thread creating a file meanwhile
+    gets the right mode (setting and restoring it leaves a moment with another one)."""
+    status = Path("/proc/self/status")
+    if not status.exists() or "Umask:" not in status.read_text():
+        pytest.skip("no umask in /proc/self/status (not Linux, or Linux before 4.7)")
+
+    def no_set(mask):
+        raise AssertionError("umask() set the process's umask")
+
+    with _umask(0o027), monkeypatch.context() as m:
+        m.setattr(os, "umask", no_set)
+        got = files.umask()
+    assert got == 0o027
+
+
+@pytest.mark.parametrize(
+    "fault",
+    [
+        FileNotFoundError(2, "No such file or directory"),  # no /proc (macOS)
+        PermissionError(13, "Permission denied"),  # a sandbox hides it
+        UnicodeDecodeError("ascii", b"\xc3", 0, 1, "ordinal not in range(128)"),  # a non-ASCII name, C locale
+    ],
+    ids=["missing", "refused", "undecodable"],
+)
+def test_umask_without_a_readable_proc_is_still_the_process_s(monkeypatch, fault):
+    read_text = Path.read_text
+
+    def unreadable_proc(self, *args, **kwargs):
+        if str(self) == "/proc/self/status":
+            raise fault
+        return read_text(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", unreadable_proc)
+    with _umask(0o027):
+        assert files.umask() == 0o027
+        assert _current_umask() == 0o027
+
+
+@pytest.mark.parametrize("mask", [0o002, 0o077])
+def test_written_files_and_folders_get_the_modes_open_and_mkdir_give(tmp_path, mask):
+    """0664/0775 under a group-shared umask (002), 0600/0700 under a private one (077)."""
+    with _umask(mask):
+        files.atomic_write_text(tmp_path / "f.txt", "x")
+        with files.atomic_dir(tmp_path / "d") as tmp:
+            (tmp / "inside").write_text("y")
+        (tmp_path / "plain.txt").write_text("x")
+        (tmp_path / "plain").mkdir()
+    assert (tmp_path / "f.txt").stat().st_mode & 0o7777 == 0o666 & ~mask
+    assert (tmp_path / "d").stat().st_mode & 0o7777 == 0o777 & ~mask
+    assert (tmp_path / "f.txt").stat().st_mode == (tmp_path / "plain.txt").stat().st_mode
+    assert (tmp_path / "d").stat().st_mode == (tmp_path / "plain").stat().st_mode
+
+
+def test_a_lock_file_one_cannot_open_counts_as_not_locked(tmp_path, monkeypatch):
+    """Another user's lock in a shared cache (mode 0600): `zoo list` says the entry is not being
+    built rather than failing, or saying so for ever. The refusal is injected (root opens anything)."""
+    lock = tmp_path / ".lock"
+    lock.write_text("")
+
+    def refuse(path, *args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(files, "open", refuse, raising=False)
+    assert files.is_locked(lock) is False

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from coupling_utils.engine.metric import SVD, coupling, coupling_matrix, coupling_tile, svd
+from coupling_utils.engine.metric import SVD, coupling, coupling_matrix, coupling_tile, k_for_width, svd
 
 
 def _rand(d=32, seed=0):
@@ -140,6 +140,21 @@ def test_bad_inputs():
         coupling(J, J, 3, orientation="uvj")
     with pytest.raises(ValueError, match="zero"):
         coupling(torch.zeros(4, 4), J[:4, :4], 2)
+
+
+def test_k_for_width_keeps_k_over_d_and_stays_within_1_and_d():
+    assert [k_for_width(d, 0.25) for d in (32, 64, 128)] == [8, 16, 32]  # K/d fixed across widths
+    assert k_for_width(10, 1.0) == 10 and k_for_width(1, 1.0) == 1  # K/d = 1 is the whole width
+    assert k_for_width(4, 0.01) == 1 and k_for_width(1, 0.5) == 1  # never K = 0
+    assert k_for_width(64.0, 0.5) == 32 and isinstance(k_for_width(64.0, 0.5), int)
+    for bad_d in (0, -4, 2.5, True):
+        with pytest.raises(ValueError) as info:
+            k_for_width(bad_d, 0.5)
+        assert str(info.value) == f"d_model must be a positive integer, got {bad_d!r}"
+    for bad_ratio in (0, -0.1, 1.5):
+        with pytest.raises(ValueError) as info:
+            k_for_width(64, bad_ratio)
+        assert str(info.value) == f"k_over_d (K/d) must lie in (0, 1], got {bad_ratio!r}"
 
 
 def test_error_messages_name_the_argument_and_the_problem():

@@ -357,6 +357,20 @@ def test_matrix_free_matches_exact_on_a_tiny_model(arch):
     torch.testing.assert_close(lz.svd.S, ex.S, atol=1e-4 * ex.S.max().item(), rtol=1e-4)
 
 
+def test_matrix_free_topk_measures_the_last_block_as_last_block_says():
+    model = tiny_model("llama")  # 2 blocks: block 1 is the last
+    ids = torch.randint(0, model.config.vocab_size, (1, 4), generator=torch.Generator().manual_seed(3))
+    spectra = {}
+    for last_block in ("block", "final_norm"):
+        ex = topk_svd(token_jacobians(model, ids, 1, last_block=last_block), 3)
+        mf = matrix_free_topk(model, ids, 1, 3, Solver(block=4, steps=8), last_block=last_block)
+        torch.testing.assert_close(mf.svd.S, ex.S, atol=1e-4 * ex.S.max().item(), rtol=1e-4)
+        spectra[last_block] = ex.S
+    assert not torch.allclose(spectra["block"], spectra["final_norm"], rtol=0.01)  # the final norm counts
+    with pytest.raises(ValueError, match="last_block='excluded' leaves it out"):
+        matrix_free_topk(model, ids, 1, 3, last_block="excluded")
+
+
 def test_documented_defaults():
     """Defaults the docstrings promise: oversample 10, two power iterations, seed 0, chunks of 64."""
     assert block_passes(5) == (2 * 2 + 2) * 15 == solver_passes(5, solver="subspace")
@@ -565,6 +579,25 @@ def test_operator_topk_asks_the_solvers_for_the_operator_device_and_dtype(monkey
     operator_topk(TokenOperator(f, X), 2, Solver(steps=3))
     operator_topk(TokenOperator(f, X), 2, Solver("subspace"))
     assert asked == [(X.device, X.dtype)] * 2
+
+
+def test_topk_svd_asks_the_solvers_for_the_device_and_dtype_of_j(monkeypatch):
+    """The random start must be moved to J's device: a CPU start would fail against a GPU J."""
+    import coupling_utils.engine.spectra as spectra
+
+    J = _gapped(d=20, k=3, batch=(2,))
+    asked = []
+    for name in ("block_lanczos_svd", "randomized_svd"):
+        real = getattr(spectra, name)
+
+        def spy(*args, real=real, **kwargs):
+            asked.append((kwargs.get("device"), kwargs.get("dtype")))
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(spectra, name, spy)
+    topk_svd(J, 3, "lanczos")
+    topk_svd(J, 3, "randomized")
+    assert asked == [(J.device, J.dtype)] * 2
 
 
 def test_direct_solver_defaults():

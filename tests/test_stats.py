@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -405,3 +407,84 @@ def test_rowwise_pearson_is_numpys_correlation_per_row():
     want = [np.corrcoef(a, b)[0, 1] if np.ptp(a) else np.nan for a, b in zip(x, y)]
     np.testing.assert_allclose(got, want, rtol=1e-12)
     assert np.isnan(got[3])
+
+
+def test_rowwise_pearson_takes_any_leading_shape_and_never_leaves_minus_one_to_one():
+    """Rows along the last axis of ``[..., n]``; a constant row is NaN (quietly) even when its mean is
+    off its value by rounding; a row with range 1 is not constant; rounding never pushes |r| past 1."""
+    rng = np.random.default_rng(1)
+    x, y = rng.normal(size=(2, 3, 6)), rng.normal(size=(2, 3, 6))
+    x[0, 1] = 1.1  # six 1.1s average to 1.1 - 2e-16, so the deviations are not exactly 0
+    y[1, 2] = 2.3  # likewise
+    x[1, 1] = 5.0  # deviations exactly 0: r is 0/0
+    x[1, 0] = [0.0, 1.0, 0.5, 0.25, 0.75, 0.5]  # range exactly 1
+    y[0, 2] = [1.0, 0.0, 0.2, 0.9, 0.4, 0.6]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a bootstrap's constant resamples must not flood the output
+        got = S.rowwise_pearson(x, y)
+    want = [
+        [np.corrcoef(a, b)[0, 1] if np.ptp(a) and np.ptp(b) else np.nan for a, b in zip(*ab)]
+        for ab in zip(x, y)
+    ]
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+    assert np.isnan(got[0, 1]) and np.isnan(got[1, 2]) and np.isnan(got[1, 1])
+    rows = rng.normal(size=(50, 7))
+    on_a_line = S.rowwise_pearson(rows, 3.0 * rows + 1.0)
+    assert on_a_line.max() == 1.0 and on_a_line.min() == pytest.approx(1.0, abs=1e-15)
+    against = S.rowwise_pearson(rows, -3.0 * rows + 1.0)
+    assert against.min() == -1.0 and against.max() == pytest.approx(-1.0, abs=1e-15)
+
+
+def test_vectorized_bootstrap_takes_flags_and_counts_like_the_loop():
+    """Boolean and integer columns reach a vectorized statistic as numbers, and a yes/no statistic counts as
+    0/1, as in the per-resample loop."""
+    rng = np.random.default_rng(6)
+    df = pd.DataFrame({"correct": rng.random(15) < 0.5, "tokens": rng.integers(5, 50, size=15)})
+
+    def loop(d):
+        x, y = d["correct"].to_numpy(float), d["tokens"].to_numpy(float)
+        r = np.corrcoef(x, y)[0, 1] if np.ptp(x) and np.ptp(y) else np.nan
+        return {"r": r, "mostly right": d["correct"].mean() > 0.5}
+
+    def vec(c):
+        return {
+            "r": S.rowwise_pearson(c["correct"], c["tokens"]),
+            "mostly right": c["correct"].mean(axis=-1) > 0.5,
+        }
+
+    by_loop = S.bootstrap_ci(df, loop, n_resamples=200, seed=2)
+    by_arrays = S.bootstrap_ci(df, vec, n_resamples=200, seed=2, vectorized=True)
+    pd.testing.assert_frame_equal(by_loop, by_arrays, check_exact=False, rtol=1e-12, atol=1e-12)
+    assert by_arrays.set_index("statistic").loc["mostly right", ["ci_low", "ci_high"]].tolist() == [0.0, 1.0]
+
+
+def test_bootstrap_intervals_are_bootstrap_ci_as_intervals_over_the_units():
+    from coupling_utils.analysis.verdicts import Interval
+
+    rng = np.random.default_rng(2)
+    df = pd.DataFrame({"a": rng.normal(size=12), "b": rng.normal(size=12)})
+
+    def stats(d):
+        return {
+            "mean": d["a"].mean(),
+            "gap": (d["a"] - d["b"]).mean(),
+            "undefined": np.nan,  # no estimate: left out
+            "all rows": 1.0 if d.index.is_unique else np.nan,  # no resample has every row: left out
+        }
+
+    got = S.bootstrap_intervals(df, stats, "prompt", detail=", 2 seeds", n_resamples=200, seed=4)
+    ci = S.bootstrap_ci(df, stats, n_resamples=200, seed=4).set_index("statistic")
+    assert ci.loc["all rows", "n_valid"] == 0
+    assert got == {k: Interval.from_bootstrap(ci.loc[k], over="12 prompts, 2 seeds") for k in ("mean", "gap")}
+    assert got["mean"].low < got["mean"].estimate == df["a"].mean() < got["mean"].high
+    by_default = S.bootstrap_intervals(df, stats, "prompt")  # 1000 resamples, seed 0
+    ci = S.bootstrap_ci(df, stats, n_resamples=1000, seed=0).set_index("statistic")
+    assert by_default == {k: Interval.from_bootstrap(ci.loc[k], over="12 prompts") for k in ("mean", "gap")}
+    # two rows already resample: the interval spans the two values
+    two = S.bootstrap_intervals(df.head(2), lambda d: {"mean": d["a"].mean()}, "model")
+    a0, a1 = df["a"].head(2)
+    assert two == {"mean": Interval((a0 + a1) / 2, min(a0, a1), max(a0, a1), over="2 models")}
+    # one row leaves nothing to resample: unbounded intervals
+    one = S.bootstrap_intervals(df.head(1), stats, "prompt")
+    unbounded = {"mean": a0, "gap": a0 - df.loc[0, "b"], "all rows": 1.0}
+    assert one == {k: Interval(v, -np.inf, np.inf, over="1 prompt") for k, v in unbounded.items()}

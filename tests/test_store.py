@@ -275,3 +275,38 @@ def test_json_is_sorted_and_writes_paths_as_text(tmp_path):
     write_json(tmp_path / "x.json", {"b": tmp_path, "a": 1})
     text = (tmp_path / "x.json").read_text()
     assert text.index('"a"') < text.index('"b"') and json.loads(text)["b"] == str(tmp_path)
+
+
+# --------------------------------------------------------------------------- corrupt stamps and markers
+@pytest.mark.parametrize(
+    "corrupt, code_stamp",
+    [("settings.json", True), ("settings.json", False), ("code.json", True)],
+    ids=["settings", "settings-without-code-stamp", "code"],
+)
+def test_a_corrupt_stamp_clears_the_work_it_vouched_for(tmp_path, settings, capsys, corrupt, code_stamp):
+    """Work whose settings or code cannot be read is measured again, even where stale work would be
+    kept (reuse_stale=True); the stamp is moved aside, named, and written anew."""
+    store = Store(tmp_path)
+    store.open(settings, CODE, resume=True, reuse_stale=False)
+    with_work(store)
+    if not code_stamp:  # work stored before code stamps
+        (tmp_path / "code.json").unlink()
+    (tmp_path / corrupt).write_text('{"half a st')
+    capsys.readouterr()
+    assert store.open(settings, CODE, resume=True, reuse_stale=True) == CODE
+    assert not (tmp_path / "_work").exists()
+    assert json.loads((tmp_path / "code.json").read_text()) == CODE
+    assert settings.differences(json.loads((tmp_path / "settings.json").read_text())) == []
+    assert len(list(tmp_path.glob(f"{corrupt}.corrupt-*"))) == 1
+    assert f"warning: the stored measurement file {tmp_path / corrupt} is corrupt" in capsys.readouterr().err
+
+
+def test_a_corrupt_marker_means_not_done_and_says_which_file(tmp_path, capsys):
+    store = Store(tmp_path)
+    store.layer_dir("p", 0).mkdir(parents=True)
+    marker = store.layer_dir("p", 0) / "done.json"
+    marker.write_text("{")
+    assert store.layer_meta("p", 0) is None
+    err = capsys.readouterr().err
+    assert err.startswith(f"warning: the stored measurement file {marker} is corrupt ("), err
+    assert not marker.exists() and len(list(marker.parent.glob("done.json.corrupt-*"))) == 1

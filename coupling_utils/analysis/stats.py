@@ -196,7 +196,7 @@ def _draw_each(df: pd.DataFrame, statistic: Callable, rows: np.ndarray) -> tuple
             value = dict.fromkeys(estimate, np.nan)
         for k in estimate:
             draws[k].append(value.get(k, np.nan))
-    return estimate, {k: np.asarray(v, dtype=float) for k, v in draws.items()}
+    return estimate, {k: np.asarray(v) for k, v in draws.items()}  # lists of floats and NaNs
 
 
 def rowwise_pearson(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -234,7 +234,7 @@ def bootstrap_intervals(
     return {
         k: Interval.from_bootstrap(ci.loc[k], over=over)
         for k in estimate
-        if np.isfinite(ci.at[k, "ci_low"]) and np.isfinite(ci.at[k, "ci_high"])
+        if np.isfinite(ci.at[k, "ci_low"])  # both bounds are finite, or both NaN (no finite resample)
     }
 
 

@@ -29,9 +29,8 @@ their error is measured (``tests/test_spectra.py``, ``bench/bench_jacobians.py``
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import numbers
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import torch
@@ -254,7 +253,7 @@ def block_lanczos_svd(
             products += block
             V_blocks.append(_orthonormal_complement(JtU, V_blocks))
     U, V = torch.cat(U_blocks, -1), torch.cat(V_blocks, -1)
-    B = U.transpose(-1, -2) @ torch.cat(JV_blocks, -1).to(U.dtype)  # [..., sb, sb] = Uᵀ J V
+    B = U.transpose(-1, -2) @ torch.cat(JV_blocks, -1)  # [..., sb, sb] = Uᵀ J V (U has JV's dtype)
     with lapack_threads():
         Ub, S, Vbh = torch.linalg.svd(B, full_matrices=False)
     r = block * steps if keep == "all" else k
@@ -439,14 +438,19 @@ class MatrixFreeSVD:
     settings: dict = field(default_factory=dict)
 
 
+def _check_finite(tensors: Iterable[torch.Tensor]) -> None:
+    """Refuse NaN or inf in the products, or in the solver's result built from them."""
+    if not all(torch.isfinite(t).all() for t in tensors):
+        raise ValueError(
+            "the matrix-free products returned NaN or inf; the block is not usable "
+            "at this input (check the model's dtype: use float32)"
+        )
+
+
 def _finite_products(fn: Apply) -> Apply:
     def checked(M: torch.Tensor) -> torch.Tensor:
         out = fn(M)
-        if not torch.isfinite(out).all():
-            raise ValueError(
-                "the matrix-free products returned NaN or inf; the block is not usable "
-                "at this input (check the model's dtype: use float32)"
-            )
+        _check_finite([out])
         return out
 
     return checked
@@ -469,9 +473,7 @@ def operator_topk(
     common = dict(dtype=op.dtype, device=op.X.device, keep=keep)
     if solver.name == "lanczos":
         b, st = lanczos_plan(k, d, block=solver.block, steps=solver.steps)
-        s, _ = block_lanczos_svd(
-            apply, apply_t, op.shape, k, dataclasses.replace(solver, block=b, steps=st), **common
-        )
+        s, _ = block_lanczos_svd(apply, apply_t, op.shape, k, solver, **common)  # plans the same b, st
         rank, settings = b * st, {"block": b, "steps": st}
     else:
         k = check_k(k, d)
@@ -480,11 +482,7 @@ def operator_topk(
             min(k + solver.oversample, d),
             {"oversample": solver.oversample, "n_iter": solver.n_iter},
         )
-    if not all(torch.isfinite(t).all() for t in s):
-        raise ValueError(
-            "the matrix-free products returned NaN or inf; the block is not usable "
-            "at this input (check the model's dtype: use float32)"
-        )
+    _check_finite(s)
     return MatrixFreeSVD(s, op.passes - before, rank, int(k), solver.name, settings)
 
 
