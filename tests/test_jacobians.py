@@ -887,3 +887,80 @@ def test_reference_and_context_fold_the_final_norm_into_the_last_block():
     torch.testing.assert_close(ref, token, rtol=1e-5, atol=1e-6)
     ctx = context_jacobians(model, x, last, 2, last_block="final_norm")
     torch.testing.assert_close(ctx[2], token[2], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("last_block", ["block", "final_norm"])
+def test_half_precision_layer_norms_give_finite_forward_products_close_to_float32(last_block):
+    """A float16 LayerNorm's forward-mode product overflows on a CPU where its input is small
+    (rstd³ in float16); every LayerNorm the block function runs, the block's own and the final
+    norm folded into the last block, runs in float32: finite float16 tangents close to float32's.
+    Here the last block adds little to small hidden states, so both norms see a small input."""
+
+    x = torch.randint(0, 64, (1, 6), generator=torch.Generator().manual_seed(0))
+
+    def block(dtype):
+        model = tiny_model("gpt2").to(dtype)
+        for proj in (model.transformer.h[1].attn.c_proj, model.transformer.h[1].mlp.c_proj):
+            proj.weight.mul_(0.01), proj.bias.mul_(0.01)
+        return block_function(model, x, 1, token_diagonal=False, last_block=last_block)
+
+    f16, X = block(torch.float16)
+    f32, _ = block(torch.float32)
+    X = 0.02 * X
+    v = torch.randn(X.shape, generator=torch.Generator().manual_seed(1))
+    _, t16 = torch.func.jvp(f16, (X,), (v.half(),))
+    _, t32 = torch.func.jvp(f32, (X.float(),), (v,))
+    assert t16.dtype == torch.float16 and torch.isfinite(t16).all()
+    assert rel(t16.float(), t32) < 1e-2
+
+
+def test_float32_layer_norms_round_a_float32_layer_norm_of_half_inputs_and_leave_others_as_torch_does():
+    """In half precision the LayerNorm is float32's, rounded to the input's dtype, with the norm's
+    own eps, weight and bias (or none); other inputs get nn.LayerNorm's own call, bit for bit;
+    the module is itself again after."""
+    from coupling_utils.engine.blocks import float32_layer_norms
+
+    g = torch.Generator().manual_seed(0)
+    x = 0.02 * torch.randn(3, 16, generator=g, dtype=torch.float64)
+    for affine in (True, False):
+        norm = torch.nn.LayerNorm(16, eps=0.1, elementwise_affine=affine, dtype=torch.float64)
+        if affine:
+            norm.weight.data.normal_(generator=g), norm.bias.data.normal_(generator=g)
+        plain = torch.nn.functional.layer_norm(x, (16,), norm.weight, norm.bias, eps=0.1)
+        with float32_layer_norms(norm):
+            assert torch.equal(norm(x), plain)
+            norm.to(torch.bfloat16)
+            y = norm(x.bfloat16())
+        assert "forward" not in vars(norm)
+        w, b = (norm.weight.float(), norm.bias.float()) if affine else (None, None)
+        assert y.dtype == torch.bfloat16
+        assert torch.equal(
+            y, torch.nn.functional.layer_norm(x.bfloat16().float(), (16,), w, b, 0.1).bfloat16()
+        )
+
+
+@pytest.mark.parametrize("model_type", ["llama", "gpt_neox"])
+def test_rotary_embeddings_take_their_products_through_the_transpose_except_in_the_oracle(
+    model_type, monkeypatch
+):
+    """Every block function but the oracle's (plain=True) runs its rotary embedding through
+    rotary.linear_rotary: the same values bit for bit, the same products up to rounding; the oracle
+    runs the library's function as transformers does."""
+    from coupling_utils.engine import rotary
+
+    model = tiny_model(model_type)
+    x = _inputs(model)
+    f, X = block_function(model, x, 1, token_diagonal=False)
+    plain, _ = block_function(model, x, 1, token_diagonal=False, plain=True)
+    torch.testing.assert_close(f(X), plain(X), rtol=0, atol=0)
+    C = torch.randn(2, *X.shape, generator=torch.Generator().manual_seed(0))
+    (held,) = torch.func.vmap(torch.func.vjp(f, X)[1])(C)
+    (exact,) = torch.func.vmap(torch.func.vjp(plain, X)[1])(C)
+    torch.testing.assert_close(held, exact, rtol=1e-5, atol=1e-6)
+    calls = []
+    original = rotary._LinearRotary.apply
+    monkeypatch.setattr(rotary._LinearRotary, "apply", lambda *a: calls.append(a) or original(*a))
+    plain(X)
+    assert calls == []
+    f(X)
+    assert len(calls) == 1

@@ -18,7 +18,13 @@ from coupling_utils.engine.architectures import (
     tiny_model,
     transformer_blocks,
 )
-from coupling_utils.engine.blocks import LAST_BLOCKS, block_function, check_last_block
+from coupling_utils.engine.blocks import (
+    LAST_BLOCKS,
+    block_function,
+    check_last_block,
+    last_block_facts,
+    last_block_norm,
+)
 from coupling_utils.engine.jacobians import context_jacobians, reference_jacobians, token_jacobians
 from coupling_utils.engine.spectra import matrix_free_topk
 
@@ -133,12 +139,42 @@ def test_excluded_refuses_the_last_block_only():
     inputs = _inputs(model)
     token_jacobians(model, inputs, 0, last_block="excluded")  # not the last block: measured
     for layer in (1, -1):
-        with pytest.raises(ValueError, match=r"block 1 is the last block, and last_block='excluded'"):
+        with pytest.raises(
+            ValueError, match=r"block 1 is the last block, and last_block='excluded'.*blocks 0\.\.0,"
+        ):
             token_jacobians(model, inputs, layer, last_block="excluded")
     with pytest.raises(ValueError, match=r"last_block must be one of \('block', 'final_norm', 'excluded'\)"):
         block_function(model, inputs, 0, last_block="norm")
+    says = r"the paper's definition; 'final_norm': with the final norm, as the authors' code measured it; "
+    with pytest.raises(ValueError, match=says + "'excluded'"):  # what each choice means
+        check_last_block("norm")
+    # the default is the paper's: the last block alone, no norm folded in
+    assert last_block_norm(model, 1) is None and last_block_norm(model, -1, "final_norm") is not None
+    for layer in (2, -3):
+        with pytest.raises(IndexError, match=r"layer -?\d out of range: the model has 2 blocks \(0\.\.1\)"):
+            last_block_norm(model, layer)
     with pytest.raises(ValueError, match="got 'x'"):
         check_last_block("x")
+
+
+@pytest.mark.parametrize("row", ARCHITECTURES, ids=[a.model_types[0] for a in ARCHITECTURES])
+def test_last_block_facts_name_the_folded_norm_where_the_table_says_it_lives(row):
+    """A measurement's provenance says, per convention, which block is last, whether it is measured
+    and which norm is folded into it: its class and the table's path(s), or None for none."""
+    model = tiny_model(row.model_types[0])
+    last = len(transformer_blocks(model)) - 1
+    norm = hidden_states_norm(model)
+    path = supported_architectures().set_index("name").loc[row.name, "final_norm"]
+    alone = {"convention": "block", "block": last, "measured": True, "folded_norm": None, "norm_path": None}
+    assert last_block_facts(model) == last_block_facts(model, "block") == alone
+    assert last_block_facts(model, "excluded") == {**alone, "convention": "excluded", "measured": False}
+    folded = last_block_facts(model, "final_norm")
+    assert folded == {
+        **alone,
+        "convention": "final_norm",
+        "folded_norm": None if norm is None else type(norm).__name__,
+        "norm_path": None if norm is None else path,
+    }
 
 
 @pytest.mark.parametrize("row", ARCHITECTURES, ids=[a.model_types[0] for a in ARCHITECTURES])

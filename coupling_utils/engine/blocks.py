@@ -420,9 +420,9 @@ class BlockFunction:
                 out = self.block(x, *args, **kwargs)
             else:
                 out = self.block(*args, hidden_states=x, **kwargs)
-        y = _hidden(out)
-        if self.norm is not None:
-            y = self.norm(y)
+            y = _hidden(out)
+            if self.norm is not None:  # in the block's contexts: a LayerNorm runs in float32 too
+                y = self.norm(y)
         if X.ndim == 2:
             y = y.squeeze(0)
         if not cut:
