@@ -488,3 +488,24 @@ def test_bootstrap_intervals_are_bootstrap_ci_as_intervals_over_the_units():
     one = S.bootstrap_intervals(df.head(1), stats, "prompt")
     unbounded = {"mean": a0, "gap": a0 - df.loc[0, "b"], "all rows": 1.0}
     assert one == {k: Interval(v, -np.inf, np.inf, over="1 prompt") for k, v in unbounded.items()}
+
+
+@pytest.mark.parametrize("scale, other", [(1e-80, 1e-200), (1e-160, 1e-300), (1e80, 1e200), (1e160, 1e300)])
+def test_rowwise_pearson_keeps_rows_of_any_spread(scale, other):
+    """Sums of squares whose product leaves the float range (spread about 1e-80 or 1e80 and beyond) once
+    gave r = 1 or 0 for r = 0.9; such rows are rescaled, and the others keep the plain formula's bits."""
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=(4, 9))
+    y = 0.8 * x + 0.6 * rng.normal(size=(4, 9))
+    want = S.rowwise_pearson(x, y)
+    factor = np.array([1.0, scale, other, 1.0])[:, None]  # two rows far out, beside two ordinary ones
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = S.rowwise_pearson(x * factor, y * factor)
+    np.testing.assert_allclose(got, want, rtol=1e-14)
+    assert got[0] == want[0] and got[3] == want[3]
+    np.testing.assert_allclose(S.rowwise_pearson(x[1] * scale, y[1] * scale), want[1], rtol=1e-14)
+    apart = np.array([1.0, 1e200, 1e-200, 1.0])[:, None]  # one side alone far out, one row each way
+    np.testing.assert_allclose(S.rowwise_pearson(x * apart, y), want, rtol=1e-14)
+    np.testing.assert_allclose(S.rowwise_pearson(x, y * apart), want, rtol=1e-14)
+    assert np.isnan(S.rowwise_pearson(np.full(9, scale), y[0]))

@@ -200,11 +200,21 @@ def _draw_each(df: pd.DataFrame, statistic: Callable, rows: np.ndarray) -> tuple
 
 
 def rowwise_pearson(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Pearson's r of each row of ``x: [..., n]`` with the same row of ``y``; NaN for a constant row."""
+    """Pearson's r of each row of ``x: [..., n]`` with the same row of ``y``; NaN for a constant row.
+
+    Rows whose sums of squares multiply past the float range (spreads far below 1e-75 or above
+    1e75) are rescaled by their largest deviation first, so their r is as exact as any other row's.
+    """
     xc = x - x.mean(axis=-1, keepdims=True)
     yc = y - y.mean(axis=-1, keepdims=True)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        r = (xc * yc).sum(axis=-1) / np.sqrt((xc * xc).sum(axis=-1) * (yc * yc).sum(axis=-1))
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        squares = (xc * xc).sum(axis=-1) * (yc * yc).sum(axis=-1)
+        r = np.asarray((xc * yc).sum(axis=-1) / np.sqrt(squares))
+        outside = ~((squares >= np.finfo(squares.dtype).tiny) & np.isfinite(squares))
+        if outside.any():  # rescaled rows only: every other row keeps the plain formula's bits
+            xs, ys = xc[outside], yc[outside]  # [rows, n]
+            xs, ys = xs / np.abs(xs).max(axis=1, keepdims=True), ys / np.abs(ys).max(axis=1, keepdims=True)
+            r[outside] = (xs * ys).sum(axis=1) / np.sqrt((xs * xs).sum(axis=1) * (ys * ys).sum(axis=1))
     constant = (np.ptp(x, axis=-1) == 0) | (np.ptp(y, axis=-1) == 0)
     return np.where(constant, np.nan, np.clip(r, -1.0, 1.0))
 
