@@ -70,10 +70,16 @@ def run(chapter: str, cache: Path, out: Path) -> dict:
     env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     cmd = [str(Path(sys.executable).parent / "coupling-book"), "run", chapter, "--profile", "default"]
     cmd += ["--jobs", "1", "--output-dir", str(out)]
-    # a fresh wrapper process per run, so that its children's peak memory is this run's alone
+    # a fresh wrapper process per run, so that its children's peak memory is this run's alone; on
+    # Linux it adopts the run's orphans (prctl PR_SET_CHILD_SUBREAPER) and waits for them too, so a
+    # process that outlives its parent (as the notebook kernels once did) still counts
     wrapper = (
-        "import json, resource, subprocess, sys, time; t = time.perf_counter(); "
-        "rc = subprocess.run(sys.argv[1:]).returncode; s = time.perf_counter() - t; "
+        "import ctypes, json, os, resource, subprocess, sys, time; t = time.perf_counter()\n"
+        "if sys.platform.startswith('linux'): ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)\n"
+        "rc = subprocess.run(sys.argv[1:]).returncode; s = time.perf_counter() - t\n"
+        "while True:\n"
+        "    try: os.wait()\n"
+        "    except ChildProcessError: break\n"
         "u = resource.getrusage(resource.RUSAGE_CHILDREN); "
         "print(json.dumps({'rc': rc, 'seconds': s, 'cpu': u.ru_utime + u.ru_stime, 'rss_kib': u.ru_maxrss}))"
     )

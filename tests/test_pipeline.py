@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -317,3 +318,6 @@ def test_notebooks_run_side_by_side_on_private_unix_sockets_left_behind_by_none(
     assert {s["transport"] for s in seen} == {"ipc"}
     folders = {Path(s["ip"]).parent for s in seen}
     assert len(folders) == 4 and not any(f.exists() for f in folders)
+    for s in seen:  # each kernel stopped and reaped with its run, not left holding memory until exit
+        with pytest.raises(ProcessLookupError):
+            os.kill(s["pid"], 0)

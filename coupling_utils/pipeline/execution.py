@@ -273,6 +273,9 @@ def _kernel_sockets(kernel: str) -> Iterator[dict[str, Any]]:
     already in use", then "Kernel died before replying to kernel_info": seen in CI with two
     notebooks at once). Sockets named inside a folder of our own cannot collide. Windows has no
     Unix sockets there, and a folder path too long for one (about 100 bytes) keeps TCP too.
+
+    The kernel is shut down on the way out: nbclient leaves alone a kernel whose manager it was
+    given, so it would otherwise live on, holding the notebook's memory, until this process ended.
     """
     import shutil
     import tempfile
@@ -285,7 +288,13 @@ def _kernel_sockets(kernel: str) -> Iterator[dict[str, Any]]:
         else:
             from jupyter_client.manager import KernelManager
 
-            yield {"km": KernelManager(kernel_name=kernel, transport="ipc", ip=address)}
+            manager = KernelManager(kernel_name=kernel, transport="ipc", ip=address)
+            try:
+                yield {"km": manager}
+            finally:
+                if manager.has_kernel:  # asks it to stop, kills it after a few seconds, reaps it
+                    with contextlib.suppress(Exception):  # the run's own outcome is what to report
+                        manager.shutdown_kernel()
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
