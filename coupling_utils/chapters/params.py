@@ -5,7 +5,7 @@ made with :func:`param` (default and check). :meth:`ChapterParams.checked` build
 the object from any mapping (a notebook's ``globals()``, a profile with overrides, a sweep's
 planned values): every field is checked with its own check, then the chapter's :attr:`RULES`
 (relations between parameters), so a bad value fails before any work with a message that names
-the parameter. ``tests/test_chapters.py`` checks that each notebook's parameters cell and its
+the parameter. ``tests/test_pipeline.py`` checks that each notebook's parameters cell and its
 chapter's fields agree, name for name and default for default.
 """
 

@@ -22,7 +22,7 @@ The math is eager (no fused SDPA), so forward-mode AD works too.
 
 For architectures that call attention through ``transformers``' ``AttentionInterface`` the
 function is registered under :data:`TOKEN_DIAGONAL`; the others (GPT-Neo, Falcon, MPT) get
-adapters in ``architectures.py`` that call :func:`token_diagonal_attention` directly.
+adapters in ``adapters.py`` that call :func:`token_diagonal_attention` directly.
 """
 
 from __future__ import annotations

@@ -100,7 +100,7 @@ class TocEntry:
     def run_command(self) -> str:
         """The command that produces this notebook's executed copy."""
         short = Path(self.docname).name.split("_", 1)[0]
-        return f"coupling-book run {short} --profile <smoke|default|paper>"
+        return f"coupling-book run {short} --profile <smoke|default|laptop|paper>"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """``coupling-book``: run the notebooks, build the book, list what exists, manage the model zoo.
 
 coupling-book list
-coupling-book run [NOTEBOOK ...] --profile smoke|default|paper [-p key=value ...] [--jobs N]
+coupling-book run [NOTEBOOK ...] --profile smoke|default|laptop|paper [-p key=value ...] [--jobs N]
 coupling-book build [--executed DIR] [--out DIR] [--no-strict] [--allow-unexecuted] [--edition student]
               [--printable]
 coupling-book kit [--out FILE] [--edition student]
@@ -10,6 +10,7 @@ coupling-book sweep NOTEBOOK --profile P [-p key=value ...] --executor local|slu
               [--gpus-per-job N] [--time T] [--max-parallel N] [--dry-run] | sweep [NOTEBOOK] --status
 coupling-book measure MODEL [MODEL ...] [--revision R ...] [--prompts FILE] [--k K ...] [--executor ...]
               --out DIR
+coupling-book k-sensitivity [--out FILE] [--n-prompts N] [--n-images N]
 
 Every command ends in its result or in one paragraph that names the input, the problem and the fix:
 exit status 2 for bad input, 1 for a failed run, 130 after Ctrl-C. ``--debug`` (anywhere on the
@@ -139,7 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("run", help="execute notebooks through papermill into _build/notebooks/")
     p.add_argument("notebooks", nargs="*", help="notebook names or prefixes (default: all), e.g. f00 f01")
-    p.add_argument("--profile", default="default", help="parameter profile: smoke, default or paper")
+    p.add_argument("--profile", default="default", help="parameter profile: smoke, default, laptop or paper")
     add_override_option(p)
     p.add_argument("--output-dir", help="where executed notebooks go (default: _build/notebooks)")
     p.add_argument(

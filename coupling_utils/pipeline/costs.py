@@ -17,10 +17,17 @@ weights) and from the engine's throughput measured by ``bench/bench_costs.py``
   priced at their own measured rate) and a pass over the prefix;
 - **matrix-free** makes the Lanczos solver's passes for the largest K plus ``K`` per partner
   block for the tiles (:func:`coupling_utils.engine.spectra.solver_passes`), and no SVD of size d;
-- **memory** on the device: the weights in the run's dtype, one chunk of 64 VJP cotangents through
-  one block (``64·T·P/d`` floats: the block's activations per token are about ``P/d`` numbers),
-  and three ``d × d`` float32 matrices per measured token (the Jacobian, U, V), plus
-  :data:`DEVICE_ALLOWANCE_GB` for the CUDA context and the allocator (an allowance, not measured);
+- **memory** on the device (the path and the chunk as ``measure()`` chooses them there): the
+  weights in the run's dtype; one chunk of products through the block (the block's activations
+  per token are about ``P/d`` numbers): the sweep's chunk of ``c`` VJP cotangents over all T tokens
+  (``c·T·P/d``, ``c`` from the engine's budget: ``c·T·d`` at most 2^20 numbers on a CPU, 2^24 on a
+  GPU) and the T tokens' Jacobians it forms (``T·d²``), or one token's chunk (``c·P/d``), or
+  matrix-free's 64 products (``64·T·P/d``); three ``d × d`` float32 matrices per measured token
+  (the Jacobian, U, V); and :data:`DEVICE_ALLOWANCE_GB` for the CUDA context and the allocator (an
+  allowance, not measured). An estimate, not a bound: against the profiler's count of torch's
+  buffers during ``measure()`` on two random SmolLM2-sized blocks (one thread) it gave 204 MiB
+  for 233 measured (T = 32, every token), 252 for 257 (34 of 64 tokens), 17 for 10 (the last
+  token);
 - **host memory** of a GPU run: the weights once, as transformers loads them; of a CPU run, the
   device memory above;
 - **download**: the weights in the dtype the repo stores (``torch_dtype``), per (model, revision);
@@ -80,7 +87,7 @@ __all__ = [
 BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "8bit": 1, "4bit": 0.5}
 GPU_SIZES_GB = (24, 40, 80)
 DEVICE_ALLOWANCE_GB = 1.0  # CUDA context, kernels and allocator slack: an allowance, not a measurement
-CHUNK = 64  # VJP cotangents per batch (measure()'s chunk_size default)
+CHUNK = 64  # products per batch of the matrix-free path (measure()'s chunk_size default)
 SVD_FLOPS_PER_D3 = 21  # full SVD (U, S, V) of a square matrix: 4n³ + 8n³ + 9n³ (Golub & Van Loan)
 GB = 1e9
 
@@ -239,29 +246,33 @@ def size_cost(work: Work, size: ModelSize, device: str = "cpu") -> Cost:
     import types
 
     from coupling_utils.engine.architectures import find_architecture
+    from coupling_utils.engine.jacobians import _default_chunk
     from coupling_utils.engine.one_token import one_token_wins
     from coupling_utils.engine.spectra import solver_passes
 
-    d, P = size.d_model, size.block_params
+    d, P, T = size.d_model, size.block_params, work.T
     L = size.n_layers if work.layers is None else int(work.layers)
     causal = find_architecture(types.SimpleNamespace(model_type=size.model_type)).causal == "causal"
     one = 0
     if work.method == "matrix_free":
         per_layer = solver_passes(work.k, d=d) + max(L - 1, 0) * work.k
         svds = 0
-    elif causal and one_token_wins(work.n_tokens, work.T, device):
+        held = CHUNK * T * P / d  # one chunk of products through the block
+    elif causal and one_token_wins(work.n_tokens, T, device):
         per_layer = work.n_tokens  # the prefix passes, without gradients
         one = work.n_prompts * L * work.n_tokens * d
         svds = L * work.n_tokens * work.n_prompts
+        held = _default_chunk(d, 1, None, device) * P / d  # one chunk of VJPs through one token
     else:
         per_layer = d + 1
         svds = L * work.n_tokens * work.n_prompts
+        # one chunk of VJPs through the block over all T tokens, and every token's Jacobian
+        held = _default_chunk(d, T, None, device) * T * P / d + T * d * d
     extra = work.extra_passes if work.extra_cost is None else work.extra_cost(size.n_layers, d)
     passes = work.n_prompts * (L * per_layer + extra)
     flops = passes * pass_flops(P, work.T, d) + one * one_token_pass_flops(P, work.T, d) + svds * svd_flops(d)
     weights = size.weights_gb(work.dtype)
-    buffers = (CHUNK * work.T * P / d + 3 * work.n_tokens * d * d) * 4 / GB
-    device = weights + buffers + DEVICE_ALLOWANCE_GB
+    buffers = (held + 3 * work.n_tokens * d * d) * 4 / GB
     download = size.weights_gb(size.stored_dtype) if work.download else 0.0
     return Cost(
         work,
@@ -270,7 +281,7 @@ def size_cost(work: Work, size: ModelSize, device: str = "cpu") -> Cost:
         passes,
         svds,
         one_token_passes=one,
-        device_gb=device,
+        device_gb=weights + buffers + DEVICE_ALLOWANCE_GB,
         host_gb=weights,
         download_gb=download,
     )
@@ -387,8 +398,9 @@ class NotebookCost:
 
     def totals(self, rates: Rates | None = None, gpu: Rates | None = None) -> dict[str, Any]:
         known = [c for c in self.costs if c.size is not None]
+        on_gpu = [size_cost(c.work, c.size, "cuda") for c in known]  # the GPU's path rule and chunks
         loads = {(c.work.model, c.work.revision) for c in known if c.work.download}
-        big = max(known, key=lambda c: c.device_gb, default=None)
+        big = max(on_gpu, key=lambda c: c.device_gb, default=None)
         row: dict[str, Any] = {
             "notebook": self.notebook,
             "profile": self.profile,
@@ -403,13 +415,13 @@ class NotebookCost:
             ),
         }
         for gb in GPU_SIZES_GB:
-            worst = [c for c in known if gpu_fit(c, gb) != "yes"]
+            worst = [c for c in on_gpu if gpu_fit(c, gb) != "yes"]
             names = sorted({c.work.model.split("/")[-1] + f" ({gpu_fit(c, gb)})" for c in worst})
             row[f"{gb} GB GPU"] = "all" if not worst else "all but " + ", ".join(names)
         if rates is not None:
             row["one-core seconds"] = sum(cpu_seconds(c, rates) for c in known)
         if gpu is not None:
-            row["GPU seconds"] = sum(cpu_seconds(size_cost(c.work, c.size, "cuda"), gpu) for c in known)
+            row["GPU seconds"] = sum(cpu_seconds(c, gpu) for c in on_gpu)
         if self.embedded:
             row["embedded (zoo cost)"] = ", ".join(self.embedded)
         return row

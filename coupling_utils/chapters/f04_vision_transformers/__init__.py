@@ -4,9 +4,10 @@ the hub ViTs and their twins, the family and its twins), :func:`run` (what the s
 from the collected jobs alone), its verdict rules and claims, its figures and the values its
 prose glues.
 
-Three modules, as the notebook reads them: :mod:`.plan` (parameters, rules, plan, run and
-:class:`Results`), :mod:`.story` (status rows, assumptions, glued values) and :mod:`.figures`
-(each figure with its name, caption and alt text).
+Four modules, as the notebook reads them: :mod:`.plan` (parameters, rules, plan, run and
+:class:`Results`), :mod:`.exercises` (the exercise variants the plan measures and their glued
+answers), :mod:`.story` (status rows, assumptions, glued values) and :mod:`.figures` (each
+figure with its name, caption and alt text).
 """
 
 from coupling_utils.chapters.f04_vision_transformers.figures import (
