@@ -1,9 +1,16 @@
-"""What each chapter costs on this machine at the default profile: cold (fresh cache) and warm.
+"""What each chapter costs on this machine at the default profile, in three states of the cache.
 
-For the teaching page's course plan: each finding notebook is run alone with
-``coupling-book run <chapter> --profile default --jobs 1``, first with an empty
-``COUPLING_CACHE`` (so the run builds or trains the embedded models it needs, as on a student's
-first run), then again with the cache it filled (the second run of a class). Each run is one
+For the teaching page's course plans: each finding notebook is run alone with
+``coupling-book run <chapter> --profile default --jobs 1``
+
+- ``cold``: with an empty ``COUPLING_CACHE``, so the run builds or trains the embedded models it
+  needs and measures them (a student's first run, nothing prepared);
+- ``models``: with a cache that holds only the chapter's embedded models, built beforehand
+  (untimed) by ``coupling-book zoo prepare``: the run measures everything (a class whose
+  machines were prepared as the teaching page says);
+- ``warm``: again with the cache the cold run filled, models and measurements (a rerun).
+
+Each run is one
 subprocess; its wall time, the CPU time of the process and its children (user + system: less
 sensitive than wall time to other load on a shared machine) and the largest resident memory of
 any of its processes are written to ``data/benchmarks/chapter_costs.csv`` with the machine's
@@ -11,8 +18,9 @@ description, the command and the chapter's plan (``teaching.chapter_plan``: a ha
 parameter values at the default profile, so the book can tell times measured on an earlier plan).
 Offline: only the embedded models are used.
 
-    python bench/bench_chapters.py                       # all six chapters, cold then warm
+    python bench/bench_chapters.py                       # all six chapters, every state
     python bench/bench_chapters.py --chapters f00 f05    # some of them (the others' rows are kept)
+    python bench/bench_chapters.py --states models       # one state (the other states' rows are kept)
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CHAPTERS = ("f00", "f01", "f02", "f03", "f04", "f05")
+STATES = ("cold", "models", "warm")  # in the order they run: warm reuses the cold run's cache
 COLUMNS = [
     "chapter",
     "state",
@@ -64,9 +73,25 @@ def machine() -> dict:
     }
 
 
+def _env(cache: Path) -> dict:
+    return dict(os.environ, COUPLING_CACHE=str(cache), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+
+
+def prepare_models(chapter: str, cache: Path) -> None:
+    """Build the embedded models ``chapter`` names at the default profile into ``cache`` (untimed),
+    with ``coupling-book zoo prepare``, as the teaching page tells a teacher to."""
+    from coupling_utils.pipeline.execution import _planned_values, embedded_models, find_notebooks
+
+    (notebook,) = find_notebooks([chapter])
+    names = [m.removeprefix("embedded:") for m in embedded_models(_planned_values(notebook, "default", None))]
+    if names:
+        cmd = [str(Path(sys.executable).parent / "coupling-book"), "zoo", "prepare", *names]
+        subprocess.run(cmd, env=_env(cache), cwd=ROOT, check=True, capture_output=True, text=True)
+
+
 def run(chapter: str, cache: Path, out: Path) -> dict:
     """One ``coupling-book run`` of ``chapter`` in a subprocess; its wall and CPU time, peak RSS."""
-    env = dict(os.environ, COUPLING_CACHE=str(cache), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    env = _env(cache)
     env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     cmd = [str(Path(sys.executable).parent / "coupling-book"), "run", chapter, "--profile", "default"]
     cmd += ["--jobs", "1", "--output-dir", str(out)]
@@ -103,21 +128,29 @@ def main(argv=None) -> int:
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--chapters", nargs="*", default=list(CHAPTERS), help=f"from {CHAPTERS}")
+    ap.add_argument("--states", nargs="*", default=list(STATES), help=f"from {STATES} (warm needs cold)")
     ap.add_argument("--out", default=str(ROOT / "data" / "benchmarks" / "chapter_costs.csv"))
     args = ap.parse_args(argv)
-    unknown = [c for c in args.chapters if c not in CHAPTERS]
+    unknown = [c for c in args.chapters if c not in CHAPTERS] + [s for s in args.states if s not in STATES]
     if unknown:
-        ap.error(f"unknown chapters {unknown}; choose from {CHAPTERS}")
+        ap.error(f"unknown chapters or states {unknown}; choose from {CHAPTERS} and {STATES}")
+    if "warm" in args.states and "cold" not in args.states:
+        ap.error("--states warm reruns the cold run's cache: give cold too")
+    states = [s for s in STATES if s in args.states]
     command = "python bench/bench_chapters.py" + (
         "" if args.chapters == list(CHAPTERS) else " --chapters " + " ".join(args.chapters)
     )
+    command += "" if states == list(STATES) else " --states " + " ".join(states)
     rows = []
     with tempfile.TemporaryDirectory(prefix="chapter-costs-") as tmp:
         for chapter in args.chapters:
-            cache, out = Path(tmp) / f"cache-{chapter}", Path(tmp) / f"runs-{chapter}"
             facts = machine()
             plan = chapter_plan(chapter)  # what was measured: the chapter's plan today
-            for state in ("cold", "warm"):
+            for state in states:
+                name = "models" if state == "models" else "cold"  # warm reruns the cold run's cache
+                cache, out = Path(tmp) / f"cache-{chapter}-{name}", Path(tmp) / f"runs-{chapter}-{name}"
+                if state == "models":
+                    prepare_models(chapter, cache)
                 result = run(chapter, cache, out)
                 row = {
                     "chapter": chapter,
@@ -135,12 +168,17 @@ def main(argv=None) -> int:
                     f"{row['peak_rss_mib']} MiB peak, {row['status']}",
                     flush=True,
                 )
-            shutil.rmtree(cache, ignore_errors=True)
+            for name in ("cold", "models"):
+                shutil.rmtree(Path(tmp) / f"cache-{chapter}-{name}", ignore_errors=True)
     target = Path(args.out)
-    if target.is_file():  # keep the rows of the chapters not rerun, each with its own command and date
+    if target.is_file():  # keep the rows not rerun, each with its own command and date
         with target.open(newline="", encoding="utf-8") as fh:
-            kept = [{"plan": "", **r} for r in csv.DictReader(fh) if r["chapter"] not in args.chapters]
-        rows = sorted(kept + rows, key=lambda r: (CHAPTERS.index(r["chapter"]), r["state"]))
+            kept = [
+                {"plan": "", **r}
+                for r in csv.DictReader(fh)
+                if not (r["chapter"] in args.chapters and r["state"] in states)
+            ]
+        rows = sorted(kept + rows, key=lambda r: (CHAPTERS.index(r["chapter"]), STATES.index(r["state"])))
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp_target = target.with_suffix(".tmp")
     with tmp_target.open("w", newline="", encoding="utf-8") as fh:

@@ -131,19 +131,31 @@ def test_every_exercise_has_a_label_and_a_hidden_solution(chapter):
 def test_costs_summary_follows_the_measured_costs(tmp_path):
     """The teaching page's lab timing is read from the measured costs, verdict by the stated rule."""
     rows = []
-    for chapter, cold, warm in [("f00", 300, 60), ("f01", 600, 240), ("f05", 200, 120), ("f03", 900, 100)]:
-        for state, sec in (("cold", cold), ("warm", warm)):
+    for chapter, times in [("f00", (300, 90, 60)), ("f01", (600, 300, 240)), ("f05", (200, 150, 120)),
+                           ("f03", (900, 400, 100))]:  # fmt: skip
+        for state, sec in zip(("cold", "models", "warm"), times):
             rows.append(
                 {"chapter": chapter, "state": state, "seconds": sec, "cpu_seconds": sec, "status": "ok"}
             )
     costs = pd.DataFrame(rows)
     text = teaching.costs_summary(costs)
-    assert "7.0 minutes together" in text and "cold, building their models: 18.3 minutes" in text
-    assert "**fits**" in text and "f03 15.0 cold / 1.7 warm" in text
-    slow = costs.assign(seconds=costs.seconds * 5)
+    # judged on the runs with the models built beforehand (the state the course plans prepare)
+    assert "With their models built beforehand, f00, f01, f05 run in 9.0 minutes together" in text
+    assert "building their models: 18.3 minutes" in text and "measurements cached: 7.0 minutes" in text
+    assert "**fits**" in text and "f03 15.0 cold / 6.7 models / 1.7 warm" in text
+    slow = costs.assign(seconds=costs.seconds * 4)  # 36 minutes with the models built, 28 rerun
     assert "**does not fit**" in teaching.costs_summary(slow)
-    broken = costs.assign(status=["ok"] * 2 + ["failed (exit 1)"] * 6)
+    broken = costs.assign(status=["ok"] * 3 + ["failed (exit 1)"] * 9)
     assert "its timing is unknown" in teaching.costs_summary(broken)
+    unprepared = costs[costs.state != "models"]  # measured cold and warm only: no verdict from warm
+    assert "its timing is unknown" in teaching.costs_summary(unprepared)
+    assert "f03 15.0 cold / models not measured / 1.7 warm" in teaching.costs_summary(unprepared)
+    assert "about 5 min with its models built beforehand; about 10 min from an empty cache" in (
+        teaching.chapter_time(costs, "f01")
+    )
+    assert "not measured with the models built beforehand for f00, f01, f05" in (
+        teaching.plans_summary(unprepared)
+    )
     assert "Runs that failed when measured: f01, f03, f05" in teaching.costs_summary(broken)
     assert "run `python bench/bench_chapters.py`" in teaching.costs_summary(pd.DataFrame())
     page = tmp_path / "teaching.md"

@@ -241,14 +241,22 @@ def _replanned_note(costs: pd.DataFrame, plans: Mapping[str, str] | None) -> str
     )
 
 
+STATE_WORDS = {  # bench/bench_chapters.py's states of the cache, as the pages say them
+    "cold": "from an empty cache, building its models",
+    "models": "with its models built beforehand",
+    "warm": "rerun, its measurements cached",
+}
+
+
 def costs_summary(
     costs: pd.DataFrame, lab: tuple[str, ...] = LAB_CHAPTERS, plans: Mapping[str, str] | None = None
 ) -> str:
     """What the measured chapter costs say about the course plan's lab (MyST text).
 
-    ``costs`` has the columns of ``bench/bench_chapters.py`` (chapter, state cold|warm, seconds,
-    cpu_seconds, status, plan). The lab fits when its chapters' warm runs take together at most
-    ``LAB_COMPUTE_MINUTES`` of wall time (the rule is stated on the page with the result).
+    ``costs`` has the columns of ``bench/bench_chapters.py`` (chapter, state cold|models|warm,
+    seconds, cpu_seconds, status, plan). The lab fits when its chapters' runs with their models
+    built beforehand (state ``models``, as the course plans prepare the machines) take together at
+    most ``LAB_COMPUTE_MINUTES`` of wall time (the rule is stated on the page with the result).
     ``plans`` (:func:`current_plans`): the chapters measured on another plan are named."""
     need = {"chapter", "state", "seconds", "cpu_seconds", "status"}
     if costs.empty or not need <= set(costs.columns):
@@ -260,19 +268,22 @@ def costs_summary(
         rows = ok[(ok.state == state) & ok.chapter.isin(chapters)]
         return rows.seconds.sum() / 60, sorted(set(chapters) - set(rows.chapter))
 
-    warm, missing = minutes("warm", lab)
+    prepared, missing = minutes("models", lab)
     cold, _ = minutes("cold", lab)
+    warm, _ = minutes("warm", lab)
     names = ", ".join(lab)
     if missing:
         verdict = (
-            f"The lab's chapters {', '.join(missing)} have no successful measurement: its timing is unknown."
+            f"The lab's chapters {', '.join(missing)} have no successful run with their models built "
+            "beforehand (`python bench/bench_chapters.py --states models`): its timing is unknown."
         )
     else:
-        fits = warm <= LAB_COMPUTE_MINUTES
+        fits = prepared <= LAB_COMPUTE_MINUTES
         verdict = (
-            f"Warm, {names} run in {warm:.1f} minutes together on this machine (cold, building their "
-            f"models: {cold:.1f} minutes). The plan below allows at most {LAB_COMPUTE_MINUTES} of the "
-            f"lab's 90 minutes for waiting on runs, so the lab "
+            f"With their models built beforehand, {names} run in {prepared:.1f} minutes together on "
+            f"this machine (from an empty cache, building their models: {cold:.1f} minutes; rerun, "
+            f"their measurements cached: {warm:.1f} minutes). The plan below allows at most "
+            f"{LAB_COMPUTE_MINUTES} of the lab's 90 minutes for waiting on runs, so the lab "
             + ("**fits** with its models built beforehand." if fits else "**does not fit**: shorten it.")
         )
     others = sorted(set(ok.chapter) - set(lab))
@@ -281,10 +292,9 @@ def costs_summary(
         parts = []
         for chapter, g in rest.groupby("chapter"):
             by = g.set_index("state").seconds / 60
-            parts.append(
-                f"{chapter} {by.get('cold', float('nan')):.1f} cold / {by.get('warm', float('nan')):.1f} warm"
-            )
-        verdict += " The other chapters (minutes): " + "; ".join(parts) + "."
+            said = (f"{by[s]:.1f} {s}" if s in by else f"{s} not measured" for s in STATE_WORDS)
+            parts.append(f"{chapter} " + " / ".join(said))
+        verdict += " The other chapters (minutes, cold / models built / warm): " + "; ".join(parts) + "."
     if failed:
         verdict += f" Runs that failed when measured: {', '.join(failed)} (see the table)."
     return verdict + _replanned_note(costs, plans) + "\n"
@@ -321,6 +331,10 @@ def stage_kit_link(page: Path, href: str, edition: str) -> bool:
     return replace_marker(page, KIT_MARKER, section)
 
 
+def _about(minutes: float) -> str:
+    return f"about {minutes:.0f} min" if minutes >= 1 else "under a minute"
+
+
 def chapter_time(costs: pd.DataFrame, chapter: str, plan: str | None = None) -> str:
     """What a chapter's run costs at the ``default`` profile, in words, from the measured costs
     (``bench/bench_chapters.py``'s table; ``chapter`` is a notebook stem or its ``fNN``); with
@@ -333,16 +347,16 @@ def chapter_time(costs: pd.DataFrame, chapter: str, plan: str | None = None) -> 
     if "profile" in rows.columns:
         rows = rows[rows.profile == "default"]
     minutes = rows.groupby("state").seconds.min() / 60
-    if "warm" not in minutes:
+    if minutes.empty:
         return (
             f"not measured yet at the `default` profile: `python bench/bench_chapters.py --chapters {short}` "
             "measures it."
         )
-    text = f"about {minutes['warm']:.0f} min of computing at the `default` profile with its models built"
-    if "cold" in minutes:
-        text += f", about {minutes['cold']:.0f} min the first time (it builds them)"
-    date = str(rows["date_utc"].iloc[0])[:10] if "date_utc" in rows.columns else ""
-    text += f"; measured on a 2-core CPU on {date}" if date else ""
+    order = ("models", "cold", "warm")  # the course plans' state first
+    said = [f"{_about(minutes[s])} {STATE_WORDS[s]}" for s in order if s in minutes]
+    text = "computing at the `default` profile: " + "; ".join(said)
+    dates = sorted({str(d)[:10] for d in rows["date_utc"]}) if "date_utc" in rows.columns else []
+    text += f"; measured on a 2-core CPU on {' to '.join(dates[:: max(1, len(dates) - 1)])}" if dates else ""
     if plan is not None and replanned(rows, {short: plan}):
         return text + (
             ", with parameters that have changed since or were not recorded "
@@ -375,22 +389,26 @@ def plans_summary(
     costs: pd.DataFrame, plans: tuple = PLANS, chapter_plans: Mapping[str, str] | None = None
 ) -> str:
     """One line per course plan: its chapters' measured compute time at the ``default`` profile,
-    warm (models built beforehand) and cold (MyST list); ``chapter_plans`` (:func:`current_plans`):
-    the chapters measured on another plan are named."""
+    with the models built beforehand (as the plans prepare the machines) and from an empty cache
+    (MyST list); ``chapter_plans`` (:func:`current_plans`): the chapters measured on another plan
+    are named."""
     need = {"chapter", "state", "seconds", "status"}
     if costs.empty or not need <= set(costs.columns):
         return "No chapter costs have been measured yet: run `python bench/bench_chapters.py`.\n"
     ok = costs[costs.status == "ok"]
     lines = []
     for name, chapters in plans:
-        rows = {state: ok[(ok.state == state) & ok.chapter.isin(chapters)] for state in ("warm", "cold")}
-        missing = sorted(set(chapters) - set(rows["warm"].chapter))
+        rows = {state: ok[(ok.state == state) & ok.chapter.isin(chapters)] for state in ("models", "cold")}
+        missing = sorted(set(chapters) - set(rows["models"].chapter))
         if missing:
-            lines.append(f"- **{name}** ({', '.join(chapters)}): not measured for {', '.join(missing)}.")
+            lines.append(
+                f"- **{name}** ({', '.join(chapters)}): not measured with the models built beforehand "
+                f"for {', '.join(missing)}."
+            )
             continue
-        warm, cold = (rows[state].seconds.sum() / 60 for state in ("warm", "cold"))
+        prepared, cold = (rows[state].seconds.sum() / 60 for state in ("models", "cold"))
         lines.append(
-            f"- **{name}** ({', '.join(chapters)}): {warm:.0f} min of computing with the models "
+            f"- **{name}** ({', '.join(chapters)}): {prepared:.0f} min of computing with the models "
             f"built beforehand, {cold:.0f} min from an empty cache."
         )
     note = _replanned_note(costs, chapter_plans).strip()
