@@ -180,6 +180,7 @@ def test_the_student_edition_shows_no_solutions_in_pages_or_downloads(tmp_path):
     one_page = (html / "print" / "index.html").read_text()
     assert 'src="_static/mathjax/' in one_page and (html / "print" / "_static" / "mathjax").is_dir()
     assert "Scratch finding" in one_page and "Predict the coupling" in one_page
+    assert not broken_links(html / "print" / "index.html")  # cross-references, downloads, index
     assert "It keeps rising" not in one_page and "Notation and method" in one_page
     intro = (html / "book" / "intro.html").read_text()
     assert 'href="../print/index.html"' in intro
@@ -385,6 +386,75 @@ def test_the_printable_pdf_is_printed_with_its_charts(tmp_path):
     assert printing.finish_printable(folder).stat().st_size > sizes[False] + 2000
     assert "<h1>Printable</h1>" in (folder / "index.html").read_text()  # the page, moved to the index
     assert "url=../index.html" in (folder / "book" / "intro.html").read_text()  # the old place redirects
+
+
+def broken_links(page: Path) -> list[str]:
+    """The local links (href, src, a form's action) of the HTML file ``page`` whose file, or whose
+    #anchor in an HTML file, does not exist, resolved from the page's folder."""
+    from html.parser import HTMLParser
+    from urllib.parse import unquote, urlsplit
+
+    class Page(HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.links, self.ids = [], set()
+
+        def handle_starttag(self, tag, attrs):
+            named = dict(attrs)
+            self.ids |= {named[k] for k in ("id", "name") if named.get(k) and (k == "id" or tag == "a")}
+            self.links += [named[k] for k in ("href", "src", "action") if named.get(k)]
+
+    parsed: dict[Path, Page] = {}
+
+    def parse(path: Path) -> Page:
+        if path not in parsed:
+            parsed[path] = Page()
+            parsed[path].feed(path.read_text(encoding="utf-8", errors="replace"))
+        return parsed[path]
+
+    page, broken = page.resolve(), []
+    for url in parse(page).links:
+        parts = urlsplit(url)
+        if parts.scheme or parts.netloc:
+            continue
+        target = (page.parent / unquote(parts.path)).resolve() if parts.path else page
+        target = target / "index.html" if target.is_dir() else target
+        if not target.is_file() or (
+            parts.fragment and target.suffix == ".html" and unquote(parts.fragment) not in parse(target).ids
+        ):
+            broken.append(url)
+    return broken
+
+
+def test_every_link_of_the_printable_page_resolves(tmp_path, monkeypatch):
+    """The one page keeps no link that singlehtml aims at its old place or at files it has not
+    got: cross-references to the root document's page become anchors of the page itself, and the
+    chapters' download boxes and the index point at the HTML book around it."""
+    from coupling_utils.pipeline import printing
+
+    monkeypatch.setattr(printing, "find_chromium", lambda: None)
+    book = tmp_path / "html"  # the HTML book, with the printable edition in print/
+    for name in ("genindex.html", "notebooks/f00.ipynb", "notebooks/f00/table.csv", "print/_static/s.css"):
+        (book / name).parent.mkdir(parents=True, exist_ok=True)
+        (book / name).write_text("x")
+    folder = book / "print"
+    (folder / "index.html").write_text('<meta http-equiv="Refresh" content="0; url=book/intro.html" />')
+    (folder / "book").mkdir()
+    (folder / "book" / "intro.html").write_text(
+        '<html><head><link rel="stylesheet" href="_static/s.css" /><link rel="index" href="genindex.html" />'
+        '</head><body><h1 id="intro">Intro</h1><p>See <a href="book/intro.html#ex-a">Exercise 1</a>,'
+        ' <a href="book/intro.html#term-coupling">coupling</a>, <a href="#intro">top</a> and the'
+        ' <a href="genindex.html">Index</a>.</p><span id="document-notebooks/f00"></span>'
+        '<div class="chapter-links"><a href="f00.ipynb" download>notebook</a> · '
+        '<a href="f00/table.csv" download>table</a></div><dl><dt id="term-coupling">coupling</dt></dl>'
+        '<div class="exercise" id="ex-a">Predict.</div><a href="https://example.org/x">out</a></body></html>'
+    )
+    assert printing.finish_printable(folder) is None
+    page = (folder / "index.html").read_text()
+    assert not broken_links(folder / "index.html"), broken_links(folder / "index.html")
+    assert 'href="#ex-a"' in page and 'href="#term-coupling"' in page and 'href="_static/s.css"' in page
+    assert 'href="../notebooks/f00.ipynb"' in page and 'href="../notebooks/f00/table.csv"' in page
+    assert 'href="../genindex.html"' in page and 'href="https://example.org/x"' in page
 
 
 def test_without_chromium_the_printable_edition_is_the_single_page(tmp_path, monkeypatch, capsys):

@@ -1,7 +1,8 @@
 """The printable edition as a PDF: the one-page book printed by headless Chromium.
 
 ``coupling-book build --printable`` renders the whole book on one page (``print/index.html``,
-where :func:`settle_one_page` moves it so that its styles, MathJax and charts load).
+where :func:`settle_one_page` moves it so that its styles, MathJax and charts load, and
+relinks what the one page does not hold to the HTML book around it).
 When a Chromium is installed (``make browser``, or the Debian package ``chromium``), the build
 also prints that page to :data:`PDF_FILE` beside it with :func:`print_pdf`, offline, after the
 page's scripts (the live charts) have run; the intro links both. Without Chromium the build says
@@ -10,12 +11,15 @@ so in one line and links the single page only.
 
 from __future__ import annotations
 
+import html
+import os
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
-from pathlib import Path
+from pathlib import Path, PurePosixPath
+from urllib.parse import unquote, urlsplit
 
 from coupling_utils.pipeline.pages import BookError
 
@@ -26,6 +30,7 @@ __all__ = [
     "pdf_planned",
     "print_pdf",
     "one_page",
+    "relink_one_page",
     "settle_one_page",
     "finish_printable",
 ]
@@ -34,6 +39,8 @@ PDF_FILE = "coupling-book.pdf"  # in the printable edition's folder, beside its 
 CHART_WAIT_MS = 20_000  # virtual time the page's scripts get before printing (the charts draw)
 PRINT_TIMEOUT_S = 600  # wall-clock limit of one print
 _REDIRECT = re.compile(r"""http-equiv=["']refresh["'][^>]*url=([^"'>\s]+)""", re.IGNORECASE)
+_LINK = re.compile(r'(?<=\s)(href|src|action)="([^"]*)"', re.IGNORECASE)
+_DOCUMENT = re.compile(r"""<span id="document-([^"]+)"></span>""")  # where each page starts
 _NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 
 
@@ -104,25 +111,65 @@ def one_page(folder: Path) -> Path:
     return target if target.is_file() and target.is_relative_to(index.parent.resolve()) else index
 
 
-def settle_one_page(folder: Path) -> Path:
-    """Move the one page to ``folder/index.html`` and return that path. Jupyter Book's
-    ``singlehtml`` writes it at the root document's path (``book/intro.html``) with every link
-    (styles, scripts, MathJax, images) relative to ``folder``, so there it loads none of them;
-    its old place becomes a redirect to the index."""
+def settle_one_page(folder: Path, book: Path | None = None) -> Path:
+    """Move the one page to ``folder/index.html``, relink it (:func:`relink_one_page`) and return
+    that path. Jupyter Book's ``singlehtml`` writes it at the root document's path
+    (``book/intro.html``) with every link (styles, scripts, MathJax, images) relative to
+    ``folder``, so there it loads none of them; its old place becomes a redirect to the index."""
     folder = Path(folder).resolve()
     index, page = folder / "index.html", one_page(folder)
+    old = page.relative_to(folder).as_posix()
+    text = page.read_text(encoding="utf-8")
     if page != index:
-        index.write_text(page.read_text(encoding="utf-8"), encoding="utf-8")
         up = "../" * (len(page.relative_to(folder).parts) - 1)
         page.write_text(f'<meta http-equiv="Refresh" content="0; url={up}index.html" />\n', encoding="utf-8")
+    index.write_text(relink_one_page(text, old, folder, book), encoding="utf-8")
     return index
 
 
-def finish_printable(folder: Path) -> Path | None:
-    """The printable edition in ``folder`` made whole: its one page at ``index.html``
-    (:func:`settle_one_page`) and, when a Chromium is installed, printed to :data:`PDF_FILE`
-    beside it; the PDF's path, or None without Chromium."""
-    index = settle_one_page(folder)
+def relink_one_page(text: str, old: str, folder: Path, book: Path | None = None) -> str:
+    """The one page's HTML ``text`` with every local link that would not resolve from
+    ``folder/index.html`` mended. Sphinx's ``singlehtml`` points the cross-references it
+    resolves (exercises, glossary terms, citations, figures) at the root document's page, ``old``
+    (``book/intro.html#f00-ex-bound``): they become the fragment alone. Links the pages wrote
+    themselves (the chapters' download boxes: ``f00_coupling_metric.ipynb``, relative to
+    ``notebooks/``) and the index and search pages, which the one page has not got, point at the
+    HTML ``book`` around it (default: ``folder``'s parent, where the build puts ``print/``), from
+    the folder of the page they were written in, else from the book's root."""
+    folder = Path(folder).resolve()
+    book = Path(book).resolve() if book is not None else folder.parent
+    starts = [(m.start(), m.group(1)) for m in _DOCUMENT.finditer(text)]
+    root_doc = PurePosixPath(old).with_suffix("").as_posix()
+
+    def mend(match: re.Match) -> str:
+        url = html.unescape(match.group(2))
+        parts = urlsplit(url)
+        if parts.scheme or parts.netloc or not parts.path or url.startswith("/"):
+            return match.group(0)
+        fragment = f"#{parts.fragment}" if parts.fragment else ""
+        if parts.path == old:
+            new = fragment or "index.html"
+        elif (folder / unquote(parts.path)).exists():
+            return match.group(0)
+        else:
+            doc = next((name for at, name in reversed(starts) if at < match.start()), root_doc)
+            new = url
+            for base in (PurePosixPath(doc).parent, PurePosixPath()):
+                target = (book / base / unquote(parts.path)).resolve()
+                if target.exists() and target.is_relative_to(book) and not target.is_relative_to(folder):
+                    query = f"?{parts.query}" if parts.query else ""
+                    new = Path(os.path.relpath(target, folder)).as_posix() + query + fragment
+                    break
+        return f'{match.group(1)}="{html.escape(new)}"'
+
+    return _LINK.sub(mend, text)
+
+
+def finish_printable(folder: Path, book: Path | None = None) -> Path | None:
+    """The printable edition in ``folder`` made whole: its one page at ``index.html``, linked to
+    itself and to the HTML ``book`` around it (:func:`settle_one_page`) and, when a Chromium is
+    installed, printed to :data:`PDF_FILE` beside it; the PDF's path, or None without Chromium."""
+    index = settle_one_page(folder, book)
     chromium = find_chromium()
     if chromium is None:
         return None
