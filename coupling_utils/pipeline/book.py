@@ -40,6 +40,7 @@ from coupling_utils.pipeline.pages import (
     architectures_section,
     citation_section,
     printable_link,
+    stage_matrix_free_findings,
     status_rows,
     status_section,
 )
@@ -242,9 +243,8 @@ def stage_book(
     chart from the same rows (:func:`coupling_utils.pipeline.summary.stage_summary`); the
     teaching page lists the chapters' exercises (:func:`coupling_utils.pipeline.teaching.
     stage_exercises`); the lab kit (:func:`~coupling_utils.pipeline.kit.build_kit`) is served at
-    :data:`~coupling_utils.pipeline.kit.KIT_DOWNLOAD`. The ``student`` edition hides the
-    solutions (sphinx-exercise's ``hide_solutions``) and leaves them out of the downloadable
-    notebooks and the kit. The tree is rebuilt from scratch each time.
+    :data:`~coupling_utils.pipeline.kit.KIT_DOWNLOAD`. The ``student`` edition hides the solutions
+    (``hide_solutions``) and leaves them out of the notebooks and the kit. Rebuilt from scratch.
     """
     check_edition(edition)
     root = Path(root).resolve()
@@ -321,10 +321,9 @@ def _stage_mathjax(target: Path) -> None:
 def _stage_generated_pages(
     root: Path, src: Path, plan: BookPlan, executed: Path, links: dict, options=("teacher", False, False)
 ) -> None:
-    """The parts of pages made at build time: the status tables, the intro's summary and link to
-    the printable edition, the teaching page's exercises, costs and lab kit link (``options``: the
-    edition, whether there is a kit, whether a printable edition), the architecture table, the
-    citation."""
+    """The parts of pages made at build time: the status tables, the intro's summary and printable
+    link, the teaching page's exercises, costs and kit link (``options``: the edition, whether there
+    is a kit, a printable edition), diagrams, the matrix-free findings, architectures, citation."""
     edition, kit, printable = options
     page = {name: src / PROSE_DIR / f"{name}.md" for name in (
         STATUS_PAGE, INTRO_PAGE, TEACHING_PAGE, ARCHITECTURES_PAGE, BIBLIOGRAPHY_PAGE)}  # fmt: skip
@@ -335,7 +334,7 @@ def _stage_generated_pages(
     if page[INTRO_PAGE].is_file():
         from coupling_utils.pipeline.summary import stage_summary
 
-        costs = root / "data" / "benchmarks" / "profile_costs.csv"
+        costs = root / DATA_DIR / "benchmarks" / "profile_costs.csv"
         stage_summary(page[INTRO_PAGE], status_rows(executed, included), executed, costs)
         replace_marker(page[INTRO_PAGE], PRINT_MARKER, printable_link(printable))
     if page[TEACHING_PAGE].is_file():
@@ -348,9 +347,10 @@ def _stage_generated_pages(
         stage_plans(page[TEACHING_PAGE], root / "data" / "benchmarks" / "chapter_costs.csv")
     from coupling_utils.pipeline.diagrams import stage_diagrams
 
-    for name in ("notation-and-method", "performance"):  # the pages with figures drawn at build time
+    for name in ("notation-and-method", "performance"):  # the pages with figures and findings made now
         if (src / PROSE_DIR / f"{name}.md").is_file():
             stage_diagrams(src / PROSE_DIR / f"{name}.md")
+            stage_matrix_free_findings(src / PROSE_DIR / f"{name}.md", root / DATA_DIR / "benchmarks")
     if page[ARCHITECTURES_PAGE].is_file():
         with page[ARCHITECTURES_PAGE].open("a", encoding="utf-8") as f:
             f.write("\n" + architectures_section())

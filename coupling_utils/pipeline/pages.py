@@ -1,9 +1,10 @@
 """Sections of the book's pages made when it is built, from the repository and the executed runs.
 
 The status page's tables (from each executed notebook's status rows), the architecture page's
-table (from the adapter table) and the bibliography's "Cite this companion" (from
-``CITATION.cff``): written at build time, so a page never states what the code or the runs do
-not.
+table (from the adapter table), the bibliography's "Cite this companion" (from
+``CITATION.cff``) and the performance page's findings about the matrix-free path (from
+``data/benchmarks/matrix_free.csv``, each comparison worded by its numbers): written at build
+time, so a page never states what the code, the runs or the benchmarks do not.
 """
 
 from __future__ import annotations
@@ -21,10 +22,16 @@ __all__ = [
     "architectures_section",
     "status_rows",
     "status_section",
+    "MATRIX_FREE_MARKER",
+    "matrix_free_findings",
+    "stage_matrix_free_findings",
 ]
 
 PRINT_DIR = "print"  # the printable edition: the whole book on one page, out/print/index.html
 PRINT_MARKER = "% printable"  # the intro's line that links it
+MATRIX_FREE_MARKER = "% matrix-free-findings"  # the performance page's line for its findings
+REDUCTION_TARGET = 5.0  # the matrix-free target: at least this many times fewer block passes than d
+DEFAULT_STEPS = 45  # block Lanczos's default number of steps (the rows run with the defaults)
 
 
 class BookError(RuntimeError):
@@ -166,3 +173,125 @@ def printable_link(printable: bool) -> str:
             "with Chromium installed it also makes the PDF)."
         )
     return item + "not part of this build; `coupling-book build --printable` adds it (`make book` does)."
+
+
+def _error(x: float) -> str:
+    return "below 10⁻⁵" if x < 1e-5 else f"{x:.2g}"
+
+
+def _default_rows(t):
+    """The exact row, the default Lanczos rows for adjacent pairs (by K) and the first for all pairs."""
+    default = t[(t.solver == "lanczos") & (t.steps == DEFAULT_STEPS)]
+    adjacent = default[default.scope == "adjacent pairs"].sort_values("K")
+    every = default[default.scope == "all layer pairs"].sort_values("K")
+    return t[t.method == "exact"], adjacent, every
+
+
+def _default_sentences(first, whole, d: int) -> list[str]:
+    k, whole_bound = int(first.K), d / whole.tile_passes  # the tiles' lower bound, every layer pair
+    full = (
+        "nothing can for the full matrix at this size.**"
+        if whole_bound < REDUCTION_TARGET
+        else f"reaches {whole.passes_reduction:.1f}× for the full matrix.**"
+    )
+    return [
+        f"- **Block Lanczos {'meets' if first.meets_target else 'misses'} the matrix-free target for "
+        f"adjacent pairs at $K = {k}$, and " + full,
+        f"With its defaults (blocks of $\\lceil K/10 \\rceil$ vectors, {DEFAULT_STEPS} steps: "
+        f"{first.solver_passes:.0f} solver passes at $K = {k}$) plus the {first.tile_passes:.0f} "
+        f"adjacent-pair tile passes, the run in the table used {first.block_passes_per_layer:.0f} passes "
+        f"per layer, {first.passes_reduction:.1f}× fewer than $d = {d}$, with adjacent-pair coupling "
+        f"values at most {_error(first.max_abs_coupling_error)} from exact; over all layer pairs the "
+        f"error was {_error(whole.max_abs_coupling_error)}.",
+    ]
+
+
+def _other_solvers(t, first) -> list[str]:
+    out = []
+    lanczos = t[t.solver == "lanczos"]
+    for _, r in lanczos[(lanczos.steps != DEFAULT_STEPS) & lanczos.K.eq(first.K)].iterrows():
+        cheaper = r.block_passes_per_layer < first.block_passes_per_layer
+        worse = r.max_abs_coupling_error > first.max_abs_coupling_error
+        out.append(
+            f"Blocks of {r.block:.0f} vectors and {r.steps:.0f} steps are "
+            f"{'cheaper' if cheaper else 'no cheaper'} but {'less' if worse else 'as'} accurate on these "
+            f"spectra: {r.solver_passes:.0f} solver passes, {r.block_passes_per_layer:.0f} per layer "
+            f"({r.passes_reduction:.1f}× fewer), {_error(r.max_abs_coupling_error)} from exact."
+        )
+    for _, r in t[t.solver == "subspace"].iterrows():
+        out.append(
+            f"Subspace iteration ($p = {r.oversample:.0f}$, $q = {r.n_iter:.0f}$) takes "
+            f"{r.solver_passes:.0f} solver passes ({r.scope}) for an error of "
+            f"{_error(r.max_abs_coupling_error)}."
+        )
+    return out
+
+
+def _full_matrix_and_time(exact, adjacent, whole, d: int) -> list[str]:
+    first, rest, bound = adjacent.iloc[0], adjacent.iloc[1:], d / whole.tile_passes
+    out = [
+        f"For the full matrix the tiles alone take $(L-1)K$ = {whole.tile_passes:.0f} passes at "
+        f"$K = {first.K:.0f}$, a lower bound (each tile needs $K$ products with independent vectors), "
+        + (f"so no solver can reach {REDUCTION_TARGET:.0f}× here" if bound < REDUCTION_TARGET else
+           f"which leaves room for {bound:.1f}×")
+        + f": the default row reaches {whole.passes_reduction:.1f}× ({whole.block_passes_per_layer:.0f} "
+        "passes)."
+    ]  # fmt: skip
+    if not rest.empty:
+        out.append(
+            f"At $K$ = {' and '.join(f'${K:.0f}$' for K in rest.K)} the defaults' largest error is "
+            f"{_error(rest.max_abs_coupling_error.max())}, but the solver "
+            f"({' and '.join(f'{x:.0f}' for x in rest.solver_passes)} passes) and the $2K$ tile passes "
+            f"leave {' and '.join(f'{x:.2f}×' for x in rest.passes_reduction)}."
+        )
+    why = (
+        "Fewer passes are less time on this CPU too: "
+        if first.seconds < exact.seconds.iloc[0]
+        else "Fewer passes are not less time on this CPU: Lanczos runs its steps one after the other, "
+        "each a forward-mode pass of a few vectors through the block over all T tokens, while the "
+        "exact method batches its d products (for the last token, on that token alone), so "
+    )
+    out.append(
+        why + f"the {first.block_passes_per_layer:.0f}-pass row took {first.seconds:.1f} s against "
+        f"{exact.seconds.iloc[0]:.1f} s for the exact method (one run each, {first.machine})."
+    )
+    return out
+
+
+def matrix_free_findings(table) -> str:
+    """The performance page's bullet on the matrix-free benchmark (``table``: its CSV, block Lanczos,
+    subspace iteration and the exact method on the embedded SmolLM2, last token, every block)."""
+    from coupling_utils.chapters.f01_depth_and_tokens.story import MATRIX_FREE_BENCHMARK
+    from coupling_utils.schemas import check_table
+
+    t = check_table(table, MATRIX_FREE_BENCHMARK)
+    exact, adjacent, every = _default_rows(t)
+    if exact.empty or adjacent.empty or every.empty:
+        return (
+            "- The stored matrix-free benchmark lacks the exact row or the default Lanczos rows: "
+            "`python bench/bench_jacobians.py --cases matrix_free --out data/benchmarks` measures them."
+        )
+    d = int(exact.block_passes_per_layer.iloc[0])
+    first, whole = adjacent.iloc[0], every.iloc[0]
+    text = [
+        *_default_sentences(first, whole, d),
+        *_other_solvers(t, first),
+        *_full_matrix_and_time(exact, adjacent, whole, d),
+    ]
+    return text[0] + "\n  " + "\n  ".join(text[1:]) + "\n"
+
+
+def stage_matrix_free_findings(page: Path, benchmarks: Path) -> bool:
+    """Replace the :data:`MATRIX_FREE_MARKER` line of a staged page with :func:`matrix_free_findings`
+    of ``benchmarks/matrix_free.csv`` (a missing file says how to make it). False without the marker."""
+    import pandas as pd
+
+    from coupling_utils.pipeline.teaching import replace_marker
+
+    if MATRIX_FREE_MARKER not in page.read_text(encoding="utf-8").splitlines():
+        return False
+    csv = Path(benchmarks) / "matrix_free.csv"
+    if not csv.is_file():
+        text = "- No matrix-free benchmark is stored: `python bench/bench_jacobians.py --cases matrix_free`."
+        return replace_marker(page, MATRIX_FREE_MARKER, text)
+    return replace_marker(page, MATRIX_FREE_MARKER, matrix_free_findings(pd.read_csv(csv)))
