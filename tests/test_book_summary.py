@@ -173,11 +173,13 @@ def test_the_first_screen_names_the_models_measured_and_what_the_paper_profile_t
             "parameters": {"model": "embedded:smollm2-135m", "more_models": ["x/y"]},
         },
         "f03_train": {"status": "ok", "parameters": {"models": ["embedded:pythia-tiny"], "k": 4}},
+        "f02_gen": {"status": "ok", "parameters": {"training_family": "embedded:lm-training-family"}},
         "f04_vit": {"status": "failed", "parameters": {"model": "embedded:vit-mnist"}},
     }
     (tmp_path / "runs.json").write_text(json.dumps(runs))
     assert summary.measured_models(tmp_path) == {
-        "embedded:smollm2-135m": ["f01"], "x/y": ["f01"], "embedded:pythia-tiny": ["f03"],
+        "embedded:lm-training-family": ["f02"], "embedded:smollm2-135m": ["f01"], "x/y": ["f01"],
+        "embedded:pythia-tiny": ["f03"],
     }  # fmt: skip
     costs = tmp_path / "costs.csv"
     table = {"profile": ["paper", "paper", "laptop"], "TFLOP": [1000.0, 500.0, 1.0],

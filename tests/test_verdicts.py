@@ -168,5 +168,9 @@ def test_an_interval_is_checked_and_shown_in_the_status_row():
     row = claim("c", paper="p", rule=Rule(yes="x > 0"), values={"x": Interval(0.2, 0.1, 0.3, over="prompts")})
     assert row["agree"] == "yes"
     assert "x = 0.2 [0.1, 0.3; 95% over prompts]" in row["rule"]
+    # the row says how a yes reads an interval: here the estimate passes but the interval does not
+    wide = claim("c", paper="p", rule=Rule(yes="x > 0"), values={"x": Interval(0.2, -0.1, 0.3)})
+    assert wide["agree"] == "partly" and "over the whole of every interval" in wide["rule"]
+    assert "interval" not in claim("c", paper="p", rule=Rule(yes="x > 0"), values={"x": 0.2})["rule"]
     boot = {"estimate": 0.2, "ci_low": 0.1, "ci_high": 0.3, "level": 0.9}
     assert Interval.from_bootstrap(boot, over="models") == Interval(0.2, 0.1, 0.3, 0.9, "models")

@@ -345,7 +345,8 @@ def claim(
     """A reproduction-status row whose verdict is ``rule`` judged on ``values``.
 
     ``ours`` is what the row shows as this run's result (default: the values the rule names);
-    the row's ``rule`` column holds the rule's text and the values it was judged on. ``kind`` is
+    the row's ``rule`` column holds the rule's text and the values it was judged on (and, where
+    one is an :class:`Interval`, how a yes reads intervals). ``kind`` is
     "measured" (this book's measurement) or "replot" (the paper's own points redrawn), which the
     status page keeps apart. Pass the rows to :func:`coupling_utils.pipeline.status.report`.
     """
@@ -357,6 +358,11 @@ def claim(
     judged = ", ".join(f"{name} = {_fmt(values[name])}" for name in sorted(rule.names))
     if ours is None:
         ours = judged
+    if any(isinstance(values[name], Interval) for name in rule.names):  # how judge() reads them
+        judged += (
+            "; a yes needs its condition over the whole of every interval: where only the "
+            "estimates meet it, the verdict is partly"
+        )
     return {
         "claim": claim,
         "paper": paper,

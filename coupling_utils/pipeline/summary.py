@@ -208,7 +208,8 @@ def bottom_line(df: pd.DataFrame) -> str:
 
 def measured_models(executed: Path) -> dict[str, list[str]]:
     """``{model reference: [notebooks]}`` of the executed notebooks' model parameters (every
-    parameter named ``model``/``models``/``*_model(s)`` or ``family``), from their ``runs.json``."""
+    parameter named ``model``/``models``/``*_model(s)`` or ``family``/``*_family``), from their
+    ``runs.json``."""
     import json
 
     manifest = Path(executed) / "runs.json"
@@ -221,7 +222,7 @@ def measured_models(executed: Path) -> dict[str, list[str]]:
         if not isinstance(run, dict) or run.get("status") != "ok":
             continue
         for name, value in (run.get("parameters") or {}).items():
-            if not (name in ("model", "models", "family") or name.endswith(("_model", "_models"))):
+            if not (name in ("model", "models", "family") or name.endswith(("_model", "_models", "_family"))):
                 continue
             for ref in value if isinstance(value, list) else [value]:
                 if isinstance(ref, str) and ref:
