@@ -56,6 +56,19 @@ def _cli(*args: str, **kw) -> subprocess.CompletedProcess:
 
 
 # --------------------------------------------------------------------------- unit level
+def test_a_corrupt_record_of_submissions_is_moved_aside_and_said(tmp_path, capsys):
+    """A sweep's records are read like every other record (files.read_json): one that is not JSON
+    is moved aside and named, never silently taken for no submissions and then overwritten."""
+    from coupling_utils.pipeline.sweep import Sweep, Task, _record_submission, sweep_status
+
+    sweep = Sweep("f00_coupling_metric", "smoke", {}, [], tmp_path)
+    (tmp_path / "submissions.json").write_text('{"abc": [{"executor": "slu')  # cut mid-write
+    assert sweep_status(sweep) == []
+    assert "submissions" in capsys.readouterr().err and list(tmp_path.glob("submissions.json.corrupt-*"))
+    _record_submission(sweep, Task("abc", "m", None, ()), "slurm", "42")
+    assert json.loads((tmp_path / "submissions.json").read_text())["abc"][0]["job_id"] == "42"
+
+
 def test_time_limits_read_like_sbatch():
     assert [S.parse_time(t) for t in ("30", "4:00:00", "90:30", "1-0", "1-2:30", "0:0:1", 45)] == [
         30, 240, 91, 1440, 1590, 1, 45,

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from coupling_utils.files import atomic_path, atomic_write_text, cache_dir, file_lock
+from coupling_utils.files import atomic_path, atomic_write_text, cache_dir, file_lock, read_json
 from coupling_utils.measurement.jobs import Job
 from coupling_utils.provenance import stable_hash
 
@@ -285,13 +285,6 @@ class TaskState:
         return f"{self.state:<12} {self.task.name}{tail}"
 
 
-def _read_json(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -350,10 +343,10 @@ def task_state(sweep: Sweep, task: Task, submissions: Mapping[str, list] | None 
     if not done.missing:
         return TaskState(task, "done")
     if submissions is None:
-        submissions = _read_json(sweep.folder / "submissions.json") or {}
+        submissions = read_json(sweep.folder / "submissions.json", "sweep's record of submissions") or {}
     tries = submissions.get(task.id, [])
     last = tries[-1] if tries else None
-    marker = _read_json(sweep.folder / "tasks" / f"{task.id}.json")
+    marker = read_json(sweep.folder / "tasks" / f"{task.id}.json", "sweep task's record")
     log, tail = _log_tail(sweep.folder, last)
     if marker is not None and marker.get("finished") is None:
         alive, what = _alive(marker, sweep.folder)
@@ -393,14 +386,14 @@ def task_state(sweep: Sweep, task: Task, submissions: Mapping[str, list] | None 
 
 def sweep_status(sweep: Sweep) -> list[TaskState]:
     """The state of every task of ``sweep``, in task order."""
-    submissions = _read_json(sweep.folder / "submissions.json") or {}
+    submissions = read_json(sweep.folder / "submissions.json", "sweep's record of submissions") or {}
     return [task_state(sweep, t, submissions) for t in sweep.tasks]
 
 
 def _record_submission(sweep: Sweep, task: Task, executor: str, job_id: str) -> None:
     path = sweep.folder / "submissions.json"
     with file_lock(sweep.folder / ".lock", f"sweep {sweep.name}"):
-        subs = _read_json(path) or {}
+        subs = read_json(path, "sweep's record of submissions") or {}
         entry = {"executor": executor, "job_id": str(job_id), "submitted": _now()}
         if executor == "local":
             entry.update(host=socket.gethostname(), pid=int(job_id))
