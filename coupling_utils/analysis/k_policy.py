@@ -28,6 +28,7 @@ tests/test_k_policy.py holds both to the curve. The paper profile keeps the pape
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -189,9 +190,9 @@ def choose(curve: pd.DataFrame) -> float:
     return decide(curve).k_over_d
 
 
-def grid_ks(d_model: int) -> dict[float, int]:
-    """K of each grid K/d at width ``d_model`` (several K/d may share a K at a small width)."""
-    return {r: k_for_width(d_model, r) for r in GRID}
+def grid_ks(d_model: int, grid: Sequence[float] = GRID) -> dict[float, int]:
+    """K of each K/d of ``grid`` at width ``d_model`` (several K/d may share a K at a small width)."""
+    return {r: k_for_width(d_model, r) for r in grid}
 
 
 def curve(rows: pd.DataFrame, *, n_resamples: int = 1000, level: float = 0.95, seed: int = 0) -> pd.DataFrame:

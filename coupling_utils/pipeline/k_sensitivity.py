@@ -78,7 +78,7 @@ def _ks(ref: str, revision: str | None, grid) -> tuple[int, dict[float, int]]:
         raise ValueError(
             f"the width of {ref} cannot be read from its config; prepare it first (coupling-book zoo prepare)"
         )
-    return d, {r: k_policy.k_for_width(d, r) for r in grid}
+    return d, k_policy.grid_ks(d, grid)
 
 
 def sensitivity_jobs(
