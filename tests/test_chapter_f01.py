@@ -116,12 +116,21 @@ def test_claims_follow_the_rules(measured):
     assert rows[3]["agree"] == f01.RULES["tokens"].judge(tokens)
     assert rows[4]["agree"] == f01.RULES["context"].judge(r.token_judged)
     assert "K = 2: " in rows[0]["ours"] and "K = 4: " in rows[0]["ours"]
+    # the depth rule reads the smallest gap over every K: each row names the K where it falls
+    for row, name in zip(rows[:2], ("tiny", "tiny-b")):
+        gaps = r.per_model[r.per_model.model == name].set_index("K")["trained − random"]
+        assert r.depth[name]["excess_k"] == gaps.idxmin()
+        assert f"judged on the smallest gap over K (here at K = {gaps.idxmin()})" in row["note"]
     keys = [key for key, _, _ in f01.assumptions(r)]
     assert keys == ["f01-twin-near-chance", "f01-twin-tokens-uniform", "f01-tiles-shared",
-                    "f01-first-token-decouples"]  # fmt: skip
+                    "f01-first-token-decouples", "f01-distant-pairs-pull-down"]  # fmt: skip
     holds = {key: h for key, h, _ in f01.assumptions(r)}
     first, other = r.first_token
     assert holds["f01-first-token-decouples"] == (first < other)
+    tr = r.trend.query("weights == 'trained' and K == 4").iloc[0]
+    assert holds["f01-distant-pairs-pull-down"] == (
+        tr.spearman < 0 and tr.adjacent > r.per_model_head.trained
+    )
 
 
 def test_glue_values_are_the_names_the_prose_uses(measured):
@@ -134,6 +143,8 @@ def test_glue_values_are_the_names_the_prose_uses(measured):
     assert used <= set(values)
     assert values["f01_trained"] == float(r.per_model.query("model == 'tiny' and K == 4").trained.iloc[0])
     assert values["f01_kmax"] == 4 and values["f01_kmin"] == 2 and values["f01_n_pairs"] == 4 * 3
+    gaps = r.per_model[r.per_model.model == "tiny"].set_index("K")["trained − random"]
+    assert values["f01_excess_k"] == gaps.idxmin() and values["f01_excess"] == pytest.approx(gaps.min())
     assert values["f01_diag_chance"] == pytest.approx(1 / 3)
     assert f"**{status.agree.iloc[0]}**" in values["f01_depth_verdict"].data  # the status row's, tagged
     assert f'data-claim="{html.escape(status.claim.iloc[4])}"' in values["f01_context_verdict"].data
@@ -142,6 +153,9 @@ def test_glue_values_are_the_names_the_prose_uses(measured):
         assert type(v).__module__ in ("builtins", "IPython.core.display"), (name, type(v))
     others = values["f01_others"].data
     assert others.startswith("The other model measured, tiny-b, ")
+    b = r.depth["tiny-b"]
+    assert (f": its smallest trained − twin gap over K, which the rule reads, is {b['excess'].estimate:.3f}, "
+            f"at K = {b['excess_k']}; ") in others  # fmt: skip
     assert "; 1 could not be measured and are listed above." in others
     assert values["f01_encoder_note"].data == ""
 
@@ -165,6 +179,13 @@ def test_the_figures_build(measured):
     charts += [f01.distance_chart(r), f01.per_model_chart(r), f01.token_chart(r), f01.context_chart(r)]
     for chart in charts:
         assert chart.to_dict()["$schema"].startswith("https://vega.github.io/schema/vega-lite")
+    # the token charts draw K = k_verdict (their titles say so), and so do their captions
+    for chart in (f01.token_chart(r), f01.context_chart(r)):
+        assert f"K = {r.k_verdict}" in str(chart.to_dict()["title"])
+    text = NOTEBOOK.read_text()
+    for name in ("fig-f01-tokens", "fig-f01-context"):
+        cell = text.split(f'name="{name}"')[1].split("```")[0]
+        assert "($K = {results.k_verdict}$)" in cell and "min(k)" not in cell, name
 
 
 def test_the_last_block_under_both_maps(measured):

@@ -260,6 +260,12 @@ def test_depth_contrast_counts_pairs_where_trained_beats_the_twin():
     assert got["share_above"] == pytest.approx(5 / 6)  # one pair of six: the twin is higher, at both K
     assert got["trained"] == pytest.approx(0.5) and got["twin"] == pytest.approx(0.2)
     assert got["excess"].estimate == pytest.approx(0.3)
+    assert got["excess_k"] == 2  # the same gap at both K: the smaller K is named
+    lower = pair.summary.assign(coupling=lambda d: d.coupling - 0.1 * ((d.weights == "trained") & (d.K == 4)))
+    at4 = tw.depth_contrast(
+        SimpleNamespace(model="m", depthwise=pair.depthwise, summary=lower), how="offdiag"
+    )
+    assert at4["excess"].estimate == pytest.approx(0.2) and at4["excess_k"] == 4  # the K that decides
     assert got["excess"].over == "1 prompt" and got["excess"].low == -np.inf  # one prompt: no interval
     q = pair.depthwise.assign(prompt="q", coupling=lambda d: d.coupling * 1.2)
     two = SimpleNamespace(model="m", summary=pair.summary, depthwise=pd.concat([pair.depthwise, q]))

@@ -462,7 +462,8 @@ def depth_contrast(pair: TwinMeasurement, ks: Sequence[int] | None = None, how: 
 
     ``trained``, ``twin``: the per-model coupling (mean 1 − m² over the ``how`` block pairs and
     prompts) at the largest K; ``excess``: the smallest ``trained − twin`` over the K values, an
-    :class:`~coupling_utils.analysis.verdicts.Interval` (bootstrap over prompts);
+    :class:`~coupling_utils.analysis.verdicts.Interval` (bootstrap over prompts), and ``excess_k``
+    the K at which it falls (the K that decides a rule on ``excess``);
     ``share_above``: the share of (K, block pair) cells of the prompt-mean matrices in which the
     trained model is more coupled than its twin (1: in every pair, the paper's "every tile").
     """
@@ -475,11 +476,13 @@ def depth_contrast(pair: TwinMeasurement, ks: Sequence[int] | None = None, how: 
         index=["K", "layer_i", "layer_j"], columns="weights", values="coupling"
     )
     top = wide[wide["K"] == max(ks)].iloc[0]
-    excess = float(wide["trained − random"].min())
+    smallest = wide.sort_values(["trained − random", "K"], kind="stable").iloc[0]  # ties: the smaller K
+    excess = float(smallest["trained − random"])
     return {
         "trained": float(top["trained"]),
         "twin": float(top["random init"]),
         "excess": _excess_interval(pair.depthwise, ks, how, excess),
+        "excess_k": int(smallest["K"]),
         "share_above": float((mats["trained"] > mats["random init"]).mean()),
     }
 

@@ -206,14 +206,17 @@ class Results:
 
     @functools.cached_property
     def depth(self) -> dict[str, dict]:
-        """Per model: the trained model against its twin across depth (``depth_contrast``)."""
+        """Per model: the trained model against its twin across depth, over every K measured
+        (``depth_contrast``: ``excess`` is the smallest gap, at ``excess_k``)."""
         p = self.params
         return {name: tw.depth_contrast(r, p.k, p.how) for name, r in self.twins.results.items()}
 
     @property
     def k_verdict(self) -> int:
-        """The K every verdict of this chapter reads: the largest measured, which the book's
-        profiles set to its K/d (``analysis.k_policy.BOOK_K_OVER_D``) at the drawn model's width."""
+        """The K the token-wise and context verdicts read: the largest measured, which the book's
+        profiles set to its K/d (``analysis.k_policy.BOOK_K_OVER_D``) at the drawn model's width.
+        The depth verdict reads every K (its ``excess`` is the smallest gap over them, at
+        ``depth[model]["excess_k"]``), the tiles' rule every K from 3 to ``tile_k``."""
         return max(self.params.k)
 
     @functools.cached_property

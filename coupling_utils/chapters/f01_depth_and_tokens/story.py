@@ -160,7 +160,8 @@ def _depth_rows(r: Results) -> list[dict]:
             ours="; ".join(f"K = {K}: {a:.3f} vs {b:.3f}"
                            for K, a, b in zip(per_k["K"], per_k["trained"], per_k["random init"])),
             note=f"mean 1 − m² over {p.how} block pairs, last token, {len(r.prompts)} prompts; "
-                 f"trained vs twin; {_convention_note(r, 'depth', name)}"))  # fmt: skip
+                 f"trained vs twin, judged on the smallest gap over K (here at K = {v['excess_k']}); "
+                 f"{_convention_note(r, 'depth', name)}"))  # fmt: skip
     return rows
 
 
@@ -218,6 +219,7 @@ def assumptions(r: Results) -> list[tuple[str, bool, str]]:
     twin = r.per_model_head["random init"]
     tok, tiles = r.token_values, r.tile_values
     first, other = r.first_token
+    trend = r.trend[(r.trend.weights == "trained") & (r.trend["K"] == max(r.params.k))].iloc[0]
     return [
         ("f01-twin-near-chance", twin < 0.05,
          "the twin's per-model coupling is below 0.05, the level of unrelated matrices (see f00)"),
@@ -230,6 +232,9 @@ def assumptions(r: Results) -> list[tuple[str, bool, str]]:
          "the trained model's tiles are more diagonal than the twin's"),
         ("f01-first-token-decouples", first < other,
          "pairs involving the first token are less coupled than pairs of other tokens"),
+        ("f01-distant-pairs-pull-down", trend.spearman < 0 and trend.adjacent > r.per_model_head["trained"],
+         "the trained model's coupling falls with the distance between blocks (Spearman ρ < 0, largest K), "
+         "so neighbouring blocks are more coupled than the mean over all pairs"),
     ]  # fmt: skip
 
 
@@ -292,7 +297,9 @@ def _others_text(r: Results, verdicts: Mapping[str, str], depth_claims: list[str
     if len(others) == 1:
         said = {"yes": "passes the depth rule (yes)", "partly": "passes the depth rule partly",
                 "no": "does not pass the depth rule (no)"}[verdicts[depth_claims[1]]]  # fmt: skip
-        text = f"The other model measured, {others[0]}, " + said
+        v = r.depth[others[0]]
+        text = (f"The other model measured, {others[0]}, {said}: its smallest trained − twin gap over K, "
+                f"which the rule reads, is {v['excess'].estimate:.3f}, at K = {v['excess_k']}")  # fmt: skip
     else:
         counts = pd.Series([verdicts[c] for c in depth_claims[1:]]).value_counts()
         text = (f"Of the {len(others)} other models measured, {counts.get('yes', 0)} pass the depth rule "
@@ -356,6 +363,7 @@ def glue_values(r: Results, status: pd.DataFrame) -> dict[str, Any]:
         "f01_excess": main["excess"].estimate,
         "f01_excess_low": main["excess"].low,
         "f01_excess_high": main["excess"].high,
+        "f01_excess_k": main["excess_k"],
         "f01_depth_verdict": verdict_word(status.iloc[0]),
         "f01_tiles_verdict": verdict_word(status.iloc[n]),
         "f01_tokens_verdict": verdict_word(status.iloc[n + 1]),
