@@ -321,3 +321,20 @@ def test_notebooks_run_side_by_side_on_private_unix_sockets_left_behind_by_none(
     for s in seen:  # each kernel stopped and reaped with its run, not left holding memory until exit
         with pytest.raises(ProcessLookupError):
             os.kill(s["pid"], 0)
+
+
+def test_the_light_copies_of_choices_name_what_their_owners_do():
+    """chapters.checks and the data schemas keep their own copies of a few choices, so that checking
+    a parameter or a data file does not import torch; each copy must name what its owner does."""
+    from coupling_utils.analysis.data import SCHEMAS
+    from coupling_utils.chapters import checks
+    from coupling_utils.engine.blocks import LAST_BLOCKS
+    from coupling_utils.measurement.settings import MEASURE_METHODS
+    from coupling_utils.measurement.tables import SUMMARY_HOWS
+    from coupling_utils.models.loading import DTYPES
+
+    assert (
+        tuple(DTYPES) == checks.DTYPES and checks.METHODS == MEASURE_METHODS and checks.HOWS == SUMMARY_HOWS
+    )
+    (last_block,) = [c for c in SCHEMAS["k_sensitivity.csv"].columns if c.name == "last_block"]
+    assert last_block.choices == LAST_BLOCKS

@@ -38,6 +38,7 @@ from coupling_utils.measurement import (
     coupling_summary,
     plan,
 )
+from coupling_utils.measurement.jobs import WEIGHTS
 from coupling_utils.measurement.tables import SCHEMAS as MEASURED
 from coupling_utils.schemas import Schema, check_table
 
@@ -60,8 +61,6 @@ __all__ = [
     "offdiag_mean",
     "label_tokens",
 ]
-
-WEIGHTS = ("trained", "random init")
 
 
 @dataclass

@@ -46,6 +46,7 @@ import numpy as np
 import pandas as pd
 
 from coupling_utils.analysis.verdicts import Rule
+from coupling_utils.engine.metric import NORMALIZATIONS
 from coupling_utils.measurement import (
     Collected,
     Job,
@@ -90,7 +91,7 @@ AXES = {"Fig. 1a": (0.89, 0.955), "Fig. 1b": (0.06, 0.17)}
 """The ranges of the paper's per-model coupling axes (read from the published figures)."""
 
 VIEWS = ("depth", "tokens")
-DENOMINATORS = ("norm", "trace")
+DENOMINATORS = NORMALIZATIONS  # the metric's own: the candidates' denominators
 FORMS = ("1 - m", "1 - m²")
 PAIRS = ("all", "adjacent")
 ENDS = ("with", "without")

@@ -41,6 +41,7 @@ import torch
 
 from coupling_utils.engine.metric import k_for_width
 from coupling_utils.measurement import Job, Loads, Options, Result, Settings, collect, plan
+from coupling_utils.measurement.jobs import WEIGHTS
 from coupling_utils.models.images import check_vit_token, image_inputs, vit_tokens
 
 __all__ = [
@@ -62,7 +63,6 @@ __all__ = [
     "WEIGHTS",
 ]
 
-WEIGHTS = ("trained", "random init")
 SUMMARY_COLUMNS = [
     "model",
     "weights",

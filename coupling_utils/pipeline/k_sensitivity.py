@@ -111,6 +111,7 @@ def sensitivity_jobs(
 def _rows(collected, ref: str, d: int, ks: dict[float, int], revision: str | None) -> pd.DataFrame:
     """One row per prompt and K/d: trained and twin coupling, paired by prompt."""
     from coupling_utils.measurement import coupling_summary
+    from coupling_utils.measurement.jobs import WEIGHTS
 
     if collected.missing:
         raise RuntimeError(f"measuring {ref} failed:\n{collected.report()}")
@@ -121,7 +122,7 @@ def _rows(collected, ref: str, d: int, ks: dict[float, int], revision: str | Non
             w: coupling_summary(
                 depth[depth["weights"] == w].drop(columns="weights"), "offdiag", k, per_prompt=True
             )
-            for w in ("trained", "random init")
+            for w in WEIGHTS
         }
         pair = pd.DataFrame({"coupling_trained": by["trained"], "coupling_twin": by["random init"]})
         frames.append(pair.rename_axis("prompt").reset_index().assign(k_over_d=r, K=k))

@@ -24,6 +24,7 @@ from typing import Any
 
 import pandas as pd
 
+from coupling_utils.analysis.verdicts import KINDS
 from coupling_utils.files import read_json
 
 __all__ = [
@@ -49,7 +50,6 @@ warnings as errors, fails on) output MIME types it cannot render."""
 
 COLUMNS = ("claim", "paper", "ours", "agree", "rule", "kind", "note")
 AGREE = ("yes", "partly", "no")
-KINDS = ("measured", "replot")
 _REQUIRED = ("claim", "paper", "ours", "agree")
 
 
