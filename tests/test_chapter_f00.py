@@ -128,3 +128,24 @@ def test_the_noise_sentences_read_the_sweep():
         "None of the swept noise levels (up to ε = 30, m_K = 0.900) leaves J as far from diagonal as the "
         "neighbouring block's basis does (m_K = 0.950): sweep further"
     )
+
+
+def test_the_by_k_words_follow_the_table():
+    """Exercise f00-ex-k: "widens"/"shrinks" only when the gap moves that way at every step, and the
+    basis said to move more is the one whose m_K spans the wider range (the default book's table)."""
+    by_k = pd.DataFrame(
+        {"K": [1, 72, 216, 360], "neighbour's basis": [0.849, 0.900, 0.950, 1.008],
+         "random basis": [0.993, 1.048, 1.116, 1.162]}
+    )  # fmt: skip
+    by_k["gap"] = by_k["random basis"] - by_k["neighbour's basis"]  # 0.144, 0.148, 0.166, 0.154
+    values = f00._by_k_values(by_k)
+    assert (values["f00_k_first"], values["f00_k_last"]) == (1, 360)
+    assert values["f00_gap_trend"].startswith("does not move one way at every step (0.144 → 0.148")
+    assert values["f00_gap_trend"].endswith("it ends wider than it starts")
+    moves = values["f00_k_moves"]
+    assert "the value in the random basis moves more (range 0.169 against 0.159)" in moves
+    assert "from 0.849 to 1.008" in moves and "From K = 1 to K = 360" in moves
+    by_k["gap"] = [0.3, 0.2, 0.1, 0.05]
+    assert f00._by_k_values(by_k)["f00_gap_trend"].startswith("shrinks at every step")
+    by_k["gap"] = [0.05, 0.1, 0.2, 0.3]
+    assert f00._by_k_values(by_k)["f00_gap_trend"].startswith("widens at every step")

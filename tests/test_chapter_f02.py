@@ -201,3 +201,24 @@ def test_the_sign_sentence_says_when_the_twins_carry_the_order():
         {"d_model": [32, 32, 64, 64], "excess": [0.2, 0.01, 0.0, 0.3], "excess_se": [0.01] * 4}
     )
     assert _near_zero(ours).startswith("2 of 4 members") and "1 of 2 at d = 64" in _near_zero(ours)
+
+
+def test_the_scale_and_training_family_words_read_as_sentences():
+    """The scale conclusion is one sentence with its count ("none is", "1 is", "3 are"); the
+    training family counts its members on all the data apart from those on a slice."""
+    from coupling_utils.chapters.f02_generalization.story import _candidates, _compatible, _tpp_words
+    from coupling_utils.chapters.f02_generalization.within import on_slice
+
+    assert [_compatible(n) for n in (0, 1, 3)] == [
+        "none is compatible",
+        "1 is compatible",
+        "3 are compatible",
+    ]
+    assert [_candidates(n) for n in (1, 4)] == ["1 candidate", "4 candidates"]
+    runs = pd.DataFrame({"run": ["s2", "s8", "s512", "s2048", "s512-data16k"]})
+    assert on_slice(runs).tolist() == [False, False, False, False, True]
+    same = _tpp_words(pd.Series([20.0, 20.5, 19.6]))
+    assert same["f02_tpp_sentence"].data.startswith("Every member saw about 20 tokens per parameter")
+    spread = _tpp_words(pd.Series([0.0131, 0.0272, 0.0262]))
+    assert spread["f02_tpp_sentence"].data.startswith("The members saw 0.0131 to 0.0272 tokens per parameter")
+    assert "same" not in spread["f02_tpp_trained"].data

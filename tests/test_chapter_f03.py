@@ -46,3 +46,9 @@ def test_run_collects_exactly_the_plan(monkeypatch, tmp_path):
     with pytest.raises(RuntimeError, match="none of the runs"):  # nothing stored, nothing computed
         f03.run(p, Options(compute=False))
     assert seen == f03.jobs(p)
+
+
+def test_search_levels_read_for_people():
+    from coupling_utils.chapters.f03_training_emergence.story import _level
+
+    assert [_level(v) for v in (163840.0, 1635840.0, 64.0, 0.003)] == ["163,840", "1,635,840", "64", "0.003"]

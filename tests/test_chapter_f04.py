@@ -133,3 +133,16 @@ def test_comparison_words_follow_the_numbers():
     assert above.startswith("larger than X by 0.258") and "excludes 0" in above
     assert below.startswith("smaller than X by 0.258") and "excludes 0" in below
     assert "includes 0" in mixed
+
+
+def test_the_gap_is_read_against_the_seed_spread_and_changes_by_their_sign():
+    from coupling_utils.chapters.f04_vision_transformers import exercises as ex
+    from coupling_utils.chapters.f04_vision_transformers.story import _change_words
+
+    v = {"seeds": [100, 101, 102, 103, 104], "gap": 0.181, "sd": 0.068, "in_sd": 2.66}
+    words = ex.seed_words(v)
+    assert words.startswith("2.7 standard deviations above the mean of twins drawn under 5 seeds")
+    assert "standard deviation over the 5 seeds 0.0680" in words
+    assert "do not vary" in ex.seed_words({**v, "sd": 0.0, "in_sd": float("inf")})
+    assert _change_words(-1.6) == "fell by 1.6 points" and _change_words(2.0) == "rose by 2.0 points"
+    assert _change_words(0.01).startswith("did not change")

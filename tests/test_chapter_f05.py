@@ -96,7 +96,10 @@ def test_run_reads_back_what_the_model_gives(standin_hub, tmp_path, monkeypatch)
     assert r.n_tokens == [int(x.shape[1]) for x in inputs] and r.window == (0, lm.n_layers)
     assert r.pca_tokens["token"].tolist() == lm.tokenizer.convert_ids_to_tokens(inputs[0][0].tolist())
     assert set(r.pca["model"]) == {"trained", "random init"} and (r.pca["token"] > 0).all()
-    assert r.headline().startswith(f"{lm.name}: {lm.n_layers} blocks, d = {lm.d_model}; 2 prompt(s)")
+    lengths = " and ".join(str(n) for n in r.n_tokens)
+    assert r.headline().startswith(
+        f"{lm.name}: {lm.n_layers} blocks, d = {lm.d_model}; 2 prompts of {lengths} tokens"
+    )
 
     again = f05.run(p, Options(load=load, compute=False))  # read only: nothing loaded, the same numbers
     assert loads == [False, True]
@@ -108,7 +111,11 @@ def test_run_reads_back_what_the_model_gives(standin_hub, tmp_path, monkeypatch)
     values = f05.glue_values(p, r, status)
     prose, pinned = _glue_names()
     assert prose <= set(values) and set(values) == pinned  # every name the prose reads; the pinned set
-    assert values["f05_lss_trained"] == r.linear["lss_trained"] == tr.model_means(r.metrics, "lss")["trained"]
+    # one mean LSS on the page: over prompts of each prompt's mean, the status row's (r.straight)
+    per_prompt = r.metrics.groupby(["model", "prompt"])["lss"].mean()
+    assert values["f05_lss_trained"] == pytest.approx(per_prompt["trained"].mean()) == r.straight["lss"]
+    assert values["f05_lss_random"] == pytest.approx(r.straight["lss_twin"])
+    assert values["f05_lincos_note"].data == ""  # said only when a cosine is missing
     assert f"**{rows[0]['agree']}**" in values["f05_linear_verdict"].data  # the status row's verdict
     assert values["f05_sqrt_L"] == np.sqrt(lm.n_layers)
 
@@ -122,6 +129,27 @@ def test_without_the_twin_nothing_is_judged(standin_hub, tmp_path, monkeypatch):
     assert f05.claims(p, r) == [] and values["f05_linear_verdict"] == f05.NOT_JUDGED
     assert np.isnan(values["f05_lss_random"]) and np.isnan(values["f05_lincos_trained"])
     assert values["f05_lss_direction"] == "not comparable (no twin)"
+    assert "linearisation was switched off" in values["f05_lincos_note"].data
+
+
+def test_prompt_words_read_as_prose():
+    assert f05.prompt_words([14]) == "1 prompt of 14 tokens"
+    assert f05.prompt_words([10, 11]) == "2 prompts of 10 and 11 tokens"
+    assert f05.prompt_words([3, 4, 5]) == "3 prompts of 3, 4 and 5 tokens"
+    assert f05.prompt_words([8, 30, 9, 9, 9, 9]) == "6 prompts of 8 to 30 tokens"
+
+
+def test_the_mean_lss_weighs_every_prompt_the_same():
+    """A long prompt does not outweigh a short one: the mean of the prompts' means, not of the tokens."""
+    metrics = pd.DataFrame(
+        {
+            "model": "trained",
+            "prompt": ["a", "a", "a", "b"],
+            "token": [0, 1, 2, 0],
+            "lss": [1.0, 1.0, 1.0, 3.0],
+        }
+    )
+    assert f05.mean_lss(metrics)["trained"] == 2.0  # the token mean would be 1.5
 
 
 def test_a_window_outside_the_model_names_both_parameters(standin_hub, tmp_path, monkeypatch):

@@ -298,15 +298,42 @@ def glue_values(p: Params, r: Results) -> dict[str, Any]:
 
 
 def _by_k_values(by_k: pd.DataFrame) -> dict[str, Any]:
-    """The by-K table's ends (exercise f00-ex-k): the gap at the smallest and the largest K."""
+    """The by-K table's ends and path (exercise f00-ex-k): the gap at the smallest and the largest
+    K, whether it moves the same way at every step of the table, and which basis's m_K spans the
+    wider range over the table's K (the words follow these values)."""
     first, last = by_k.iloc[0], by_k.iloc[-1]
+    steps = by_k["gap"].diff().iloc[1:]
+    path = " → ".join(f"{g:.3f}" for g in by_k["gap"])
+    if (steps > 0).all():
+        trend = f"widens at every step of the table ({path})"
+    elif (steps < 0).all():
+        trend = f"shrinks at every step of the table ({path})"
+    else:
+        net = "wider" if last["gap"] > first["gap"] else "narrower"
+        trend = f"does not move one way at every step ({path}): it ends {net} than it starts"
     return {
         "f00_k_first": int(first["K"]),
         "f00_k_last": int(last["K"]),
         "f00_gap_first": float(first["gap"]),
         "f00_gap_last": float(last["gap"]),
-        "f00_gap_trend": "widens" if last["gap"] > first["gap"] else "shrinks",
+        "f00_gap_trend": trend,
+        "f00_k_moves": _moves_sentence(by_k),
     }
+
+
+def _moves_sentence(by_k: pd.DataFrame) -> str:
+    """Which basis's m_K moves more over the by-K table (its range, max − min), with both paths."""
+    cols = {"neighbour's basis": "the neighbour's basis", "random basis": "the random basis"}
+    span = {c: float(by_k[c].max() - by_k[c].min()) for c in cols}
+    paths = "; ".join(f"in {cols[c]} from {by_k[c].iloc[0]:.3f} to {by_k[c].iloc[-1]:.3f}" for c in cols)
+    (a, sa), (b, sb) = sorted(span.items(), key=lambda kv: -kv[1])
+    which = (
+        f"the value in {cols[a]} moves more (range {sa:.3f} against {sb:.3f})"
+        if round(sa, 3) != round(sb, 3)
+        else f"both move by the same amount (range {sa:.3f})"
+    )
+    k0, k1 = int(by_k["K"].iloc[0]), int(by_k["K"].iloc[-1])
+    return f"From K = {k0} to K = {k1}, m_K goes {paths}: {which}"
 
 
 def _noise_values(sweep: pd.DataFrame, eps: float, m_adjacent: float) -> dict[str, Any]:

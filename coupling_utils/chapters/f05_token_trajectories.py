@@ -197,9 +197,32 @@ class Results:
         """One line: the model, its size, the prompts' lengths and the window."""
         f = self.facts
         return (
-            f"{f['name']}: {f['n_layers']} blocks, d = {f['d_model']}; {len(self.n_tokens)} prompt(s) of "
-            f"{self.n_tokens} tokens; window x^{f['first']}..x^{f['last']}"
+            f"{f['name']}: {f['n_layers']} blocks, d = {f['d_model']}; {prompt_words(self.n_tokens)}; "
+            f"window x^{f['first']}..x^{f['last']}"
         )
+
+
+def prompt_words(n_tokens: list[int]) -> str:
+    """The prompts and their lengths for readers: "1 prompt of 14 tokens", "2 prompts of 10 and 11
+    tokens", or past five prompts their range ("12 prompts of 8 to 30 tokens")."""
+    n = len(n_tokens)
+    if n == 1:
+        return f"1 prompt of {n_tokens[0]} tokens"
+    if n > 5:
+        return f"{n} prompts of {min(n_tokens)} to {max(n_tokens)} tokens"
+    return f"{n} prompts of {', '.join(map(str, n_tokens[:-1]))} and {n_tokens[-1]} tokens"
+
+
+def lss_by_prompt(metrics: pd.DataFrame) -> pd.DataFrame:
+    """Each prompt's mean line-shape score over its tokens, by model (``model``, ``prompt``,
+    ``lss``): the chapter's one aggregation of the LSS averages these over the prompts, as the
+    straightness rule does (each prompt weighs the same, however many tokens it has)."""
+    return metrics.groupby(["model", "prompt"], as_index=False)["lss"].mean()
+
+
+def mean_lss(metrics: pd.DataFrame) -> pd.Series:
+    """The mean LSS by model: the mean over prompts of :func:`lss_by_prompt`."""
+    return lss_by_prompt(metrics).groupby("model")["lss"].mean()
 
 
 def run(p: Params, options: Options | None = None) -> Results:
@@ -318,16 +341,17 @@ def _third_expodistance(r: Results) -> dict[str, Any]:
 def glue_values(p: Params, r: Results, status: pd.DataFrame | None) -> dict[str, Any]:
     """Every value the prose glues, by name; ``status``: the reported rows of :func:`claims`
     (None without the twin: the verdicts are then "not judged")."""
+    from IPython.display import Markdown
+
     linear, growth = r.linear, r.growth
-    ratio = linear["lss_ratio"]
+    means = mean_lss(r.metrics)  # over prompts, as the status row's (r.straight)
+    a, b = float(means.get(TRAINED, np.nan)), float(means.get(TWIN, np.nan))
     word = {True: "lower (closer to exponential)", False: "higher (farther from exponential)"}
     values = {
-        "f05_lss_trained": linear["lss_trained"],
-        "f05_lss_random": linear["lss_twin"],
+        "f05_lss_trained": a,
+        "f05_lss_random": b,
         "f05_lss_share_lower": linear["share_lower"],
-        "f05_lss_direction": "lower"
-        if ratio < 1
-        else ("higher" if ratio > 1 else "not comparable (no twin)"),
+        "f05_lss_direction": "lower" if a < b else ("higher" if a > b else "not comparable (no twin)"),
         "f05_first_token_kept": "skipped" if p.skip_first_token else "kept",
         **first_token_values(p, r),
         "f05_sqrt_L": float(np.sqrt(r.window[1] - r.window[0])),
@@ -341,10 +365,26 @@ def glue_values(p: Params, r: Results, status: pd.DataFrame | None) -> dict[str,
         **_third_expodistance(r),
         "f05_lincos_trained": float(r.linearization_means.get(TRAINED, np.nan)),
         "f05_lincos_random": float(r.linearization_means.get(TWIN, np.nan)),
+        "f05_lincos_note": Markdown(_lincos_note(p, r)),
     }
     verdicts = [NOT_JUDGED, NOT_JUDGED] if status is None else [verdict_word(status.iloc[i]) for i in (0, 1)]
     values["f05_linear_verdict"], values["f05_exponential_verdict"] = verdicts
     return values
+
+
+def _lincos_note(p: Params, r: Results) -> str:
+    """Why a mean cosine is missing, said only when one is (empty otherwise)."""
+    missing = [m for m in (TRAINED, TWIN) if not np.isfinite(r.linearization_means.get(m, np.nan))]
+    if not missing:
+        return ""
+    why = (
+        "the linearisation was switched off (`linearization = False`)"
+        if not p.linearization
+        else "the twin was not measured (`compare_random_init = False`)"
+        if not p.compare_random_init
+        else "no value was measured"
+    )
+    return f"(NaN for {' and '.join(missing)}: {why})"
 
 
 def first_token_values(p: Params, r: Results) -> dict[str, Any]:
@@ -360,7 +400,7 @@ def first_token_values(p: Params, r: Results) -> dict[str, Any]:
     first, others = kept[kept.token == 0].lss, kept[kept.token != 0].lss
     biggest = steps.groupby(["prompt", "token"]).relative_step.max().reset_index()
     step0, step_rest = biggest[biggest.token == 0].relative_step, biggest[biggest.token != 0].relative_step
-    a, b = float(kept.lss.mean()), float(skipped.lss.mean())
+    a, b = float(mean_lss(kept).iloc[0]), float(mean_lss(skipped).iloc[0])  # the chapter's mean LSS
     word = "raises" if a > b else "lowers" if a < b else "leaves unchanged"
     return {
         "f05_ex_lss_kept": a,

@@ -246,8 +246,29 @@ def _paper_glue(paper: PaperFit) -> dict[str, Any]:
         "f02_fig1a_separates": Markdown(
             "lies above 0: coupling is the better predictor of the two"
             if gap["ci_low"] > 0
-            else "includes 0: these 28 models do not separate the two predictors"
+            else f"includes 0: these {int(fits.loc['coupling', 'n'])} models do not separate the two "
+            "predictors"
         ),
+    }
+
+
+def _tpp_words(tpp: pd.Series) -> dict[str, Markdown]:
+    """Tokens per parameter in words that follow the members' values: "about" one number only
+    when every member is within 10% of the median, else their range."""
+    lo, hi, med = float(tpp.min()), float(tpp.max()), float(tpp.median())
+    if 0.9 * med <= lo and hi <= 1.1 * med:
+        return {
+            "f02_tpp_sentence": Markdown(
+                f"Every member saw about {med:.3g} tokens per parameter ({lo:.3g} to {hi:.3g})"
+            ),
+            "f02_tpp_trained": Markdown("Trained to about the same number of tokens per parameter"),
+        }
+    return {
+        "f02_tpp_sentence": Markdown(
+            f"The members saw {lo:.3g} to {hi:.3g} tokens per parameter (median {med:.3g}), not one "
+            "common number"
+        ),
+        "f02_tpp_trained": Markdown(f"Trained to {lo:.3g} to {hi:.3g} tokens per parameter"),
     }
 
 
@@ -264,6 +285,7 @@ def _training_glue(p: Params, t: Training) -> dict[str, Any]:
         "f02_loss_low": float(members["val_loss"].min()),
         "f02_loss_high": float(members["val_loss"].max()),
         "f02_tpp": float(members["tokens per parameter"].median()),
+        **_tpp_words(members["tokens per parameter"]),
         "f02_stage_sentence": Markdown(
             "every member's curve is flat at its end by that rule"
             if n_flat == len(stage)
@@ -405,11 +427,10 @@ def _scale_glue(p: Params, s: ScaleAnswer) -> dict[str, Any]:
         "f02_scale_n_1b": n_1b,
         "f02_scale_n_1a_scale": n_miss,
         "f02_scale_1a_example": Markdown(
-            f"{n_miss} candidate(s) put the trained model on Fig. 1a's scale but do not "
-            f"separate it from its twin; the one that comes closest ({scale.candidate_label(miss)}, "
-            f"{miss.denominator} "
-            f"denominator, {miss.form}) gives {miss.trained:.3f} for the trained model and "
-            f"{miss.twin:.3f} for the twin"
+            f"{_candidates(n_miss)} put{'s' if n_miss == 1 else ''} the trained model on Fig. 1a's scale "
+            f"but do{'es' if n_miss == 1 else ''} not separate it from its twin; the one that comes "
+            f"closest ({scale.candidate_label(miss)}, {miss.denominator} denominator, {miss.form}) "
+            f"gives {miss.trained:.3f} for the trained model and {miss.twin:.3f} for the twin"
             if miss is not None
             else "no candidate puts the trained model on Fig. 1a's scale"
         ),
@@ -431,19 +452,25 @@ def _scale_glue(p: Params, s: ScaleAnswer) -> dict[str, Any]:
             "that axis "
             "is not reproduced by any aggregation we could find"
             if n_1a == 0
-            else f"{n_1a} candidate(s) reach Fig. 1a's scale and separate the trained model from its "
-            f"twin (the "
+            else f"{_candidates(n_1a)} reach{'es' if n_1a == 1 else ''} Fig. 1a's scale and "
+            f"separate{'s' if n_1a == 1 else ''} the trained model from its twin (the "
             "`scale_compatible` table): that axis could be one of them"
         ),
         "f02_scale_conclusion": Markdown(
-            (
-                f"{n_1a} candidate(s) are compatible with Fig. 1a's axis. "
-                if n_1a
-                else "No candidate is compatible with Fig. 1a's axis. "
-            )
-            + (f"{n_1b} are compatible with Fig. 1b's." if n_1b else "None is compatible with Fig. 1b's.")
+            f"Of the {len(s.judged)} candidates, {_compatible(n_1a)} with Fig. 1a's axis and "
+            f"{_compatible(n_1b)} with Fig. 1b's."
         ),
     }
+
+
+def _candidates(n: int) -> str:
+    """``n`` candidate(s), in words: "1 candidate", "3 candidates"."""
+    return f"{n} candidate" + ("" if n == 1 else "s")
+
+
+def _compatible(n: int) -> str:
+    """How many candidates are compatible, as the sentence says it: "none is", "1 is", "3 are"."""
+    return "none is compatible" if n == 0 else f"{n} {'is' if n == 1 else 'are'} compatible"
 
 
 def _beyond_glue(paper: PaperFit, b: Beyond) -> dict[str, Any]:

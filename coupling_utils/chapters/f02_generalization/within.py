@@ -112,6 +112,12 @@ def within_claims(p: Params, w: Within) -> list[dict[str, Any]]:
     ]
 
 
+def on_slice(ours: pd.DataFrame) -> pd.Series:
+    """Whether each member was trained on a slice of the training plays rather than all of them
+    (the zoo names those runs ``s<steps>-data<tokens>``, e.g. ``s512-data16k``)."""
+    return ours["run"].str.contains("-data", regex=False)
+
+
 def _pairs(ours: pd.DataFrame) -> list[tuple[pd.Series, pd.Series]]:
     """(member with less data, the member of as many steps on all the data), by run name
     (``s512-data16k`` beside ``s512``)."""
@@ -186,12 +192,17 @@ def within_glue(w: Within | None) -> dict[str, Any]:
     ours, t = w.family.ours, w.training
     fits = w.fits.set_index("predictor")
     span = w.span
+    sliced = on_slice(ours)
+    full = ours[~sliced]
+    steps = (full if len(full) else ours)["steps"]  # the members on all the data
     return {
         "f02_within_n": len(ours),
+        "f02_within_n_full": len(full),
+        "f02_within_n_slice": int(sliced.sum()),
         "f02_within_arch": Markdown(
             f"d = {int(ours.d_model.iloc[0])}, {int(ours.n_layers.iloc[0])} blocks, K = {int(ours.K.iloc[0])}"
         ),
-        "f02_within_steps": Markdown(f"{int(ours.steps.min())} to {int(ours.steps.max())}"),
+        "f02_within_steps": Markdown(f"{int(steps.min())} to {int(steps.max())}"),
         "f02_within_rho": w.rho.estimate,
         "f02_within_rho_low": w.rho.low,
         "f02_within_rho_high": w.rho.high,

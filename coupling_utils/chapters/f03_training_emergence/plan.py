@@ -163,7 +163,8 @@ def checkpoint_runs(p: Params) -> list[emergence.Checkpoints]:
 
 
 def runs_table(runs: list[emergence.Checkpoints]) -> pd.DataFrame:
-    """One row per run: its checkpoints, the first and the last, and whether losses were recorded."""
+    """One row per run: its checkpoints, the first and the last, and whether losses were recorded
+    ("yes" or "no")."""
     return pd.DataFrame(
         [
             {
@@ -171,7 +172,7 @@ def runs_table(runs: list[emergence.Checkpoints]) -> pd.DataFrame:
                 "checkpoints": len(r.revisions),
                 "first": r.revisions[0],
                 "last": r.revisions[-1],
-                "losses recorded": r.losses is not None,
+                "losses recorded": "no" if r.losses is None else "yes",
             }
             for r in runs
         ]

@@ -102,7 +102,7 @@ def claims(r: Results) -> list[dict]:
             rule=RULES["dense"],
             values=r.dense_judged,
             ours=f"edge density {dense['density_early']:.2f} → {dense['density_final']:.2f}, "
-            f"highest at step {r.d_peak}",
+            f"{_density_peak_words(r).removeprefix('is ')}",
             note=f"threshold 1 − m² > {p.graph_threshold}, K = {r.k_main}, "
             f"every checkpoint from step {p.early_step}; {_convention(r, 'dense')}",
         ),
@@ -277,7 +277,17 @@ def _graph_values(r: Results) -> dict[str, Any]:
         "f03_density_final": r.dense_values["density_final"],
         "f03_density_peak_step": r.d_peak,
         "f03_density_peak": float(dense.density.max()),
+        "f03_density_peak_words": _density_peak_words(r),
     }
+
+
+def _density_peak_words(r: Results) -> str:
+    """Where the layer graph is densest, in words: "is highest (0.40) at step 64", or, when every
+    checkpoint from ``early_step`` on has the same density, "is 0.00 at every checkpoint"."""
+    dense = r.density[r.density.step >= r.params.early_step].density
+    if dense.max() == dense.min():
+        return f"is {dense.max():.2f} at every checkpoint"
+    return f"is highest ({dense.max():.2f}) at step {r.d_peak}"
 
 
 def _trajectory_values(r: Results) -> dict[str, Any]:
@@ -340,6 +350,12 @@ FACTOR_NAMES = {
 }
 
 
+def _level(value: float) -> str:
+    """A factor's setting for readers: whole numbers in full with thousands separators (163,840),
+    others as short as they go (0.003)."""
+    return f"{int(value):,}" if float(value).is_integer() else f"{value:g}"
+
+
 def _search_found(r: Results) -> str:
     """The smallest run that rises progressively, or the one that comes closest."""
     table = r.search_table
@@ -366,7 +382,7 @@ def _search_effects(r: Results) -> dict[str, Any]:
 
     effects, lines = r.effects, []
     for (factor, _), grp in effects.groupby(["factor", "group"], sort=False):
-        settings = " → ".join(f"{lv:g}" for lv in grp.level)
+        settings = " → ".join(_level(lv) for lv in grp.level)
         finals = " → ".join(f"{v:.3f}" for v in grp.final)
         lines.append(
             f"- {FACTOR_NAMES[factor]} {settings} ({', '.join(grp.config)}): final coupling {finals}, "
@@ -415,8 +431,8 @@ def _matched(r: Results) -> str:
     bullets = _matched_rise(r)
     bullets.append(
         f"**Almost none early, dense at the end** ({_verdict(r, 'dense').data}). The layer graph's edge "
-        f"density goes {dense['density_early']:.2f} → {dense['density_final']:.2f} and is highest at "
-        f"step {r.d_peak} (threshold {r.params.graph_threshold})."
+        f"density goes {dense['density_early']:.2f} → {dense['density_final']:.2f} and "
+        f"{_density_peak_words(r)} (threshold {r.params.graph_threshold})."
     )
     bullets.append(
         f"**Together with linearity** ({_verdict(r, 'together').data}; ρ(coupling, LSS) = "
@@ -453,12 +469,18 @@ def _exercise_k(r: Results) -> dict[str, Any]:
     held_summary = s[(s.panel == MAIN) & (s.model == r.showcase)]
     by_k = emergence.growth_summary(held_summary, "coupling", by="K", early_step=p.early_step).set_index("K")
     kb = int(by_k.index.max())
+    levels = r.levels.set_index(["model", "K"])["first"]
+    big0, main0 = float(levels.loc[(r.showcase, kb)]), float(levels.loc[(r.showcase, r.k_main)])
     out = {
         "f03_ex_kbig": kb,
         "f03_ex_kbig_peak": float(by_k.loc[kb, "peak"]),
         "f03_ex_kbig_peak_step": int(by_k.loc[kb, "peak_step"]),
         "f03_ex_kmain_peak_step": int(by_k.loc[r.k_main, "peak_step"]),
-        "f03_ex_kbig_step0": float(r.levels.set_index(["model", "K"]).loc[(r.showcase, kb), "first"]),
+        "f03_ex_kbig_step0": big0,
+        "f03_ex_kmain_step0": main0,
+        "f03_ex_kbig_vs_main": "lower than"
+        if big0 < main0
+        else ("higher than" if big0 > main0 else "equal to"),
     }
     late = [x for x in sorted(held_summary.step.unique()) if x >= 128]
     if len(late) >= 2:
@@ -500,12 +522,21 @@ def _exercise_pairs(r: Results) -> dict[str, Any]:
         "f03_ex_rho_val": float(r.together.set_index("y").statistic.get("val_loss", float("nan"))),
         "f03_ex_thresholds": Markdown(
             "; ".join(
-                f"threshold {t.threshold:g}: densest at step {int(t.step)} ({t.density:.2f}), "
-                f"final {dens[dens.threshold == t.threshold].density.iloc[-1]:.2f}"
-                for t in densest.itertuples()
+                _threshold_words(t, dens[dens.threshold == t.threshold].density) for t in densest.itertuples()
             )
         ),
     }
+
+
+def _threshold_words(t, density: pd.Series) -> str:
+    """One threshold's densest graph in words ("densest at step 4 (1.00), final 1.00"), or "the same
+    density (0.00) at every checkpoint" when no checkpoint is denser than another."""
+    if density.max() == density.min():
+        return f"threshold {t.threshold:g}: the same density ({t.density:.2f}) at every checkpoint"
+    return (
+        f"threshold {t.threshold:g}: densest at step {int(t.step)} ({t.density:.2f}), "
+        f"final {density.iloc[-1]:.2f}"
+    )
 
 
 def _exercise_lr(r: Results) -> dict[str, Any]:

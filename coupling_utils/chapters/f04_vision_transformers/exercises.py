@@ -219,6 +219,18 @@ def seed_sentence(p, r) -> str:
     )
 
 
+def seed_words(v: dict[str, Any]) -> str:
+    """Where the trained run lies against the twins of :func:`seed_values`, in their standard
+    deviations over the seeds (the chapter's spread of chance, with its number of seeds)."""
+    n, side = len(v["seeds"]), "above" if v["gap"] > 0 else "below"
+    if not v["sd"] > 0:
+        return f"{abs(v['gap']):.3f} {side} the mean of twins drawn under {n} seeds, which do not vary"
+    return (
+        f"{v['in_sd']:.1f} standard deviations {side} the mean of twins drawn under {n} seeds "
+        f"(trained minus their mean {v['gap']:+.3f}, standard deviation over the {n} seeds {v['sd']:.4f})"
+    )
+
+
 def exercise_glue(p, r) -> dict[str, Any]:
     """The solutions' values: a sentence per exercise (``glue:md``) and the seed study's numbers."""
     from IPython.display import Markdown
@@ -231,4 +243,6 @@ def exercise_glue(p, r) -> dict[str, Any]:
         "f04_ex_seed": Markdown(seed_sentence(p, r)),
         "f04_ex_seed_sd": v["sd"],
         "f04_ex_seed_in_sd": v["in_sd"],
+        "f04_ex_seed_n": len(v["seeds"]),
+        "f04_seed_words": Markdown(seed_words(v)),
     }

@@ -38,8 +38,9 @@ def training_figure(p: Params, r: Results) -> dict[str, Any]:
                 "MNIST ViT; step 0 is the random initialisation.",
         alt=f"Two line charts over training steps on a log scale. Coupling ({at[0]}) goes from "
             f"{shape['init']:.3f} at step 0 to {shape['final']:.3f} at step {int(curve.step.max())}, highest "
-            f"({shape['peak']:.3f}) at step {shape['peak_step']}. Validation and test accuracy ({at[1]}) "
-            f"rise to {curve.test_acc.iloc[-1]:.3f}.",
+            f"({shape['peak']:.3f}) at step {shape['peak_step']}. Accuracy ({at[1]}): validation from "
+            f"{curve.val_acc.iloc[0]:.3f} to {curve.val_acc.iloc[-1]:.3f}, test from "
+            f"{curve.test_acc.iloc[0]:.3f} to {curve.test_acc.iloc[-1]:.3f}.",
     )  # fmt: skip
 
 

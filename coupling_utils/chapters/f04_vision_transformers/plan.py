@@ -189,7 +189,7 @@ class Results:
     """
 
     run_name: str
-    facts: dict[str, Any]  # the run's n_layers, d_model, grid, digits (labels) and token_words
+    facts: dict[str, Any]  # the run's n_layers, d_model, grid, patch (pixels), digits (labels), token_words
     over: vt.ViTCoupling
     curve: pd.DataFrame
     shape: dict[str, float]
@@ -236,8 +236,9 @@ class Results:
         """One line: the run, its size and patches, the digits and the token."""
         f = self.facts
         return (
-            f"{self.run_name}: {f['n_layers']} blocks, width {f['d_model']}, {f['grid']} patches; "
-            f"{f['n_images']} test digits {f['digits']}; measuring {f['token_words']}"
+            f"{self.run_name}: {f['n_layers']} blocks, width {f['d_model']}, a {f['grid'][0]} × "
+            f"{f['grid'][1]} grid of {f['patch'][0]} × {f['patch'][1]}-pixel patches; {f['n_images']} "
+            f"test digits ({', '.join(map(str, f['digits']))}); measuring {f['token_words']}"
         )
 
     @property
@@ -308,10 +309,13 @@ def _facts(p: Params) -> dict[str, Any]:
 
     fmt = image_format(p.model)
     grid = patch_grid(fmt)
+    patch = getattr(fmt.config, "patch_size", 16)
+    patch = (patch, patch) if isinstance(patch, int) else tuple(patch)
     _, digits = vt.mnist_digits(p.n_images, split="test", seed=p.seed)
     return {
         "n_layers": fmt.config.num_hidden_layers, "d_model": fmt.config.hidden_size, "grid": grid,
-        "n_images": p.n_images, "digits": digits, "token_words": describe_token(p.token, grid),
+        "patch": patch, "n_images": p.n_images, "digits": digits,
+        "token_words": describe_token(p.token, grid),
     }  # fmt: skip
 
 

@@ -119,6 +119,7 @@ def glue_values(p: Params, r: Results) -> dict[str, Any]:
         "f04_final_acc": float(r.curve.test_acc.iloc[-1]),
         "f04_rho_acc": r.rho_acc,
         "f04_run_plateau_gain": 100 * r.run_plateau["gain"],
+        "f04_run_plateau_words": Markdown(_change_words(100 * r.run_plateau["gain"])),
         "f04_run_plateau_from": r.run_plateau["from_step"],
         "f04_shape_words": Markdown(vt.describe_curve(shape)),
     }
@@ -164,15 +165,56 @@ def _twin_glue(r: Results) -> dict[str, Any]:
         "f04_twin_word": Markdown("above" if gap.excess > 0 else "below"),
         "f04_sign_sentence": Markdown(_sign_sentence(float(gap.trained))),
         "f04_excess_abs": abs(float(gap.excess)),
-        "f04_gap_ratio": float(abs(gap.excess) / abs(init_gap)) if init_gap else float("inf"),
     }
+
+
+def _change_words(points: float) -> str:
+    """A change in accuracy points in words that follow its sign: "rose by 1.2", "fell by 1.6"."""
+    if round(points, 1) == 0:
+        return "did not change (0.0 points)"
+    return f"{'rose' if points > 0 else 'fell'} by {abs(points):.1f} points"
+
+
+def _plateau_words(r: Results) -> tuple[str, str]:
+    """The family's plateau test in words: what the members' last thirds show, and what follows
+    by the test (every ``plateau_share`` below 5%, as :func:`assumption` checks)."""
+    m = r.members
+    gain, share = 100 * float(m.plateau_gain.max()), 100 * float(m.plateau_share.max())
+    if gain > 0:
+        shown = (
+            "no member's validation accuracy rose over its last third of training by more than "
+            f"{gain:.1f} points"
+        )
+        if share == share:
+            shown += f" or {share:.1f}% of its whole rise"
+    else:
+        shown = "no member's validation accuracy rose over its last third of training"
+    undefined = int(m.plateau_share.isna().sum())
+    if undefined:
+        shown += (
+            f"; {undefined} of the {len(m)} members never rose over their whole training, so "
+            + ("it has" if undefined == 1 else "they have")
+            + " no share to test"
+        )
+    _, held, _ = assumption("f04_family_plateau", r)
+    conclusion = (
+        "every member passed the 5% plateau test, so the members are compared at their plateau, not "
+        "at how far their training got"
+        if held
+        else "not every member passed the 5% plateau test, so the family compares in part how far "
+        "training got"
+    )
+    return shown[0].upper() + shown[1:], conclusion
 
 
 def _family_glue(r: Results) -> dict[str, Any]:
     from IPython.display import Markdown
 
     fits, vits = r.fits, r.vits
+    shown, conclusion = _plateau_words(r)
     values = {
+        "f04_plateau_shown": Markdown(shown),
+        "f04_plateau_conclusion": Markdown(conclusion),
         "f04_plateau_share_max": 100 * float(r.members.plateau_share.max()),
         "f04_plateau_gain_max": 100 * float(r.members.plateau_gain.max()),
         "f04_family_n": len(vits),
