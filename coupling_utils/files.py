@@ -15,6 +15,7 @@ import contextlib
 import json
 import os
 import shutil
+import stat
 import sys
 import tempfile
 import time
@@ -74,6 +75,25 @@ def umask() -> int:
 def _umask_mode(path: Path, directory: bool) -> None:
     """Give a temporary file (0600 from mkstemp) or folder (0700 from mkdtemp) the umask's mode."""
     os.chmod(path, (0o777 if directory else 0o666) & ~umask())
+
+
+def follow_umask(root: str | os.PathLike) -> None:
+    """Give ``root`` and everything under it the modes the umask gives (as ``open`` and ``mkdir``
+    would): folders ``0o777 & ~umask``, files ``0o666 & ~umask`` (``0o777`` for an executable one).
+
+    For what a library wrote with its own mode (``save_pretrained`` writes its weights through a
+    0600 temporary file), called on a build's folder before it is renamed into place. Symbolic
+    links are left alone (``chmod`` would follow them out of the folder).
+    """
+    mask = umask()
+    for path in [Path(root), *Path(root).rglob("*")]:
+        st = path.lstat()
+        if stat.S_ISLNK(st.st_mode):
+            continue
+        full = stat.S_ISDIR(st.st_mode) or st.st_mode & 0o111
+        mode = (0o777 if full else 0o666) & ~mask
+        if st.st_mode & 0o7777 != mode:
+            os.chmod(path, mode)
 
 
 def read_json(path: str | os.PathLike, what: str = "record"):

@@ -146,3 +146,20 @@ def test_block_jacobians_leave_an_emulated_device_for_the_host(standin_hub):
         got = A.block_jacobians(load_model("Qwen/Qwen1.5-0.5B", device=dev), ["Paris is"], layer=1)
     pd.testing.assert_frame_equal(got["facts"], ref["facts"])
     assert np.allclose(got["jacobians"], ref["jacobians"], atol=1e-6)
+
+
+def test_block_jacobians_cut_a_prompt_longer_than_the_context(standin_hub, capsys):
+    """f00's extra, like measure(): a prompt past the model's context is cut to it, with a notice."""
+    from coupling_utils import load_model, token_jacobians
+
+    lm = load_model("Qwen/Qwen1.5-0.5B")
+    context = lm.model.config.max_position_embeddings
+    text = " ".join(["Paris is the capital of France."] * 100)
+    ids = lm.tokenizer(text, return_tensors="pt").input_ids
+    assert ids.shape[1] > context
+    tables = A.block_jacobians(lm, [text], layer=1)
+    assert tables["facts"].iloc[0]["T"] == context
+    err = capsys.readouterr().err
+    assert f"has {ids.shape[1]} tokens, more than this model's context of {context}" in err
+    J, _ = A.jacobian_matrices(tables)
+    assert torch.equal(J, token_jacobians(lm, ids[:, :context], 1, tokens=[-1])[0])

@@ -414,3 +414,23 @@ def test_a_lock_file_one_cannot_open_counts_as_not_locked(tmp_path, monkeypatch)
 
     monkeypatch.setattr(files, "open", refuse, raising=False)
     assert files.is_locked(lock) is False
+
+
+def test_follow_umask_gives_a_tree_the_modes_open_and_mkdir_would(tmp_path):
+    """Files 0666 (0777 if executable) and folders 0777, less the umask; a link and its target alone."""
+    with _umask(0o027):
+        tree = tmp_path / "tree"
+        (tree / "sub").mkdir(parents=True)
+        for name, mode in (("weights", 0o600), ("sub/tool", 0o700), ("sub/open", 0o666)):
+            (tree / name).write_text(name)
+            os.chmod(tree / name, mode)
+        os.chmod(tree / "sub", 0o700)
+        outside = tmp_path / "outside"
+        outside.write_text("not part of the tree")
+        os.chmod(outside, 0o600)
+        (tree / "link").symlink_to(outside)
+        files.follow_umask(tree)
+    modes = {p.relative_to(tree).as_posix(): p.lstat().st_mode & 0o7777 for p in [tree, *tree.rglob("*")]}
+    del modes["link"]
+    assert modes == {".": 0o750, "sub": 0o750, "weights": 0o640, "sub/tool": 0o750, "sub/open": 0o640}
+    assert outside.stat().st_mode & 0o7777 == 0o600

@@ -22,6 +22,7 @@ import torch
 
 from coupling_utils.engine.jacobians import token_jacobians
 from coupling_utils.engine.metric import check_k, coupling, coupling_tile, svd
+from coupling_utils.measurement import inputs
 
 __all__ = [
     "matrix_frame",
@@ -288,7 +289,8 @@ def block_jacobians(model, prompts: Sequence[str], *, layer: int) -> dict[str, p
     prompt, as storable tables (chapter f00's measurement, an
     :class:`~coupling_utils.measurement.Extra`).
 
-    The prompt is tokenised with the model's tokenizer and each Jacobian is
+    The prompt is tokenised with the model's tokenizer (and, longer than the model's context, cut
+    to it with a notice, as :func:`~coupling_utils.measurement.measure` does) and each Jacobian is
     :func:`~coupling_utils.engine.jacobians.token_jacobians` of the last token (fp32, moved to
     the host). Returns ``jacobians`` (columns ``J`` and ``J_next``: the ``[d_out, d_in]``
     matrices flattened row-major, float32, so a Parquet round trip is exact) and ``facts`` (one
@@ -296,7 +298,10 @@ def block_jacobians(model, prompts: Sequence[str], *, layer: int) -> dict[str, p
     """
     if len(prompts) != 1:
         raise ValueError(f"block_jacobians measures one prompt, got {len(prompts)}")
-    input_ids = model.tokenizer(prompts[0], return_tensors="pt").input_ids  # [1, T]
+    # a prompt longer than the model's context is cut to it, with a notice, as measure() does
+    limits = inputs.model_limits(inputs.model_info(model))
+    (prompt,) = inputs.prompts(list(prompts), model.tokenizer, None, limits)
+    input_ids = prompt.inputs  # [1, T]
     J = token_jacobians(model, input_ids, layer, tokens=[-1])[0]  # [d_out, d_in]
     J_next = token_jacobians(model, input_ids, layer + 1, tokens=[-1])[0]
     J, J_next = J.detach().cpu(), J_next.detach().cpu()

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from coupling_utils.files import atomic_dir, atomic_write_text
+from coupling_utils.files import atomic_dir, atomic_write_text, follow_umask
 from coupling_utils.models.zoo.cache import _is_locked, _lock, entry_dir, tensors_sha256
 from coupling_utils.models.zoo.errors import ZooError
 from coupling_utils.models.zoo.recipes import _build_gguf, _build_hf_copy, _train_one
@@ -83,33 +83,47 @@ def _write_manifest(
 
 
 # --------------------------------------------------------------------------- building
-def _build(entry: ZooEntry, root: Path, key: str, progress: bool) -> None:
+def _build(entry: ZooEntry, root: Path, key: str, progress: bool, *, force: bool = False) -> None:
+    """Build an entry into ``root`` (call holding its lock).
+
+    The build is written into a folder beside ``root`` and swapped in only when complete, so a
+    forced rebuild leaves the old build usable until then, also when it fails or is interrupted.
+    A family that is not forced is built in place member by member instead (each member written
+    atomically, the table and the manifest last), so an interrupted build resumes.
+    """
     t0, load0 = (time.perf_counter(), time.process_time()), _loadavg()
+    if entry.is_family and not force:
+        _build_family(entry, root, key, progress, t0, load0)
+        return
+    with atomic_dir(root) as tmp:
+        _build_into(entry, tmp, key, progress, t0, load0)
+        follow_umask(tmp)  # save_pretrained writes its weights 0600, whatever the umask
+
+
+def _build_into(entry: ZooEntry, out: Path, key: str, progress: bool, t0, load0) -> None:
+    """Build an entry, its manifest last, into the folder ``out`` (the caller swaps it in)."""
     if entry.source is not None:
-        with atomic_dir(root) as tmp:
-            builder = _build_gguf if entry.source.gguf else _build_hf_copy
-            if progress:
-                print(f"preparing embedded:{entry.name} (once; {entry.expected_cost}) ...", flush=True)
-            metrics = builder(entry.source, tmp, progress)
-            _write_manifest(tmp, entry, key, t0, load0, metrics)
-        return
-    if not entry.is_family:
-        with atomic_dir(root) as tmp:
-            metrics = _train_one(entry.kind, entry.specs(), tmp, progress, entry.name)
-            _write_manifest(tmp, entry, key, t0, load0, metrics, spec=entry.specs().to_dict())
-        return
-    _build_family(entry, root, key, progress, t0, load0)
+        builder = _build_gguf if entry.source.gguf else _build_hf_copy
+        if progress:
+            print(f"preparing embedded:{entry.name} (once; {entry.expected_cost}) ...", flush=True)
+        metrics = builder(entry.source, out, progress)
+        _write_manifest(out, entry, key, t0, load0, metrics)
+    elif entry.is_family:
+        _build_family(entry, out, key, progress, t0, load0)
+    else:
+        metrics = _train_one(entry.kind, entry.specs(), out, progress, entry.name)
+        _write_manifest(out, entry, key, t0, load0, metrics, spec=entry.specs().to_dict())
 
 
 def _build_family(entry: ZooEntry, root: Path, key: str, progress: bool, t0, load0) -> None:
-    """Each member is written atomically (so an interrupted build resumes), the family table and
-    the manifest last."""
+    """Each member is written atomically into ``root`` (so an interrupted build resumes), the
+    family table and the manifest last."""
     from tqdm.auto import tqdm
 
     specs = entry.specs()
     rows = []
     for run, spec in tqdm(specs.items(), desc=entry.name, disable=not progress):
-        mdir = _train_member(entry.name, run, progress)
+        mdir = _train_member(entry.name, run, progress, root=root)
         m = json.loads((mdir / "member.json").read_text())["metrics"]
         rows.append({"run": run, **m, "batch_size": spec.batch_size})
     table = pd.DataFrame(rows)
@@ -124,15 +138,16 @@ def _build_family(entry: ZooEntry, root: Path, key: str, progress: bool, t0, loa
     _write_manifest(root, entry, key, t0, load0, metrics, members=list(specs))
 
 
-def _train_member(family: str, run: str, progress: bool = False) -> Path:
-    """Train one family member into ``<family>/<key>/<run>`` unless it is there (atomic, locked).
+def _train_member(family: str, run: str, progress: bool = False, *, root: Path | None = None) -> Path:
+    """Train one family member into ``<family>/<key>/<run>`` (or ``<root>/<run>``: a rebuild
+    beside the family) unless it is there (atomic, locked).
 
     Members are independent, so :func:`prepare_many` trains them in parallel processes; the
     family's table and manifest are written afterwards by :func:`prepare`.
     """
     entry = REGISTRY[family]
     spec = entry.specs()[run]
-    mdir = entry_dir(entry, run)
+    mdir = entry_dir(entry, run) if root is None else root / run
     with _lock(f"{family}/.members/{run}"):
         for stale in mdir.parent.glob(f".{run}.*.tmp"):  # a killed build of this member
             shutil.rmtree(stale, ignore_errors=True)
@@ -142,6 +157,7 @@ def _train_member(family: str, run: str, progress: bool = False) -> Path:
                 (tmp / "member.json").write_text(
                     json.dumps({"run": run, "spec": spec.to_dict(), "metrics": m}, indent=2)
                 )
+                follow_umask(tmp)  # save_pretrained writes its weights 0600, whatever the umask
     return mdir
 
 
@@ -150,8 +166,12 @@ def _remove_stale_builds(entry: ZooEntry, root: Path, key: str) -> None:
 
     Members' leftovers are cleaned under their own locks (:func:`_train_member`).
     """
+    old = root.parent / f".{key}.old"  # a swap (files.atomic_dir) killed between its two renames
+    if old.is_dir() and not root.exists() and (old / "manifest.json").exists():
+        os.replace(old, root)  # the old build, whole: back in place
     members = entry.members()
     for stale in [
+        old,
         *root.parent.glob(f".{key}.*.tmp"),
         *(t for t in root.glob(".*.tmp") if not any(t.name.startswith(f".{m}.") for m in members)),
     ]:
@@ -164,7 +184,10 @@ def _remove_stale_builds(entry: ZooEntry, root: Path, key: str) -> None:
 def prepare(
     name: str, *, force: bool = False, progress: bool = True, accept_terms: bool | None = None
 ) -> Path:
-    """Build an entry if it is not in the cache yet (or ``force``), and return its directory."""
+    """Build an entry if it is not in the cache yet (or ``force``), and return its directory.
+
+    ``force`` rebuilds beside the old build, which stays usable until the new one is complete.
+    """
     entry, member = _split(name)
     _check_opt_in(entry, accept_terms)
     root = entry_dir(entry)
@@ -173,10 +196,8 @@ def prepare(
         return root / member if member else root  # built: reading needs no lock (a read-only cache)
     with _lock(entry.name):
         _remove_stale_builds(entry, root, key)
-        if force and root.exists():
-            shutil.rmtree(root)
-        if not (root / "manifest.json").exists():
-            _build(entry, root, key, progress)
+        if force or not (root / "manifest.json").exists():
+            _build(entry, root, key, progress, force=force)
     return root / member if member else root
 
 
