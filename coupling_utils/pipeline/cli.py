@@ -52,25 +52,46 @@ def _cmd_list(args) -> int:
     return 0
 
 
+def path_option(text: str) -> Path:
+    """An argparse ``type``: a path, relative to the current folder; an empty one is refused."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("the path is empty: give a path, or leave the option out")
+    return Path(text)
+
+
+def check_target(path: Path, option: str, kind: str, example: str = "") -> Path:
+    """Refuse (bad input) an output ``path`` that cannot become a ``kind`` ("folder" or "file")."""
+    if kind == "folder" and path.exists() and not path.is_dir():
+        raise ParameterError(f"{option} {path} is a file, not a folder: give a folder (created if missing)")
+    if kind == "file" and path.is_dir():
+        raise ParameterError(f"{option} {path} is a folder: give the file to write, e.g. {path / example}")
+    above = next((p for p in path.parents if p.exists()), None)
+    if above is not None and not above.is_dir():
+        raise ParameterError(
+            f"{option} {path}: {above} is a file, so nothing can be made in it; give another path"
+        )
+    return path
+
+
 def _cmd_run(args) -> int:
     from coupling_utils.pipeline.execution import parse_overrides, run_notebooks
 
     try:
         overrides = parse_overrides(args.param)
-        results = run_notebooks(
-            args.notebooks,
-            args.profile,
-            overrides,
-            Path(args.output_dir) if args.output_dir else None,
-            jobs=args.jobs,
-        )
+        out = check_target(args.output_dir, "--output-dir", "folder") if args.output_dir else None
+        results = run_notebooks(args.notebooks, args.profile, overrides, out, jobs=args.jobs)
     except ParameterError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     failed = [r for r in results if r.status != "ok"]
     print(f"{len(results) - len(failed)} ok, {len(failed)} failed")
-    if failed and not any(r.ran for r in failed):
-        return 2  # only refused parameters: bad input
+    if failed and all(r.bad_input for r in failed):
+        print(
+            "error: the failures above are bad input (a parameter out of range for its model, or a "
+            "model that is not there): fix the -p overrides or the --profile and rerun",
+            file=sys.stderr,
+        )
+        return 2
     return 1 if failed else 0
 
 
@@ -79,8 +100,13 @@ def _cmd_build(args) -> int:
     from coupling_utils.pipeline.execution import repo_root
 
     root = repo_root()
-    executed = Path(args.executed) if args.executed else root / "_build" / "notebooks"
-    out = Path(args.out) if args.out else root / "_build" / "html"
+    executed = args.executed.absolute() if args.executed else root / "_build" / "notebooks"
+    if args.executed and not executed.is_dir():
+        raise ParameterError(
+            f"--executed {executed} is {'a file' if executed.exists() else 'not there'}: give the folder "
+            "of executed notebooks, the --output-dir of `coupling-book run`"
+        )
+    out = check_target(args.out.absolute(), "--out", "folder") if args.out else root / "_build" / "html"
     try:
         index = build_book(
             root=root,
@@ -92,7 +118,11 @@ def _cmd_build(args) -> int:
             printable=args.printable,
         )
     except BookError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        unrun = args.executed and "have not been executed" in str(exc)
+        note = (
+            f"\n(to run them into --executed, give those commands --output-dir {executed})" if unrun else ""
+        )
+        print(f"error: {exc}{note}", file=sys.stderr)
         return 1
     print(f"book written to {index}")
     return 0
@@ -104,9 +134,9 @@ def _cmd_kit(args) -> int:
     from coupling_utils.pipeline.kit import KIT_NAME, build_kit
 
     root = repo_root()
-    out = Path(args.out) if args.out else root / "_build" / f"{KIT_NAME}.zip"
+    out = check_target(args.out, "--out", "file", f"{KIT_NAME}.zip") if args.out else None
     try:
-        path = build_kit(root, out, args.edition)
+        path = build_kit(root, out or root / "_build" / f"{KIT_NAME}.zip", args.edition)
     except BookError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -126,7 +156,19 @@ def _edition_option(p) -> None:
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
+# The commands whose options import torch (they list the engine's choices), with their one-line
+# help: their parsers are built only for their own command line, so that every other command and
+# `--help` start at once. tests/test_cli_errors.py keeps these lines equal to the parsers' own.
+HEAVY = {
+    "k-sensitivity": "measure the K/d sensitivity curve (data/k_sensitivity.csv) and print the chosen K/d",
+    "sweep": "run a notebook's measurements as jobs (SLURM job array or this machine), resumable",
+    "measure": "measure any models (hub ids, local directories, .gguf files) into tidy tables",
+}
+
+
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The parser of every command; given the command line, the heavy commands (:data:`HEAVY`)
+    it does not name are only listed."""
     from coupling_utils.pipeline.execution import add_override_option
 
     parser = argparse.ArgumentParser(prog="coupling-book", description=__doc__.splitlines()[0])
@@ -142,7 +184,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("notebooks", nargs="*", help="notebook names or prefixes (default: all), e.g. f00 f01")
     p.add_argument("--profile", default="default", help="parameter profile: smoke, default, laptop or paper")
     add_override_option(p)
-    p.add_argument("--output-dir", help="where executed notebooks go (default: _build/notebooks)")
+    p.add_argument(
+        "--output-dir", type=path_option, help="where executed notebooks go (default: _build/notebooks)"
+    )
     p.add_argument(
         "-j",
         "--jobs",
@@ -153,9 +197,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=_cmd_run)
 
+    _add_book_commands(sub)
+    from coupling_utils.pipeline import cli_zoo
+
+    cli_zoo.add_zoo_commands(sub)
+    _add_heavy_commands(sub, argv)
+    return parser
+
+
+def _add_book_commands(sub) -> None:
+    """``build`` and ``kit``."""
     p = sub.add_parser("build", help="render the book from executed notebooks (execution off)")
-    p.add_argument("--executed", help="folder of executed notebooks (default: _build/notebooks)")
-    p.add_argument("--out", help="HTML output folder (default: _build/html)")
+    p.add_argument(
+        "--executed", type=path_option, help="folder of executed notebooks (default: _build/notebooks)"
+    )
+    p.add_argument("--out", type=path_option, help="HTML output folder (default: _build/html)")
     p.add_argument(
         "--allow-unexecuted",
         action="store_true",
@@ -176,16 +232,27 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "kit", help="write the lab kit zip: the chapter notebooks, a wheel, the data, a README"
     )
-    p.add_argument("--out", help="the zip to write (default: _build/coupling-lab-kit.zip)")
+    p.add_argument("--out", type=path_option, help="the zip to write (default: _build/coupling-lab-kit.zip)")
     _edition_option(p)
     p.set_defaults(func=_cmd_kit)
 
-    from coupling_utils.pipeline import cli_sweep, cli_zoo, k_sensitivity
 
-    cli_zoo.add_zoo_commands(sub)
-    k_sensitivity.add_k_sensitivity_command(sub)
-    cli_sweep.add_sweep_commands(sub)
-    return parser
+def _add_heavy_commands(sub, argv: list[str] | None) -> None:
+    """The :data:`HEAVY` commands: built when ``argv`` is None or names them, else only listed."""
+    named = next((a for a in argv if not a.startswith("-")), None) if argv is not None else None
+    if argv is None or named == "k-sensitivity":
+        from coupling_utils.pipeline import k_sensitivity
+
+        k_sensitivity.add_k_sensitivity_command(sub)
+    else:
+        sub.add_parser("k-sensitivity", help=HEAVY["k-sensitivity"])
+    if argv is None or named in ("sweep", "measure"):
+        from coupling_utils.pipeline import cli_sweep
+
+        cli_sweep.add_sweep_commands(sub)
+    else:
+        sub.add_parser("sweep", help=HEAVY["sweep"])
+        sub.add_parser("measure", help=HEAVY["measure"])
 
 
 class _StoreOnce(argparse._StoreAction):
@@ -213,6 +280,7 @@ def _known_errors() -> tuple[tuple[type[BaseException], ...], tuple[type[BaseExc
     """(bad input: exit 2, failed run: exit 1): the errors whose message already says the fix."""
     from coupling_utils.models.loading import MissingDependencyError, ModelNotFoundError
     from coupling_utils.models.zoo import ZooError
+    from coupling_utils.pipeline.execution import RootError
     from coupling_utils.pipeline.measure_models import MeasureError
     from coupling_utils.pipeline.pages import BookError
     from coupling_utils.pipeline.status import StatusError
@@ -220,7 +288,7 @@ def _known_errors() -> tuple[tuple[type[BaseException], ...], tuple[type[BaseExc
     from coupling_utils.schemas import TableError
 
     bad = (ParameterError, MeasureError, SweepError, ZooError, ModelNotFoundError, MissingDependencyError)
-    return bad + (StatusError, TableError), (BookError,)
+    return bad + (StatusError, TableError, RootError), (BookError,)
 
 
 def _log_traceback(exc: BaseException) -> Path | None:
@@ -239,6 +307,8 @@ def _log_traceback(exc: BaseException) -> Path | None:
 
 def _explain(exc: Exception) -> tuple[int, str]:
     """The exit status and the one paragraph a user sees for an error that reached the top."""
+    if isinstance(exc, ParameterError):  # the common case, without the imports of the others
+        return 2, f"error: {exc}"
     bad, failed = _known_errors()
     if isinstance(exc, bad):
         return 2, f"error: {exc}"
@@ -263,10 +333,11 @@ def main(argv: list[str] | None = None) -> int:
     """Run one command; errors become messages and exit statuses (see the module doc)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv or os.environ.get("COUPLING_DEBUG", "") not in ("", "0")
-    parser = build_parser()
-    _options_once(parser)
-    try:
-        args = parser.parse_args([a for a in argv if a != "--debug"])  # --help can meet a closed pipe
+    try:  # Ctrl-C while the parser's imports load is an interrupt like any other
+        argv = [a for a in argv if a != "--debug"]
+        parser = build_parser(argv)
+        _options_once(parser)
+        args = parser.parse_args(argv)  # --help can meet a closed pipe
         status = int(args.func(args) or 0)
         sys.stdout.flush()  # here, so that a closed pipe is seen below and not at exit
         return status

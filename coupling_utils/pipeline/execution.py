@@ -15,6 +15,7 @@ import os
 import re
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -31,6 +32,7 @@ from coupling_utils.pipeline.params import check_overrides, notebook_parameters
 from coupling_utils.provenance import code_fingerprint
 
 __all__ = [
+    "RootError",
     "repo_root",
     "notebook_paths",
     "find_notebooks",
@@ -71,15 +73,32 @@ def _kernel_env(extra: Mapping[str, str] | None = None) -> Iterator[None]:
                 os.environ[key] = value
 
 
+class RootError(ValueError):
+    """``COUPLING_BOOK_ROOT`` (or the install) names no clone of the book: a configuration error."""
+
+
 def repo_root() -> Path:
-    """The project checkout this package was installed from (editable install)."""
-    root = Path(os.environ.get("COUPLING_BOOK_ROOT", Path(__file__).resolve().parents[2]))
-    if not (root / "notebooks").is_dir():
-        raise FileNotFoundError(
-            f"no notebooks/ folder under {root}; install the package from a clone with `pip install -e .` "
-            "or set COUPLING_BOOK_ROOT to the clone"
+    """The project checkout this package was installed from (editable install), or
+    ``$COUPLING_BOOK_ROOT`` when it is set (an empty value counts as unset)."""
+    installed = Path(__file__).resolve().parents[2]
+    given = os.environ.get("COUPLING_BOOK_ROOT", "")
+    root = Path(given) if given else installed
+    if (root / "notebooks").is_dir():
+        return root
+    if given:
+        fallback = (
+            f"or unset it to use {installed}"
+            if (installed / "notebooks").is_dir()
+            else "or unset it and install the package from a clone with `pip install -e .`"
         )
-    return root
+        raise RootError(
+            f"COUPLING_BOOK_ROOT={given!r} has no notebooks/ folder: set COUPLING_BOOK_ROOT to a clone "
+            f"of the coupling book (the folder holding notebooks/ and _toc.yml), {fallback}"
+        )
+    raise RootError(
+        f"no notebooks/ folder under {root}, where this package is installed from: install it from a "
+        "clone with `pip install -e .`, or set COUPLING_BOOK_ROOT to the clone"
+    )
 
 
 def notebook_paths(root: Path | None = None) -> list[Path]:
@@ -180,18 +199,86 @@ class RunResult:
     @property
     def ran(self) -> bool:
         """Whether the notebook was executed (False: its parameters were refused first)."""
-        return not self.error.startswith("ParameterError:")
+        return bool(self.output)
+
+    @property
+    def bad_input(self) -> bool:
+        """Whether it failed on bad input: refused parameters, or a run stopped only by a parameter
+        out of range for its model or a model that is not there (:func:`bad_input_error`)."""
+        return self.status != "ok" and (not self.ran or bad_input_error(self.error))
 
     def line(self) -> str:
         tail = f"  {self.error}" if self.error else ""
-        return f"{self.notebook:<28} {self.status:<7} {self.seconds:7.1f}s{tail}"
+        return f"{self.notebook:<28} {self.status:<7} {self.seconds:7.1f}s{tail}".replace("\n", "\n    ")
 
 
-def _cell_error(exc: Exception) -> str:
-    """The failing cell's exception as one line ``Name: message``."""
+# Errors that mean the input was wrong (exit 2); a notebook's NotMeasured lists its failed jobs as
+# "missing <job>: <Error>: <message>" lines (measurement.loop.Collected.report).
+BAD_INPUT_ERRORS = frozenset({"ParameterError", "ModelNotFoundError", "MissingDependencyError"})
+ERROR_LINES = 12  # of a failed cell's error shown and recorded; the notebook has the rest
+_MISSING = re.compile(r"missing .*?: ([A-Za-z_]\w*): ")
+
+
+def bad_input_error(error: str) -> bool:
+    """Whether a failed run's error (:func:`_cell_error`) is bad input and nothing else."""
+    name, _, rest = error.partition(":")
+    if name in BAD_INPUT_ERRORS:
+        return True
+    lines = rest.splitlines()[1:]
+    causes = [m[1] if m else "" for m in (_MISSING.match(x) for x in lines if x.startswith("missing "))]
+    causes += [n for x in lines if x.startswith("... and ") for n in re.findall(r"(\w+) ×\d+", x)]
+    return name == "NotMeasured" and bool(causes) and all(c in BAD_INPUT_ERRORS for c in causes)
+
+
+def _root_cause(exc: BaseException) -> str:
+    """``Name: message`` of the exception at the root of an explicit chain (``raise ... from``);
+    "" when there is none. A kernel's error carries its chain only in its traceback's text."""
+    if getattr(exc, "traceback", None) and hasattr(exc, "ename"):
+        parts = [re.sub(r"\x1b\[[0-9;]*m", "", str(t)).strip() for t in exc.traceback]
+        marks = [i for i, t in enumerate(parts) if t.startswith(("The above exception", "During handling"))]
+        if marks and marks[0] > 0 and "direct cause" in parts[marks[0]]:
+            return parts[marks[0] - 1].splitlines()[-1] if parts[marks[0] - 1] else ""
+        return ""
+    root = exc
+    while root.__cause__ is not None:
+        root = root.__cause__
+    return "" if root is exc else f"{type(root).__name__}: {root}"
+
+
+def _cell_error(exc: BaseException, where: Path | str = "") -> str:
+    """The failing cell's exception ``Name: message``, with the root cause of a chain on the next
+    line; past :data:`ERROR_LINES` lines, a pointer to ``where`` (the failed notebook) instead."""
     ename = getattr(exc, "ename", type(exc).__name__)
     evalue = getattr(exc, "evalue", str(exc))
-    return f"{ename}: {evalue}".strip().splitlines()[0] if evalue else ename
+    lines = (f"{ename}: {evalue}".strip() if evalue else ename).splitlines()
+    cause = _root_cause(exc)
+    if cause and cause not in "\n".join(lines):
+        lines.insert(1, f"(caused by {cause})")
+    if len(lines) > ERROR_LINES:  # the rest as a count of the failed jobs' errors
+        rest = Counter(m[1] for m in map(_MISSING.match, lines[ERROR_LINES - 1 :]) if m)
+        names = f" ({', '.join(f'{n} ×{c}' for n, c in rest.items())})" if rest else ""
+        more = f"... and {len(lines) - ERROR_LINES + 1} more lines{names}" + (
+            f", in {where}" if where else ""
+        )
+        lines = lines[: ERROR_LINES - 1] + [more]
+    return "\n".join(lines)
+
+
+def _refused(notebook: Path, start: float, exc: ParameterError) -> RunResult:
+    """The result of a notebook whose parameters were refused (nothing ran, no output)."""
+    return RunResult(notebook.stem, "failed", time.perf_counter() - start, "", f"ParameterError: {exc}")
+
+
+def _checked_values(notebook: Path, profile: str, overrides: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The profile's values and the overrides, checked by name, type and (for a chapter) value;
+    raises :class:`ParameterError`."""
+    declared = notebook_parameters(notebook)
+    values = check_overrides(
+        declared, {**profile_values(notebook, profile), **(overrides or {})}, where=notebook.stem
+    )
+    if notebook.stem in CHAPTERS:  # the chapter's own value checks, before a kernel starts
+        check_parameters(notebook.stem, {**{n: p.default for n, p in declared.items()}, **values})
+    return values
 
 
 def run_notebook(
@@ -211,18 +298,10 @@ def run_notebook(
     out = output_dir / f"{notebook.stem}.ipynb"
     failed = output_dir / f"{notebook.stem}.failed.ipynb"
     start = time.perf_counter()
-    values: dict[str, Any] = {}
     try:
-        declared = notebook_parameters(notebook)
-        values = check_overrides(
-            declared, {**profile_values(notebook, profile), **(overrides or {})}, where=notebook.stem
-        )
-        if notebook.stem in CHAPTERS:  # the chapter's own value checks, before a kernel starts
-            check_parameters(notebook.stem, {**{n: p.default for n, p in declared.items()}, **values})
+        values = _checked_values(notebook, profile, overrides)
     except ParameterError as exc:
-        return RunResult(
-            notebook.stem, "failed", time.perf_counter() - start, "", f"ParameterError: {exc}", values
-        )
+        return _refused(notebook, start, exc)
     source = output_dir / f".{notebook.stem}.source.ipynb"
     jupytext.write(jupytext.read(notebook), source)
     running = output_dir / f".{notebook.stem}.running.ipynb"
@@ -233,7 +312,7 @@ def run_notebook(
         os.replace(running, out)
         failed.unlink(missing_ok=True)
     except Exception as exc:  # papermill.PapermillExecutionError and kernel failures
-        error = _cell_error(exc)
+        error = _cell_error(exc, failed if running.exists() else "")
         if running.exists():
             os.replace(running, failed)
     except BaseException:  # Ctrl-C: no half-run notebook left behind, hidden or not
@@ -324,6 +403,29 @@ def _planned_values(notebook: Path, profile: str, overrides: Mapping[str, Any] |
     return {**{name: p.default for name, p in declared.items()}, **values}
 
 
+def _check_all(notebooks: list[Path], profile: str, overrides, echo) -> dict[Path, dict[str, Any]]:
+    """Every notebook's values (defaults filled in), checked before any runs; each refusal is
+    echoed as its result line, and then none runs (:class:`ParameterError`)."""
+    if notebooks and profile not in (available := profiles(notebooks[0].parent.parent)):
+        raise ParameterError(f"unknown profile {profile!r}; available: {', '.join(available)}")
+    planned, refused = {}, []
+    for nb in notebooks:
+        start = time.perf_counter()
+        try:
+            _checked_values(nb, profile, overrides)
+            planned[nb] = _planned_values(nb, profile, overrides)
+        except ParameterError as exc:
+            refused.append(_refused(nb, start, exc))
+            echo(refused[-1].line())
+    if refused:
+        which = f"{len(refused)} of {len(notebooks)} notebooks" if len(notebooks) > 1 else "the notebook"
+        raise ParameterError(
+            f"nothing was run: {which} refused the parameters (above); fix the -p overrides or the "
+            "--profile and rerun"
+        )
+    return planned
+
+
 def run_notebooks(
     names: Iterable[str],
     profile: str,
@@ -333,7 +435,8 @@ def run_notebooks(
     jobs: int = 1,
     echo=print,
 ) -> list[RunResult]:
-    """Run several notebooks; a failure is reported and the others still run.
+    """Run several notebooks; a failure is reported and the others still run. Every notebook's
+    parameters are checked first: if any is refused, none runs (:class:`ParameterError`).
 
     With ``jobs > 1`` the embedded models the notebooks name are built first, ``jobs`` at a time
     (:func:`coupling_utils.models.zoo.prepare_many`), then up to ``jobs`` notebooks run at once (longest
@@ -345,13 +448,10 @@ def run_notebooks(
     output_dir = Path(output_dir or repo_root() / "_build" / "notebooks")
     output_dir.mkdir(parents=True, exist_ok=True)
     manifest = output_dir / "runs.json"
-    previous = read_json(manifest, "record of notebook runs") or {}
+    previous = read_json(manifest, "record of notebook runs") or {}  # a corrupt one is set aside
+    planned = _check_all(notebooks, profile, overrides, echo)
     if jobs > 1:  # one at a time, each notebook builds what it needs on first use
-        models: list[str] = []
-        for nb in notebooks:
-            # a bad parameter: run_notebook reports it for this notebook, before any work
-            with contextlib.suppress(ParameterError):
-                models += embedded_models(_planned_values(nb, profile, overrides))
+        models = [m for values in planned.values() for m in embedded_models(values)]
         if models:
             from coupling_utils.models import zoo
 
@@ -365,7 +465,7 @@ def run_notebooks(
     def one(nb: Path) -> RunResult:
         result = run_notebook(nb, profile, overrides, output_dir)
         echo(result.line())
-        if not result.ran:  # bad parameters: nothing ran, and a good run's record stays as it is
+        if not result.ran:  # refused (a profile file changed since the check): no record
             return result
         with lock:  # each notebook is recorded when it ends, with its own finish time
             runs = read_json(manifest, "record of notebook runs") or {}

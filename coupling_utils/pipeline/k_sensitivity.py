@@ -160,28 +160,60 @@ def _schema():
     return SCHEMAS["k_sensitivity.csv"]
 
 
+MNIST_TEST = 10_000  # digits in the test split of the pinned MNIST file (models.vit_training)
+
+
 def add_k_sensitivity_command(subparsers) -> argparse.ArgumentParser:
     """Add ``k-sensitivity`` (measure the curve, write the CSV, print the chosen K/d)."""
+    from coupling_utils.pipeline.cli import path_option
+
     p = subparsers.add_parser(
         "k-sensitivity",
         help="measure the K/d sensitivity curve (data/k_sensitivity.csv) and print the chosen K/d",
     )
-    p.add_argument("--out", help="the CSV to write (default: data/k_sensitivity.csv of the book)")
     p.add_argument(
-        "--n-prompts", type=int, default=SensitivitySettings.n_prompts, help="prompts of the prompt set"
+        "--out", type=path_option, help="the CSV to write (default: data/k_sensitivity.csv of the book)"
     )
     p.add_argument(
-        "--n-images", type=int, default=SensitivitySettings.n_images, help="test digits for the ViT"
+        "--n-prompts",
+        type=int,
+        default=SensitivitySettings.n_prompts,
+        help="prompts of the prompt set (0: only the demo prompt)",
+    )
+    p.add_argument(
+        "--n-images",
+        type=int,
+        default=SensitivitySettings.n_images,
+        help=f"test digits for the ViT (1 to {MNIST_TEST})",
     )
     p.set_defaults(func=run_k_sensitivity)
     return p
 
 
+def _checked_options(args) -> Path:
+    """Refuse bad options before any model is measured; the CSV to write."""
+    from coupling_utils.chapters.checks import ParameterError
+    from coupling_utils.pipeline.cli import check_target
+
+    default = SensitivitySettings
+    if args.n_prompts < 0:
+        raise ParameterError(
+            f"--n-prompts {args.n_prompts} is negative: give 0 or more (default {default.n_prompts})"
+        )
+    if not 1 <= args.n_images <= MNIST_TEST:
+        raise ParameterError(
+            f"--n-images {args.n_images} is out of range: give 1 to {MNIST_TEST} (default {default.n_images})"
+        )
+    if args.out is None:
+        return data_dir() / "k_sensitivity.csv"
+    return check_target(args.out, "--out", "file", "k_sensitivity.csv")
+
+
 def run_k_sensitivity(args) -> int:
     """Run ``k-sensitivity``; returns the exit status."""
+    out = _checked_options(args)
     s = SensitivitySettings(n_prompts=args.n_prompts, n_images=args.n_images)
     rows = measure_sensitivity(s)
-    out = Path(args.out) if args.out else data_dir() / "k_sensitivity.csv"
     atomic_write_text(out, rows.to_csv(index=False))
     try:
         decision = k_policy.decide(k_policy.curve(rows))

@@ -1,0 +1,228 @@
+"""``coupling-book`` on bad input and interruptions: a clear error naming the input, the problem and
+the fix (exit 2), a failed run's cause shown (exit 1, or 2 when the cause is bad input), Ctrl-C at
+any moment (exit 130), and no work started before the input is checked. No kernel starts here:
+the notebook runs are stand-ins (``execution._papermill``)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from coupling_utils.pipeline import cli, execution
+from coupling_utils.pipeline.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+NOT_THERE = (
+    "model 'nosuchorg/nosuchmodel' is not a local path and is not in the Hugging Face cache; offline "
+    "mode is on (HF_HUB_OFFLINE=1). To get it: run `hf download nosuchorg/nosuchmodel`"
+)
+
+
+class CellError(Exception):
+    """What papermill raises for a failing cell: the kernel's ename, evalue and traceback text."""
+
+    def __init__(self, ename: str, evalue: str, traceback: list[str] | None = None):
+        super().__init__(evalue)
+        self.ename, self.evalue, self.traceback = ename, evalue, traceback or []
+
+
+def _failing(exc: Exception, calls: list | None = None):
+    def papermill(source, running, values, kernel, root):
+        if calls is not None:
+            calls.append(source)
+        running.write_text("{}")
+        raise exc
+
+    return papermill
+
+
+@pytest.mark.parametrize(
+    "cause, status",
+    [
+        (f"ModelNotFoundError: {NOT_THERE}", 2),
+        ("ParameterError: parameter 'layer' must be <= 0, got 1000", 2),
+        ("RuntimeError: CUDA out of memory", 1),
+    ],
+)
+def test_a_failed_notebook_shows_its_cause(cause, status, tmp_path, monkeypatch, capsys):
+    evalue = f"f00_coupling_metric needs the job of its plan:\nmissing model=some/model: {cause}"
+    monkeypatch.setattr(execution, "_papermill", _failing(CellError("NotMeasured", evalue)))
+    assert main(["run", "f00", "--profile", "smoke", "--output-dir", str(tmp_path)]) == status
+    out, err = capsys.readouterr()
+    assert cause in out, out
+    assert ("bad input" in err) == (status == 2), err
+    record = json.loads((tmp_path / "runs.json").read_text())["f00_coupling_metric"]
+    assert cause in record["error"] and record["status"] == "failed"
+    assert (tmp_path / "f00_coupling_metric.failed.ipynb").exists()
+
+
+def test_a_long_error_is_cut_and_a_chained_one_names_its_root_cause():
+    many = "\n".join(f"missing model=m{i}: ModelNotFoundError: not there" for i in range(40))
+    text = execution._cell_error(CellError("NotMeasured", f"needs its plan:\n{many}"), "o/x.failed.ipynb")
+    lines = text.splitlines()
+    assert len(lines) == execution.ERROR_LINES and "m0: ModelNotFoundError" in lines[1]
+    assert lines[-1] == "... and 30 more lines (ModelNotFoundError ×30), in o/x.failed.ipynb"
+    assert execution.bad_input_error(text)
+    other = many + "\nmissing model=m40: RuntimeError: CUDA out of memory"
+    text = execution._cell_error(CellError("NotMeasured", f"needs its plan:\n{other}"))
+    assert text.endswith("(ModelNotFoundError ×30, RuntimeError ×1)") and not execution.bad_input_error(text)
+    chained = CellError(
+        "RuntimeError",
+        "loading failed",
+        [
+            "\x1b[0;31mOSError\x1b[0m: disk quota exceeded",
+            "\nThe above exception was the direct cause of the following exception:\n",
+            "RuntimeError: loading failed",
+        ],
+    )
+    assert (
+        execution._cell_error(chained)
+        == "RuntimeError: loading failed\n(caused by OSError: disk quota exceeded)"
+    )
+    try:
+        try:
+            raise KeyError("x")
+        except KeyError as exc:
+            raise ValueError("outer") from exc
+    except ValueError as exc:
+        assert execution._cell_error(exc) == "ValueError: outer\n(caused by KeyError: 'x')"
+
+
+def test_every_notebook_is_checked_before_any_runs(tmp_path, monkeypatch, capsys):
+    calls: list = []
+    monkeypatch.setattr(execution, "_papermill", _failing(AssertionError("ran"), calls))
+    argv = ["run", "f00", "f05", "--profile", "smoke", "-p", "layer=0", "--output-dir", str(tmp_path)]
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    assert calls == [] and not (tmp_path / "runs.json").exists()
+    assert "f05_token_trajectories" in out and "unknown parameter 'layer'" in out
+    assert "nothing was run" in err and "1 of 2 notebooks" in err
+
+
+def test_ctrl_c_while_the_parser_is_built_exits_130(monkeypatch, capsys):
+    def interrupted(argv=None):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "build_parser", interrupted)
+    assert main(["list"]) == 130
+    err = capsys.readouterr().err
+    assert "interrupted" in err and "Traceback" not in err
+
+
+def test_the_light_commands_import_no_torch_and_list_the_heavy_ones_as_they_are():
+    code = (
+        "import sys; from coupling_utils.pipeline.cli import build_parser; build_parser(['list']); "
+        "print(sorted({'torch', 'transformers', 'pandas'} & set(sys.modules)))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.stdout.strip() == "[]", proc.stdout + proc.stderr
+
+    def helps(parser):
+        sub = next(a for a in parser._actions if a.dest == "command")
+        return {a.dest: a.help for a in sub._choices_actions}
+
+    full = helps(cli.build_parser())
+    assert helps(cli.build_parser(["list"])) == full
+    assert {name: full[name] for name in cli.HEAVY} == cli.HEAVY
+
+
+@pytest.fixture
+def no_work(monkeypatch):
+    """Any start of real work (a kit, a book, a notebook, a measurement) fails the test."""
+    from coupling_utils.pipeline import book, k_sensitivity, kit
+
+    def work(*args, **kwargs):
+        raise AssertionError("work started")
+
+    for module, name in (
+        (kit, "build_kit"),
+        (book, "build_book"),
+        (execution, "_papermill"),
+        (k_sensitivity, "measure_sensitivity"),
+    ):
+        monkeypatch.setattr(module, name, work)
+
+
+@pytest.mark.parametrize(
+    "argv, option",
+    [
+        (["run", "f00", "--output-dir", ""], "--output-dir"),
+        (["build", "--out", ""], "--out"),
+        (["build", "--executed", ""], "--executed"),
+        (["kit", "--out", ""], "--out"),
+        (["k-sensitivity", "--out", ""], "--out"),
+    ],
+)
+def test_an_empty_path_is_refused_naming_the_option(argv, option, no_work, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("COUPLING_BOOK_ROOT", str(tmp_path))  # nothing to fall back on
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and f"argument {option}: the path is empty" in err, err
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["kit", "--out", "{dir}"], "--out {dir} is a folder: give the file to write, e.g. {dir}/"),
+        (["k-sensitivity", "--out", "{dir}"], "--out {dir} is a folder: give the file to write"),
+        (["run", "f00", "--profile", "smoke", "--output-dir", "{file}"], "--output-dir {file} is a file"),
+        (["run", "f00", "--profile", "smoke", "--output-dir", "{file}/x"], "{file} is a file, so nothing"),
+        (["build", "--executed", "{dir}", "--out", "{file}"], "--out {file} is a file, not a folder"),
+        (["build", "--executed", "{dir}/none"], "--executed {dir}/none is not there: give the folder"),
+        (["build", "--executed", "{file}"], "--executed {file} is a file: give the folder"),
+    ],
+)
+def test_an_output_path_of_the_wrong_kind_is_refused_before_any_work(
+    argv, message, no_work, tmp_path, capsys
+):
+    (tmp_path / "file").write_text("")
+    paths = {"dir": str(tmp_path), "file": str(tmp_path / "file")}
+    assert main([a.format(**paths) for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert message.format(**paths) in err, err
+
+
+def test_a_book_root_without_notebooks_is_a_configuration_error(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("COUPLING_BOOK_ROOT", str(tmp_path))
+    assert main(["list"]) == 2
+    err = capsys.readouterr().err
+    assert f"COUPLING_BOOK_ROOT='{tmp_path}' has no notebooks/ folder" in err and "unset it" in err
+    assert "bug" not in err
+
+
+def test_build_reads_relative_paths_from_the_current_folder(tmp_path, monkeypatch, capsys):
+    from coupling_utils.pipeline import book
+
+    seen = {}
+
+    def build_book(**kwargs):
+        seen.update(kwargs)
+        return kwargs["out"] / "index.html"
+
+    monkeypatch.setattr(book, "build_book", build_book)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()
+    assert main(["build", "--executed", "runs", "--out", "html"]) == 0
+    assert seen["executed"] == tmp_path / "runs" and seen["out"] == tmp_path / "html"
+    assert seen["root"] == execution.repo_root()
+
+    def unexecuted(**kwargs):
+        raise book.BookError("these notebooks are in _toc.yml but have not been executed:\n  - f00")
+
+    monkeypatch.setattr(book, "build_book", unexecuted)
+    assert main(["build", "--executed", "runs"]) == 1
+    assert f"--output-dir {tmp_path / 'runs'}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "option, message",
+    [(["--n-prompts", "-1"], "--n-prompts -1 is negative"), (["--n-images", "0"], "--n-images 0")],
+)
+def test_k_sensitivity_checks_its_options_before_measuring(option, message, no_work, capsys):
+    assert main(["k-sensitivity", *option]) == 2
+    assert message in capsys.readouterr().err
