@@ -94,12 +94,12 @@ def test_curve_shape_judges_the_whole_curve():
     steps = [0, 1, 2, 4, 8, 16, 32, 64]
     rising = pd.DataFrame({"step": steps, "coupling": np.linspace(0.1, 0.3, 8)})
     s = vt.curve_shape(rising)
-    assert s["spearman"] == pytest.approx(1) and s["max_drop"] == 0 and s["peak_position"] == 1
+    assert s["spearman"] == pytest.approx(1) and s["max_drop"] == 0 and s["peak_fraction"] == 1
     assert s["ratio"] == pytest.approx(3) and s["rise"] == pytest.approx(1)
     assert s["init"] == pytest.approx(0.1) and s["n_checkpoints"] == 8
     transient = pd.DataFrame({"step": steps, "coupling": [0.1, 0.2, 0.3, 0.25, 0.2, 0.15, 0.12, 0.11]})
     t = vt.curve_shape(transient)
-    assert t["peak_step"] == 2 and t["peak_position"] == pytest.approx(2 / 64)
+    assert t["peak_step"] == 2 and t["peak_fraction"] == pytest.approx(2 / 64)
     assert t["ratio"] > 1 and t["rise"] == pytest.approx(0.01 / 0.2)
     assert t["spearman"] < 0 and t["max_drop"] == pytest.approx(0.05 / 0.2)
     with pytest.raises(ValueError, match="no checkpoints"):

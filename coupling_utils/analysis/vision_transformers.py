@@ -420,7 +420,8 @@ def curve_shape(curve: pd.DataFrame, value: str = "coupling", *, step: str = "st
     (rank correlation with the step over every checkpoint), ``rises`` (fraction of consecutive
     checkpoints that go up), ``max_drop`` (largest fall between consecutive checkpoints, as a
     fraction of the curve's range: 0 for a monotone rise), ``peak`` and ``peak_step``, and
-    ``peak_position`` = peak_step / final step (1: the peak is at the end), ``n_checkpoints``.
+    ``peak_fraction`` = peak_step / final step (1: the peak is at the end; on a linear step axis,
+    unlike emergence's ``peak_position`` on the log-step axis), ``n_checkpoints``.
     """
     from coupling_utils.analysis.emergence import growth_summary
 
@@ -441,7 +442,7 @@ def curve_shape(curve: pd.DataFrame, value: str = "coupling", *, step: str = "st
         "max_drop": float(g["max_drop"]),
         "peak": float(means.max()),
         "peak_step": peak_step,
-        "peak_position": peak_step / float(g["final_step"]) if g["final_step"] else float("nan"),
+        "peak_fraction": peak_step / float(g["final_step"]) if g["final_step"] else float("nan"),
         "n_checkpoints": int(g["n_checkpoints"]),
     }
 
@@ -450,7 +451,7 @@ def describe_curve(shape: dict[str, float]) -> str:
     """Words for a coupling curve's shape (:func:`curve_shape`), chosen from its descriptors, to
     complete "over training the coupling ...": where it ends against its start, where its peak is."""
     init, final, peak = shape["init"], shape["final"], shape["peak"]
-    at_end = shape["peak_position"] >= 0.9
+    at_end = shape["peak_fraction"] >= 0.9
     drop = shape["max_drop"]
     dip = f", with a fall of {drop:.0%} of its range along the way" if drop > 0.3 else ""
     if final > init:

@@ -169,8 +169,8 @@ def mean_sentence(p, r) -> str:
         "less steadily" if mean["spearman"] < cls["spearman"] else "as steadily"
     )  # fmt: skip
     later = (
-        "later" if mean["peak_position"] > cls["peak_position"] else
-        "earlier" if mean["peak_position"] < cls["peak_position"] else "at the same place"
+        "later" if mean["peak_fraction"] > cls["peak_fraction"] else
+        "earlier" if mean["peak_fraction"] < cls["peak_fraction"] else "at the same place"
     )  # fmt: skip
     which = "the CLS token's" if ref == "cls" else f"{r.token_words}'s"
     n_curve, n_run = min(p.n_images, CURVE_IMAGES), p.n_images
@@ -179,8 +179,8 @@ def mean_sentence(p, r) -> str:
     )
     return (
         f"Measured here over the same checkpoints ({digits}), the curve averaged over every token has ρ = "
-        f"{mean['spearman']:.2f} with the step and its peak at position {mean['peak_position']:.2f}, "
-        f"against {which} ρ = {cls['spearman']:.2f} and {cls['peak_position']:.2f}: it rises {steadier} "
+        f"{mean['spearman']:.2f} with the step and its peak at {mean['peak_fraction']:.2f} of training, "
+        f"against {which} ρ = {cls['spearman']:.2f} and {cls['peak_fraction']:.2f}: it rises {steadier} "
         f"(by ρ) and peaks {later}; its largest fall is {mean['max_drop']:.2f} of its range "
         f"(against {cls['max_drop']:.2f})."
     )

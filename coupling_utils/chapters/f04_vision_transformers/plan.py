@@ -73,7 +73,7 @@ class Params(ChapterParams):
 # curve's range) and where the peak is (its step / the last step); each with its interval over the
 # test images
 EMERGES = Rule(
-    yes="spearman >= 0.7 and rise >= 0.5 and max_drop <= 0.3 and peak_position >= 0.5",
+    yes="spearman >= 0.7 and rise >= 0.5 and max_drop <= 0.3 and peak_fraction >= 0.5",
     partly="spearman >= 0.3 and rise > 0",
 )
 # trained minus its independently seeded twin, paired over images (mean and 95% interval), set

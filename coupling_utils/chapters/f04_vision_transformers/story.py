@@ -112,7 +112,7 @@ def glue_values(p: Params, r: Results) -> dict[str, Any]:
         "f04_n_tokens": 1 + int(np.prod(r.facts["grid"])),
     }
     values |= {f"f04_{key}": shape[key] for key in ("init", "final", "rise", "spearman", "max_drop", "peak",
-                                                      "peak_position")}  # fmt: skip
+                                                      "peak_fraction")}  # fmt: skip
     values |= {
         "f04_peak_step": shape["peak_step"],
         "f04_final_step": int(r.curve.step.max()),
