@@ -98,3 +98,77 @@ def test_bad_arguments_are_named(tmp_path, capsys):
     assert "named twice" in capsys.readouterr().err
     assert main(["measure", "a/b", "--k", "0", "--out", str(tmp_path)]) == 2
     assert "bad measurement settings" in capsys.readouterr().err
+
+
+def test_a_dry_run_loads_measures_and_writes_nothing(standin_hub, tmp_path, counted, capsys):
+    """--dry-run shows the models, revisions, settings, the output folder and (SLURM) the batch
+    script; it loads no model, measures nothing, submits nothing and creates no folder."""
+    out = tmp_path / "out"
+    args = [HUB, "--k", "2", "--n-prompts", "0", "--revision", "step1", "--out", str(out), "--dry-run"]
+    assert main(["measure", *args]) == 0
+    text = capsys.readouterr().out
+    assert "dry run" in text and f"would measure  model={HUB}, revision=step1" in text, text
+    assert "k=[2]" in text and str(out) in text
+    assert main(["measure", *args, "--executor", "local"]) == 0
+    assert f"would run  {HUB}@step1" in capsys.readouterr().out
+    assert main(["measure", *args, "--executor", "slurm", "--partition", "gpu", "--time", "30"]) == 0
+    text = capsys.readouterr().out
+    assert "#SBATCH --partition=gpu" in text and "#SBATCH --time=30" in text, text
+    assert counted == [] and not out.exists()
+
+
+def test_options_the_executor_does_not_read_are_refused(tmp_path, counted, capsys):
+    out = str(tmp_path / "out")
+    # without --executor the run is in this process: SLURM's and the local executor's options are refused
+    assert main(["measure", "a/b", "--partition", "gpu", "--time", "5", "--account", "x", "--out", out]) == 2
+    err = capsys.readouterr().err
+    assert "--partition, --account and --time" in err and "--executor slurm" in err, err
+    assert main(["measure", "a/b", "--max-parallel", "2", "--out", out]) == 2
+    assert "--max-parallel" in capsys.readouterr().err
+    # --executor local: the SLURM-only options
+    assert main(["measure", "a/b", "--executor", "local", "--cpus-per-job", "2", "--out", out]) == 2
+    assert "--cpus-per-job is a SLURM option" in capsys.readouterr().err
+    assert main(["measure", "a/b", "--executor", "local", "--max-parallel", "0", "--out", out]) == 2
+    assert "--max-parallel (jobs at once) must be 1 or more, got 0" in capsys.readouterr().err
+    assert counted == [] and not (tmp_path / "out").exists()
+
+
+def test_one_block_is_refused_and_one_block_after_resolving_is_said(tmp_path, counted, capsys):
+    """Coupling compares blocks: --layers naming one block is refused up front; indices that
+    resolve to one block of a model (1 and -1 of a 2-block model) are measured, and the output
+    says why there is no summary."""
+    local = tmp_path / "two-blocks"
+    tiny_model("gpt2", seed=3).save_pretrained(local)  # 2 blocks
+    prompts = tmp_path / "ids.json"
+    prompts.write_text(json.dumps({"a": [1, 5, 9, 3, 7]}))  # no tokenizer needed
+    out = tmp_path / "out"
+    common = [str(local), "--k", "2", "--prompts", str(prompts), "--out", str(out)]
+    assert main(["measure", *common, "--layers", "1"]) == 2
+    assert "--layers 1 names one block" in capsys.readouterr().err
+    assert counted == [] and not out.exists()
+    assert main(["measure", *common, "--layers", "1", "-1"]) == 0
+    text = capsys.readouterr().out
+    assert "note:" in text and "no coupling" in text and "block(s) [1] only" in text, text
+    assert not (out / "summary.csv").exists() and (out / "singular_values.csv").exists()
+    assert main(["measure", *common, "--layers", "99", "0"]) == 1  # out of range: a failure, named
+    assert "layer 99 does not exist" in capsys.readouterr().out
+
+
+def test_an_empty_out_is_refused(tmp_path, monkeypatch, counted, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["measure", "a/b", "--out", ""]) == 2
+    assert "--out is empty" in capsys.readouterr().err
+    assert main(["measure", "a/b", "a/b", "--out", "new"]) == 2  # refused before --out is made
+    assert "named twice" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == [] and counted == []
+
+
+def test_zoo_prepare_exits_1_when_a_build_fails_and_2_when_refused(monkeypatch, capsys):
+    from coupling_utils.models import zoo
+
+    monkeypatch.delenv(zoo.GEMMA_ENV, raising=False)
+    outcome = {"pythia-smoke": "RuntimeError: out of memory", "gemma3-270m": "terms not accepted"}
+    monkeypatch.setattr(zoo, "prepare_many", lambda names, jobs: {n: outcome[n] for n in names})
+    assert main(["zoo", "prepare", "pythia-smoke", "gemma3-270m"]) == 1  # a build failed
+    assert "out of memory" in capsys.readouterr().err
+    assert main(["zoo", "prepare", "gemma3-270m", "gemma3-270m", "-j", "2"]) == 2  # only refused

@@ -305,6 +305,76 @@ def test_dry_run_shows_the_batch_script_without_submitting(standin_hub, private_
     assert not list((private_cache / "sweeps").glob("*/submissions.json"))
 
 
+# f03 at the paper profile, cut to one stand-in model at two revisions: two small tasks
+F03 = [
+    "f03",
+    "--profile",
+    "paper",
+    "-p",
+    "models=[EleutherAI/pythia-6.9b]",
+    "-p",
+    "revisions=[step1, step128]",
+]
+F03 += ["-p", "n_prompts=0", "-p", "max_tokens=6", "-p", "k=[4]", "-p", "k_main=4", "-p", "early_step=1"]
+_F03_TASKS = [("EleutherAI/pythia-6.9b", "step1"), ("EleutherAI/pythia-6.9b", "step128")]
+
+
+def test_bad_options_are_named_as_typed_and_only_a_submission_is_recorded(standin_hub, private_cache, capsys):
+    """A sweep refused for its options, or only shown (--dry-run), is not recorded: --status
+    lists what was submitted, nothing else. Options are named as they are typed."""
+    from coupling_utils.pipeline.cli import main
+
+    assert main(["sweep", *F03, "--max-parallel", "0"]) == 2
+    assert "--max-parallel (jobs at once) must be 1 or more, got 0" in capsys.readouterr().err
+    assert main(["sweep", *F03, "--gpus-per-job", "-1"]) == 2
+    assert "--gpus-per-job" in capsys.readouterr().err
+    assert main(["sweep", *F03, "--mem-gb", "8"]) == 2  # SLURM's, and the executor is local
+    assert "--mem-gb is a SLURM option" in capsys.readouterr().err
+    assert main(["sweep", *F03, "--dry-run"]) == 0
+    assert "would run" in capsys.readouterr().out
+    assert main(["sweep", *F03, "--executor", "slurm", "--dry-run"]) == 0
+    assert "would submit 2 task(s)" in capsys.readouterr().out
+    assert main(["sweep", "--status"]) == 0
+    assert "no sweeps recorded" in capsys.readouterr().out
+    assert not list(private_cache.glob("sweeps/*/sweep.json"))
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_the_local_workers_quietly_and_a_rerun_resumes(standin_hub, private_cache):
+    """Ctrl-C in a terminal reaches its whole process group (the sweep and its workers): the
+    sweep stops its workers and ends with exit status 130 and one line, no traceback (the local
+    workers ignore the terminal's SIGINT; the sweep stops them); --status says the task was
+    stopped on Ctrl-C, and a rerun runs it again (a rerun after an interrupted worker is tested
+    to the end above, after a SIGKILL)."""
+    args = ["sweep", *F03, "--executor", "local"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "coupling_utils.pipeline.cli", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group, as a terminal's foreground job
+    )
+    subs, t0 = [], time.monotonic()
+    while not subs and proc.poll() is None and time.monotonic() - t0 < 600:
+        subs = list(private_cache.glob("sweeps/*/submissions.json"))  # a worker was started
+        time.sleep(0.05)
+    assert subs, proc.communicate()
+    os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C does
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130, out + err
+    assert "interrupted: stopped on Ctrl-C" in err and "Traceback" not in out + err, err
+    (tries,) = json.loads(subs[0].read_text()).values()
+    assert tries[-1]["stopped"] and not S._pid_alive(tries[-1]["pid"])
+    for marker in subs[0].parent.glob("tasks/*.json"):  # no worker is left running
+        assert not S._pid_alive(json.loads(marker.read_text())["pid"])
+    status = _cli("sweep", *F03, "--status")
+    assert re.search(r"interrupted\s+\S+@step1\s+stopped on Ctrl-C", status.stdout), status.stdout
+    assert "1 interrupted, 1 missing" in status.stdout, status.stdout
+    again = _cli(*args, "--dry-run")  # a rerun runs both (measuring them takes minutes here)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert re.findall(r"would run\s+(\S+)", again.stdout) == [f"{m}@{r}" for m, r in _F03_TASKS], again.stdout
+
+
 # the default profile is left out: planning f03 there trains embedded:pythia-tiny (minutes)
 @pytest.mark.parametrize("profile", ["smoke", "laptop", "paper"])
 @pytest.mark.parametrize("name", CHAPTERS)

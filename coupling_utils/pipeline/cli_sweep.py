@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 __all__ = ["add_sweep_commands"]
 
@@ -43,8 +42,24 @@ def _executor_options(p: argparse.ArgumentParser, *, default: str | None) -> Non
         help="jobs at once (SLURM: the array's %%N; local: default 1, one model on the device at a time)",
     )
     p.add_argument(
-        "--dry-run", action="store_true", help="show what would be submitted (and the batch script)"
+        "--dry-run",
+        action="store_true",
+        help="show what would be "
+        + ("submitted" if default else "measured or submitted")
+        + " (for SLURM, the batch script) and stop: nothing is measured, submitted or recorded",
     )
+
+
+# the options that only --executor local or slurm reads: (dest, as typed)
+_EXECUTOR_OPTIONS = (
+    ("partition", "--partition"),
+    ("account", "--account"),
+    ("gpus_per_job", "--gpus-per-job"),
+    ("cpus_per_job", "--cpus-per-job"),
+    ("mem_gb", "--mem-gb"),
+    ("time", "--time"),
+    ("max_parallel", "--max-parallel"),
+)
 
 
 def _resources(args):
@@ -98,13 +113,14 @@ def _cmd_sweep(args) -> int:
         if not args.notebook:
             print("error: name a notebook (e.g. f02), or pass --status", file=sys.stderr)
             return 2
+        resources = None if args.status else _resources(args)  # bad options: refused before planning
         overrides = parse_overrides(args.param)
         sweep = plan_sweep(args.notebook, args.profile, overrides)
         if args.status:
             _print_states(f"{sweep.name} ({sweep.folder})", sweep_status(sweep))
             return 0
         print(f"{sweep.name}: {len(sweep.tasks)} task(s), one per (model, revision); state in {sweep.folder}")
-        states = submit(sweep, _resources(args), dry_run=args.dry_run)
+        states = submit(sweep, resources, dry_run=args.dry_run)
     except (ParameterError, SweepError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -117,6 +133,7 @@ def _cmd_sweep(args) -> int:
 def _cmd_measure(args) -> int:
     from coupling_utils.pipeline.measure_models import (
         MeasureError,
+        measure_dry_run,
         measure_many,
         measurement_settings,
         read_prompts,
@@ -124,25 +141,39 @@ def _cmd_measure(args) -> int:
     from coupling_utils.pipeline.sweep import SweepError
 
     try:
+        resources = _measure_resources(args)
         prompts = read_prompts(args.prompts, n=args.n_prompts)
         settings = measurement_settings(
             args.k or DEFAULT_K, args.tokens, args.method, args.max_tokens, args.layers, args.last_block
         )
-        report = measure_many(
-            args.models,
-            prompts,
-            settings,
-            out=Path(args.out),
-            revisions=args.revision or None,
-            dtype=args.dtype,
-            how=args.how,
-            resources=None if args.executor == "none" else _resources(args),
-        )
+        where = dict(out=args.out, revisions=args.revision or None, dtype=args.dtype, resources=resources)
+        if args.dry_run:
+            print(measure_dry_run(args.models, prompts, settings, **where))
+            return 0
+        report = measure_many(args.models, prompts, settings, how=args.how, **where)
     except (MeasureError, SweepError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(report.text())
     return 0 if report.complete else 1
+
+
+def _measure_resources(args):
+    """``measure``'s executor: None (in this process) or its Resources; an option that only
+    ``--executor local`` or ``slurm`` reads, given without one, is refused (it would be ignored)."""
+    from coupling_utils.pipeline.sweep import SweepError
+
+    if args.executor != "none":
+        return _resources(args)
+    given = [typed for dest, typed in _EXECUTOR_OPTIONS if getattr(args, dest) is not None]
+    if given:
+        listed = f"{', '.join(given[:-1])} and {given[-1]}" if given[1:] else given[0]
+        raise SweepError(
+            f"{listed} only {'apply' if given[1:] else 'applies'} to --executor slurm (or local), and "
+            "without --executor this run measures in this process; add --executor slurm (or local), "
+            f"or drop {'them' if given[1:] else 'it'}"
+        )
+    return None
 
 
 def add_sweep_commands(subparsers) -> None:
@@ -191,7 +222,12 @@ def _measure_settings_options(p: argparse.ArgumentParser) -> None:
         "to the context, with a notice)",
     )
     p.add_argument(
-        "--layers", type=int, nargs="+", action="extend", help="blocks to measure (default: all); repeatable"
+        "--layers",
+        type=int,
+        nargs="+",
+        action="extend",
+        help="blocks to measure, 0-based, negative from the end (at least two: coupling compares "
+        "blocks; default: all); repeatable",
     )
     p.add_argument(
         "--last-block",

@@ -56,6 +56,18 @@ def _format_table(table, cols) -> str:
     return "\n".join(lines)
 
 
+def _refused(zoo, name: str) -> bool:
+    """Whether ``prepare_many`` refused ``name`` before building it (its terms not accepted, a
+    package with its weights not installed: bad input, exit 2), rather than failed to build it."""
+    try:
+        entry, _ = zoo._split(name)
+        zoo._check_opt_in(entry, None)
+        entry.key()  # raises if a package with weights is not installed
+    except zoo.ZooError:
+        return True
+    return False
+
+
 def run_zoo(args) -> int:
     """Run ``zoo list`` / ``zoo prepare``; returns the exit status."""
     from coupling_utils.models import zoo
@@ -89,7 +101,9 @@ def run_zoo(args) -> int:
                 bad = {n: s for n, s in status.items() if s != "ready"}
                 for n, s in bad.items():
                     print(f"error: {n}: {s}", file=sys.stderr)
-                return 2 if bad else 0
+                if not bad:
+                    return 0
+                return 2 if all(_refused(zoo, n) for n in bad) else 1  # a build failed: a failed run
             path = zoo.prepare(args.names[0], force=args.force, progress=True, accept_terms=accept)
         except zoo.ZooError as exc:
             print(f"error: {exc}", file=sys.stderr)

@@ -50,6 +50,7 @@ __all__ = [
     "MeasureError",
     "MeasureReport",
     "measure_many",
+    "measure_dry_run",
     "measurement_settings",
     "read_prompts",
     "METHODS",
@@ -162,6 +163,7 @@ class MeasureReport:
     failures: pd.DataFrame = field(default_factory=pd.DataFrame)
     pending: list[str] = field(default_factory=list)
     n_jobs: int = 0
+    notes: list[str] = field(default_factory=list)
 
     @property
     def complete(self) -> bool:
@@ -176,7 +178,7 @@ class MeasureReport:
         lines += [
             f"  not finished yet: {name} (rerun this command when its job has ended)" for name in self.pending
         ]
-        return "\n".join(lines)
+        return "\n".join(lines + [f"note: {note}" for note in self.notes])
 
 
 def _reference(model: str) -> str:
@@ -193,7 +195,17 @@ def measurement_settings(
     layers: Sequence[int] | None = None,
     last_block: str = "block",
 ) -> Settings:
-    """The :class:`Settings` of a ``coupling-book measure`` run; a bad one is a MeasureError."""
+    """The :class:`Settings` of a ``coupling-book measure`` run; a bad one is a MeasureError.
+
+    ``layers``: block indices, 0-based, negative from the end (as measure() reads them); at least
+    two, since coupling compares blocks (a model whose blocks they name resolve to one is
+    measured, and the report says why it has no coupling)."""
+    named = None if layers is None else [layers] if isinstance(layers, int) else list(layers)
+    if named is not None and len(set(named)) < 2:
+        raise MeasureError(
+            f"--layers {' '.join(map(str, named))} names one block, and coupling compares blocks: name "
+            "at least two (e.g. --layers 0 1; negative counts from the end), or leave --layers out"
+        )
     try:
         chosen = dict(tokens=tokens, layers=layers, method=method, max_tokens=max_tokens)
         return Settings(k=tuple(k), last_block=last_block, **chosen)
@@ -220,33 +232,17 @@ def measure_many(
     (model, revision) through :func:`coupling_utils.pipeline.sweep.submit`; SLURM returns at
     once, and the tables hold what has finished: rerun the same command later to complete them).
     """
-    models = list(models)
-    if not models:
-        raise MeasureError("name at least one model")
-    if len(set(models)) != len(models):
-        raise MeasureError(f"a model is named twice: {models}")
     if how not in HOWS:
         raise MeasureError(f"how must be one of {HOWS}, got {how!r}")
-    out = _out_folder(out)
-    refs = {m: _reference(m) for m in models}
-    loads = Loads(revisions=revisions, dtype=dtype)
-    jobs = plan(refs, prompts, {"measure": settings}, loads=loads, root=out / "store")
+    refs, jobs = _plan_jobs(models, prompts, settings, _out_folder(out, create=False), revisions, dtype)
+    out = _out_folder(out)  # created once the input is known to be good
     pending: list[str] = []
     if resources is None:
         done = collect(jobs, Options(progress=sys.stderr.isatty()), desc="models")
     else:
-        from coupling_utils.pipeline.sweep import group_tasks, record_sweep, submit
+        from coupling_utils.pipeline.sweep import submit
 
-        info = {
-            "notebook": "measure",
-            "profile": "cli",
-            "overrides": {},
-            "models": models,
-            "revisions": list(revisions or []),
-            "settings": settings.to_dict(runtime=False),
-        }
-        sweep = record_sweep(out / "sweep", group_tasks(jobs), info)
-        states = submit(sweep, resources)
+        states = submit(_sweep(jobs, list(refs), revisions, settings, out), resources)
         pending = [s.task.name for s in states if s.state in ("running", "pending")]
         done = collect(jobs, Options(compute=False))
     report = MeasureReport(out, n_jobs=len(jobs), pending=pending)
@@ -254,11 +250,77 @@ def measure_many(
     return report
 
 
-def _out_folder(out: str | Path) -> Path:
-    """``--out``, created; a file there, or a folder that cannot be written, is bad input."""
+def measure_dry_run(
+    models: Sequence[str],
+    prompts: Mapping[str, Any] | Sequence[Any],
+    settings: Settings,
+    *,
+    out: str | Path,
+    revisions: Sequence[str] | None = None,
+    dtype: str = "float32",
+    resources: Resources | None = None,
+) -> str:
+    """What :func:`measure_many` with these arguments would do, as text (the models and revisions,
+    which are stored already, the settings, the output folder; with ``resources``, what would be
+    submitted, and for SLURM the batch script); nothing is loaded, measured, submitted or written."""
+    out = _out_folder(out, create=False)
+    refs, jobs = _plan_jobs(models, prompts, settings, out, revisions, dtype)
+    done = collect(jobs, Options(compute=False))  # reads what is stored, loads nothing
+    chosen = {
+        n: getattr(settings, n) for n in ("k", "tokens", "method", "layers", "max_tokens", "last_block")
+    }
+    chosen.update(k=list(settings.k), layers=list(settings.layers or []) or "all", dtype=dtype)
+    lines = [
+        f"dry run: nothing is measured, submitted or written; {len(done.missing)} of {len(jobs)} "
+        f"(model, revision) pair(s) to measure, on {len(prompts)} prompt(s), into {out}",
+        "  settings: " + ", ".join(f"{name}={value}" for name, value in chosen.items()),
+    ]
+    lines += [f"  {'stored' if r.ok else 'would measure'}  {r.job.describe()}" for r in done.results]
+    if resources is not None and done.missing:
+        from coupling_utils.pipeline.sweep import submit
+
+        lines.append(f"with --executor {resources.executor}:")
+        submit(_sweep(jobs, list(refs), revisions, settings, out), resources, dry_run=True, echo=lines.append)
+    return "\n".join(lines)
+
+
+def _plan_jobs(models, prompts, settings: Settings, out: Path, revisions, dtype: str):
+    """``({model: reference}, jobs)`` of a measure run, stored under ``out/store``."""
+    models = list(models)
+    if not models:
+        raise MeasureError("name at least one model")
+    if len(set(models)) != len(models):
+        raise MeasureError(f"a model is named twice: {models}")
+    refs = {m: _reference(m) for m in models}
+    loads = Loads(revisions=revisions, dtype=dtype)
+    return refs, plan(refs, prompts, {"measure": settings}, loads=loads, root=out / "store")
+
+
+def _sweep(jobs, models: list[str], revisions, settings: Settings, out: Path):
+    """The jobs as a sweep in ``out/sweep`` (recorded when submitted)."""
+    from coupling_utils.pipeline.sweep import group_tasks, record_sweep
+
+    info = {
+        "notebook": "measure",
+        "profile": "cli",
+        "overrides": {},
+        "models": models,
+        "revisions": list(revisions or []),
+        "settings": settings.to_dict(runtime=False),
+    }
+    return record_sweep(out / "sweep", group_tasks(jobs), info, write=False)
+
+
+def _out_folder(out: str | Path, *, create: bool = True) -> Path:
+    """``--out``, created (``create``); an empty path, a file there, or a folder that cannot be
+    written, is bad input."""
+    if not str(out).strip():
+        raise MeasureError("--out is empty; name the output folder, e.g. --out results/ (it is created)")
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise MeasureError(f"--out {out} is a file, not a folder; name a folder (it is created if missing)")
+    if not create:
+        return out
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -311,23 +373,20 @@ def _size(r, key):
     return None if v is None else int(v)
 
 
-def _write_tables(done, report: MeasureReport, *, how, settings, prompts, models) -> None:
-    out = report.out
-    lead = ["model", "revision"]
-
-    def tidy(df: pd.DataFrame) -> pd.DataFrame:
-        if "revision" not in df.columns:
-            df = df.assign(revision="main")
-        return _ids_as_lists(df[[*lead, *[c for c in df.columns if c not in lead]]])
-
-    frames = {}
-    for name in TABLES:
-        df = done.table(name, "measure")
-        if not df.empty:
-            frames[name] = tidy(df)
+def _summary_rows(done, how: str, report: MeasureReport) -> list[dict]:
+    """One row per (model, revision, K); a model measured at fewer than two blocks has none, and
+    the report says so (its depth-wise table is empty: coupling compares blocks)."""
     rows = []
     for r in done.ok:
         m = r.measurements["measure"]
+        if m.depthwise.empty:
+            blocks = (m.provenance.get("settings") or {}).get("layers")
+            report.notes.append(
+                f"{r.job.describe()}: no coupling, so no rows in summary.csv and depthwise.csv (not "
+                f"written when no model has any): it was measured at block(s) {blocks} only, and coupling "
+                "compares two or more; name two or more different blocks with --layers (negative "
+                "indices count from the end), or leave --layers out"
+            )
         for K in sorted(m.depthwise["K"].unique()) if not m.depthwise.empty else []:
             per = coupling_summary(m.depthwise, how=how, k=int(K), per_prompt=True)
             rows.append(
@@ -344,6 +403,24 @@ def _write_tables(done, report: MeasureReport, *, how, settings, prompts, models
                     "n_params": _size(r, "n_params"),
                 }
             )
+    return rows
+
+
+def _write_tables(done, report: MeasureReport, *, how, settings, prompts, models) -> None:
+    out = report.out
+    lead = ["model", "revision"]
+
+    def tidy(df: pd.DataFrame) -> pd.DataFrame:
+        if "revision" not in df.columns:
+            df = df.assign(revision="main")
+        return _ids_as_lists(df[[*lead, *[c for c in df.columns if c not in lead]]])
+
+    frames = {}
+    for name in TABLES:
+        df = done.table(name, "measure")
+        if not df.empty:
+            frames[name] = tidy(df)
+    rows = _summary_rows(done, how, report)
     if rows:
         frames = {"summary": pd.DataFrame(rows), **frames}
     failures = done.failures

@@ -11,20 +11,22 @@ a checkpoint once (a random-init twin travels with its trained model).
 
 :func:`submit` hands the tasks to ``submitit``: on SLURM as one job array (``--partition``,
 ``--gpus-per-job``, ``--time``, ``--max-parallel`` as the array's ``%N``), on this machine with
-its local executor, ``max_parallel`` at a time. Every job writes into the cache the notebook
-reads (``$COUPLING_CACHE``, which must be a shared filesystem on a cluster). A resubmission
-runs only the tasks that are not done and not running. The state of a sweep lives in
-``$COUPLING_CACHE/sweeps/<notebook>-<profile>-<hash of its values>/``: ``plan.pkl`` (the tasks),
-``sweep.json`` (what it is), ``submissions.json`` (which executor job runs which task) and one
-``tasks/<task>.json`` per started task (host, process, SLURM job, start and end, each job's
-outcome), from which :func:`sweep_status` tells each task's state:
+its local executor, ``max_parallel`` at a time (:mod:`.sweep_local`, which also stops them on
+Ctrl-C). Every job writes into the cache the notebook reads (``$COUPLING_CACHE``, which must be a
+shared filesystem on a cluster). A resubmission runs only the tasks that are not done and not
+running. The state of a sweep lives in ``$COUPLING_CACHE/sweeps/<notebook>-<profile>-<hash of
+its values>/``, written when it is first submitted: ``plan.pkl`` (the tasks), ``sweep.json``
+(what it is), ``submissions.json`` (which executor job runs which task, and whether Ctrl-C
+stopped it) and one ``tasks/<task>.json`` per started task (host, process, SLURM job, start and
+end, each job's outcome), from which :func:`sweep_status` tells each task's state:
 
 - ``done``: every measurement is stored (made by today's code);
 - ``running``: its worker process is alive (checked on this host, or asked of SLURM);
 - ``pending``: submitted, not started yet;
 - ``failed``: a job raised; the reason is the stored failure record (exception and message);
 - ``interrupted``: the worker stopped without a result or a failure record (killed, out of
-  memory, out of time, preempted); the reason says what is known (SLURM's state, the log);
+  memory, out of time, preempted, stopped on Ctrl-C); the reason says what is known (SLURM's
+  state, the log);
 - ``missing``: never submitted (or measured by other code).
 """
 
@@ -48,28 +50,11 @@ from coupling_utils.measurement.jobs import Job
 from coupling_utils.provenance import stable_hash
 
 __all__ = [
-    "SweepError",
-    "Task",
-    "Sweep",
-    "Resources",
-    "TaskState",
-    "EXECUTORS",
-    "STATES",
-    "FORWARDED_ENV",
-    "notebook_jobs",
-    "plan_sweep",
-    "record_sweep",
-    "load_sweep",
-    "group_tasks",
-    "planned_params",
-    "planned_values",
-    "summary_line",
-    "submit",
-    "run_task",
-    "sweep_status",
-    "recorded_sweeps",
-    "parse_time",
-]
+    "SweepError", "Task", "Sweep", "Resources", "TaskState", "EXECUTORS", "STATES", "FORWARDED_ENV",
+    "notebook_jobs", "plan_sweep", "record_sweep", "load_sweep", "group_tasks",
+    "planned_params", "planned_values", "summary_line", "submit", "run_task", "sweep_status",
+    "recorded_sweeps", "parse_time",
+]  # fmt: skip
 
 EXECUTORS = ("local", "slurm")
 STATES = ("done", "running", "pending", "failed", "interrupted", "missing")
@@ -167,10 +152,23 @@ class Sweep:
     overrides: dict[str, Any]
     tasks: list[Task]
     folder: Path
+    info: dict[str, Any] | None = None  # what record() writes into sweep.json
 
     @property
     def name(self) -> str:
         return self.folder.name
+
+    def record(self) -> Sweep:
+        """Write ``plan.pkl`` and ``sweep.json`` (what ``--status`` lists); :func:`submit` does so
+        just before it submits: what is only shown, or refused, is not recorded."""
+        if self.info is None:  # made by hand, not by record_sweep or load_sweep: nothing to write
+            return self
+        (self.folder / "tasks").mkdir(parents=True, exist_ok=True)
+        with file_lock(self.folder / ".lock", f"sweep {self.name}"):
+            with atomic_path(self.folder / "plan.pkl") as tmp:
+                tmp.write_bytes(pickle.dumps(list(self.tasks)))
+            atomic_write_text(self.folder / "sweep.json", json.dumps(self.info, indent=2, default=str))
+        return self
 
     def task(self, tid: str) -> Task:
         return next(t for t in self.tasks if t.id == tid)
@@ -183,7 +181,7 @@ def plan_sweep(
     *,
     root: str | Path | None = None,
 ) -> Sweep:
-    """Plan (and record) the sweep of ``notebook`` at ``profile``: its tasks and state folder.
+    """Plan the sweep of ``notebook`` at ``profile``: its tasks and state folder (recorded when submitted).
 
     ``root``: where sweep folders live (default ``$COUPLING_CACHE/sweeps``). Recording the plan
     (``plan.pkl``, ``sweep.json``) lets ``sweep_status`` report on it later without the notebook.
@@ -194,21 +192,20 @@ def plan_sweep(
     tasks = group_tasks(notebook_jobs(nb.stem, profile, overrides))
     folder = Path(root) if root is not None else cache_dir("sweeps")
     info = {"notebook": nb.stem, "profile": profile, "overrides": overrides, "values": values}
-    return record_sweep(folder / f"{nb.stem}-{profile}-{stable_hash(values, 8)}", tasks, info)
+    return record_sweep(folder / f"{nb.stem}-{profile}-{stable_hash(values, 8)}", tasks, info, write=False)
 
 
-def record_sweep(folder: str | Path, tasks: Sequence[Task], info: Mapping[str, Any]) -> Sweep:
+def record_sweep(
+    folder: str | Path, tasks: Sequence[Task], info: Mapping[str, Any], *, write: bool = True
+) -> Sweep:
     """Record ``tasks`` as a sweep in ``folder`` (``plan.pkl`` and ``sweep.json`` with ``info``:
-    ``notebook``, ``profile``, ``overrides`` and anything else worth keeping)."""
-    folder = Path(folder)
-    (folder / "tasks").mkdir(parents=True, exist_ok=True)
+    ``notebook``, ``profile``, ``overrides`` and anything else worth keeping); ``write=False``:
+    not yet (:func:`submit` records a sweep before it submits, so one only shown is not)."""
     info = {**info, "cache": str(cache_dir())}
     info["tasks"] = [{"id": t.id, "name": t.name, "jobs": [j.describe() for j in t.jobs]} for t in tasks]
-    with file_lock(folder / ".lock", f"sweep {folder.name}"):
-        with atomic_path(folder / "plan.pkl") as tmp:
-            tmp.write_bytes(pickle.dumps(list(tasks)))
-        atomic_write_text(folder / "sweep.json", json.dumps(info, indent=2, default=str))
-    return Sweep(info["notebook"], info["profile"], dict(info.get("overrides") or {}), list(tasks), folder)
+    overrides = dict(info.get("overrides") or {})
+    sweep = Sweep(info["notebook"], info["profile"], overrides, list(tasks), Path(folder), info)
+    return sweep.record() if write else sweep
 
 
 def load_sweep(folder: str | Path) -> Sweep:
@@ -216,7 +213,7 @@ def load_sweep(folder: str | Path) -> Sweep:
     folder = Path(folder)
     info = json.loads((folder / "sweep.json").read_text())
     tasks = pickle.loads((folder / "plan.pkl").read_bytes())
-    return Sweep(info["notebook"], info["profile"], info.get("overrides", {}), tasks, folder)
+    return Sweep(info["notebook"], info["profile"], info.get("overrides", {}), tasks, folder, info)
 
 
 def recorded_sweeps(root: str | Path | None = None) -> list[Path]:
@@ -244,7 +241,9 @@ def run_task(task: Task, folder: str) -> dict:
     missing and leaves a failure record for a job that raises; the others still run. The task's
     marker ``tasks/<id>.json`` says who runs it, and when it ended, with each job's outcome."""
     from coupling_utils.measurement.loop import run
+    from coupling_utils.pipeline.sweep_local import listen_to_ctrl_c
 
+    listen_to_ctrl_c()  # a local worker's task, started deaf to Ctrl-C, stops on it again
     marker = Path(folder) / "tasks" / f"{task.id}.json"
     info = {
         "task": task.name,
@@ -365,6 +364,10 @@ def task_state(sweep: Sweep, task: Task, submissions: Mapping[str, list] | None 
     ]
     if reasons:
         return TaskState(task, "failed", "; ".join(reasons), log)
+    ran = marker is not None and (last is None or marker["started"] >= last["submitted"])
+    if last is not None and last.get("stopped") and not (ran and marker.get("finished")):
+        when = f"while it ran (since {marker['started']})" if ran else "before it started"
+        return TaskState(task, "interrupted", f"stopped on Ctrl-C {last['stopped']}, {when}", log)
     if marker is not None and marker.get("finished") is None:
         _, what = _alive(marker, sweep.folder)
         reason = (
@@ -390,14 +393,19 @@ def sweep_status(sweep: Sweep) -> list[TaskState]:
     return [task_state(sweep, t, submissions) for t in sweep.tasks]
 
 
-def _record_submission(sweep: Sweep, task: Task, executor: str, job_id: str) -> None:
+def _record_submission(sweep: Sweep, task: Task, executor: str, job_id: str | None) -> None:
+    """Record that ``task`` was submitted as ``job_id``; ``job_id=None``: that its last
+    submission was stopped on Ctrl-C (:mod:`.sweep_local`)."""
     path = sweep.folder / "submissions.json"
     with file_lock(sweep.folder / ".lock", f"sweep {sweep.name}"):
         subs = read_json(path, "sweep's record of submissions") or {}
         entry = {"executor": executor, "job_id": str(job_id), "submitted": _now()}
-        if executor == "local":
+        if executor == "local" and job_id is not None:
             entry.update(host=socket.gethostname(), pid=int(job_id))
-        subs.setdefault(task.id, []).append(entry)
+        if job_id is None:
+            subs.get(task.id, [{}])[-1]["stopped"] = _now()
+        else:
+            subs.setdefault(task.id, []).append(entry)
         atomic_write_text(path, json.dumps(subs, indent=2))
 
 
@@ -466,13 +474,24 @@ class Resources:
     def __post_init__(self):
         if self.executor not in EXECUTORS:
             raise SweepError(f"executor must be one of {EXECUTORS}, got {self.executor!r}")
-        mp = self.max_parallel
-        if mp is not None and (isinstance(mp, bool) or int(mp) < 1):
-            raise SweepError(f"max_parallel must be a positive integer, got {mp!r}")
-        if self.gpus_per_job is not None and int(self.gpus_per_job) < 0:
-            raise SweepError(f"gpus_per_job must be 0 or more, got {self.gpus_per_job!r}")
-        if self.executor == "local" and (self.partition or self.account):
-            raise SweepError("--partition and --account are SLURM options; drop them for --executor local")
+        counts = {  # option as typed: (value, what it counts, the least it may be)
+            "--max-parallel": (self.max_parallel, "jobs at once", 1),
+            "--gpus-per-job": (self.gpus_per_job, "GPUs each job gets", 0),
+            "--cpus-per-job": (self.cpus_per_job, "CPUs each job gets", 1),
+            "--mem-gb": (self.mem_gb, "GB of memory each job gets", 1),
+        }
+        for option, (v, what, least) in counts.items():
+            if v is not None and (isinstance(v, bool) or v < least):
+                raise SweepError(f"{option} ({what}) must be {least} or more, got {v!r}")
+        slurm = ("--partition", "--account", "--cpus-per-job", "--mem-gb")
+        values = (self.partition, self.account, self.cpus_per_job, self.mem_gb)
+        given = [option for option, v in zip(slurm, values) if v is not None]
+        if self.executor == "local" and given:
+            what = f"{', '.join(given[:-1])} and {given[-1]} are SLURM options" if given[1:] else ""
+            raise SweepError(
+                f"{what or given[0] + ' is a SLURM option'}, which --executor local does not use; drop "
+                f"{'them' if what else 'it'}, or use --executor slurm"
+            )
         parse_time(self.time_limit)  # a bad time fails here, before anything is submitted
 
     @property
@@ -531,7 +550,9 @@ def submit(
         for t in todo:
             echo(f"would run  {t.name} ({len(t.jobs)} job(s))")
         return states
-    return _run_local(submitit, sweep, todo, resources, echo, poll_s)
+    from coupling_utils.pipeline.sweep_local import run_local
+
+    return run_local(submitit, sweep, todo, resources, echo, poll_s)
 
 
 def _submit_slurm(submitit, sweep, todo, params: dict[str, Any], dry_run: bool, echo) -> list[TaskState]:
@@ -554,36 +575,12 @@ def _submit_slurm(submitit, sweep, todo, params: dict[str, Any], dry_run: bool, 
             "--executor slurm submits with SLURM's sbatch, and this machine has no sbatch on its PATH; "
             "run the command on the cluster's login node, or use --executor local (or, for measure, none)"
         )
-    ex = submitit.SlurmExecutor(folder=sweep.folder / "slurm")
+    ex = submitit.SlurmExecutor(folder=sweep.record().folder / "slurm")
     ex.update_parameters(**params)
     jobs = ex.map_array(run_task, todo, [str(sweep.folder)] * len(todo))
     for task, job in zip(todo, jobs):
         _record_submission(sweep, task, "slurm", job.job_id)
         echo(f"submitted  {task.name}  (SLURM job {job.job_id})")
-    return sweep_status(sweep)
-
-
-def _run_local(submitit, sweep, todo, resources: Resources, echo, poll_s) -> list[TaskState]:
-    ex = submitit.LocalExecutor(folder=sweep.folder / "local")
-    params: dict[str, Any] = {"timeout_min": resources.minutes or 24 * 60, "setup": _setup_lines()}
-    if resources.gpus_per_job:
-        params["gpus_per_node"] = int(resources.gpus_per_job)
-    ex.update_parameters(**params)
-    max_parallel = resources.max_parallel or 1
-    queue, running = list(todo), {}
-    while queue or running:
-        while queue and len(running) < max_parallel:
-            task = queue.pop(0)
-            job = ex.submit(run_task, task, str(sweep.folder))
-            _record_submission(sweep, task, "local", job.job_id)
-            running[task.id] = (task, job)
-            echo(f"started  {task.name}")
-        for tid, (task, job) in list(running.items()):
-            if job.done():
-                del running[tid]
-                echo(task_state(sweep, task).line())
-        if running:
-            time.sleep(poll_s)
     return sweep_status(sweep)
 
 
