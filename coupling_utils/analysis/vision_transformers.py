@@ -42,7 +42,7 @@ import torch
 from coupling_utils.engine.metric import k_for_width
 from coupling_utils.measurement import Job, Loads, Options, Result, Settings, collect, plan
 from coupling_utils.measurement.jobs import WEIGHTS
-from coupling_utils.models.images import check_vit_token, image_inputs, vit_tokens
+from coupling_utils.models.images import check_vit_token, image_inputs, mnist_digits, vit_tokens
 
 __all__ = [
     "ViTSetup",
@@ -175,24 +175,6 @@ class ViTSetup:
     method: str = "exact"
     dtype: str = "float32"
     cache: str | Path | None = None
-
-
-def mnist_digits(n: int, *, split: str = "test", seed: int = 0) -> tuple[dict[str, torch.Tensor], list[int]]:
-    """``n`` MNIST digits of ``split`` (the seeded choice of
-    :func:`~coupling_utils.models.images.mnist_inputs`) as ``{"<split>-<index>": uint8 [28, 28]}``
-    and their labels: the prompts of the ViT jobs, the same for every model, so a job's key
-    names its images (ids and pixels) before any model is read."""
-    from coupling_utils.models.vit_training import load_mnist
-
-    data = load_mnist()
-    if split not in data:
-        raise ValueError(f"split must be one of {sorted(data)}, got {split!r}")
-    images, labels = data[split]
-    if not 1 <= n <= len(images):
-        raise ValueError(f"n must be between 1 and {len(images)}, got {n}")
-    idx = np.sort(np.random.default_rng(seed).choice(len(images), size=n, replace=False))
-    # clone: a view would carry (and pickle) the whole split
-    return {f"{split}-{int(i)}": images[int(i)].clone() for i in idx}, [int(labels[i]) for i in idx]
 
 
 def digit_inputs(model, digits: Mapping[str, torch.Tensor]) -> dict[str, dict]:

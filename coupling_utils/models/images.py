@@ -29,6 +29,7 @@ import torch
 
 __all__ = [
     "image_inputs",
+    "mnist_digits",
     "mnist_inputs",
     "image_format",
     "ImageFormat",
@@ -103,11 +104,10 @@ def image_inputs(model, images) -> torch.Tensor:
     return ((x - mean_t) / std_t).contiguous()
 
 
-def mnist_inputs(model, n: int, *, split: str = "test", seed: int = 0) -> tuple[dict[str, dict], list[int]]:
-    """``n`` MNIST images of ``split`` (seeded choice) as measure() inputs for ``model``.
-
-    Returns ``({"<split>-<index>": {"pixel_values": Tensor[1, C, H, W]}}, labels)``.
-    """
+def mnist_digits(n: int, *, split: str = "test", seed: int = 0) -> tuple[dict[str, torch.Tensor], list[int]]:
+    """``n`` MNIST digits of ``split``, a seeded choice, as ``{"<split>-<index>": uint8 [28, 28]}``
+    and their labels: the prompts of the ViT jobs (``analysis.vision_transformers``), the same for
+    every model, so a job's key names its images (ids and pixels) before any model is read."""
     from coupling_utils.models.vit_training import load_mnist
 
     data = load_mnist()
@@ -117,9 +117,19 @@ def mnist_inputs(model, n: int, *, split: str = "test", seed: int = 0) -> tuple[
     if not 1 <= n <= len(images):
         raise ValueError(f"n must be between 1 and {len(images)}, got {n}")
     idx = np.sort(np.random.default_rng(seed).choice(len(images), size=n, replace=False))
-    pixels = image_inputs(model, images[idx])
-    inputs = {f"{split}-{int(i)}": {"pixel_values": pixels[j : j + 1]} for j, i in enumerate(idx)}
-    return inputs, [int(labels[i]) for i in idx]
+    # clone: a view would carry (and pickle) the whole split
+    return {f"{split}-{int(i)}": images[int(i)].clone() for i in idx}, [int(labels[i]) for i in idx]
+
+
+def mnist_inputs(model, n: int, *, split: str = "test", seed: int = 0) -> tuple[dict[str, dict], list[int]]:
+    """``n`` MNIST images of ``split`` (the seeded choice of :func:`mnist_digits`) as measure()
+    inputs for ``model``.
+
+    Returns ``({"<split>-<index>": {"pixel_values": Tensor[1, C, H, W]}}, labels)``.
+    """
+    digits, labels = mnist_digits(n, split=split, seed=seed)
+    pixels = image_inputs(model, torch.stack(list(digits.values())))
+    return {name: {"pixel_values": pixels[j : j + 1]} for j, name in enumerate(digits)}, labels
 
 
 _PATCH = re.compile(r"patch(\d+)")
