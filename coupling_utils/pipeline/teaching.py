@@ -280,8 +280,9 @@ def costs_summary(
     else:
         fits = prepared <= LAB_COMPUTE_MINUTES
         verdict = (
-            f"With their models built beforehand, {names} run in {prepared:.1f} minutes together on "
-            f"this machine (from an empty cache, building their models: {cold:.1f} minutes; rerun, "
+            f"With their models built beforehand, {names} run in {prepared:.1f} minutes together on a "
+            f"2-core CPU (each row's machine, load and date are in the table; from an empty cache, "
+            f"building their models: {cold:.1f} minutes; rerun, "
             f"their measurements cached: {warm:.1f} minutes). The plan below allows at most "
             f"{LAB_COMPUTE_MINUTES} of the lab's 90 minutes for waiting on runs, so the lab "
             + ("**fits** with its models built beforehand." if fits else "**does not fit**: shorten it.")
