@@ -434,3 +434,10 @@ def test_follow_umask_gives_a_tree_the_modes_open_and_mkdir_would(tmp_path):
     del modes["link"]
     assert modes == {".": 0o750, "sub": 0o750, "weights": 0o640, "sub/tool": 0o750, "sub/open": 0o640}
     assert outside.stat().st_mode & 0o7777 == 0o600
+    shared = tmp_path / "shared"  # a group's umask leaves every bit but others' write
+    shared.mkdir()
+    (shared / "weights").write_text("w")
+    os.chmod(shared / "weights", 0o600)
+    with _umask(0o002):
+        files.follow_umask(shared)
+    assert (shared / "weights").stat().st_mode & 0o7777 == 0o664 and shared.stat().st_mode & 0o7777 == 0o775
