@@ -315,6 +315,13 @@ def test_twin_settings_as_one_object_or_its_fields(pair):
         tw.measure_twins("tiny", pair.prompts, k=2, load=pair.load)
 
 
+def test_twin_jobs_are_stored_under_root(tmp_path):
+    jobs = tw.twin_jobs("tiny", {"p": "abc"}, k=2, token_layer=-1, root=tmp_path)
+    assert [j.labels["weights"] for j in jobs] == list(tw.WEIGHTS)
+    assert all(tmp_path in j.out(part).parents for j in jobs for part in ("depth", "tokens"))
+    assert all(j.out("depth") is None for j in tw.twin_jobs("tiny", {"p": "abc"}, k=2))  # no root: nowhere
+
+
 def test_tile_rule_reads_every_k_the_tiles_hold_and_every_prompt():
     """A tile diagonal at K = 4 whose 3 x 3 corner is not: the trained share is the worst over K."""
     rows = []
@@ -349,3 +356,14 @@ def test_token_intervals_pool_token_pairs_and_resample_prompts(pair):
     n = pair.m.tokenwise.prompt.nunique()
     for iv in out.values():
         assert iv.low <= iv.estimate <= iv.high and iv.over == f"{n} prompts"
+
+
+def test_the_report_counts_models_in_words():
+    """'all 1 models measured' read wrongly: one model is named as one."""
+    import pandas as pd
+
+    from coupling_utils.analysis.depth_and_tokens import TwinSet
+
+    assert TwinSet({"a": None}, pd.DataFrame()).report() == "the one model measured, beside its twin"
+    two = TwinSet({"a": None, "b": None}, pd.DataFrame())
+    assert two.report() == "all 2 models measured, each beside its twin"

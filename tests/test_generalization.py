@@ -9,7 +9,8 @@ import torch
 
 from coupling_utils.analysis.generalization import family_coupling, family_jobs, family_summary
 from coupling_utils.analysis.predictors import best_predictor, predictor_comparison
-from coupling_utils.measurement import Options, collect, coupling_summary, measure
+from coupling_utils.measurement import Loads, Options, collect, coupling_summary, measure
+from coupling_utils.measurement.jobs import WEIGHTS
 
 
 def _tiny_neox(n_layers: int, d: int, seed: int):
@@ -56,16 +57,16 @@ def test_family_coupling_cache_is_reused_only_for_the_same_settings(tmp_path):
 
     prompts = {"p0": torch.tensor([[1, 2, 3, 4]])}
     options = Options(load=load)
-    first = family_coupling(family_jobs(["ref-a"], prompts, k=3, cache=tmp_path), options=options).summary
-    again = family_coupling(family_jobs(["ref-a"], prompts, k=3, cache=tmp_path), options=options).summary
+    first = family_coupling(family_jobs(["ref-a"], prompts, k=3, root=tmp_path), options=options).summary
+    again = family_coupling(family_jobs(["ref-a"], prompts, k=3, root=tmp_path), options=options).summary
     assert loads == ["ref-a"] and again.cached.tolist() == [True] and first.cached.tolist() == [False]
     assert again.coupling[0] == first.coupling[0] and again.n_params[0] == first.n_params[0]
     other = family_coupling(
-        family_jobs(["ref-a"], prompts, k=2, cache=tmp_path), options=options
+        family_jobs(["ref-a"], prompts, k=2, root=tmp_path), options=options
     ).summary  # another K: measured anew
     assert loads == ["ref-a", "ref-a"] and not other.cached[0]
     twin = family_coupling(
-        family_jobs({"rand": {"name_or_path": "ref-a", "random_init": True}}, prompts, k=3, cache=tmp_path),
+        family_jobs({"rand": {"name_or_path": "ref-a", "random_init": True}}, prompts, k=3, root=tmp_path),
         options=options,
     ).summary  # another load_model argument: measured anew
     assert loads == ["ref-a"] * 3 and twin.model.tolist() == ["rand"] and not twin.cached[0]
@@ -158,7 +159,7 @@ def test_family_coupling_with_twins_reports_the_excess_over_each_twin():
     calls = []
     load = _twin_loader(calls)
     prompts = {"p0": torch.tensor([[1, 2, 3, 4, 5]]), "p1": torch.tensor([[6, 7, 8, 9]])}
-    jobs = family_jobs(["a", "b"], prompts, k={"a": 2, "b": 4}, twins=True, twin_seed=5)
+    jobs = family_jobs(["a", "b"], prompts, k={"a": 2, "b": 4}, loads=Loads(weights=WEIGHTS, seed=5))
     fam = family_coupling(jobs, options=Options(load=load))
     assert calls == [("a", False, 5), ("a", True, 5), ("b", False, 5), ("b", True, 5)]
     s = fam.summary.set_index("model")
@@ -179,6 +180,12 @@ def test_family_coupling_with_twins_reports_the_excess_over_each_twin():
     assert "weights" not in plain.per_prompt and "excess" not in plain.summary
     with pytest.raises(ValueError, match=r"no K for the model\(s\) \['b'\]"):
         family_jobs(["a", "b"], prompts, k={"a": 2})
+    for bad, match in (
+        (Loads(weights=WEIGHTS[1:]), "loads.weights must be"),
+        (Loads(revisions=["r"]), "one revision"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            family_jobs(["a"], prompts, k=2, loads=bad)
 
 
 def test_a_missing_twin_leaves_the_excess_empty_with_the_reason():
@@ -188,7 +195,8 @@ def test_a_missing_twin_leaves_the_excess_empty_with_the_reason():
         return _tiny_neox(2, 8, 1)
 
     fam = family_coupling(
-        family_jobs(["a"], {"p": torch.tensor([[1, 2, 3]])}, k=2, twins=True), options=Options(load=load)
+        family_jobs(["a"], {"p": torch.tensor([[1, 2, 3]])}, k=2, loads=Loads(weights=WEIGHTS)),
+        options=Options(load=load),
     )
     row = fam.summary.iloc[0]
     assert np.isfinite(row.coupling) and np.isnan(row.twin_coupling) and np.isnan(row.excess)
@@ -199,7 +207,7 @@ def test_family_summary_condenses_collected_results_as_family_coupling_does(tmp_
     calls = []
     load = _twin_loader(calls)
     prompts = {"p0": torch.tensor([[1, 2, 3, 4, 5]]), "p1": torch.tensor([[6, 7, 8, 9]])}
-    jobs = family_jobs(["a", "b"], prompts, k=2, twins=True, cache=tmp_path)
+    jobs = family_jobs(["a", "b"], prompts, k=2, loads=Loads(weights=WEIGHTS), root=tmp_path)
     lines = []
     fam = family_coupling(jobs, options=Options(load=load), echo=lines.append)
     assert fam.lines == lines and len(lines) == 4 and fam.report() == "\n".join(lines)

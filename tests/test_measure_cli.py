@@ -133,6 +133,49 @@ def test_options_the_executor_does_not_read_are_refused(tmp_path, counted, capsy
     assert counted == [] and not (tmp_path / "out").exists()
 
 
+def test_slurm_without_sbatch_is_refused_before_out_is_made(tmp_path, monkeypatch, counted, capsys):
+    import shutil
+
+    real = shutil.which
+    monkeypatch.setattr(
+        shutil, "which", lambda name, *a, **kw: None if name == "sbatch" else real(name, *a, **kw)
+    )
+    out = tmp_path / "out"
+    assert main(["measure", "a/b", "--n-prompts", "0", "--executor", "slurm", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "no sbatch on its PATH" in err and "login node" in err and "Traceback" not in err, err
+    assert not out.exists() and counted == []
+    # a dry run shows the batch script without sbatch
+    assert (
+        main(["measure", "a/b", "--n-prompts", "0", "--executor", "slurm", "--out", str(out), "--dry-run"])
+        == 0
+    )
+    assert "#SBATCH" in capsys.readouterr().out and not out.exists()
+
+
+def test_a_measure_run_is_checked_when_made(tmp_path):
+    from coupling_utils.measurement import Loads, Settings
+    from coupling_utils.pipeline.measure_models import MeasureRun
+
+    good = dict(models=["a/b"], prompts={"p": "hi"}, settings=Settings(k=(2,)), out=str(tmp_path / "o"))
+    run = MeasureRun(**good, loads=Loads(revisions=["step1", "step2"]))
+    assert run.models == ("a/b",) and run.out == tmp_path / "o" and len(run.jobs()) == 2
+    assert all(tmp_path / "o" / "store" in j.out("measure").parents for j in run.jobs())
+    bad = {
+        "how must be one of": dict(how="diagonal"),
+        "no random init": dict(loads=Loads(weights=("trained", "random init"))),
+        "revisions is empty": dict(loads=Loads(revisions=[])),
+        "named twice": dict(models=["a/b", "a/b"]),
+        "no prompts": dict(prompts={}),
+        "is a file": dict(out=str(tmp_path / "f")),
+    }
+    (tmp_path / "f").write_text("")
+    for match, change in bad.items():
+        with pytest.raises(MeasureError, match=match):
+            MeasureRun(**{**good, **change})
+    assert not (tmp_path / "o").exists()
+
+
 def test_one_block_is_refused_and_one_block_after_resolving_is_said(tmp_path, counted, capsys):
     """Coupling compares blocks: --layers naming one block is refused up front; indices that
     resolve to one block of a model (1 and -1 of a 2-block model) are measured, and the output

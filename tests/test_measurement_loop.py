@@ -248,7 +248,7 @@ def test_the_analyses_rerun_without_loading_a_model(tmp_path):
         _same(getattr(in_memory, name), getattr(sweep, name))  # stored tables read back unchanged
     assert list(sweep.summary["step"]) == [0, 2] and sweep.failures.empty
 
-    jobs = family_jobs(["m-a", "m-b"], PROMPTS, k=2, cache=tmp_path / "f02")
+    jobs = family_jobs(["m-a", "m-b"], PROMPTS, k=2, root=tmp_path / "f02")
     fam = family_coupling(jobs, how="adjacent", options=Options(load=Loader()))
     again = family_coupling(jobs, how="adjacent", options=Options(load=_refuse))
     _same(again.summary, fam.summary, drop=("seconds", "cached"))
@@ -298,9 +298,9 @@ def test_the_analyses_job_lists_pickle_with_stable_keys(tmp_path):
 
     texts = {"p": "abc"}
     jobs = (
-        twin_jobs("org/m", texts, k=2, tile_layers=[0, 1], token_layer=-1, out=tmp_path)
-        + checkpoint_jobs("org/m", ["step8", "step1"], texts, SweepSettings(k=2), out=tmp_path)
-        + family_jobs(["org/m", "org/n"], texts, k=2, cache=tmp_path)
+        twin_jobs("org/m", texts, k=2, tile_layers=[0, 1], token_layer=-1, root=tmp_path)
+        + checkpoint_jobs("org/m", ["step8", "step1"], texts, SweepSettings(k=2), root=tmp_path)
+        + family_jobs(["org/m", "org/n"], texts, k=2, root=tmp_path)
     )
     back = pickle.loads(pickle.dumps(jobs))
     assert back == jobs and [j.key for j in back] == [j.key for j in jobs]

@@ -135,6 +135,21 @@ def test_closest_miss_and_the_book_choice():
         scale.judge(_values(0.9, 0.1), "absent")
 
 
+def test_scale_jobs_load_as_their_loads_say_and_store_under_root(tmp_path):
+    from coupling_utils.measurement import Loads
+    from coupling_utils.measurement.jobs import WEIGHTS
+
+    loads = Loads(weights=WEIGHTS, seed=7, dtype="bfloat16")
+    jobs = scale.scale_jobs(["m"], PROMPTS, k=[2], loads=loads, root=tmp_path)
+    assert [j.load_kwargs for j in jobs] == [
+        {"dtype": "bfloat16", "random_init": w == WEIGHTS[1], "seed": 7} for w in WEIGHTS
+    ]
+    assert all(tmp_path in j.out("measure").parents for j in jobs)
+    for bad in (Loads(dtype="bfloat16"), Loads(weights=WEIGHTS, revisions=["step1"])):
+        with pytest.raises(ValueError, match="beside its random-init twin"):
+            scale.scale_jobs(["m"], PROMPTS, k=[2], loads=bad)
+
+
 def test_measure_scale_measures_model_and_twin_once_and_records_failures(tmp_path):
     calls = []
 

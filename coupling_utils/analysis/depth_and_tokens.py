@@ -176,11 +176,11 @@ def twin_jobs(
     prompts: Any,
     settings: TwinSettings | None = None,
     *,
-    out: str | Path | None = None,
+    root: str | Path | None = None,
     **fields: Any,
 ) -> list[Job]:
     """The two jobs of :func:`measure_twins` (trained, random init), each with a "depth" and,
-    with ``token_layer``, a "tokens" measurement; stored under ``out`` (see
+    with ``token_layer``, a "tokens" measurement; stored under ``root`` (None: nowhere; see
     :mod:`coupling_utils.measurement.jobs`). ``settings``: a :class:`TwinSettings`, or its fields
     as keyword arguments."""
     s = _twin_settings(settings, fields, "twin_jobs")
@@ -200,7 +200,7 @@ def twin_jobs(
         _check_twin, model=model, layers=layers, tile_layers=window, token_layer=s.token_layer
     )
     loads = Loads(weights=WEIGHTS, seed=s.seed, dtype=s.dtype)
-    return plan([model], prompts, parts, loads=loads, root=out, check=check)
+    return plan([model], prompts, parts, loads=loads, root=root, check=check)
 
 
 def measure_twins(
@@ -228,7 +228,7 @@ def measure_twins(
     s = _twin_settings(settings, fields, "measure_twins")
     if s.crop is not None and not 1 <= int(s.crop) <= max(s.ks):
         raise ValueError(f"tile_k={s.crop} must be between 1 and max(k) = {max(s.ks)}")
-    jobs = twin_jobs(model, prompts, s, out=out)
+    jobs = twin_jobs(model, prompts, s, root=out)
     done = collect(jobs, options or Options(on_error="raise"))
     if not done.ok:
         raise RuntimeError(f"{model}: no twin could be measured\n{done.report()}")
@@ -290,8 +290,13 @@ class TwinSet:
     def report(self) -> str:
         """One line per model left out, or a line saying none was."""
         if self.failures.empty:
-            return f"all {len(self.results)} models measured, each beside its twin"
-        lines = [f"{len(self.results)} models measured; left out:"]
+            n = len(self.results)
+            return (
+                "the one model measured, beside its twin"
+                if n == 1
+                else f"all {n} models measured, each beside its twin"
+            )
+        lines = [f"{len(self.results)} model{'' if len(self.results) == 1 else 's'} measured; left out:"]
         for model, rows in self.failures.groupby("model", sort=False):
             reasons = {}
             for r in rows.itertuples():
@@ -330,7 +335,7 @@ def measure_models(
         names.insert(0, main)
     jobs = []
     for name in names:
-        jobs += twin_jobs(name, prompts, s if name == main else s.depth_only(), out=out)
+        jobs += twin_jobs(name, prompts, s if name == main else s.depth_only(), root=out)
     return twin_set(collect(jobs, options), s, main=main)
 
 

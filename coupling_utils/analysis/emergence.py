@@ -282,11 +282,11 @@ def checkpoint_jobs(
     prompts: Any,
     settings: SweepSettings | None = None,
     *,
-    out: str | Path | None = None,
+    root: str | Path | None = None,
 ) -> list[Job]:
     """The jobs of :func:`sweep_checkpoints`, one per checkpoint in step order (labels model,
-    revision, step): a "depth" measurement and the trajectory tables, stored under ``out``
-    (``out/<model>/<revision>/trained/``; None: nothing is stored)."""
+    revision, step): a "depth" measurement and the trajectory tables, stored under ``root``
+    (``root/<model>/<revision>/trained/``; None: nothing is stored)."""
     s = settings or SweepSettings()
     if isinstance(revisions, str):
         revisions = [revisions]
@@ -313,7 +313,7 @@ def checkpoint_jobs(
     options = {"max_tokens": s.max_tokens, "layers": s.trajectory_layers, "tokens": s.trajectory_tokens}
     extra = Extra("trajectories", checkpoint_trajectories, options, sources=("analysis/trajectories.py",))
     loads = Loads(revisions=ordered, dtype=s.dtype)
-    jobs = plan([model], prompts, {"depth": measured}, loads=loads, root=out, extra=extra)
+    jobs = plan([model], prompts, {"depth": measured}, loads=loads, root=root, extra=extra)
     return relabel(jobs, lambda job: {"step": step_of(job.revision)})
 
 
@@ -373,7 +373,7 @@ def sweep_checkpoints(
     ``CheckpointTables.failures`` and left out.
     """
     s = settings or SweepSettings()
-    jobs = checkpoint_jobs(model, revisions, prompts, s, out=out)
+    jobs = checkpoint_jobs(model, revisions, prompts, s, root=out)
     done = collect(jobs, options or Options(on_error="raise"), desc=f"checkpoints of {model}")
     return sweep_of(done, model, how=s.how)
 
@@ -402,7 +402,7 @@ def runs_jobs(
     for run in runs:
         fit, _ = fitting_k(run, s.k)
         if fit:
-            jobs += checkpoint_jobs(run.model, run.revisions, prompts, s.but(k=fit), out=out)
+            jobs += checkpoint_jobs(run.model, run.revisions, prompts, s.but(k=fit), root=out)
     return jobs
 
 

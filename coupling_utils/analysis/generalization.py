@@ -8,11 +8,12 @@ first of the two steps, the number, for any set of models:
   same prompts, same settings) and :func:`family_coupling` makes them, then
   :func:`family_summary` condenses each model's depth-wise coupling into one number
   (:func:`coupling_utils.measurement.coupling_summary`; the paper's aggregation is not published,
-  so ``how`` and ``k`` are the reader's choice), with its spread over prompts. With
-  ``twins=True`` each model's random-init twin (same config, same K, same prompts) is measured
-  too, and the summary adds the twin's coupling and the *excess* over it: the chance level of
-  ``1 − m²`` depends on the width, K and architecture, so raw coupling compares those as much
-  as training. ``k`` may differ per model (:func:`k_for_width` keeps K/d fixed across widths).
+  so ``how`` and ``k`` are the reader's choice), with its spread over prompts. With twins
+  (``loads=Loads(weights=WEIGHTS)``) each model's random-init twin (same config, same K, same
+  prompts) is measured too, and the summary adds the twin's coupling and the *excess* over it:
+  the chance level of ``1 − m²`` depends on the width, K and architecture, so raw coupling
+  compares those as much as training. ``k`` may differ per model (:func:`k_for_width` keeps K/d
+  fixed across widths).
   A chapter that collects these jobs with others condenses its own results with
   :func:`family_summary`.
 - :func:`training_stage`: whether each member of a trained family has reached the flat part
@@ -77,9 +78,9 @@ def corpus_prompts(n: int, n_tokens: int, *, vocab_size: int = 2048, seed: int =
 class FamilyCoupling:
     """What :func:`family_coupling` measured: per model, per (model, prompt), per (model, block pair).
 
-    With ``twins=True`` the per-prompt and depth-wise tables hold both weights (a ``weights``
-    column: "trained", "random init") and the summary, one row per model, adds
-    :data:`TWIN_COLUMNS`.
+    With twins (:func:`family_jobs`' ``loads``) the per-prompt and depth-wise tables hold both
+    weights (a ``weights`` column: "trained", "random init") and the summary, one row per model,
+    adds :data:`TWIN_COLUMNS`.
     """
 
     summary: pd.DataFrame  # one row per model
@@ -109,7 +110,7 @@ SUMMARY_COLUMNS = [
     "note",
 ]
 TWIN_COLUMNS = ["twin_coupling", "twin_coupling_sd", "excess", "excess_se", "twin_note"]
-"""Summary columns :func:`family_coupling` adds with ``twins=True``: the random-init twin's
+"""Summary columns :func:`family_coupling` adds with twins: the random-init twin's
 coupling (mean, sd over prompts), the excess ``coupling − twin_coupling`` (mean over prompts of
 the paired difference, and its standard error) and why a twin is missing (empty if measured)."""
 
@@ -120,27 +121,35 @@ def family_jobs(
     settings: Settings | None = None,
     *,
     k: int | Mapping[str, int] = 10,
-    dtype: str = "float32",
-    cache: str | Path | None = None,
-    twins: bool = False,
-    twin_seed: int = 0,
+    loads: Loads | None = None,
+    root: str | Path | None = None,
 ) -> list[Job]:
-    """The jobs that :func:`family_coupling` measures: one per model (two with ``twins``: trained,
-    then its random init drawn with ``twin_seed``), labelled ``model`` (and ``weights``), stored
-    under ``cache`` (None: nowhere).
+    """The jobs that :func:`family_coupling` measures: one per model, labelled ``model``, stored
+    under ``root`` (None: nowhere).
 
+    ``loads``: the dtype (default float32), and with ``weights=WEIGHTS`` each model twice
+    (labelled ``weights``: trained, then its random init drawn with ``seed``), the twins
+    :func:`family_summary` compares (:class:`~coupling_utils.measurement.Loads`; one revision:
+    name it in the model's mapping).
     ``settings``: what each model is measured with (None: :class:`Settings`' defaults, the last
     token); its ``k`` is replaced by ``k``: one K for every model, or ``{model name: K}`` (e.g.
     :func:`k_for_width` of each member's width, to compare widths at one K/d).
     """
+    loads = Loads() if loads is None else loads
+    if loads.weights is not None and tuple(loads.weights) != WEIGHTS:
+        raise ValueError(f"loads.weights must be None (no twins) or {WEIGHTS} (twins), got {loads.weights!r}")
+    if loads.revisions is not None:
+        raise ValueError(
+            f"a family measures each model at one revision, got loads.revisions={loads.revisions!r}; name "
+            "a model's revision in its mapping ({'name_or_path': ..., 'revision': ...})"
+        )
     settings = Settings() if settings is None else settings
     per_model = isinstance(k, Mapping)
     first = next(iter(k.values()), None) if per_model else k
     if first is None:
         raise ValueError("k is an empty mapping; give a K for every model")
     settings = dataclasses.replace(settings, k=(int(first),))
-    loads = Loads(weights=WEIGHTS if twins else None, seed=twin_seed, dtype=dtype)
-    jobs = plan(models, prompts, settings, loads=loads, root=cache)
+    jobs = plan(models, prompts, settings, loads=loads, root=root)
     if not per_model:
         return jobs
     names = list(dict.fromkeys(j.labels["model"] for j in jobs))
@@ -168,7 +177,7 @@ def family_coupling(
     ``options``: how the jobs run (:class:`~coupling_utils.measurement.Options`: ``load``,
     ``on_error``, ``reuse_stale``, ...); with ``on_error="record"`` (the default) a model that
     cannot be loaded or measured (gated, out of memory, missing) gets a row with NaN coupling
-    and the reason in ``note``, and the others still run. Stored jobs (``cache``) are read back
+    and the reason in ``note``, and the others still run. Stored jobs (``root``) are read back
     without loading their model. ``echo(line)``: one line per job as it finishes.
     """
 

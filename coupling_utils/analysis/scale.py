@@ -114,15 +114,24 @@ def scale_jobs(
     prompts,
     *,
     k: Sequence[int] | Mapping[str, Sequence[int]] = (10, 30, 50),
-    dtype: str = "float32",
-    seed: int = 0,
+    loads: Loads | None = None,
     root: str | Path | None = None,
     settings: Settings | None = None,
 ):
-    """Two jobs per model (trained, random init): all tokens, the K values ``k`` (or
-    ``{model name: K values}`` for models narrower than the largest K), the 'norm' metric.
+    """Two jobs per model (trained, random init), stored under ``root`` (None: nowhere): all
+    tokens, the K values ``k`` (or ``{model name: K values}`` for models narrower than the largest
+    K), the 'norm' metric. ``loads``: the dtype and the random init's ``seed``
+    (:class:`~coupling_utils.measurement.Loads`, its weights both of ``WEIGHTS``, one revision;
+    default float32, seed 0).
     ``settings``: the measurement's other settings (``method``, ``max_tokens``, ``last_block``;
     default ``Settings()``); its K and tokens are replaced by the scale question's."""
+    loads = Loads(weights=WEIGHTS) if loads is None else loads
+    if loads.weights is None or tuple(loads.weights) != WEIGHTS or loads.revisions is not None:
+        raise ValueError(
+            "the scale question measures each model once beside its random-init twin: loads needs "
+            f"weights={WEIGHTS} and no revisions, got weights={loads.weights!r}, "
+            f"revisions={loads.revisions!r}"
+        )
     per_model = isinstance(k, Mapping)
     ks = sorted({int(x) for x in (next(iter(k.values()), ()) if per_model else k)})
     if not ks:
@@ -134,7 +143,7 @@ def scale_jobs(
             f"got normalize={base.normalize!r}, p={base.p}, orientation={base.orientation!r}"
         )
     settings = dataclasses.replace(base, k=tuple(ks), tokens="all")
-    jobs = plan(models, prompts, settings, loads=Loads(weights=WEIGHTS, seed=seed, dtype=dtype), root=root)
+    jobs = plan(models, prompts, settings, loads=loads, root=root)
     if not per_model:
         return jobs
     missing = sorted({j.labels["model"] for j in jobs} - set(k))

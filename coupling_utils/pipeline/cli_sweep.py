@@ -131,8 +131,10 @@ def _cmd_sweep(args) -> int:
 
 
 def _cmd_measure(args) -> int:
+    from coupling_utils.measurement import Loads
     from coupling_utils.pipeline.measure_models import (
         MeasureError,
+        MeasureRun,
         measure_dry_run,
         measure_many,
         measurement_settings,
@@ -146,11 +148,14 @@ def _cmd_measure(args) -> int:
         settings = measurement_settings(
             args.k or DEFAULT_K, args.tokens, args.method, args.max_tokens, args.layers, args.last_block
         )
-        where = dict(out=args.out, revisions=args.revision or None, dtype=args.dtype, resources=resources)
+        loads = Loads(revisions=args.revision or None, dtype=args.dtype)
+        run = MeasureRun(
+            args.models, prompts, settings, out=args.out, loads=loads, how=args.how, resources=resources
+        )
         if args.dry_run:
-            print(measure_dry_run(args.models, prompts, settings, **where))
+            print(measure_dry_run(run))
             return 0
-        report = measure_many(args.models, prompts, settings, how=args.how, **where)
+        report = measure_many(run)
     except (MeasureError, SweepError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

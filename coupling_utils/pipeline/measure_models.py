@@ -36,6 +36,7 @@ import pandas as pd
 from coupling_utils.measurement import (
     MEASURE_METHODS,
     TABLES,
+    Job,
     Loads,
     Options,
     Settings,
@@ -49,6 +50,7 @@ from coupling_utils.pipeline.sweep import Resources
 __all__ = [
     "MeasureError",
     "MeasureReport",
+    "MeasureRun",
     "measure_many",
     "measure_dry_run",
     "measurement_settings",
@@ -213,90 +215,109 @@ def measurement_settings(
         raise MeasureError(f"bad measurement settings: {exc}") from exc
 
 
-def measure_many(
-    models: Sequence[str],
-    prompts: Mapping[str, Any] | Sequence[Any],
-    settings: Settings,
-    *,
-    out: str | Path,
-    revisions: Sequence[str] | None = None,
-    dtype: str = "float32",
-    how: str = "offdiag",
-    resources: Resources | None = None,
-) -> MeasureReport:
-    """Measure ``models`` (at each of ``revisions``) on ``prompts`` with ``settings`` (see
-    :func:`measurement_settings`) and write tidy tables to ``out``.
+@dataclass(frozen=True)
+class MeasureRun:
+    """One ``coupling-book measure`` run, checked when made (a bad one is a MeasureError).
 
-    ``resources``: None (here, one model after the other; a model that fails is recorded and the
-    others still run), or a :class:`~coupling_utils.pipeline.sweep.Resources` (one job per
-    (model, revision) through :func:`coupling_utils.pipeline.sweep.submit`; SLURM returns at
-    once, and the tables hold what has finished: rerun the same command later to complete them).
+    ``models`` (each named once) measured on ``prompts`` (``{id: prompt}`` or a list) with
+    ``settings`` (:func:`measurement_settings`), loaded as ``loads`` says (:class:`Loads`: the
+    revisions of every model and the dtype; each model as it is, no random init), stored under
+    ``out/store`` and tabled in ``out``; ``how``: which block pairs the summary averages;
+    ``resources``: None (in this process, one model after the other) or where the jobs run
+    (:class:`~coupling_utils.pipeline.sweep.Resources`).
     """
-    if how not in HOWS:
-        raise MeasureError(f"how must be one of {HOWS}, got {how!r}")
-    refs, jobs = _plan_jobs(models, prompts, settings, _out_folder(out, create=False), revisions, dtype)
-    out = _out_folder(out)  # created once the input is known to be good
+
+    models: Sequence[str]
+    prompts: Mapping[str, Any] | Sequence[Any]
+    settings: Settings
+    out: Path
+    loads: Loads = Loads()
+    how: str = "offdiag"
+    resources: Resources | None = None
+
+    def __post_init__(self):
+        models = [self.models] if isinstance(self.models, str) else list(self.models)
+        if not models:
+            raise MeasureError("name at least one model")
+        if len(set(models)) != len(models):
+            raise MeasureError(f"a model is named twice: {models}")
+        if not len(self.prompts):
+            raise MeasureError("no prompts to measure on; give a prompts file with --prompts")
+        if self.how not in HOWS:
+            raise MeasureError(f"how must be one of {HOWS}, got {self.how!r}")
+        if self.loads.weights is not None:
+            raise MeasureError(
+                "measure loads each model as it is (no random init), got weights "
+                f"{list(self.loads.weights)}; leave weights out of loads"
+            )
+        if self.loads.revisions is not None and not list(self.loads.revisions):
+            raise MeasureError("revisions is empty; name at least one (--revision R), or leave it out")
+        object.__setattr__(self, "models", tuple(models))
+        object.__setattr__(self, "out", _out_folder(self.out, create=False))
+
+    def references(self) -> dict[str, str]:
+        """``{model: reference}``: a local path made absolute, so that cluster jobs find it."""
+        return {m: _reference(m) for m in self.models}
+
+    def jobs(self) -> list[Job]:
+        """One job per (model, revision), stored under ``out/store``."""
+        parts = {"measure": self.settings}
+        return plan(self.references(), self.prompts, parts, loads=self.loads, root=self.out / "store")
+
+
+def measure_many(run: MeasureRun) -> MeasureReport:
+    """Measure ``run``'s models and write tidy tables to ``run.out``.
+
+    In this process (``run.resources`` None) a model that fails is recorded and the others still
+    run; with resources, one job per (model, revision) goes through
+    :func:`coupling_utils.pipeline.sweep.submit` (SLURM returns at once, and the tables hold what
+    has finished: rerun the same command later to complete them). What this machine cannot run
+    (``--executor slurm`` without sbatch) is refused before anything is created.
+    """
+    jobs = run.jobs()
+    if run.resources is not None:
+        run.resources.check_here()
+    out = _out_folder(run.out)  # created once the input is known to be good
     pending: list[str] = []
-    if resources is None:
+    if run.resources is None:
         done = collect(jobs, Options(progress=sys.stderr.isatty()), desc="models")
     else:
         from coupling_utils.pipeline.sweep import submit
 
-        states = submit(_sweep(jobs, list(refs), revisions, settings, out), resources)
+        states = submit(_sweep(jobs, run), run.resources)
         pending = [s.task.name for s in states if s.state in ("running", "pending")]
         done = collect(jobs, Options(compute=False))
     report = MeasureReport(out, n_jobs=len(jobs), pending=pending)
-    _write_tables(done, report, how=how, settings=settings, prompts=prompts, models=refs)
+    _write_tables(done, report, run)
     return report
 
 
-def measure_dry_run(
-    models: Sequence[str],
-    prompts: Mapping[str, Any] | Sequence[Any],
-    settings: Settings,
-    *,
-    out: str | Path,
-    revisions: Sequence[str] | None = None,
-    dtype: str = "float32",
-    resources: Resources | None = None,
-) -> str:
-    """What :func:`measure_many` with these arguments would do, as text (the models and revisions,
-    which are stored already, the settings, the output folder; with ``resources``, what would be
-    submitted, and for SLURM the batch script); nothing is loaded, measured, submitted or written."""
-    out = _out_folder(out, create=False)
-    refs, jobs = _plan_jobs(models, prompts, settings, out, revisions, dtype)
+def measure_dry_run(run: MeasureRun) -> str:
+    """What :func:`measure_many` of ``run`` would do, as text (the models and revisions, which are
+    stored already, the settings, the output folder; with resources, what would be submitted, and
+    for SLURM the batch script); nothing is loaded, measured, submitted or written."""
+    jobs = run.jobs()
     done = collect(jobs, Options(compute=False))  # reads what is stored, loads nothing
+    settings = run.settings
     chosen = {
         n: getattr(settings, n) for n in ("k", "tokens", "method", "layers", "max_tokens", "last_block")
     }
-    chosen.update(k=list(settings.k), layers=list(settings.layers or []) or "all", dtype=dtype)
+    chosen.update(k=list(settings.k), layers=list(settings.layers or []) or "all", dtype=run.loads.dtype)
     lines = [
         f"dry run: nothing is measured, submitted or written; {len(done.missing)} of {len(jobs)} "
-        f"(model, revision) pair(s) to measure, on {len(prompts)} prompt(s), into {out}",
+        f"(model, revision) pair(s) to measure, on {len(run.prompts)} prompt(s), into {run.out}",
         "  settings: " + ", ".join(f"{name}={value}" for name, value in chosen.items()),
     ]
     lines += [f"  {'stored' if r.ok else 'would measure'}  {r.job.describe()}" for r in done.results]
-    if resources is not None and done.missing:
+    if run.resources is not None and done.missing:
         from coupling_utils.pipeline.sweep import submit
 
-        lines.append(f"with --executor {resources.executor}:")
-        submit(_sweep(jobs, list(refs), revisions, settings, out), resources, dry_run=True, echo=lines.append)
+        lines.append(f"with --executor {run.resources.executor}:")
+        submit(_sweep(jobs, run), run.resources, dry_run=True, echo=lines.append)
     return "\n".join(lines)
 
 
-def _plan_jobs(models, prompts, settings: Settings, out: Path, revisions, dtype: str):
-    """``({model: reference}, jobs)`` of a measure run, stored under ``out/store``."""
-    models = list(models)
-    if not models:
-        raise MeasureError("name at least one model")
-    if len(set(models)) != len(models):
-        raise MeasureError(f"a model is named twice: {models}")
-    refs = {m: _reference(m) for m in models}
-    loads = Loads(revisions=revisions, dtype=dtype)
-    return refs, plan(refs, prompts, {"measure": settings}, loads=loads, root=out / "store")
-
-
-def _sweep(jobs, models: list[str], revisions, settings: Settings, out: Path):
+def _sweep(jobs, run: MeasureRun):
     """The jobs as a sweep in ``out/sweep`` (recorded when submitted)."""
     from coupling_utils.pipeline.sweep import group_tasks, record_sweep
 
@@ -304,11 +325,11 @@ def _sweep(jobs, models: list[str], revisions, settings: Settings, out: Path):
         "notebook": "measure",
         "profile": "cli",
         "overrides": {},
-        "models": models,
-        "revisions": list(revisions or []),
-        "settings": settings.to_dict(runtime=False),
+        "models": list(run.models),
+        "revisions": list(run.loads.revisions or []),
+        "settings": run.settings.to_dict(runtime=False),
     }
-    return record_sweep(out / "sweep", group_tasks(jobs), info, write=False)
+    return record_sweep(run.out / "sweep", group_tasks(jobs), info, write=False)
 
 
 def _out_folder(out: str | Path, *, create: bool = True) -> Path:
@@ -406,8 +427,8 @@ def _summary_rows(done, how: str, report: MeasureReport) -> list[dict]:
     return rows
 
 
-def _write_tables(done, report: MeasureReport, *, how, settings, prompts, models) -> None:
-    out = report.out
+def _write_tables(done, report: MeasureReport, run: MeasureRun) -> None:
+    out, how, settings, prompts = report.out, run.how, run.settings, run.prompts
     lead = ["model", "revision"]
 
     def tidy(df: pd.DataFrame) -> pd.DataFrame:
@@ -430,7 +451,7 @@ def _write_tables(done, report: MeasureReport, *, how, settings, prompts, models
     provenance = {
         "what": "coupling-book measure: block-coupling measurements of these models (measure())",
         "command": " ".join(sys.argv) if sys.argv and sys.argv[0].endswith("coupling-book") else None,
-        "models": models,
+        "models": run.references(),
         "settings": {**settings.to_dict(runtime=False), "last_block": settings.last_block},
         "summary": {"how": how, "definition": "mean over prompts of the mean of 1 - m_K^2 over block pairs"},
         "prompts": {pid: (p if isinstance(p, str) else f"<{int(p.shape[-1])} token ids>") for pid, p in

@@ -494,6 +494,17 @@ class Resources:
             )
         parse_time(self.time_limit)  # a bad time fails here, before anything is submitted
 
+    def check_here(self, *, dry_run: bool = False) -> None:
+        """Refuse what this machine cannot run, before anything is created or submitted: SLURM
+        (not a dry run) needs ``sbatch`` on the PATH."""
+        import shutil
+
+        if self.executor == "slurm" and not dry_run and shutil.which("sbatch") is None:
+            raise SweepError(
+                "--executor slurm submits with SLURM's sbatch, and this machine has no sbatch on its PATH; "
+                "run the command on the cluster's login node, or use --executor local (or, for measure, none)"
+            )
+
     @property
     def minutes(self) -> int | None:
         return parse_time(self.time_limit)
@@ -541,6 +552,7 @@ def submit(
     if not todo:
         echo(f"{sweep.name}: nothing to submit ({len(states)} tasks)")
         return states
+    resources.check_here(dry_run=dry_run)
     submitit = None if dry_run and resources.executor == "local" else _import_submitit()
     if resources.executor == "slurm":
         return _submit_slurm(
@@ -568,13 +580,6 @@ def _submit_slurm(submitit, sweep, todo, params: dict[str, Any], dry_run: bool, 
             echo(f"  {t.name} ({len(t.jobs)} job(s))")
         echo(script)
         return sweep_status(sweep)
-    import shutil
-
-    if shutil.which("sbatch") is None:
-        raise SweepError(
-            "--executor slurm submits with SLURM's sbatch, and this machine has no sbatch on its PATH; "
-            "run the command on the cluster's login node, or use --executor local (or, for measure, none)"
-        )
     ex = submitit.SlurmExecutor(folder=sweep.record().folder / "slurm")
     ex.update_parameters(**params)
     jobs = ex.map_array(run_task, todo, [str(sweep.folder)] * len(todo))

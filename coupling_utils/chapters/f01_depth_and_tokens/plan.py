@@ -139,7 +139,7 @@ def _companion_jobs(p: Params) -> dict[str, list[Job]]:
     with the same tiles and token block: what "The last block" sets side by side."""
     s, texts = twin_settings(p), prompts(p)
     return {
-        c: tw.twin_jobs(p.model, texts, s.but(last_block=c), out=cache_dir("f01", p.method))
+        c: tw.twin_jobs(p.model, texts, s.but(last_block=c), root=cache_dir("f01", p.method))
         for c in lb.companions(p.last_block)
     }
 
@@ -152,7 +152,7 @@ def jobs(p: Params) -> list[Job]:
     out: list[Job] = []
     for name in models(p):
         out += tw.twin_jobs(
-            name, texts, s if name == p.model else s.depth_only(), out=cache_dir("f01", p.method)
+            name, texts, s if name == p.model else s.depth_only(), root=cache_dir("f01", p.method)
         )
     return out + [job for part in _companion_jobs(p).values() for job in part]
 

@@ -35,8 +35,8 @@ from coupling_utils.chapters.params import ChapterParams, param
 from coupling_utils.engine.blocks import LAST_BLOCKS
 from coupling_utils.engine.metric import k_for_width
 from coupling_utils.files import cache_dir
-from coupling_utils.measurement import Options, Result, Settings, collect
-from coupling_utils.measurement.jobs import Job
+from coupling_utils.measurement import Loads, Options, Result, Settings, collect
+from coupling_utils.measurement.jobs import WEIGHTS, Job
 
 NOTEBOOK = "f02_generalization"
 
@@ -261,19 +261,19 @@ def _family(p: Params, last_block: str, cache, which: str = "family") -> list[Jo
     ``last_block``."""
     settings = Settings(tokens=p.tokens, method=p.method, max_tokens=p.prompt_tokens, last_block=last_block)
     family_k = {run: k_for_width(d, p.k_over_d) for run, d in family_widths(p, which).items()}
-    return family_jobs(
-        member_models(p, which), prompts(p), settings, k=family_k, dtype=p.dtype, cache=cache, twins=True,
-        twin_seed=p.init_seed,
-    )  # fmt: skip
+    return family_jobs(member_models(p, which), prompts(p), settings, k=family_k, loads=_twins(p), root=cache)
 
 
 def _scale(p: Params, last_block: str, names: list[str], root) -> list[Job]:
     """The scale question's jobs of the models ``names`` with the last block as ``last_block``."""
     ks = {name: k for name, k in scale_ks(p).items() if name in names}
     settings = Settings(method=p.method, max_tokens=p.scale_max_tokens, last_block=last_block)
-    return scale.scale_jobs(
-        list(ks), scale_prompts(p), k=ks, dtype=p.dtype, seed=p.init_seed, root=root, settings=settings
-    )
+    return scale.scale_jobs(list(ks), scale_prompts(p), k=ks, loads=_twins(p), root=root, settings=settings)
+
+
+def _twins(p: Params) -> Loads:
+    """Each model beside its random-init twin (drawn with ``init_seed``), in ``dtype``."""
+    return Loads(weights=WEIGHTS, seed=p.init_seed, dtype=p.dtype)
 
 
 def _parts(p: Params, *, store: bool) -> dict[str, list[Job]]:
@@ -286,7 +286,7 @@ def _parts(p: Params, *, store: bool) -> dict[str, list[Job]]:
     root = cache_dir("f02", "scale") if store else None
     settings = Settings(tokens=p.tokens, method=p.method, max_tokens=p.prompt_tokens, last_block=p.last_block)
     hub = (
-        family_jobs(p.hub_models, prompts(p), settings, k=p.k, dtype=p.dtype, cache=cache)
+        family_jobs(p.hub_models, prompts(p), settings, k=p.k, loads=Loads(dtype=p.dtype), root=cache)
         if p.hub_models
         else []
     )
