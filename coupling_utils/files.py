@@ -82,8 +82,8 @@ def follow_umask(root: str | os.PathLike) -> None:
     would): folders ``0o777 & ~umask``, files ``0o666 & ~umask`` (``0o777`` for an executable one).
 
     For what a library wrote with its own mode (``save_pretrained`` writes its weights through a
-    0600 temporary file), called on a build's folder before it is renamed into place. Symbolic
-    links are left alone (``chmod`` would follow them out of the folder).
+    0600 temporary file): :func:`atomic_dir` calls it on every folder before it is renamed into
+    place. Symbolic links are left alone (``chmod`` would follow them out of the folder).
     """
     mask = umask()
     for path in [Path(root), *Path(root).rglob("*")]:
@@ -143,7 +143,9 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
 def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary directory beside ``path``; move it onto ``path`` only on success.
 
-    An existing ``path`` is replaced. Used for model directories and checkpoints.
+    An existing ``path`` is replaced. Used for model directories and checkpoints. Everything in the
+    finished folder is given the umask's modes (:func:`follow_umask`) before the move, also what a
+    library wrote with its own (``save_pretrained`` writes its weights 0600).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -151,6 +153,7 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
     _umask_mode(tmp, directory=True)
     try:
         yield tmp
+        follow_umask(tmp)
         if path.exists():
             old = path.with_name(f".{path.name}.old")
             shutil.rmtree(old, ignore_errors=True)

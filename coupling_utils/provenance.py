@@ -5,6 +5,7 @@ One helper each, used by every layer that stores results:
 - :func:`slug`: a model name or revision as one safe path component;
 - :func:`stable_hash`: a short hash of settings and inputs (dicts, lists, numbers, strings,
   tensors and arrays), the same in every process and on every machine;
+- :func:`file_sha256`: the SHA-256 of a file's bytes (weights, packages), memoised;
 - :func:`versions`: the versions of the package and of the libraries behind its numbers;
 - :func:`code_fingerprint`: a hash of the code that determines a measurement's numbers, so a
   stored result made by other code is recognised as stale.
@@ -22,6 +23,7 @@ do not make a result stale; any change to the code itself does.
 from __future__ import annotations
 
 import ast
+import contextlib
 import functools
 import hashlib
 import json
@@ -31,7 +33,18 @@ import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-__all__ = ["slug", "stable_hash", "versions", "cpu_name", "cpu_vendor", "code_fingerprint", "NUMBER_SOURCES"]
+from coupling_utils.files import atomic_write_text, cache_dir
+
+__all__ = [
+    "slug",
+    "stable_hash",
+    "file_sha256",
+    "versions",
+    "cpu_name",
+    "cpu_vendor",
+    "code_fingerprint",
+    "NUMBER_SOURCES",
+]
 
 PACKAGE = Path(__file__).resolve().parent
 NUMBER_SOURCES = ("engine", "measurement", "models/loading.py", "models/preprocessors.py")
@@ -85,6 +98,43 @@ def _feed(h, o) -> None:
         raise TypeError(
             f"cannot hash a {type(o).__name__} stably; pass strings, numbers, lists, dicts or tensors"
         )
+
+
+_SHA_MEMO: dict[tuple[str, int, int], str] = {}
+
+
+def _stream_sha256(path: Path) -> str:
+    """SHA-256 of a file's bytes, read in 4 MiB blocks (not memoised)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def file_sha256(path: str | Path) -> str:
+    """SHA-256 of a file, memoised by (path, size, mtime) in memory and in the cache directory
+    (``<cache>/zoo/sha256-memo.json``), so large weight files are read once."""
+    path = Path(path).resolve()
+    st = path.stat()
+    key = (str(path), st.st_size, st.st_mtime_ns)
+    if key in _SHA_MEMO:
+        return _SHA_MEMO[key]
+    try:  # a cache one cannot write, or without a zoo folder yet, has no memo to read
+        memo_file = cache_dir("zoo") / "sha256-memo.json"
+        memo = json.loads(memo_file.read_text())
+    except (OSError, ValueError):
+        memo_file, memo = None, {}
+    skey = f"{key[0]}|{key[1]}|{key[2]}"
+    digest = memo.get(skey)
+    if digest is None:
+        digest = _stream_sha256(path)
+        memo[skey] = digest
+        with contextlib.suppress(OSError):  # a read-only cache serves what it holds, unremembered
+            atomic_write_text(memo_file or cache_dir("zoo") / "sha256-memo.json", json.dumps(memo, indent=1))
+
+    _SHA_MEMO[key] = digest
+    return digest
 
 
 def versions() -> dict[str, str]:

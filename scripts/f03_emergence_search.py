@@ -42,6 +42,7 @@ sys.path.insert(0, str(ROOT))
 from coupling_utils.analysis import emergence  # noqa: E402
 from coupling_utils.analysis.generalization import corpus_prompts  # noqa: E402
 from coupling_utils.analysis.verdicts import Rule  # noqa: E402
+from coupling_utils.files import atomic_dir, atomic_path, atomic_write_text  # noqa: E402
 from coupling_utils.models.corpus import tokenized_corpus  # noqa: E402
 from coupling_utils.models.training import LMSpec, load_losses, train_lm, val_loss_plateau  # noqa: E402
 from coupling_utils.provenance import versions  # noqa: E402
@@ -89,18 +90,18 @@ def _git_commit() -> str:
 
 
 def train(name: str, spec: LMSpec, out: Path) -> tuple[Path, dict]:
-    """Train ``spec`` into ``out/runs/<name>`` unless it is there (written under a temporary name)."""
+    """Train ``spec`` into ``out/runs/<name>`` unless it is there (written atomically: a killed
+    run leaves a temporary folder, removed by the next one)."""
     run = out / "runs" / name
     if (run / "done.json").exists():
         return run, json.loads((run / "done.json").read_text())
-    tmp = out / "runs" / f".{name}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
+    for stale in run.parent.glob(f".{name}.*tmp"):  # a killed run's folder (also the old fixed name)
+        shutil.rmtree(stale, ignore_errors=True)
     load0 = os.getloadavg()
-    metrics = train_lm(spec, tmp, progress=False, desc=name)
-    metrics["loadavg_before"], metrics["loadavg_after"] = list(load0), list(os.getloadavg())
-    (tmp / "done.json").write_text(json.dumps(metrics, indent=2, default=float))
-    shutil.rmtree(run, ignore_errors=True)
-    tmp.rename(run)
+    with atomic_dir(run) as tmp:
+        metrics = train_lm(spec, tmp, progress=False, desc=name)
+        metrics["loadavg_before"], metrics["loadavg_after"] = list(load0), list(os.getloadavg())
+        (tmp / "done.json").write_text(json.dumps(metrics, indent=2, default=float))
     return run, metrics
 
 
@@ -220,14 +221,11 @@ def main(argv=None) -> None:
         runs, curves, losses, prov = search_one(name, args.out)
         for table, frame in (("runs", runs), ("curves", curves), ("losses", losses)):
             path = args.data / f"{table}.csv"
-            tmp = path.with_suffix(".csv.tmp")
-            _merge(path, frame, [name]).to_csv(tmp, index=False, float_format="%.6g")
-            tmp.replace(path)
+            with atomic_path(path) as tmp:
+                _merge(path, frame, [name]).to_csv(tmp, index=False, float_format="%.6g")
         all_prov = json.loads(prov_path.read_text()) if prov_path.exists() else {}
         all_prov[name] = prov
-        tmp = prov_path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(all_prov, indent=2, default=str))
-        tmp.replace(prov_path)
+        atomic_write_text(prov_path, json.dumps(all_prov, indent=2, default=str))
         main_k = runs.query("K == d_model // 16").iloc[0]
         print(
             f"{name}: K={main_k.K} step0 {main_k.step0:.3f} early {main_k.early:.3f} peak {main_k.peak:.3f} "

@@ -12,8 +12,8 @@ import nbformat
 import pytest
 import yaml
 
-from coupling_utils.pipeline import book, pages
-from coupling_utils.pipeline.book import BookError, plan_book, stage_book, toc_entries
+from coupling_utils.pipeline import book, book_plan, pages
+from coupling_utils.pipeline.book import BookError, BuildOptions, plan_book, stage_book, toc_entries
 from coupling_utils.pipeline.offline_assets import remote_assets
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -201,9 +201,9 @@ def test_staging_keeps_what_exists_and_prunes_the_toc(tmp_path):
     src = tmp_path / "src"
     src.mkdir()
     (src / "stale.txt").write_text("from an earlier build")
-    plan = stage_book(root, executed, src, allow_unexecuted=True)
+    plan = stage_book(root, executed, src, BuildOptions(allow_unexecuted=True))
     staged = yaml.safe_load((src / "_toc.yml").read_text())
-    staged_files = book._toc_files(staged)
+    staged_files = book_plan._toc_files(staged)
     assert staged_files == [e.docname for e in plan.included]
     assert "notebooks/f00_coupling_metric" in staged_files
     assert "notebooks/f01_depth_and_tokens" not in staged_files
@@ -224,8 +224,56 @@ def test_staging_never_deletes_the_repository(tmp_path):
     root = _scratch_root(tmp_path, [])
     for target in (root, tmp_path):
         with pytest.raises(BookError, match="refusing"):
-            stage_book(root, tmp_path / "executed", target, allow_unexecuted=True)
+            stage_book(root, tmp_path / "executed", target, BuildOptions(allow_unexecuted=True))
     assert (root / "_toc.yml").is_file()
+
+
+def test_relative_paths_are_read_from_the_current_folder(tmp_path, monkeypatch):
+    """Like any Python function (and the CLI), not from the repository root."""
+    root = _scratch_root(tmp_path, ["f00_coupling_metric"])
+    _executed_notebook(tmp_path / "runs" / "f00_coupling_metric.ipynb")
+    monkeypatch.chdir(tmp_path)
+    (f00,) = [e for e in plan_book(root, "runs").entries if e.docname == "notebooks/f00_coupling_metric"]
+    assert f00.status == "ok" and f00.content == tmp_path / "runs" / "f00_coupling_metric.ipynb"
+    stage_book(root, "runs", "staged", BuildOptions(allow_unexecuted=True))
+    assert (tmp_path / "staged" / "notebooks" / "f00_coupling_metric.ipynb").is_file()
+    assert not (root / "staged").exists() and not (root / "runs").exists()
+    assert BuildOptions(work="scratch").work == tmp_path / "scratch"
+    stage_book(root, None, None, BuildOptions(allow_unexecuted=True))  # defaults: under the root
+    assert (root / "_build" / "src" / "_toc.yml").is_file()
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"edition": "pupil"}, "unknown edition 'pupil': choose teacher or student"),
+        ({"strict": "no"}, "BuildOptions strict='no' is not a bool: give True or False"),
+        ({"printable": 1}, "BuildOptions printable=1 is not a bool"),
+        ({"work": ""}, "BuildOptions work='' is not a path: give a folder, or leave BuildOptions work out"),
+        ({"work": 3}, "BuildOptions work=3 is not a path"),
+    ],
+)
+def test_build_options_refuse_bad_values_naming_them(fields, message):
+    with pytest.raises(BookError, match=re.escape(message)):
+        BuildOptions(**fields)
+
+
+def test_build_never_replaces_the_repository_or_the_runs(tmp_path):
+    root = _scratch_root(tmp_path, ["f00_coupling_metric"])
+    executed = tmp_path / "runs" / "default"
+    _executed_notebook(executed / "f00_coupling_metric.ipynb")
+    options = BuildOptions(work=tmp_path / "work")
+    for out, what in (
+        (root, "the repository"),
+        (tmp_path, "the repository"),
+        (executed.parent, "the executed"),
+    ):
+        with pytest.raises(BookError, match=f"refusing to write the book to {re.escape(str(out))}: .*{what}"):
+            book.build_book(root, executed, out, options)
+    with pytest.raises(BookError, match="executed='' is not a path"):
+        book.build_book(root, "", tmp_path / "html", options)
+    assert not (tmp_path / "work").exists(), "refused before staging"
+    assert (executed / "f00_coupling_metric.ipynb").is_file() and (root / "_toc.yml").is_file()
 
 
 def test_toc_entry_outside_book_and_notebooks_is_refused(tmp_path):
@@ -296,7 +344,7 @@ def test_staging_publishes_notebooks_tables_and_the_download_box(tmp_path):
     nb.cells[1:1] = [install, cell]
     nbformat.write(nb, executed / "f00_coupling_metric.ipynb")
     src = tmp_path / "src"
-    book.stage_book(root, executed, src, allow_unexecuted=True)
+    book.stage_book(root, executed, src, BuildOptions(allow_unexecuted=True))
     extra = src / book.EXTRA_STAGE / "notebooks"
     assert (extra / "f00_coupling_metric" / "per_prompt.csv").read_text() == "a,b\n1,x\n2,y\n"
     assert (extra / "f00_coupling_metric" / "fits.csv").is_file()
@@ -319,7 +367,7 @@ def test_staging_publishes_notebooks_tables_and_the_download_box(tmp_path):
     cell.outputs.append(cell.outputs[0])
     nbformat.write(nb, executed / "f00_coupling_metric.ipynb")
     with pytest.raises(BookError, match="two tables named 'per_prompt'"):
-        book.stage_book(root, executed, src, allow_unexecuted=True)
+        book.stage_book(root, executed, src, BuildOptions(allow_unexecuted=True))
 
 
 def test_citation_comes_from_citation_cff(tmp_path):
@@ -698,15 +746,8 @@ def build_scratch_book(
     executed = tmp_path / "executed"
     executed.mkdir()
     nbformat.write(nb, executed / "f00_coupling_metric.ipynb")
-    return book.build_book(
-        root,
-        executed,
-        tmp_path / "html",
-        strict=True,
-        work=tmp_path / "work",
-        edition=edition,
-        printable=printable,
-    )
+    options = BuildOptions(strict=True, work=tmp_path / "work", edition=edition, printable=printable)
+    return book.build_book(root, executed, tmp_path / "html", options)
 
 
 @pytest.mark.slow

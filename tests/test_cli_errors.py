@@ -207,9 +207,10 @@ def test_build_reads_relative_paths_from_the_current_folder(tmp_path, monkeypatc
     monkeypatch.setattr(book, "build_book", build_book)
     monkeypatch.chdir(tmp_path)
     (tmp_path / "runs").mkdir()
-    assert main(["build", "--executed", "runs", "--out", "html"]) == 0
+    assert main(["build", "--executed", "runs", "--out", "html", "--no-strict", "--edition", "student"]) == 0
     assert seen["executed"] == tmp_path / "runs" and seen["out"] == tmp_path / "html"
     assert seen["root"] == execution.repo_root()
+    assert seen["options"] == book.BuildOptions(strict=False, edition="student")
 
     def unexecuted(**kwargs):
         raise book.BookError("these notebooks are in _toc.yml but have not been executed:\n  - f00")
@@ -219,6 +220,14 @@ def test_build_reads_relative_paths_from_the_current_folder(tmp_path, monkeypatc
     assert f"--output-dir {tmp_path / 'runs'}" in capsys.readouterr().err
 
 
+def test_build_over_the_repository_is_bad_input(monkeypatch, capsys):
+    """`build --out .` from the repository root is refused before any work: bad input, exit 2."""
+    monkeypatch.chdir(execution.repo_root())
+    assert main(["build", "--out", "."]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: refusing to write the book to {execution.repo_root()}"), err
+
+
 @pytest.mark.parametrize(
     "option, message",
     [(["--n-prompts", "-1"], "--n-prompts -1 is negative"), (["--n-images", "0"], "--n-images 0")],
@@ -226,3 +235,38 @@ def test_build_reads_relative_paths_from_the_current_folder(tmp_path, monkeypatc
 def test_k_sensitivity_checks_its_options_before_measuring(option, message, no_work, capsys):
     assert main(["k-sensitivity", *option]) == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "where, exc",
+    [
+        ("_train_one", RuntimeError("out of disk space while writing the weights")),
+        ("_lock", PermissionError(13, "Permission denied", "/shared/cache/zoo/pythia-smoke/.lock")),
+    ],
+    ids=["build", "read-only-cache"],
+)
+def test_a_failed_zoo_build_names_the_model_and_its_cause(where, exc, tmp_path, monkeypatch, capsys):
+    """`zoo prepare NAME` whose build fails: which model and why, exit 1 (a failed run), no traceback
+    and no "unexpected error"; several failing names each get their line."""
+    from coupling_utils.models.zoo import build
+    from coupling_utils.models.zoo import errors as zoo_errors
+
+    def fail(*_a, **_k):
+        raise exc
+
+    monkeypatch.setenv("COUPLING_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(build, where, fail)
+    assert main(["zoo", "prepare", "pythia-smoke"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: pythia-smoke could not be built: {type(exc).__name__}: {exc}."), err
+    assert "Traceback" not in err and "unexpected" not in err and "rerun" in err
+    assert main(["zoo", "prepare", "pythia-smoke", "vit-mnist-smoke"]) == 1
+    lines = capsys.readouterr().err.splitlines()
+    assert [line.split(" could not be built: ")[0] for line in lines] == [
+        "error: pythia-smoke",
+        "error: vit-mnist-smoke",
+    ], lines
+    assert all(f"{type(exc).__name__}: {exc}" in line for line in lines)
+    with pytest.raises(zoo_errors.BuildFailed) as shown:  # --debug: the traceback, to the library error
+        main(["--debug", "zoo", "prepare", "pythia-smoke"])
+    assert shown.value.__cause__ is exc

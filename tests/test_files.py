@@ -403,6 +403,27 @@ def test_written_files_and_folders_get_the_modes_open_and_mkdir_give(tmp_path, m
     assert (tmp_path / "d").stat().st_mode == (tmp_path / "plain").stat().st_mode
 
 
+@pytest.mark.parametrize("mask", [0o002, 0o022])
+def test_what_is_written_inside_an_atomic_dir_follows_the_umask(tmp_path, mask):
+    """A file a library made 0600 (mkstemp, as save_pretrained's weights) and a folder made 0700
+    (mkdtemp) end with the modes the umask gives once the folder is moved into place."""
+    import tempfile
+
+    with _umask(mask):
+        with files.atomic_dir(tmp_path / "d") as tmp:
+            fd, weights = tempfile.mkstemp(dir=tmp)
+            os.close(fd)
+            sub = Path(tempfile.mkdtemp(dir=tmp))
+            (sub / "config.json").write_text("{}")
+        done = tmp_path / "d"
+        modes = {p.relative_to(done).as_posix(): p.stat().st_mode & 0o7777 for p in done.rglob("*")}
+    assert modes == {
+        Path(weights).name: 0o666 & ~mask,
+        sub.name: 0o777 & ~mask,
+        f"{sub.name}/config.json": 0o666 & ~mask,
+    }
+
+
 def test_a_lock_file_one_cannot_open_counts_as_not_locked(tmp_path, monkeypatch):
     """Another user's lock in a shared cache (mode 0600): `zoo list` says the entry is not being
     built rather than failing, or saying so for ever. The refusal is injected (root opens anything)."""

@@ -188,6 +188,29 @@ def test_file_hash_is_memoised(zoo_cache, tmp_path):
     assert zoo.file_sha256(f) != h
 
 
+def test_the_file_hash_lives_in_provenance_and_is_sha256_of_the_bytes(tmp_path, monkeypatch):
+    """One function under its three names (measurement/jobs.py calls zoo.file_sha256), giving
+    hashlib's SHA-256 of the whole file, over several read blocks, fresh and from the memo."""
+    import hashlib
+
+    from coupling_utils import provenance
+    from coupling_utils.models.zoo import cache
+
+    assert zoo.file_sha256 is cache.file_sha256 is provenance.file_sha256
+    monkeypatch.setenv("COUPLING_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(provenance, "_SHA_MEMO", {})
+    data = np.random.default_rng(0).bytes(9 * 2**20 + 7)  # more than two 4 MiB blocks
+    f = tmp_path / "w.bin"
+    f.write_bytes(data)
+    want = hashlib.sha256(data).hexdigest()
+    assert provenance.file_sha256(f) == want
+    provenance._SHA_MEMO.clear()  # now from the memo file
+    assert provenance.file_sha256(f) == want
+    assert json.loads((tmp_path / "cache" / "zoo" / "sha256-memo.json").read_text()) == {
+        f"{f.resolve()}|{f.stat().st_size}|{f.stat().st_mtime_ns}": want
+    }
+
+
 def test_cli_list_and_prepare(zoo_cache, capsys):
     from coupling_utils.pipeline.cli_zoo import add_zoo_commands, run_zoo
 
@@ -291,6 +314,7 @@ def test_a_cache_that_cannot_be_written_still_hashes(tmp_path, monkeypatch):
     """The hash memo is only a memo: an unwritable cache gives the digest, unremembered."""
     import hashlib
 
+    from coupling_utils import provenance
     from coupling_utils.models.zoo import cache
 
     monkeypatch.setenv("COUPLING_CACHE", str(tmp_path / "cache"))
@@ -300,7 +324,7 @@ def test_a_cache_that_cannot_be_written_still_hashes(tmp_path, monkeypatch):
     def refuse(*_a, **_k):
         raise PermissionError("read-only file system")
 
-    monkeypatch.setattr(cache, "atomic_write_text", refuse)
-    monkeypatch.setattr(cache, "_SHA_MEMO", {})
+    monkeypatch.setattr(provenance, "atomic_write_text", refuse)
+    monkeypatch.setattr(provenance, "_SHA_MEMO", {})
     assert cache.file_sha256(f) == hashlib.sha256(b"weights").hexdigest()
     assert not (tmp_path / "cache" / "zoo" / "sha256-memo.json").exists()

@@ -31,12 +31,26 @@ from pathlib import Path
 import yaml
 
 from coupling_utils.files import atomic_dir
+from coupling_utils.pipeline.book_plan import (
+    EXECUTED_DIR,
+    NOTEBOOK_DIR,
+    PROSE_DIR,
+    BookPlan,
+    TocEntry,
+    check_executed,
+    path_or_default,
+    plan_book,
+    report_plan,
+    staged_toc,
+    toc_entries,
+)
 from coupling_utils.pipeline.kit import INSTALL_TAG, KIT_DOWNLOAD, build_kit, check_edition, publish_notebook
 from coupling_utils.pipeline.offline_assets import remote_assets
 from coupling_utils.pipeline.pages import (
     PRINT_DIR,
     PRINT_MARKER,
     BookError,
+    BookInputError,
     architectures_section,
     citation_section,
     printable_link,
@@ -55,6 +69,7 @@ __all__ = [
     "TocEntry",
     "toc_entries",
     "plan_book",
+    "BuildOptions",
     "stage_book",
     "mathjax_source",
     "remote_assets",
@@ -66,12 +81,10 @@ __all__ = [
     "build_book",
 ]
 
-PROSE_DIR = "book"
 STATUS_PAGE = "status"  # its tables are generated from the notebooks' outputs
 INTRO_PAGE = "intro"  # gets the reproduction summary (bottom line and chart) at its marker
 TEACHING_PAGE = "teaching"  # gets the list of the chapters' exercises at its marker
 ARCHITECTURES_PAGE = "architectures"  # its table is generated from the adapter table
-NOTEBOOK_DIR = "notebooks"
 BIBLIOGRAPHY_PAGE = "bibliography"  # gets "Cite this companion" from CITATION.cff
 DATA_DIR = "data"  # staged too: prose may include its tables
 EXTRA_STAGE = "_extra"  # an html_extra_path (see _config.yml): copied as is to the HTML root
@@ -83,131 +96,31 @@ MATHJAX_PARTS = ("a11y", "adaptors", "input", "output", "sre", "ui")
 
 
 @dataclasses.dataclass(frozen=True)
-class TocEntry:
-    """One page of the table of contents and where its content comes from.
+class BuildOptions:
+    """How :func:`build_book` builds, checked here once (a bad value is a BookError naming it).
 
-    ``status`` is "ok" (ready to stage), "no-source" (the page or notebook is not written
-    yet: left out of the book) or "not-executed" (the notebook exists but has no executed
-    copy: an error unless partial builds are allowed).
+    ``strict``: every Sphinx warning, remote asset and proofreading finding is an error (else a
+    warning). ``allow_unexecuted``: leave out written notebooks that have no executed copy instead
+    of failing. ``edition``: "teacher" (solutions in drop-downs) or "student" (no solutions
+    anywhere). ``printable``: also the whole book on one page, ``out/print/index.html`` (and its
+    PDF). ``work``: the staging folder (``work/src``, ``work/jb``), kept absolute (a relative one
+    is read from the current folder); None: ``<root>/_build``.
     """
 
-    docname: str  # e.g. "book/intro" or "notebooks/f00_coupling_metric"
-    kind: str  # "prose" | "notebook"
-    source: Path  # book/<page>.md or notebooks/<name>.md in the repository
-    content: Path  # the file staged: the prose source or the executed .ipynb
-    status: str
+    strict: bool = True
+    allow_unexecuted: bool = False
+    edition: str = "teacher"
+    printable: bool = False
+    work: Path | None = None
 
-    @property
-    def run_command(self) -> str:
-        """The command that produces this notebook's executed copy."""
-        short = Path(self.docname).name.split("_", 1)[0]
-        return f"coupling-book run {short} --profile <smoke|default|laptop|paper>"
-
-
-@dataclasses.dataclass(frozen=True)
-class BookPlan:
-    """What a build would include, leave out, or miss."""
-
-    entries: tuple[TocEntry, ...]
-
-    @property
-    def included(self) -> list[TocEntry]:
-        return [e for e in self.entries if e.status == "ok"]
-
-    @property
-    def unwritten(self) -> list[TocEntry]:
-        return [e for e in self.entries if e.status == "no-source"]
-
-    @property
-    def unexecuted(self) -> list[TocEntry]:
-        return [e for e in self.entries if e.status == "not-executed"]
-
-
-def _toc_files(node) -> list[str]:
-    """Every ``file:`` of a jb-book toc (root first), in reading order."""
-    files: list[str] = []
-    if isinstance(node, dict):
-        if "root" in node:
-            files.append(str(node["root"]))
-        if "file" in node:
-            files.append(str(node["file"]))
-        for key in ("parts", "chapters", "sections"):
-            for child in node.get(key) or []:
-                files.extend(_toc_files(child))
-    return files
-
-
-def toc_entries(root: str | Path = ".") -> list[str]:
-    """The docnames listed in ``<root>/_toc.yml``, root page first."""
-    toc_path = Path(root) / "_toc.yml"
-    if not toc_path.is_file():
-        raise BookError(f"no table of contents at {toc_path}: run from the repository root")
-    toc = yaml.safe_load(toc_path.read_text(encoding="utf-8"))
-    if not isinstance(toc, dict) or toc.get("format") != "jb-book" or "root" not in toc:
-        raise BookError(f"{toc_path} is not a Jupyter Book 'jb-book' toc with a root page")
-    return _toc_files(toc)
-
-
-def plan_book(root: str | Path = ".", executed: str | Path = "_build/notebooks") -> BookPlan:
-    """Resolve every toc entry to its source and content and say whether it can be staged."""
-    root = Path(root).resolve()
-    executed = _under(root, executed)
-    entries = []
-    for docname in toc_entries(root):
-        top = docname.split("/", 1)[0]
-        if top == NOTEBOOK_DIR:
-            source = root / f"{docname}.md"
-            content = executed / f"{Path(docname).name}.ipynb"
-            if not source.is_file():
-                status = "no-source"
-            elif not content.is_file():
-                status = "not-executed"
-            else:
-                status = "ok"
-            entries.append(TocEntry(docname, "notebook", source, content, status))
-        elif top == PROSE_DIR:
-            source = root / f"{docname}.md"
-            status = "ok" if source.is_file() else "no-source"
-            entries.append(TocEntry(docname, "prose", source, source, status))
-        else:
-            raise BookError(
-                f"_toc.yml entry {docname!r} is neither under {PROSE_DIR}/ nor {NOTEBOOK_DIR}/: "
-                "put prose in book/ and finding notebooks in notebooks/"
-            )
-    if entries[0].status != "ok":
-        raise BookError(f"the book's root page {entries[0].source} is missing")
-    return BookPlan(tuple(entries))
-
-
-def _under(root: Path, path: str | Path) -> Path:
-    path = Path(path)
-    return path if path.is_absolute() else root / path
-
-
-def _staged_toc(root: Path, keep: set[str]) -> dict:
-    """The repository toc restricted to ``keep``; parts left empty are dropped."""
-    toc = yaml.safe_load((root / "_toc.yml").read_text(encoding="utf-8"))
-
-    def prune(items):
-        kept = []
-        for item in items or []:
-            if "file" in item and item["file"] not in keep:
-                continue
-            item = dict(item)
-            for key in ("chapters", "sections"):
-                if key in item:
-                    item[key] = prune(item[key])
-                    if not item[key]:
-                        del item[key]
-            if "file" in item or item.get("chapters"):
-                kept.append(item)
-        return kept
-
-    if "parts" in toc:
-        toc["parts"] = prune(toc["parts"])
-    if "chapters" in toc:
-        toc["chapters"] = prune(toc["chapters"])
-    return toc
+    def __post_init__(self) -> None:
+        for name in ("strict", "allow_unexecuted", "printable"):
+            if not isinstance(getattr(self, name), bool):
+                raise BookInputError(
+                    f"BuildOptions {name}={getattr(self, name)!r} is not a bool: give True or False"
+                )
+        check_edition(self.edition)
+        object.__setattr__(self, "work", path_or_default(self.work, None, "BuildOptions work"))
 
 
 def mathjax_source() -> Path:
@@ -227,43 +140,38 @@ def mathjax_source() -> Path:
 
 def stage_book(
     root: str | Path = ".",
-    executed: str | Path = "_build/notebooks",
-    src: str | Path = "_build/src",
-    *,
-    allow_unexecuted: bool = False,
-    edition: str = "teacher",
-    printable: bool = False,
+    executed: str | Path | None = None,
+    src: str | Path | None = None,
+    options: BuildOptions = BuildOptions(),
 ) -> BookPlan:
     """Lay out the Jupyter Book source tree ``src`` from the repository and executed notebooks.
 
-    Pages not written yet are left out. A written notebook without an executed copy is an
-    error naming the command that produces it, unless ``allow_unexecuted`` (then it is left
-    out too). The reproduction-status page gets its tables from the executed notebooks'
-    status outputs (:func:`status_section`), and the intro page its bottom line and summary
-    chart from the same rows (:func:`coupling_utils.pipeline.summary.stage_summary`); the
-    teaching page lists the chapters' exercises (:func:`coupling_utils.pipeline.teaching.
-    stage_exercises`); the lab kit (:func:`~coupling_utils.pipeline.kit.build_kit`) is served at
+    ``executed`` and ``src`` are read as given (relative to the current folder); None:
+    ``<root>/_build/notebooks`` and ``<root>/_build/src``. Pages not written yet are left out. A
+    written notebook without an executed copy is an error naming the command that produces it,
+    unless ``options.allow_unexecuted`` (then it is left out too). The reproduction-status page
+    gets its tables from the executed notebooks' status outputs (:func:`status_section`), and the
+    intro page its bottom line and summary chart from the same rows
+    (:func:`coupling_utils.pipeline.summary.stage_summary`); the teaching page lists the chapters'
+    exercises (:func:`coupling_utils.pipeline.teaching.stage_exercises`); the lab kit
+    (:func:`~coupling_utils.pipeline.kit.build_kit`) is served at
     :data:`~coupling_utils.pipeline.kit.KIT_DOWNLOAD`. The ``student`` edition hides the solutions
     (``hide_solutions``) and leaves them out of the notebooks and the kit. Rebuilt from scratch.
     """
-    check_edition(edition)
     root = Path(root).resolve()
+    executed = path_or_default(executed, root / EXECUTED_DIR, "executed")
     plan = plan_book(root, executed)
-    if plan.unexecuted and not allow_unexecuted:
-        raise _unexecuted_error(plan)
-    src = _under(root, src).resolve()
-    if src == root or src in root.parents:
-        raise BookError(
-            f"refusing to stage the book into {src}: it would delete the repository; "
-            "choose a build folder such as _build/src"
-        )
+    if not options.allow_unexecuted:
+        check_executed(plan)
+    src = path_or_default(src, root / "_build" / "src", "src").resolve()
+    _refuse_to_replace(src, {root: "the repository"}, "stage the book into", "_build/src")
     if src.exists():
         shutil.rmtree(src)
     src.mkdir(parents=True)
     config = yaml.safe_load((root / "_config.yml").read_text(encoding="utf-8")) or {}
     links = repository_links(config)
     (src / "_config.yml").write_text(
-        yaml.safe_dump(_staged_config(config, links, edition), sort_keys=False, allow_unicode=True),
+        yaml.safe_dump(_staged_config(config, links, options.edition), sort_keys=False, allow_unicode=True),
         encoding="utf-8",
     )
     # prose (with whatever sits beside it: references.bib, figures)
@@ -277,10 +185,9 @@ def stage_book(
         shutil.copytree(root / DATA_DIR, src / DATA_DIR, ignore=shutil.ignore_patterns("__pycache__", "*.md"))
     (src / NOTEBOOK_DIR).mkdir()
     extra = src / EXTRA_STAGE
-    kit = _stage_chapters(root, src, plan, links, edition)
-    _stage_generated_pages(root, src, plan, _under(root, executed), links, (edition, kit, printable))
-    keep = {e.docname for e in plan.included}
-    (src / "_toc.yml").write_text(yaml.safe_dump(_staged_toc(root, keep), sort_keys=False), encoding="utf-8")
+    kit = _stage_chapters(root, src, plan, links, options.edition)
+    _stage_generated_pages(root, src, plan, executed, links, options, kit)
+    (src / "_toc.yml").write_text(yaml.safe_dump(staged_toc(root, plan), sort_keys=False), encoding="utf-8")
     _stage_mathjax(extra / "_static" / "mathjax")
     return plan
 
@@ -298,17 +205,6 @@ def _stage_chapters(root: Path, src: Path, plan: BookPlan, links: dict, edition:
     return kit
 
 
-def _unexecuted_error(plan: BookPlan) -> BookError:
-    missing = plan.unexecuted
-    lines = "\n".join(f"  - {e.docname}: expected {e.content}; run `{e.run_command}`" for e in missing)
-    return BookError(
-        "these notebooks are in _toc.yml but have not been executed:\n"
-        + lines
-        + "\n(or `coupling-book run --profile <profile>` for all of them; "
-        "`coupling-book build --allow-unexecuted` builds without them)"
-    )
-
-
 def _stage_mathjax(target: Path) -> None:
     """MathJax's ES5 build, served by the book itself (it is read offline)."""
     target.mkdir(parents=True)
@@ -319,12 +215,11 @@ def _stage_mathjax(target: Path) -> None:
 
 
 def _stage_generated_pages(
-    root: Path, src: Path, plan: BookPlan, executed: Path, links: dict, options=("teacher", False, False)
+    root: Path, src: Path, plan: BookPlan, executed: Path, links: dict, options: BuildOptions, kit: bool
 ) -> None:
     """The parts of pages made at build time: the status tables, the intro's summary and printable
-    link, the teaching page's exercises, costs and kit link (``options``: the edition, whether there
-    is a kit, a printable edition), diagrams, the matrix-free findings, architectures, citation."""
-    edition, kit, printable = options
+    link, the teaching page's exercises, costs and kit link (for ``options.edition``, when there
+    is a ``kit``), diagrams, the matrix-free findings, architectures, citation."""
     page = {name: src / PROSE_DIR / f"{name}.md" for name in (
         STATUS_PAGE, INTRO_PAGE, TEACHING_PAGE, ARCHITECTURES_PAGE, BIBLIOGRAPHY_PAGE)}  # fmt: skip
     included = {Path(e.docname).name for e in plan.included if e.kind == "notebook"}
@@ -336,13 +231,13 @@ def _stage_generated_pages(
 
         costs = root / DATA_DIR / "benchmarks" / "profile_costs.csv"
         stage_summary(page[INTRO_PAGE], status_rows(executed, included), executed, costs)
-        replace_marker(page[INTRO_PAGE], PRINT_MARKER, printable_link(printable))
+        replace_marker(page[INTRO_PAGE], PRINT_MARKER, printable_link(options.printable))
     if page[TEACHING_PAGE].is_file():
         from coupling_utils.pipeline.teaching import stage_costs, stage_exercises, stage_kit_link, stage_plans
 
         chapters = [e.source for e in plan.included if e.kind == "notebook"]
-        stage_exercises(page[TEACHING_PAGE], chapters, edition)
-        stage_kit_link(page[TEACHING_PAGE], f"../{KIT_DOWNLOAD}", edition if kit else "")
+        stage_exercises(page[TEACHING_PAGE], chapters, options.edition)
+        stage_kit_link(page[TEACHING_PAGE], f"../{KIT_DOWNLOAD}", options.edition if kit else "")
         stage_costs(page[TEACHING_PAGE], root / "data" / "benchmarks" / "chapter_costs.csv")
         stage_plans(page[TEACHING_PAGE], root / "data" / "benchmarks" / "chapter_costs.csv")
     from coupling_utils.pipeline.diagrams import stage_diagrams
@@ -485,32 +380,6 @@ def _stage_notebook(entry: TocEntry, src: Path, extra: Path, links: dict, editio
 _JB_MAIN = "import sys; from jupyter_book.cli.main import main; sys.exit(main())"
 
 
-def _report_plan(plan: BookPlan) -> None:
-    """Say on stderr which pages are left out, and which executed notebooks may be stale."""
-    for entry in plan.unwritten:
-        print(f"[book] not written yet, left out: {entry.docname} ({entry.source})", file=sys.stderr)
-    for entry in plan.unexecuted:
-        print(f"[book] not executed, left out: {entry.docname} (run `{entry.run_command}`)", file=sys.stderr)
-    for entry in plan.included:
-        failed = entry.content.with_suffix(".failed.ipynb")
-        if (
-            entry.kind == "notebook"
-            and failed.is_file()
-            and failed.stat().st_mtime > entry.content.stat().st_mtime
-        ):
-            print(
-                f"[book] warning: the last run of {entry.docname} failed ({failed.name}); "
-                "the book shows the earlier successful run",
-                file=sys.stderr,
-            )
-        if entry.kind == "notebook" and entry.source.stat().st_mtime > entry.content.stat().st_mtime:
-            print(
-                f"[book] warning: {entry.content.name} is older than {entry.source.name}; "
-                f"rerun `{entry.run_command}` to refresh it",
-                file=sys.stderr,
-            )
-
-
 def _jupyter_book(root: Path, src: Path, jb: Path, strict: bool, builder: str = "html") -> Path:
     """Run ``jupyter-book build`` on ``src`` into ``jb``; the built HTML folder, or BookError."""
     if jb.exists():
@@ -556,34 +425,45 @@ def _check_proofread(built: Path, strict: bool) -> None:
     print(f"[book] warning: {message}", file=sys.stderr)
 
 
+def _refuse_to_replace(target: Path, keep: dict[Path, str], action: str, example: str) -> None:
+    """Refuse a folder about to be replaced when it is, or holds, one of ``keep`` ({path: what})."""
+    for path, what in keep.items():
+        if target.resolve() == path.resolve() or target.resolve() in path.resolve().parents:
+            raise BookInputError(
+                f"refusing to {action} {target}: it would delete {what} ({path}); "
+                f"choose a build folder such as {example}"
+            )
+
+
 def build_book(
     root: str | Path = ".",
-    executed: str | Path = "_build/notebooks",
-    out: str | Path = "_build/html",
-    strict: bool = True,
-    *,
-    allow_unexecuted: bool = False,
-    work: str | Path = "_build",
-    edition: str = "teacher",
-    printable: bool = False,
+    executed: str | Path | None = None,
+    out: str | Path | None = None,
+    options: BuildOptions = BuildOptions(),
 ) -> Path:
     """Render the book to static HTML at ``out`` and return ``out`` (``out/index.html`` exists).
 
-    Stages ``work/src`` (see :func:`stage_book`), runs ``jupyter-book build`` into
-    ``work/jb`` with execution off and, when ``strict``, every Sphinx warning an error
-    (``-W -n --keep-going``) and no remote asset allowed; then replaces ``out`` atomically.
-    ``edition`` is "teacher" (solutions in drop-downs) or "student" (no solutions anywhere);
-    ``printable`` adds the whole book on one page at ``out/print/index.html`` (and its PDF).
+    ``executed`` and ``out`` are read as given (relative to the current folder, like any path
+    given to Python); None: ``<root>/_build/notebooks`` and ``<root>/_build/html``. Stages
+    ``work/src`` (see :func:`stage_book`; ``work`` is ``options.work``, by default
+    ``<root>/_build``), runs ``jupyter-book build`` into ``work/jb`` with execution off and, when
+    ``options.strict``, every Sphinx warning an error (``-W -n --keep-going``) and no remote asset
+    allowed; then replaces ``out`` atomically (never the repository or the executed notebooks).
     """
     root = Path(root).resolve()
-    work = _under(root, work)
+    executed = path_or_default(executed, root / EXECUTED_DIR, "executed")
+    out = path_or_default(out, root / "_build" / "html", "out")
+    keep = {root: "the repository", executed: "the executed notebooks"}
+    _refuse_to_replace(out, keep, "write the book to", "_build/html")
+    work = options.work or root / "_build"
     src, jb = work / "src", work / "jb"
-    plan = stage_book(
-        root, executed, src, allow_unexecuted=allow_unexecuted, edition=edition, printable=printable
-    )
-    _report_plan(plan)
+    plan = stage_book(root, executed, src, options)
+    report_plan(plan)
+    strict = options.strict
     built = _jupyter_book(root, src, jb, strict)
-    one_page = _jupyter_book(root, src, work / "jb-print", strict, "singlehtml") if printable else None
+    one_page = (
+        _jupyter_book(root, src, work / "jb-print", strict, "singlehtml") if options.printable else None
+    )
     remote = remote_assets(built) + (remote_assets(one_page) if one_page else [])
     if remote:
         listing = "\n".join(f"  - {page}: {url}" for page, url in remote[:20])
@@ -592,7 +472,6 @@ def build_book(
             raise BookError(message)
         print(f"[book] warning: {message}", file=sys.stderr)
     _check_proofread(built, strict)
-    out = _under(root, out)
     with atomic_dir(out) as tmp:
         shutil.copytree(built, tmp, dirs_exist_ok=True)
         if one_page:

@@ -96,34 +96,32 @@ def _cmd_run(args) -> int:
 
 
 def _cmd_build(args) -> int:
-    from coupling_utils.pipeline.book import BookError, build_book
+    from coupling_utils.pipeline.book import BookError, BuildOptions, build_book
     from coupling_utils.pipeline.execution import repo_root
+    from coupling_utils.pipeline.pages import BookInputError
 
-    root = repo_root()
-    executed = args.executed.absolute() if args.executed else root / "_build" / "notebooks"
-    if args.executed and not executed.is_dir():
+    executed = args.executed.absolute() if args.executed else None
+    if executed and not executed.is_dir():
         raise ParameterError(
             f"--executed {executed} is {'a file' if executed.exists() else 'not there'}: give the folder "
             "of executed notebooks, the --output-dir of `coupling-book run`"
         )
-    out = check_target(args.out.absolute(), "--out", "folder") if args.out else root / "_build" / "html"
+    out = check_target(args.out.absolute(), "--out", "folder") if args.out else None
+    options = BuildOptions(
+        strict=args.strict,
+        allow_unexecuted=args.allow_unexecuted,
+        edition=args.edition,
+        printable=args.printable,
+    )
     try:
-        index = build_book(
-            root=root,
-            executed=executed,
-            out=out,
-            strict=args.strict,
-            allow_unexecuted=args.allow_unexecuted,
-            edition=args.edition,
-            printable=args.printable,
-        )
+        index = build_book(root=repo_root(), executed=executed, out=out, options=options)
     except BookError as exc:
         unrun = args.executed and "have not been executed" in str(exc)
         note = (
             f"\n(to run them into --executed, give those commands --output-dir {executed})" if unrun else ""
         )
         print(f"error: {exc}{note}", file=sys.stderr)
-        return 1
+        return 2 if isinstance(exc, BookInputError) else 1
     print(f"book written to {index}")
     return 0
 
@@ -279,16 +277,16 @@ def _options_once(parser: argparse.ArgumentParser) -> None:
 def _known_errors() -> tuple[tuple[type[BaseException], ...], tuple[type[BaseException], ...]]:
     """(bad input: exit 2, failed run: exit 1): the errors whose message already says the fix."""
     from coupling_utils.models.loading import MissingDependencyError, ModelNotFoundError
-    from coupling_utils.models.zoo import ZooError
+    from coupling_utils.models.zoo import BuildFailed, ZooError
     from coupling_utils.pipeline.execution import RootError
     from coupling_utils.pipeline.measure_models import MeasureError
-    from coupling_utils.pipeline.pages import BookError
+    from coupling_utils.pipeline.pages import BookError, BookInputError
     from coupling_utils.pipeline.status import StatusError
     from coupling_utils.pipeline.sweep import SweepError
     from coupling_utils.schemas import TableError
 
     bad = (ParameterError, MeasureError, SweepError, ZooError, ModelNotFoundError, MissingDependencyError)
-    return bad + (StatusError, TableError, RootError), (BookError,)
+    return bad + (StatusError, TableError, RootError, BookInputError), (BookError, BuildFailed)
 
 
 def _log_traceback(exc: BaseException) -> Path | None:

@@ -73,49 +73,77 @@ def run_zoo(args) -> int:
     from coupling_utils.models import zoo
 
     if args.zoo_command == "list":
-        table = zoo.list_entries()
-        if getattr(args, "json", False):
-            print(table.to_json(orient="records", indent=1))
-            return 0
-        cols = ["name", "kind", "state", "seconds", "size_mb", "metrics", "expected_cost"]
-        if getattr(args, "long", False):
-            cols += ["licence", "description", "note"]
-        print(_format_table(table, cols))
-        print(f"\ncache: {zoo.cache_dir('zoo')}")
-        return 0
+        return _list(zoo, args)
     if args.zoo_command == "prepare":
-        accept = bool(getattr(args, "accept_gemma_terms", False)) or None
-        jobs = getattr(args, "jobs", 1)
-        if jobs < 1:
-            print(f"error: --jobs must be at least 1, got {jobs}", file=sys.stderr)
-            return 2
-        try:
-            if len(args.names) > 1 or jobs > 1:
-                if args.force or accept:
-                    print(
-                        "error: --force and --accept-gemma-terms take one NAME (without --jobs)",
-                        file=sys.stderr,
-                    )
-                    return 2
-                status = zoo.prepare_many(args.names, jobs=jobs)
-                bad = {n: s for n, s in status.items() if s != "ready"}
-                for n, s in bad.items():
-                    print(f"error: {n}: {s}", file=sys.stderr)
-                if not bad:
-                    return 0
-                return 2 if all(_refused(zoo, n) for n in bad) else 1  # a build failed: a failed run
-            path = zoo.prepare(args.names[0], force=args.force, progress=True, accept_terms=accept)
-        except zoo.ZooError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
-        name = args.names[0]
-        man = zoo.manifest(name) or {}
-        print(f"{name}: ready at {path}")
-        if man:
-            print(
-                f"  built in {man.get('seconds')} s, {man.get('size_bytes', 0) / 2**20:.1f} MB on disk; "
-                f"{zoo._fmt_metrics(man.get('metrics', {}))}"
-            )
-        return 0
+        return _prepare(zoo, args)
     print(f"error: unknown zoo command {args.zoo_command!r}", file=sys.stderr)
     return 2
+
+
+def _list(zoo, args) -> int:
+    """``zoo list``: the table of every entry (or JSON records)."""
+    table = zoo.list_entries()
+    if getattr(args, "json", False):
+        print(table.to_json(orient="records", indent=1))
+        return 0
+    cols = ["name", "kind", "state", "seconds", "size_mb", "metrics", "expected_cost"]
+    if getattr(args, "long", False):
+        cols += ["licence", "description", "note"]
+    print(_format_table(table, cols))
+    print(f"\ncache: {zoo.cache_dir('zoo')}")
+    return 0
+
+
+def _not_built(name: str, cause: str) -> str:
+    """The line for a build that failed: which entry, and the cause the library gave."""
+    return (
+        f"{name} could not be built: {cause.rstrip('.')}. Nothing half-built is left in the cache; "
+        f"fix the cause and rerun `coupling-book zoo prepare {name}`."
+    )
+
+
+def _prepare(zoo, args) -> int:
+    """``zoo prepare``: 0 when every entry is ready, 2 when one is refused (bad input: unknown,
+    terms not accepted, package not installed), 1 when a build failed (a failed run)."""
+    accept = bool(getattr(args, "accept_gemma_terms", False)) or None
+    jobs = getattr(args, "jobs", 1)
+    if jobs < 1:
+        print(f"error: --jobs must be at least 1, got {jobs}", file=sys.stderr)
+        return 2
+    if len(args.names) > 1 or jobs > 1:
+        if args.force or accept:
+            print("error: --force and --accept-gemma-terms take one NAME (without --jobs)", file=sys.stderr)
+            return 2
+        return _prepare_many(zoo, args.names, jobs)
+    name = args.names[0]
+    try:
+        path = zoo.prepare(name, force=args.force, progress=True, accept_terms=accept)
+    except zoo.ZooError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # the build failed: say which and why (exit 1), keeping the cause for --debug
+        raise zoo.BuildFailed(_not_built(name, f"{type(exc).__name__}: {exc}")) from exc
+    man = zoo.manifest(name) or {}
+    print(f"{name}: ready at {path}")
+    if man:
+        print(
+            f"  built in {man.get('seconds')} s, {man.get('size_bytes', 0) / 2**20:.1f} MB on disk; "
+            f"{zoo._fmt_metrics(man.get('metrics', {}))}"
+        )
+    return 0
+
+
+def _prepare_many(zoo, names: list[str], jobs: int) -> int:
+    """Several entries (or ``--jobs``): each one refused or failed is named with its cause."""
+    try:
+        status = zoo.prepare_many(names, jobs=jobs)
+    except zoo.ZooError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    bad = {n: s for n, s in status.items() if s != "ready"}
+    refused = {n: _refused(zoo, n) for n in bad}
+    for n, s in bad.items():
+        print(f"error: {n}: {s}" if refused[n] else f"error: {_not_built(n, s)}", file=sys.stderr)
+    if not bad:
+        return 0
+    return 2 if all(refused.values()) else 1  # a build failed: a failed run

@@ -29,7 +29,7 @@ import zipfile
 from pathlib import Path
 
 from coupling_utils.files import atomic_path
-from coupling_utils.pipeline.pages import BookError
+from coupling_utils.pipeline.pages import BookError, BookInputError
 
 __all__ = [
     "KIT_NAME",
@@ -177,7 +177,7 @@ def kit_notebook(source: str | Path, edition: str = "teacher"):
 
 def check_edition(edition: str) -> None:
     if edition not in EDITIONS:
-        raise BookError(
+        raise BookInputError(
             f"unknown edition {edition!r}: choose {' or '.join(EDITIONS)} (teacher keeps the solutions, "
             "student leaves them out)"
         )

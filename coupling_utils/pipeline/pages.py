@@ -38,6 +38,10 @@ class BookError(RuntimeError):
     """The book cannot be built as asked; the message names the problem and the fix."""
 
 
+class BookInputError(BookError):
+    """A build was asked with a bad path or option (bad input: the CLI exits 2, not 1)."""
+
+
 def _names(people) -> list[str]:
     """CITATION.cff persons as "Given Family" (or their ``name``)."""
     out = []

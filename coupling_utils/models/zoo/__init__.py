@@ -55,9 +55,8 @@ from coupling_utils.models.zoo.cache import ZOO_FORMAT as ZOO_FORMAT
 from coupling_utils.models.zoo.cache import _is_locked as _is_locked
 from coupling_utils.models.zoo.cache import _lock as _lock
 from coupling_utils.models.zoo.cache import entry_dir as entry_dir
-from coupling_utils.models.zoo.cache import file_sha256 as file_sha256
 from coupling_utils.models.zoo.cache import tensors_sha256 as tensors_sha256
-from coupling_utils.models.zoo.errors import ZooError
+from coupling_utils.models.zoo.errors import BuildFailed, ZooError
 from coupling_utils.models.zoo.recipes import LM_FAMILY_TOKENS_PER_PARAMETER as LM_FAMILY_TOKENS_PER_PARAMETER
 from coupling_utils.models.zoo.recipes import PackagedModel as PackagedModel
 from coupling_utils.models.zoo.recipes import _build_gguf as _build_gguf
@@ -67,11 +66,13 @@ from coupling_utils.models.zoo.registry import GEMMA_ENV, GEMMA_TERMS_URL, REGIS
 from coupling_utils.models.zoo.registry import PREFIX as PREFIX
 from coupling_utils.models.zoo.registry import _check_opt_in as _check_opt_in
 from coupling_utils.models.zoo.registry import _split as _split
+from coupling_utils.provenance import file_sha256 as file_sha256  # measurement/jobs.py calls zoo.file_sha256
 
 __all__ = [
     "REGISTRY",
     "ZooEntry",
     "ZooError",
+    "BuildFailed",
     "resolve",
     "prepare",
     "names",

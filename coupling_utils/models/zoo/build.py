@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from coupling_utils.files import atomic_dir, atomic_write_text, follow_umask
+from coupling_utils.files import atomic_dir, atomic_write_text
 from coupling_utils.models.zoo.cache import _is_locked, _lock, entry_dir, tensors_sha256
 from coupling_utils.models.zoo.errors import ZooError
 from coupling_utils.models.zoo.recipes import _build_gguf, _build_hf_copy, _train_one
@@ -96,8 +96,7 @@ def _build(entry: ZooEntry, root: Path, key: str, progress: bool, *, force: bool
         _build_family(entry, root, key, progress, t0, load0)
         return
     with atomic_dir(root) as tmp:
-        _build_into(entry, tmp, key, progress, t0, load0)
-        follow_umask(tmp)  # save_pretrained writes its weights 0600, whatever the umask
+        _build_into(entry, tmp, key, progress, t0, load0)  # files follow the umask (atomic_dir)
 
 
 def _build_into(entry: ZooEntry, out: Path, key: str, progress: bool, t0, load0) -> None:
@@ -157,7 +156,6 @@ def _train_member(family: str, run: str, progress: bool = False, *, root: Path |
                 (tmp / "member.json").write_text(
                     json.dumps({"run": run, "spec": spec.to_dict(), "metrics": m}, indent=2)
                 )
-                follow_umask(tmp)  # save_pretrained writes its weights 0600, whatever the umask
     return mdir
 
 

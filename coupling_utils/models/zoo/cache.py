@@ -3,61 +3,27 @@
 An entry lives in ``<cache>/zoo/<name>/<key>``, where the key changes whenever what the entry
 produces would (a new package version or weights, a new training spec, corpus or
 :data:`ZOO_FORMAT`), so a stale build is never reused. :func:`entry_dir` is the one function that
-spells that layout; everything else asks it. The hashes the keys and the pinned checksums are made
-of live here too.
+spells that layout; everything else asks it. The tensor hash the pinned checksums are made of lives
+here too; the file hash the keys are made of is :func:`coupling_utils.provenance.file_sha256`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from coupling_utils.files import atomic_write_text, cache_dir, file_lock, is_locked
+from coupling_utils.files import cache_dir, file_lock, is_locked
+from coupling_utils.provenance import file_sha256 as file_sha256  # its old home: zoo.cache.file_sha256
 
 if TYPE_CHECKING:
     from coupling_utils.models.zoo.registry import ZooEntry
 
 ZOO_FORMAT = 1  # bump when the on-disk layout or the training code changes what a spec produces
 
+
 # --------------------------------------------------------------------------- hashing
-_SHA_MEMO: dict[tuple[str, int, int], str] = {}
-
-
-def _stream_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def file_sha256(path: str | Path) -> str:
-    """SHA-256 of a file, memoised by (path, size, mtime) in memory and in the cache directory."""
-    path = Path(path).resolve()
-    st = path.stat()
-    key = (str(path), st.st_size, st.st_mtime_ns)
-    if key in _SHA_MEMO:
-        return _SHA_MEMO[key]
-    try:  # a cache one cannot write, or without a zoo folder yet, has no memo to read
-        memo_file = cache_dir("zoo") / "sha256-memo.json"
-        memo = json.loads(memo_file.read_text())
-    except (OSError, ValueError):
-        memo_file, memo = None, {}
-    skey = f"{key[0]}|{key[1]}|{key[2]}"
-    digest = memo.get(skey)
-    if digest is None:
-        digest = _stream_sha256(path)
-        memo[skey] = digest
-        with contextlib.suppress(OSError):  # a read-only cache serves what it holds, unremembered
-            atomic_write_text(memo_file or cache_dir("zoo") / "sha256-memo.json", json.dumps(memo, indent=1))
-
-    _SHA_MEMO[key] = digest
-    return digest
-
-
 def tensors_sha256(path: str | Path) -> str:
     """SHA-256 of the tensors in one safetensors file: names, dtypes, shapes and bytes, in name order.
 

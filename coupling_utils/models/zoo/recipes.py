@@ -20,8 +20,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from coupling_utils.models.zoo.cache import _stream_sha256, file_sha256
 from coupling_utils.models.zoo.errors import ZooError
+from coupling_utils.provenance import _stream_sha256, file_sha256
 
 
 # --------------------------------------------------------------------------- pretrained sources
