@@ -86,7 +86,12 @@ def test_run_reads_back_what_the_model_gives(standin_hub, tmp_path, monkeypatch)
     values = f00.glue_values(p, again)
     prose, pinned = _glue_names()
     assert prose <= set(values) and set(values) == pinned  # every name the prose reads; the pinned set
-    assert values == f00.glue_values(p, r)
+
+    def plain(glued: dict) -> dict:  # a Markdown value compares by its text
+        return {name: getattr(v, "data", v) for name, v in glued.items()}
+
+    assert plain(values) == plain(f00.glue_values(p, r))
+    assert values["f00_layer_reruns"].data == f00.layer_reruns(lm.n_layers, p.layer)
     assert values["f00_d"] == lm.d_model and type(values["f00_d"]) is int
     assert values["f00_m_adjacent"] == coupling(J, J_next, 10)
     assert values["f00_energy_top_k"] == cm.energy_share(svd(J).S, 10)
@@ -149,3 +154,14 @@ def test_the_by_k_words_follow_the_table():
     assert f00._by_k_values(by_k)["f00_gap_trend"].startswith("shrinks at every step")
     by_k["gap"] = [0.05, 0.1, 0.2, 0.3]
     assert f00._by_k_values(by_k)["f00_gap_trend"].startswith("widens at every step")
+
+
+def test_the_layer_exercise_names_blocks_this_model_has():
+    """Early, middle and late blocks of the model measured, not the default model's 1, 15 and 27."""
+    assert f00.layer_reruns(30, 10) == (
+        "Rerun `coupling-book run f00` with `-p layer=1`, `-p layer=15` and `-p layer=27`"
+    )
+    assert f00.layer_reruns(24, 12) == "Rerun `coupling-book run f00` with `-p layer=1` and `-p layer=21`"
+    assert f00.layer_reruns(2, 0).startswith(
+        "This run's model (2 blocks) has no other block with a next block"
+    )

@@ -122,15 +122,34 @@ def test_claims_follow_the_rules(measured):
         assert r.depth[name]["excess_k"] == gaps.idxmin()
         assert f"judged on the smallest gap over K (here at K = {gaps.idxmin()})" in row["note"]
     keys = [key for key, _, _ in f01.assumptions(r)]
+    # the distance trend is glued in words (distance_words), no longer assumed by the prose
     assert keys == ["f01-twin-near-chance", "f01-twin-tokens-uniform", "f01-tiles-shared",
-                    "f01-first-token-decouples", "f01-distant-pairs-pull-down"]  # fmt: skip
+                    "f01-first-token-decouples"]  # fmt: skip
     holds = {key: h for key, h, _ in f01.assumptions(r)}
     first, other = r.first_token
     assert holds["f01-first-token-decouples"] == (first < other)
-    tr = r.trend.query("weights == 'trained' and K == 4").iloc[0]
-    assert holds["f01-distant-pairs-pull-down"] == (
-        tr.spearman < 0 and tr.adjacent > r.per_model_head.trained
+
+
+def test_the_distance_trend_and_the_excluded_last_block_are_said_for_any_depth():
+    """Two blocks (the smoke model) are one distance apart: no "Spearman ρ = nan", no "Up" answer,
+    and no "gives nan" for the blocks without the last."""
+    from coupling_utils.chapters.f01_depth_and_tokens.story import distance_words, excluded_words
+
+    two = distance_words(float("nan"), 0.362, 0.362)
+    assert "no Spearman ρ" in two["f01_distance_trend"] and "nan" not in str(two)
+    assert two["f01_adjacent_answer"].startswith("Neither in this run")
+    deep = distance_words(-0.45, 0.5, 0.4)
+    assert deep["f01_distance_trend"] == (
+        "coupling falls with the distance between blocks (Spearman ρ = -0.45), so the distant pairs "
+        "pull the mean over all pairs down"
     )
+    assert deep["f01_adjacent_answer"].startswith("Up, for trained models: coupling falls")
+    assert distance_words(0.2, 0.3, 0.4)["f01_adjacent_answer"].startswith("Not up in this run")
+    nan = float("nan")
+    none = excluded_words({"trained_excluded": nan, "twin_excluded": nan, "excluded_diff": nan}, 2)
+    assert none == "Leaving the last block out leaves no pair of different blocks to average (2 blocks)"
+    some = excluded_words({"trained_excluded": 0.41, "twin_excluded": 0.07, "excluded_diff": 0.0}, 30)
+    assert some.startswith("Leaving the last block out gives 0.4100 (twin 0.0700)")
 
 
 def test_glue_values_are_the_names_the_prose_uses(measured):
@@ -156,8 +175,32 @@ def test_glue_values_are_the_names_the_prose_uses(measured):
     b = r.depth["tiny-b"]
     assert (f": its smallest trained − twin gap over K, which the rule reads, is {b['excess'].estimate:.3f}, "
             f"at K = {b['excess_k']}; ") in others  # fmt: skip
-    assert "; 1 could not be measured and are listed above." in others
+    assert "; 1 could not be measured and is listed above." in others  # not "1 ... are"
     assert values["f01_encoder_note"].data == ""
+    # the drawn model and its K as measured, not the default profile's SmolLM2 (width 576)
+    assert values["f01_model_words"] == "tiny (4 blocks, width 16)" and values["f01_d_model"] == 16
+    assert values["f01_tile_window"] == "blocks 1–2 (0-based; 2 of its 4)"
+    assert (
+        values["f01_more_words"] == "Beside it this run measures tiny-b, each with its twin."
+    )  # not "gated"
+    assert values["f01_k_words"] == (
+        "This run measures K = 2 and 4 at width 16 (none of the paper's); "
+        "K = 2 is the book's K/d at this width."
+    )
+
+
+def test_the_k_sentence_follows_the_width_and_the_k_measured():
+    from coupling_utils.chapters.f01_depth_and_tokens.story import k_words
+
+    assert k_words([10, 30, 50, 72], 576) == (
+        "This run measures K = 10, 30, 50 and 72 at width 576 (all three of the paper's); "
+        "K = 72 is the book's K/d at this width, the largest K of this run."
+    )
+    assert k_words([4, 2], 32).endswith("K = 4 is the book's K/d at this width, the largest K of this run.")
+    assert k_words([10, 30, 50], 768).endswith(
+        "would be K = 96 at this width, which this run does not measure."
+    )
+    assert "(10 and 30 of the paper's)" in k_words([10, 30, 4], 32)
 
 
 def test_the_sentence_on_several_other_models(tmp_path, monkeypatch):

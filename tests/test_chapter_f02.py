@@ -203,6 +203,33 @@ def test_the_sign_sentence_says_when_the_twins_carry_the_order():
     assert _near_zero(ours).startswith("2 of 4 members") and "1 of 2 at d = 64" in _near_zero(ours)
 
 
+def test_a_sign_is_stated_only_where_its_whole_interval_has_it():
+    """ρ = 0.63 over [-1, 1] (the smoke run's training family) is no verdict on the sign."""
+    from coupling_utils.chapters.f02_generalization.within import sign_words
+
+    against = "negative, the opposite of the paper's direction"
+    assert sign_words(0.87, 0.87, 1.0, against) == "positive, the direction the paper reports"
+    assert sign_words(-0.5, -0.9, -0.1, against) == against
+    undecided = sign_words(0.63, -1.0, 1.0, against)
+    assert undecided.startswith("positive in its estimate, but its interval includes 0")
+    assert sign_words(-0.2, -0.8, 0.5, against).startswith("not positive in its estimate")
+    assert sign_words(float("nan"), float("nan"), float("nan"), against).startswith("undecided")
+
+
+def test_a_width_with_one_member_is_not_said_to_span():
+    from coupling_utils.chapters.f02_generalization.story import _width_glue
+
+    ours = pd.DataFrame(
+        {"d_model": [16, 32, 32], "excess": [0.159, 0.2, 0.37], "val_acc": [0.129, 0.13, 0.14]}
+    )
+    fits = SimpleNamespace(rho={"excess": 0.5},
+                                 acc=pd.DataFrame({"spearman_ci_low": [0.1], "spearman_ci_high": [0.9]},
+                                                  index=["excess"]))  # fmt: skip
+    text = _width_glue(SimpleNamespace(ours=ours), fits)["f02_width_split"].data
+    assert "at d = 16 the one member's excess is 0.159 and its accuracy 0.129;" in text
+    assert "0.159 to 0.159" not in text and "at d = 32 the excess spans 0.200 to 0.370" in text
+
+
 def test_the_scale_and_training_family_words_read_as_sentences():
     """The scale conclusion is one sentence with its count ("none is", "1 is", "3 are"); the
     training family counts its members on all the data apart from those on a slice."""

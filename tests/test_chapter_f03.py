@@ -52,3 +52,42 @@ def test_search_levels_read_for_people():
     from coupling_utils.chapters.f03_training_emergence.story import _level
 
     assert [_level(v) for v in (163840.0, 1635840.0, 64.0, 0.003)] == ["163,840", "1,635,840", "64", "0.003"]
+
+
+def _stub_results(steps: list[int]):
+    """The least of a Results that the exercise numbers and the measured line read."""
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    from coupling_utils.chapters.f03_training_emergence.story import MAIN
+
+    rows = [
+        {"panel": MAIN, "model": "m", "K": k, "step": s, "coupling": 0.1 + 0.01 * s}
+        for k in (2, 4)
+        for s in steps
+    ]
+    summary = pd.DataFrame(rows)
+    levels = pd.DataFrame({"model": ["m", "m"], "K": [2, 4], "first": [0.1, 0.12]})
+    return SimpleNamespace(
+        params=SimpleNamespace(early_step=1), summary=summary, showcase="m", levels=levels, k_main=2
+    )
+
+
+def test_the_early_step_solution_reads_after_in_this_run():
+    """The solution says "In this run {f03_ex_128}": not "In this run this run has ..."."""
+    from pathlib import Path
+
+    from coupling_utils.chapters.f03_training_emergence.story import _exercise_k
+
+    notebook = (Path(__file__).resolve().parents[1] / "notebooks" / "f03_training_emergence.md").read_text()
+    assert "In this run {glue:md}`f03_ex_128`." in notebook
+    words = _exercise_k(_stub_results([0, 1, 4, 16]))["f03_ex_128"].data
+    assert not words.startswith("this run") and "too few checkpoints from step 128 on" in words
+
+
+def test_the_measured_line_counts_in_words():
+    from coupling_utils.chapters.f03_training_emergence.results import Results
+
+    line = Results.measured_line.fget(_stub_results([0, 1, 4, 16]))
+    assert line == "4 checkpoints measured for 1 model; none missing"  # not "1 model(s)"

@@ -139,6 +139,29 @@ def test_prompt_words_read_as_prose():
     assert f05.prompt_words([8, 30, 9, 9, 9, 9]) == "6 prompts of 8 to 30 tokens"
 
 
+def test_an_interval_over_one_prompt_is_said_in_words_and_decides_nothing():
+    """One prompt leaves nothing to resample: the prose says so (not "-inf to inf"), and the
+    straightness verdict can be no better than partly."""
+    from coupling_utils.analysis.straightness import straightness
+
+    lss = pd.DataFrame({"model": ["trained", "random init"], "prompt": [0, 0], "lss": [1.0, 2.0]})
+    one = straightness(lss, model="trained", twin="random init", n_steps=9, d=64)
+    values = f05._straight_values(one)
+    for name in ("walk_ratio", "twin_ratio"):
+        words = values[f"f05_{name}_interval"]
+        assert words == "no interval: 1 prompt only, nothing to resample" and "inf" not in words
+    assert f05.LINEAR.judge(one) == "partly"  # both estimates meet the yes-condition
+    two = straightness(pd.concat([lss, lss.assign(prompt=1, lss=[1.1, 2.1])]),
+                       model="trained", twin="random init", n_steps=9, d=64)  # fmt: skip
+    assert re.fullmatch(
+        r"95% interval \d\.\d\d to \d\.\d\d", f05._straight_values(two)["f05_twin_ratio_interval"]
+    )
+    assert (
+        f05.interval_words(f05.Interval(np.nan, np.nan, np.nan))
+        == "no interval: not measured without the twin"
+    )
+
+
 def test_the_mean_lss_weighs_every_prompt_the_same():
     """A long prompt does not outweigh a short one: the mean of the prompts' means, not of the tokens."""
     metrics = pd.DataFrame(

@@ -128,6 +128,31 @@ def test_each_notebook_measures_exactly_its_chapters_plan(name, smoke_runs, monk
     )
 
 
+@pytest.mark.parametrize("nb", notebook_paths(ROOT), ids=lambda p: p.stem)
+def test_each_notebook_builds_its_models_without_progress_bars(nb, monkeypatch):
+    """Loading builds a missing embedded model with training bars, which a run in a fresh cache
+    (``coupling-book run`` at one job) printed into the page: each notebook builds its plan's
+    models first, quietly, and leaves one that cannot be built to the measurement's report."""
+    from coupling_utils.chapters import build_quietly, chapter, check_parameters
+    from coupling_utils.models import zoo
+    from coupling_utils.pipeline.sweep import planned_params
+
+    assert f'build_quietly("{nb.stem}", params)' in nb.read_text(), f"{nb.name} does not build quietly"
+    calls = []
+
+    def prepare(name, **kwargs):
+        calls.append((name, kwargs))
+        raise OSError("cannot be built here")  # left to the measurement: no error from build_quietly
+
+    monkeypatch.setattr(zoo, "prepare", prepare)
+    params = planned_params(nb.stem, "smoke")
+    assert build_quietly(nb.stem, check_parameters(nb.stem, params.values())) is None  # no value shown
+    module = chapter(nb.stem)
+    loaded = [str(j.model) for j in module.jobs(params)] if hasattr(module, "jobs") else []
+    embedded = dict.fromkeys(m for m in loaded if m.startswith("embedded:"))
+    assert calls == [(model, {"progress": False}) for model in embedded]
+
+
 # Measured rows judged on point estimates only (by the start of their claim), and why.
 WITHOUT_INTERVAL = {
     "the paper's Fig. 1a axis": "f02's scale question counts the candidate aggregations that land on "

@@ -174,3 +174,12 @@ def test_an_interval_is_checked_and_shown_in_the_status_row():
     assert "interval" not in claim("c", paper="p", rule=Rule(yes="x > 0"), values={"x": 0.2})["rule"]
     boot = {"estimate": 0.2, "ci_low": 0.1, "ci_high": 0.3, "level": 0.9}
     assert Interval.from_bootstrap(boot, over="models") == Interval(0.2, 0.1, 0.3, 0.9, "models")
+
+
+def test_an_interval_over_too_few_to_resample_says_so_in_words():
+    """One prompt gives a bootstrap interval of (-inf, inf): the status table said
+    '[-inf, inf; 95% over 1 prompt]'; it says there is no interval."""
+    from coupling_utils.analysis.verdicts import Interval
+
+    assert str(Interval(0.5, -math.inf, math.inf, over="1 prompt")) == "0.5 [no 95% interval over 1 prompt]"
+    assert str(Interval(0.5, 0.4, 0.6, over="3 prompts")) == "0.5 [0.4, 0.6; 95% over 3 prompts]"

@@ -99,6 +99,8 @@ class Interval:
 
     def __str__(self) -> str:
         over = f" over {self.over}" if self.over else ""
+        if not (math.isfinite(float(self.low)) and math.isfinite(float(self.high))):  # too few to resample
+            return f"{_fmt(self.estimate)} [no {self.level:.0%} interval{over}]"
         return f"{_fmt(self.estimate)} [{_fmt(self.low)}, {_fmt(self.high)}; {self.level:.0%}{over}]"
 
 

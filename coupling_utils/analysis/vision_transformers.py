@@ -341,7 +341,8 @@ def _echo_line(r: Result, row: dict | None) -> str:
         return f"{name}: missing ({r.error}: {r.message})"
     took = f"{row['seconds']:.1f} s{' (cached)' if row['cached'] else ''}"
     return (
-        f"{name}: coupling {row['coupling']:.4f} at K = {row['K']} over {row['n_prompts']} image(s), {took}"
+        f"{name}: coupling {row['coupling']:.4f} at K = {row['K']} over {row['n_prompts']} "
+        f"image{'' if row['n_prompts'] == 1 else 's'}, {took}"
     )
 
 

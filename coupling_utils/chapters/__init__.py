@@ -25,7 +25,7 @@ from typing import Any
 from coupling_utils.chapters.checks import ParameterError
 from coupling_utils.chapters.params import ChapterParams
 
-__all__ = ["NAMES", "chapter", "check_parameters", "ChapterParams", "ParameterError"]
+__all__ = ["NAMES", "chapter", "check_parameters", "build_quietly", "ChapterParams", "ParameterError"]
 
 NAMES = (
     "f00_coupling_metric",
@@ -48,3 +48,20 @@ def check_parameters(name: str, values: Mapping[str, Any]) -> ChapterParams:
     """Chapter ``name``'s parameters from ``values`` (a dict or a notebook's ``globals()``),
     checked: the one call a notebook's second cell and ``coupling-book run`` make."""
     return chapter(name).Params.checked(values)
+
+
+def build_quietly(name: str, params: ChapterParams) -> None:
+    """Build the embedded models chapter ``name``'s plan loads (``jobs(params)``) without progress
+    bars, so that a notebook run in a fresh cache shows its results, not training bars (loading
+    would build them with bars on first use). Built ones are only found; nothing is returned
+    (the notebook's cell shows no value). One that cannot be built is left to the measurement,
+    which reports it where the chapter lists the models it could not measure."""
+    from coupling_utils.models import zoo
+
+    module = chapter(name)
+    models = [str(job.model) for job in module.jobs(params)] if hasattr(module, "jobs") else []
+    for model in dict.fromkeys(m for m in models if m.startswith(zoo.PREFIX)):
+        try:
+            zoo.prepare(model, progress=False)  # a family member builds its family once
+        except Exception:  # noqa: BLE001, S112 - reported by the measurement, in the chapter's words
+            continue

@@ -272,6 +272,8 @@ def random_pairs_chart(r: Results, p: Params):
 # --------------------------------------------------------------------------- glue
 def glue_values(p: Params, r: Results) -> dict[str, Any]:
     """Every value the prose glues, by name."""
+    from IPython.display import Markdown
+
     m_adjacent, m_random_basis = r.m_case(neighbour_case(p.layer)), r.m_case(RANDOM)
     random_mean, random_max = float(r.toy.random_pairs.m_K.mean()), float(r.toy.random_pairs.m_K.max())
     return {
@@ -290,11 +292,28 @@ def glue_values(p: Params, r: Results) -> dict[str, Any]:
         "f00_m_backward": r.m_backward,
         **_noise_values(r.sweep, r.noise_equivalent, m_adjacent),
         "f00_layer": p.layer,
+        "f00_layer_reruns": Markdown(layer_reruns(r.facts["n_layers"], p.layer)),
         "f00_random_mean": random_mean,
         "f00_random_max": random_max,
         "f00_n_random": p.n_random,
         **_by_k_values(r.by_k),
     }
+
+
+def layer_reruns(n_layers: int, layer: int) -> str:
+    """Exercise f00-ex-layer's reruns: an early, a middle and a late block of this model that has
+    a next block (1, n/2 and n - 3 where they exist), other than the one measured; or why none."""
+    last = n_layers - 2  # the last block with a neighbour
+    picks = sorted({min(max(b, 0), last) for b in (1, n_layers // 2, n_layers - 3)} - {layer})
+    if not picks:
+        return (f"This run's model ({n_layers} blocks) has no other block with a next block: rerun "
+                "`coupling-book run f00` with a deeper model (e.g. `--profile default`)")  # fmt: skip
+    options = [f"`-p layer={b}`" for b in picks]
+    return (
+        "Rerun `coupling-book run f00` with "
+        + (", ".join(options[:-1]) + " and " if len(options) > 1 else "")
+        + options[-1]
+    )
 
 
 def _by_k_values(by_k: pd.DataFrame) -> dict[str, Any]:

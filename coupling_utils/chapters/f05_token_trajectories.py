@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from coupling_utils.analysis.straightness import STRAIGHTER, STRAIGHTER_TEXT, straightness
-from coupling_utils.analysis.verdicts import Rule, claim, verdict_word
+from coupling_utils.analysis.verdicts import Interval, Rule, claim, verdict_word
 from coupling_utils.chapters.checks import (
     DTYPES,
     NotMeasured,
@@ -41,6 +41,7 @@ __all__ = [
     "Results",
     "run",
     "claims",
+    "interval_words",
     "glue_values",
 ]
 
@@ -281,7 +282,7 @@ def claims(p: Params, r: Results) -> list[dict[str, Any]]:
         return []
     first, last = r.window
     where = (f"{p.model}{'@' + p.revision if p.revision else ''} against its random twin, "
-             f"{len(p.prompts)} prompts, window x^{first}..x^{last}"
+             f"{len(p.prompts)} prompt{'' if len(p.prompts) == 1 else 's'}, window x^{first}..x^{last}"
              + (", first token skipped" if p.skip_first_token else "")
              + "; last block: the block alone (x^L before the final norm)")  # fmt: skip
     growth, s = r.growth, r.straight
@@ -304,12 +305,23 @@ def claims(p: Params, r: Results) -> list[dict[str, Any]]:
     ]  # fmt: skip
 
 
+def interval_words(iv: Interval) -> str:
+    """A ratio's interval as the prose says it: "95% interval 0.55 to 0.65", or in words why
+    there is none (one prompt leaves nothing to resample, so the verdict cannot be a yes)."""
+    if np.isnan([iv.low, iv.high]).any():
+        return "no interval: not measured without the twin"
+    if not np.isfinite([iv.low, iv.high]).all():
+        return f"no interval: {iv.over} only, nothing to resample"
+    return f"{iv.level:.0%} interval {iv.low:.2f} to {iv.high:.2f}"
+
+
 def _straight_values(s: Mapping[str, Any]) -> dict[str, Any]:
     """The straightness rule's numbers: the walk's score and both ratios with their intervals."""
     out = {"f05_lss_walk": s["walk"], "f05_straight_rule": STRAIGHTER_TEXT}
     for name in ("walk_ratio", "twin_ratio"):
         iv = s[name]
-        out |= {f"f05_{name}": iv.estimate, f"f05_{name}_low": iv.low, f"f05_{name}_high": iv.high}
+        out |= {f"f05_{name}": iv.estimate, f"f05_{name}_low": iv.low, f"f05_{name}_high": iv.high,
+                f"f05_{name}_interval": interval_words(iv)}  # fmt: skip
     return out
 
 

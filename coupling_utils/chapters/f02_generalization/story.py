@@ -41,6 +41,7 @@ from coupling_utils.chapters.f02_generalization.sections import (
 )
 from coupling_utils.chapters.f02_generalization.within import (
     Within,
+    sign_words,
     spearman_interval,
     within_claims,
     within_glue,
@@ -380,7 +381,11 @@ def _near_zero(ours: pd.DataFrame) -> str:
 
 def _width_glue(f: Family, fits: FamilyFits) -> dict[str, Any]:
     by_width = f.ours.groupby("d_model").agg(
-        ex_lo=("excess", "min"), ex_hi=("excess", "max"), acc_lo=("val_acc", "min"), acc_hi=("val_acc", "max")
+        ex_lo=("excess", "min"),
+        ex_hi=("excess", "max"),
+        acc_lo=("val_acc", "min"),
+        acc_hi=("val_acc", "max"),
+        n=("excess", "size"),
     )
     split = (
         len(by_width) == 2
@@ -396,7 +401,9 @@ def _width_glue(f: Family, fits: FamilyFits) -> dict[str, Any]:
         "f02_width_split": Markdown(
             "By width: "
             + "; ".join(
-                f"at d = {d} the excess spans {r.ex_lo:.3f} to {r.ex_hi:.3f} and accuracy "
+                f"at d = {d} the one member's excess is {r.ex_lo:.3f} and its accuracy {r.acc_lo:.3f}"
+                if r.n == 1
+                else f"at d = {d} the excess spans {r.ex_lo:.3f} to {r.ex_hi:.3f} and accuracy "
                 f"{r.acc_lo:.3f} to {r.acc_hi:.3f}"
                 for d, r in by_width.iterrows()
             )
@@ -410,9 +417,12 @@ def _width_glue(f: Family, fits: FamilyFits) -> dict[str, Any]:
             )
         ),
         "f02_sign_word": Markdown(
-            "positive, the direction the paper reports"
-            if fits.rho["excess"] > 0
-            else "negative, the opposite of the paper's direction"
+            sign_words(
+                fits.rho["excess"],
+                float(fits.acc.loc["excess", "spearman_ci_low"]),
+                float(fits.acc.loc["excess", "spearman_ci_high"]),
+                "negative, the opposite of the paper's direction",
+            )
         ),
     }
 

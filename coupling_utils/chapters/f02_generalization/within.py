@@ -225,8 +225,24 @@ def within_glue(w: Within | None) -> dict[str, Any]:
         "f02_within_data_sentence": _data_sentence(ours),
         "f02_within_peak": _peak_sentence(ours),
         "f02_within_sign": Markdown(
-            "positive, the direction the paper reports"
-            if w.rho.estimate > 0
-            else "not positive: more training raised accuracy without raising coupling in the same order"
+            sign_words(
+                w.rho.estimate,
+                w.rho.low,
+                w.rho.high,
+                "not positive: more training raised accuracy without raising coupling in the same order",
+            )
         ),
     }
+
+
+def sign_words(rho: float, low: float, high: float, against: str) -> str:
+    """The sign of a Spearman ρ as the prose says it, read with its interval: the paper's
+    direction (or ``against``) only where the whole interval has that sign; otherwise undecided."""
+    if np.isnan([rho, low, high]).any():
+        return "undecided: too few members for a rank correlation and its interval"
+    if low > 0:
+        return "positive, the direction the paper reports"
+    if high < 0:
+        return against
+    side = "positive" if rho > 0 else "not positive"
+    return f"{side} in its estimate, but its interval includes 0: these members do not settle the sign"

@@ -100,7 +100,9 @@ class Results:
     @property
     def measured_line(self) -> str:
         s = self.summary
-        return f"{s.step.nunique()} checkpoints measured for {s.model.nunique()} model(s); none missing"
+        steps, models = s.step.nunique(), s.model.nunique()
+        return (f"{steps} checkpoint{'' if steps == 1 else 's'} measured for {models} model"
+                f"{'' if models == 1 else 's'}; none missing")  # fmt: skip
 
     @property
     def showcase(self) -> str:

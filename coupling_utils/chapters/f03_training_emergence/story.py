@@ -493,7 +493,9 @@ def _exercise_k(r: Results) -> dict[str, Any]:
             f"intervals), gives {RULES['rises'].judge(g128.to_dict())}"
         )
     else:
-        out["f03_ex_128"] = Markdown("this run has too few checkpoints after step 128 to say")
+        out["f03_ex_128"] = Markdown(
+            "there are too few checkpoints from step 128 on to say (the ratio needs two)"
+        )
     return out
 
 
