@@ -85,6 +85,7 @@ _EXPORTS = {
     "show_table": "analysis.display",
     "to_svg": "analysis.display",
     "build_book": "pipeline.book",
+    "BuildOptions": "pipeline.book",
     # the embedded model zoo and the local training runs
     "family_table": "models.zoo",
     "tokenized_corpus": "models.corpus",

@@ -39,6 +39,7 @@ __all__ = [
     "slug",
     "stable_hash",
     "file_sha256",
+    "tensors_sha256",
     "versions",
     "cpu_name",
     "cpu_vendor",
@@ -109,6 +110,23 @@ def _stream_sha256(path: Path) -> str:
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 22), b""):
             h.update(block)
+    return h.hexdigest()
+
+
+def tensors_sha256(path: str | Path) -> str:
+    """SHA-256 of the tensors in one safetensors file: names, dtypes, shapes and bytes, in name order.
+
+    Independent of the file's metadata and layout, so it changes only when a weight does.
+    """
+    import torch
+    from safetensors import safe_open
+
+    h = hashlib.sha256()
+    with safe_open(str(path), "pt") as st:
+        for key in sorted(st.keys()):  # noqa: SIM118 (safe_open is not iterable)
+            t = st.get_tensor(key).contiguous()
+            h.update(f"{key}|{t.dtype}|{tuple(t.shape)}|".encode())
+            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
 
 

@@ -24,7 +24,7 @@ from support.smoke_runs import SHARED, SMOKE_DIR
 from coupling_utils.pipeline.execution import embedded_models, notebook_paths
 
 ROOT = Path(__file__).resolve().parents[1]
-MEMO = "sha256-memo.json"  # coupling_utils.models.zoo.cache.file_sha256's memo
+MEMO = "sha256-memo.json"  # coupling_utils.provenance.file_sha256's memo
 
 
 @pytest.mark.parametrize("nb", notebook_paths(ROOT), ids=lambda p: p.stem)

@@ -197,6 +197,7 @@ def test_the_file_hash_lives_in_provenance_and_is_sha256_of_the_bytes(tmp_path, 
     from coupling_utils.models.zoo import cache
 
     assert zoo.file_sha256 is cache.file_sha256 is provenance.file_sha256
+    assert zoo.tensors_sha256 is cache.tensors_sha256 is provenance.tensors_sha256
     monkeypatch.setenv("COUPLING_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(provenance, "_SHA_MEMO", {})
     data = np.random.default_rng(0).bytes(9 * 2**20 + 7)  # more than two 4 MiB blocks

@@ -55,7 +55,6 @@ from coupling_utils.models.zoo.cache import ZOO_FORMAT as ZOO_FORMAT
 from coupling_utils.models.zoo.cache import _is_locked as _is_locked
 from coupling_utils.models.zoo.cache import _lock as _lock
 from coupling_utils.models.zoo.cache import entry_dir as entry_dir
-from coupling_utils.models.zoo.cache import tensors_sha256 as tensors_sha256
 from coupling_utils.models.zoo.errors import BuildFailed, ZooError
 from coupling_utils.models.zoo.recipes import LM_FAMILY_TOKENS_PER_PARAMETER as LM_FAMILY_TOKENS_PER_PARAMETER
 from coupling_utils.models.zoo.recipes import PackagedModel as PackagedModel
@@ -67,6 +66,7 @@ from coupling_utils.models.zoo.registry import PREFIX as PREFIX
 from coupling_utils.models.zoo.registry import _check_opt_in as _check_opt_in
 from coupling_utils.models.zoo.registry import _split as _split
 from coupling_utils.provenance import file_sha256 as file_sha256  # measurement/jobs.py calls zoo.file_sha256
+from coupling_utils.provenance import tensors_sha256 as tensors_sha256
 
 __all__ = [
     "REGISTRY",

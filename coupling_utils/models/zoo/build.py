@@ -19,11 +19,11 @@ from pathlib import Path
 import pandas as pd
 
 from coupling_utils.files import atomic_dir, atomic_write_text
-from coupling_utils.models.zoo.cache import _is_locked, _lock, entry_dir, tensors_sha256
+from coupling_utils.models.zoo.cache import _is_locked, _lock, entry_dir
 from coupling_utils.models.zoo.errors import ZooError
 from coupling_utils.models.zoo.recipes import _build_gguf, _build_hf_copy, _train_one
 from coupling_utils.models.zoo.registry import PREFIX, REGISTRY, ZooEntry, _check_opt_in, _split
-from coupling_utils.provenance import versions
+from coupling_utils.provenance import tensors_sha256, versions
 
 
 # --------------------------------------------------------------------------- where and whether

@@ -3,8 +3,8 @@
 An entry lives in ``<cache>/zoo/<name>/<key>``, where the key changes whenever what the entry
 produces would (a new package version or weights, a new training spec, corpus or
 :data:`ZOO_FORMAT`), so a stale build is never reused. :func:`entry_dir` is the one function that
-spells that layout; everything else asks it. The tensor hash the pinned checksums are made of lives
-here too; the file hash the keys are made of is :func:`coupling_utils.provenance.file_sha256`.
+spells that layout; everything else asks it. The hashes (of files, for the keys; of tensors, for the
+pinned checksums) live in :mod:`coupling_utils.provenance`.
 """
 
 from __future__ import annotations
@@ -16,29 +16,12 @@ from typing import TYPE_CHECKING
 
 from coupling_utils.files import cache_dir, file_lock, is_locked
 from coupling_utils.provenance import file_sha256 as file_sha256  # its old home: zoo.cache.file_sha256
+from coupling_utils.provenance import tensors_sha256 as tensors_sha256  # its old home
 
 if TYPE_CHECKING:
     from coupling_utils.models.zoo.registry import ZooEntry
 
 ZOO_FORMAT = 1  # bump when the on-disk layout or the training code changes what a spec produces
-
-
-# --------------------------------------------------------------------------- hashing
-def tensors_sha256(path: str | Path) -> str:
-    """SHA-256 of the tensors in one safetensors file: names, dtypes, shapes and bytes, in name order.
-
-    Independent of the file's metadata and layout, so it changes only when a weight does.
-    """
-    import torch
-    from safetensors import safe_open
-
-    h = hashlib.sha256()
-    with safe_open(str(path), "pt") as st:
-        for key in sorted(st.keys()):  # noqa: SIM118 (safe_open is not iterable)
-            t = st.get_tensor(key).contiguous()
-            h.update(f"{key}|{t.dtype}|{tuple(t.shape)}|".encode())
-            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
 
 
 # --------------------------------------------------------------------------- keys
