@@ -153,6 +153,36 @@ def test_slurm_without_sbatch_is_refused_before_out_is_made(tmp_path, monkeypatc
     assert "#SBATCH" in capsys.readouterr().out and not out.exists()
 
 
+def test_slurm_without_sbatch_with_everything_stored_writes_the_tables(
+    standin_hub, tmp_path, monkeypatch, capsys
+):
+    """Nothing left to submit: the tables are written here, sbatch or not (only a submission needs it)."""
+    import shutil
+
+    out = tmp_path / "out"
+    args = [
+        "EleutherAI/pythia-6.9b",
+        "--k",
+        "2",
+        "--max-tokens",
+        "4",
+        "--n-prompts",
+        "0",
+        "--revision",
+        "step1",
+        "--out",
+        str(out),
+    ]
+    assert main(["measure", *args]) == 0
+    (out / "summary.csv").unlink()
+    real = shutil.which
+    monkeypatch.setattr(
+        shutil, "which", lambda name, *a, **kw: None if name == "sbatch" else real(name, *a, **kw)
+    )
+    assert main(["measure", *args, "--executor", "slurm"]) == 0, capsys.readouterr().err
+    assert (out / "summary.csv").is_file()
+
+
 def test_a_measure_run_is_checked_when_made(tmp_path):
     from coupling_utils.measurement import Loads, Settings
     from coupling_utils.pipeline.measure_models import MeasureRun

@@ -272,10 +272,11 @@ def measure_many(run: MeasureRun) -> MeasureReport:
     run; with resources, one job per (model, revision) goes through
     :func:`coupling_utils.pipeline.sweep.submit` (SLURM returns at once, and the tables hold what
     has finished: rerun the same command later to complete them). What this machine cannot run
-    (``--executor slurm`` without sbatch) is refused before anything is created.
+    (``--executor slurm`` without sbatch, with something left to measure) is refused before
+    anything is created; with everything stored, the tables are written here.
     """
     jobs = run.jobs()
-    if run.resources is not None:
+    if run.resources is not None and collect(jobs, Options(compute=False)).missing:
         run.resources.check_here()
     out = _out_folder(run.out)  # created once the input is known to be good
     pending: list[str] = []
