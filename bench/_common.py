@@ -9,6 +9,7 @@ the attention implementation, a tied head) is an argument, never a copy of the b
 from __future__ import annotations
 
 import datetime as dt
+import math
 import os
 from pathlib import Path
 
@@ -20,6 +21,49 @@ def rss_mib() -> float:
     except (OSError, IndexError, ValueError):
         return float("nan")
     return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+CPU_STAT = Path("/proc/stat")
+
+
+def cpu_jiffies(stat_text: str) -> tuple[int, int]:
+    """``(busy, total)`` clock ticks of all CPUs together since boot, from the text of Linux's
+    ``/proc/stat`` (its aggregate ``cpu`` line: user nice system idle iowait irq softirq steal
+    guest guest_nice). Busy is user + nice + system + irq + softirq + steal (guest time is
+    already inside user and nice); total adds idle and iowait. A ``ValueError`` names a text
+    without that line."""
+    for line in stat_text.splitlines():
+        fields = line.split()
+        if fields and fields[0] == "cpu":
+            ticks = [int(x) for x in fields[1:9]] + [0] * (9 - len(fields))
+            user, nice, system, idle, iowait, irq, softirq, steal = ticks[:8]
+            busy = user + nice + system + irq + softirq + steal
+            return busy, busy + idle + iowait
+    raise ValueError("/proc/stat text has no aggregate 'cpu' line: not a Linux /proc/stat")
+
+
+def read_cpu_jiffies(path: Path = CPU_STAT) -> tuple[int, int] | None:
+    """:func:`cpu_jiffies` of the machine now; None where there is no ``/proc/stat`` (not Linux)."""
+    try:
+        return cpu_jiffies(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def other_cpu(before, after, own_cpu_seconds: float, hz: float | None = None) -> tuple[float, float]:
+    """``(seconds, share)``: the CPU time that processes other than a run used between two
+    :func:`cpu_jiffies` snapshots taken around it, and that time over the machine's capacity in
+    the interval (all its cores' ticks, busy or idle: 0 = nothing else ran, 1 = every core was
+    busy with others the whole time). Other = all busy ticks over ``hz`` (``SC_CLK_TCK``) minus
+    ``own_cpu_seconds`` (the run's own user + system time, from rusage); clipped at 0, since the
+    ticks are sampled (10 ms granularity) where rusage is not, so a quiet interval can come out
+    slightly negative. (NaN, NaN) where a snapshot is missing."""
+    if before is None or after is None:
+        return math.nan, math.nan
+    hz = float(hz or os.sysconf("SC_CLK_TCK"))
+    busy, total = (after[0] - before[0]) / hz, (after[1] - before[1]) / hz
+    other = max(0.0, busy - own_cpu_seconds)
+    return other, (other / total if total > 0 else math.nan)
 
 
 def peak_tensor_mib(fn) -> tuple[object, float]:

@@ -28,11 +28,25 @@ ENV_VAR = "COUPLING_CACHE"
 DATA_ENV_VAR = "COUPLING_DATA"
 
 
+class CacheError(OSError):
+    """The cache directory cannot be made where it is configured (a file stands in its way)."""
+
+
 def cache_dir(*parts: str) -> Path:
-    """The project's cache directory (created), or a subdirectory of it."""
-    root = os.environ.get(ENV_VAR) or platformdirs.user_cache_dir("coupling-book")
-    path = Path(root).expanduser().joinpath(*parts)
-    path.mkdir(parents=True, exist_ok=True)
+    """The project's cache directory (created), or a subdirectory of it; a file where a folder
+    must be is a :class:`CacheError` naming ``$COUPLING_CACHE`` and the fix."""
+    given = os.environ.get(ENV_VAR)
+    root = Path(given or platformdirs.user_cache_dir("coupling-book")).expanduser()
+    path = root.joinpath(*parts)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError) as exc:
+        blocking = next((p for p in [path, *path.parents] if p.exists() and not p.is_dir()), path)
+        where = f"${ENV_VAR}={given!r}" if given else f"the cache folder {root} (set ${ENV_VAR} to move it)"
+        raise CacheError(
+            f"{where}: {blocking} is a file, not a folder, so nothing can be cached there; point "
+            f"{ENV_VAR} at a folder (it is created if missing), or move the file away"
+        ) from exc
     return path
 
 

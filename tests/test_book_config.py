@@ -603,14 +603,14 @@ def test_show_switches_to_png_for_a_large_chart(monkeypatch):
 
 
 def test_show_wraps_charts_wider_than_the_column():
-    from coupling_utils.analysis import display
+    from coupling_utils.analysis import display, rendering
 
     wide = _chart().properties(width=300) | _chart().properties(width=300) | _chart().properties(width=300)
     spec, svg = display.chart_spec(wide)
     assert "hconcat" not in spec and spec["columns"] == 1
-    assert display._svg_width(svg) <= display.FIT_WIDTH
+    assert rendering.svg_width(svg) <= display.FIT_WIDTH
     kept, svg = display.chart_spec(wide, fit=False)
-    assert "hconcat" in kept and display._svg_width(svg) > display.FIT_WIDTH
+    assert "hconcat" in kept and rendering.svg_width(svg) > display.FIT_WIDTH
 
 
 def test_book_renderer_makes_bare_charts_live_too():

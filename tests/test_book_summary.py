@@ -35,6 +35,22 @@ def test_bottom_line_counts_measured_claims_and_keeps_replots_apart():
     assert "No executed notebook" in summary.bottom_line(_rows().iloc[0:0])
 
 
+def test_a_claim_not_reproduced_is_listed_with_the_values_its_rule_judged_and_their_intervals():
+    """A verdict is given with its intervals: the bottom line quotes what the rule judged (the
+    status row's "judged on ..."), not only the row's headline number."""
+    from coupling_utils.analysis.verdicts import Interval, Rule, claim
+
+    rho = Interval(-0.74, -0.97, 0.09, over="members")
+    row = claim("family", paper="positive", rule=Rule(yes="rho > 0", partly="rho > 0"), values={"rho": rho},
+                ours="Spearman ρ -0.74")  # fmt: skip
+    df = pd.DataFrame([{**row, "notebook": "f02_y", "title": "f02 · General", "profile": "default"}])
+    text = summary.bottom_line(df)
+    assert (
+        "- **family** (f02): this run measured Spearman ρ -0.74; "
+        "judged on rho = -0.74 [-0.97, 0.09; 95% over members]." in text
+    )
+
+
 def test_status_chart_draws_one_mark_per_claim_with_its_story():
     spec = summary.status_chart(_rows()).to_dict()
     data = next(iter(spec["datasets"].values()))

@@ -22,7 +22,7 @@ import pytest
 alt = pytest.importorskip("altair")
 vlc = pytest.importorskip("vl_convert")
 
-from coupling_utils.analysis import display, layout  # noqa: E402
+from coupling_utils.analysis import display, layout, rendering  # noqa: E402
 from coupling_utils.analysis import plots as P  # noqa: E402
 
 # scatters side by side share their hover selection on purpose (plots.scatter says why)
@@ -226,7 +226,7 @@ def test_alt_text_made_from_a_chart_formats_numbers_plainly():
         "mark": "point",
         "encoding": {"x": {"field": "step", "title": np.float64(2.0)}, "y": {"field": "m", "title": None}},
     }
-    text = display._describe(spec)
+    text = rendering._describe(spec)
     assert text == "Chart: Coupling at K = 4. m against 2." and not display.repr_problems(text, "alt")
     assert display.plain([np.int64(2), np.float64(0.125), 3.0, None, np.bool_(True)]) == "2, 0.125, 3, , yes"
     for bad in ("np.int64(2)", "array([1, 2])", "[None, 2]", "at step None", "<Foo object at 0x7f00>"):

@@ -165,3 +165,46 @@ def test_the_layer_exercise_names_blocks_this_model_has():
     assert f00.layer_reruns(2, 0).startswith(
         "This run's model (2 blocks) has no other block with a next block"
     )
+
+
+def _typed(text: str) -> str:
+    """The notebook's prose with its glued roles removed: the words typed, true at every profile."""
+    return re.sub(r"\{glue:\w*\}`[^`]*`", "⟦⟧", text)
+
+
+def test_the_toy_and_tile_words_follow_this_runs_values():
+    """The words "reproduces it", "close to 1", the histogram's "near 1" and the tiles' "a fainter
+    diagonal" are read from the values (the stand-in paper profile's random pairs average 1.24, its
+    neighbour's tile is as diagonal as the random one's); the old typed words are gone."""
+    typed = _typed(NOTEBOOK.read_text())
+    for stale in ("this run reproduces it", "close to 1,", "narrow distribution near 1",
+                  "a fainter diagonal", "times {glue", "stay\nwell inside the bound",
+                  "Since $J$ concentrates its gain", "depends on which Jacobian concentrates", "`-p k=50`",
+                  "less aligned", "50 because the answer", "a real model"):  # fmt: skip
+        assert stale not in typed, stale
+    toy = cm.toy_properties(64, 8, 20, seed=0)  # the default profile's K/d
+    words = f00.toy_findings(toy)
+    assert words["f00_properties_sentence"].startswith("this run reproduces it: the metric is ")
+    assert words["f00_random_words"].startswith("close to 1")
+    wide = cm.toy_properties(16, 14, 20, seed=0)  # K near d: random pairs average well above 1
+    far = f00.toy_findings(wide)
+    assert far["f00_properties_sentence"].startswith("this run reproduces 4 of its 5 properties: unrelated")
+    assert (
+        far["f00_random_words"].startswith("not within 0.1 of 1")
+        and "not near 1" in far["f00_random_caption"]
+    )
+    tiles = pd.DataFrame({"case": ["a"] * 9 + ["b"] * 9, "row": [0, 0, 0, 1, 1, 1, 2, 2, 2] * 2,
+                          "col": [0, 1, 2] * 6, "value": [3, 0, 0, 0, 3, 0, 0, 0, 3] + [1] * 9})  # fmt: skip
+    shares = f00.diagonal_shares(tiles)
+    assert shares["a"] == pytest.approx(1.0) and shares["b"] == pytest.approx(1 / 3)
+    shares.index = [f00.neighbour_case(4), f00.RANDOM]
+    alt = f00.tiles_alt(shares, 4, 3)
+    assert "neighbouring block's basis, a visible diagonal (100%" in alt
+    assert "random matrix's basis, no visible diagonal (33%" in alt
+    assert (
+        f00.energy_words(0.51, 0.38) == "1.3 times as concentrated in the top directions as a random matrix's"
+    )
+    assert f00.energy_words(0.997, 0.993).startswith("about as concentrated")
+    assert f00.energy_words(0.3, 0.5).startswith("less concentrated")
+    assert f00.k_reruns(576) == "`coupling-book run f00 -p k=1` and `-p k=50`"
+    assert f00.k_reruns(32) == "`coupling-book run f00 -p k=1` and `-p k=32`"  # the smoke model's width

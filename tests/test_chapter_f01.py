@@ -269,3 +269,41 @@ def test_the_paper_definition_measures_the_authors_map_beside_it(tmp_path, monke
 
     with pytest.raises(ParameterError, match="last_block"):
         f01.Params.checked({"last_block": "norm"})
+
+
+def _typed(text: str) -> str:
+    """The notebook's prose with its glued roles removed: the words typed, true at every profile."""
+    return re.sub(r"\{glue:\w*\}`[^`]*`", "⟦⟧", text)
+
+
+def test_what_matched_says_what_the_run_showed_not_a_mechanism_it_did_not_measure():
+    """The twin's level, the tiles' reading, the token-wise and context readings and the bullet
+    on the drawn model are worded from their numbers (the old typed words were false at the paper
+    profile: a twin far from chance 'sits at the level of unrelated matrices', tiles judged 'no'
+    'are shared as in the paper's figure', Llama-3-8B 'below the paper's Llama-3-8B'), and an
+    unmeasured mechanism is said to be one."""
+    typed = _typed(NOTEBOOK.read_text())
+    for stale in ("The twin sits at the level", "The top singular directions are shared\n",
+                  "Possible reasons where the level is below", "so in this run token-wise coupling is not",
+                  "attention is\n  almost uniform", "carries no information",
+                  "The per-model table shows the same on real blocks", "`-p token_layer=3`"):  # fmt: skip
+        assert stale not in typed, stale
+    from coupling_utils.chapters.f01_depth_and_tokens import findings as story
+
+    assert story.twin_level_words(0.01).startswith("The twin stays within 0.05 of 0")
+    assert story.twin_level_words(-0.47).startswith("The twin is not within 0.05 of 0")
+    assert "not in every tile" in story.tiles_words("partly")
+    assert story.tiles_words("no").startswith("This run's tiles do not show")
+    paper = story.level_reasons("meta-llama/Meta-Llama-3-8B", 32, 4096)
+    assert "is the paper's" in paper and "below" not in paper and "4-bit" in paper
+    assert "differs from the paper's Llama-3-8B" in story.level_reasons("embedded:smollm2-135m", 30, 576)
+    up = story.tokens_words({"self_trained": 0.9, "self_twin": 0.5}, (0.8, 0.7))
+    assert up.startswith("so in this run token-wise coupling grows with training.") and "more coupled" in up
+    down = story.tokens_words({"self_trained": 0.5, "self_twin": 0.9}, (0.1, 0.6))
+    assert "not a sign of training (a likely reason, not measured here" in down and "are less coupled" in down
+    assert "not higher" in story.context_words({"context_trained": 0.9, "context_twin": 0.8})
+    assert "not measured here" in story.context_words({"context_trained": 0.3, "context_twin": 0.8})
+    assert story.token_layer_reruns(30, 15) == "Rerun with `-p token_layer=3` and `-p token_layer=27`"
+    assert story.token_layer_reruns(2, 1) == "Rerun with `-p token_layer=0`"
+    assert "no other block" in story.token_layer_reruns(1, 0)
+    assert "not measured here" in f01.ENCODER_NOTE and "norm dominates" not in f01.ENCODER_NOTE

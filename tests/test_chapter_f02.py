@@ -249,3 +249,42 @@ def test_the_scale_and_training_family_words_read_as_sentences():
     spread = _tpp_words(pd.Series([0.0131, 0.0272, 0.0262]))
     assert spread["f02_tpp_sentence"].data.startswith("The members saw 0.0131 to 0.0272 tokens per parameter")
     assert "same" not in spread["f02_tpp_trained"].data
+
+
+def _typed() -> str:
+    """The notebook's prose with its glued roles removed: the words typed, true at every profile."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "notebooks" / "f02_generalization.md").read_text()
+    return re.sub(r"\{glue:\w*\}`[^`]*`", "⟦⟧", text)
+
+
+def test_the_books_choice_is_worded_from_the_candidates_and_no_exercise_overreaches():
+    """'Our values are on the scale of Fig. 1b', 'the twins are more token-wise coupled' and 'the
+    trace variants ... do not' are read from this run's candidates; typed words no longer assert
+    what nothing measured (a joint fit 'close to exact whatever the predictors', tasks 'no model
+    does much better than chance', spectra 'shaped much like', 'trained for minutes', every member
+    on the same tokens per parameter, which the smoke family is not)."""
+    typed = _typed()
+    for stale in ("our values are on the scale of Fig. 1b", "the twins are *more* token-wise coupled",
+                  "whatever the predictors", "much better than chance", "shaped much like",
+                  "for minutes", "Every member is trained on the same number", "Coupling beats parameter",
+                  '"trace" variants that reach Fig. 1a\'s scale do not'):  # fmt: skip
+        assert stale not in typed, stale
+
+    def answer(rows, n_1a=0, book=(0.10, 0.01)):
+        judged = pd.DataFrame(rows, columns=["view", "trained", "twin"])
+        book_row = pd.Series({"trained": book[0], "twin": book[1]})
+        return f02.ScaleAnswer(None, judged, judged, book_row, n_1a, 0, None, 0)
+
+    words = f02.choice_words(answer([("tokens", 0.2, 0.5), ("tokens", 0.1, 0.3), ("depth", 0.1, 0.0)]))
+    assert words["f02_scale_tokenwise"].startswith("Token-wise candidates are no alternative: in all 2")
+    assert (
+        words["f02_scale_separates"].startswith("it separates")
+        and "no candidate on Fig. 1a" in (words["f02_scale_trace_clause"])
+    )
+    mixed = f02.choice_words(answer([("tokens", 0.6, 0.5), ("tokens", 0.1, 0.3)], n_1a=2, book=(0.02, 0.01)))
+    assert mixed["f02_scale_tokenwise"].startswith("In 1 of the 2 token-wise candidates the twin is *more*")
+    assert mixed["f02_scale_separates"].startswith("it does not separate")
+    assert mixed["f02_scale_trace_clause"].startswith("as 2 candidate(s) compatible")

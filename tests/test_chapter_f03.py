@@ -4,6 +4,7 @@ first, then the quiz prompts), and run() collects exactly that plan."""
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -78,11 +79,11 @@ def test_the_early_step_solution_reads_after_in_this_run():
     """The solution says "In this run {f03_ex_128}": not "In this run this run has ..."."""
     from pathlib import Path
 
-    from coupling_utils.chapters.f03_training_emergence.story import _exercise_k
+    from coupling_utils.chapters.f03_training_emergence.exercises import exercise_k
 
     notebook = (Path(__file__).resolve().parents[1] / "notebooks" / "f03_training_emergence.md").read_text()
     assert "In this run {glue:md}`f03_ex_128`." in notebook
-    words = _exercise_k(_stub_results([0, 1, 4, 16]))["f03_ex_128"].data
+    words = exercise_k(_stub_results([0, 1, 4, 16]))["f03_ex_128"].data
     assert not words.startswith("this run") and "too few checkpoints from step 128 on" in words
 
 
@@ -91,3 +92,98 @@ def test_the_measured_line_counts_in_words():
 
     line = Results.measured_line.fget(_stub_results([0, 1, 4, 16]))
     assert line == "4 checkpoints measured for 1 model; none missing"  # not "1 model(s)"
+
+
+NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "f03_training_emergence.md"
+
+
+@pytest.mark.parametrize(
+    "typed",
+    [
+        "Trajectories: straighter, and growing with depth",  # a result in a heading, whatever was measured
+        "The run: trained until validation loss flattens",  # the plateau rule may say "not flattened"
+        "out of distribution for this model",  # false for Pythia (laptop, paper), which read the Pile
+        "which the model has never seen anything like",
+        "Within one run both move with the",  # coupling need not move with the step (default: ρ 0.11)
+        "show which pairs carry the peak",  # the heatmaps are drawn at three steps, maybe not the peak
+        "coupling at step 0 (random initialisation)",  # Pythia's first public checkpoint is step 1
+        "at step 0 (the\nrandom initialisation)",
+        "Expect lower:",  # the K compared may be below k_main
+    ],
+)
+def test_typed_prose_asserts_no_result_the_run_may_contradict(typed):
+    """Sentences about results follow the numbers: none of these typed phrases is true at every
+    profile, so each is computed (glued) or narrowed."""
+    assert typed not in NOTEBOOK.read_text()
+
+
+def test_the_first_checkpoint_is_named_as_measured():
+    """A local run starts at its random initialisation (step 0); Pythia's hub checkpoints start at
+    step 1, which the prose must not call the initialisation."""
+    from coupling_utils.chapters.f03_training_emergence.words import (
+        at_first_checkpoint,
+        first_checkpoint,
+        versus_first,
+    )
+
+    assert at_first_checkpoint(0) == "at step 0 (the random initialisation)"
+    assert "initialisation" not in at_first_checkpoint(1) and "step 1" in at_first_checkpoint(1)
+    assert first_checkpoint(1) == "the first checkpoint (step 1)"
+    assert (
+        versus_first(0.2, 0.1, 0)
+        == "The final value is 2.0× that of the random initialisation (step 0), 0.100."
+    )
+    below = versus_first(-0.47, -0.474, 1)  # a ratio of values below 0 means nothing: the difference instead
+    assert "×" not in below and "+0.004" in below and "step 1" in below
+
+
+def test_a_share_of_the_peak_is_said_only_where_it_means_something():
+    """The old sentence printed "the final value is nan% of the peak" for curves below 0."""
+    import pandas as pd
+
+    from coupling_utils.chapters.f03_training_emergence.words import peak_words
+
+    row = pd.Series({"peak_step": 8000, "final_step": 143000, "final_vs_peak": float("nan")})
+    words = peak_words(row)
+    assert "nan" not in words and "step 8000" in words and "not all above 0" in words
+    assert peak_words(row.replace({8000: 143000})).startswith("ends at its top")  # its peak is its end
+    assert "59% of the peak (step 128)" in peak_words(pd.Series({"peak_step": 128, "final_step": 4096,
+                                                                  "final_vs_peak": 0.587}))  # fmt: skip
+
+
+def test_every_densest_checkpoint_is_named():
+    """The layer graph is equally dense at steps 32, 64 and 128: not "highest at step 32"."""
+    import pandas as pd
+
+    from coupling_utils.chapters.f03_training_emergence.words import density_peak_words
+
+    d = pd.DataFrame({"step": [1, 32, 64, 128, 4096], "density": [0, 1 / 6, 1 / 6, 1 / 6, 0]})
+    assert density_peak_words(d) == "is highest (0.17) at steps 32, 64 and 128"
+    assert density_peak_words(d.assign(density=0.0)) == "is 0.00 at every checkpoint"
+
+
+def test_the_heatmap_solution_says_whether_the_heatmaps_show_the_peak():
+    from types import SimpleNamespace
+
+    from coupling_utils.chapters.f03_training_emergence.exercises import _heatmap_words
+
+    r = SimpleNamespace(chosen=[1, 64, 4096])
+    assert "include that peak" in _heatmap_words(r, 64)
+    assert "not at that peak" in _heatmap_words(r, 128) and "step 128" in _heatmap_words(r, 128)
+
+
+def test_the_k_exercise_compares_another_k_even_when_k_main_is_the_largest():
+    """The paper profile has k = [10, 30, 50] and k_main = 50: the old solution compared K = 50 with
+    itself ("equal to") after "Expect lower"."""
+    from coupling_utils.chapters.f03_training_emergence.exercises import exercise_k
+
+    r = _stub_results([0, 1, 4, 16])
+    r.k_main = 4
+    out = exercise_k(r)
+    assert out["f03_ex_kbig"] == 2 and out["f03_ex_k_expect"] == "higher"
+    assert out["f03_ex_kbig_vs_main"] == "lower than"  # 0.1 at K = 2 against 0.12 at K = 4, as measured
+
+
+def test_the_quiz_panel_is_named_for_what_it_holds():
+    """Quiz prompts are out of distribution only for a model trained on Shakespeare alone."""
+    assert "out of distribution" not in f03.QUIZ

@@ -146,3 +146,41 @@ def test_the_gap_is_read_against_the_seed_spread_and_changes_by_their_sign():
     assert "do not vary" in ex.seed_words({**v, "sd": 0.0, "in_sd": float("inf")})
     assert _change_words(-1.6) == "fell by 1.6 points" and _change_words(2.0) == "rose by 2.0 points"
     assert _change_words(0.01).startswith("did not change")
+
+
+def test_the_mean_token_solution_says_rises_only_of_a_curve_that_rises(monkeypatch):
+    """At the default profile both curves fall with the step (ρ -0.04 and -0.66): the old solution
+    said the mean's "rises more steadily"."""
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    from coupling_utils.chapters.f04_vision_transformers import exercises
+
+    falling = {"spearman": -0.04, "peak_fraction": 0.04, "max_drop": 0.59}
+    monkeypatch.setattr(exercises.vt, "curve_shape", lambda c: falling)
+    summary = pd.DataFrame({"model": ["step0", "step32"], "coupling": [0.1, 0.2]})
+    r = SimpleNamespace(exercises={"curve:mean": SimpleNamespace(summary=summary)},
+                        shape={"spearman": -0.66, "peak_fraction": 0.04, "max_drop": 0.55})  # fmt: skip
+    words = exercises.mean_sentence(SimpleNamespace(token="cls", n_images=64), r)
+    assert "rises more steadily" not in words and "neither curve rises with the step" in words
+    assert "ranks higher with the step" in words
+
+
+def test_the_hub_bullet_says_where_hub_vits_are_measured_when_none_was():
+    from types import SimpleNamespace
+
+    from coupling_utils.chapters.f04_vision_transformers.story import hub_words
+
+    words = hub_words(SimpleNamespace(), SimpleNamespace(hub_gaps=None))
+    assert words.startswith("**Not reproduced here.**") and "`paper` profile adds" in words
+
+
+def test_typed_prose_asserts_no_result_the_run_may_contradict():
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "notebooks" / "f04_vision_transformers.md").read_text()
+    assert "both follow the step" not in text  # coupling need not follow the step
+    assert (
+        "The `paper` profile measures two pretrained" not in text
+    )  # typed, and said at the paper profile too

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pickle
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -149,12 +150,13 @@ def test_an_interval_over_one_prompt_is_said_in_words_and_decides_nothing():
     values = f05._straight_values(one)
     for name in ("walk_ratio", "twin_ratio"):
         words = values[f"f05_{name}_interval"]
-        assert words == "no interval: 1 prompt only, nothing to resample" and "inf" not in words
+        assert words == "no 95% interval: 1 prompt only, nothing to resample" and "inf" not in words
     assert f05.LINEAR.judge(one) == "partly"  # both estimates meet the yes-condition
     two = straightness(pd.concat([lss, lss.assign(prompt=1, lss=[1.1, 2.1])]),
                        model="trained", twin="random init", n_steps=9, d=64)  # fmt: skip
     assert re.fullmatch(
-        r"95% interval \d\.\d\d to \d\.\d\d", f05._straight_values(two)["f05_twin_ratio_interval"]
+        r"95% interval \d\.\d\d to \d\.\d\d over 2 prompts",
+        f05._straight_values(two)["f05_twin_ratio_interval"],
     )
     assert (
         f05.interval_words(f05.Interval(np.nan, np.nan, np.nan))
@@ -200,3 +202,45 @@ def test_the_third_expodistance_is_zero_for_exact_growth_and_reads_only_the_wind
     assert values["f05_expo_residual_trained"] == pytest.approx(0, abs=1e-9)
     assert values["f05_expo_residual_twin"] > 0.1
     assert values["f05_expo_residual_word"].startswith("lower")
+
+
+def test_the_exponential_verdict_quotes_its_numbers_with_intervals():
+    """The bullet's verdict comes with what the rule read, each with its interval over prompts."""
+    rows = [
+        {"model": m, "prompt": pr, "token": t, "growth_log_linear_r2": g + 0.01 * pr,
+         "expodistance_ratio_cv": cv + 0.01 * t, "expodistance_log_linear_r2": r2 - 0.01 * pr}
+        for m, g, cv, r2 in (("trained", 1.08, 0.4, 0.3), ("random init", 1.0, 0.1, 0.8))
+        for pr in (0, 1, 2)
+        for t in (1, 2)
+    ]  # fmt: skip
+    words = f05.exponential_words(SimpleNamespace(metrics=pd.DataFrame(rows)))
+    assert words.startswith("The rule read growth ") and words.count("95% interval") == 3
+    assert words.count("over 3 prompts") == 3 and "log-linear expodistance at" in words
+
+
+def test_the_third_expodistance_reads_equal_where_the_prose_prints_equal_numbers():
+    """Residuals 0.0940 and 0.0941 print as 0.094 and 0.094: the old words said "higher"."""
+    layers = np.arange(1, 6)
+    wiggle = np.array([0.0, 1.0, -1.0, 1.0, 0.0])
+    rows = [
+        {"model": m, "prompt": 0, "token": 1, "layer": int(l), "step_norm": float(np.exp(0.1 * l + a * w))}
+        for m, a in (("trained", 0.2), ("random init", 0.2001))
+        for l, w in zip(layers, wiggle)
+    ]  # fmt: skip
+    r = SimpleNamespace(steps=pd.DataFrame(rows), window=(0, 5))
+    out = f05._third_expodistance(r)
+    assert round(out["f05_expo_residual_trained"], 3) == round(out["f05_expo_residual_twin"], 3)
+    assert out["f05_expo_residual_trained"] != out["f05_expo_residual_twin"]
+    assert out["f05_expo_residual_word"] == "the same to three decimals"
+
+
+@pytest.mark.parametrize(
+    "typed",
+    [
+        "whose steps are close to such a walk",  # the twin's LSS need not be near √L (paper: 4.87 vs 5.66)
+        "steps point in nearly independent directions everywhere, so",
+        "the minimum the expodistance needs beyond 3 steps",
+    ],
+)
+def test_typed_prose_asserts_nothing_unmeasured(typed):
+    assert typed not in NOTEBOOK.read_text()

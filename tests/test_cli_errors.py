@@ -6,6 +6,7 @@ the notebook runs are stand-ins (``execution._papermill``)."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -101,6 +102,8 @@ def test_every_notebook_is_checked_before_any_runs(tmp_path, monkeypatch, capsys
     assert calls == [] and not (tmp_path / "runs.json").exists()
     assert "f05_token_trajectories" in out and "unknown parameter 'layer'" in out
     assert "nothing was run" in err and "1 of 2 notebooks" in err
+    # the reason is on stderr too (the result lines go to stdout, which may be redirected)
+    assert "\n  f05_token_trajectories: unknown parameter 'layer'" in err and "(above)" not in err, err
 
 
 def test_ctrl_c_while_the_parser_is_built_exits_130(monkeypatch, capsys):
@@ -153,6 +156,7 @@ def no_work(monkeypatch):
         (["run", "f00", "--output-dir", ""], "--output-dir"),
         (["build", "--out", ""], "--out"),
         (["build", "--executed", ""], "--executed"),
+        (["build", "--work", ""], "--work"),
         (["kit", "--out", ""], "--out"),
         (["k-sensitivity", "--out", ""], "--out"),
     ],
@@ -175,6 +179,8 @@ def test_an_empty_path_is_refused_naming_the_option(argv, option, no_work, tmp_p
         (["build", "--executed", "{dir}", "--out", "{file}"], "--out {file} is a file, not a folder"),
         (["build", "--executed", "{dir}/none"], "--executed {dir}/none is not there: give the folder"),
         (["build", "--executed", "{file}"], "--executed {file} is a file: give the folder"),
+        (["build", "--executed", "{dir}", "--work", "{file}"], "--work {file} is a file, not a folder"),
+        (["build", "--executed", "{dir}", "--work", "{file}/w"], "{file} is a file, so nothing"),
     ],
 )
 def test_an_output_path_of_the_wrong_kind_is_refused_before_any_work(
@@ -218,6 +224,90 @@ def test_build_reads_relative_paths_from_the_current_folder(tmp_path, monkeypatc
     monkeypatch.setattr(book, "build_book", unexecuted)
     assert main(["build", "--executed", "runs"]) == 1
     assert f"--output-dir {tmp_path / 'runs'}" in capsys.readouterr().err
+
+
+def _scratch_book(tmp_path: Path, monkeypatch) -> list[Path]:
+    """A book root of the prose pages only (COUPLING_BOOK_ROOT) whose Jupyter Book run is a
+    stand-in; the staging folders it was given, in order."""
+    from coupling_utils.pipeline import book
+
+    root = tmp_path / "repo"
+    shutil.copytree(ROOT / "notebooks", root / "notebooks")
+    for name in ("_config.yml", "_toc.yml"):
+        (root / name).write_bytes((ROOT / name).read_bytes())
+    shutil.copytree(ROOT / "book", root / "book")
+    shutil.copytree(ROOT / "data", root / "data")
+    monkeypatch.setenv("COUPLING_BOOK_ROOT", str(root))
+    staged = []
+
+    def jupyter_book(root, src, jb, strict, builder="html"):
+        staged.append(src)
+        assert (src / "_toc.yml").is_file() and jb.parent == src.parent
+        (jb / "_build" / builder).mkdir(parents=True)
+        (jb / "_build" / builder / "index.html").write_text("<html></html>")
+        return jb / "_build" / builder
+
+    monkeypatch.setattr(book, "_jupyter_book", jupyter_book)
+    return staged
+
+
+def test_build_stages_in_its_work_folder_so_two_builds_share_nothing(tmp_path, monkeypatch, capsys):
+    """`build --work DIR`: staging goes to DIR/src (and DIR/jb), not the repository's _build, so
+    two builds at once with their own --work do not overwrite each other's sources."""
+    staged = _scratch_book(tmp_path, monkeypatch)
+    (tmp_path / "runs").mkdir()
+    for n in (1, 2):
+        argv = ["build", "--executed", str(tmp_path / "runs"), "--allow-unexecuted"]
+        assert main([*argv, "--out", str(tmp_path / f"html{n}"), "--work", str(tmp_path / f"w{n}")]) == 0
+    assert staged == [tmp_path / "w1" / "src", tmp_path / "w2" / "src"]
+    assert all((w / "_toc.yml").is_file() for w in staged), "each build keeps its own staged sources"
+    assert not (tmp_path / "repo" / "_build").exists(), "the repository's _build/src is untouched"
+    assert (tmp_path / "html2" / "index.html").is_file()
+
+
+def test_a_work_folder_over_the_runs_or_the_output_is_refused(tmp_path, monkeypatch, capsys):
+    """--work whose src or jb would delete the executed notebooks or the book: exit 2, nothing
+    staged or deleted."""
+    staged = _scratch_book(tmp_path, monkeypatch)
+    runs = tmp_path / "w" / "src"
+    runs.mkdir(parents=True)
+    (runs / "f00_coupling_metric.ipynb").write_text("{}")
+    work = ["--work", str(tmp_path / "w")]
+    assert main(["build", "--executed", str(runs), "--allow-unexecuted", *work]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: refusing to stage the book into {runs}: it would delete the executed"), err
+    assert "--work" in err
+    argv = ["build", "--executed", str(tmp_path / "w"), "--out", str(tmp_path / "w" / "jb" / "html")]
+    assert main([*argv, "--allow-unexecuted", *work]) == 2
+    assert "it would delete the book's output folder" in capsys.readouterr().err
+    assert staged == [] and (runs / "f00_coupling_metric.ipynb").is_file()
+
+
+@pytest.mark.parametrize(
+    "content, problem",
+    [
+        (b'{"cells": [', "NotJSONError: Notebook does not appear to be JSON"),
+        (b"\xff\xfe{}", "UnicodeDecodeError: 'utf-8' codec can't decode byte 0xff"),
+        (b"", "NotJSONError"),
+    ],
+    ids=["truncated", "not-utf8", "empty"],
+)
+def test_an_executed_notebook_that_cannot_be_read_is_bad_input(
+    content, problem, tmp_path, monkeypatch, capsys
+):
+    """A truncated or garbled executed notebook: exit 2 naming the file, the problem and the command
+    that writes it again, before anything is staged (was: "an unexpected error ... likely a bug")."""
+    staged = _scratch_book(tmp_path, monkeypatch)
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    (runs / "f00_coupling_metric.ipynb").write_bytes(content)
+    work = tmp_path / "work"
+    assert main(["build", "--executed", str(runs), "--allow-unexecuted", "--work", str(work)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: the executed notebook {runs / 'f00_coupling_metric.ipynb'} cannot be read")
+    assert problem in err and "coupling-book run f00" in err and f"--output-dir {runs}" in err, err
+    assert "bug" not in err and "Traceback" not in err
+    assert staged == [] and not (work / "src").exists()
 
 
 def test_build_over_the_repository_is_bad_input(monkeypatch, capsys):
@@ -270,3 +360,72 @@ def test_a_failed_zoo_build_names_the_model_and_its_cause(where, exc, tmp_path, 
     with pytest.raises(zoo_errors.BuildFailed) as shown:  # --debug: the traceback, to the library error
         main(["--debug", "zoo", "prepare", "pythia-smoke"])
     assert shown.value.__cause__ is exc
+
+
+@pytest.mark.parametrize(
+    "argv, option",
+    [
+        (["run", "f00", "--profile", "smoke", "--output-dir", "{ro}/runs"], "--output-dir {ro}/runs"),
+        (["build", "--executed", "{tmp}", "--out", "{ro}/html"], "--out {ro}/html"),
+        (["build", "--executed", "{tmp}", "--work", "{ro}"], "--work {ro}"),
+        (["kit", "--out", "{ro}/kit.zip"], "--out {ro}/kit.zip"),
+    ],
+)
+def test_an_output_path_that_cannot_be_written_is_bad_input(
+    argv, option, no_work, tmp_path, monkeypatch, capsys
+):
+    """An output in a folder the user cannot write (chmod 555; emulated: the tests run as root):
+    exit 2 naming the option and the folder, before any work (was: exit 1, "Permission denied:
+    <path>. Check that this path exists ..." once the work had started)."""
+    import os
+
+    ro = tmp_path / "read-only"
+    ro.mkdir()
+    access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode: Path(path) != ro and access(path, mode))
+    paths = {"ro": str(ro), "tmp": str(tmp_path)}
+    assert main([a.format(**paths) for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {option.format(**paths)}: {ro} cannot be written (permission denied)"), err
+
+
+def test_run_refused_or_without_a_cache_creates_nothing(no_work, tmp_path, monkeypatch, capsys):
+    """`run` refused (a bad profile), or with COUPLING_CACHE naming a file: exit 2 naming the
+    problem, no kernel started and no --output-dir made (was: the folder made first; and with the
+    cache a file, each notebook started and failed on "Not a directory", exit 1)."""
+    out = tmp_path / "runs"
+    assert main(["run", "f00", "--profile", "nosuch", "--output-dir", str(out)]) == 2
+    assert "unknown profile 'nosuch'" in capsys.readouterr().err and not out.exists()
+    (tmp_path / "cache").write_text("")
+    monkeypatch.setenv("COUPLING_CACHE", str(tmp_path / "cache" / "sub"))
+    assert main(["run", "f00", "--profile", "smoke", "--output-dir", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(
+        f"error: $COUPLING_CACHE='{tmp_path / 'cache' / 'sub'}': {tmp_path / 'cache'} is a file"
+    )
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "content, problem",
+    [
+        (b"k: [1,\n", "cannot be read at line 2, column 1 (expected the node content"),
+        (b"\xff\xfek: 3\n", "cannot be read ('utf-8' codec can't decode byte 0xff"),
+    ],
+    ids=["bad-yaml", "not-utf8"],
+)
+def test_a_parameter_file_that_cannot_be_read_is_bad_input(
+    content, problem, no_work, tmp_path, monkeypatch, capsys
+):
+    """A profile's parameter file that is not YAML or not UTF-8: exit 2 naming the file, where and
+    the fix, nothing run or made (was: "an unexpected error ... likely a bug", exit 1)."""
+    root = tmp_path / "repo"
+    shutil.copytree(ROOT / "notebooks", root / "notebooks")
+    (root / "notebooks" / "profiles" / "mine").mkdir()
+    (root / "notebooks" / "profiles" / "mine" / "f00_coupling_metric.yaml").write_bytes(content)
+    monkeypatch.setenv("COUPLING_BOOK_ROOT", str(root))
+    assert main(["run", "f00", "--profile", "mine", "--output-dir", str(tmp_path / "runs")]) == 2
+    err = capsys.readouterr().err
+    path = root / "notebooks" / "profiles" / "mine" / "f00_coupling_metric.yaml"
+    assert f"{path}: the parameter file of profile 'mine' {problem}" in err, err
+    assert "write it as UTF-8 YAML" in err and "bug" not in err and not (tmp_path / "runs").exists()

@@ -185,6 +185,21 @@ def test_the_generated_table_is_up_to_date():
     pd.testing.assert_frame_equal(stored, fresh, check_dtype=False, rtol=1e-3)
 
 
+def test_the_gpu_time_is_named_a_prediction_from_the_gpu_measured():
+    """The cost table's GPU column is a prediction at the rates one GPU run measured: its name says
+    so, and which GPU (never "measured" alone, which reads as a run of the profile on that GPU)."""
+    from coupling_utils.pipeline.rates import gpu_rates
+
+    gpu = gpu_rates()
+    columns = [
+        c for c in pd.read_csv(ROOT / "data" / "benchmarks" / "profile_costs.csv").columns if "GPU time" in c
+    ]
+    if gpu is None:
+        assert columns == []
+    else:
+        assert columns == [f"GPU time (predicted from {gpu.machine}'s measured rates)"]
+
+
 def test_laptop_profiles_state_their_predicted_time():
     table = C.profile_costs_table().set_index(["notebook", "profile"])
     for path in sorted((ROOT / "notebooks" / "profiles" / "laptop").glob("*.yaml")):

@@ -462,3 +462,30 @@ def test_follow_umask_gives_a_tree_the_modes_open_and_mkdir_would(tmp_path):
     with _umask(0o002):
         files.follow_umask(shared)
     assert (shared / "weights").stat().st_mode & 0o7777 == 0o664 and shared.stat().st_mode & 0o7777 == 0o775
+
+
+def test_a_cache_with_a_file_in_its_place_names_the_variable_and_the_fix(tmp_path, monkeypatch):
+    """COUPLING_CACHE (or a folder under it) that is a file: a CacheError (an OSError, so code that
+    copes with an unwritable cache still does) naming the variable, the file and the fix."""
+    from coupling_utils.files import CacheError, cache_dir
+
+    (tmp_path / "f").write_text("")
+    for given, parts in (
+        (tmp_path / "f", ()),
+        (tmp_path / "f", ("zoo",)),
+        (tmp_path / "f" / "c", ("x", "y")),
+    ):
+        monkeypatch.setenv("COUPLING_CACHE", str(given))
+        with pytest.raises(CacheError) as raised:
+            cache_dir(*parts)
+        assert str(raised.value) == (
+            f"$COUPLING_CACHE='{given}': {tmp_path / 'f'} is a file, not a folder, so nothing can be "
+            "cached there; point COUPLING_CACHE at a folder (it is created if missing), or move the file away"
+        )
+        assert isinstance(raised.value, OSError)
+    monkeypatch.delenv("COUPLING_CACHE")
+    monkeypatch.setattr("platformdirs.user_cache_dir", lambda name: str(tmp_path / "f"))
+    with pytest.raises(CacheError, match=r"^the cache folder .*/f \(set \$COUPLING_CACHE to move it\): "):
+        cache_dir("zoo")
+    monkeypatch.setenv("COUPLING_CACHE", str(tmp_path / "ok"))
+    assert cache_dir("a", "b") == tmp_path / "ok" / "a" / "b" and (tmp_path / "ok" / "a" / "b").is_dir()

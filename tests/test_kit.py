@@ -459,10 +459,10 @@ def test_every_link_of_the_printable_page_resolves(tmp_path, monkeypatch):
 
 def test_without_chromium_the_printable_edition_is_the_single_page(tmp_path, monkeypatch, capsys):
     """No Chromium: the intro links the single page only, and the build says why in one line."""
-    from coupling_utils.pipeline import pages, printing
+    from coupling_utils.pipeline import printing
 
     monkeypatch.setattr(printing, "find_chromium", lambda: None)
-    item = pages.printable_link(True)
+    item = printing.printable_link(True)
     assert "print/index.html" in item and printing.PDF_FILE not in item
     note = capsys.readouterr().err.strip().splitlines()
     assert len(note) == 1 and "no Chromium" in note[0] and "make browser" in note[0]
@@ -471,5 +471,5 @@ def test_without_chromium_the_printable_edition_is_the_single_page(tmp_path, mon
     (folder / "index.html").write_text("<h1>One page</h1>")
     assert printing.finish_printable(folder) is None and not (folder / printing.PDF_FILE).exists()
     monkeypatch.setattr(printing, "find_chromium", lambda: "/usr/bin/chromium")
-    assert f"print/{printing.PDF_FILE}" in pages.printable_link(True)
-    assert "not part of this build" in pages.printable_link(False)
+    assert f"print/{printing.PDF_FILE}" in printing.printable_link(True)
+    assert "not part of this build" in printing.printable_link(False)

@@ -245,3 +245,64 @@ def test_zoo_prepare_exits_1_when_a_build_fails_and_2_when_refused(monkeypatch, 
     assert main(["zoo", "prepare", "pythia-smoke", "gemma3-270m"]) == 1  # a build failed
     assert "out of memory" in capsys.readouterr().err
     assert main(["zoo", "prepare", "gemma3-270m", "gemma3-270m", "-j", "2"]) == 2  # only refused
+
+
+@pytest.mark.parametrize(
+    "model, message",
+    [
+        ("./not-here", "MODEL ./not-here: nothing exists at {tmp}/not-here; give a save_pretrained folder"),
+        ("weights.gguf", "MODEL weights.gguf: nothing exists at {tmp}/weights.gguf"),
+        ("embedded:nosuch", "MODEL embedded:nosuch: unknown embedded model 'nosuch'; known: "),
+        ("embedded:lm-family-smoke/zz", "MODEL embedded:lm-family-smoke/zz: 'lm-family-smoke' has no member"),
+    ],
+)
+def test_a_model_that_names_nothing_is_refused_before_out_is_made(
+    model, message, tmp_path, monkeypatch, counted, capsys
+):
+    """A local path where nothing exists, or an embedded name the zoo does not have: bad input,
+    exit 2, named with the fix, and no --out folder half-made (was: exit 1 after writing an --out
+    of a failures table and a provenance)."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["measure", model, "--k", "2", "--out", "out"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: " + message.format(tmp=tmp_path)), err
+    assert not (tmp_path / "out").exists() and counted == []
+
+
+def test_a_cache_that_is_a_file_is_refused_before_out_is_made(tmp_path, monkeypatch, counted, capsys):
+    """COUPLING_CACHE naming a file: exit 2 naming the variable and the fix, nothing written (was:
+    exit 1, "Not a directory: <cache>/zoo", and an empty --out folder left behind)."""
+    (tmp_path / "cache").write_text("")
+    monkeypatch.setenv("COUPLING_CACHE", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    assert main(["measure", "embedded:pythia-smoke", "--k", "2", "--n-prompts", "0", "--out", "out"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: $COUPLING_CACHE='{tmp_path / 'cache'}': {tmp_path / 'cache'} is a file"), (
+        err
+    )
+    assert "point COUPLING_CACHE at a folder" in err
+    assert not (tmp_path / "out").exists() and counted == []
+
+
+def test_an_empty_revision_is_refused_before_out_is_made(tmp_path, monkeypatch, counted, capsys):
+    """`--revision ""` (an unset shell variable, say): exit 2 naming it (was: measured as revision
+    '' and listed as a failure, exit 1, with an --out written)."""
+    monkeypatch.chdir(tmp_path)
+    args = ["measure", "a/b", "--revision", "step1", "--revision", " ", "--out", "out"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --revision ['step1', ' ']: a revision is empty; name each one"), err
+    assert not (tmp_path / "out").exists() and counted == []
+
+
+def test_a_bad_prompts_file_says_what_to_give(tmp_path):
+    """Broken JSON and repeated CSV ids: the message names the file, the problem and the fix (was:
+    "p.json: not valid JSON (...)" and "p.csv: prompt ids must be unique", without which ids)."""
+    (tmp_path / "p.json").write_text('{"a": ')
+    with pytest.raises(
+        MeasureError, match=r"^prompts file .*p\.json: not valid JSON \(.*\); give a JSON list"
+    ):
+        read_prompts(tmp_path / "p.json")
+    (tmp_path / "p.csv").write_text("id,text\nq1,a\nq2,b\nq1,c\nq2,d\nq3,e\n")
+    with pytest.raises(MeasureError, match=r"given more than once: \['q1', 'q2'\]$"):
+        read_prompts(tmp_path / "p.csv")

@@ -8,7 +8,7 @@ from coupling_utils.files import data_dir
 from coupling_utils.pipeline.pages import (
     MATRIX_FREE_MARKER,
     matrix_free_findings,
-    stage_matrix_free_findings,
+    stage_performance_findings,
 )
 
 CSV = data_dir() / "benchmarks" / "matrix_free.csv"
@@ -50,9 +50,89 @@ def test_the_words_follow_the_numbers():
 def test_staging_replaces_the_marker_or_says_how_to_measure(tmp_path):
     page = tmp_path / "performance.md"
     page.write_text(f"before\n{MATRIX_FREE_MARKER}\nafter\n")
-    assert stage_matrix_free_findings(page, CSV.parent)
+    assert stage_performance_findings(page, CSV.parent)
     assert MATRIX_FREE_MARKER not in page.read_text() and "passes per layer" in page.read_text()
     page.write_text(f"{MATRIX_FREE_MARKER}\n")
-    assert stage_matrix_free_findings(page, tmp_path)
+    assert stage_performance_findings(page, tmp_path)
     assert "bench/bench_jacobians.py --cases matrix_free" in page.read_text()
-    assert not stage_matrix_free_findings(page, CSV.parent)  # no marker left: nothing to do
+    assert not stage_performance_findings(page, CSV.parent)  # no marker left: nothing to do
+
+
+# --------------------------------------------------------------------------- issue 26's target, the GPU run
+ENGINE = data_dir() / "benchmarks" / "engine.csv"
+GPU_CHECK = data_dir() / "benchmarks" / "gpu_check.csv"
+PAGE = data_dir().parent / "book" / "performance.md"
+
+
+def test_the_missed_target_is_stated_with_the_ratio_and_the_bound():
+    """At the T where the all-token path misses T/2, the page gives the measured ratio, the target
+    and the FLOP bound, and says why the measured ratio can exceed that bound."""
+    from coupling_utils.pipeline.pages import engine_target_findings
+
+    t = pd.read_csv(ENGINE)
+    rows = t[
+        t.case.str.startswith("block: SmolLM2") & (t.method == "all_tokens: Jacobians, spectra, coupling")
+    ]
+    text = engine_target_findings(t)
+    for r in rows.itertuples():
+        if r.speedup < r.target:
+            assert f"**At T = {r.T} the all-token path misses issue 26's target**: {r.speedup:.1f}×" in text
+            assert f"against T/2 = {r.target:.0f}" in text and f"would be {r.flop_bound:.1f}× faster" in text
+        else:
+            assert f"At T = {r.T} the" not in text
+    assert ("not a ceiling" in text) == bool(
+        ((rows.speedup > rows.flop_bound) & (rows.speedup < rows.target)).any()
+    )
+    met = t.assign(target=t.target / 100)  # every target met: no missed-target paragraph
+    assert "misses" not in engine_target_findings(met) and "met the target T/2 at T = 16, 64, 256" in (
+        engine_target_findings(met)
+    )
+    slow = t.assign(speedup=t.speedup.where(t.flop_bound.isna(), t.flop_bound / 2))  # below the bound
+    assert "not a ceiling" not in engine_target_findings(slow)
+
+
+def test_the_page_does_not_call_the_flop_bound_a_ceiling():
+    text = " ".join(PAGE.read_text().split())
+    assert "if the whole path ran at the reference's FLOP rate" not in text  # it leaves out the spectra
+    assert "It is not a ceiling on the measured speed-up" in text
+    assert "% engine-target" in PAGE.read_text().splitlines()
+
+
+def test_the_gpu_run_is_said_as_it_was_recorded():
+    """The GPU, the day, the versions, which rows ran, failed (with no time) or were skipped, and
+    that the predicted seconds are predictions: each read from the CSV."""
+    from coupling_utils.pipeline.pages import gpu_run_findings
+
+    df = pd.read_csv(GPU_CHECK)
+    text = gpu_run_findings(df)
+    assert f"**The recorded GPU run**: {df.device.iloc[0]}, {df.date_utc.iloc[0][:10]}" in text
+    assert f"coupling_utils {df.coupling_utils.iloc[0]}, torch {df.torch.iloc[0]}" in text
+    assert "(the rows record no commit)" in text
+    notebooks = df[df.step == "paper profile"]
+    for r in notebooks.itertuples():
+        if r.status == "ok":
+            assert r.name in text.split(" ran;")[0]
+        else:
+            assert (
+                f"{r.name} **failed**" in text
+                and f"its {r.seconds:.1f} s are the time until it failed" in text
+            )
+    for r in df[df.status.astype(str).str.startswith("skipped")].itertuples():
+        assert f"rows were **not measured** ({r.status})" in text
+    assert "is a prediction" in text and "not a measured run" in text
+    fixed = df.assign(status="ok")
+    assert "**failed**" not in gpu_run_findings(fixed) and "not measured" not in gpu_run_findings(fixed)
+    assert "commit abc123" in gpu_run_findings(df.assign(commit="abc123"))
+
+
+def test_staging_writes_every_performance_finding(tmp_path):
+    page = tmp_path / "performance.md"
+    page.write_text(PAGE.read_text())
+    assert stage_performance_findings(page, CSV.parent)
+    text = page.read_text()
+    for marker in (MATRIX_FREE_MARKER, "% engine-target", "% gpu-check-run"):
+        assert marker not in text.splitlines()
+    assert "**The recorded GPU run**" in text and "issue 26's target" in text
+    page.write_text("% gpu-check-run\n")
+    assert stage_performance_findings(page, tmp_path)  # no CSV: how to make it
+    assert "`python bench/gpu_check.py (on a CUDA machine)`" in page.read_text()

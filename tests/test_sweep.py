@@ -390,3 +390,26 @@ def test_the_sweep_and_the_cost_model_read_the_chapters_plan(name, profile, stan
     assert sorted(j.key for j in swept) == sorted(j.key for j in plan)
     parts = [(j.model, j.revision, p) for j in plan for p in (j.settings or [j.extra.name])]
     assert [(w.model, w.revision, w.what) for w in costs.notebook_work(name, profile)] == parts
+
+
+def test_status_names_a_damaged_sweep_record_and_lists_the_others(tmp_path, monkeypatch, capsys):
+    """`sweep --status` over a cache holding a damaged record (a truncated sweep.json or plan.pkl):
+    each damaged one is named with the fix, the others are listed, exit 1 (was: "an unexpected
+    error ... likely a bug" and nothing listed)."""
+    from coupling_utils.pipeline.cli import main
+
+    monkeypatch.setenv("COUPLING_CACHE", str(tmp_path))
+    S.record_sweep(tmp_path / "sweeps" / "good", [], {"notebook": "f00", "profile": "smoke"})
+    for name, files in {
+        "a-json": {"sweep.json": b"{", "plan.pkl": b""},
+        "b-pkl": {"sweep.json": b"{}"},
+    }.items():
+        for file, content in {"plan.pkl": b"\x80\x04", **files}.items():
+            (tmp_path / "sweeps" / name).mkdir(parents=True, exist_ok=True)
+            (tmp_path / "sweeps" / name / file).write_bytes(content)
+    assert main(["sweep", "--status"]) == 1
+    out, err = capsys.readouterr()
+    lines = err.splitlines()
+    assert len(lines) == 2 and all(line.startswith("error: the sweep record in ") for line in lines), err
+    assert all("cannot be read" in line and "remove that folder" in line for line in lines)
+    assert "Traceback" not in err and "bug" not in err and "good" in out, out

@@ -181,5 +181,21 @@ def test_an_interval_over_too_few_to_resample_says_so_in_words():
     '[-inf, inf; 95% over 1 prompt]'; it says there is no interval."""
     from coupling_utils.analysis.verdicts import Interval
 
-    assert str(Interval(0.5, -math.inf, math.inf, over="1 prompt")) == "0.5 [no 95% interval over 1 prompt]"
+    assert (
+        str(Interval(0.5, -math.inf, math.inf, over="1 prompt"))
+        == "0.5 [no 95% interval: 1 prompt only, nothing to resample]"
+    )
     assert str(Interval(0.5, 0.4, 0.6, over="3 prompts")) == "0.5 [0.4, 0.6; 95% over 3 prompts]"
+
+
+def test_the_status_table_and_the_prose_say_a_missing_interval_in_the_same_words():
+    """One mechanism: the status table's brackets and the chapters' prose (``Interval.words``)
+    say "no interval" alike; with an interval, prose names its bounds and what was resampled."""
+    from coupling_utils.analysis.verdicts import Interval
+
+    one = Interval(0.5, -math.inf, math.inf, over="1 window")
+    assert one.words() == "no 95% interval: 1 window only, nothing to resample"
+    assert one.words() in str(one)
+    assert Interval(0.5, 0.4, 0.6, over="8 windows").words() == "95% interval 0.40 to 0.60 over 8 windows"
+    eight = Interval(0.5, 0.4, 0.6, over="8 windows")
+    assert eight.words(".3f") == "95% interval 0.400 to 0.600 over 8 windows"

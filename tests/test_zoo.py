@@ -329,3 +329,40 @@ def test_a_cache_that_cannot_be_written_still_hashes(tmp_path, monkeypatch):
     monkeypatch.setattr(provenance, "_SHA_MEMO", {})
     assert cache.file_sha256(f) == hashlib.sha256(b"weights").hexdigest()
     assert not (tmp_path / "cache" / "zoo" / "sha256-memo.json").exists()
+
+
+def test_a_model_that_cannot_be_built_is_tried_once_per_notebook_run(tmp_path, monkeypatch):
+    """A notebook builds its plan's models quietly first; one whose build fails is not built again
+    by each of its measurement's jobs (slow, the error over and over): the build is tried once and
+    every job reports that one failure with its cause. A rerun of the notebook tries again."""
+    from coupling_utils.chapters import build_quietly, chapter
+    from coupling_utils.measurement import Options, collect
+    from coupling_utils.models.zoo import build
+    from coupling_utils.pipeline.sweep import planned_params
+
+    monkeypatch.setenv("COUPLING_CACHE", str(tmp_path / "cache"))
+    attempts = []
+
+    def fail(entry, *args, **kwargs):
+        attempts.append(entry.name)
+        raise RuntimeError("out of disk space while writing the weights")
+
+    monkeypatch.setattr(build, "_build", fail)
+    params = planned_params("f01_depth_and_tokens", "smoke")
+    jobs = chapter("f01_depth_and_tokens").jobs(params)
+    assert len(jobs) > 1 and {str(j.model) for j in jobs} == {"embedded:pythia-smoke"}
+    build_quietly("f01_depth_and_tokens", params)
+    assert attempts == ["pythia-smoke"]
+    failures = collect(jobs, Options(on_error="record")).failures
+    assert attempts == ["pythia-smoke"], "the measurement built the model again"
+    assert len(failures) == len(jobs) and set(failures["error"]) == {"BuildFailed"}
+    assert all(
+        m.startswith("embedded:pythia-smoke could not be built (RuntimeError: out of disk space")
+        and "tried once" in m
+        for m in failures["message"]
+    ), failures["message"].tolist()
+    build_quietly("f01_depth_and_tokens", params)  # the notebook rerun: tried again, once
+    assert attempts == ["pythia-smoke"] * 2
+    with pytest.raises(RuntimeError, match="out of disk space"):  # zoo prepare: not remembered
+        zoo.prepare("pythia-smoke", force=True, progress=False)
+    assert len(attempts) == 3

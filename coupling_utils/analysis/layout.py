@@ -1,6 +1,6 @@
 """Where each panel of a chart is, as the book shows it: so that a caption's "left" is true.
 
-A figure's panels are laid out by its Vega-Lite spec *after* :func:`display.chart_spec` has
+A figure's panels are laid out by its Vega-Lite spec *after* :func:`rendering.chart_spec` has
 wrapped it to the book's column (side-by-side charts become rows, facets get fewer columns), and
 facet panels come in the facet's sort order (ascending by default), not in the order a caption
 writer may assume. :func:`spec_panels` reads a final spec and returns its panels in reading order
@@ -31,7 +31,7 @@ import math
 import re
 from typing import Any
 
-from coupling_utils.analysis.display import _spec, chart_spec, plain
+from coupling_utils.analysis.rendering import _spec, chart_spec, plain
 
 __all__ = ["Panel", "spec_panels", "shown_panels", "position", "where", "caption_problems"]
 
@@ -141,7 +141,7 @@ def _position(row: int, column: int, rows: int, columns: int) -> str:
 
 
 def spec_panels(spec: dict) -> list[Panel]:
-    """The panels of a final Vega-Lite spec (as :func:`display.chart_spec` returns it) in reading
+    """The panels of a final Vega-Lite spec (as :func:`rendering.chart_spec` returns it) in reading
     order, each with its position words. Concatenations (``hconcat``: one row, ``vconcat``: one
     column, ``concat`` with ``columns``) and facets (wrapped with ``columns``, or ``row`` ×
     ``column``, in their sort order) have a panel per view or value; a nested composition counts

@@ -57,12 +57,13 @@ def random_walk_lss(n_steps: int, d: int, *, samples: int = 4000, seed: int = 0)
 
 
 def straightness(
-    lss: pd.DataFrame, *, model: str, twin: str, n_steps: int, d: int, seed: int = 0
+    lss: pd.DataFrame, *, model: str, twin: str, n_steps: int, d: int, seed: int = 0, unit: str = "prompt"
 ) -> dict[str, Interval | float]:
     """The values :data:`STRAIGHTER` judges, for ``model`` against ``twin``.
 
     ``lss``: one row per trajectory with ``model``, ``prompt``, ``lss`` (both models on the same
-    prompts); ``n_steps``, ``d``: the trajectories' number of steps and width (for the walk).
+    prompts); ``n_steps``, ``d``: the trajectories' number of steps and width (for the walk);
+    ``unit``: what a ``prompt`` is, as the intervals name it (f03's are held-out windows).
     Returns ``lss`` and ``lss_twin`` (means), ``walk`` (the walk's score) and, as intervals over
     prompts, ``walk_ratio`` = mean LSS / walk and ``twin_ratio`` = mean LSS / the twin's mean.
     """
@@ -74,7 +75,7 @@ def straightness(
         index="prompt", columns="model", values="lss", aggfunc="mean"
     )
     if model not in per_prompt or twin not in per_prompt:
-        nan = Interval(np.nan, np.nan, np.nan, over="prompts")
+        nan = Interval(np.nan, np.nan, np.nan, over=f"{unit}s")
         mean = float(lss.loc[lss["model"] == model, "lss"].mean())
         return {"lss": mean, "lss_twin": np.nan, "walk": walk, "walk_ratio": nan, "twin_ratio": nan}
     per_prompt = per_prompt[[model, twin]].dropna()
@@ -85,10 +86,11 @@ def straightness(
 
     if len(per_prompt) >= 2:
         ci = bootstrap_ci(per_prompt.reset_index(), ratios, seed=seed).set_index("statistic")
-        got = {k: Interval.from_bootstrap(ci.loc[k], over=f"{len(per_prompt)} prompts") for k in ci.index}
+        over = f"{len(per_prompt)} {unit}s"
+        got = {k: Interval.from_bootstrap(ci.loc[k], over=over) for k in ci.index}
     else:  # one prompt: no interval to resample, so nothing can be clear of a threshold
         est = ratios(per_prompt)
-        got = {k: Interval(v, -np.inf, np.inf, over="1 prompt") for k, v in est.items()}
+        got = {k: Interval(v, -np.inf, np.inf, over=f"1 {unit}") for k, v in est.items()}
     return {
         "lss": float(per_prompt[model].mean()),
         "lss_twin": float(per_prompt[twin].mean()),

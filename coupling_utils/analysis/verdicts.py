@@ -97,10 +97,25 @@ class Interval:
         low, high = min(float(row["ci_low"]), est), max(float(row["ci_high"]), est)
         return cls(est, low, high, float(row["level"]), over)
 
-    def __str__(self) -> str:
+    @property
+    def resampled(self) -> bool:
+        """Whether there is an interval: False when too few units were there to resample (one
+        prompt, one window): the bounds are then unbounded and no rule can give a "yes"."""
+        return math.isfinite(float(self.low)) and math.isfinite(float(self.high))
+
+    def words(self, spec: str = ".2f") -> str:
+        """The interval as prose says it ("95% interval 0.80 to 0.88 over 2 prompts"), or why there is
+        none ("no 95% interval: 1 prompt only, nothing to resample"); the status tables' brackets
+        (``str``) say the same."""
         over = f" over {self.over}" if self.over else ""
-        if not (math.isfinite(float(self.low)) and math.isfinite(float(self.high))):  # too few to resample
-            return f"{_fmt(self.estimate)} [no {self.level:.0%} interval{over}]"
+        if not self.resampled:
+            return f"no {self.level:.0%} interval: {self.over or 'too few units'} only, nothing to resample"
+        return f"{self.level:.0%} interval {self.low:{spec}} to {self.high:{spec}}{over}"
+
+    def __str__(self) -> str:
+        if not self.resampled:
+            return f"{_fmt(self.estimate)} [{self.words()}]"
+        over = f" over {self.over}" if self.over else ""
         return f"{_fmt(self.estimate)} [{_fmt(self.low)}, {_fmt(self.high)}; {self.level:.0%}{over}]"
 
 

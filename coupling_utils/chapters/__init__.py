@@ -54,14 +54,18 @@ def build_quietly(name: str, params: ChapterParams) -> None:
     """Build the embedded models chapter ``name``'s plan loads (``jobs(params)``) without progress
     bars, so that a notebook run in a fresh cache shows its results, not training bars (loading
     would build them with bars on first use). Built ones are only found; nothing is returned
-    (the notebook's cell shows no value). One that cannot be built is left to the measurement,
-    which reports it where the chapter lists the models it could not measure."""
+    (the notebook's cell shows no value). One that cannot be built is tried once: the measurement
+    does not build it again (:func:`~coupling_utils.models.zoo.no_retry`) but reports it, once,
+    where the chapter lists the models it could not measure."""
     from coupling_utils.models import zoo
 
     module = chapter(name)
     models = [str(job.model) for job in module.jobs(params)] if hasattr(module, "jobs") else []
     for model in dict.fromkeys(m for m in models if m.startswith(zoo.PREFIX)):
         try:
+            zoo.no_retry(model, False)  # this run tries each build again, once
             zoo.prepare(model, progress=False)  # a family member builds its family once
-        except Exception:  # noqa: BLE001, S112 - reported by the measurement, in the chapter's words
+        except zoo.ZooError:  # bad input (an unknown name): the measurement reports it
             continue
+        except Exception:  # noqa: BLE001 - reported by the measurement, in the chapter's words
+            zoo.no_retry(model)

@@ -51,6 +51,11 @@ __all__ = [
     "noise_chart",
     "random_pairs_chart",
     "glue_values",
+    "diagonal_shares",
+    "tiles_alt",
+    "toy_findings",
+    "energy_words",
+    "k_reruns",
 ]
 
 NOTEBOOK = "f00_coupling_metric"
@@ -279,10 +284,9 @@ def glue_values(p: Params, r: Results) -> dict[str, Any]:
     return {
         "f00_energy_top_k": r.energy_top_k,
         "f00_energy_random": r.energy_random,
-        "f00_energy_factor": r.energy_top_k / r.energy_random,
         "f00_d": r.d_model,
         "f00_k": p.k,
-        "f00_energy_more": "more" if r.energy_top_k > r.energy_random else "less",
+        "f00_energy_comparison": energy_words(r.energy_top_k, r.energy_random),
         "f00_energy_where": "in" if r.energy_top_k >= 0.5 else "outside",
         "f00_m_own": r.m_case(OWN),
         "f00_m_adjacent": m_adjacent,
@@ -297,7 +301,16 @@ def glue_values(p: Params, r: Results) -> dict[str, Any]:
         "f00_random_max": random_max,
         "f00_n_random": p.n_random,
         **_by_k_values(r.by_k),
+        **toy_findings(r.toy),
+        "f00_tiles_alt": tiles_alt(diagonal_shares(r.tiles), p.layer, p.k),
+        "f00_k_reruns": Markdown(k_reruns(r.d_model)),
     }
+
+
+def k_reruns(d: int) -> str:
+    """Exercise f00-ex-k's reruns: K = 1 and K = 50 (the paper's largest), or the width where it is
+    smaller (a K above the width is refused)."""
+    return f"`coupling-book run f00 -p k=1` and `-p k={min(50, d)}`"
 
 
 def layer_reruns(n_layers: int, layer: int) -> str:
@@ -371,3 +384,83 @@ def _noise_values(sweep: pd.DataFrame, eps: float, m_adjacent: float) -> dict[st
             f"basis does (m_K = {m_adjacent:.3f}): sweep further"
         )
     return {"f00_noise_equivalent": eps, "f00_noise_equivalent_text": text_, "f00_noise_sentence": sentence}
+
+
+# --------------------------------------------------------------------------- findings in words
+SIGN_TOL = 1e-6  # |m| or a difference of m below this is zero up to rounding (float64 toy matrices)
+NEAR_ONE = 0.1  # unrelated pairs "average about 1": within this of 1 (f00-random-near-one)
+
+
+def energy_words(top_k: float, random: float) -> str:
+    """How J's top-K share of the squared norm compares with the random matrix's: their ratio
+    when it is at least 1.05 or at most 1/1.05, else "about as concentrated"."""
+    ratio = top_k / random
+    if ratio >= 1.05:
+        return f"{ratio:.1f} times as concentrated in the top directions as a random matrix's"
+    if ratio <= 1 / 1.05:
+        return f"less concentrated in the top directions than a random matrix's (ratio {ratio:.2f})"
+    return f"about as concentrated in the top directions as a random matrix's (ratio {ratio:.2f})"
+
+
+def diagonal_shares(tiles: pd.DataFrame) -> pd.Series:
+    """Per case, the share of its tile's squared mass on the tile's diagonal (a structureless K×K
+    tile puts about 1/K there), by case in the table's order."""
+    sq = tiles.assign(sq=tiles["value"] ** 2)
+    total = sq.groupby("case", sort=False)["sq"].sum()
+    return sq[sq["row"] == sq["col"]].groupby("case", sort=False)["sq"].sum() / total
+
+
+def tiles_alt(shares: pd.Series, layer: int, k: int) -> str:
+    """The tiles figure's alt text, each tile read by f01's rule: a visible diagonal holds at least
+    twice the chance share 1/K of the tile's squared mass (below K = 3 no reading: 2/K ≥ 0.67)."""
+
+    def reading(case: str) -> str:
+        share = float(shares[case])
+        if k < 3:
+            return f"{share:.0%} of its squared mass on the diagonal (at K < 3 not told from chance)"
+        word = "a visible diagonal" if share >= 2 / k else "no visible diagonal"
+        return f"{word} ({share:.0%} of its squared mass on the diagonal)"
+
+    return (
+        f"Three {k} by {k} heatmaps side by side: J in its own basis, exactly diagonal; J in the "
+        f"neighbouring block's basis, {reading(neighbour_case(layer))}; J in a random matrix's basis, "
+        f"{reading(RANDOM)}. A tile with no structure puts about {1 / k:.0%} on its diagonal."
+    )
+
+
+def toy_findings(toy: cm.ToyProperties) -> dict[str, str]:
+    """The toy section's words, each property checked on this run's values (rows of
+    :func:`~coupling_utils.analysis.coupling_metric.toy_properties`, in its order): the random
+    pairs' reading, the histogram's caption and the "What matched" sentence."""
+    own, flip, mean, top, shift = (float(v) for v in toy.table["value"])
+    near = abs(mean - 1) < NEAR_ONE
+    lo, hi = float(toy.random_pairs.m_K.min()), float(toy.random_pairs.m_K.max())
+    checks = [  # (holds, said when it holds, said when it does not)
+        (abs(own) < SIGN_TOL, f"the metric is {own:.1e} on itself", f"m(J, J) is {own:.1e}, not 0"),
+        (abs(flip) < SIGN_TOL, "invariant to the signs of singular pairs",
+         f"flipping singular-pair signs moves it by {flip:.1e}"),
+        (near, f"{mean:.3f} on average for unrelated random matrices",
+         f"unrelated random matrices average {mean:.3f}, not within {NEAR_ONE} of 1 at this K/d"),
+        (abs(shift - 2**0.5) < SIGN_TOL, f"reaches √2 ({shift:.3f} for the cyclic shift)",
+         f"the cyclic shift gives {shift:.3f}, not √2"),
+        (top <= 2**0.5 + SIGN_TOL, f"never exceeds it (largest random pair {top:.3f})",
+         f"a random pair exceeds √2 ({top:.3f})"),
+    ]  # fmt: skip
+    missed = [no for ok, _, no in checks if not ok]
+    if not missed:
+        said = [yes for _, yes, _ in checks]
+        sentence = "this run reproduces it: " + ", ".join(said[:-1]) + " and " + said[-1]
+    else:
+        sentence = (f"this run reproduces {len(checks) - len(missed)} of its {len(checks)} properties: "
+                    + "; ".join(missed))  # fmt: skip
+    return {
+        "f00_random_words": (
+            "close to 1, because a random basis spreads J₁'s gain over the whole tile" if near
+            else f"not within {NEAR_ONE} of 1 at this K/d (K = {toy.k})"
+        ),
+        "f00_random_caption": (
+            f"between {lo:.2f} and {hi:.2f}, near 1, the value that means \"uncoupled\"" if near
+            else f"between {lo:.2f} and {hi:.2f}: not near 1 at this K/d"
+        ),
+        "f00_properties_sentence": sentence,
+    }  # fmt: skip

@@ -306,13 +306,11 @@ def claims(p: Params, r: Results) -> list[dict[str, Any]]:
 
 
 def interval_words(iv: Interval) -> str:
-    """A ratio's interval as the prose says it: "95% interval 0.55 to 0.65", or in words why
-    there is none (one prompt leaves nothing to resample, so the verdict cannot be a yes)."""
+    """A ratio's interval as the prose says it (:meth:`Interval.words`: "95% interval 0.55 to 0.65
+    over 2 prompts", or why there is none), or "not measured" without the twin."""
     if np.isnan([iv.low, iv.high]).any():
         return "no interval: not measured without the twin"
-    if not np.isfinite([iv.low, iv.high]).all():
-        return f"no interval: {iv.over} only, nothing to resample"
-    return f"{iv.level:.0%} interval {iv.low:.2f} to {iv.high:.2f}"
+    return iv.words()
 
 
 def _straight_values(s: Mapping[str, Any]) -> dict[str, Any]:
@@ -342,12 +340,39 @@ def _third_expodistance(r: Results) -> dict[str, Any]:
     per = steps.groupby(["model", "prompt", "token"])[["layer", "step_norm"]].apply(residual)
     means = per.groupby(level="model").mean()
     a, b = float(means.get(TRAINED, np.nan)), float(means.get(TWIN, np.nan))
+    ra, rb = round(a, 3), round(b, 3)  # as the prose prints them: equal there reads as equal
     word = (
         "lower (closer to exponential)"
-        if a < b
-        else ("higher (farther from exponential)" if a > b else "not comparable")
+        if ra < rb
+        else "higher (farther from exponential)"
+        if ra > rb
+        else "the same to three decimals"
+        if np.isfinite(ra)
+        else "not comparable"
     )
     return {"f05_expo_residual_trained": a, "f05_expo_residual_twin": b, "f05_expo_residual_word": word}
+
+
+def exponential_words(r: Results) -> str:
+    """The numbers the exponential-growth rule judged, each with its interval over prompts, as a
+    sentence for the verdict's bullet ("" without the twin: nothing is judged)."""
+    from coupling_utils.analysis.trajectories import growth_intervals
+
+    iv = growth_intervals(r.metrics)
+    parts = (
+        [f"growth {iv['growth'].estimate:.3f}× per block ({iv['growth'].words('.3f')})"]
+        if "growth" in iv
+        else []
+    )
+    names = {"log_linear_r2_ratio": "log-linear expodistance", "ratio_cv_ratio": "ratio spread"}
+    parts += [
+        f"the trained model's {name} at {iv[key].estimate:.2f} of the twin's ({iv[key].words()})"
+        for key, name in names.items()
+        if key in iv
+    ]
+    if not parts:
+        return ""
+    return "The rule read " + (", ".join(parts[:-1]) + " and " if len(parts) > 1 else "") + f"{parts[-1]}."
 
 
 def glue_values(p: Params, r: Results, status: pd.DataFrame | None) -> dict[str, Any]:
@@ -375,6 +400,7 @@ def glue_values(p: Params, r: Results, status: pd.DataFrame | None) -> dict[str,
         if (growth["log_linear_r2_ratio"] < 1) == (growth["ratio_cv_ratio"] < 1)
         else "disagree",
         **_third_expodistance(r),
+        "f05_exponential_values": Markdown(exponential_words(r)),
         "f05_lincos_trained": float(r.linearization_means.get(TRAINED, np.nan)),
         "f05_lincos_random": float(r.linearization_means.get(TWIN, np.nan)),
         "f05_lincos_note": Markdown(_lincos_note(p, r)),

@@ -53,12 +53,11 @@ from coupling_utils.pipeline.pages import (
     BookInputError,
     architectures_section,
     citation_section,
-    printable_link,
-    stage_matrix_free_findings,
+    stage_performance_findings,
     status_rows,
     status_section,
 )
-from coupling_utils.pipeline.printing import finish_printable
+from coupling_utils.pipeline.printing import finish_printable, printable_link
 from coupling_utils.pipeline.proofread import proofread
 from coupling_utils.pipeline.teaching import replace_marker
 
@@ -163,6 +162,7 @@ def stage_book(
     plan = plan_book(root, executed)
     if not options.allow_unexecuted:
         check_executed(plan)
+    _check_readable(plan)
     src = path_or_default(src, root / "_build" / "src", "src").resolve()
     _refuse_to_replace(src, {root: "the repository"}, "stage the book into", "_build/src")
     if src.exists():
@@ -190,6 +190,25 @@ def stage_book(
     (src / "_toc.yml").write_text(yaml.safe_dump(staged_toc(root, plan), sort_keys=False), encoding="utf-8")
     _stage_mathjax(extra / "_static" / "mathjax")
     return plan
+
+
+def _check_readable(plan: BookPlan) -> None:
+    """Refuse (bad input, before anything is staged) an executed notebook that cannot be read:
+    truncated (a copy or a run stopped while writing it), not JSON or not UTF-8."""
+    import nbformat
+
+    for entry in plan.included:
+        if entry.kind != "notebook":
+            continue
+        try:
+            nbformat.read(entry.content, as_version=4)
+        except (ValueError, OSError, nbformat.ValidationError) as exc:  # NotJSONError, UnicodeDecodeError
+            cause = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+            raise BookInputError(
+                f"the executed notebook {entry.content} cannot be read ({type(exc).__name__}: {cause}); "
+                f"it is probably truncated or not a notebook. Run it again (`{entry.run_command} "
+                f"--output-dir {entry.content.parent}`), or move it away and build with --allow-unexecuted"
+            ) from exc
 
 
 def _stage_chapters(root: Path, src: Path, plan: BookPlan, links: dict, edition: str) -> bool:
@@ -245,7 +264,7 @@ def _stage_generated_pages(
     for name in ("notation-and-method", "performance"):  # the pages with figures and findings made now
         if (src / PROSE_DIR / f"{name}.md").is_file():
             stage_diagrams(src / PROSE_DIR / f"{name}.md")
-            stage_matrix_free_findings(src / PROSE_DIR / f"{name}.md", root / DATA_DIR / "benchmarks")
+            stage_performance_findings(src / PROSE_DIR / f"{name}.md", root / DATA_DIR / "benchmarks")
     if page[ARCHITECTURES_PAGE].is_file():
         with page[ARCHITECTURES_PAGE].open("a", encoding="utf-8") as f:
             f.write("\n" + architectures_section())
@@ -457,6 +476,13 @@ def build_book(
     _refuse_to_replace(out, keep, "write the book to", "_build/html")
     work = options.work or root / "_build"
     src, jb = work / "src", work / "jb"
+    for folder in (src, jb, work / "jb-print"):  # each is deleted and rebuilt: none may hold these
+        _refuse_to_replace(
+            folder,
+            {**keep, out: "the book's output folder"},
+            "stage the book into",
+            "_build/src (give another --work)",
+        )
     plan = stage_book(root, executed, src, options)
     report_plan(plan)
     strict = options.strict

@@ -45,7 +45,7 @@ def chart_runtime() -> str:
     """Vega-Embed, Vega and Vega-Lite bundled with the book's chart code (one classic script)."""
     import vl_convert as vlc
 
-    from coupling_utils.analysis.display import _vegalite_version
+    from coupling_utils.analysis.rendering import _vegalite_version
 
     snippet = (STATIC / "charts.js").read_text(encoding="utf-8")
     version = _vegalite_version()

@@ -2,8 +2,8 @@
 
 coupling-book list
 coupling-book run [NOTEBOOK ...] --profile smoke|default|laptop|paper [-p key=value ...] [--jobs N]
-coupling-book build [--executed DIR] [--out DIR] [--no-strict] [--allow-unexecuted] [--edition student]
-              [--printable]
+coupling-book build [--executed DIR] [--out DIR] [--work DIR] [--no-strict] [--allow-unexecuted]
+              [--edition student] [--printable]
 coupling-book kit [--out FILE] [--edition student]
 coupling-book zoo list | zoo prepare NAME ... [--jobs N]
 coupling-book sweep NOTEBOOK --profile P [-p key=value ...] --executor local|slurm [--partition ...]
@@ -27,6 +27,7 @@ import traceback
 from pathlib import Path
 
 from coupling_utils.chapters.checks import ParameterError
+from coupling_utils.pipeline.cli_paths import check_target, path_option
 
 __all__ = ["main"]
 
@@ -50,27 +51,6 @@ def _cmd_list(args) -> int:
         for p in params.values():
             print(f"  {p.name} = {p.default!r}  # {p.comment}")
     return 0
-
-
-def path_option(text: str) -> Path:
-    """An argparse ``type``: a path, relative to the current folder; an empty one is refused."""
-    if not text.strip():
-        raise argparse.ArgumentTypeError("the path is empty: give a path, or leave the option out")
-    return Path(text)
-
-
-def check_target(path: Path, option: str, kind: str, example: str = "") -> Path:
-    """Refuse (bad input) an output ``path`` that cannot become a ``kind`` ("folder" or "file")."""
-    if kind == "folder" and path.exists() and not path.is_dir():
-        raise ParameterError(f"{option} {path} is a file, not a folder: give a folder (created if missing)")
-    if kind == "file" and path.is_dir():
-        raise ParameterError(f"{option} {path} is a folder: give the file to write, e.g. {path / example}")
-    above = next((p for p in path.parents if p.exists()), None)
-    if above is not None and not above.is_dir():
-        raise ParameterError(
-            f"{option} {path}: {above} is a file, so nothing can be made in it; give another path"
-        )
-    return path
 
 
 def _cmd_run(args) -> int:
@@ -107,7 +87,11 @@ def _cmd_build(args) -> int:
             "of executed notebooks, the --output-dir of `coupling-book run`"
         )
     out = check_target(args.out.absolute(), "--out", "folder") if args.out else None
+    work = check_target(args.work.absolute(), "--work", "folder") if args.work else None
+    if work is None:  # the default staging folder, <repo>/_build: say so if it cannot be written
+        check_target(repo_root() / "_build", "--work (default)", "folder")
     options = BuildOptions(
+        work=work,
         strict=args.strict,
         allow_unexecuted=args.allow_unexecuted,
         edition=args.edition,
@@ -211,6 +195,11 @@ def _add_book_commands(sub) -> None:
     )
     p.add_argument("--out", type=path_option, help="HTML output folder (default: _build/html)")
     p.add_argument(
+        "--work",
+        type=path_option,
+        help="staging folder (WORK/src, WORK/jb; default: _build): give each of two builds at once its own",
+    )
+    p.add_argument(
         "--allow-unexecuted",
         action="store_true",
         help="leave out notebooks that have no executed copy instead of failing",
@@ -276,6 +265,7 @@ def _options_once(parser: argparse.ArgumentParser) -> None:
 
 def _known_errors() -> tuple[tuple[type[BaseException], ...], tuple[type[BaseException], ...]]:
     """(bad input: exit 2, failed run: exit 1): the errors whose message already says the fix."""
+    from coupling_utils.files import CacheError
     from coupling_utils.models.loading import MissingDependencyError, ModelNotFoundError
     from coupling_utils.models.zoo import BuildFailed, ZooError
     from coupling_utils.pipeline.execution import RootError
@@ -286,7 +276,8 @@ def _known_errors() -> tuple[tuple[type[BaseException], ...], tuple[type[BaseExc
     from coupling_utils.schemas import TableError
 
     bad = (ParameterError, MeasureError, SweepError, ZooError, ModelNotFoundError, MissingDependencyError)
-    return bad + (StatusError, TableError, RootError, BookInputError), (BookError, BuildFailed)
+    bad += (StatusError, TableError, RootError, BookInputError, CacheError)
+    return bad, (BookError, BuildFailed)
 
 
 def _log_traceback(exc: BaseException) -> Path | None:

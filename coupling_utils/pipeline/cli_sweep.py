@@ -95,21 +95,31 @@ def _cmd_sweep(args) -> int:
         load_sweep,
         plan_sweep,
         recorded_sweeps,
-        submit,
         sweep_status,
     )
+    from coupling_utils.pipeline.sweep_submit import submit
 
     try:
         if args.status and not args.notebook:
             folders = recorded_sweeps()
             if not folders:
                 print("no sweeps recorded in this cache (`coupling-book sweep NOTEBOOK` records one)")
+            damaged = 0
             for folder in folders:
-                sweep = load_sweep(folder)
+                try:
+                    sweep = load_sweep(folder)
+                except Exception as exc:  # noqa: BLE001 - a damaged record: say which, list the others
+                    damaged += 1
+                    print(
+                        f"error: the sweep record in {folder} cannot be read ({type(exc).__name__}: {exc}); "
+                        "remove that folder (rerunning its `coupling-book sweep` records it again)",
+                        file=sys.stderr,
+                    )
+                    continue
                 _print_states(
                     f"{sweep.name} ({sweep.notebook}, profile {sweep.profile})", sweep_status(sweep)
                 )
-            return 0
+            return 1 if damaged else 0
         if not args.notebook:
             print("error: name a notebook (e.g. f02), or pass --status", file=sys.stderr)
             return 2

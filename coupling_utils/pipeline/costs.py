@@ -82,6 +82,7 @@ __all__ = [
     "GPU_SIZES_GB",
     "DEVICE_ALLOWANCE_GB",
     "CHUNK",
+    "gpu_time_column",
 ]
 
 BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "8bit": 1, "4bit": 0.5}
@@ -461,6 +462,11 @@ def _sig(x: float, digits: int = 3) -> float:
     return float(f"{x:.{digits}g}") if x and math.isfinite(x) else x
 
 
+def gpu_time_column(gpu: Rates) -> str:
+    """The cost table's GPU time column: named as predicted, and from which GPU's measured rates."""
+    return f"GPU time (predicted from {gpu.machine or 'a GPU'}'s measured rates)"
+
+
 def profile_costs_table(
     profiles: Sequence[str] = ("paper", "laptop"),
     notebooks: Sequence[str] | None = None,
@@ -470,7 +476,8 @@ def profile_costs_table(
 ) -> pd.DataFrame:
     """The performance page's table: one row per (notebook, profile), numbers to three significant
     digits, CPU time on ``cores`` cores (perfect scaling) and on one core in words (:func:`duration`),
-    and, where ``bench/gpu_check.py`` has measured a GPU, the time at that GPU's measured rates."""
+    and, where ``bench/gpu_check.py`` has measured a GPU, the time predicted at that GPU's measured
+    rates (:func:`gpu_time_column`)."""
     from coupling_utils.pipeline.execution import notebook_paths
 
     rates, gpu = cpu_rates(bench), gpu_rates(gpu_check)
@@ -484,8 +491,8 @@ def profile_costs_table(
                 row[key] = _sig(row[key]) if row[key] is not None else None
             row[f"{cores}-core CPU time"] = duration(seconds / cores)
             row["1-core CPU time"] = duration(seconds)
-            if gpu is not None:
-                row["GPU time (measured rates)"] = duration(row.pop("GPU seconds"))
+            if gpu is not None:  # a prediction at the rates measured there, never a measured run
+                row[gpu_time_column(gpu)] = duration(row.pop("GPU seconds"))
             row.setdefault("embedded (zoo cost)", "")
             rows.append(row)
     return pd.DataFrame(rows)

@@ -27,7 +27,7 @@ import yaml
 from coupling_utils.chapters import NAMES as CHAPTERS
 from coupling_utils.chapters import check_parameters
 from coupling_utils.chapters.checks import ParameterError
-from coupling_utils.files import atomic_write_text, read_json
+from coupling_utils.files import atomic_write_text, cache_dir, read_json
 from coupling_utils.pipeline.params import check_overrides, notebook_parameters
 from coupling_utils.provenance import code_fingerprint
 
@@ -137,7 +137,16 @@ def profile_values(notebook: Path, profile: str) -> dict[str, Any]:
     path = root / "profiles" / profile / f"{notebook.stem}.yaml"
     if not path.exists():
         raise ParameterError(f"profile {profile!r} has no parameter file for {notebook.stem} ({path})")
-    values = yaml.safe_load(path.read_text()) or {}
+    try:
+        values = yaml.safe_load(path.read_text(encoding="utf-8-sig")) or {}
+    except (UnicodeDecodeError, yaml.YAMLError) as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        what = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ParameterError(
+            f"{path}: the parameter file of profile {profile!r} cannot be read{where} ({what}); "
+            "write it as UTF-8 YAML, one `name: value` per line"
+        ) from None
     if not isinstance(values, dict):
         raise ParameterError(f"{path}: a parameter file must be a mapping of name: value")
     return values
@@ -417,10 +426,15 @@ def _check_all(notebooks: list[Path], profile: str, overrides, echo) -> dict[Pat
         except ParameterError as exc:
             refused.append(_refused(nb, start, exc))
             echo(refused[-1].line())
-    if refused:
+    if refused:  # the reasons again, here: the lines above went to stdout, which may be elsewhere
         which = f"{len(refused)} of {len(notebooks)} notebooks" if len(notebooks) > 1 else "the notebook"
+        said = [r.error.removeprefix("ParameterError: ") for r in refused]
+        reasons = "".join(
+            f"\n  {e}" if e.startswith(r.notebook) else f"\n  {r.notebook}: {e}"
+            for r, e in zip(refused, said)
+        )
         raise ParameterError(
-            f"nothing was run: {which} refused the parameters (above); fix the -p overrides or the "
+            f"nothing was run: {which} refused the parameters:{reasons}\nfix the -p overrides or the "
             "--profile and rerun"
         )
     return planned
@@ -446,10 +460,11 @@ def run_notebooks(
         raise ParameterError(f"jobs must be a positive integer, got {jobs!r}")
     notebooks = find_notebooks(names)
     output_dir = Path(output_dir or repo_root() / "_build" / "notebooks")
-    output_dir.mkdir(parents=True, exist_ok=True)
     manifest = output_dir / "runs.json"
     previous = read_json(manifest, "record of notebook runs") or {}  # a corrupt one is set aside
     planned = _check_all(notebooks, profile, overrides, echo)
+    cache_dir()  # a cache that cannot be made (a file in its place) is refused before any kernel
+    output_dir.mkdir(parents=True, exist_ok=True)  # after the checks: a refused run creates nothing
     if jobs > 1:  # one at a time, each notebook builds what it needs on first use
         models = [m for values in planned.values() for m in embedded_models(values)]
         if models:

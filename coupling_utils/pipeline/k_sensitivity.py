@@ -165,7 +165,7 @@ MNIST_TEST = 10_000  # digits in the test split of the pinned MNIST file (models
 
 def add_k_sensitivity_command(subparsers) -> argparse.ArgumentParser:
     """Add ``k-sensitivity`` (measure the curve, write the CSV, print the chosen K/d)."""
-    from coupling_utils.pipeline.cli import path_option
+    from coupling_utils.pipeline.cli_paths import path_option
 
     p = subparsers.add_parser(
         "k-sensitivity",
@@ -193,7 +193,7 @@ def add_k_sensitivity_command(subparsers) -> argparse.ArgumentParser:
 def _checked_options(args) -> Path:
     """Refuse bad options before any model is measured; the CSV to write."""
     from coupling_utils.chapters.checks import ParameterError
-    from coupling_utils.pipeline.cli import check_target
+    from coupling_utils.pipeline.cli_paths import check_target
 
     default = SensitivitySettings
     if args.n_prompts < 0:

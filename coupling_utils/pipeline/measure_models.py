@@ -33,6 +33,7 @@ from typing import Any
 
 import pandas as pd
 
+from coupling_utils.files import cache_dir
 from coupling_utils.measurement import (
     MEASURE_METHODS,
     TABLES,
@@ -98,7 +99,10 @@ def read_prompts(path: str | Path | None, *, n: int = 6) -> dict[str, Any]:
         try:
             data = json.loads(text)
         except ValueError as exc:
-            raise MeasureError(f"{path}: not valid JSON ({exc})") from exc
+            raise MeasureError(
+                f"prompts file {path}: not valid JSON ({exc}); give a JSON list of prompts or an "
+                "{id: prompt} mapping (or a .txt file, one prompt per line)"
+            ) from exc
         items = (
             list(data.items())
             if isinstance(data, dict)
@@ -113,18 +117,25 @@ def read_prompts(path: str | Path | None, *, n: int = 6) -> dict[str, Any]:
             pid = str(key) if isinstance(data, dict) else f"p{key}"
             out[pid] = _json_prompt(path, pid, p)
     elif suffix == ".csv":
-        rows = list(csv.DictReader(io.StringIO(text, newline="")))
-        if not rows or "text" not in rows[0]:
-            raise MeasureError(f"{path}: a prompts CSV needs a 'text' column (and optionally 'id')")
-        out = {str(r.get("id") or f"p{i}"): r["text"] for i, r in enumerate(rows)}
-        if len(out) != len(rows):
-            raise MeasureError(f"{path}: prompt ids must be unique")
+        out = _csv_prompts(path, text)
     else:
         lines = [line.strip() for line in text.splitlines()]
         out = {f"p{i}": line for i, line in enumerate(x for x in lines if x)}
     if not out:
         raise MeasureError(f"{path} holds no prompts")
     return out
+
+
+def _csv_prompts(path: Path, text: str) -> dict[str, str]:
+    """A prompts CSV's ``{id: text}``: a ``text`` column, optionally an ``id`` one (unique)."""
+    rows = list(csv.DictReader(io.StringIO(text, newline="")))
+    if not rows or "text" not in rows[0]:
+        raise MeasureError(f"{path}: a prompts CSV needs a 'text' column (and optionally 'id')")
+    ids = [str(r.get("id") or f"p{i}") for i, r in enumerate(rows)]
+    twice = sorted({i for i in ids if ids.count(i) > 1})
+    if twice:
+        raise MeasureError(f"prompts file {path}: prompt ids must be unique; given more than once: {twice}")
+    return {i: r["text"] for i, r in zip(ids, rows)}
 
 
 def _prompt_text(path: Path) -> str:
@@ -181,6 +192,27 @@ class MeasureReport:
             f"  not finished yet: {name} (rerun this command when its job has ended)" for name in self.pending
         ]
         return "\n".join(lines + [f"note: {note}" for note in self.notes])
+
+
+def _check_model(model: str) -> None:
+    """Refuse, before anything is written, a MODEL known to name nothing: an ``embedded:`` name not
+    in the zoo, or a path (``./dir``, ``/dir``, ``~/dir``, ``x.gguf``) where nothing exists."""
+    from coupling_utils.models.loading import EMBEDDED, _looks_like_path
+
+    model = str(model)  # a path may come as a Path
+    if model.startswith(EMBEDDED):
+        from coupling_utils.models import zoo
+
+        try:
+            zoo._split(model)  # the zoo's own check of a name (an entry, a family member)
+        except zoo.ZooError as exc:
+            raise MeasureError(f"MODEL {model}: {exc}") from None
+    elif _looks_like_path(model) and not Path(model).expanduser().exists():
+        raise MeasureError(
+            f"MODEL {model}: nothing exists at {Path(model).expanduser().absolute()}; give a "
+            "save_pretrained folder, a .gguf file, a hub id (org/name) or embedded:NAME "
+            "(`coupling-book zoo list`)"
+        )
 
 
 def _reference(model: str) -> str:
@@ -241,6 +273,8 @@ class MeasureRun:
             raise MeasureError("name at least one model")
         if len(set(models)) != len(models):
             raise MeasureError(f"a model is named twice: {models}")
+        for model in models:
+            _check_model(model)
         if not len(self.prompts):
             raise MeasureError("no prompts to measure on; give a prompts file with --prompts")
         if self.how not in HOWS:
@@ -252,6 +286,11 @@ class MeasureRun:
             )
         if self.loads.revisions is not None and not list(self.loads.revisions):
             raise MeasureError("revisions is empty; name at least one (--revision R), or leave it out")
+        if any(not str(r).strip() for r in self.loads.revisions or []):
+            raise MeasureError(
+                f"--revision {list(self.loads.revisions)}: a revision is empty; name each one (e.g. "
+                "--revision step1000), or leave --revision out for the model as it is"
+            )
         object.__setattr__(self, "models", tuple(models))
         object.__setattr__(self, "out", _out_folder(self.out, create=False))
 
@@ -270,7 +309,7 @@ def measure_many(run: MeasureRun) -> MeasureReport:
 
     In this process (``run.resources`` None) a model that fails is recorded and the others still
     run; with resources, one job per (model, revision) goes through
-    :func:`coupling_utils.pipeline.sweep.submit` (SLURM returns at once, and the tables hold what
+    :func:`coupling_utils.pipeline.sweep_submit.submit` (SLURM returns at once, and the tables hold what
     has finished: rerun the same command later to complete them). What this machine cannot run
     (``--executor slurm`` without sbatch, with something left to measure) is refused before
     anything is created; with everything stored, the tables are written here.
@@ -278,12 +317,13 @@ def measure_many(run: MeasureRun) -> MeasureReport:
     jobs = run.jobs()
     if run.resources is not None and collect(jobs, Options(compute=False)).missing:
         run.resources.check_here()
+    cache_dir()  # a cache that cannot be made is refused before --out is created
     out = _out_folder(run.out)  # created once the input is known to be good
     pending: list[str] = []
     if run.resources is None:
         done = collect(jobs, Options(progress=sys.stderr.isatty()), desc="models")
     else:
-        from coupling_utils.pipeline.sweep import submit
+        from coupling_utils.pipeline.sweep_submit import submit
 
         states = submit(_sweep(jobs, run), run.resources)
         pending = [s.task.name for s in states if s.state in ("running", "pending")]
@@ -311,7 +351,7 @@ def measure_dry_run(run: MeasureRun) -> str:
     ]
     lines += [f"  {'stored' if r.ok else 'would measure'}  {r.job.describe()}" for r in done.results]
     if run.resources is not None and done.missing:
-        from coupling_utils.pipeline.sweep import submit
+        from coupling_utils.pipeline.sweep_submit import submit
 
         lines.append(f"with --executor {run.resources.executor}:")
         submit(_sweep(jobs, run), run.resources, dry_run=True, echo=lines.append)

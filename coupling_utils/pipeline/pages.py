@@ -18,18 +18,23 @@ __all__ = [
     "PRINT_DIR",
     "PRINT_MARKER",
     "citation_section",
-    "printable_link",
     "architectures_section",
     "status_rows",
     "status_section",
     "MATRIX_FREE_MARKER",
     "matrix_free_findings",
-    "stage_matrix_free_findings",
+    "stage_performance_findings",
+    "ENGINE_TARGET_MARKER",
+    "engine_target_findings",
+    "GPU_RUN_MARKER",
+    "gpu_run_findings",
 ]
 
 PRINT_DIR = "print"  # the printable edition: the whole book on one page, out/print/index.html
 PRINT_MARKER = "% printable"  # the intro's line that links it
 MATRIX_FREE_MARKER = "% matrix-free-findings"  # the performance page's line for its findings
+ENGINE_TARGET_MARKER = "% engine-target"  # ... for the all-token path against issue 26's target
+GPU_RUN_MARKER = "% gpu-check-run"  # ... for what the recorded GPU run is
 REDUCTION_TARGET = 5.0  # the matrix-free target: at least this many times fewer block passes than d
 DEFAULT_STEPS = 45  # block Lanczos's default number of steps (the rows run with the defaults)
 
@@ -158,27 +163,6 @@ def status_section(executed: Path, notebooks: set[str] | None = None) -> str:
     return status_markdown(status_rows(executed, notebooks))
 
 
-def printable_link(printable: bool) -> str:
-    """The intro's list item about the printable edition: a link to it (and to its PDF when this
-    build can print one, :func:`~coupling_utils.pipeline.printing.pdf_planned`), or how to build it."""
-    from coupling_utils.pipeline.printing import PDF_FILE, pdf_planned
-
-    item = "- A **printable edition**, for classrooms without a screen per student: "
-    if printable and pdf_planned(printable):
-        return item + (
-            f'<a href="../{PRINT_DIR}/index.html">the whole book on one page</a> and '
-            f'<a href="../{PRINT_DIR}/{PDF_FILE}">the same as one PDF</a>, printed by headless Chromium '
-            "when the book was built (`coupling-book build --printable`, which `make book` runs)."
-        )
-    if printable:
-        return item + (
-            f'<a href="../{PRINT_DIR}/index.html">the whole book on one page</a>, to print or to save '
-            "as a PDF from the browser (`coupling-book build --printable`, which `make book` runs; "
-            "with Chromium installed it also makes the PDF)."
-        )
-    return item + "not part of this build; `coupling-book build --printable` adds it (`make book` does)."
-
-
 def _error(x: float) -> str:
     return "below 10⁻⁵" if x < 1e-5 else f"{x:.2g}"
 
@@ -285,17 +269,127 @@ def matrix_free_findings(table) -> str:
     return text[0] + "\n  " + "\n  ".join(text[1:]) + "\n"
 
 
-def stage_matrix_free_findings(page: Path, benchmarks: Path) -> bool:
-    """Replace the :data:`MATRIX_FREE_MARKER` line of a staged page with :func:`matrix_free_findings`
-    of ``benchmarks/matrix_free.csv`` (a missing file says how to make it). False without the marker."""
+def _engine_sentence(rows, T: int) -> str:
+    """Why the all-token path misses its target at ``T``: the FLOPs, the bound, the rates."""
+    at = rows[rows["T"] == T].set_index("method")
+    path, ref = at.loc["all_tokens: Jacobians, spectra, coupling"], at.loc["reference (1 token)"]
+    sweep, tiles = at.loc["all_tokens: Jacobians"], at.loc["all_tokens: coupling tiles and metric"]
+    spectra = at.loc["all_tokens: spectra (top 50, every token)"].seconds
+    at_gemm = T * ref.seconds / ((sweep.flops + tiles.flops) / ref.gemm_flops_per_s + spectra)
+    text = (
+        f"**At T = {T} the all-token path misses issue 26's target**: {path.speedup:.1f}× faster than "
+        f"T runs of the reference, against T/2 = {path.target:.0f}. The FLOPs say why: the exact tiles "
+        f"of all T² pairs ($2T^2 \\cdot 50 d^2$ and more) take {tiles.flops / 1e12:.2f} TFLOP, "
+        f"{tiles.flops / sweep.flops:.1f}× the sweep's {sweep.flops / 1e12:.2f} TFLOP, so at the reference's "
+        f"FLOP rate the sweep and the tiles alone, with the spectra free, would be {path.flop_bound:.1f}× "
+        "faster (`flop_bound`), below the target. "
+    )
+    if path.speedup > path.flop_bound:
+        text += (
+            f"The measured {path.speedup:.1f}× exceeds that figure because the tiles ran at a higher FLOP "
+            f"rate than the reference ({tiles.gemm_fraction:.2f} of the matrix product's rate against "
+            f"{ref.gemm_fraction:.2f}): it is the bound at the reference's rate, not a ceiling. "
+        )
+    return text + (
+        f"Even with the sweep and the tiles at the full rate of the matrix product timed in the same run "
+        f"and the spectra's measured {spectra:.1f} s, the path would be {at_gemm:.0f}× faster, "
+        + (f"still short of {path.target:.0f}." if at_gemm < path.target else f"above {path.target:.0f}.")
+    )
+
+
+def engine_target_findings(table) -> str:
+    """The performance page's paragraph on the all-token path against issue 26's target (T/2), from
+    ``bench/bench_engine.py``'s CSV (the SmolLM2-sized block): where it is met, and where it is not,
+    the measured ratio, the target and the FLOP bound, with why the bound is not a ceiling."""
+    block = table[table.case.str.startswith("block: SmolLM2")]
+    path = block[block.method == "all_tokens: Jacobians, spectra, coupling"].sort_values("T")
+    if path.empty:
+        return (
+            "The stored engine benchmark has no all-token rows: `python bench/bench_engine.py` measures them."
+        )
+    met = path[path.speedup >= path.target]
+    text = (
+        f"The all-token path (Jacobians, top-50 spectra and token-wise coupling) met the target T/2 at "
+        f"T = {', '.join(str(int(t)) for t in met['T'])} ({', '.join(f'{x:.1f}×' for x in met.speedup)}). "
+        if not met.empty
+        else "The all-token path met the target T/2 at no T measured. "
+    )
+    missed = path[path.speedup < path.target]
+    text += " ".join(_engine_sentence(block, int(T)) for T in missed["T"])
+    machine, date = str(block.machine.iloc[0]), str(block.date_utc.iloc[0])
+    return text + f" (One run of `{block.command.iloc[0]}`, {machine}, {date} UTC.)\n"
+
+
+def _listed(rows, what: str) -> str:
+    return ", ".join(rows[what].astype(str)) or "none"
+
+
+def gpu_run_findings(table) -> str:
+    """The performance page's paragraph on the recorded GPU run (``bench/gpu_check.py``'s CSV):
+    the GPU, the dates, the code's versions, which rows ran, failed or were skipped (a failed row's
+    seconds are its time until it failed), and which of its numbers are predictions."""
+    ok = table.status.astype(str).eq("ok")
+    skipped = table.status.astype(str).str.startswith("skipped")
+    failed = table[~ok & ~skipped]
+    days = sorted({d[:10] for d in table.date_utc.astype(str)})
+    times = sorted({d[11:] for d in table.date_utc.astype(str)})
+    versions = ", ".join(
+        f"{k} {table[k].iloc[0]}" for k in ("coupling_utils", "torch", "transformers") if k in table
+    )
+    commit = f", commit {table['commit'].iloc[0]}" if "commit" in table else " (the rows record no commit)"
+    notebooks = table[table.step == "paper profile"]
+    text = (
+        f"**The recorded GPU run**: {', '.join(sorted(set(table.device.astype(str))))}, "
+        f"{' and '.join(days)} (started at {' and '.join(times)} UTC), with {versions}{commit}. At the "
+        f"`paper` profile (stand-in hub) {_listed(notebooks[notebooks.status.astype(str).eq('ok')], 'name')} "
+        "ran; "
+    )
+    text += (
+        "; ".join(
+            f"{r.name} **failed** (`{str(r.status).strip()}`), and its {r.seconds:.1f} s are the time until "
+            "it failed, not a run's time"
+            for r in failed.itertuples()
+        )
+        or "none failed"
+    ) + ". "
+    for r in table[skipped].itertuples():
+        text += (
+            f"The engine's {str(r.dtype).replace('bit', '-bit')} rows were **not measured** ({r.status}). "
+        )
+    if "measure_seconds_predicted" in table:
+        text += (
+            "`measure_seconds_predicted` is a prediction (one block's measured seconds times the "
+            "model's number of blocks), not a measured run; so is the GPU time of the cost table above."
+        )
+    return text + "\n"
+
+
+def stage_performance_findings(page: Path, benchmarks: Path) -> bool:
+    """Replace the performance page's findings markers of a staged page with its findings from the
+    stored benchmarks (:data:`MATRIX_FREE_MARKER`: :func:`matrix_free_findings` of
+    ``matrix_free.csv``; :data:`ENGINE_TARGET_MARKER`: :func:`engine_target_findings` of
+    ``engine.csv``; :data:`GPU_RUN_MARKER`: :func:`gpu_run_findings` of ``gpu_check.csv``); a
+    missing file says how to make it. False when the page has none of the markers."""
     import pandas as pd
 
     from coupling_utils.pipeline.teaching import replace_marker
 
-    if MATRIX_FREE_MARKER not in page.read_text(encoding="utf-8").splitlines():
-        return False
-    csv = Path(benchmarks) / "matrix_free.csv"
-    if not csv.is_file():
-        text = "- No matrix-free benchmark is stored: `python bench/bench_jacobians.py --cases matrix_free`."
-        return replace_marker(page, MATRIX_FREE_MARKER, text)
-    return replace_marker(page, MATRIX_FREE_MARKER, matrix_free_findings(pd.read_csv(csv)))
+    makers = {
+        MATRIX_FREE_MARKER: (
+            "matrix_free.csv",
+            matrix_free_findings,
+            "python bench/bench_jacobians.py --cases matrix_free",
+        ),
+        ENGINE_TARGET_MARKER: ("engine.csv", engine_target_findings, "python bench/bench_engine.py"),
+        GPU_RUN_MARKER: ("gpu_check.csv", gpu_run_findings, "python bench/gpu_check.py (on a CUDA machine)"),
+    }
+    lines = page.read_text(encoding="utf-8").splitlines()
+    staged = False
+    for marker, (name, findings, command) in makers.items():
+        if marker not in lines:
+            continue
+        csv = Path(benchmarks) / name
+        bullet = "- " if marker == MATRIX_FREE_MARKER else ""  # the matrix-free findings are a list item
+        text = findings(pd.read_csv(csv)) if csv.is_file() else f"{bullet}No `{name}` is stored: `{command}`."
+        staged = replace_marker(page, marker, text) or staged
+    return staged

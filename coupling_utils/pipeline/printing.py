@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path, PurePosixPath
 from urllib.parse import unquote, urlsplit
 
-from coupling_utils.pipeline.pages import BookError
+from coupling_utils.pipeline.pages import PRINT_DIR, BookError
 
 __all__ = [
     "PDF_FILE",
@@ -33,6 +33,7 @@ __all__ = [
     "relink_one_page",
     "settle_one_page",
     "finish_printable",
+    "printable_link",
 ]
 
 PDF_FILE = "coupling-book.pdf"  # in the printable edition's folder, beside its index.html
@@ -174,3 +175,22 @@ def finish_printable(folder: Path, book: Path | None = None) -> Path | None:
     if chromium is None:
         return None
     return print_pdf(index, index.parent / PDF_FILE, chromium=chromium)
+
+
+def printable_link(printable: bool) -> str:
+    """The intro's list item about the printable edition: a link to it (and to its PDF when this
+    build can print one, :func:`pdf_planned`), or how to build it."""
+    item = "- A **printable edition**, for classrooms without a screen per student: "
+    if printable and pdf_planned(printable):
+        return item + (
+            f'<a href="../{PRINT_DIR}/index.html">the whole book on one page</a> and '
+            f'<a href="../{PRINT_DIR}/{PDF_FILE}">the same as one PDF</a>, printed by headless Chromium '
+            "when the book was built (`coupling-book build --printable`, which `make book` runs)."
+        )
+    if printable:
+        return item + (
+            f'<a href="../{PRINT_DIR}/index.html">the whole book on one page</a>, to print or to save '
+            "as a PDF from the browser (`coupling-book build --printable`, which `make book` runs; "
+            "with Chromium installed it also makes the PDF)."
+        )
+    return item + "not part of this build; `coupling-book build --printable` adds it (`make book` does)."

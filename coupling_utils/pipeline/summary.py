@@ -168,6 +168,16 @@ def status_alt(t: Tally) -> str:
     )
 
 
+def _judged(rule: str) -> str:
+    """The values a status row's rule judged, with their intervals ("; judged on excess = -0.26
+    [-0.29, -0.24; 95% over 2 prompts]"), from its ``rule`` column ("" where it names none)."""
+    text = _text(rule)
+    if "(judged on " not in text:
+        return ""
+    judged = text.split("(judged on ", 1)[1].split("; a yes needs", 1)[0]
+    return "; judged on " + (judged[:-1] if judged.endswith(")") else judged)
+
+
 def bottom_line(df: pd.DataFrame) -> str:
     """The generated sentences of the summary (MyST markdown): counts by verdict of this
     build's measured claims, the replots apart, the profiles the runs used, and the claims that
@@ -199,8 +209,8 @@ def bottom_line(df: pd.DataFrame) -> str:
         "lists every rule with the numbers it judged. A run at the `smoke` profile checks the "
         "code, not the paper."
     )
-    reasons = [f"- **{r['claim']}** ({_chapter(r).split(' · ')[0]}): this run measured {_text(r['ours'])}."
-               for r in no.to_dict("records")]  # fmt: skip
+    reasons = [f"- **{r['claim']}** ({_chapter(r).split(' · ')[0]}): this run measured {_text(r['ours'])}"
+               f"{_judged(r['rule'])}." for r in no.to_dict("records")]  # fmt: skip
     if reasons:
         lines.append("\n\nNot reproduced, each with what this run measured:\n\n" + "\n".join(reasons))
     return " ".join(lines) + "\n"

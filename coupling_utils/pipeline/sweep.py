@@ -9,10 +9,11 @@ is specific to a chapter. :func:`plan_sweep` groups the jobs
 into :class:`Task` objects, one per (model, revision), so that one cluster job loads or downloads
 a checkpoint once (a random-init twin travels with its trained model).
 
-:func:`submit` hands the tasks to ``submitit``: on SLURM as one job array (``--partition``,
-``--gpus-per-job``, ``--time``, ``--max-parallel`` as the array's ``%N``), on this machine with
-its local executor, ``max_parallel`` at a time (:mod:`.sweep_local`, which also stops them on
-Ctrl-C). Every job writes into the cache the notebook reads (``$COUPLING_CACHE``, which must be a
+:func:`~coupling_utils.pipeline.sweep_submit.submit` hands the tasks to ``submitit``: on SLURM
+as one job array (``--partition``, ``--gpus-per-job``, ``--time``, ``--max-parallel`` as the
+array's ``%N``), on this machine with its local executor, ``max_parallel`` at a time (which also
+stops them on Ctrl-C); this module is what a sweep is, and what a worker runs
+(:func:`run_task`). Every job writes into the cache the notebook reads (``$COUPLING_CACHE``, which must be a
 shared filesystem on a cluster). A resubmission runs only the tasks that are not done and not
 running. The state of a sweep lives in ``$COUPLING_CACHE/sweeps/<notebook>-<profile>-<hash of
 its values>/``, written when it is first submitted: ``plan.pkl`` (the tasks), ``sweep.json``
@@ -38,9 +39,10 @@ import os
 import pickle
 import re
 import shlex
+import signal
 import socket
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,7 +54,7 @@ from coupling_utils.provenance import stable_hash
 __all__ = [
     "SweepError", "Task", "Sweep", "Resources", "TaskState", "EXECUTORS", "STATES", "FORWARDED_ENV",
     "notebook_jobs", "plan_sweep", "record_sweep", "load_sweep", "group_tasks",
-    "planned_params", "planned_values", "summary_line", "submit", "run_task", "sweep_status",
+    "planned_params", "planned_values", "summary_line", "run_task", "sweep_status",
     "recorded_sweeps", "parse_time",
 ]  # fmt: skip
 
@@ -235,13 +237,25 @@ def _slurm_id() -> str | None:
     return os.environ.get("SLURM_JOB_ID")
 
 
+def listen_to_ctrl_c() -> None:
+    """In a task (:func:`run_task`) whose worker started ignoring
+    SIGINT (a local one): stop on it again, once (a second SIGINT, the sweep's after the
+    terminal's, does not cut the unwinding short)."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, _interrupt_once)
+
+
+def _interrupt_once(signum, frame):
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise KeyboardInterrupt
+
+
 def run_task(task: Task, folder: str) -> dict:
     """Run one task in this process (what a cluster job executes): each job with
     :func:`coupling_utils.measurement.loop.run`, which reads what is stored, measures what is
     missing and leaves a failure record for a job that raises; the others still run. The task's
     marker ``tasks/<id>.json`` says who runs it, and when it ended, with each job's outcome."""
     from coupling_utils.measurement.loop import run
-    from coupling_utils.pipeline.sweep_local import listen_to_ctrl_c
 
     listen_to_ctrl_c()  # a local worker's task, started deaf to Ctrl-C, stops on it again
     marker = Path(folder) / "tasks" / f"{task.id}.json"
@@ -395,7 +409,7 @@ def sweep_status(sweep: Sweep) -> list[TaskState]:
 
 def _record_submission(sweep: Sweep, task: Task, executor: str, job_id: str | None) -> None:
     """Record that ``task`` was submitted as ``job_id``; ``job_id=None``: that its last
-    submission was stopped on Ctrl-C (:mod:`.sweep_local`)."""
+    submission was stopped on Ctrl-C (:mod:`.sweep_submit`)."""
     path = sweep.folder / "submissions.json"
     with file_lock(sweep.folder / ".lock", f"sweep {sweep.name}"):
         subs = read_json(path, "sweep's record of submissions") or {}
@@ -442,17 +456,6 @@ def _setup_lines() -> list[str]:
         if key in os.environ and key not in env:
             env[key] = os.environ[key]
     return [f"export {k}={shlex.quote(v)}" for k, v in env.items()]
-
-
-def _import_submitit():
-    try:
-        import submitit
-    except ImportError as exc:
-        raise SweepError(
-            "sweeps need submitit: pip install 'submitit>=1.5' (or the project's extra: "
-            "pip install -e '.[cluster]')"
-        ) from exc
-    return submitit
 
 
 @dataclass(frozen=True)
@@ -526,67 +529,6 @@ class Resources:
         }
         params.update({k: v for k, v in optional.items() if v})
         return params
-
-
-def submit(
-    sweep: Sweep,
-    resources: Resources | None = None,
-    *,
-    dry_run: bool = False,
-    echo: Callable[[str], None] = print,
-    poll_s: float = 0.5,
-) -> list[TaskState]:
-    """Submit the tasks of ``sweep`` that are not done, running or pending; return the states after.
-
-    ``resources.executor="slurm"``: one job array (see :class:`Resources`), returned at once:
-    follow it with :func:`sweep_status`. ``"local"``: the tasks run on this machine,
-    ``max_parallel`` (default 1) at a time, and this call returns when they have ended.
-    ``dry_run``: say what would be submitted (and, for SLURM, the batch script) without submitting.
-    """
-    resources = resources or Resources()
-    states = sweep_status(sweep)
-    todo = [s.task for s in states if s.state in ("failed", "interrupted", "missing")]
-    for s in states:
-        if s.state not in ("failed", "interrupted", "missing"):
-            echo(f"skip  {s.line()}")
-    if not todo:
-        echo(f"{sweep.name}: nothing to submit ({len(states)} tasks)")
-        return states
-    resources.check_here(dry_run=dry_run)
-    submitit = None if dry_run and resources.executor == "local" else _import_submitit()
-    if resources.executor == "slurm":
-        return _submit_slurm(
-            submitit, sweep, todo, resources.slurm_parameters(sweep, len(todo)), dry_run, echo
-        )
-    if dry_run:
-        for t in todo:
-            echo(f"would run  {t.name} ({len(t.jobs)} job(s))")
-        return states
-    from coupling_utils.pipeline.sweep_local import run_local
-
-    return run_local(submitit, sweep, todo, resources, echo, poll_s)
-
-
-def _submit_slurm(submitit, sweep, todo, params: dict[str, Any], dry_run: bool, echo) -> list[TaskState]:
-    if dry_run:
-        from submitit.slurm.slurm import _make_sbatch_string
-
-        script = _make_sbatch_string(
-            command="python -u -m submitit.core._submit <folder>", folder=sweep.folder / "slurm",
-            map_count=len(todo), **params,
-        )  # fmt: skip
-        echo(f"would submit {len(todo)} task(s) as one SLURM job array:")
-        for t in todo:
-            echo(f"  {t.name} ({len(t.jobs)} job(s))")
-        echo(script)
-        return sweep_status(sweep)
-    ex = submitit.SlurmExecutor(folder=sweep.record().folder / "slurm")
-    ex.update_parameters(**params)
-    jobs = ex.map_array(run_task, todo, [str(sweep.folder)] * len(todo))
-    for task, job in zip(todo, jobs):
-        _record_submission(sweep, task, "slurm", job.job_id)
-        echo(f"submitted  {task.name}  (SLURM job {job.job_id})")
-    return sweep_status(sweep)
 
 
 def summary_line(states: Sequence[TaskState]) -> str:

@@ -13,7 +13,10 @@ sources, so that the teaching page says what is true of the exercises as they ar
 :func:`stage_exercises` replaces the teaching page's ``% exercise-table`` line with the counts
 and a table per chapter; :func:`stage_costs` replaces its ``% costs-summary`` line with what the
 measured chapter costs (``data/benchmarks/chapter_costs.csv``, made by ``bench/bench_chapters.py``)
-say about the course plan, so that the plan's timing follows the measurement.
+say about the course plan, so that the plan's timing follows the measurement; wherever the pages
+use those rows they say what the rows are (:func:`measured_how`): one machine or several, the dates
+and runs they come from, and which were measured while other processes competed for the CPU
+(``other_cpu_share`` of at least :data:`CONTENDED_SHARE`) or without a record of it.
 """
 
 from __future__ import annotations
@@ -44,6 +47,8 @@ __all__ = [
     "chapter_plan",
     "current_plans",
     "replanned",
+    "CONTENDED_SHARE",
+    "measured_how",
     "stage_chapter_time",
     "PLANS",
     "PLANS_MARKER",
@@ -241,6 +246,98 @@ def _replanned_note(costs: pd.DataFrame, plans: Mapping[str, str] | None) -> str
     )
 
 
+CONTENDED_SHARE = 0.10  # from this share of the CPU used by other processes, a measured state is contended
+
+
+def _machine(text) -> str:
+    """A row's machine without its load at start (``bench/bench_chapters.py`` appends it)."""
+    return re.sub(r",?\s*load [\d.]+ at start", "", str(text)).strip()
+
+
+def _cores(machine: str) -> str:
+    """ "2 CPU (Xeon), no GPU" (``bench_chapters.machine``) as "a 2-core CPU (Xeon, no GPU)"."""
+    m = re.match(r"(\d+) CPU \((.*)\)(.*)$", machine)
+    return f"a {m.group(1)}-core CPU ({m.group(2)}{m.group(3)})" if m else machine
+
+
+def _shares(rows: pd.DataFrame) -> pd.Series:
+    """Each row's ``other_cpu_share`` (NaN: not recorded, as in rows older than the column)."""
+    if "other_cpu_share" not in rows.columns:
+        return pd.Series(float("nan"), index=rows.index)
+    return pd.to_numeric(rows["other_cpu_share"], errors="coerce")
+
+
+def _where_when(rows: pd.DataFrame) -> str:
+    """ "on a 2-core CPU (...) from D1 to D2, in k runs of the benchmark" or what is not recorded."""
+    machines = sorted({_machine(m) for m in rows["machine"].dropna()}) if "machine" in rows.columns else []
+    if not machines:
+        where = "on a machine not recorded"
+    elif len(machines) == 1:
+        where = f"on {_cores(machines[0])}"
+    else:
+        where = (
+            f"on {len(machines)} different machines ({'; '.join(map(_cores, machines))}), whose times "
+            "do not add up to one machine's"
+        )
+    if "date_utc" not in rows.columns or rows["date_utc"].isna().all():
+        return where + ", on dates not recorded"
+    days = sorted({str(d)[:10] for d in rows["date_utc"].dropna()})
+    when = f" on {days[0]}" if len(days) == 1 else f" from {days[0]} to {days[-1]}"
+    # a run of the benchmark: one command on one day (the rows of a run share both)
+    runs = rows.assign(day=rows["date_utc"].astype(str).str[:10])
+    keys = ["day", "command"] if "command" in rows.columns else ["day"]
+    n = len(runs.drop_duplicates(keys))
+    return where + when + (f", in {n} separate runs of the benchmark" if n > 1 else ", in one run")
+
+
+def _contention(rows: pd.DataFrame) -> str:
+    """What is known of other processes competing for the CPU while ``rows`` were measured."""
+    share = _shares(rows)
+    loads = [float(x) for m in rows.get("machine", pd.Series(dtype=str)).dropna()
+             for x in re.findall(r"load ([\d.]+) at start", str(m))]  # fmt: skip
+    at_start = (
+        f" (the load average when each chapter's runs began: {min(loads):.1f} to {max(loads):.1f})"
+        if loads
+        else ""
+    )
+    unrecorded = share.isna()
+    if unrecorded.all():
+        return (
+            "whether other processes competed for the CPU during the runs was not recorded"
+            + at_start
+            + ", so a time may be too long"
+        )
+    out = []
+    busy = rows[share >= CONTENDED_SHARE]
+    if not busy.empty:
+        named = ", ".join(
+            f"{r.chapter} {r.state} ({s:.0%})" for r, s in zip(busy.itertuples(), share[busy.index])
+        )
+        out.append(
+            f"other processes used at least {CONTENDED_SHARE:.0%} of the CPU while {named} ran, so "
+            + ("that time is" if len(busy) == 1 else "those times are")
+            + " likely too long"
+        )
+    quiet = int((share < CONTENDED_SHARE).sum())
+    if quiet:
+        out.append(
+            f"{quiet} of the {len(rows)} runs were quiet (others used under {CONTENDED_SHARE:.0%} of the CPU)"
+        )
+    if unrecorded.any():
+        gone = ", ".join(f"{r.chapter} {r.state}" for r in rows[unrecorded].itertuples())
+        out.append(f"for {gone} the competition for the CPU was not recorded")
+    return "; ".join(out)
+
+
+def measured_how(rows: pd.DataFrame) -> str:
+    """What measured chapter-cost ``rows`` are, in words (no capital, no full stop): the machine or
+    machines, the dates and how many runs of the benchmark they come from, and what is known of
+    other processes competing for the CPU while they ran (``other_cpu_share``, at least
+    :data:`CONTENDED_SHARE` = contended; empty = not recorded): so that a page never presents rows
+    of different runs, machines or loads as one quiet measurement."""
+    return _where_when(rows) + "; " + _contention(rows)
+
+
 STATE_WORDS = {  # bench/bench_chapters.py's states of the cache, as the pages say them
     "cold": "from an empty cache, building its models",
     "models": "with its models built beforehand",
@@ -257,7 +354,8 @@ def costs_summary(
     seconds, cpu_seconds, status, plan). The lab fits when its chapters' runs with their models
     built beforehand (state ``models``, as the course plans prepare the machines) take together at
     most ``LAB_COMPUTE_MINUTES`` of wall time (the rule is stated on the page with the result).
-    ``plans`` (:func:`current_plans`): the chapters measured on another plan are named."""
+    ``plans`` (:func:`current_plans`): the chapters measured on another plan are named; and what
+    the rows are (:func:`measured_how`: machines, dates, runs, contention) is said."""
     need = {"chapter", "state", "seconds", "cpu_seconds", "status"}
     if costs.empty or not need <= set(costs.columns):
         return "No chapter costs have been measured yet: run `python bench/bench_chapters.py`.\n"
@@ -280,9 +378,8 @@ def costs_summary(
     else:
         fits = prepared <= LAB_COMPUTE_MINUTES
         verdict = (
-            f"With their models built beforehand, {names} run in {prepared:.1f} minutes together on a "
-            f"2-core CPU (each row's machine, load and date are in the table; from an empty cache, "
-            f"building their models: {cold:.1f} minutes; rerun, "
+            f"With their models built beforehand, {names} run in {prepared:.1f} minutes together "
+            f"(from an empty cache, building their models: {cold:.1f} minutes; rerun, "
             f"their measurements cached: {warm:.1f} minutes). The plan below allows at most "
             f"{LAB_COMPUTE_MINUTES} of the lab's 90 minutes for waiting on runs, so the lab "
             + ("**fits** with its models built beforehand." if fits else "**does not fit**: shorten it.")
@@ -298,6 +395,7 @@ def costs_summary(
         verdict += " The other chapters (minutes, cold / models built / warm): " + "; ".join(parts) + "."
     if failed:
         verdict += f" Runs that failed when measured: {', '.join(failed)} (see the table)."
+    verdict += f" The rows were measured {measured_how(costs)}."
     return verdict + _replanned_note(costs, plans) + "\n"
 
 
@@ -339,7 +437,8 @@ def _about(minutes: float) -> str:
 def chapter_time(costs: pd.DataFrame, chapter: str, plan: str | None = None) -> str:
     """What a chapter's run costs at the ``default`` profile, in words, from the measured costs
     (``bench/bench_chapters.py``'s table; ``chapter`` is a notebook stem or its ``fNN``); with
-    ``plan`` (the chapter's plan today) it says when they were measured on another one."""
+    ``plan`` (the chapter's plan today) it says when they were measured on another one; it says
+    where, when and how quietly they were measured (:func:`measured_how`)."""
     short = chapter.split("_", 1)[0]
     need = {"chapter", "state", "seconds", "status"}
     rows = (
@@ -356,11 +455,10 @@ def chapter_time(costs: pd.DataFrame, chapter: str, plan: str | None = None) -> 
     order = ("models", "cold", "warm")  # the course plans' state first
     said = [f"{_about(minutes[s])} {STATE_WORDS[s]}" for s in order if s in minutes]
     text = "computing at the `default` profile: " + "; ".join(said)
-    dates = sorted({str(d)[:10] for d in rows["date_utc"]}) if "date_utc" in rows.columns else []
-    text += f"; measured on a 2-core CPU on {' to '.join(dates[:: max(1, len(dates) - 1)])}" if dates else ""
+    text += f"; measured {measured_how(rows)}"
     if plan is not None and replanned(rows, {short: plan}):
         return text + (
-            ", with parameters that have changed since or were not recorded "
+            "; the chapter's parameters have changed since or were not recorded "
             f"(`python bench/bench_chapters.py --chapters {short}` measures it again; "
             "the teaching page has the table)."
         )
@@ -392,7 +490,7 @@ def plans_summary(
     """One line per course plan: its chapters' measured compute time at the ``default`` profile,
     with the models built beforehand (as the plans prepare the machines) and from an empty cache
     (MyST list); ``chapter_plans`` (:func:`current_plans`): the chapters measured on another plan
-    are named."""
+    are named; what the summed rows are is said (:func:`measured_how`)."""
     need = {"chapter", "state", "seconds", "status"}
     if costs.empty or not need <= set(costs.columns):
         return "No chapter costs have been measured yet: run `python bench/bench_chapters.py`.\n"
@@ -412,8 +510,10 @@ def plans_summary(
             f"- **{name}** ({', '.join(chapters)}): {prepared:.0f} min of computing with the models "
             f"built beforehand, {cold:.0f} min from an empty cache."
         )
-    note = _replanned_note(costs, chapter_plans).strip()
-    return "\n".join(lines) + ("\n\n" + note if note else "") + "\n"
+    used = ok[ok.chapter.isin({c for _, chapters in plans for c in chapters})]
+    note = f"These sums add up rows measured {measured_how(used)}." if not used.empty else ""
+    note += _replanned_note(costs, chapter_plans)
+    return "\n".join(lines) + ("\n\n" + note.strip() if note else "") + "\n"
 
 
 def stage_plans(page: Path, costs_csv: Path) -> bool:

@@ -53,21 +53,29 @@ def test_inputs_round_trip_and_tables_are_replaced_as_a_set(model_dir, ids_file,
     ids = pd.read_csv(out / "prompts.csv").set_index("prompt").input_ids.map(json.loads)
     assert ids.to_dict() == json.loads(ids_file.read_text())
     # a rerun where every model fails: no table of the earlier run is left beside its provenance
-    assert _measure(out, "embedded:no-such-model", prompts=ids_file) == 1
+    not_a_model = tmp_path / "not-a-model"  # a folder with no model in it: it fails when loaded
+    not_a_model.mkdir()
+    assert _measure(out, not_a_model, prompts=ids_file) == 1
     prov = json.loads((out / "provenance.json").read_text())
-    assert list(prov["models"]) == ["embedded:no-such-model"]
+    assert list(prov["models"]) == [str(not_a_model)]
     assert sorted(p.stem for p in out.glob("*.csv")) == prov["tables"] == ["failures"]
     assert not list(out.glob(".*"))  # no temporary folder left
 
 
 def test_one_bad_model_does_not_stop_the_others(model_dir, ids_file, tmp_path, capsys):
     out = tmp_path / "o"
-    assert _measure(out, "embedded:no-such-model", model_dir, prompts=ids_file) == 1
+    not_a_model = tmp_path / "not-a-model"  # a folder with no model in it: it fails when loaded
+    not_a_model.mkdir()
+    assert _measure(out, not_a_model, model_dir, prompts=ids_file) == 1
     text = capsys.readouterr().out
-    assert "1 of 2 measured" in text and "missing model=embedded:no-such-model: ZooError" in text
+    assert "1 of 2 measured" in text and f"missing model={not_a_model}: " in text, text
     failures = pd.read_csv(out / "failures.csv")
-    assert failures.error.tolist() == ["ZooError"] and "unknown embedded model" in failures.message[0]
+    assert failures.model.tolist() == [str(not_a_model)] and str(not_a_model) in failures.message[0]
     assert pd.read_csv(out / "summary.csv").model.tolist() == [str(model_dir)]
+    # a name that is known to name nothing (a typo) is refused before anything runs or is written
+    assert _measure(tmp_path / "o2", "embedded:no-such-model", model_dir, prompts=ids_file) == 2
+    assert "MODEL embedded:no-such-model: unknown embedded model" in capsys.readouterr().err
+    assert not (tmp_path / "o2").exists()
 
 
 def test_truncated_weights_are_named_as_damaged(model_dir, ids_file, tmp_path, capsys):

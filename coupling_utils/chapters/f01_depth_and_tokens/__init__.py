@@ -6,7 +6,8 @@ whose properties are the condensed numbers the story reads), the figures it draw
 rows judged by the rules fixed before any number (:data:`RULES`, :func:`claims`), the
 assumptions its prose makes about a run (:func:`assumptions`) and the values it glues
 (:func:`glue_values`). Two modules, as the notebook reads them: :mod:`.plan` (parameters,
-rules, plan, run) and :mod:`.story` (figures, status rows, glued values, assumptions).
+rules, plan, run) and :mod:`.story` (figures, status rows, glued values, assumptions), whose
+"What matched" sentences that interpret a number :mod:`.findings` words.
 """
 
 from coupling_utils.chapters.f01_depth_and_tokens.plan import (

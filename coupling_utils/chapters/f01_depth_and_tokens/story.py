@@ -14,6 +14,7 @@ from coupling_utils.analysis import depth_and_tokens as tw
 from coupling_utils.analysis import last_block as lb
 from coupling_utils.analysis import tile_grid
 from coupling_utils.analysis.verdicts import Interval, claim, verdict_word
+from coupling_utils.chapters.f01_depth_and_tokens.findings import finding_words
 from coupling_utils.chapters.f01_depth_and_tokens.plan import (
     DRAWN_TILE_K,
     ENCODER,
@@ -386,8 +387,8 @@ def _others_text(r: Results, verdicts: Mapping[str, str], depth_claims: list[str
 
 ENCODER_NOTE = (
     "MiniLM is an encoder with BERT-style blocks, which put the layer norm *after* the residual sum. "
-    "At initialisation that norm dominates every block's Jacobian "
-    "$\\partial\\,\\mathrm{block}(X)/\\partial X - I$, "
+    "A likely reason for its twin's coupling, not measured here: at initialisation that norm may "
+    "dominate every block's Jacobian $\\partial\\,\\mathrm{block}(X)/\\partial X - I$, "
     "and it is the same operation in every block, which would couple random blocks. For such post-LN "
     'models, "the block\'s contribution to the residual stream" is not the clean object it is in '
     "pre-LN decoders."
@@ -457,6 +458,7 @@ def glue_values(r: Results, status: pd.DataFrame) -> dict[str, Any]:
         "f01_encoder_note": Markdown(ENCODER_NOTE if _reversed_k(r).get(ENCODER) else ""),
         "f01_encoder_last_token": _encoder_last_token(r),
         "f01_ex_matrix_free": Markdown(matrix_free_sentence()),
+        **finding_words(r, status),
     }
 
 

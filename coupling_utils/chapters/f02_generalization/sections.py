@@ -368,6 +368,38 @@ def scale_section(p: Params, s: ScaleAnswer):
     )
 
 
+def choice_words(s: ScaleAnswer) -> dict[str, str]:
+    """The words of "The book's choice", each from this run's candidates: whether the book's number
+    separates trained from twin (by the axis rule's gap for Fig. 1b: a third of its width), what
+    the candidates on Fig. 1a's scale do, and how the token-wise candidates' twins compare."""
+    lo, hi = scale.AXES["Fig. 1b"]
+    book = s.book
+    separates = book is not None and float(book.trained - book.twin) >= (hi - lo) / 3
+    tokens = s.judged[s.judged["view"] == "tokens"].dropna(subset=["trained", "twin"])
+    above = int((tokens["twin"] > tokens["trained"]).sum())
+    if tokens.empty:
+        tokenwise = "This run computed no token-wise candidate"
+    elif above == len(tokens):
+        tokenwise = (f"Token-wise candidates are no alternative: in all {len(tokens)} of them the twin is "
+                     "*more* coupled than the trained model (f01 measures the token-wise view)")  # fmt: skip
+    else:
+        tokenwise = (f"In {above} of the {len(tokens)} token-wise candidates the twin is *more* coupled "
+                     "than the trained model; the table above judges each of them")  # fmt: skip
+    return {
+        "f02_scale_separates": (
+            "it separates the trained reference model from its twin by at least a third of Fig. 1b's "
+            "range" if separates
+            else "it does not separate the trained reference model from its twin by a third of Fig. 1b's "
+            "range, the rule above"
+        ),
+        "f02_scale_trace_clause": (
+            "where no candidate on Fig. 1a's scale does (the closest is quoted above)" if s.n_1a == 0
+            else f"as {s.n_1a} candidate(s) compatible with Fig. 1a's axis also do (the table above)"
+        ),
+        "f02_scale_tokenwise": tokenwise,
+    }  # fmt: skip
+
+
 # --------------------------------------------------------------------------- beyond the paper
 @dataclass
 class Beyond:

@@ -35,6 +35,7 @@ from coupling_utils.chapters.f02_generalization.sections import (
     PaperFit,
     ScaleAnswer,
     Training,
+    choice_words,
     family_fits,
     family_section,
     scale_answer,
@@ -207,6 +208,7 @@ def glue_values(p: Params, story: Story, status: pd.DataFrame) -> dict[str, Any]
         **_fits_glue(story.family, story.fits),
         **_width_glue(story.family, story.fits),
         **_scale_glue(p, story.scale),
+        **choice_words(story.scale),
         **_beyond_glue(story.paper, story.beyond),
         **_verdict_glue(story, verdict),
         **_convention_glue(p, story, verdict),
@@ -514,8 +516,8 @@ def _beyond_glue(paper: PaperFit, b: Beyond) -> dict[str, Any]:
             ),
             "f02_v1_carrier_sentence": Markdown(
                 f"Leaving {carrier['name']} out of the v1 average lowers the fit most (by "
-                f"{-carrier['r2_change']:.3f}): "
-                "it is the task that carries it"
+                f"{-carrier['r2_change']:.3f}, from {carrier['r2'] - carrier['r2_change']:.3f} with every "
+                "task): the task the fit leans on most"
                 if carrier["r2_change"] < 0
                 else "Leaving any single task out of the v1 average does not lower the fit: no one task "
                 "carries it"

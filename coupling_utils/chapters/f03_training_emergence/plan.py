@@ -34,7 +34,7 @@ from coupling_utils.measurement.jobs import Job
 
 NOTEBOOK = "f03_training_emergence"
 MAIN = "held-out text"  # the main panel: held-out windows of the training corpus
-QUIZ = "quiz prompts (out of distribution)"  # the secondary panel
+QUIZ = "quiz prompts"  # the secondary panel (out of distribution for a model trained only on Shakespeare)
 
 
 def _k_main_in_k(v: Mapping[str, Any]) -> str | None:

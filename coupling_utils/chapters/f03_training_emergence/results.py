@@ -188,14 +188,26 @@ class Results:
 
         names = sorted(RULES["rises"].names | RULES["monotone"].names)
         return self.first.to_dict() | shape_intervals(
-            self.per_prompt, "coupling", shape, names, n_resamples=500
+            self.per_prompt.rename(columns={"prompt": "window"}),
+            "coupling",
+            shape,
+            names,
+            n_resamples=500,
+            unit="window",
         )
 
     @functools.cached_property
     def step0(self):
-        """Coupling of the headline curve at its first checkpoint (step 0: the initialisation)."""
+        """Coupling of the headline curve at its first checkpoint (:attr:`first_step`)."""
         m = self.main
         return m[(m.panel == MAIN) & (m.model == self.showcase)].sort_values("step").coupling.iloc[0]
+
+    @property
+    def first_step(self) -> int:
+        """The headline curve's first checkpoint: 0 (the random initialisation) for a local run,
+        the first of ``revisions`` for a hub model (Pythia's first public one is step 1)."""
+        m = self.main
+        return int(m[(m.panel == MAIN) & (m.model == self.showcase)].step.min())
 
     @functools.cached_property
     def levels(self) -> pd.DataFrame:
@@ -352,7 +364,7 @@ class Results:
         norms = self.step_norms
         n_steps = int(norms[(norms.model == self.showcase)].layer.nunique())
         d = int(self.summary[self.summary.model == self.showcase].d_model.iloc[0])
-        out = straightness(table, model="last", twin="first", n_steps=n_steps, d=d)
+        out = straightness(table, model="last", twin="first", n_steps=n_steps, d=d, unit="window")
         return {**out, "first_step": first, "last_step": last, "n_steps": n_steps}
 
     @property
@@ -382,7 +394,8 @@ class Results:
             return growth_summary(curve, q, early_step=self.params.early_step).iloc[0].to_dict()
 
         names = sorted(RULES["falls"].names)
-        return self.exp_row.to_dict() | shape_intervals(per, q, shape, names, n_resamples=500)
+        per = per.rename(columns={"prompt": "window"})
+        return self.exp_row.to_dict() | shape_intervals(per, q, shape, names, n_resamples=500, unit="window")
 
     @functools.cached_property
     def together_in(self) -> pd.DataFrame:

@@ -7,14 +7,22 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
-from coupling_utils.analysis import emergence
 from coupling_utils.analysis import last_block as lb
 from coupling_utils.analysis.straightness import STRAIGHTER, STRAIGHTER_TEXT
 from coupling_utils.analysis.verdicts import claim, verdict_word
+from coupling_utils.chapters.f03_training_emergence.exercises import exercise_k, exercise_lr, exercise_pairs
 from coupling_utils.chapters.f03_training_emergence.plan import MAIN, RULES, quiz_prompts
 from coupling_utils.chapters.f03_training_emergence.results import Results
+from coupling_utils.chapters.f03_training_emergence.words import (
+    at_first_checkpoint,
+    density_peak_words,
+    first_checkpoint,
+    interval_of,
+    peak_words,
+    versus_first,
+    with_interval,
+)
 
 CLAIMS = {
     "rises": "coupling rises progressively over training (shape of the curve)",
@@ -205,11 +213,10 @@ def _coupling_values(r: Results) -> dict[str, Any]:
     )
     out["f03_block_sentence"] = Markdown(_block_sentence(r))
     out["f03_rises_verdict"] = _verdict(r, "rises")
-    out["f03_shape_sentence"] = Markdown(
-        "The curve ends at its top: coupling is highest at the last checkpoint."
-        if first.final_vs_peak >= 0.99
-        else f"The curve does not end at its top: the final value is {first.final_vs_peak:.0%} of the peak."
-    )
+    out["f03_shape_sentence"] = Markdown(f"The curve {peak_words(first)}.")
+    out["f03_showcase"] = r.showcase
+    out["f03_first_words"] = at_first_checkpoint(r.first_step)
+    out["f03_first_name"] = first_checkpoint(r.first_step)
     return out
 
 
@@ -221,8 +228,8 @@ def _block_sentence(r: Results) -> str:
     return (
         f'The search below stored this very run with the last block alone (`last_block = "block"`, '
         f"K = d/16): judged on its mean curve by the same rise rule (no intervals: the search kept no "
-        f"per-window values), it gets {own['rises progressively'].iloc[0]}, here "
-        f"{r.coupling_verdicts['rises']}."
+        f"per-window values), it gets {own['rises progressively'].iloc[0]}; measured here "
+        f'(`last_block = "{r.params.last_block}"`, with intervals) it gets {r.coupling_verdicts["rises"]}.'
     )
 
 
@@ -282,12 +289,8 @@ def _graph_values(r: Results) -> dict[str, Any]:
 
 
 def _density_peak_words(r: Results) -> str:
-    """Where the layer graph is densest, in words: "is highest (0.40) at step 64", or, when every
-    checkpoint from ``early_step`` on has the same density, "is 0.00 at every checkpoint"."""
-    dense = r.density[r.density.step >= r.params.early_step].density
-    if dense.max() == dense.min():
-        return f"is {dense.max():.2f} at every checkpoint"
-    return f"is highest ({dense.max():.2f}) at step {r.d_peak}"
+    """Where the layer graph is densest from ``early_step`` on (:func:`.words.density_peak_words`)."""
+    return density_peak_words(r.density[r.density.step >= r.params.early_step])
 
 
 def _trajectory_values(r: Results) -> dict[str, Any]:
@@ -303,9 +306,9 @@ def _trajectory_values(r: Results) -> dict[str, Any]:
         "f03_straight_rule": STRAIGHTER_TEXT,
         "f03_straight_verdict": _verdict(r, "straight"),
         "f03_walk_ratio": float(r.straight["walk_ratio"].estimate),
-        "f03_walk_ratio_low": float(r.straight["walk_ratio"].low),
-        "f03_walk_ratio_high": float(r.straight["walk_ratio"].high),
+        "f03_walk_ratio_interval": r.straight["walk_ratio"].words(),
         "f03_init_ratio": float(r.straight["twin_ratio"].estimate),
+        "f03_init_ratio_interval": r.straight["twin_ratio"].words(),
         "f03_expo_sentence": Markdown(
             "the expodistance reconstruction is not available (it needs at least three blocks)"
             if exp is None
@@ -405,47 +408,57 @@ def _search_effects(r: Results) -> dict[str, Any]:
 
 def _matched_rise(r: Results) -> list[str]:
     """The bullets on the rise and its monotony (verdicts: the status rows')."""
-    first, pg, k = r.first, r.paper_growth, r.k_main
+    first, pg, k, v = r.first, r.paper_growth, r.k_main, r.rise_values
     where = (
         "at the end"
-        if first.peak_position >= 0.99
-        else f"at step {int(first.peak_step)}, position {first.peak_position:.2f} on the log-step axis, "
-        f"{first.peak / first.final:.1f}× its final value"
+        if int(first.peak_step) == int(first.final_step)
+        else f"at step {int(first.peak_step)}, position {first.peak_position:.2f} on the log-step axis"
+        + (f", {first.peak / first.final:.1f}× its final value" if first.final > 0 else "")
     )
     return [
-        f"**Progressive rise** ({_verdict(r, 'rises').data}). Coupling on held-out text (K = {k}) goes from "
-        f"{first.early:.3f} at step {int(first.early_step)} to {first.final:.3f} at step "
-        f"{int(first.final_step)} (ratio {first.ratio:.2f}; "
-        f"Pythia: about {pg.ratio.mean():.1f}), with its highest point {where}; ρ with the step "
-        f"{first.spearman:.2f} against {pg.spearman.mean():.2f} for Pythia. Relative to the random "
-        f"initialisation ({r.step0:.3f}) the final value is {first.final / r.step0:.1f}×.",
+        f"**Progressive rise** ({_verdict(r, 'rises').data}). Coupling of {r.showcase} on held-out text "
+        f"(K = {k}) goes from {first.early:.3f} at step {int(first.early_step)} to {first.final:.3f} at "
+        f"step {int(first.final_step)}, with its highest point {where}: "
+        f"{with_interval('final / early', v['ratio'])}, against about {pg.ratio.mean():.1f} for Pythia; "
+        f"{with_interval('ρ with the step', v['spearman'])}, against {pg.spearman.mean():.2f}. "
+        + versus_first(first.final, r.step0, r.first_step),
         f"**Nearly monotonic** ({_verdict(r, 'monotone').data}). The largest fall between consecutive "
-        f"checkpoints is {first.max_drop:.0%} of the curve's range (Pythia's digitised curves: "
+        f"checkpoints is {first.max_drop:.0%} of the curve's range "
+        f"({interval_of(v['max_drop'], '.0%')}; Pythia's digitised curves: "
         f"{pg.max_drop.max():.0%} at most).",
     ]
 
 
 def _matched(r: Results) -> str:
-    """What matched and what did not, one bullet per claim (and the quiz panel's)."""
-    first, dense, lss, exp, rho = r.first, r.dense_values, r.lss_row, r.exp_row, r.rho_lss
+    """What matched and what did not, one bullet per claim (and the quiz panel's); each verdict
+    with the numbers its rule judged and their intervals."""
+    first, dense, lss, exp = r.first, r.dense_values, r.lss_row, r.exp_row
     bullets = _matched_rise(r)
     bullets.append(
         f"**Almost none early, dense at the end** ({_verdict(r, 'dense').data}). The layer graph's edge "
         f"density goes {dense['density_early']:.2f} → {dense['density_final']:.2f} and "
         f"{_density_peak_words(r)} (threshold {r.params.graph_threshold})."
     )
+    straight, n_steps = r.straight, r.held.layer_i.nunique()
+    walk, init = straight["walk_ratio"], straight["twin_ratio"]
     bullets.append(
-        f"**Together with linearity** ({_verdict(r, 'together').data}; ρ(coupling, LSS) = "
-        f"{rho:.2f}); **straighter trajectories** ({_verdict(r, 'straight').data}; LSS "
-        f"{lss.early:.3f} → {lss.final:.3f}, ρ with the step {lss.spearman:.2f}; "
-        f"{r.straight['walk_ratio'].estimate:.2f} of a random walk's score)"
+        f"**Together with linearity** ({_verdict(r, 'together').data}; "
+        f"{with_interval('ρ(coupling, LSS)', r.together_values['rho_lss'])}); **straighter trajectories** "
+        f"({_verdict(r, 'straight').data}; LSS {lss.early:.3f} → {lss.final:.3f}, ρ with the step "
+        f"{lss.spearman:.2f}; the last score {walk.estimate:.2f} of a random walk's ({walk.words()}) and "
+        f"{init.estimate:.2f} of the score at {first_checkpoint(straight['first_step'])} ({init.words()}))"
         + (
             "."
             if exp is None
-            else f"; **exponential growth** ({_verdict(r, 'expo').data}; "
-            f"expodistance {exp.early:.3f} "
-            f"→ {exp.final:.3f}, ρ {exp.spearman:.2f}; with only {r.held.layer_i.nunique()} steps per "
-            "trajectory a log-linear fit says little)."
+            else f"; **exponential growth** ({_verdict(r, 'expo').data}; expodistance {exp.early:.3f} "
+            f"→ {exp.final:.3f}, {with_interval('final / early', r.exp_judged['ratio'])}, "
+            f"{with_interval('ρ', r.exp_judged['spearman'])}"
+            + (
+                f"; with only {n_steps} steps per trajectory a log-linear fit says little"
+                if n_steps < 8
+                else ""
+            )
+            + ")."
         )
     )
     if quiz_prompts(r.params) is not None:
@@ -453,120 +466,11 @@ def _matched(r: Results) -> str:
         if not q.empty:
             qrow = q[q.model == r.showcase].iloc[0]
             bullets.append(
-                f"**Out of distribution.** On the quiz prompts the curve peaks at step "
-                f"{int(qrow.peak_step)} (held-out text: {int(first.peak_step)}) and ends at "
-                f"{qrow.final_vs_peak:.0%} of its peak (held-out: {first.final_vs_peak:.0%}); its verdict "
-                f"by the same rule is {qrow['rises progressively']}."
+                f"**Quiz prompts.** On the quiz prompts the curve {peak_words(qrow)}; on held-out text it "
+                f"{peak_words(first)}. The quiz curve's verdict by the same rule is "
+                f"{qrow['rises progressively']}."
             )
     return "\n".join(f"- {b}" for b in bullets)
-
-
-def _exercise_k(r: Results) -> dict[str, Any]:
-    """Numbers for the worked solutions on K and on the early step."""
-    from IPython.display import Markdown
-
-    p, s = r.params, r.summary
-    held_summary = s[(s.panel == MAIN) & (s.model == r.showcase)]
-    by_k = emergence.growth_summary(held_summary, "coupling", by="K", early_step=p.early_step).set_index("K")
-    kb = int(by_k.index.max())
-    levels = r.levels.set_index(["model", "K"])["first"]
-    big0, main0 = float(levels.loc[(r.showcase, kb)]), float(levels.loc[(r.showcase, r.k_main)])
-    out = {
-        "f03_ex_kbig": kb,
-        "f03_ex_kbig_peak": float(by_k.loc[kb, "peak"]),
-        "f03_ex_kbig_peak_step": int(by_k.loc[kb, "peak_step"]),
-        "f03_ex_kmain_peak_step": int(by_k.loc[r.k_main, "peak_step"]),
-        "f03_ex_kbig_step0": big0,
-        "f03_ex_kmain_step0": main0,
-        "f03_ex_kbig_vs_main": "lower than"
-        if big0 < main0
-        else ("higher than" if big0 > main0 else "equal to"),
-    }
-    late = [x for x in sorted(held_summary.step.unique()) if x >= 128]
-    if len(late) >= 2:
-        g128 = emergence.growth_summary(
-            held_summary[held_summary["K"] == r.k_main], "coupling", early_step=128
-        ).iloc[0]
-        out["f03_ex_128"] = Markdown(
-            f"from step {int(g128.early_step)} the ratio final / early is {g128.ratio:.2f} "
-            f"(ρ = {g128.spearman:.2f}), and the rule, judged on the mean curve alone (no "
-            f"intervals), gives {RULES['rises'].judge(g128.to_dict())}"
-        )
-    else:
-        out["f03_ex_128"] = Markdown(
-            "there are too few checkpoints from step 128 on to say (the ratio needs two)"
-        )
-    return out
-
-
-def _exercise_pairs(r: Results) -> dict[str, Any]:
-    """Numbers for the worked solutions on adjacent pairs, the loss and the graphs' threshold."""
-    from IPython.display import Markdown
-
-    p, d = r.params, r.depthwise
-    adjacent = emergence.checkpoint_summary(d[(d.panel == MAIN) & (d.model == r.showcase)], how="adjacent")
-    g_adj = emergence.growth_summary(
-        adjacent[adjacent["K"] == r.k_main], "coupling", early_step=p.early_step
-    ).iloc[0]
-    thresholds = [0.2, p.graph_threshold, 0.6]
-    dens = pd.concat(
-        [emergence.edge_counts(r.all_matrices, t, by="step").assign(threshold=t) for t in thresholds]
-    )
-    dens = dens[dens.step >= p.early_step]
-    densest = (
-        dens.sort_values(["threshold", "density", "step"], ascending=[True, False, True])
-        .groupby("threshold")
-        .head(1)
-    )
-    return {
-        "f03_ex_adj_peak_step": int(g_adj.peak_step),
-        "f03_ex_adj_ratio": float(g_adj.ratio),
-        "f03_ex_rho_val": float(r.together.set_index("y").statistic.get("val_loss", float("nan"))),
-        "f03_ex_thresholds": Markdown(
-            "; ".join(
-                _threshold_words(t, dens[dens.threshold == t.threshold].density) for t in densest.itertuples()
-            )
-        ),
-    }
-
-
-def _threshold_words(t, density: pd.Series) -> str:
-    """One threshold's densest graph in words ("densest at step 4 (1.00), final 1.00"), or "the same
-    density (0.00) at every checkpoint" when no checkpoint is denser than another."""
-    if density.max() == density.min():
-        return f"threshold {t.threshold:g}: the same density ({t.density:.2f}) at every checkpoint"
-    return (
-        f"threshold {t.threshold:g}: densest at step {int(t.step)} ({t.density:.2f}), "
-        f"final {density.iloc[-1]:.2f}"
-    )
-
-
-def _exercise_lr(r: Results) -> dict[str, Any]:
-    """Numbers for the worked solution on the learning rate, from the search."""
-    from IPython.display import Markdown
-
-    table = r.search_table
-    lr_runs = table[table.lr != table.lr.max()]
-    base_lr = table[
-        (table.lr == table.lr.max()) & table.config.isin(lr_runs.config.str.replace(r"-lr.*", "", regex=True))
-    ]
-    return {
-        "f03_ex_lr": Markdown(
-            "the search has no run at another learning rate"
-            if lr_runs.empty
-            else "; ".join(
-                f"{x.config} (lr {x.lr:g}) peaks at step {int(x.peak_step)} and ends at {x.final:.3f}"
-                for x in lr_runs.itertuples()
-            )
-        ),
-        "f03_ex_lr_base": Markdown(
-            "; ".join(
-                f"{x.config} (lr {x.lr:g}) peaks at step {int(x.peak_step)} and ends at {x.final:.3f}"
-                for x in base_lr.itertuples()
-            )
-            or "—"
-        ),
-    }
 
 
 def glue_values(r: Results) -> dict[str, Any]:
@@ -585,7 +489,7 @@ def glue_values(r: Results) -> dict[str, Any]:
         **_search_counts(r),
         **_search_effects(r),
         "f03_matched": Markdown(_matched(r)),
-        **_exercise_k(r),
-        **_exercise_pairs(r),
-        **_exercise_lr(r),
+        **exercise_k(r),
+        **exercise_pairs(r),
+        **exercise_lr(r),
     }

@@ -146,11 +146,15 @@ def patch_sentence(p, r) -> str:
     names = {"cls": "CLS", "centre": "centre", "last": "last"}
     order = sorted(names, key=lambda t: -means[t])
     ranking = " > ".join(names[t] for t in order)
-    verdict = "is" if order == ["cls", "centre", "last"] else "is not"
+    verdict = (
+        "the order that would say so"
+        if order == ["cls", "centre", "last"]
+        else "not the order CLS > centre > last"
+    )
     return (
         f"Measured here, the excess over the twin is {means['cls']:.3f} at the CLS token, {patches} at "
         f"the centre patches (their mean {centre}) and {means['last']:.3f} at the last patch: the ranking "
-        f"{ranking} {verdict} the order CLS > centre > last. The centre's mean is "
+        f"by these estimates is {ranking}, {verdict}. The centre's mean is "
         + _compared(p, per["centre"] - per["last"], "the last patch's")
         + "."
     )
@@ -165,14 +169,19 @@ def mean_sentence(p, r) -> str:
     ref = "cls" if "cls" in shapes else p.token  # the laptop profile measures the last patch
     mean, cls = shapes["mean"], shapes[ref]
     steadier = (
-        "more steadily" if mean["spearman"] > cls["spearman"] else
-        "less steadily" if mean["spearman"] < cls["spearman"] else "as steadily"
+        "ranks higher with the step" if mean["spearman"] > cls["spearman"] else
+        "ranks lower with the step" if mean["spearman"] < cls["spearman"] else "ranks as high with the step"
     )  # fmt: skip
     later = (
         "later" if mean["peak_fraction"] > cls["peak_fraction"] else
         "earlier" if mean["peak_fraction"] < cls["peak_fraction"] else "at the same place"
     )  # fmt: skip
     which = "the CLS token's" if ref == "cls" else f"{r.token_words}'s"
+    up = (mean["spearman"] > 0, cls["spearman"] > 0)  # a curve with ρ ≤ 0 does not rise at all
+    rising = {(True, True): "both curves rise with the step",
+              (False, False): "neither curve rises with the step",
+              (True, False): "only the mean's rises with the step",
+              (False, True): f"only {which} rises with the step"}[up]  # fmt: skip
     n_curve, n_run = min(p.n_images, CURVE_IMAGES), p.n_images
     digits = (
         f"on the run's {n_run} digits" if n_curve == n_run else f"on {n_curve} of the run's {n_run} digits"
@@ -180,8 +189,9 @@ def mean_sentence(p, r) -> str:
     return (
         f"Measured here over the same checkpoints ({digits}), the curve averaged over every token has ρ = "
         f"{mean['spearman']:.2f} with the step and its peak at {mean['peak_fraction']:.2f} of training, "
-        f"against {which} ρ = {cls['spearman']:.2f} and {cls['peak_fraction']:.2f}: it rises {steadier} "
-        f"(by ρ) and peaks {later}; its largest fall is {mean['max_drop']:.2f} of its range "
+        f"against {which} ρ = {cls['spearman']:.2f} and {cls['peak_fraction']:.2f}: it {steadier} (by ρ; "
+        f"{rising}) "
+        f"and peaks {later}; its largest fall is {mean['max_drop']:.2f} of its range "
         f"(against {cls['max_drop']:.2f})."
     )
 

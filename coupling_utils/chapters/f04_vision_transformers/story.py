@@ -131,7 +131,7 @@ def glue_values(p: Params, r: Results) -> dict[str, Any]:
         | _twin_glue(r)
         | _family_glue(r)
         | verdicts
-        | {"f04_hub_missing": Markdown(_hub_missing(r))}
+        | {"f04_hub_missing": Markdown(_hub_missing(r)), "f04_hub_words": Markdown(hub_words(p, r))}
         | {"f04_ex_kd_curve": Markdown(_kd_sentence(p, r))}
         | exercise_glue(p, r)
     )
@@ -244,6 +244,28 @@ def _kd_sentence(p: Params, r: Results) -> str:
     accuracy = r.vits.set_index("run")["test_acc"].rename("test accuracy")
     return k_policy.family_sentence(
         p.family, KD_EXERCISE, accuracy, unit="test digits (fewer than this run's)"
+    )
+
+
+def hub_words(p: Params, r: Results) -> str:
+    """What matched for the pretrained hub ViTs: each one's excess over its twin with its interval
+    and verdict (the status rows'), or, when none was measured, where they are measured."""
+    if r.hub_gaps is None or r.hub_gaps.empty:
+        return (
+            "**Not reproduced here.** The paper's ViTs are unknown; ViTs of a few blocks on 28×28 digits "
+            "are much smaller than ImageNet ViTs. The `paper` profile adds two pretrained ImageNet ViTs "
+            "from the hub (ViT-B/16 and DeiT-B) against their twins on the same digits."
+        )
+    rows = {row["claim"]: row for row in claims(p, r)}
+    parts = [
+        f"{h.model}: trained {h.trained:.3f} against its twin's {h.twin:.3f}, excess {h.excess:.3f} "
+        f"({hub_values(h)['excess'].words('.3f')}): verdict "
+        f"{verdict_word(rows[f'pretrained {h.model} is more coupled than its untrained twin']).data}"
+        for h in r.hub_gaps.itertuples()
+    ]
+    return (
+        f"**Pretrained hub ViTs.** {'; '.join(parts)}. The paper's ViTs are unknown: these are ImageNet "
+        "ViTs measured on MNIST digits resized to their input size, not the paper's setting."
     )
 
 

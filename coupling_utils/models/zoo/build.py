@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from coupling_utils.files import atomic_dir, atomic_write_text
+from coupling_utils.files import ENV_VAR, atomic_dir, atomic_write_text
 from coupling_utils.models.zoo.cache import _is_locked, _lock, entry_dir
-from coupling_utils.models.zoo.errors import ZooError
+from coupling_utils.models.zoo.errors import BuildFailed, ZooError
 from coupling_utils.models.zoo.recipes import _build_gguf, _build_hf_copy, _train_one
 from coupling_utils.models.zoo.registry import PREFIX, REGISTRY, ZooEntry, _check_opt_in, _split
 from coupling_utils.provenance import tensors_sha256, versions
@@ -179,23 +179,54 @@ def _remove_stale_builds(entry: ZooEntry, root: Path, key: str) -> None:
             stale.unlink(missing_ok=True)
 
 
+# The builds that failed in this process, by (cache, entry), and those not to be tried again here.
+_FAILED: dict[tuple[str, str], BaseException] = {}
+_NOT_AGAIN: set[tuple[str, str]] = set()
+
+
+def _failure_key(entry: ZooEntry) -> tuple[str, str]:
+    return os.environ.get(ENV_VAR, ""), entry.name
+
+
+def no_retry(name: str, on: bool = True) -> None:
+    """Whether a build of ``name`` that failed in this process is tried again by a later
+    :func:`prepare` here (``on``: not; :func:`prepare` raises :class:`BuildFailed` naming the first
+    error at once). A notebook builds its models first and its measurement then reports a failure
+    once, without a second slow build. ``prepare(force=True)`` always tries again."""
+    entry, _ = _split(name)
+    (_NOT_AGAIN.add if on else _NOT_AGAIN.discard)(_failure_key(entry))
+
+
 def prepare(
     name: str, *, force: bool = False, progress: bool = True, accept_terms: bool | None = None
 ) -> Path:
     """Build an entry if it is not in the cache yet (or ``force``), and return its directory.
 
     ``force`` rebuilds beside the old build, which stays usable until the new one is complete.
+    A build that failed earlier in this process is not tried again after :func:`no_retry`.
     """
     entry, member = _split(name)
     _check_opt_in(entry, accept_terms)
     root = entry_dir(entry)
-    key = root.name
+    key, failure = root.name, _failure_key(entry)
     if not force and (root / "manifest.json").exists():
         return root / member if member else root  # built: reading needs no lock (a read-only cache)
-    with _lock(entry.name):
-        _remove_stale_builds(entry, root, key)
-        if force or not (root / "manifest.json").exists():
-            _build(entry, root, key, progress, force=force)
+    if not force and failure in _NOT_AGAIN and failure in _FAILED:
+        first = _FAILED[failure]
+        raise BuildFailed(
+            f"{PREFIX}{entry.name} could not be built ({type(first).__name__}: {first}); it was tried "
+            f"once in this run and not again. Fix the cause and rerun (`coupling-book zoo prepare "
+            f"{entry.name}` shows the build)"
+        ) from first
+    try:
+        with _lock(entry.name):
+            _remove_stale_builds(entry, root, key)
+            if force or not (root / "manifest.json").exists():
+                _build(entry, root, key, progress, force=force)
+    except Exception as exc:
+        _FAILED[failure] = exc
+        raise
+    _FAILED.pop(failure, None)
     return root / member if member else root
 
 

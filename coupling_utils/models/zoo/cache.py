@@ -12,14 +12,11 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from coupling_utils.files import cache_dir, file_lock, is_locked
 from coupling_utils.provenance import file_sha256 as file_sha256  # its old home: zoo.cache.file_sha256
 from coupling_utils.provenance import tensors_sha256 as tensors_sha256  # its old home
-
-if TYPE_CHECKING:
-    from coupling_utils.models.zoo.registry import ZooEntry
 
 ZOO_FORMAT = 1  # bump when the on-disk layout or the training code changes what a spec produces
 
@@ -47,7 +44,16 @@ def _spec_key(kind: str, specs) -> str:
 
 
 # --------------------------------------------------------------------------- paths
-def entry_dir(entry: ZooEntry, member: str | None = None) -> Path:
+class Keyed(Protocol):
+    """What :func:`entry_dir` reads of a :class:`~coupling_utils.models.zoo.registry.ZooEntry`
+    (the registry builds on this module, not the other way round)."""
+
+    name: str
+
+    def key(self) -> str: ...
+
+
+def entry_dir(entry: Keyed, member: str | None = None) -> Path:
     """Where an entry lives (or will live): ``<cache>/zoo/<name>/<key>``, or a family member's
     ``<cache>/zoo/<name>/<key>/<member>``. The only place that spells this layout.
 

@@ -1,5 +1,5 @@
-"""A sweep's tasks on this machine (``--executor local``): submitit's local executor, a few tasks
-at a time, and what Ctrl-C does to them.
+"""How a sweep's tasks are submitted (:func:`submit`): one SLURM job array, or here (``--executor
+local``) submitit's local executor, a few tasks at a time, and what Ctrl-C does to them.
 
 A worker is three processes: a shell (its setup lines), submitit's controller and the task
 (:func:`~coupling_utils.pipeline.sweep.run_task`). A Ctrl-C in a terminal reaches every process of
@@ -16,13 +16,14 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from coupling_utils.pipeline.sweep import (
     Resources,
     Sweep,
+    SweepError,
     TaskState,
     _record_submission,
     _setup_lines,
@@ -31,7 +32,7 @@ from coupling_utils.pipeline.sweep import (
     task_state,
 )
 
-__all__ = ["run_local", "stop_workers", "listen_to_ctrl_c"]
+__all__ = ["submit", "run_local", "stop_workers"]
 
 
 def run_local(submitit, sweep: Sweep, todo, resources: Resources, echo, poll_s: float) -> list[TaskState]:
@@ -90,14 +91,71 @@ def _signal_tree(pid: int, sig: int) -> None:
         os.kill(pid, sig)
 
 
-def listen_to_ctrl_c() -> None:
-    """In a task (:func:`~coupling_utils.pipeline.sweep.run_task`) whose worker started ignoring
-    SIGINT (a local one): stop on it again, once (a second SIGINT, the sweep's after the
-    terminal's, does not cut the unwinding short)."""
-    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
-        signal.signal(signal.SIGINT, _interrupt_once)
+def _import_submitit():
+    try:
+        import submitit
+    except ImportError as exc:
+        raise SweepError(
+            "sweeps need submitit: pip install 'submitit>=1.5' (or the project's extra: "
+            "pip install -e '.[cluster]')"
+        ) from exc
+    return submitit
 
 
-def _interrupt_once(signum, frame):
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    raise KeyboardInterrupt
+def submit(
+    sweep: Sweep,
+    resources: Resources | None = None,
+    *,
+    dry_run: bool = False,
+    echo: Callable[[str], None] = print,
+    poll_s: float = 0.5,
+) -> list[TaskState]:
+    """Submit the tasks of ``sweep`` that are not done, running or pending; return the states after.
+
+    ``resources.executor="slurm"``: one job array (see :class:`Resources`), returned at once:
+    follow it with :func:`sweep_status`. ``"local"``: the tasks run on this machine,
+    ``max_parallel`` (default 1) at a time, and this call returns when they have ended.
+    ``dry_run``: say what would be submitted (and, for SLURM, the batch script) without submitting.
+    """
+    resources = resources or Resources()
+    states = sweep_status(sweep)
+    todo = [s.task for s in states if s.state in ("failed", "interrupted", "missing")]
+    for s in states:
+        if s.state not in ("failed", "interrupted", "missing"):
+            echo(f"skip  {s.line()}")
+    if not todo:
+        echo(f"{sweep.name}: nothing to submit ({len(states)} tasks)")
+        return states
+    resources.check_here(dry_run=dry_run)
+    submitit = None if dry_run and resources.executor == "local" else _import_submitit()
+    if resources.executor == "slurm":
+        return _submit_slurm(
+            submitit, sweep, todo, resources.slurm_parameters(sweep, len(todo)), dry_run, echo
+        )
+    if dry_run:
+        for t in todo:
+            echo(f"would run  {t.name} ({len(t.jobs)} job(s))")
+        return states
+    return run_local(submitit, sweep, todo, resources, echo, poll_s)
+
+
+def _submit_slurm(submitit, sweep, todo, params: dict[str, Any], dry_run: bool, echo) -> list[TaskState]:
+    if dry_run:
+        from submitit.slurm.slurm import _make_sbatch_string
+
+        script = _make_sbatch_string(
+            command="python -u -m submitit.core._submit <folder>", folder=sweep.folder / "slurm",
+            map_count=len(todo), **params,
+        )  # fmt: skip
+        echo(f"would submit {len(todo)} task(s) as one SLURM job array:")
+        for t in todo:
+            echo(f"  {t.name} ({len(t.jobs)} job(s))")
+        echo(script)
+        return sweep_status(sweep)
+    ex = submitit.SlurmExecutor(folder=sweep.record().folder / "slurm")
+    ex.update_parameters(**params)
+    jobs = ex.map_array(run_task, todo, [str(sweep.folder)] * len(todo))
+    for task, job in zip(todo, jobs):
+        _record_submission(sweep, task, "slurm", job.job_id)
+        echo(f"submitted  {task.name}  (SLURM job {job.job_id})")
+    return sweep_status(sweep)

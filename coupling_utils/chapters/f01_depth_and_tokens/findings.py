@@ -1,0 +1,113 @@
+"""f01's "What matched" sentences that interpret a number (:func:`finding_words`), each worded
+from that number or verdict, so that none asserts what the run did not show, at any profile; a
+mechanism the chapter does not measure is said to be one."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import pandas as pd
+
+from coupling_utils.chapters.f01_depth_and_tokens.plan import Results
+
+PAPER_MODEL = "meta-llama/Meta-Llama-3-8B"  # the model of the paper's tile figure (project page)
+TWIN_CHANCE = 0.05  # the per-model coupling under which a twin counts as uncoupled (f01-twin-near-chance)
+
+
+def finding_words(r: Results, status: pd.DataFrame) -> dict[str, Any]:
+    """The "What matched" sentences that interpret a number, each worded from that number or verdict
+    (so none of them asserts what this run did not show): the twin's level, the tiles, where the
+    drawn model differs from the paper's, token-wise and context coupling."""
+    from IPython.display import Markdown
+
+    n = len(r.depth)
+    return {
+        "f01_twin_level": twin_level_words(float(r.per_model_head["random init"])),
+        "f01_tiles_words": tiles_words(str(status.iloc[n].agree)),
+        "f01_level_reasons": Markdown(level_reasons(r.params.model, r.main.n_layers, r.main.d_model)),
+        "f01_tokens_words": Markdown(tokens_words(r.token_values, r.first_token)),
+        "f01_context_words": Markdown(context_words(r.token_values)),
+        "f01_token_layer_reruns": Markdown(token_layer_reruns(r.main.n_layers, r.params.token_layer)),
+    }
+
+
+def twin_level_words(twin: float) -> str:
+    """Whether the twin's per-model coupling 1 − m² is within :data:`TWIN_CHANCE` of 0 (unrelated
+    matrices give m near 1), as the paper's untrained model shows no coupling off the diagonal."""
+    if abs(twin) < TWIN_CHANCE:
+        return (f"The twin stays within {TWIN_CHANCE} of 0, uncoupled as the paper's untrained model is "
+                "off the diagonal")  # fmt: skip
+    return (f"The twin is not within {TWIN_CHANCE} of 0, unlike the paper's untrained model, which "
+            "shows no coupling off the diagonal")  # fmt: skip
+
+
+def tiles_words(verdict: str) -> str:
+    """What the tiles' verdict says about the paper's figure (a diagonal in every tile)."""
+    return {
+        "yes": "The top singular directions are shared across depth, as in the paper's figure",
+        "partly": ("The trained model's tiles are more diagonal than the twin's, but not in every tile "
+                   "as in the paper's figure"),
+        "no": "This run's tiles do not show the shared top directions of the paper's figure",
+    }[verdict]  # fmt: skip
+
+
+def level_reasons(model: str, n_layers: int, d_model: int) -> str:
+    """The bullet on how the drawn model differs from the paper's Llama-3-8B (nothing measured:
+    the differences, named; none of them is said to explain a number)."""
+    if model == PAPER_MODEL:
+        return (
+            f"**This run's model is the paper's**, {model} ({n_layers} blocks, width {d_model}), loaded "
+            "in the `dtype` of the parameters above (the authors' code loads it 4-bit); prompts and "
+            "token choice may still differ from theirs."
+        )
+    return (
+        f"**How this run's model differs from the paper's Llama-3-8B.** This run's model is {model} "
+        f"({n_layers} blocks, width {d_model}); the paper's example has 8B parameters. The default "
+        "profile's SmolLM2 is a 135M model whose weights are dequantised from a 4-bit GGUF file "
+        "(Q4_1); what size or quantisation does to the level is not measured here (the authors "
+        "also measured 4-bit models). Prompts and token choice may matter too. The `paper` profile "
+        "(Llama-3-8B, layers 9–16) is the direct check."
+    )
+
+
+def tokens_words(tok: Mapping[str, float], first_token: tuple[float, float]) -> str:
+    """The token-wise bullet's reading, from the trained model against its twin and the first
+    token's pairs against the others' (the mechanism offered is labelled as not measured)."""
+    trained, twin = tok["self_trained"], tok["self_twin"]
+    first, other = first_token
+    if trained > twin:
+        reading = "so in this run token-wise coupling grows with training."
+    else:
+        reading = (
+            "so in this run token-wise coupling is not a sign of training (a likely reason, not "
+            "measured here: at random initialisation attention is close to uniform, so every "
+            "token's Jacobian is nearly the same matrix)."
+        )
+    side = "less" if first < other else "more"
+    return (
+        f"{reading} Pairs involving the first token are {side} coupled than pairs of other tokens "
+        f"({first:.3f} against {other:.3f})."
+    )
+
+
+def context_words(tok: Mapping[str, float]) -> str:
+    """The context bullet's second sentence: the twin's context coupling against the trained model's."""
+    trained, twin = tok["context_trained"], tok["context_twin"]
+    if twin > trained:
+        return (
+            f"The twin's context coupling is higher ({twin:.3f}); a likely reason, not measured here: "
+            "with near-uniform attention the context Jacobians of one output token are nearly one "
+            "matrix up to scale."
+        )
+    return f"The twin's context coupling is {twin:.3f}, not higher than the trained model's."
+
+
+def token_layer_reruns(n_layers: int, token_layer: int) -> str:
+    """Exercise f01-ex-token-layer's reruns: an early and a late block of this model (about a tenth
+    and nine tenths of its depth), other than ``token_layer``; or why there are none."""
+    picks = sorted({min(max(round(n_layers * f), 0), n_layers - 1) for f in (0.1, 0.9)} - {token_layer})
+    if not picks:
+        return (f"This run's model ({n_layers} blocks) has no other block to try: rerun with a "
+                "deeper model (e.g. `--profile default`)")  # fmt: skip
+    return "Rerun with " + " and ".join(f"`-p token_layer={b}`" for b in picks)

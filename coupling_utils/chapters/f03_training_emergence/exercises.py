@@ -1,0 +1,144 @@
+"""f03's worked solutions: the numbers its exercises' solutions quote (on K, the early step,
+adjacent pairs, the loss, the graphs' threshold and the learning rate), each computed from this
+run so that the solution says what was measured."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from coupling_utils.analysis import emergence
+from coupling_utils.chapters.f03_training_emergence.plan import MAIN, RULES
+from coupling_utils.chapters.f03_training_emergence.results import Results
+from coupling_utils.chapters.f03_training_emergence.words import steps_words
+
+
+def exercise_k(r: Results) -> dict[str, Any]:
+    """Numbers for the worked solutions on K and on the early step."""
+    from IPython.display import Markdown
+
+    p, s = r.params, r.summary
+    held_summary = s[(s.panel == MAIN) & (s.model == r.showcase)]
+    by_k = emergence.growth_summary(held_summary, "coupling", by="K", early_step=p.early_step).set_index("K")
+    others = [int(x) for x in by_k.index if int(x) != r.k_main]
+    above = [x for x in others if x > r.k_main]
+    kb = max(above) if above else (min(others) if others else r.k_main)  # the K of k farthest from k_main
+    levels = r.levels.set_index(["model", "K"])["first"]
+    big0, main0 = float(levels.loc[(r.showcase, kb)]), float(levels.loc[(r.showcase, r.k_main)])
+    out = {
+        "f03_ex_kbig": kb,
+        "f03_ex_kbig_peak": float(by_k.loc[kb, "peak"]),
+        "f03_ex_kbig_peak_step": int(by_k.loc[kb, "peak_step"]),
+        "f03_ex_kmain_peak_step": int(by_k.loc[r.k_main, "peak_step"]),
+        "f03_ex_kbig_step0": big0,
+        "f03_ex_kmain_step0": main0,
+        "f03_ex_kbig_vs_main": "lower than"
+        if big0 < main0
+        else ("higher than" if big0 > main0 else "equal to"),
+        "f03_ex_k_expect": "lower" if kb > r.k_main else ("higher" if kb < r.k_main else "the same level"),
+    }
+    late = [x for x in sorted(held_summary.step.unique()) if x >= 128]
+    if len(late) >= 2:
+        g128 = emergence.growth_summary(
+            held_summary[held_summary["K"] == r.k_main], "coupling", early_step=128
+        ).iloc[0]
+        out["f03_ex_128"] = Markdown(
+            f"from step {int(g128.early_step)} the ratio final / early is {g128.ratio:.2f} "
+            f"(ρ = {g128.spearman:.2f}), and the rule, judged on the mean curve alone (no "
+            f"intervals), gives {RULES['rises'].judge(g128.to_dict())}"
+        )
+    else:
+        out["f03_ex_128"] = Markdown(
+            "there are too few checkpoints from step 128 on to say (the ratio needs two)"
+        )
+    return out
+
+
+def exercise_pairs(r: Results) -> dict[str, Any]:
+    """Numbers for the worked solutions on adjacent pairs, the loss and the graphs' threshold."""
+    from IPython.display import Markdown
+
+    p, d = r.params, r.depthwise
+    adjacent = emergence.checkpoint_summary(d[(d.panel == MAIN) & (d.model == r.showcase)], how="adjacent")
+    g_adj = emergence.growth_summary(
+        adjacent[adjacent["K"] == r.k_main], "coupling", early_step=p.early_step
+    ).iloc[0]
+    thresholds = [0.2, p.graph_threshold, 0.6]
+    dens = pd.concat(
+        [emergence.edge_counts(r.all_matrices, t, by="step").assign(threshold=t) for t in thresholds]
+    )
+    dens = dens[dens.step >= p.early_step]
+    densest = (
+        dens.sort_values(["threshold", "density", "step"], ascending=[True, False, True])
+        .groupby("threshold")
+        .head(1)
+    )
+    rho_val = float(r.together.set_index("y").statistic.get("val_loss", float("nan")))
+    return {
+        "f03_ex_adj_peak_step": int(g_adj.peak_step),
+        "f03_ex_adj_ratio": float(g_adj.ratio),
+        "f03_ex_adj_heatmaps": Markdown(_heatmap_words(r, int(g_adj.peak_step))),
+        "f03_ex_rho_val": rho_val,
+        "f03_ex_rho_val_words": Markdown(
+            f"is {rho_val:.2f} in this run (table above)"
+            if np.isfinite(rho_val)
+            else "cannot be computed in this run: its checkpoints carry no validation loss (hub checkpoints)"
+        ),
+        "f03_ex_thresholds": Markdown(
+            "; ".join(
+                _threshold_words(t, dens[dens.threshold == t.threshold].density) for t in densest.itertuples()
+            )
+        ),
+    }
+
+
+def _heatmap_words(r: Results, peak_step: int) -> str:
+    """Whether the heatmaps (drawn at the graphs' checkpoints) show the adjacent pairs' peak."""
+    drawn = steps_words(sorted(r.chosen))
+    if peak_step in r.chosen:
+        return f"The depth-wise heatmaps, drawn at {drawn}, include that peak: they show which pairs carry it"
+    return (
+        f"The depth-wise heatmaps are drawn at {drawn}, not at that peak: `results.all_matrices` holds "
+        f"the matrices of every checkpoint, step {peak_step} among them"
+    )
+
+
+def _threshold_words(t, density: pd.Series) -> str:
+    """One threshold's densest graph in words ("densest at step 4 (1.00), final 1.00"), or "the same
+    density (0.00) at every checkpoint" when no checkpoint is denser than another."""
+    if density.max() == density.min():
+        return f"threshold {t.threshold:g}: the same density ({t.density:.2f}) at every checkpoint"
+    return (
+        f"threshold {t.threshold:g}: densest at step {int(t.step)} ({t.density:.2f}), "
+        f"final {density.iloc[-1]:.2f}"
+    )
+
+
+def exercise_lr(r: Results) -> dict[str, Any]:
+    """Numbers for the worked solution on the learning rate, from the search."""
+    from IPython.display import Markdown
+
+    table = r.search_table
+    lr_runs = table[table.lr != table.lr.max()]
+    base_lr = table[
+        (table.lr == table.lr.max()) & table.config.isin(lr_runs.config.str.replace(r"-lr.*", "", regex=True))
+    ]
+    return {
+        "f03_ex_lr": Markdown(
+            "the search has no run at another learning rate"
+            if lr_runs.empty
+            else "; ".join(
+                f"{x.config} (lr {x.lr:g}) peaks at step {int(x.peak_step)} and ends at {x.final:.3f}"
+                for x in lr_runs.itertuples()
+            )
+        ),
+        "f03_ex_lr_base": Markdown(
+            "; ".join(
+                f"{x.config} (lr {x.lr:g}) peaks at step {int(x.peak_step)} and ends at {x.final:.3f}"
+                for x in base_lr.itertuples()
+            )
+            or "—"
+        ),
+    }

@@ -1,0 +1,85 @@
+"""f03's prose words that depend on what was measured, so that the typed sentences around them
+are true at every profile: the first checkpoint (a local run's step 0 is its random
+initialisation; Pythia's first public checkpoint is step 1), where a curve ends against its peak
+(a share of the peak means nothing once the values reach 0 or below), where the layer graph is
+densest (ties named), and a verdict's numbers with their intervals."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from coupling_utils.analysis.verdicts import Interval
+
+
+def first_checkpoint(step: int) -> str:
+    """The first checkpoint as a noun: "the random initialisation (step 0)", or, for a run whose
+    first measured checkpoint was already trained, "the first checkpoint (step 1)"."""
+    return (
+        "the random initialisation (step 0)" if int(step) == 0 else f"the first checkpoint (step {int(step)})"
+    )
+
+
+def at_first_checkpoint(step: int) -> str:
+    """Completes "coupling starts at 0.07 ...": "at step 0 (the random initialisation)", or "at its
+    first checkpoint, step 1 (no step-0 checkpoint was measured)"."""
+    if int(step) == 0:
+        return "at step 0 (the random initialisation)"
+    return f"at its first checkpoint, step {int(step)} (no step-0 checkpoint was measured)"
+
+
+def versus_first(final: float, first: float, step: int) -> str:
+    """The final value against the first checkpoint's: a ratio when both are above 0, else the
+    difference (a ratio of values at or below 0 has no meaning)."""
+    name = first_checkpoint(step)
+    if final > 0 and first > 0:
+        return f"The final value is {final / first:.1f}× that of {name}, {first:.3f}."
+    return f"The final value is {final - first:+.3f} from {name}'s {first:.3f}."
+
+
+def peak_words(row: pd.Series) -> str:
+    """Completes "The curve ...": where it ends against its peak, from a ``growth_summary`` row."""
+    if int(row.peak_step) == int(row.final_step):
+        return "ends at its top: coupling is highest at the last checkpoint"
+    share = float(row.final_vs_peak)
+    if np.isfinite(share):
+        return (
+            f"does not end at its top: the final value is {share:.0%} of the peak (step {int(row.peak_step)})"
+        )
+    return (
+        f"does not end at its top: it is highest at step {int(row.peak_step)} (no share of the peak is "
+        "given: the values are not all above 0)"
+    )
+
+
+def steps_words(steps: list[int]) -> str:
+    """Checkpoint steps as prose: "step 32", "steps 32 and 64", "steps 32, 64 and 128", or for many
+    "9 checkpoints from step 32 to 4096"."""
+    steps = [int(s) for s in steps]
+    if len(steps) == 1:
+        return f"step {steps[0]}"
+    if len(steps) <= 3:
+        return "steps " + ", ".join(map(str, steps[:-1])) + f" and {steps[-1]}"
+    return f"{len(steps)} checkpoints from step {steps[0]} to {steps[-1]}"
+
+
+def density_peak_words(density: pd.DataFrame) -> str:
+    """Where the layer graph is densest, from ``density`` (``step``, ``density``): "is highest
+    (0.17) at steps 32, 64 and 128" (every tie named), or "is 0.00 at every checkpoint"."""
+    d = density.density
+    if d.max() == d.min():
+        return f"is {d.max():.2f} at every checkpoint"
+    return f"is highest ({d.max():.2f}) at {steps_words(list(density.step[d == d.max()]))}"
+
+
+def with_interval(name: str, value: Interval | float, spec: str = ".2f") -> str:
+    """A judged number with its interval for a verdict's bullet: "ρ -0.84 (95% interval -0.87 to -0.78
+    over 8 windows)"; a plain number when it carries none."""
+    if isinstance(value, Interval):
+        return f"{name} {value.estimate:{spec}} ({value.words(spec)})"
+    return f"{name} {float(value):{spec}}"
+
+
+def interval_of(value: Interval | float, spec: str = ".2f") -> str:
+    """A judged number's interval in words (:meth:`Interval.words`), or "no interval" for a plain number."""
+    return value.words(spec) if isinstance(value, Interval) else "no interval"

@@ -1,0 +1,72 @@
+"""The teaching page and the chapters' time lines say what the measured chapter costs are: the
+machine or machines, the dates and runs they come from, and whether other processes competed for
+the CPU (contended, quiet, or not recorded), never one quiet machine's measurement by default."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from coupling_utils.pipeline import teaching
+
+MACHINE = "2 CPU (Xeon), no GPU, load {load} at start"
+
+
+def costs(**changes) -> pd.DataFrame:
+    """Every lab chapter in every state, one run on one quiet 2-core machine; ``changes`` by column."""
+    rows = [
+        {"chapter": c, "state": s, "seconds": 60.0, "cpu_seconds": 60.0, "status": "ok", "plan": "p",
+         "machine": MACHINE.format(load=0.5), "date_utc": "2026-12-04 10:00", "command": "python bench",
+         "other_cpu_share": 0.01}
+        for c in ("f00", "f01", "f05") for s in ("cold", "models", "warm")
+    ]  # fmt: skip
+    df = pd.DataFrame(rows)
+    for column, values in changes.items():
+        df[column] = values
+    return df
+
+
+def test_one_quiet_run_on_one_machine_is_said_to_be_so():
+    text = teaching.costs_summary(costs())
+    assert "measured on a 2-core CPU (Xeon, no GPU) on 2026-12-04, in one run" in text
+    assert "9 of the 9 runs were quiet (others used under 10% of the CPU)" in text
+    assert "different machines" not in text and "likely too long" not in text
+
+
+def test_rows_of_different_machines_and_runs_are_said_to_be():
+    four = ["4 CPU (Epyc), no GPU, load 0.2 at start"] * 3 + [MACHINE.format(load=0.5)] * 6
+    dates = ["2026-12-05 09:00"] * 3 + ["2026-12-04 10:00"] * 6
+    text = teaching.costs_summary(costs(machine=four, date_utc=dates))
+    assert "on 2 different machines (a 2-core CPU (Xeon, no GPU); a 4-core CPU (Epyc, no GPU))" in text
+    assert "whose times do not add up to one machine's" in text
+    assert "from 2026-12-04 to 2026-12-05, in 2 separate runs of the benchmark" in text
+    plans = teaching.plans_summary(costs(machine=four, date_utc=dates))
+    assert "These sums add up rows measured on 2 different machines" in plans
+    line = teaching.chapter_time(costs(machine=four, date_utc=dates), "f00")
+    assert "measured on a 4-core CPU (Epyc, no GPU) on 2026-12-05, in one run" in line  # f00's rows only
+    assert "2-core" not in line
+
+
+def test_contended_rows_are_named_with_the_share_others_used():
+    share = [0.01] * 4 + [0.35] + [0.01] * 4  # f01 models
+    text = teaching.costs_summary(costs(other_cpu_share=share))
+    assert "other processes used at least 10% of the CPU while f01 models (35%) ran" in text
+    assert "that time is likely too long" in text and "8 of the 9 runs were quiet" in text
+    line = teaching.chapter_time(costs(other_cpu_share=share), "f01_depth_and_tokens")
+    assert "while f01 models (35%) ran, so that time is likely too long" in line
+    assert "likely too long" not in teaching.chapter_time(costs(other_cpu_share=share), "f00")
+
+
+def test_rows_without_a_record_of_contention_say_so():
+    old = costs().drop(columns="other_cpu_share")  # rows written before the column existed
+    old["machine"] = [MACHINE.format(load=x) for x in (0.7, 0.7, 0.7, 3.2, 3.2, 3.2, 1.0, 1.0, 1.0)]
+    text = teaching.costs_summary(old)
+    assert "whether other processes competed for the CPU during the runs was not recorded" in text
+    assert "(the load average when each chapter's runs began: 0.7 to 3.2), so a time may be too long" in text
+    assert "not recorded" in teaching.plans_summary(old) and "not recorded" in teaching.chapter_time(
+        old, "f00"
+    )
+    partly = costs(other_cpu_share=[None] * 3 + [0.01] * 6)  # f00 measured before the column
+    assert "for f00 cold, f00 models, f00 warm the competition for the CPU was not recorded" in (
+        teaching.costs_summary(partly)
+    )
+    assert "6 of the 9 runs were quiet" in teaching.costs_summary(partly)
