@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from coupling_utils.analysis import coupling_metric as cm
+from coupling_utils.analysis.model_names import model_words, planned
 from coupling_utils.chapters import ParameterError
 from coupling_utils.chapters import f00_coupling_metric as f00
 from coupling_utils.engine.metric import coupling, svd
@@ -71,10 +72,12 @@ def test_run_reads_back_what_the_model_gives(standin_hub, tmp_path, monkeypatch)
     ids = lm.tokenizer(p.prompt, return_tensors="pt").input_ids
     J, J_next = token_jacobians(lm, ids, 12)[-1], token_jacobians(lm, ids, 13)[-1]
     assert torch.equal(r.J, J) and torch.equal(r.J_next, J_next)  # exact: float32 through Parquet
+    named = model_words(planned(HUB["model"], f00.jobs(p)[0].load_kwargs))  # an extra-only job
+    assert named.startswith(f"{lm.name} (default revision), commit ") and named.endswith(", in float32")
     assert r.facts == {"name": lm.name, "n_layers": lm.n_layers, "d_model": lm.d_model, "T": ids.shape[1],
-                       "layer": 12}  # fmt: skip
+                       "layer": 12, "named": named}  # fmt: skip
     L, d, T = lm.n_layers, lm.d_model, ids.shape[1]
-    assert r.headline() == f"{lm.name}: {L} blocks, width d = {d}; prompt of T = {T} tokens"
+    assert r.headline() == f"{named}: {L} blocks, width d = {d}; prompt of T = {T} tokens"
     assert torch.equal(r.R, cm.random_reference(J, seed=p.seed)) and torch.equal(r.s.S, svd(J).S)
     assert r.m_case(f00.neighbour_case(12)) == coupling(J, J_next, 10) == r.m_forward
     assert r.m_backward == coupling(J_next, J, 10)

@@ -178,10 +178,12 @@ def test_glue_values_are_the_names_the_prose_uses(measured):
     assert "; 1 could not be measured and is listed above." in others  # not "1 ... are"
     assert values["f01_encoder_note"].data == ""
     # the drawn model and its K as measured, not the default profile's SmolLM2 (width 576)
-    assert values["f01_model_words"] == "tiny (4 blocks, width 16)" and values["f01_d_model"] == 16
+    assert (
+        values["f01_model_words"] == "tiny, in float32 (4 blocks, width 16)" and values["f01_d_model"] == 16
+    )
     assert values["f01_tile_window"] == "blocks 1–2 (0-based; 2 of its 4)"
     assert (
-        values["f01_more_words"] == "Beside it this run measures tiny-b, each with its twin."
+        values["f01_more_words"] == "Beside it this run measures tiny-b, in float32; each with its twin."
     )  # not "gated"
     assert values["f01_k_words"] == (
         "This run measures K = 2 and 4 at width 16 (none of the paper's); "
@@ -294,9 +296,10 @@ def test_what_matched_says_what_the_run_showed_not_a_mechanism_it_did_not_measur
     assert story.twin_level_words(-0.47).startswith("The twin is not within 0.05 of 0")
     assert "not in every tile" in story.tiles_words("partly")
     assert story.tiles_words("no").startswith("This run's tiles do not show")
-    paper = story.level_reasons("meta-llama/Meta-Llama-3-8B", 32, 4096)
-    assert "is the paper's" in paper and "below" not in paper and "4-bit" in paper
-    assert "differs from the paper's Llama-3-8B" in story.level_reasons("embedded:smollm2-135m", 30, 576)
+    named = "meta-llama/Meta-Llama-3-8B (default revision), commit 0123456789ab, in float32 (bfloat16 asked"
+    paper = story.level_reasons("meta-llama/Meta-Llama-3-8B", named, 32, 4096)
+    assert "is the paper's" in paper and "below" not in paper and "4-bit" in paper and named in paper
+    assert "differs from the paper's Llama-3-8B" in story.level_reasons("embedded:smollm2-135m", "x", 30, 576)
     up = story.tokens_words({"self_trained": 0.9, "self_twin": 0.5}, (0.8, 0.7))
     assert up.startswith("so in this run token-wise coupling grows with training.") and "more coupled" in up
     down = story.tokens_words({"self_trained": 0.5, "self_twin": 0.9}, (0.1, 0.6))

@@ -288,3 +288,87 @@ def test_the_books_choice_is_worded_from_the_candidates_and_no_exercise_overreac
     assert mixed["f02_scale_tokenwise"].startswith("In 1 of the 2 token-wise candidates the twin is *more*")
     assert mixed["f02_scale_separates"].startswith("it does not separate")
     assert mixed["f02_scale_trace_clause"].startswith("as 2 candidate(s) compatible")
+
+
+def _task(version, name, gap, low, high, n=28):
+    return {"version": version, "name": name, "gap": gap, "gap_ci_low": low, "gap_ci_high": high, "n": n}
+
+
+def test_a_task_counts_for_a_predictor_only_where_the_whole_interval_says_so():
+    """'Coupling's R² is above parameter count's on 6 of 12 tasks' was a count of estimates: the
+    task rule counts a task for either predictor only over the whole paired interval."""
+    from coupling_utils.chapters.f02_generalization.compare import task_side, tasks_sentence
+
+    rows = [_task("v1", "ARC", 0.03, -0.08, 0.13), _task("v1", "GSM8K", 0.10, 0.02, 0.2),
+            _task("v2", "MuSR", -0.09, -0.2, -0.01), _task("v2", "BBH", -0.02, -0.13, 0.1)]  # fmt: skip
+    assert [task_side(r) for r in rows] == ["neither", "coupling", "parameter count", "neither"]
+    tasks = pd.DataFrame(rows).assign(side=[task_side(r) for r in rows])
+    text = tasks_sentence(tasks)
+    assert text.startswith("Coupling's $R^2$ is above parameter count's on 2 of the 4 tasks in the estimates")
+    assert "above 0 on 1 (v1 GSM8K) and below 0 on 1 (v2 MuSR), and includes 0 on the other 2" in text
+    none = tasks_sentence(tasks.iloc[[0, 3]].assign(side="neither"))
+    assert "includes 0 on every one of them (the intervals run from -0.130 to 0.130)" in none
+
+
+def test_the_best_predictor_is_named_only_when_its_lead_clears_0():
+    from coupling_utils.chapters.f02_generalization.compare import best_sentence
+
+    share = {"width": 0.62, "log10 params": 0.37, "excess": 0.004}
+    lead = {"best": "width", "runner_up": "log10 params", "estimate": 0.036, "ci_low": -0.02, "ci_high": 0.1,
+            "level": 0.95, "n": 8, "share": share}  # fmt: skip
+    r2 = {"width": 0.975, "log10 params": 0.939, "excess": 0.714}
+    text = best_sentence(lead, r2, "accuracy", "members")
+    assert text.startswith(
+        "The highest $R^2$ of accuracy is width's (0.975), but its lead over the next, log10"
+    )
+    assert "no single predictor is the best on these 8 members" in text
+    assert text.endswith(
+        "width has the highest $R^2$ in 62% of the resamples, log10 params in 37%, excess in under 1%"
+    )
+    sure = best_sentence({**lead, "ci_low": 0.01}, r2, "accuracy", "members")
+    assert sure.startswith("The best single predictor of accuracy is width ($R^2$ = 0.975)")
+    assert f02.plan.BEST_PREDICTOR.judge({"lead": 0.036}) == "yes"  # a number without an interval is exact
+
+    from coupling_utils.chapters.f02_generalization.compare import compare_glue
+
+    acc = pd.DataFrame({"r2": r2})
+    tasks = pd.DataFrame([_task("v1", "ARC", 0.03, -0.08, 0.13)]).assign(side="neither")
+    v2 = pd.Series({**_task("v2", "average", -0.014, -0.12, 0.11), "side": "neither", "r2": 0.44,
+                    "r2_ci_low": 0.21, "r2_ci_high": 0.71})  # fmt: skip
+    v1 = pd.Series({"r2": 0.78, "r2_ci_low": 0.645, "r2_ci_high": 0.889, "n": 26})
+    glue = compare_glue(lead, acc, tasks, v2, v1)
+    assert (
+        glue["f02_family_best_verdict"].data == "by the best-predictor rule no single predictor is the best"
+    )
+    assert compare_glue({**lead, "ci_low": 0.01}, acc, tasks, v2, v1)["f02_family_best_verdict"].data == (
+        "by the best-predictor rule width is the best single predictor"
+    )
+    assert glue["f02_v2_size_gap"].data.startswith("difference -0.014, 95% interval -0.120 to 0.110 over 28")
+    assert glue["f02_v2_vs_v1"].data.startswith("against 0.780 on v1 (95% interval 0.645 to 0.889 over 26")
+    assert "the two intervals overlap" in glue["f02_v2_vs_v1"].data
+    apart = compare_glue(lead, acc, tasks, v2.where(v2.index != "r2_ci_high", 0.5), v1)
+    assert apart["f02_v2_vs_v1"].data.startswith("weaker than on v1 (0.780")
+
+
+def test_the_comparison_rules_are_printed_before_their_results_and_no_prose_counts_estimates_alone():
+    assert f02.rule_lines("task vs size").splitlines()[0].startswith("task vs size     yes if gap > 0")
+    assert len(f02.rule_lines("task vs size", "best predictor").splitlines()) == 4
+    with pytest.raises(ValueError, match=r"no rule named \['best'\]"):
+        f02.rule_lines("best")
+    typed = _typed()
+    for stale in ("estimates without an", "best single predictor of accuracy is", "The best size"):
+        assert stale not in typed, stale
+    for printed in ('rule_lines("task vs size")', 'rule_lines("best predictor")'):
+        assert typed.index(printed) < typed.index("f02.beyond(" if "task" in printed else "f02.family_fits(")
+
+
+def test_every_model_is_named_as_measured_with_the_parts_that_use_it():
+    from coupling_utils.measurement.loop import Result
+
+    parts = f02.plan._parts(f02.Params(), store=False)
+    table = f02.plan.named({part: [Result(job=j) for j in jobs] for part, jobs in parts.items()})
+    rows = dict(zip(table.model, table.parts))
+    member = next(iter(f02.member_models(f02.Params()).values()))
+    assert rows[f"{member}, in float32"] == "the family (trained here), the scale question"
+    assert rows[f"{member}, with random weights (seed 0), in float32"].startswith("the family (trained here)")
+    assert len(table) == len(set(table.model))  # one row per model as measured

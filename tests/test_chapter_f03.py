@@ -187,3 +187,30 @@ def test_the_k_exercise_compares_another_k_even_when_k_main_is_the_largest():
 def test_the_quiz_panel_is_named_for_what_it_holds():
     """Quiz prompts are out of distribution only for a model trained on Shakespeare alone."""
     assert "out of distribution" not in f03.QUIZ
+
+
+def test_the_straightness_rule_names_the_windows_it_resamples():
+    """f03's interval resamples its windows, not prompts; its first checkpoint stands in for the twin."""
+    from coupling_utils.chapters.f03_training_emergence import story
+
+    assert f"(bootstrap over the {f03.MAIN})" in story.STRAIGHT_RULE and "prompts" not in story.STRAIGHT_RULE
+    assert "0.9 of the first checkpoint's" in story.STRAIGHT_RULE
+
+
+def test_the_windows_are_called_held_out_only_for_a_run_trained_here(tmp_path):
+    """Held out from training only where the run's own training spec names the validation plays
+    (a run trained here); a hub model such as Pythia may have read them (the Pile)."""
+    import json
+
+    from coupling_utils.analysis.emergence import Checkpoints
+    from coupling_utils.chapters.f03_training_emergence.words import windows_words
+
+    assert "held-out" not in f03.MAIN and "held out" not in f03.MAIN
+    corpus = {"validation_plays": ["tragedies/hamlet", "comedies/twelfth-night", "histories/richard-ii"]}
+    (tmp_path / "training_spec.json").write_text(json.dumps({"spec": {}, "corpus": corpus}))
+    here = windows_words(Checkpoints("embedded:pythia-tiny", ["step0"], [0], path=tmp_path))
+    assert here.startswith("Shakespeare windows held out from embedded:pythia-tiny's training")
+    assert "(Hamlet, Twelfth Night, Richard II)" in here
+    hub = windows_words(Checkpoints("EleutherAI/pythia-160m", ["step1"], [1]))
+    assert hub.startswith("Shakespeare windows, not known to be held out from EleutherAI/pythia-160m's")
+    assert "held out from" not in hub.replace("not known to be held out from", "")

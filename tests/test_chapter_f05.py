@@ -98,8 +98,12 @@ def test_run_reads_back_what_the_model_gives(standin_hub, tmp_path, monkeypatch)
     assert r.pca_tokens["token"].tolist() == lm.tokenizer.convert_ids_to_tokens(inputs[0][0].tolist())
     assert set(r.pca["model"]) == {"trained", "random init"} and (r.pca["token"] > 0).all()
     lengths = " and ".join(str(n) for n in r.n_tokens)
+    named = r.facts["named"]  # an extra-only job: the reference, its hub commit and the dtype asked
+    assert named.startswith(f"{lm.name} at revision {lm.revision}, commit ") and named.endswith(
+        ", in float32"
+    )
     assert r.headline().startswith(
-        f"{lm.name}: {lm.n_layers} blocks, d = {lm.d_model}; 2 prompts of {lengths} tokens"
+        f"{named}: {lm.n_layers} blocks, d = {lm.d_model}; 2 prompts of {lengths} tokens"
     )
 
     again = f05.run(p, Options(load=load, compute=False))  # read only: nothing loaded, the same numbers

@@ -48,3 +48,18 @@ def test_unknown_versions_and_tasks_are_named():
         leaderboards.task_fits("v3")
     with pytest.raises(ValueError, match=r"\['gsm8k'\] are not v2 tasks"):
         leaderboards.task_fits("v2", tasks=["gsm8k"])
+
+
+def test_each_task_carries_the_paired_interval_of_coupling_minus_parameter_count():
+    """gap = R²(coupling) − R²(log10 params) on the task's models, with r2_difference's interval."""
+    from coupling_utils.analysis.predictors import r2_difference
+
+    fits = leaderboards.task_fits("v2", n_resamples=60, seed=3).set_index("task")
+    assert (fits.gap - (fits.r2 - fits.size_r2)).abs().max() < 1e-9
+    table = leaderboards.score_table("v2")
+    have = table.dropna(subset=["bbh", "coupling", "log10_params"])
+    paired = r2_difference(have, "bbh", "coupling", "log10_params", n_resamples=60, seed=3)
+    assert (fits.loc["bbh", "gap_ci_low"], fits.loc["bbh", "gap_ci_high"]) == (
+        paired["ci_low"],
+        paired["ci_high"],
+    )

@@ -223,8 +223,8 @@ def test_one_block_is_refused_and_one_block_after_resolving_is_said(tmp_path, co
     text = capsys.readouterr().out
     assert "note:" in text and "no coupling" in text and "block(s) [1] only" in text, text
     assert not (out / "summary.csv").exists() and (out / "singular_values.csv").exists()
-    assert main(["measure", *common, "--layers", "99", "0"]) == 1  # out of range: a failure, named
-    assert "layer 99 does not exist" in capsys.readouterr().out
+    assert main(["measure", *common, "--layers", "99", "0"]) == 2  # out of range: bad input, named
+    assert "--layers must be <= 1, got 99" in capsys.readouterr().err
 
 
 def test_an_empty_out_is_refused(tmp_path, monkeypatch, counted, capsys):

@@ -509,3 +509,21 @@ def test_rowwise_pearson_keeps_rows_of_any_spread(scale, other):
     np.testing.assert_allclose(S.rowwise_pearson(x * apart, y), want, rtol=1e-14)
     np.testing.assert_allclose(S.rowwise_pearson(x, y * apart), want, rtol=1e-14)
     assert np.isnan(S.rowwise_pearson(np.full(9, scale), y[0]))
+
+
+def test_bootstrap_draws_are_the_resamples_bootstrap_ci_summarises(noisy_line):
+    """bootstrap_draws hands back each resample's value, on the rows resample_rows draws; the
+    percentile interval of those draws is bootstrap_ci's, loop or vectorized alike."""
+    rows = S.resample_rows(len(noisy_line), 200, 7)
+    estimate, draws = S.bootstrap_draws(
+        noisy_line, lambda d: {"mean": d["x"].mean()}, n_resamples=200, seed=7
+    )
+    assert estimate == {"mean": pytest.approx(noisy_line["x"].mean())}
+    np.testing.assert_allclose(draws["mean"], noisy_line["x"].to_numpy()[rows].mean(axis=1), rtol=1e-12)
+    _, vec = S.bootstrap_draws(noisy_line, lambda c: {"mean": c["x"].mean(axis=-1)}, n_resamples=200, seed=7,
+                               vectorized=True)  # fmt: skip
+    np.testing.assert_allclose(vec["mean"], draws["mean"], rtol=1e-12)
+    ci = S.bootstrap_ci(noisy_line, lambda d: {"mean": d["x"].mean()}, n_resamples=200, seed=7).iloc[0]
+    assert [ci.ci_low, ci.ci_high] == pytest.approx(np.quantile(draws["mean"], [0.025, 0.975]))
+    with pytest.raises(ValueError, match="at least 10"):
+        S.bootstrap_draws(noisy_line, lambda d: {"mean": 0.0}, n_resamples=5)

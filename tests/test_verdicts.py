@@ -199,3 +199,14 @@ def test_the_status_table_and_the_prose_say_a_missing_interval_in_the_same_words
     assert Interval(0.5, 0.4, 0.6, over="8 windows").words() == "95% interval 0.40 to 0.60 over 8 windows"
     eight = Interval(0.5, 0.4, 0.6, over="8 windows")
     assert eight.words(".3f") == "95% interval 0.400 to 0.600 over 8 windows"
+
+
+def test_an_interval_without_units_says_why_in_plain_words():
+    """No resampling unit named: the words say there were too few units, not 'too few units only'."""
+    from coupling_utils.analysis.verdicts import Interval
+
+    none = Interval(0.5, float("-inf"), float("inf"), 0.95, None)
+    assert none.words() == "no 95% interval: too few units to resample"
+    one = Interval(0.5, float("-inf"), float("inf"), 0.95, "1 prompt")
+    assert one.words() == "no 95% interval: 1 prompt only, nothing to resample"
+    assert Interval(0.5, 0.4, 0.6, 0.95, "3 prompts").words() == "95% interval 0.40 to 0.60 over 3 prompts"

@@ -156,7 +156,10 @@ def _twin_settings(settings: TwinSettings | None, fields: dict[str, Any], where:
 
 def _check_block(name: str, value: int, n_layers: int, model: str) -> int:
     if not -n_layers <= value < n_layers:
-        raise ValueError(f"{name}={value} does not exist: {model} has {n_layers} blocks (0..{n_layers - 1})")
+        raise ValueError(
+            f"{name}={value} does not exist: {model} has {n_layers} blocks (0..{n_layers - 1}); choose a "
+            f"block in 0..{n_layers - 1}, or {-n_layers}..-1 counting from the end"
+        )
     return value % n_layers
 
 

@@ -11,7 +11,8 @@ reproduction.
 - :func:`score_table`: the Fig. 1a points joined with one leaderboard version's task scores;
 - :func:`task_fits`: for each task and the average, OLS R² (percentile-bootstrap interval),
   slope (t interval) and Spearman's rho of the score on coupling, with the R² of log
-  parameter count on the same models beside it, and the models each fit covers;
+  parameter count on the same models beside it, the paired-bootstrap interval of the
+  difference between the two, and the models each fit covers;
 - :func:`drop_one`: the fit of the average of all tasks but one, for each task left out, so
   a task whose removal lowers R² most is the one that carries the average's fit.
 """
@@ -58,6 +59,9 @@ FIT_COLUMNS = [
     "spearman_ci_low",
     "spearman_ci_high",
     "size_r2",
+    "gap",
+    "gap_ci_low",
+    "gap_ci_high",
     "models",
     "missing",
 ]
@@ -91,9 +95,11 @@ def task_fits(
     coupling predicts it (see the module doc and :data:`FIT_COLUMNS`).
 
     Each fit uses the Fig. 1a models with a score for that task (``n``, ``models``; the others
-    are listed in ``missing``); ``size_r2`` is the R² of log10 parameter count on the same rows.
+    are listed in ``missing``); ``size_r2`` is the R² of log10 parameter count on the same rows,
+    and ``gap`` = ``r2 − size_r2`` with its paired percentile-bootstrap interval over those models
+    (``gap_ci_low``, ``gap_ci_high``; :func:`~coupling_utils.analysis.predictors.r2_difference`).
     """
-    from coupling_utils.analysis.predictors import predictor_comparison
+    from coupling_utils.analysis.predictors import predictor_comparison, r2_difference
 
     known = _check_version(version)
     tasks = list(known if tasks is None else tasks)
@@ -113,6 +119,9 @@ def task_fits(
             seed=seed,
         ).set_index("predictor")
         c = fit.loc["coupling"]
+        gap = r2_difference(
+            table[have], task, "coupling", "log10_params", n_resamples=n_resamples, level=level, seed=seed
+        )
         rows.append(
             {
                 "version": version,
@@ -121,6 +130,9 @@ def task_fits(
                 "n": int(c["n"]),
                 **{col: float(c[col]) for col in FIT_COLUMNS[4:13]},
                 "size_r2": float(fit.loc["size", "r2"]),
+                "gap": gap["estimate"],
+                "gap_ci_low": gap["ci_low"],
+                "gap_ci_high": gap["ci_high"],
                 "models": ", ".join(table.loc[have, "label"]),
                 "missing": ", ".join(table.loc[~have, "label"]),
             }

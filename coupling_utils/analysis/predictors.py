@@ -9,7 +9,10 @@ parameter count, depth or width do. With a handful of models an R² alone says l
   the best fit off such a table;
 - :func:`r2_difference`: whether one predictor beats another on the same models (a paired
   bootstrap of the R² difference), and :func:`agreement`, the status verdict ("yes" /
-  "partly" / "no") such an interval supports.
+  "partly" / "no") such an interval supports;
+- :func:`predictor_lead`: whether the predictor with the highest R² is the best of all of them
+  (the interval of its lead over the best of the others, every predictor fitted on the same
+  resampled models) and how often each one comes out best.
 
 A predictor is a column name or a function of the table that returns one value per row.
 """
@@ -23,7 +26,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-__all__ = ["COMPARISON_COLUMNS", "predictor_comparison", "best_predictor", "r2_difference", "agreement"]
+__all__ = [
+    "COMPARISON_COLUMNS",
+    "predictor_comparison",
+    "best_predictor",
+    "r2_difference",
+    "predictor_lead",
+    "agreement",
+]
 
 Predictor = str | Callable[[pd.DataFrame], pd.Series]
 
@@ -188,6 +198,68 @@ def r2_difference(
         "ci_high": float(ci["ci_high"]),
         "n": len(work),
         "level": level,
+    }
+
+
+def predictor_lead(
+    df: pd.DataFrame,
+    y: str,
+    predictors: Mapping[str, Predictor],
+    *,
+    n_resamples: int = 1000,
+    level: float = 0.95,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """How surely the predictor with the highest R² of ``y`` is the best of ``predictors``.
+
+    Every predictor is fitted on the same rows (complete for ``y`` and all of them), and on each
+    seeded resample of those rows (the models) all are fitted again together. ``best`` is the one
+    with the highest R² on the rows as drawn, ``runner_up`` the next; ``estimate`` is ``best``'s
+    lead, R²(best) − R²(runner_up), and ``ci_low``/``ci_high`` the percentile interval of the
+    lead over the best of the *others* in each resample (whichever that is there), so an interval
+    above 0 says ``best`` beats all of them, not one rival chosen after the fact. ``share``:
+    ``{predictor: fraction of valid resamples in which it has the highest R²}``. A predictor
+    constant on these rows is left out (``left_out``); two must remain. Also returns ``n``
+    (models), ``level``, ``n_resamples`` and ``n_valid``."""
+    from coupling_utils.analysis.stats import bootstrap_draws, rowwise_pearson
+
+    work = _complete_rows(df, y, predictors)
+    usable = [label for label in predictors if work[label].nunique() > 1]
+    if len(usable) < 2:
+        raise ValueError(
+            f"predictor_lead needs at least 2 predictors that vary over the {len(work)} models, got "
+            f"{usable}; pass more predictors"
+        )
+
+    def r2s(c: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:  # every resample at once: [R, n]
+        return {label: rowwise_pearson(c[label], c[y]) ** 2 for label in usable}
+
+    estimate, draws = bootstrap_draws(
+        work[[*usable, y]], r2s, n_resamples=n_resamples, seed=seed, vectorized=True
+    )
+    order = sorted(usable, key=lambda label: -estimate[label])
+    best, runner_up = order[0], order[1]
+    drawn = np.stack([draws[label] for label in usable])  # [predictors, R], NaN: constant in a resample
+    filled = np.where(np.isfinite(drawn), drawn, -np.inf)
+    others = np.stack([filled[i] for i, label in enumerate(usable) if label != best]).max(axis=0)
+    valid = np.isfinite(drawn[usable.index(best)]) & np.isfinite(others)
+    lead = drawn[usable.index(best)][valid] - others[valid]
+    low, high = np.quantile(lead, [(1 - level) / 2, (1 + level) / 2]) if len(lead) else (np.nan, np.nan)
+    winner = filled.argmax(axis=0)[valid]
+    return {
+        "best": best,
+        "runner_up": runner_up,
+        "estimate": estimate[best] - estimate[runner_up],
+        "ci_low": float(low),
+        "ci_high": float(high),
+        "share": {
+            label: float((winner == i).mean()) if len(lead) else np.nan for i, label in enumerate(usable)
+        },
+        "left_out": [label for label in predictors if label not in usable],
+        "n": len(work),
+        "level": level,
+        "n_resamples": n_resamples,
+        "n_valid": int(valid.sum()),
     }
 
 

@@ -148,17 +148,9 @@ def bootstrap_ci(
     One row per statistic: ``statistic, estimate, ci_low, ci_high, level, n_resamples,
     n_valid, seed``.
     """
-    if n_resamples < 10:
-        raise ValueError(f"n_resamples must be at least 10, got {n_resamples}.")
-    rows = resample_rows(len(df), n_resamples, seed)
-    if vectorized:
-        columns = {c: df[c].to_numpy(dtype=float) for c in df.columns}
-        once = statistic({c: a[None, :] for c, a in columns.items()})
-        estimate = {str(k): float(v[0]) for k, v in once.items()}
-        drawn = statistic({c: a[rows] for c, a in columns.items()})
-        draws = {k: np.asarray(drawn[k], dtype=float) for k in estimate}
-    else:
-        estimate, draws = _draw_each(df, statistic, rows)
+    estimate, draws = bootstrap_draws(
+        df, statistic, n_resamples=n_resamples, seed=seed, vectorized=vectorized
+    )
     alpha = (1.0 - level) / 2.0
     out = []
     for k, est in estimate.items():
@@ -177,6 +169,31 @@ def bootstrap_ci(
             }
         )
     return pd.DataFrame(out)
+
+
+def bootstrap_draws(
+    df: pd.DataFrame,
+    statistic: Callable,
+    *,
+    n_resamples: int = 2000,
+    seed: int = 0,
+    vectorized: bool = False,
+) -> tuple[dict[str, float], dict[str, np.ndarray]]:
+    """``statistic`` on ``df`` and on each of ``n_resamples`` seeded resamples of its rows: the
+    estimates ``{name: value}`` and the draws ``{name: [n_resamples] array}`` (NaN where a resample
+    leaves it undefined). The resampling of :func:`bootstrap_ci` (same rows, same seed), for
+    summaries other than a percentile interval, such as how often one predictor comes out best.
+    ``statistic`` and ``vectorized`` as in :func:`bootstrap_ci`."""
+    if n_resamples < 10:
+        raise ValueError(f"n_resamples must be at least 10, got {n_resamples}.")
+    rows = resample_rows(len(df), n_resamples, seed)
+    if not vectorized:
+        return _draw_each(df, statistic, rows)
+    columns = {c: df[c].to_numpy(dtype=float) for c in df.columns}
+    once = statistic({c: a[None, :] for c, a in columns.items()})
+    estimate = {str(k): float(v[0]) for k, v in once.items()}
+    drawn = statistic({c: a[rows] for c, a in columns.items()})
+    return estimate, {k: np.asarray(drawn[k], dtype=float) for k in estimate}
 
 
 def _draw_each(df: pd.DataFrame, statistic: Callable, rows: np.ndarray) -> tuple[dict, dict]:
@@ -308,4 +325,11 @@ def compare_predictors(
     return pd.DataFrame(rows)
 
 
-__all__ = ["ols", "rank_correlation", "bootstrap_ci", "bootstrap_intervals", "compare_predictors"]
+__all__ = [
+    "ols",
+    "rank_correlation",
+    "bootstrap_ci",
+    "bootstrap_draws",
+    "bootstrap_intervals",
+    "compare_predictors",
+]

@@ -12,7 +12,7 @@ two nulls at once:
   before training.
 
 :data:`STRAIGHTER` is the one rule, applied per model (f03's final checkpoint, f05's trained
-model) to :func:`straightness`'s values, each with a bootstrap interval over prompts: ``yes``
+model) to :func:`straightness`'s values, each with a bootstrap interval over prompts (f03: windows): ``yes``
 when the trajectories are clearly straighter than both (at most 0.8 of the walk's score and 0.9
 of the twin's, over the whole interval); ``partly`` when both estimates are merely below 1; ``no``
 when the model is at or past its twin or the walk.
@@ -28,14 +28,19 @@ import pandas as pd
 from coupling_utils.analysis.stats import bootstrap_ci
 from coupling_utils.analysis.verdicts import Interval, Rule
 
-__all__ = ["STRAIGHTER", "STRAIGHTER_TEXT", "random_walk_lss", "straightness"]
+__all__ = ["STRAIGHTER", "straighter_text", "random_walk_lss", "straightness"]
 
 STRAIGHTER = Rule(yes="walk_ratio <= 0.8 and twin_ratio <= 0.9", partly="walk_ratio < 1 and twin_ratio < 1")
-STRAIGHTER_TEXT = (
-    "straighter trajectories: a mean line-shape score at most 0.8 of a random walk's with the same "
-    "number of steps and at most 0.9 of the random-init model's, both over the whole 95% interval "
-    "(bootstrap over prompts); partly if both estimates are merely below 1; otherwise no"
-)
+
+
+def straighter_text(unit: str = "prompts", twin: str = "the random-init model's") -> str:
+    """:data:`STRAIGHTER` in words, naming what the interval resamples (``unit``: f05's prompts,
+    f03's windows) and what stands in for the twin (f03: its first checkpoint)."""
+    return (
+        "straighter trajectories: a mean line-shape score at most 0.8 of a random walk's with the same "
+        f"number of steps and at most 0.9 of {twin}, both over the whole 95% interval (bootstrap over "
+        f"{unit}); partly if both estimates are merely below 1; otherwise no"
+    )
 
 
 @functools.lru_cache(maxsize=64)

@@ -109,7 +109,8 @@ class Interval:
         (``str``) say the same."""
         over = f" over {self.over}" if self.over else ""
         if not self.resampled:
-            return f"no {self.level:.0%} interval: {self.over or 'too few units'} only, nothing to resample"
+            why = f"{self.over} only, nothing to resample" if self.over else "too few units to resample"
+            return f"no {self.level:.0%} interval: {why}"
         return f"{self.level:.0%} interval {self.low:{spec}} to {self.high:{spec}}{over}"
 
     def __str__(self) -> str:

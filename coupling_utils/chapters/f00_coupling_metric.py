@@ -16,11 +16,12 @@ import pandas as pd
 import torch
 
 from coupling_utils.analysis import coupling_metric as cm
+from coupling_utils.analysis.model_names import model_words, of_result
 from coupling_utils.chapters.checks import (
     DTYPES,
     NotMeasured,
     block,
-    check_int,
+    check_block,
     check_model,
     check_top_k,
     choice,
@@ -86,15 +87,16 @@ class Params(ChapterParams):
 
 
 # --------------------------------------------------------------------------- the measurement plan
-def check_sizes(layer: int, k: int, n_layers: int, d_model: int) -> None:
-    """The parameters against the model: block ``layer + 1`` must exist, K at most its width."""
-    check_int("layer", layer, max=n_layers - 2)  # we also need the next block
-    check_top_k("k", k, d=d_model)
+def check_sizes(layer: int, k: int, n_layers: int, d_model: int, model: str) -> None:
+    """The parameters against the model (named ``model``): block ``layer + 1`` must exist, K at
+    most its width."""
+    check_block("layer", layer, model, n_layers, last=n_layers - 2, why=", and layer + 1 must be a block too")
+    check_top_k("k", k, d=d_model, model=model)
 
 
 def check_fits(model, *, layer: int, k: int) -> None:
     """:func:`check_sizes` on a loaded model (the job's check, before anything is measured)."""
-    check_sizes(layer, k, model.n_layers, model.d_model)
+    check_sizes(layer, k, model.n_layers, model.d_model, model.name)
 
 
 def jobs(p: Params) -> list[Job]:
@@ -119,7 +121,8 @@ def jobs(p: Params) -> list[Job]:
 class Results:
     """What the story shows, every number computed on the CPU from the stored Jacobians.
 
-    ``facts``: the model's name, n_layers, d_model, the prompt's length T and the block;
+    ``facts``: the model's name, n_layers, d_model, the prompt's length T and the block, and
+    ``named``: the model named as measured (:func:`~coupling_utils.analysis.model_names.model_words`);
     ``J``, ``J_next``: the last token's Jacobians of blocks ``layer`` and ``layer + 1``; ``R``:
     the random reference (J's norm, drawn from ``seed``); ``s``, ``s_next``: the SVDs of J and
     J_next; the tables and values of the sections in the order the story shows them;
@@ -156,7 +159,9 @@ class Results:
     def headline(self) -> str:
         """One line: the model, its depth and width, the prompt's length."""
         f = self.facts
-        return f"{f['name']}: {f['n_layers']} blocks, width d = {f['d_model']}; prompt of T = {f['T']} tokens"
+        return (
+            f"{f['named']}: {f['n_layers']} blocks, width d = {f['d_model']}; prompt of T = {f['T']} tokens"
+        )
 
     def m_case(self, case: str) -> float:
         return float(self.m_cases[case])
@@ -176,8 +181,9 @@ def run(p: Params, options: Options | None = None) -> Results:
     if done.missing:
         raise NotMeasured(f"{NOTEBOOK} needs the job of its plan:\n{done.report()}")
     tables = done.ok[0].extra
-    facts = _facts(tables["facts"])
-    check_sizes(p.layer, p.k, facts["n_layers"], facts["d_model"])  # k may be new for stored Jacobians
+    facts = {**_facts(tables["facts"]), "named": model_words(of_result(done.ok[0]))}
+    # k may be new for stored Jacobians
+    check_sizes(p.layer, p.k, facts["n_layers"], facts["d_model"], facts["name"])
     J, J_next = cm.jacobian_matrices(tables)
     return _results(p, facts, J, J_next, done.failures)
 
@@ -296,6 +302,7 @@ def glue_values(p: Params, r: Results) -> dict[str, Any]:
         "f00_m_backward": r.m_backward,
         **_noise_values(r.sweep, r.noise_equivalent, m_adjacent),
         "f00_layer": p.layer,
+        "f00_model_words": r.facts["named"],
         "f00_layer_reruns": Markdown(layer_reruns(r.facts["n_layers"], p.layer)),
         "f00_random_mean": random_mean,
         "f00_random_max": random_max,

@@ -6,6 +6,7 @@ tables), its verdict rules and claims, and the values its prose glues."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -13,14 +14,17 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from coupling_utils.analysis.straightness import STRAIGHTER, STRAIGHTER_TEXT, straightness
+from coupling_utils.analysis.model_names import model_words, of_result
+from coupling_utils.analysis.straightness import STRAIGHTER, straighter_text, straightness
 from coupling_utils.analysis.verdicts import Interval, Rule, claim, verdict_word
 from coupling_utils.chapters.checks import (
     DTYPES,
     NotMeasured,
+    ParameterError,
     block,
     boolean,
     check_model,
+    check_state,
     choice,
     integer,
     list_of,
@@ -110,7 +114,8 @@ def jobs(p: Params) -> list[Job]:
     """The measurement plan: one job per weights (trained, and the twin drawn with ``init_seed``),
     each an :class:`Extra` of :func:`~coupling_utils.analysis.trajectories.trajectory_study`
     (trajectory tables, per-token statistics, linearisation cosines, PCA, the prompts' tokens)
-    and no ``measure()`` part; L block passes per prompt, 2L with the linearisation."""
+    and no ``measure()`` part; L block passes per prompt, 2L with the linearisation. Each job
+    checks the window against its loaded model (:func:`_check_window`) before measuring."""
     from coupling_utils.analysis import trajectories as tr
 
     options = {
@@ -130,9 +135,31 @@ def jobs(p: Params) -> list[Job]:
                       sources=("analysis/trajectories.py", "analysis/linearization.py"),
                       passes=passes)  # fmt: skip
         labels = {"model": p.model, **({"revision": p.revision} if p.revision else {}), "weights": name}
-        out.append(Job(p.model, list(p.prompts), {}, load, labels, cache_dir("f05"), extra))
+        out.append(Job(p.model, list(p.prompts), {}, load, labels, cache_dir("f05"), extra, _check(p)))
     # the variant right after the trained model's job: collect() then loads that model once for both
     return [out[0], _first_token_job(p, options, out[0]), *out[1:]]
+
+
+def _check_window(lm, *, p: Params) -> None:
+    """``first_layer`` and ``last_layer`` against the loaded model (each job's check, before
+    measuring): a ParameterError naming the parameter(s), the model, its depth and the states to
+    choose."""
+    L = int(lm.n_layers)
+    first = check_state("first_layer", p.first_layer, p.model, L, high=L - 1,
+                        why=", and last_layer needs a later one")  # fmt: skip
+    last = check_state("last_layer", p.last_layer, p.model, L, low=1, negative=True)
+    if last <= first:
+        raise ParameterError(
+            f"parameters first_layer={p.first_layer} and last_layer={p.last_layer} give an empty window: "
+            f"{p.model} has {L} blocks, so residual states 0..{L} (-1: state {L}), and the window runs "
+            f"from state first_layer to a later state last_layer; choose first_layer < last_layer, e.g. "
+            f"-p first_layer={first} -p last_layer={L}"
+        )
+
+
+def _check(p: Params):
+    """The jobs' check: :func:`_check_window` with the parameters ``p``."""
+    return functools.partial(_check_window, p=p)
 
 
 FIRST_TOKEN = "first token variant"  # the variant job's label (f05-ex-first-token)
@@ -148,7 +175,7 @@ def _first_token_job(p: Params, options: dict, trained: Job) -> Job:
                   sources=("analysis/trajectories.py", "analysis/linearization.py"),
                   passes=tr.study_passes)  # fmt: skip
     labels = {**trained.labels, "variant": "first_token"}
-    return Job(p.model, list(p.prompts), {}, trained.load_kwargs, labels, cache_dir("f05"), extra)
+    return Job(p.model, list(p.prompts), {}, trained.load_kwargs, labels, cache_dir("f05"), extra, _check(p))
 
 
 # --------------------------------------------------------------------------- the results
@@ -159,8 +186,10 @@ class Results:
     """What the story shows, every number from the stored tables of :func:`jobs`.
 
     ``facts``: the trained model's name, n_layers, d_model and the resolved window (first,
-    last); ``n_tokens``: tokens per prompt; ``steps``, ``metrics``, ``linearization``: the
-    trajectory tables of every model (``model`` column: "trained", "random init"); ``pca``: the
+    last), and ``named``: the model named as measured
+    (:func:`~coupling_utils.analysis.model_names.model_words`); ``n_tokens``: tokens per prompt;
+    ``steps``, ``metrics``, ``linearization``: the trajectory tables of every model (``model``
+    column: "trained", "random init"); ``pca``: the
     PCA of prompt ``pca_prompt`` (position 0 left out with ``skip_first_token``) and
     ``pca_tokens`` its tokens; ``summary``, ``expodistance`` (long, rows with a value),
     ``linearization_means`` (mean cosine at the last state, by model) and ``linearization_table``
@@ -198,7 +227,7 @@ class Results:
         """One line: the model, its size, the prompts' lengths and the window."""
         f = self.facts
         return (
-            f"{f['name']}: {f['n_layers']} blocks, d = {f['d_model']}; {prompt_words(self.n_tokens)}; "
+            f"{f['named']}: {f['n_layers']} blocks, d = {f['d_model']}; {prompt_words(self.n_tokens)}; "
             f"window x^{f['first']}..x^{f['last']}"
         )
 
@@ -237,8 +266,10 @@ def run(p: Params, options: Options | None = None) -> Results:
         name: pd.concat([r.extra[name] for r in main], ignore_index=True)
         for name in ("steps", "metrics", "linearization", "pca")
     }
-    trained = main[0].extra
-    results = _results(p, tables, trained["facts"].iloc[0].to_dict(), trained["tokens"], done.failures)
+    (own,) = [r for r in main if r.job.weights == "trained"]
+    trained = own.extra
+    facts = {**trained["facts"].iloc[0].to_dict(), "named": model_words(of_result(own))}
+    results = _results(p, tables, facts, trained["tokens"], done.failures)
     (variant,) = [r.extra for r in done.ok if "variant" in r.job.labels]
     return dataclasses.replace(results, first_token={key: variant[key] for key in ("steps", "metrics")})
 
@@ -315,7 +346,7 @@ def interval_words(iv: Interval) -> str:
 
 def _straight_values(s: Mapping[str, Any]) -> dict[str, Any]:
     """The straightness rule's numbers: the walk's score and both ratios with their intervals."""
-    out = {"f05_lss_walk": s["walk"], "f05_straight_rule": STRAIGHTER_TEXT}
+    out = {"f05_lss_walk": s["walk"], "f05_straight_rule": straighter_text()}
     for name in ("walk_ratio", "twin_ratio"):
         iv = s[name]
         out |= {f"f05_{name}": iv.estimate, f"f05_{name}_low": iv.low, f"f05_{name}_high": iv.high,
@@ -385,6 +416,7 @@ def glue_values(p: Params, r: Results, status: pd.DataFrame | None) -> dict[str,
     a, b = float(means.get(TRAINED, np.nan)), float(means.get(TWIN, np.nan))
     word = {True: "lower (closer to exponential)", False: "higher (farther from exponential)"}
     values = {
+        "f05_model_words": r.facts["named"],
         "f05_lss_trained": a,
         "f05_lss_random": b,
         "f05_lss_share_lower": linear["share_lower"],

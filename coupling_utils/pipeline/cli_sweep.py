@@ -12,9 +12,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-__all__ = ["add_sweep_commands"]
+from coupling_utils.pipeline.measure_models import DEFAULT_K  # what --k means when it is not given
 
-DEFAULT_K = (10, 30, 50)
+__all__ = ["add_sweep_commands"]
 
 
 def _executor_options(p: argparse.ArgumentParser, *, default: str | None) -> None:
@@ -170,6 +170,10 @@ def _cmd_measure(args) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(report.text())
+    if report.bad_input:  # each refusal's paragraph again, on stderr (stdout may be elsewhere)
+        for message in dict.fromkeys(report.failures["message"]):
+            print(f"error: {message}", file=sys.stderr)
+        return 2
     return 0 if report.complete else 1
 
 

@@ -20,12 +20,15 @@ tables in ``OUT/``:
 from __future__ import annotations
 
 import csv
+import dataclasses
+import functools
 import io
 import json
 import os
 import shutil
 import sys
 import tempfile
+import zipfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +36,7 @@ from typing import Any
 
 import pandas as pd
 
+from coupling_utils.chapters.checks import ParameterError, check_blocks, check_top_k
 from coupling_utils.files import cache_dir
 from coupling_utils.measurement import (
     MEASURE_METHODS,
@@ -58,10 +62,12 @@ __all__ = [
     "read_prompts",
     "METHODS",
     "HOWS",
+    "DEFAULT_K",
 ]
 
 METHODS = MEASURE_METHODS
 HOWS = SUMMARY_HOWS
+DEFAULT_K = (10, 30, 50)  # the K values measured when --k is not given
 
 
 class MeasureError(ValueError):
@@ -182,6 +188,12 @@ class MeasureReport:
     def complete(self) -> bool:
         return self.failures.empty and not self.pending
 
+    @property
+    def bad_input(self) -> bool:
+        """Whether every model that could not be measured was refused as bad input (an option
+        its loaded model does not fit, :func:`_check_options`): the command exits 2, not 1."""
+        return not self.failures.empty and bool((self.failures["error"] == "MeasureError").all())
+
     def text(self) -> str:
         n_done = self.n_jobs - len(self.failures) - len(self.pending)
         lines = [f"{n_done} of {self.n_jobs} measured into {self.out}"]
@@ -222,7 +234,7 @@ def _reference(model: str) -> str:
 
 
 def measurement_settings(
-    k: Sequence[int] = (10, 30, 50),
+    k: Sequence[int] = DEFAULT_K,
     tokens: str = "last",
     method: str = "exact",
     max_tokens: int | None = None,
@@ -299,9 +311,46 @@ class MeasureRun:
         return {m: _reference(m) for m in self.models}
 
     def jobs(self) -> list[Job]:
-        """One job per (model, revision), stored under ``out/store``."""
+        """One job per (model, revision), stored under ``out/store``; each checks the options
+        against its loaded model before measuring (:func:`_check_options`)."""
         parts = {"measure": self.settings}
-        return plan(self.references(), self.prompts, parts, loads=self.loads, root=self.out / "store")
+        planned = plan(self.references(), self.prompts, parts, loads=self.loads, root=self.out / "store")
+        fits = functools.partial(_check_options, settings=self.settings)
+        return [
+            dataclasses.replace(j, check=functools.partial(fits, model=j.labels["model"])) for j in planned
+        ]
+
+
+def _check_options(lm, *, settings: Settings, model: str) -> None:
+    """The options against ``model`` loaded (``lm``), before it is measured: a MeasureError that
+    names the option (``--layers``, ``--k``, ``--last-block``), the model and its depth or width,
+    and what to choose; a vision model is refused, as measure's prompts are text or token ids."""
+    if getattr(getattr(lm.model, "config", None), "image_size", None) is not None:
+        # a training run with checkpoints is f04's model; any other ViT one of its hub_models
+        run = model.startswith("embedded:") and "/" not in model or (Path(model) / "revisions").is_dir()
+        raise MeasureError(
+            f"MODEL {model} is a vision transformer (model type {lm.arch!r}): it reads images, and "
+            "`coupling-book measure` measures text prompts or token ids only (it has no option for "
+            "images); measure it on MNIST digits in chapter f04 instead: `coupling-book run f04 -p "
+            + (f"model={model}`" if run else f"'hub_models=[{model}]'`")
+        )
+    L, d, excluded = int(lm.n_layers), int(lm.d_model), settings.last_block == "excluded"
+    if excluded and L < 3:
+        raise MeasureError(
+            f"--last-block excluded leaves {L - 1} of the {L} blocks of {model}: too few to couple; "
+            "choose --last-block block or final_norm, or a model with 3 blocks or more"
+        )
+    blocks = {"last": L - 2, "why": ", and --last-block excluded leaves the last out"} if excluded else {}
+    try:
+        check_blocks("--layers", settings.layers or (), model, L, negative=True, **blocks)
+    except ParameterError as exc:
+        raise MeasureError(f"{exc}; or leave --layers out (all blocks)") from None
+    try:
+        for K in settings.k:
+            check_top_k("--k", K, d=d, model=model)
+    except ParameterError as exc:
+        default = tuple(settings.k) == DEFAULT_K
+        raise MeasureError(f"{exc}{' (without --k, K is 10, 30 and 50)' if default else ''}") from None
 
 
 def measure_many(run: MeasureRun) -> MeasureReport:
@@ -468,6 +517,49 @@ def _summary_rows(done, how: str, report: MeasureReport) -> list[dict]:
     return rows
 
 
+def _named_damage(done) -> pd.DataFrame:
+    """``done.failures``, where the loader found a local model's weights damaged (it names the
+    folder) with the file that cannot be read added to the message (:func:`_damaged_file`)."""
+    failures = done.failures
+    for r in done.results:
+        if r.error == "DamagedModelError" and (named := _damaged_file(r.job)):
+            rows = failures["job"] == r.job.describe()
+            failures.loc[rows, "message"] += f"; the file that cannot be read: {named}"
+    return failures
+
+
+def _damaged_file(job: Job) -> str | None:
+    """``path (reason)`` of the first weight file of a local model folder (at the job's revision)
+    that cannot be opened; None for a hub or .gguf model, or when every file opens."""
+    from coupling_utils.models.loading import _find_source
+
+    if not isinstance(job.model, str) or not Path(job.model).expanduser().is_dir():
+        return None
+    try:
+        src = _find_source(job.model, job.load_kwargs.get("revision"))
+    except Exception:  # noqa: BLE001 - only a better message is at stake: the loader's error stands
+        return None
+    paths = sorted(Path(src.path).glob("*.safetensors")) + sorted(Path(src.path).glob("*.bin"))
+    return next((f"{path} ({why})" for path in paths if (why := _unreadable(path))), None)
+
+
+def _unreadable(path: Path) -> str | None:
+    """Why a weight file cannot be opened (None: it opens): a safetensors header that does not
+    cover the file, or a torch zip archive without its directory (both: a truncated file)."""
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors import safe_open
+
+            with safe_open(str(path), "pt"):
+                return None
+        with open(path, "rb") as f:
+            if f.read(2) == b"PK":  # torch's zip format (an older pickle is not checked)
+                zipfile.ZipFile(f).close()
+    except Exception as exc:  # noqa: BLE001 - any failure to open is the reason asked for
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
 def _write_tables(done, report: MeasureReport, run: MeasureRun) -> None:
     out, how, settings, prompts = report.out, run.how, run.settings, run.prompts
     lead = ["model", "revision"]
@@ -485,7 +577,7 @@ def _write_tables(done, report: MeasureReport, run: MeasureRun) -> None:
     rows = _summary_rows(done, how, report)
     if rows:
         frames = {"summary": pd.DataFrame(rows), **frames}
-    failures = done.failures
+    failures = _named_damage(done)
     report.failures = failures[failures["error"] != "NotMeasured"] if not failures.empty else failures
     if not report.failures.empty:
         frames["failures"] = report.failures.drop(columns=["key"], errors="ignore")

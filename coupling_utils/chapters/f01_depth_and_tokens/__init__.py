@@ -10,6 +10,7 @@ rules, plan, run) and :mod:`.story` (figures, status rows, glued values, assumpt
 "What matched" sentences that interpret a number :mod:`.findings` words.
 """
 
+from coupling_utils.chapters.f01_depth_and_tokens.findings import named_model
 from coupling_utils.chapters.f01_depth_and_tokens.plan import (
     DRAWN_TILE_K,
     ENCODER,
@@ -45,5 +46,5 @@ __all__ = [
     "Results",
     "prompt_table", "prompts", "models", "twin_settings", "jobs", "run", "tile_chart", "depth_chart",
     "distance_chart", "per_model_chart", "token_chart", "context_chart", "last_block_chart", "claims",
-    "assumptions", "glue_values",
+    "assumptions", "glue_values", "named_model",
 ]  # fmt: skip

@@ -9,6 +9,8 @@ from typing import Any
 
 import pandas as pd
 
+from coupling_utils.analysis.depth_and_tokens import TwinMeasurement
+from coupling_utils.analysis.model_names import measured, model_words
 from coupling_utils.chapters.f01_depth_and_tokens.plan import Results
 
 PAPER_MODEL = "meta-llama/Meta-Llama-3-8B"  # the model of the paper's tile figure (project page)
@@ -25,7 +27,9 @@ def finding_words(r: Results, status: pd.DataFrame) -> dict[str, Any]:
     return {
         "f01_twin_level": twin_level_words(float(r.per_model_head["random init"])),
         "f01_tiles_words": tiles_words(str(status.iloc[n].agree)),
-        "f01_level_reasons": Markdown(level_reasons(r.params.model, r.main.n_layers, r.main.d_model)),
+        "f01_level_reasons": Markdown(
+            level_reasons(r.params.model, named_model(r.main), r.main.n_layers, r.main.d_model)
+        ),
         "f01_tokens_words": Markdown(tokens_words(r.token_values, r.first_token)),
         "f01_context_words": Markdown(context_words(r.token_values)),
         "f01_token_layer_reruns": Markdown(token_layer_reruns(r.main.n_layers, r.params.token_layer)),
@@ -52,22 +56,27 @@ def tiles_words(verdict: str) -> str:
     }[verdict]  # fmt: skip
 
 
-def level_reasons(model: str, n_layers: int, d_model: int) -> str:
+def named_model(pair: TwinMeasurement) -> str:
+    """The trained model of a pair named as measured (reference, revision and commit, source
+    format, dtype used), from its measurement's provenance."""
+    return model_words(measured(pair.provenance["trained"]))
+
+
+def level_reasons(model: str, named: str, n_layers: int, d_model: int) -> str:
     """The bullet on how the drawn model differs from the paper's Llama-3-8B (nothing measured:
-    the differences, named; none of them is said to explain a number)."""
+    the differences, named; none of them is said to explain a number). ``named``: the model as
+    measured (:func:`named_model`)."""
     if model == PAPER_MODEL:
         return (
-            f"**This run's model is the paper's**, {model} ({n_layers} blocks, width {d_model}), loaded "
-            "in the `dtype` of the parameters above (the authors' code loads it 4-bit); prompts and "
-            "token choice may still differ from theirs."
+            f"**This run's model is the paper's**, {named} ({n_layers} blocks, width {d_model}) (the "
+            "authors' code loads it 4-bit); prompts and token choice may still differ from theirs."
         )
     return (
-        f"**How this run's model differs from the paper's Llama-3-8B.** This run's model is {model} "
-        f"({n_layers} blocks, width {d_model}); the paper's example has 8B parameters. The default "
-        "profile's SmolLM2 is a 135M model whose weights are dequantised from a 4-bit GGUF file "
-        "(Q4_1); what size or quantisation does to the level is not measured here (the authors "
-        "also measured 4-bit models). Prompts and token choice may matter too. The `paper` profile "
-        "(Llama-3-8B, layers 9–16) is the direct check."
+        f"**How this run's model differs from the paper's Llama-3-8B.** This run's model is {named} "
+        f"({n_layers} blocks, width {d_model}); the paper's example has 8B parameters. What size, or "
+        "weights dequantised from a quantised file, do to the level is not measured here (the "
+        "authors also measured 4-bit models). Prompts and token choice may matter too. The `paper` "
+        "profile (Llama-3-8B, layers 9–16) is the direct check."
     )
 
 

@@ -21,8 +21,12 @@ from coupling_utils.chapters.checks import (
     DTYPES,
     HOWS,
     METHODS,
+    NotMeasured,
+    ParameterError,
     block,
     boolean,
+    check_block,
+    check_blocks,
     check_model,
     check_top_k,
     choice,
@@ -137,23 +141,54 @@ def twin_settings(p: Params) -> tw.TwinSettings:
 def _companion_jobs(p: Params) -> dict[str, list[Job]]:
     """The drawn model and its twin under each other map of the last block (``lb.companions``),
     with the same tiles and token block: what "The last block" sets side by side."""
-    s, texts = twin_settings(p), prompts(p)
+    s, texts, out = twin_settings(p), prompts(p), cache_dir("f01", p.method)
     return {
-        c: tw.twin_jobs(p.model, texts, s.but(last_block=c), root=cache_dir("f01", p.method))
+        c: _checked(tw.twin_jobs(p.model, texts, s.but(last_block=c), root=out), p.model, p)
         for c in lb.companions(p.last_block)
     }
+
+
+def _check_fits(lm, *, p: Params, model: str) -> None:
+    """The block and K parameters against ``model`` loaded (``lm``; each job's check, before
+    measuring): a :class:`ParameterError` naming the parameter, the model and its depth or width.
+    The drawn model (``p.model``) also gets ``tile_layers`` and ``token_layer``."""
+    L, d, name = int(lm.n_layers), int(lm.d_model), model
+    excluded = p.last_block == "excluded"
+    if excluded and L < 3:
+        raise ParameterError(
+            f"parameter 'last_block' is 'excluded', which leaves {L - 1} of the {L} blocks of {name}: too "
+            "few to couple; choose last_block 'final_norm' or 'block', or a model with 3 blocks or more"
+        )
+    blocks = {"last": L - 2, "why": ", and last_block 'excluded' leaves the last out"} if excluded else {}
+    measured = set(check_blocks("layers", p.layers, name, L, **blocks))
+    if model == p.model:  # the tile window is measured too
+        measured |= set(check_blocks("tile_layers", p.tile_layers, name, L, **blocks))
+        check_block("token_layer", p.token_layer, name, L, **blocks)
+    if p.layers and len(measured) < 2:
+        raise ParameterError(
+            f"parameter 'layers' names one block, {p.layers[0]}, and coupling compares blocks: name at "
+            f"least two of the {L} of {name}, or leave it empty (all blocks)"
+        )
+    for K in p.k:
+        check_top_k("k", K, d=d, model=name)
+
+
+def _checked(jobs: list[Job], model: str, p: Params) -> list[Job]:
+    """``model``'s jobs with the chapter's own check (:func:`_check_fits`, in its parameters' terms)."""
+    check = functools.partial(_check_fits, p=p, model=model)
+    return [dataclasses.replace(job, check=check) for job in jobs]
 
 
 def jobs(p: Params) -> list[Job]:
     """The measurement plan: each model and its random-init twin (``twin_jobs``), the first model
     with its tiles and token block, the others without; then the first model and its twin under
-    the other map(s) of the last block (``last_block``)."""
+    the other map(s) of the last block (``last_block``). Each job checks the parameters against
+    its loaded model (:func:`_check_fits`) before measuring."""
     s, texts = twin_settings(p), prompts(p)
     out: list[Job] = []
     for name in models(p):
-        out += tw.twin_jobs(
-            name, texts, s if name == p.model else s.depth_only(), root=cache_dir("f01", p.method)
-        )
+        own = s if name == p.model else s.depth_only()
+        out += _checked(tw.twin_jobs(name, texts, own, root=cache_dir("f01", p.method)), name, p)
     return out + [job for part in _companion_jobs(p).values() for job in part]
 
 
@@ -313,10 +348,16 @@ class Results:
 
 def run(p: Params, options: Options | None = None) -> Results:
     """Collect :func:`jobs` (``options``: how they run; default: failures recorded) and the
-    chapter's :class:`Results`; the drawn model must be measured, the others may be left out, and
-    so may its companions under the other maps (then "The last block" has nothing to show)."""
+    chapter's :class:`Results`; the drawn model and its twin must be measured, under every map of
+    the last block (a :class:`NotMeasured` names why not: a parameter its model does not fit is
+    a ParameterError there); the other models may be left out."""
     planned, extra = jobs(p), _companion_jobs(p)
     done = collect(planned, options).results
+    drawn = Collected([r for r in done if r.job.labels["model"] == p.model and not r.ok])
+    if drawn.results:  # NotMeasured: its report says whether a parameter did not fit the model
+        raise NotMeasured(
+            f"{p.model}: the chapter's main model and its twin must be measured\n{drawn.report()}"
+        )
     n_own = len(planned) - sum(len(part) for part in extra.values())
     twins = tw.twin_set(Collected(done[:n_own]), twin_settings(p), main=p.model)
     companions, at = {}, n_own

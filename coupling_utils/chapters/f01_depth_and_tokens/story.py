@@ -14,7 +14,7 @@ from coupling_utils.analysis import depth_and_tokens as tw
 from coupling_utils.analysis import last_block as lb
 from coupling_utils.analysis import tile_grid
 from coupling_utils.analysis.verdicts import Interval, claim, verdict_word
-from coupling_utils.chapters.f01_depth_and_tokens.findings import finding_words
+from coupling_utils.chapters.f01_depth_and_tokens.findings import finding_words, named_model
 from coupling_utils.chapters.f01_depth_and_tokens.plan import (
     DRAWN_TILE_K,
     ENCODER,
@@ -323,15 +323,16 @@ def _model_values(r: Results) -> dict[str, Any]:
     "The paper's figure" says them (true of whichever profile ran)."""
     p, m = r.params, r.main
     others = [name for name in r.twins.results if name != p.model]
+    named = [named_model(r.twins.results[name]) for name in others]
     more = (
         "This run measures no other model." if not others
-        else f"Beside it this run measures {_joined(others)}, each with its twin." if len(others) <= 3
+        else f"Beside it this run measures {'; '.join(named)}; each with its twin." if len(others) <= 3
         else f"Beside it this run measures {len(others)} more models, each with its twin (the per-model "
              "table lists them)."
     )  # fmt: skip
     lo, hi = min(p.tile_layers), max(p.tile_layers)
     return {
-        "f01_model_words": f"{p.model} ({m.n_layers} blocks, width {m.d_model})",
+        "f01_model_words": f"{named_model(m)} ({m.n_layers} blocks, width {m.d_model})",
         "f01_d_model": int(m.d_model),
         "f01_tile_window": f"blocks {lo}–{hi} (0-based; {len(set(p.tile_layers))} of its {m.n_layers})",
         "f01_more_words": more,

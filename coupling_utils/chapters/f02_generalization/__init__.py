@@ -7,10 +7,12 @@ The notebook is story plus calls: ``results = run(params)`` measures (or reads w
 stored) exactly :func:`jobs`; each section then calls its analysis (:func:`paper_fit`,
 :func:`training`, :func:`family_section`, :func:`family_fits`, :func:`hub_fit`,
 :func:`scale_answer`, :func:`beyond`), shows its tables and charts, and the status cell reports
-:func:`claims` and glues :func:`glue_values` in one call. Four modules, as the notebook reads
-them: :mod:`.plan` (parameters, rules, plan, run), :mod:`.sections` (one analysis per section,
-with its tables and charts), :mod:`.within` (the training family: one architecture, only
-training varies) and :mod:`.story` (status rows, glued values, assumptions).
+:func:`claims` and glues :func:`glue_values` in one call. Five modules, as the notebook reads
+them: :mod:`.plan` (parameters, rules, plan, run), :mod:`.compare` (the comparisons of predictors
+read by their rules: coupling against parameter count per leaderboard task, the best single
+predictor), :mod:`.sections` (one analysis per section, with its tables and charts),
+:mod:`.within` (the training family: one architecture, only training varies) and :mod:`.story`
+(status rows, glued values, assumptions).
 """
 
 from coupling_utils.chapters.f02_generalization.plan import (

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +32,7 @@ from coupling_utils.chapters.checks import (
     k_values,
     list_of,
     number,
+    refuse_misfits,
 )
 from coupling_utils.chapters.params import ChapterParams, param
 from coupling_utils.engine.blocks import LAST_BLOCKS
@@ -154,6 +157,15 @@ WITHIN = Rule(yes="rho > 0 and n >= 6 and span >= 0.2", partly="rho > 0")
 HUB = Rule(yes="slope_low > 0 and n >= 6", partly="slope > 0")
 # beyond the paper: the paper's coupling predicts the leaderboard v2 average (slope's 95% interval)
 EXTENSION = Rule(yes="slope_low > 0", partly="slope > 0")
+# beyond the paper, per leaderboard task: gap = R²(the paper's coupling) − R²(log10 params) on the
+# same models, an Interval (paired bootstrap over the models with that task's score). A task
+# counts for coupling only with a yes (the whole interval above 0); the same rule on −gap counts it
+# for parameter count; any other task does not separate the two
+TASK_VS_SIZE = Rule(yes="gap > 0", partly="gap > 0")
+# the best single predictor: lead = R²(the highest) − R²(the best of the others), an Interval
+# (bootstrap over the models, every predictor refitted on each resample, the best of the others
+# taken in each): the highest is called the best only with a yes (the whole interval above 0)
+BEST_PREDICTOR = Rule(yes="lead > 0", partly="lead > 0")
 # a family member counts as trained to the flat part of its learning curve when the last
 # `tail` of its training moved its held-out loss (down, or up by overfitting) by at most 1% of
 # the final loss
@@ -166,6 +178,8 @@ RULES = {
     "training family": WITHIN,
     "hub models": HUB,
     "leaderboard v2": EXTENSION,
+    "task vs size": TASK_VS_SIZE,
+    "best predictor": BEST_PREDICTOR,
     "flat curve": FLAT,
 }
 """Each claim's rule by its short name, as "The claim" prints them before any number."""
@@ -191,6 +205,16 @@ RULE_WORDS = {
     "hub models": "yes if the slope of the v1 average on our coupling is above 0 over its 95% interval",
     "leaderboard v2": "yes if the slope of the v2 average on the paper's coupling is above 0 over its 95% "
     "interval",
+    "task vs size": (
+        "a leaderboard task counts for coupling if its R² exceeds log parameter count's over the whole "
+        "paired 95% interval of the difference (over the models with that task's score), for parameter "
+        "count if the whole interval is below 0; otherwise the task does not separate the two"
+    ),
+    "best predictor": (
+        "the predictor with the highest R² is called the best only if its lead over the best of the "
+        "others is above 0 over the whole 95% interval (bootstrap over the models, all refitted on each "
+        "resample); otherwise it is not separated from the others"
+    ),
     "flat curve": (
         "a member's learning curve is flat at its end if, over the last `tail` of its training, its "
         "held-out loss fell (or rose) by at most 1% of its final value"
@@ -250,9 +274,15 @@ FAMILY_PREDICTORS = {
 }
 
 
-def rule_lines() -> str:
-    """Every claim's rule, two lines each: its code form, then the same in plain words."""
-    return "\n".join(f"{name:16s} {rule.text}\n{'':16s} ({RULE_WORDS[name]})" for name, rule in RULES.items())
+def rule_lines(*names: str) -> str:
+    """The rules ``names`` (none: every rule), two lines each: its code form, then the same in
+    plain words."""
+    unknown = [name for name in names if name not in RULES]
+    if unknown:
+        raise ValueError(f"no rule named {unknown}; the rules are {list(RULES)}")
+    return "\n".join(
+        f"{name:16s} {RULES[name].text}\n{'':16s} ({RULE_WORDS[name]})" for name in names or RULES
+    )
 
 
 # --------------------------------------------------------------------------- the plan and the run
@@ -268,7 +298,28 @@ def _scale(p: Params, last_block: str, names: list[str], root) -> list[Job]:
     """The scale question's jobs of the models ``names`` with the last block as ``last_block``."""
     ks = {name: k for name, k in scale_ks(p).items() if name in names}
     settings = Settings(method=p.method, max_tokens=p.scale_max_tokens, last_block=last_block)
-    return scale.scale_jobs(list(ks), scale_prompts(p), k=ks, loads=_twins(p), root=root, settings=settings)
+    planned = scale.scale_jobs(
+        list(ks), scale_prompts(p), k=ks, loads=_twins(p), root=root, settings=settings
+    )
+    return _checked(planned, "scale_k", ks)
+
+
+def _check_k(lm, *, name: str, ks: list[int], model: str) -> None:
+    """Each of ``ks`` (parameter ``name``) against the width of ``model`` loaded (``lm``; a job's
+    check, before measuring): a ParameterError naming the parameter, the model and its width."""
+    for K in ks:
+        check_top_k(name, K, d=int(lm.d_model), model=model)
+
+
+def _checked(jobs: list[Job], name: str, ks: Mapping[str, Any]) -> list[Job]:
+    """``jobs`` with :func:`_check_k` of parameter ``name`` at each model's K (``ks[model]``)."""
+    listed = {model: k if isinstance(k, list) else [k] for model, k in ks.items()}
+    return [
+        dataclasses.replace(
+            job, check=functools.partial(_check_k, name=name, ks=listed[job.model], model=job.model)
+        )
+        for job in jobs
+    ]
 
 
 def _twins(p: Params) -> Loads:
@@ -290,6 +341,7 @@ def _parts(p: Params, *, store: bool) -> dict[str, list[Job]]:
         if p.hub_models
         else []
     )
+    hub = _checked(hub, "k", dict.fromkeys(p.hub_models, p.k))
     parts = {
         "family": _family(p, p.last_block, cache),
         "training": _family(p, p.last_block, cache, "training_family"),
@@ -327,11 +379,34 @@ class Results:
     failures: pd.DataFrame = field(default_factory=pd.DataFrame)
     training: FamilyCoupling | None = None
     others: dict[str, Results] = field(default_factory=dict)  # under each other map of the last block
+    named: pd.DataFrame = field(default_factory=pd.DataFrame)  # every model as measured (:func:`named`)
 
     @property
     def prompt_table(self) -> pd.DataFrame:
         """The prompts every model is measured on: ``prompt, text``."""
         return pd.DataFrame({"prompt": list(self.prompts), "text": list(self.prompts.values())})
+
+
+PARTS = {
+    "family": "the family (trained here)",
+    "training": "the training family (trained here)",
+    "hub": "the hub models",
+    "scale": "the scale question",
+}
+"""The parts of the plan whose models :func:`named` lists, as the table names them."""
+
+
+def named(results: Mapping[str, list[Result]]) -> pd.DataFrame:
+    """Every model of the :data:`PARTS` named as measured, one row per model (trained weights or a
+    random-init twin): ``model`` (``model_names.model_words``: the reference, a hub model's revision
+    and commit, the source format, the dtype it ran in) and the ``parts`` that measured it."""
+    from coupling_utils.analysis.model_names import model_words, of_result
+
+    rows = [(model_words(of_result(r)), PARTS[part]) for part in PARTS for r in results.get(part, [])]
+    table = pd.DataFrame(rows, columns=["model", "parts"])
+    return (
+        table.groupby("model", sort=False)["parts"].agg(lambda p: ", ".join(dict.fromkeys(p))).reset_index()
+    )
 
 
 def run(p: Params, options: Options | None = None) -> Results:
@@ -341,6 +416,7 @@ def run(p: Params, options: Options | None = None) -> Results:
     (default: failures are recorded, the other jobs still run)."""
     parts = _parts(p, store=p.use_cache)
     got = collect([job for part in parts.values() for job in part], options, desc="f02")
+    refuse_misfits(got.results, NOTEBOOK)  # a K wider than its model: bad input, not a missing model
     done = iter(got.results)
     results: dict[str, list[Result]] = {name: [next(done) for _ in part] for name, part in parts.items()}
     others = {
@@ -360,4 +436,5 @@ def run(p: Params, options: Options | None = None) -> Results:
         failures=got.failures,
         others=others,
         training=family_summary(results["training"], how=p.how),
+        named=named(results),
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -10,7 +11,13 @@ import pandas as pd
 from coupling_utils.analysis import leaderboards, plots, scale
 from coupling_utils.analysis.data import fig1a_table, join_scores
 from coupling_utils.analysis.generalization import FamilyCoupling, learning_curves, training_stage
-from coupling_utils.analysis.predictors import best_predictor, predictor_comparison, r2_difference
+from coupling_utils.analysis.predictors import (
+    best_predictor,
+    predictor_comparison,
+    predictor_lead,
+    r2_difference,
+)
+from coupling_utils.chapters.f02_generalization.compare import task_side
 from coupling_utils.chapters.f02_generalization.plan import (
     FAMILY_PREDICTORS,
     FLAT,
@@ -225,14 +232,20 @@ def per_prompt_chart(f: Family):
 class FamilyFits:
     """Every predictor of held-out accuracy and loss in the family (``fits``); for accuracy
     (``acc``, by predictor) the best size measure (``rival``), the paired ``gap`` R²(excess) −
-    R²(rival), Spearman's ``rho`` of the three couplings and the best predictor of all."""
+    R²(rival), Spearman's ``rho`` of the three couplings, and how surely the predictor with the
+    highest R² is the best of all (``lead``: :func:`predictor_lead`, bootstrap over members)."""
 
     fits: pd.DataFrame
     acc: pd.DataFrame
     rival: str
     gap: dict[str, float]
     rho: dict[str, float]
-    best: str
+    lead: dict[str, Any]
+
+    @property
+    def best(self) -> str:
+        """The predictor with the highest R² of accuracy (best only if the rule says so)."""
+        return str(self.lead["best"])
 
 
 def family_fits(p: Params, f: Family) -> FamilyFits:
@@ -250,7 +263,8 @@ def family_fits(p: Params, f: Family) -> FamilyFits:
         f.ours, "val_acc", "excess", FAMILY_PREDICTORS[rival], n_resamples=p.n_resamples, seed=p.seed
     )
     rho = {name: float(acc.loc[name, "spearman"]) for name in ("excess", "raw coupling", "twin coupling")}
-    return FamilyFits(fits, acc, rival, gap, rho, best_predictor(acc.reset_index()))
+    lead = predictor_lead(f.ours, "val_acc", FAMILY_PREDICTORS, n_resamples=p.n_resamples, seed=p.seed)
+    return FamilyFits(fits, acc, rival, gap, rho, lead)
 
 
 # --------------------------------------------------------------------------- (c) the hub models
@@ -403,8 +417,9 @@ def choice_words(s: ScaleAnswer) -> dict[str, str]:
 # --------------------------------------------------------------------------- beyond the paper
 @dataclass
 class Beyond:
-    """The paper's coupling against each leaderboard task (``task_fits``, v1 and v2) and against
-    the mean of all tasks but one (``drop_one``, v1 then v2)."""
+    """The paper's coupling against each leaderboard task (``task_fits``, v1 and v2, with the
+    predictor each counts for by the task rule in ``side``) and against the mean of all tasks but
+    one (``drop_one``, v1 then v2)."""
 
     task_fits: pd.DataFrame
     drop_one: pd.DataFrame
@@ -425,6 +440,8 @@ def beyond(p: Params) -> Beyond:
         [leaderboards.task_fits(v, n_resamples=p.n_resamples, seed=p.seed) for v in ("v1", "v2")],
         ignore_index=True,
     )
+    sides = [task_side(row) for _, row in task_fits.iterrows()]  # by plan.TASK_VS_SIZE
+    task_fits.insert(task_fits.columns.get_loc("gap_ci_high") + 1, "side", sides)
     left_out_v2 = leaderboards.drop_one("v2", n_resamples=p.n_resamples, seed=p.seed)
     left_out_v1 = leaderboards.drop_one("v1", n_resamples=p.n_resamples, seed=p.seed)
     return Beyond(task_fits, pd.concat([left_out_v1, left_out_v2], ignore_index=True))

@@ -15,6 +15,7 @@ from IPython.display import Markdown
 from coupling_utils.analysis import k_policy, scale
 from coupling_utils.analysis import last_block as lb
 from coupling_utils.analysis.verdicts import Interval, Rule, claim, verdict_word
+from coupling_utils.chapters.f02_generalization.compare import compare_glue
 from coupling_utils.chapters.f02_generalization.plan import (
     BEATS_SIZE,
     CLAIMS,
@@ -200,7 +201,7 @@ def _beyond_claims(p: Params, story: Story) -> list[dict[str, Any]]:
 def glue_values(p: Params, story: Story, status: pd.DataFrame) -> dict[str, Any]:
     """Every value the prose glues, by name (``status``: what ``report`` returned for
     :func:`claims`, whose verdicts the prose quotes)."""
-    verdict = dict(zip(status.claim, status.agree))
+    verdict, b = dict(zip(status.claim, status.agree)), story.beyond
     return {
         **_paper_glue(story.paper),
         **_training_glue(p, story.training),
@@ -210,6 +211,7 @@ def glue_values(p: Params, story: Story, status: pd.DataFrame) -> dict[str, Any]
         **_scale_glue(p, story.scale),
         **choice_words(story.scale),
         **_beyond_glue(story.paper, story.beyond),
+        **compare_glue(story.fits.lead, story.fits.acc, b.tasks, b.fit("v2"), b.fit("v1")),
         **_verdict_glue(story, verdict),
         **_convention_glue(p, story, verdict),
         **within_glue(story.within),
@@ -338,8 +340,6 @@ def _fits_glue(f: Family, fits: FamilyFits) -> dict[str, Any]:
         "f02_family_gap": gap["estimate"],
         "f02_family_gap_low": gap["ci_low"],
         "f02_family_gap_high": gap["ci_high"],
-        "f02_family_best": Markdown(fits.best),
-        "f02_family_best_r2": float(acc.loc[fits.best, "r2"]),
         "f02_sign_carrier": Markdown(_sign_carrier(rho)),
         "f02_near_zero": Markdown(_near_zero(ours)),
         "f02_above_twin": Markdown(
@@ -506,9 +506,6 @@ def _beyond_glue(paper: PaperFit, b: Beyond) -> dict[str, Any]:
     carrier = drop[drop.left_out != "none"].sort_values("r2_change").iloc[0]
     out.update(
         {
-            "f02_tasks_beats_size": int((tasks.r2 > tasks.size_r2).sum()),
-            "f02_tasks_n": len(tasks),
-            "f02_v2_vs_v1": Markdown("weaker than" if v2.r2 < v1.r2 else "at least as strong as"),
             "f02_snapshot_word": Markdown(
                 "the fit survives the snapshot change"
                 if abs(v1.r2 - paper.r2) <= 0.1

@@ -53,7 +53,7 @@ def loss_figure(r: Results):
 
 
 def coupling_figure(r: Results):
-    """Coupling over training on held-out text, one line per model and K, and its alt text."""
+    """Coupling over training on the main panel (:data:`MAIN`), one line per model and K, and its alt text."""
     from coupling_utils.analysis import plots
     from coupling_utils.analysis.display import plain
 
@@ -67,7 +67,7 @@ def coupling_figure(r: Results):
         "coupling",
         color="series",
         look=plots.Look(
-            title="Depth-wise coupling of the last token over training (held-out text)",
+            title=f"Depth-wise coupling of the last token over training ({MAIN})",
             y_title=f"mean 1 − m_K² over {'all' if r.params.how == 'offdiag' else 'adjacent'} layer pairs",
         ),
     )
@@ -80,7 +80,7 @@ def coupling_figure(r: Results):
 
 
 def panels_figure(r: Results):
-    """The headline K's coupling on held-out text against the quiz prompts, and its alt text."""
+    """The headline K's coupling on the main panel against the quiz prompts, and its alt text."""
     from coupling_utils.analysis import plots
 
     both = r.main.assign(series=lambda d: _run_name(d["model"]) + ", " + d["panel"])
@@ -90,7 +90,7 @@ def panels_figure(r: Results):
         "coupling",
         color="series",
         look=plots.Look(
-            title=f"Held-out text against quiz prompts (K = {r.k_main})",
+            title=f"{MAIN.capitalize()} against quiz prompts (K = {r.k_main})",
             y_title="mean 1 − m_K² over layer pairs",
         ),
     )
@@ -119,7 +119,7 @@ def paper_figure(r: Results):
 
 
 def shapes_figure(r: Results):
-    """Each curve (ours on held-out text, the paper's) divided by its final value against the
+    """Each curve (ours on the main panel, the paper's) divided by its final value against the
     fraction of training, and its alt text."""
     import altair as alt
 

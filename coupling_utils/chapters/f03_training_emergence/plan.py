@@ -33,7 +33,8 @@ from coupling_utils.files import cache_dir
 from coupling_utils.measurement.jobs import Job
 
 NOTEBOOK = "f03_training_emergence"
-MAIN = "held-out text"  # the main panel: held-out windows of the training corpus
+MAIN = "Shakespeare windows"  # the main panel: windows of the corpus's validation plays (held out
+# from the training of a run trained here; words.windows_words says which)
 QUIZ = "quiz prompts"  # the secondary panel (out of distribution for a model trained only on Shakespeare)
 
 

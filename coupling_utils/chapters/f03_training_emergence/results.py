@@ -13,6 +13,7 @@ import pandas as pd
 
 from coupling_utils.analysis import emergence
 from coupling_utils.analysis.last_block import checkpoints_without_last_block
+from coupling_utils.analysis.model_names import checkpoints_words, of_result
 from coupling_utils.analysis.straightness import straightness
 from coupling_utils.chapters.f03_training_emergence.plan import (
     MAIN,
@@ -35,13 +36,26 @@ def run(p: Params, options: Options | None = None) -> Results:
     planned = panel_jobs(p, runs)
     options = options or Options()
     done = iter(collect([j for js in planned.values() for j in js], options, desc="checkpoints").results)
-    sweeps = {}
+    sweeps, named = {}, {}
     for panel, js in planned.items():
         part = Collected([next(done) for _ in js])
         sweeps[panel] = emergence.runs_sweep(
             part, runs, checkpoint_settings(p, panel), panel=panel, on_error=options.on_error
         )
-    return Results(p, runs, sweeps)
+        named = named or _named(part, runs)  # the main panel's: every checkpoint it measured
+    return Results(p, runs, sweeps, named)
+
+
+def _named(done: Collected, runs: list) -> dict[str, str]:
+    """Each run named as measured (:func:`~coupling_utils.analysis.model_names.checkpoints_words`
+    of the checkpoints measured, in step order), by model; a run with none measured is left out."""
+    out = {}
+    for run in runs:
+        mine = sorted((r for r in done.ok if r.job.labels.get("model") == run.model),
+                      key=lambda r: emergence.step_of(r.job.revision))  # fmt: skip
+        if mine:
+            out[run.model] = checkpoints_words([of_result(r) for r in mine])
+    return out
 
 
 # --------------------------------------------------------------------------- the measurements, condensed
@@ -58,6 +72,7 @@ class Results:
     params: Params
     runs: list
     sweeps: dict
+    named: dict = dataclasses.field(default_factory=dict)  # model -> named as measured (:func:`_named`)
 
     # ----------------------------------------------------------------- the tables of both panels
     @functools.cached_property
@@ -482,7 +497,9 @@ class Results:
                 except ValueError:  # two blocks: nothing left to judge
                     sweeps = None
                 if sweeps is not None:
-                    cut = Results(dataclasses.replace(self.params, last_block=other), self.runs, sweeps)
+                    cut = Results(
+                        dataclasses.replace(self.params, last_block=other), self.runs, sweeps, self.named
+                    )
                     verdicts = cut.coupling_verdicts
             out[other] = verdicts
         return out

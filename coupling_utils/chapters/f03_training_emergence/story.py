@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from coupling_utils.analysis import last_block as lb
-from coupling_utils.analysis.straightness import STRAIGHTER, STRAIGHTER_TEXT
+from coupling_utils.analysis.straightness import STRAIGHTER, straighter_text
 from coupling_utils.analysis.verdicts import claim, verdict_word
 from coupling_utils.chapters.f03_training_emergence.exercises import exercise_k, exercise_lr, exercise_pairs
 from coupling_utils.chapters.f03_training_emergence.plan import MAIN, RULES, quiz_prompts
@@ -21,8 +21,13 @@ from coupling_utils.chapters.f03_training_emergence.words import (
     interval_of,
     peak_words,
     versus_first,
+    windows_words,
     with_interval,
 )
+
+# the book's one straightness rule, in f03's terms: the windows are resampled, the first
+# checkpoint stands in for the twin
+STRAIGHT_RULE = straighter_text(unit=f"the {MAIN}", twin="the first checkpoint's")
 
 CLAIMS = {
     "rises": "coupling rises progressively over training (shape of the curve)",
@@ -67,7 +72,7 @@ def _coupling_rows(r: Results) -> list[dict]:
             values=r.rise_values,
             ours=f"{first.ratio:.2f}× (ρ = {first.spearman:.2f}, peak at step {int(first.peak_step)}, "
             f"position {first.peak_position:.2f})",
-            note=f"{r.showcase}, held-out text, steps {int(first.early_step)}→{int(first.final_step)}, "
+            note=f"{r.showcase}, {MAIN}, steps {int(first.early_step)}→{int(first.final_step)}, "
             f"K = {k}, {p.how} mean of 1 − m²; {_convention(r, 'rises')}",
         ),
         claim(
@@ -129,7 +134,7 @@ def claims(r: Results) -> list[dict]:
             rule=STRAIGHTER,
             values=r.straight,
             ours=_straight_ours(r.straight, lss.spearman),
-            note="mean over tokens and held-out windows; the book's one straightness rule (as f05's)",
+            note=f"mean over tokens and {MAIN}; the book's one straightness rule (as f05's)",
         ),
     ]
     if exp is not None:
@@ -215,6 +220,8 @@ def _coupling_values(r: Results) -> dict[str, Any]:
     out["f03_rises_verdict"] = _verdict(r, "rises")
     out["f03_shape_sentence"] = Markdown(f"The curve {peak_words(first)}.")
     out["f03_showcase"] = r.showcase
+    out["f03_showcase_named"] = r.named[r.showcase]
+    out["f03_windows_words"] = windows_words(next(run for run in r.runs if run.model == r.showcase))
     out["f03_first_words"] = at_first_checkpoint(r.first_step)
     out["f03_first_name"] = first_checkpoint(r.first_step)
     return out
@@ -303,7 +310,7 @@ def _trajectory_values(r: Results) -> dict[str, Any]:
         "f03_lss_final": float(lss.final),
         "f03_lss_spearman": float(lss.spearman),
         "f03_lss_walk": float(r.straight["walk"]),
-        "f03_straight_rule": STRAIGHTER_TEXT,
+        "f03_straight_rule": STRAIGHT_RULE,
         "f03_straight_verdict": _verdict(r, "straight"),
         "f03_walk_ratio": float(r.straight["walk_ratio"].estimate),
         "f03_walk_ratio_interval": r.straight["walk_ratio"].words(),
@@ -416,7 +423,7 @@ def _matched_rise(r: Results) -> list[str]:
         + (f", {first.peak / first.final:.1f}× its final value" if first.final > 0 else "")
     )
     return [
-        f"**Progressive rise** ({_verdict(r, 'rises').data}). Coupling of {r.showcase} on held-out text "
+        f"**Progressive rise** ({_verdict(r, 'rises').data}). Coupling of {r.showcase} on the {MAIN} "
         f"(K = {k}) goes from {first.early:.3f} at step {int(first.early_step)} to {first.final:.3f} at "
         f"step {int(first.final_step)}, with its highest point {where}: "
         f"{with_interval('final / early', v['ratio'])}, against about {pg.ratio.mean():.1f} for Pythia; "
@@ -466,7 +473,7 @@ def _matched(r: Results) -> str:
         if not q.empty:
             qrow = q[q.model == r.showcase].iloc[0]
             bullets.append(
-                f"**Quiz prompts.** On the quiz prompts the curve {peak_words(qrow)}; on held-out text it "
+                f"**Quiz prompts.** On the quiz prompts the curve {peak_words(qrow)}; on the {MAIN} it "
                 f"{peak_words(first)}. The quiz curve's verdict by the same rule is "
                 f"{qrow['rises progressively']}."
             )

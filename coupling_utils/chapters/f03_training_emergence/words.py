@@ -83,3 +83,29 @@ def with_interval(name: str, value: Interval | float, spec: str = ".2f") -> str:
 def interval_of(value: Interval | float, spec: str = ".2f") -> str:
     """A judged number's interval in words (:meth:`Interval.words`), or "no interval" for a plain number."""
     return value.words(spec) if isinstance(value, Interval) else "no interval"
+
+
+def windows_words(run) -> str:
+    """What the main panel's windows are to ``run`` (an ``emergence.Checkpoints``): held out from
+    its training only where the run was trained here on the corpus they come from (its
+    ``training_spec.json`` names the validation plays); otherwise not known to be held out."""
+    import json
+
+    spec = run.path / "training_spec.json" if run.path is not None else None
+    corpus = json.loads(spec.read_text()).get("corpus") or {} if spec is not None and spec.exists() else {}
+    plays = [_play_title(play) for play in corpus.get("validation_plays", [])]
+    if plays:
+        return (
+            f"Shakespeare windows held out from {run.model}'s training: its validation plays "
+            f"({', '.join(plays)}), which it never trained on"
+        )
+    return (
+        f"Shakespeare windows, not known to be held out from {run.model}'s training (it was not trained "
+        "here; its training data, such as Pythia's Pile, may contain Shakespeare)"
+    )
+
+
+def _play_title(slug: str) -> str:
+    """A play's title from its corpus slug: "histories/richard-ii" -> "Richard II"."""
+    words = str(slug).rsplit("/", 1)[-1].split("-")
+    return " ".join(w.upper() if set(w) <= set("ivx") else w.capitalize() for w in words)

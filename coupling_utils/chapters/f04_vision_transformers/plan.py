@@ -16,6 +16,8 @@ import numpy as np
 import pandas as pd
 
 from coupling_utils.analysis import vision_transformers as vt
+from coupling_utils.analysis.emergence import step_of
+from coupling_utils.analysis.model_names import checkpoints_words, model_words, of_result
 from coupling_utils.analysis.verdicts import Rule
 from coupling_utils.chapters.checks import (
     DTYPES,
@@ -26,12 +28,14 @@ from coupling_utils.chapters.checks import (
     ParameterError,
     boolean,
     check_model,
+    check_top_k,
     choice,
     embedded_family,
     integer,
     k_values,
     list_of,
     number,
+    refuse_misfits,
     text,
     vit_token,
 )
@@ -146,7 +150,8 @@ def jobs(p: Params) -> list[Job]:
     ``init_seed``; each hub ViT and its twin (``k``); each family member and its twin (``K`` =
     ``family_k_over_d`` × width). Every job's prompts are the same ``n_images`` digits, made into
     the model's own input format once it is loaded. Planned from the parameters and the zoo's
-    recipes alone: nothing is trained, downloaded or loaded."""
+    recipes alone: nothing is trained, downloaded or loaded; each job checks ``token`` and ``k``
+    against its loaded model (:func:`_check_fits`) before measuring."""
     if not p.use_cache:
         raise ParameterError(
             "parameter 'use_cache' is false: the notebook would not read what a sweep stores; drop the "
@@ -165,10 +170,34 @@ def jobs(p: Params) -> list[Job]:
         "exercises": exercise_jobs(p, s, run_name(p), checkpoints(p)),
     }  # fmt: skip
     return [
-        job
+        dataclasses.replace(job, check=functools.partial(_check_fits, p=p, job=job))
         for study, planned in studies.items()
         for job in relabel(planned, lambda _, study=study: {"study": study})
     ]
+
+
+def _check_fits(lm, *, p: Params, job: Job) -> None:
+    """``token`` (where ``job`` measures at it) and ``k`` (the family's K is a fraction of each
+    width) against ``job``'s loaded model, each a ParameterError naming the parameter, the model
+    and its grid or width; then the job's own check (an exercise's token). A refusal is recorded
+    under the job's key, so only a job whose key holds the parameter may refuse it."""
+    from coupling_utils.models.images import patch_grid, vit_tokens
+
+    model = str(job.model) + (f" at {job.revision}" if job.revision else "")
+    rows, cols = patch_grid(lm)
+    position = vit_tokens(p.token)  # [patch + 1] for a patch
+    own = isinstance(position, list) and job.settings["measure"].tokens == tuple(position)
+    if own and position[0] > rows * cols:
+        raise ParameterError(
+            f"parameter 'token' names a patch that does not exist, got {p.token!r}: {model} has a "
+            f"{rows}×{cols} grid of {rows * cols} patches; choose patch0..patch{rows * cols - 1} (row r, "
+            f"column c is patch r·{cols} + c), or 'cls', 'last' or 'mean'"
+        )
+    if job.labels["study"] != "family":
+        for K in p.k if isinstance(p.k, list) else [p.k]:
+            check_top_k("k", K, d=int(lm.d_model), model=model)
+    if job.check is not None:
+        job.check(lm)
 
 
 # --------------------------------------------------------------------------- the results
@@ -208,6 +237,7 @@ class Results:
     fits: pd.DataFrame
     log: dict[str, list[str]] = dataclasses.field(default_factory=dict)  # by study: a line per job
     exercises: dict[str, vt.ViTCoupling] = dataclasses.field(default_factory=dict)  # by variant
+    named: dict[str, str] = dataclasses.field(default_factory=dict)  # "run" and each hub ViT, as measured
 
     @property
     def token_words(self) -> str:
@@ -236,7 +266,7 @@ class Results:
         """One line: the run, its size and patches, the digits and the token."""
         f = self.facts
         return (
-            f"{self.run_name}: {f['n_layers']} blocks, width {f['d_model']}, a {f['grid'][0]} × "
+            f"{self.named['run']}: {f['n_layers']} blocks, width {f['d_model']}, a {f['grid'][0]} × "
             f"{f['grid'][1]} grid of {f['patch'][0]} × {f['patch'][1]}-pixel patches; {f['n_images']} "
             f"test digits ({', '.join(map(str, f['digits']))}); measuring {f['token_words']}"
         )
@@ -288,6 +318,7 @@ def run(p: Params, options: Options | None = None) -> Results:
     A hub ViT that is missing is recorded (``hub.failures``); any other missing job raises
     :class:`NotMeasured`, naming the reason."""
     done = collect(jobs(p), options, desc=NOTEBOOK)
+    refuse_misfits(done.results, NOTEBOOK)  # a parameter the model does not fit: bad input, hub or not
     lost = [r for r in done.results if not r.ok and r.job.labels["study"] != "hub"]
     if lost:
         raise NotMeasured(
@@ -300,7 +331,21 @@ def run(p: Params, options: Options | None = None) -> Results:
         study: vt.condense(by[study], s, log[study].append) for study in STUDIES if study != "exercises"
     }
     exercises = condense_exercises(by["exercises"], s, log["exercises"].append)
-    return dataclasses.replace(_results(p, studies, family_runs(p)), log=log, exercises=exercises)
+    return dataclasses.replace(
+        _results(p, studies, family_runs(p)), log=log, exercises=exercises, named=_named(by)
+    )
+
+
+def _named(by: Mapping[str, list]) -> dict[str, str]:
+    """The models named as measured (:mod:`~coupling_utils.analysis.model_names`): the run over
+    its checkpoints (key ``"run"``) and each hub ViT measured, by its reference."""
+    trained = [r for r in by["training"] if r.ok]
+    trained.sort(key=lambda r: step_of(r.job.revision))
+    named = {"run": checkpoints_words([of_result(r) for r in trained])}
+    for r in by["hub"]:
+        if r.ok and r.job.weights == "trained":
+            named[str(r.job.model)] = model_words(of_result(r))
+    return named
 
 
 def _facts(p: Params) -> dict[str, Any]:

@@ -132,6 +132,7 @@ def glue_values(p: Params, r: Results) -> dict[str, Any]:
         | _family_glue(r)
         | verdicts
         | {"f04_hub_missing": Markdown(_hub_missing(r)), "f04_hub_words": Markdown(hub_words(p, r))}
+        | {"f04_model_words": r.named["run"]}
         | {"f04_ex_kd_curve": Markdown(_kd_sentence(p, r))}
         | exercise_glue(p, r)
     )
@@ -258,7 +259,7 @@ def hub_words(p: Params, r: Results) -> str:
         )
     rows = {row["claim"]: row for row in claims(p, r)}
     parts = [
-        f"{h.model}: trained {h.trained:.3f} against its twin's {h.twin:.3f}, excess {h.excess:.3f} "
+        f"{r.named[h.model]}: trained {h.trained:.3f} against its twin's {h.twin:.3f}, excess {h.excess:.3f} "
         f"({hub_values(h)['excess'].words('.3f')}): verdict "
         f"{verdict_word(rows[f'pretrained {h.model} is more coupled than its untrained twin']).data}"
         for h in r.hub_gaps.itertuples()
