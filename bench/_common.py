@@ -11,7 +11,11 @@ from __future__ import annotations
 import datetime as dt
 import math
 import os
+import subprocess
 from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+"""The checkout the benchmarks run from (whose commit each row records)."""
 
 
 def rss_mib() -> float:
@@ -140,7 +144,8 @@ def neox_model(layers: int, *, attention: str | None = None):
 
 def provenance(command: str, *, threads: int | None = None, device: str | None = None) -> dict:
     """The columns every benchmark row carries: the machine and its load when the run started,
-    the torch threads (if fixed), the device (if not the CPU), library versions, date, command."""
+    the torch threads (if fixed), the device (if not the CPU), library versions, the code's
+    commit (:func:`commit`), date, command."""
     from coupling_utils.provenance import cpu_name, versions
 
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
@@ -150,6 +155,23 @@ def provenance(command: str, *, threads: int | None = None, device: str | None =
         out["torch_threads"] = threads
     v = versions()
     out.update({k: v[k] for k in ("torch", "transformers", "coupling_utils")})
+    out["commit"] = commit()
     out["date_utc"] = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M")
     out["command"] = command
     return out
+
+
+def commit(repo: Path = REPO) -> str:
+    """The commit of the code a benchmark ran (12 hex digits), with ``+changes`` when tracked files
+    differ from it; ``unknown`` outside a git checkout (e.g. a copied tree without ``.git``)."""
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True,
+                              check=True, timeout=30).stdout.strip()  # fmt: skip
+
+    try:
+        head = git("rev-parse", "--short=12", "HEAD")
+        changed = git("status", "--porcelain", "--untracked-files=no")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return f"{head}+changes" if changed else head

@@ -18,7 +18,8 @@ description, the command and the chapter's plan (``teaching.chapter_plan``: a ha
 parameter values at the default profile, so the book can tell times measured on an earlier plan).
 Offline: only the embedded models are used.
 
-**Contention, per state.** The load average at a chapter's start (the ``machine`` column) says
+**Contention, per state.** The load average at a chapter's start (the ``load_at_start`` column:
+the one-minute load average when its first state began, empty where not recorded) says
 nothing about a process that starts competing for the cores later. So each timed state also
 records ``other_cpu_seconds``: the CPU time that processes *other than the run's own tree* used
 during it, read as the machine's busy clock ticks over the interval (``/proc/stat``'s aggregate
@@ -76,6 +77,7 @@ COLUMNS = [
     "profile",
     "plan",
     "machine",
+    "load_at_start",
     "memory_gib",
     "torch",
     "coupling_utils",
@@ -84,7 +86,15 @@ COLUMNS = [
 ]
 
 
+def load_at_start() -> float | str:
+    """The one-minute load average now, for the ``load_at_start`` column ("" where the platform
+    has none: not recorded)."""
+    return round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else ""
+
+
 def machine() -> dict:
+    """The machine's description (cores, CPU, no GPU: what stays the same from run to run), its
+    memory and the library versions; the load, which changes, is :func:`load_at_start`."""
     import torch
 
     import coupling_utils
@@ -93,7 +103,7 @@ def machine() -> dict:
     cpu = cpu_name()
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     return {
-        "machine": f"{os.cpu_count()} CPU ({cpu}), no GPU, load {os.getloadavg()[0]:.1f} at start",
+        "machine": f"{os.cpu_count()} CPU ({cpu}), no GPU",
         "memory_gib": round(memory, 1),
         "torch": torch.__version__,
         "coupling_utils": coupling_utils.__version__,
@@ -203,7 +213,7 @@ def measure_chapter(chapter: str, states: list[str], tmp: Path, command: str) ->
     from coupling_utils.pipeline.teaching import chapter_plan
 
     rows = []
-    facts = machine()
+    facts = machine() | {"load_at_start": load_at_start()}
     plan = chapter_plan(chapter)  # what was measured: the chapter's plan today
     for state in states:
         name = "models" if state == "models" else "cold"  # warm reruns the cold run's cache

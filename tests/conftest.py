@@ -8,6 +8,7 @@ that need them.
 
 from __future__ import annotations
 
+import gc
 import os
 
 # Tests never reach the Hugging Face hub.
@@ -21,6 +22,15 @@ import torch  # noqa: E402
 
 # Tests use tiny tensors: one thread is faster than two, and far faster on a shared CPU.
 torch.set_num_threads(1)
+
+
+def pytest_collection_finish(session):
+    """Put what collection loaded (torch, transformers, the package: a large heap that never turns
+    into garbage) out of the cyclic collector's reach: a chapter frees memory after each measured
+    job with ``gc.collect()``, which would otherwise rescan all of it each time (about half a
+    second a job on this machine, most of a smoke chapter's run)."""
+    gc.collect()
+    gc.freeze()
 
 
 @pytest.fixture(autouse=True)

@@ -81,7 +81,8 @@ def fake(bench, monkeypatch):
 
     result = {"seconds": 50.0, "cpu_seconds": 49.0, "peak_rss_mib": 900, "status": "ok"}
     monkeypatch.setattr(bench, "run", lambda chapter, cache, out: dict(result))
-    monkeypatch.setattr(bench, "machine", lambda: {"machine": "2 CPU (X), no GPU, load 0.1 at start"})
+    monkeypatch.setattr(bench, "machine", lambda: {"machine": "2 CPU (X), no GPU"})
+    monkeypatch.setattr(bench, "load_at_start", lambda: 0.1)
     monkeypatch.setattr(bench, "prepare_models", lambda chapter, cache: None)
     monkeypatch.setattr(teaching, "chapter_plan", lambda chapter: "plan-a")
     return result
@@ -103,6 +104,19 @@ def test_new_rows_carry_the_columns_and_old_rows_stay_readable(bench, fake, tmp_
     rows = _rows(out)
     assert rows["f00", "cold"]["other_cpu_share"] == "" and rows["f00", "cold"]["seconds"] == "30.0"
     assert rows["f01", "models"]["other_cpu_share"] == "0.02" and rows["f01", "models"]["plan"] == "plan-a"
+    assert (
+        rows["f01", "models"]["load_at_start"] == "0.1"
+        and rows["f01", "models"]["machine"] == "2 CPU (X), no GPU"
+    )
+
+
+def test_the_machine_is_named_without_its_load(bench):
+    """The load average changes from run to run: it has its own column, not a place in the name."""
+    import os
+
+    assert "load" not in bench.machine()["machine"] and "load_at_start" in bench.COLUMNS
+    load = bench.load_at_start()
+    assert load == "" if not hasattr(os, "getloadavg") else isinstance(load, float) and load >= 0
 
 
 def test_a_quiet_row_is_kept_against_a_contended_rerun_unless_forced(bench, fake, tmp_path, capsys):
@@ -130,3 +144,23 @@ def test_a_quiet_row_of_an_earlier_plan_is_replaced(bench, fake, tmp_path, monke
     fake |= {"seconds": 90.0, "other_cpu_seconds": 40.0, "other_cpu_share": 0.4}
     assert bench.main(["--chapters", "f01", "--states", "models", "--out", str(out)]) == 0
     assert _rows(out)["f01", "models"]["plan"] == "plan-b"
+
+
+def test_every_benchmark_row_records_the_commit_it_ran(common, tmp_path):
+    """``commit``: the checkout's HEAD, marked when tracked files differ from it; ``unknown``
+    outside a git checkout (a copied tree, as on a lent GPU machine without ``.git``)."""
+    import subprocess
+
+    assert common.commit(tmp_path) == "unknown"
+    git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    (tmp_path / "a.txt").write_text("one\n")
+    subprocess.run([*git, "add", "a.txt"], check=True)
+    subprocess.run([*git, "commit", "-qm", "one"], check=True)
+    head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout
+    assert common.commit(tmp_path) == head[:12]
+    (tmp_path / "new.txt").write_text("untracked files do not count\n")
+    assert common.commit(tmp_path) == head[:12]
+    (tmp_path / "a.txt").write_text("two\n")
+    assert common.commit(tmp_path) == head[:12] + "+changes"
+    assert common.provenance("python bench/x.py")["commit"] == common.commit()

@@ -8,14 +8,14 @@ import pandas as pd
 
 from coupling_utils.pipeline import teaching
 
-MACHINE = "2 CPU (Xeon), no GPU, load {load} at start"
+MACHINE = "2 CPU (Xeon), no GPU"
 
 
 def costs(**changes) -> pd.DataFrame:
     """Every lab chapter in every state, one run on one quiet 2-core machine; ``changes`` by column."""
     rows = [
         {"chapter": c, "state": s, "seconds": 60.0, "cpu_seconds": 60.0, "status": "ok", "plan": "p",
-         "machine": MACHINE.format(load=0.5), "date_utc": "2026-12-04 10:00", "command": "python bench",
+         "machine": MACHINE, "load_at_start": 0.5, "date_utc": "2026-12-04 10:00", "command": "python bench",
          "other_cpu_share": 0.01}
         for c in ("f00", "f01", "f05") for s in ("cold", "models", "warm")
     ]  # fmt: skip
@@ -33,7 +33,7 @@ def test_one_quiet_run_on_one_machine_is_said_to_be_so():
 
 
 def test_rows_of_different_machines_and_runs_are_said_to_be():
-    four = ["4 CPU (Epyc), no GPU, load 0.2 at start"] * 3 + [MACHINE.format(load=0.5)] * 6
+    four = ["4 CPU (Epyc), no GPU"] * 3 + [MACHINE] * 6
     dates = ["2026-12-05 09:00"] * 3 + ["2026-12-04 10:00"] * 6
     text = teaching.costs_summary(costs(machine=four, date_utc=dates))
     assert "on 2 different machines (a 2-core CPU (Xeon, no GPU); a 4-core CPU (Epyc, no GPU))" in text
@@ -58,10 +58,11 @@ def test_contended_rows_are_named_with_the_share_others_used():
 
 def test_rows_without_a_record_of_contention_say_so():
     old = costs().drop(columns="other_cpu_share")  # rows written before the column existed
-    old["machine"] = [MACHINE.format(load=x) for x in (0.7, 0.7, 0.7, 3.2, 3.2, 3.2, 1.0, 1.0, 1.0)]
+    old["load_at_start"] = [0.7, 0.7, 0.7, 3.2, 3.2, 3.2, 1.0, 1.0, 1.0]
     text = teaching.costs_summary(old)
     assert "whether other processes competed for the CPU during the runs was not recorded" in text
     assert "(the load average when each chapter's runs began: 0.7 to 3.2), so a time may be too long" in text
+    assert "at start" not in text  # the machine is named without its load
     assert "not recorded" in teaching.plans_summary(old) and "not recorded" in teaching.chapter_time(
         old, "f00"
     )
@@ -70,3 +71,25 @@ def test_rows_without_a_record_of_contention_say_so():
         teaching.costs_summary(partly)
     )
     assert "6 of the 9 runs were quiet" in teaching.costs_summary(partly)
+
+
+def test_the_shipped_costs_name_the_machine_and_read_the_load_from_its_column():
+    """data/benchmarks/chapter_costs.csv keeps the load average at start in ``load_at_start``,
+    not in the machine's name; the page's sentence names the machine once and the load range."""
+    from pathlib import Path
+
+    shipped = pd.read_csv(Path(__file__).resolve().parents[1] / "data" / "benchmarks" / "chapter_costs.csv")
+    assert not shipped["machine"].str.contains("load").any()
+    assert pd.to_numeric(shipped["load_at_start"]).notna().all()
+    text = teaching.costs_summary(shipped)
+    assert "measured on a 2-core CPU (Intel(R) Xeon(R) Processor, no GPU)" in text
+    loads = shipped["load_at_start"]
+    assert (
+        f"(the load average when each chapter's runs began: {loads.min():.1f} to {loads.max():.1f})" in text
+    )
+
+
+def test_a_load_not_recorded_is_not_said():
+    """Rows without the column (or with it empty) give no load range, and no error."""
+    text = teaching.costs_summary(costs(load_at_start=None).drop(columns="other_cpu_share"))
+    assert "was not recorded, so a time may be too long" in text and "load average" not in text

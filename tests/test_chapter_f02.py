@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -214,6 +215,9 @@ def test_a_sign_is_stated_only_where_its_whole_interval_has_it():
     assert undecided.startswith("positive in its estimate, but its interval includes 0")
     assert sign_words(-0.2, -0.8, 0.5, against).startswith("not positive in its estimate")
     assert sign_words(float("nan"), float("nan"), float("nan"), against).startswith("undecided")
+    few = sign_words(0.87, 0.87, 1.0, against, n=3)  # the smoke family: 3 members, too few to settle it
+    assert few.startswith("positive over its whole interval, but 3 members are fewer than the 6")
+    assert sign_words(0.87, 0.87, 1.0, against, n=6) == "positive, the direction the paper reports"
 
 
 def test_a_width_with_one_member_is_not_said_to_span():
@@ -233,7 +237,8 @@ def test_a_width_with_one_member_is_not_said_to_span():
 def test_the_scale_and_training_family_words_read_as_sentences():
     """The scale conclusion is one sentence with its count ("none is", "1 is", "3 are"); the
     training family counts its members on all the data apart from those on a slice."""
-    from coupling_utils.chapters.f02_generalization.story import _candidates, _compatible, _tpp_words
+    from coupling_utils.chapters.f02_generalization.sections import tpp_words as _tpp_words
+    from coupling_utils.chapters.f02_generalization.story import _candidates, _compatible
     from coupling_utils.chapters.f02_generalization.within import on_slice
 
     assert [_compatible(n) for n in (0, 1, 3)] == [
@@ -246,6 +251,16 @@ def test_the_scale_and_training_family_words_read_as_sentences():
     assert on_slice(runs).tolist() == [False, False, False, False, True]
     same = _tpp_words(pd.Series([20.0, 20.5, 19.6]))
     assert same["f02_tpp_sentence"].data.startswith("Every member saw about 20 tokens per parameter")
+    close = _tpp_words(pd.Series([2.0016, 2.0035, 2.0006]))["f02_tpp_sentence"].data  # the default family
+    assert close == "Every member saw about 2 tokens per parameter (2.001 to 2.003)"  # not "(2 to 2)"
+    from coupling_utils.chapters.f02_generalization.sections import stage_words as _stage_words
+
+    stage = pd.DataFrame({"flat": [True] + [False] * 7, "tail_drop_rel": [0.001] + [0.02] * 7})
+    assert _stage_words(stage, 1).startswith(
+        "1 of 8 curves is flat at its end by that rule: the others were still"
+    )
+    rising = stage.assign(tail_drop_rel=[0.001] + [0.02] * 6 + [-0.1])
+    assert "the others were still moving" in _stage_words(rising, 1)
     spread = _tpp_words(pd.Series([0.0131, 0.0272, 0.0262]))
     assert spread["f02_tpp_sentence"].data.startswith("The members saw 0.0131 to 0.0272 tokens per parameter")
     assert "same" not in spread["f02_tpp_trained"].data
@@ -313,20 +328,21 @@ def test_a_task_counts_for_a_predictor_only_where_the_whole_interval_says_so():
 def test_the_best_predictor_is_named_only_when_its_lead_clears_0():
     from coupling_utils.chapters.f02_generalization.compare import best_sentence
 
-    share = {"width": 0.62, "log10 params": 0.37, "excess": 0.004}
-    lead = {"best": "width", "runner_up": "log10 params", "estimate": 0.036, "ci_low": -0.02, "ci_high": 0.1,
+    share = {"log10 params": 0.62, "width": 0.37, "excess": 0.004}
+    lead = {"best": "log10 params", "runner_up": "width", "estimate": 0.036, "ci_low": -0.02, "ci_high": 0.1,
             "level": 0.95, "n": 8, "share": share}  # fmt: skip
-    r2 = {"width": 0.975, "log10 params": 0.939, "excess": 0.714}
+    r2 = {"log10 params": 0.975, "width": 0.939, "excess": 0.714}
     text = best_sentence(lead, r2, "accuracy", "members")
-    assert text.startswith(
-        "The highest $R^2$ of accuracy is width's (0.975), but its lead over the next, log10"
+    assert text.startswith(  # no possessive of a label ("log10 params's")
+        "The highest $R^2$ of accuracy, 0.975, is that of log10 params, but its lead over the next, width"
     )
+    assert "'s" not in text.replace("Coupling's", "")
     assert "no single predictor is the best on these 8 members" in text
     assert text.endswith(
-        "width has the highest $R^2$ in 62% of the resamples, log10 params in 37%, excess in under 1%"
+        "log10 params has the highest $R^2$ in 62% of the resamples, width in 37%, excess in under 1%"
     )
     sure = best_sentence({**lead, "ci_low": 0.01}, r2, "accuracy", "members")
-    assert sure.startswith("The best single predictor of accuracy is width ($R^2$ = 0.975)")
+    assert sure.startswith("The best single predictor of accuracy is log10 params ($R^2$ = 0.975)")
     assert f02.plan.BEST_PREDICTOR.judge({"lead": 0.036}) == "yes"  # a number without an interval is exact
 
     from coupling_utils.chapters.f02_generalization.compare import compare_glue
@@ -336,17 +352,17 @@ def test_the_best_predictor_is_named_only_when_its_lead_clears_0():
     v2 = pd.Series({**_task("v2", "average", -0.014, -0.12, 0.11), "side": "neither", "r2": 0.44,
                     "r2_ci_low": 0.21, "r2_ci_high": 0.71})  # fmt: skip
     v1 = pd.Series({"r2": 0.78, "r2_ci_low": 0.645, "r2_ci_high": 0.889, "n": 26})
-    glue = compare_glue(lead, acc, tasks, v2, v1)
+    glue = compare_glue(lead, acc, tasks, v2, v1, {})
     assert (
         glue["f02_family_best_verdict"].data == "by the best-predictor rule no single predictor is the best"
     )
-    assert compare_glue({**lead, "ci_low": 0.01}, acc, tasks, v2, v1)["f02_family_best_verdict"].data == (
-        "by the best-predictor rule width is the best single predictor"
+    assert compare_glue({**lead, "ci_low": 0.01}, acc, tasks, v2, v1, {})["f02_family_best_verdict"].data == (
+        "by the best-predictor rule log10 params is the best single predictor"
     )
     assert glue["f02_v2_size_gap"].data.startswith("difference -0.014, 95% interval -0.120 to 0.110 over 28")
     assert glue["f02_v2_vs_v1"].data.startswith("against 0.780 on v1 (95% interval 0.645 to 0.889 over 26")
     assert "the two intervals overlap" in glue["f02_v2_vs_v1"].data
-    apart = compare_glue(lead, acc, tasks, v2.where(v2.index != "r2_ci_high", 0.5), v1)
+    apart = compare_glue(lead, acc, tasks, v2.where(v2.index != "r2_ci_high", 0.5), v1, {})
     assert apart["f02_v2_vs_v1"].data.startswith("weaker than on v1 (0.780")
 
 
@@ -358,8 +374,80 @@ def test_the_comparison_rules_are_printed_before_their_results_and_no_prose_coun
     typed = _typed()
     for stale in ("estimates without an", "best single predictor of accuracy is", "The best size"):
         assert stale not in typed, stale
-    for printed in ('rule_lines("task vs size")', 'rule_lines("best predictor")'):
+    for printed in ('rule_lines("task vs size", "task ranking")', 'rule_lines("best predictor")'):
         assert typed.index(printed) < typed.index("f02.beyond(" if "task" in printed else "f02.family_fits(")
+
+
+def test_coupling_is_set_against_the_best_size_measure_in_each_resample_not_one_chosen_on_estimates():
+    """The beats-size row used to pick its rival on the point estimates (the size measure with the
+    highest R²) and judge the paired difference to it alone; now the lead is over the best size
+    measure in each resample, and each size measure alone is read by the same rule."""
+    from coupling_utils.analysis.predictors import predictor_lead
+    from coupling_utils.analysis.stats import Bootstrap
+    from coupling_utils.chapters.f02_generalization.compare import against_size, pairs_words, separates_words
+
+    paper = f02.paper_fit(f02.Params())
+    assert not hasattr(paper, "rival")
+    sizes = {name: f02.plan.PAPER_PREDICTORS[name] for name in f02.SIZES}
+    by_hand = predictor_lead(paper.points, "score", {"coupling": "coupling", **sizes}, leader="coupling")
+    assert paper.size.gap.estimate == by_hand["estimate"]
+    assert (paper.size.gap.low, paper.size.gap.high) == (min(by_hand["ci_low"], by_hand["estimate"]),
+                                                         by_hand["ci_high"])  # fmt: skip
+    assert list(paper.size.pairs.predictor) == f02.SIZES
+    from coupling_utils.chapters.f02_generalization.story import _paper_claims
+
+    row = next(r for r in _paper_claims(f02.Params(), paper) if r["claim"] == f02.CLAIMS["size"])
+    assert "vs 0.776 (log10 params)" in row["ours"] and "separated alone from" in row["note"]
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=12)
+    df = pd.DataFrame({"c": x + 0.3 * rng.normal(size=12), "a": x + 0.3 * rng.normal(size=12),
+                       "b": x + 0.35 * rng.normal(size=12), "flat": 1.0, "y": x})  # fmt: skip
+    tied = against_size(df, "y", ("c", "c"), {"a": "a", "b": "b", "flat": "flat"}, Bootstrap(200), "models",
+                        "coupling")  # fmt: skip
+    assert separates_words(tied).startswith(
+        "includes 0: these 12 models do not separate coupling from the best"
+    )
+    assert pairs_words(tied) == (
+        "Against each size measure alone the paired 95% interval of the difference "
+        "includes 0 as well: these 12 models separate coupling from none of them"
+    )
+    assert list(tied.pairs.predictor) == ["a", "b"]  # a constant measure has no pair
+    noisy = df.assign(b=rng.normal(size=12))
+    clear = against_size(noisy, "y", ("c", "c"), {"a": "a", "b": "b"}, Bootstrap(200), "models", "coupling")
+    assert pairs_words(clear).endswith("lies above 0 for b and includes 0 for a")
+
+
+def test_a_task_is_named_best_or_worst_only_where_the_intervals_separate_it():
+    """'predicts MMLU-Pro best, MuSR worst' was the order of the estimates with no interval."""
+    from coupling_utils.chapters.f02_generalization.compare import rank_sentence
+
+    def lead(best, nxt, low):
+        return {"best": best, "runner_up": nxt, "estimate": 0.035, "ci_low": low, "ci_high": 0.2,
+                "level": 0.95, "n": 28}  # fmt: skip
+
+    r2 = {"MMLU-Pro": 0.518, "BBH": 0.483, "MuSR": 0.002, "MATH Lvl 5": 0.037}
+    text = rank_sentence(
+        "v2", {"best": lead("MMLU-Pro", "BBH", -0.057), "worst": lead("MuSR", "MATH Lvl 5", 0.01)}, r2
+    )
+    assert text.startswith(
+        "Among the v2 tasks coupling's $R^2$ is highest for MMLU-Pro (0.518; the next is BBH"
+    )
+    assert "by the task-ranking rule MMLU-Pro is not separated from the other tasks" in text
+    assert "predicts MMLU-Pro best" not in text and "coupling predicts MuSR worst" in text
+    typed = _typed()
+    assert "tasks it predicts" not in typed and '"task ranking"' in typed
+    assert typed.index('"task ranking"') < typed.index("f02.beyond(")
+
+
+def test_no_typed_possessive_follows_a_glued_label():
+    """A glued predictor or task label followed by a typed "'s" reads badly for some labels
+    ("log10 params's")."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "notebooks" / "f02_generalization.md").read_text()
+    assert not re.findall(r"\{glue:md\}`[^`]*`'s", text)
 
 
 def test_every_model_is_named_as_measured_with_the_parts_that_use_it():

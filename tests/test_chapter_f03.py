@@ -214,3 +214,70 @@ def test_the_windows_are_called_held_out_only_for_a_run_trained_here(tmp_path):
     hub = windows_words(Checkpoints("EleutherAI/pythia-160m", ["step1"], [1]))
     assert hub.startswith("Shakespeare windows, not known to be held out from EleutherAI/pythia-160m's")
     assert "held out from" not in hub.replace("not known to be held out from", "")
+
+
+def _windows(coupling, lss, *, n_windows: int = 8, noise: float = 0.05, seed: int = 0):
+    """Per window and checkpoint (steps 0, 1, …): the curves ``coupling`` and ``lss`` plus noise."""
+    import numpy as np
+    import pandas as pd
+
+    rng = np.random.default_rng(seed)
+    return pd.DataFrame(
+        [
+            {
+                "prompt": f"w{w}",
+                "step": step,
+                "coupling": c + rng.normal(0, noise),
+                "lss": s + rng.normal(0, noise),
+            }
+            for w in range(n_windows)
+            for step, (c, s) in enumerate(zip(coupling, lss))
+        ]
+    )
+
+
+def _failed(values):
+    from types import SimpleNamespace
+
+    from coupling_utils.chapters.f03_training_emergence.results import Results
+
+    return Results.together_failed.fget(SimpleNamespace(together_values=values))
+
+
+def test_flat_coupling_with_straighter_trajectories_is_not_together():
+    """Coupling that only wiggles (a hump: no rise with the step) beside trajectories that become
+    straighter and mirror its wiggles: the old rule (ρ(coupling, LSS) alone) said yes, but the
+    claim is that coupling *emerges* with linearity, so the rule must say no and name the part."""
+    import numpy as np
+
+    from coupling_utils.analysis.verdicts import Rule
+    from coupling_utils.chapters.f03_training_emergence.results import together_intervals
+    from coupling_utils.chapters.f03_training_emergence.words import together_words
+
+    hump, steps = np.array([0, 1, 2, 3, 4, 4, 3, 2, 1, 0.0]), np.arange(10)
+    v = together_intervals(_windows(0.5 + 0.1 * hump, 3 - 0.3 * hump - 0.2 * steps))
+    assert v["lss_step"].high <= -0.3 and v["rho_lss"].high <= -0.5  # straighter, and mirrors coupling
+    assert abs(v["coupling_step"].estimate) < 0.3  # but coupling does not rise
+    assert Rule(yes="rho_lss <= -0.5", partly="rho_lss <= -0.2").judge(v) == "yes"  # the old rule
+    assert f03.RULES["together"].judge(v) == "no"
+    assert _failed(v) == ["coupling rises with the step"]
+    assert together_words(v, _failed(v)).endswith("not held over its interval: coupling rises with the step")
+
+
+def test_together_needs_every_part_over_its_interval():
+    """Coupling up, LSS down, moving together: yes. Coupling up while trajectories turn more: not a
+    yes, the linearity parts named. A constant curve has no ρ: NaN, never a yes."""
+    import math
+
+    import numpy as np
+
+    from coupling_utils.chapters.f03_training_emergence.results import together_intervals
+
+    steps = np.arange(10)
+    both = together_intervals(_windows(0.1 * steps, 3 - 0.2 * steps))
+    assert f03.RULES["together"].judge(both) == "yes" and _failed(both) == []
+    bent = together_intervals(_windows(0.1 * steps, 1 + 0.2 * steps))
+    assert f03.RULES["together"].judge(bent) == "no"
+    assert _failed(bent) == list(f03.TOGETHER_PARTS)[1:]
+    flat = together_intervals(_windows(np.zeros(10), 3 - 0.2 * steps, noise=0.0))
+    assert math.isnan(flat["coupling_step"]) and f03.RULES["together"].judge(flat) == "no"

@@ -11,6 +11,7 @@ import torch
 
 from coupling_utils.analysis import depth_and_tokens as tw
 from coupling_utils.analysis import tile_grid
+from coupling_utils.analysis.block_range import ParameterError
 from coupling_utils.engine.metric import coupling
 from coupling_utils.measurement import Options
 
@@ -132,7 +133,7 @@ def test_twins_reuse_the_cache_and_check_blocks(pair, monkeypatch):
         out=pair.out,
     )
     pd.testing.assert_frame_equal(again.summary, pair.m.summary)
-    with pytest.raises(ValueError, match="token_layer=9 does not exist: tiny has 4 blocks"):
+    with pytest.raises(ParameterError, match="'token_layer' must be <= 3, got 9: tiny has 4 blocks"):
         tw.measure_twins("tiny", pair.prompts, k=2, token_layer=9, options=pair.options)
     smaller = tw.measure_twins(
         "tiny",
@@ -149,7 +150,7 @@ def test_twins_reuse_the_cache_and_check_blocks(pair, monkeypatch):
     assert set(smaller.tiles.K) == {2}
     with pytest.raises(ValueError, match="tile_k=5 must be between 1 and max"):
         tw.measure_twins("tiny", pair.prompts, k=(2, 4), tile_layers=[1, 2], tile_k=5, options=pair.options)
-    with pytest.raises(ValueError, match="tile_layers=-7"):
+    with pytest.raises(ParameterError, match=r"'tile_layers' must be >= -4, got -7: .*or -4\.\.-1 counting"):
         tw.measure_twins("tiny", pair.prompts, k=2, tile_layers=[0, -7], options=pair.options)
 
 

@@ -9,6 +9,7 @@ import torch
 
 from coupling_utils.analysis.generalization import family_coupling, family_jobs, family_summary
 from coupling_utils.analysis.predictors import best_predictor, predictor_comparison
+from coupling_utils.analysis.stats import Bootstrap
 from coupling_utils.measurement import Loads, Options, collect, coupling_summary, measure
 from coupling_utils.measurement.jobs import WEIGHTS
 
@@ -91,7 +92,7 @@ def test_predictor_comparison_ranks_the_true_predictor_first_with_intervals():
         df,
         "score",
         {"coupling": "coupling", "noise": "noise", "depth": "depth", "minus coupling": lambda d: -d.coupling},
-        n_resamples=200,
+        Bootstrap(n_resamples=200),
     )
     assert table.predictor.tolist() == ["coupling", "noise", "depth", "minus coupling"]
     row = table.set_index("predictor")
@@ -102,14 +103,16 @@ def test_predictor_comparison_ranks_the_true_predictor_first_with_intervals():
     assert np.isnan(row.loc["depth", "r2"]) and "constant" in row.loc["depth", "note"]
     assert best_predictor(table) in {"coupling", "minus coupling"}
     # seeded: the same intervals twice
-    again = predictor_comparison(df, "score", {"coupling": "coupling"}, n_resamples=200)
+    again = predictor_comparison(df, "score", {"coupling": "coupling"}, Bootstrap(n_resamples=200))
     assert again.r2_ci_low[0] == row.loc["coupling", "r2_ci_low"]
 
 
 def test_predictor_comparison_uses_the_same_rows_for_every_predictor():
     df = _synthetic()
     df.loc[0, "noise"] = np.nan
-    table = predictor_comparison(df, "score", {"coupling": "coupling", "noise": "noise"}, n_resamples=50)
+    table = predictor_comparison(
+        df, "score", {"coupling": "coupling", "noise": "noise"}, Bootstrap(n_resamples=50)
+    )
     assert table.n.tolist() == [11, 11]
     with pytest.raises(ValueError, match="at least 3"):
         predictor_comparison(df.head(2), "score", {"coupling": "coupling"})
@@ -119,10 +122,10 @@ def test_r2_difference_is_paired_and_agreement_reads_it():
     from coupling_utils.analysis.predictors import agreement, r2_difference
 
     df = _synthetic(n=20)
-    d = r2_difference(df, "score", "coupling", "noise", n_resamples=200)
+    d = r2_difference(df, "score", "coupling", "noise", Bootstrap(n_resamples=200))
     assert d["ci_low"] > 0 and d["n"] == 20
     assert agreement(d["estimate"], d["ci_low"], d["ci_high"]) == "yes"
-    same = r2_difference(df, "score", "coupling", lambda t: 2 * t.coupling + 1, n_resamples=50)
+    same = r2_difference(df, "score", "coupling", lambda t: 2 * t.coupling + 1, Bootstrap(n_resamples=50))
     assert same["estimate"] == pytest.approx(0, abs=1e-12) and same["ci_low"] == pytest.approx(0, abs=1e-12)
     assert agreement(0.1, -0.05, 0.3) == "partly"
     assert agreement(-0.2, -0.5, -0.1) == "no"

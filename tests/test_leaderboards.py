@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 
 from coupling_utils.analysis import leaderboards
+from coupling_utils.analysis.stats import Bootstrap
 
 
 def _r2(x: pd.Series, y: pd.Series) -> float:
@@ -16,7 +17,7 @@ def _r2(x: pd.Series, y: pd.Series) -> float:
 
 @pytest.mark.parametrize("version", ["v1", "v2"])
 def test_task_fits_are_least_squares_on_the_models_with_a_score(version):
-    fits = leaderboards.task_fits(version, n_resamples=50, seed=0).set_index("task")
+    fits = leaderboards.task_fits(version, boot=Bootstrap(n_resamples=50, seed=0)).set_index("task")
     assert list(fits.index) == [*leaderboards.TASKS[version], "average"]
     table = leaderboards.score_table(version)
     for task in ("average", leaderboards.TASKS[version][0]):
@@ -33,7 +34,7 @@ def test_task_fits_are_least_squares_on_the_models_with_a_score(version):
 
 
 def test_drop_one_refits_the_mean_of_the_other_tasks():
-    out = leaderboards.drop_one("v1", n_resamples=50, seed=0).set_index("left_out")
+    out = leaderboards.drop_one("v1", boot=Bootstrap(n_resamples=50, seed=0)).set_index("left_out")
     tasks = list(leaderboards.TASKS["v1"])
     assert list(out.index) == ["none", *tasks] and out.loc["none", "r2_change"] == 0
     table = leaderboards.score_table("v1").dropna(subset=[*tasks, "coupling"])
@@ -54,11 +55,11 @@ def test_each_task_carries_the_paired_interval_of_coupling_minus_parameter_count
     """gap = R²(coupling) − R²(log10 params) on the task's models, with r2_difference's interval."""
     from coupling_utils.analysis.predictors import r2_difference
 
-    fits = leaderboards.task_fits("v2", n_resamples=60, seed=3).set_index("task")
+    fits = leaderboards.task_fits("v2", boot=Bootstrap(n_resamples=60, seed=3)).set_index("task")
     assert (fits.gap - (fits.r2 - fits.size_r2)).abs().max() < 1e-9
     table = leaderboards.score_table("v2")
     have = table.dropna(subset=["bbh", "coupling", "log10_params"])
-    paired = r2_difference(have, "bbh", "coupling", "log10_params", n_resamples=60, seed=3)
+    paired = r2_difference(have, "bbh", "coupling", "log10_params", Bootstrap(n_resamples=60, seed=3))
     assert (fits.loc["bbh", "gap_ci_low"], fits.loc["bbh", "gap_ci_high"]) == (
         paired["ci_low"],
         paired["ci_high"],

@@ -1,7 +1,11 @@
 """A block or a K that the model does not have is bad input, named in the caller's terms: a chapter
 refuses it with a ParameterError naming the parameter, the model, its depth or width and what to
 choose (``coupling-book run`` exits 2); ``coupling-book measure`` names the option (exit 2), refuses
-a vision model on text prompts and names the weight file that cannot be read."""
+a vision model on text prompts and names the weight file that cannot be read.
+
+Each chapter's refusals are proven on its own plan: the jobs it plans for the bad parameters carry
+a check that refuses the model each job loads (:func:`_refusals`, no measurement); one run per
+chapter then shows that such a refusal stops the chapter as bad input."""
 
 from __future__ import annotations
 
@@ -21,7 +25,8 @@ from coupling_utils.chapters import f04_vision_transformers as f04
 from coupling_utils.chapters import f05_token_trajectories as f05
 from coupling_utils.chapters.checks import NotMeasured, ParameterError, check_block, check_top_k
 from coupling_utils.engine.architectures import tiny_model
-from coupling_utils.measurement import Options
+from coupling_utils.measurement import Job, Options
+from coupling_utils.models.loading import load_model
 from coupling_utils.pipeline.cli import main
 from coupling_utils.pipeline.execution import _cell_error, bad_input_error
 
@@ -53,27 +58,197 @@ def test_f00_names_the_model_and_its_depth():
         f00.check_sizes(0, 64, 2, 32, "embedded:pythia-smoke")
 
 
-@pytest.mark.parametrize(
-    "change, said",
-    [
-        ({"layers": [99]}, "parameter 'layers' must be <= 3, got 99: tiny has 4 blocks (0..3)"),
-        ({"tile_layers": [1, 9]}, "parameter 'tile_layers' must be <= 3, got 9: tiny has 4 blocks"),
-        ({"token_layer": 7}, "parameter 'token_layer' must be <= 3, got 7: tiny has 4 blocks"),
-        ({"k": [2, 40]}, "parameter 'k' (K) must be <= the model width d=16, got 40: tiny is 16 wide"),
-        ({"last_block": "excluded"}, "parameter 'token_layer' must be <= 2, got 3: tiny has 4 blocks (0..3), "
-         "and last_block 'excluded' leaves the last out"),
-    ],
-)  # fmt: skip
-def test_f01_refuses_a_block_or_k_its_model_lacks_as_bad_input(change, said, tmp_path, monkeypatch):
+# --------------------------------------------------------------------------- each chapter's plan
+def _refusals(jobs: list[Job], load) -> list[str | None]:
+    """Each of ``jobs``' own check run on its model as ``load`` loads it (each model once), as a
+    chapter's run does before measuring: the ParameterError's message, or None where it passes."""
+    models, said = {}, []
+    for job in jobs:
+        key = json.dumps([job.model, job.load_kwargs], sort_keys=True)
+        if key not in models:
+            models[key] = load(job.model, **job.load_kwargs)
+        try:
+            if job.check is not None:
+                job.check(models[key])
+            said.append(None)
+        except ParameterError as exc:
+            said.append(str(exc))
+    return said
+
+
+def _only(load, *names: str):
+    """``load`` for ``names``; any other model is not on this machine (a failure that is not bad
+    input, and a job whose check never runs)."""
+
+    def only(name, **kwargs):
+        if name not in names:
+            raise OSError(f"{name} is not on this machine")
+        return load(name, **kwargs)
+
+    return only
+
+
+def _refused(run, *said: str) -> str:
+    """``run()`` raises a NotMeasured that ``coupling-book run`` reads as bad input (exit 2),
+    saying each of ``said`` (before, a raw ValueError: exit 1); returns its message."""
+    with pytest.raises(NotMeasured) as info:
+        run()
+    for words in said:
+        assert f"ParameterError: {words}" in str(info.value), str(info.value)
+    assert bad_input_error(_cell_error(info.value))
+    return str(info.value)
+
+
+def _ids(cases: list[tuple]) -> list[str]:
+    """The cases' ids: each one's change (the parameters set), not its message."""
+    return [",".join(f"{k}={v}" for k, v in change.items()).replace(" ", "") for change, _ in cases]
+
+
+@pytest.fixture(scope="module")
+def f01_load():
+    """test_chapter_f01's tiny Llama (4 blocks, width 16) under any name, built once."""
+    return _Loader()
+
+
+F01_CASES = [
+    ({"layers": [99]},
+     "parameter 'layers' must be <= 3, got 99: tiny has 4 blocks (0..3); choose a block in 0..3; or leave "
+     "'layers' empty (all blocks)"),
+    ({"tile_layers": [1, 9]},
+     "parameter 'tile_layers' must be <= 3, got 9: tiny has 4 blocks (0..3); choose a block in 0..3"),
+    ({"token_layer": 7},
+     "parameter 'token_layer' must be <= 3, got 7: tiny has 4 blocks (0..3); choose a block in 0..3"),
+    ({"k": [2, 40]},
+     "parameter 'k' (K) must be <= the model width d=16, got 40: tiny is 16 wide; choose K <= 16"),
+    ({"last_block": "excluded"},
+     "parameter 'token_layer' must be <= 2, got 3: tiny has 4 blocks (0..3), and last_block 'excluded' "
+     "leaves the last out; choose a block in 0..2"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("change, said", F01_CASES, ids=_ids(F01_CASES))
+def test_f01_plans_jobs_that_refuse_a_block_or_k_their_model_lacks(change, said, f01_load):
+    """Every job of the drawn model (its twin and companions too) refuses before measuring, in the
+    chapter's terms (``twin_jobs``' own check would offer blocks counted from the end, which f01's
+    parameters do not take)."""
+    planned = f01.jobs(_params(more_models=[], **change))
+    assert len(planned) >= 4 and set(_refusals(planned, f01_load)) == {said}
+
+
+def test_f01_stops_at_a_block_its_model_lacks_as_bad_input(tmp_path, monkeypatch):
     """Before: a ValueError in a RuntimeError (exit 1); now a ParameterError in a NotMeasured,
     which ``coupling-book run`` reads as bad input (exit 2)."""
     monkeypatch.setenv("COUPLING_CACHE", str(tmp_path))
-    with pytest.raises(NotMeasured) as info:
-        f01.run(_params(more_models=[], **change), Options(load=_Loader()))
-    assert f"ParameterError: {said}" in str(info.value)
-    assert bad_input_error(_cell_error(info.value))
+    change, said = F01_CASES[0]
+    _refused(lambda: f01.run(_params(more_models=[], **change), Options(load=_Loader())), said)
 
 
+F02_CASES = [
+    ({"hub_models": [], "scale_k": [2, 40]}, "parameter 'scale_k' (K) must be <= the model width d=32, "
+     "got 40: embedded:pythia-smoke is 32 wide; choose K <= 32"),
+    ({"hub_models": ["org/hub-a"], "k": 40}, "parameter 'k' (K) must be <= the model width d=32, got 40: "
+     "org/hub-a is 32 wide; choose K <= 32"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("change, said", F02_CASES, ids=_ids(F02_CASES))
+def test_f02_plans_jobs_that_refuse_a_k_wider_than_their_model(change, said, tmp_path, monkeypatch):
+    """The jobs that measure at the K refuse it (the scale reference's under every map of the
+    last block, or the hub model's); the others, the family's at K per width, do not."""
+    monkeypatch.setenv("COUPLING_CACHE", str(tmp_path))
+    planned = f02.jobs(f02.Params.checked({**SMALL, **change}))
+    said_by = _refusals(planned, Loader())
+    at_k = [any(40 in s.k for s in job.settings.values()) for job in planned]
+    assert any(at_k) and {m for m, bad in zip(said_by, at_k) if bad} == {said}
+    assert {m for m, bad in zip(said_by, at_k) if not bad} == {None}
+
+
+def test_f02_stops_at_a_hub_models_k_as_bad_input_though_a_missing_hub_model_is_left_out(
+    tmp_path, monkeypatch
+):
+    """A hub model that fails is left out, but one narrower than K is bad input (the other models
+    are not on this machine: nothing is measured). Before: a recorded failure, the chapter shown."""
+    monkeypatch.setenv("COUPLING_CACHE", str(tmp_path))
+    change, said = F02_CASES[1]
+    p = f02.Params.checked({**SMALL, **change})
+    _refused(lambda: f02.run(p, Options(load=_only(Loader(), "org/hub-a"))), said)
+
+
+F04_CASES = [
+    ({"k": 999},
+     "parameter 'k' (K) must be <= the model width d=16, got 999: embedded:vit-mnist-smoke at step0 is 16 "
+     "wide; choose K <= 16"),
+    ({"token": "patch99"},
+     "parameter 'token' names a patch that does not exist, got 'patch99': embedded:vit-mnist-smoke at step0 "
+     "has a 4×4 grid of 16 patches; choose patch0..patch15 (row r, column c is patch r·4 + c), or 'cls', "
+     "'last' or 'mean'"),
+]  # fmt: skip
+
+
+@pytest.mark.usefixtures("smoke_vits")
+@pytest.mark.parametrize("change, said", F04_CASES, ids=_ids(F04_CASES))
+def test_f04_plans_jobs_that_refuse_a_k_or_patch_their_vit_lacks(change, said):
+    """The run's jobs at its first checkpoint refuse; a family member's K is a fraction of its
+    width (it is not refused), and only jobs at the chapter's token refuse a patch (a refusal is
+    stored by job key, so the variants at other tokens must not)."""
+    planned = f04.jobs(f04_params(**change))
+    said_by = dict(zip((job.describe() for job in planned), _refusals(planned, load_model)))
+    first = planned[0].describe()
+    assert first == "model=step0, weights=trained, study=training" and said_by[first] == said
+    kept = ("variant=token", "variant=curve") if "token" in change else ("study=family",)
+    passed = [d for d in said_by if any(words in d for words in kept)]
+    assert passed and {said_by[d] for d in passed} == {None}
+    assert None not in {m for d, m in said_by.items() if d not in passed}  # every other job refuses
+
+
+@pytest.mark.usefixtures("smoke_vits")
+def test_f04_stops_at_a_k_its_vit_lacks_as_bad_input():
+    """The run's refusal is bad input though the family is not on this machine (not measured)."""
+    change, said = F04_CASES[0]
+    p = f04_params(**change)
+    _refused(lambda: f04.run(p, Options(load=_only(load_model, p.model))), said)
+
+
+F05_CASES = [
+    ({"first_layer": 99},
+     "parameter 'first_layer' must be <= 3, got 99: tiny has 4 blocks, so residual states 0..4, and "
+     "last_layer needs a later one; choose a state in 0..3"),
+    ({"last_layer": 99},
+     "parameter 'last_layer' must be <= 4, got 99: tiny has 4 blocks, so residual states 0..4; choose a "
+     "state in 1..4, or -4..-1 counting from the end (-1: state 4)"),
+    ({"first_layer": 2, "last_layer": -4},
+     "parameters first_layer=2 and last_layer=-4 give an empty window: tiny has 4 blocks, so residual "
+     "states 0..4 (-1: state 4), and the window runs from state first_layer to a later state last_layer; "
+     "choose first_layer < last_layer, e.g. -p first_layer=2 -p last_layer=4"),
+]  # fmt: skip
+
+
+def _f05(change: dict) -> f05.Params:
+    return f05.Params.checked({"model": "tiny", "prompts": ["To be, or not to be"], **change})
+
+
+def _f05_load(loader: _Loader):
+    """f05 loads with ``dtype`` and, for the twin, ``random_init`` and ``seed``."""
+
+    def load(name, *, dtype, random_init=False, seed=0):
+        return loader(name, dtype=dtype, random_init=random_init, seed=seed)
+
+    return load
+
+
+@pytest.mark.parametrize("change, said", F05_CASES, ids=_ids(F05_CASES))
+def test_f05_plans_jobs_that_refuse_a_window_their_model_lacks(change, said, f01_load):
+    planned = f05.jobs(_f05(change))
+    assert len(planned) == 3 and set(_refusals(planned, _f05_load(f01_load))) == {said}
+
+
+def test_f05_stops_at_a_window_its_model_lacks_as_bad_input(tmp_path, monkeypatch):
+    monkeypatch.setenv("COUPLING_CACHE", str(tmp_path))
+    change, said = F05_CASES[0]
+    _refused(lambda: f05.run(_f05(change), Options(load=_f05_load(_Loader()))), said)
+
+
+# --------------------------------------------------------------------------- coupling-book measure
 @pytest.fixture
 def two_blocks(tmp_path):
     """A tiny GPT-2 (2 blocks, width 32) saved to a folder, and prompts of token ids."""
@@ -117,69 +292,3 @@ def test_measure_names_the_weight_file_that_cannot_be_read(two_blocks, tmp_path,
     message = pd.read_csv(tmp_path / "out" / "failures.csv").message.iloc[0]
     assert f"the file that cannot be read: {weights} (SafetensorError" in message, message
     assert f"the file that cannot be read: {weights}" in capsys.readouterr().out
-
-
-def _refused(run, *said: str) -> str:
-    """``run()`` raises a NotMeasured that ``coupling-book run`` reads as bad input (exit 2),
-    saying each of ``said`` (before, a raw ValueError: exit 1); returns its message."""
-    with pytest.raises(NotMeasured) as info:
-        run()
-    for words in said:
-        assert f"ParameterError: {words}" in str(info.value), str(info.value)
-    assert bad_input_error(_cell_error(info.value))
-    return str(info.value)
-
-
-@pytest.mark.parametrize(
-    "change, said",
-    [
-        ({"hub_models": [], "scale_k": [2, 40]}, "parameter 'scale_k' (K) must be <= the model width d=32, "
-         "got 40: embedded:pythia-smoke is 32 wide; choose K <= 32"),
-        ({"hub_models": ["org/hub-a"], "k": 40}, "parameter 'k' (K) must be <= the model width d=32, got 40: "
-         "org/hub-a is 32 wide; choose K <= 32"),
-    ],
-)  # fmt: skip
-def test_f02_refuses_a_k_wider_than_its_model_as_bad_input(change, said, tmp_path, monkeypatch):
-    """Before: scale_k=[999] failed the scale reference's jobs and then the summary, "ValueError: no
-    values for the reference model" (exit 1); a hub model's K was a recorded failure."""
-    monkeypatch.setenv("COUPLING_CACHE", str(tmp_path))
-    p = f02.Params.checked({**SMALL, **change})
-    _refused(lambda: f02.run(p, Options(load=Loader())), said)
-
-
-@pytest.mark.usefixtures("smoke_vits")
-@pytest.mark.parametrize(
-    "change, said",
-    [
-        ({"k": 999}, "parameter 'k' (K) must be <= the model width d=16, got 999: embedded:vit-mnist-smoke "
-         "at step0 is 16 wide; choose K <= 16"),
-        ({"token": "patch99"}, "parameter 'token' names a patch that does not exist, got 'patch99': "
-         "embedded:vit-mnist-smoke at step0 has a 4×4 grid of 16 patches; choose patch0..patch15"),
-    ],
-)  # fmt: skip
-def test_f04_refuses_a_k_or_patch_its_vit_lacks_as_bad_input(change, said):
-    refused = _refused(lambda: f04.run(f04_params(**change)), said)
-    if "token" in change:  # only jobs at the chapter's token refuse it (a refusal is stored by job key)
-        assert "variant=token:" not in refused and "variant=curve:" not in refused
-
-
-@pytest.mark.parametrize(
-    "change, said",
-    [
-        ({"first_layer": 99}, "parameter 'first_layer' must be <= 3, got 99: tiny has 4 blocks, so residual "
-         "states 0..4, and last_layer needs a later one; choose a state in 0..3"),
-        ({"last_layer": 99}, "parameter 'last_layer' must be <= 4, got 99: tiny has 4 blocks, so residual "
-         "states 0..4; choose a state in 1..4, or -4..-1 counting from the end (-1: state 4)"),
-        ({"first_layer": 2, "last_layer": -4}, "parameters first_layer=2 and last_layer=-4 give an empty "
-         "window: tiny has 4 blocks, so residual states 0..4 (-1: state 4)"),
-    ],
-)  # fmt: skip
-def test_f05_refuses_a_window_its_model_lacks_as_bad_input(change, said, tmp_path, monkeypatch):
-    monkeypatch.setenv("COUPLING_CACHE", str(tmp_path))
-    loader = _Loader()
-
-    def load(name, *, dtype, random_init=False, seed=0):
-        return loader(name, dtype=dtype, random_init=random_init, seed=seed)
-
-    p = f05.Params.checked({"model": "tiny", "prompts": ["To be, or not to be"], **change})
-    _refused(lambda: f05.run(p, Options(load=load)), said)

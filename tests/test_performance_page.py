@@ -122,7 +122,11 @@ def test_the_gpu_run_is_said_as_it_was_recorded():
     assert "is a prediction" in text and "not a measured run" in text
     fixed = df.assign(status="ok")
     assert "**failed**" not in gpu_run_findings(fixed) and "not measured" not in gpu_run_findings(fixed)
-    assert "commit abc123" in gpu_run_findings(df.assign(commit="abc123"))
+    assert ", commit abc123. At the" in gpu_run_findings(df.assign(commit="abc123"))
+    mixed = df.assign(commit=["abc123"] + [None] * (len(df) - 1))
+    assert f", commit abc123; {len(df) - 1} rows record none" in gpu_run_findings(mixed)
+    two = df.assign(commit=["abc123"] + ["def456+changes"] * (len(df) - 1))
+    assert ", commits abc123, def456+changes" in gpu_run_findings(two)
 
 
 def test_staging_writes_every_performance_finding(tmp_path):

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from coupling_utils.analysis.predictors import predictor_lead
-from coupling_utils.analysis.stats import resample_rows
+from coupling_utils.analysis.stats import Bootstrap, resample_rows
 
 
 def _table(n=10, seed=0):
@@ -39,7 +39,7 @@ def _by_hand(df, y, names, n_resamples, seed):
 def test_the_lead_is_over_the_best_of_the_others_in_each_resample():
     df = _table(n=20)
     names = ["x", "far", "noise"]
-    lead = predictor_lead(df, "y", {n: n for n in names}, n_resamples=300, seed=4)
+    lead = predictor_lead(df, "y", {n: n for n in names}, Bootstrap(n_resamples=300, seed=4))
     r2 = _by_hand(df, "y", names, 300, 4)
     whole = np.array([np.corrcoef(df[n], df.y)[0, 1] ** 2 for n in names])
     second = int(np.argsort(-whole)[1])
@@ -54,7 +54,7 @@ def test_the_lead_is_over_the_best_of_the_others_in_each_resample():
 
 def test_a_leader_by_a_hair_is_not_separated_and_a_constant_predictor_is_left_out():
     df = _table()
-    lead = predictor_lead(df, "y", {"x": "x", "twin": "twin", "flat": "flat"}, n_resamples=300)
+    lead = predictor_lead(df, "y", {"x": "x", "twin": "twin", "flat": "flat"}, Bootstrap(n_resamples=300))
     assert lead["ci_low"] < 0 < lead["ci_high"]  # x and its twin trade places across resamples
     assert 0 < lead["share"][lead["best"]] < 1 and sum(lead["share"].values()) == pytest.approx(1)
     assert lead["left_out"] == ["flat"] and "flat" not in lead["share"]

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from coupling_utils.analysis.block_range import check_block, check_blocks
 from coupling_utils.analysis.verdicts import Interval
 from coupling_utils.measurement import (
     Collected,
@@ -154,24 +155,15 @@ def _twin_settings(settings: TwinSettings | None, fields: dict[str, Any], where:
     return TwinSettings(**fields)
 
 
-def _check_block(name: str, value: int, n_layers: int, model: str) -> int:
-    if not -n_layers <= value < n_layers:
-        raise ValueError(
-            f"{name}={value} does not exist: {model} has {n_layers} blocks (0..{n_layers - 1}); choose a "
-            f"block in 0..{n_layers - 1}, or {-n_layers}..-1 counting from the end"
-        )
-    return value % n_layers
-
-
 def _check_twin(lm, *, model: str, layers, tile_layers, token_layer) -> None:
     """The blocks asked for exist in the loaded model, named in measure_twins' terms."""
     L = int(lm.n_layers)
-    blocks = set(range(L)) if not layers else {_check_block("layers", int(l), L, model) for l in layers}
-    blocks |= {_check_block("tile_layers", int(l), L, model) for l in tile_layers or ()}
+    blocks = set(range(L)) if not layers else set(check_blocks("layers", layers, model, L, negative=True))
+    blocks |= set(check_blocks("tile_layers", tile_layers or (), model, L, negative=True))
     if len(blocks) < 2:
         raise ValueError(f"depth-wise coupling needs at least two blocks, got layers={sorted(blocks)}")
     if token_layer is not None:
-        _check_block("token_layer", int(token_layer), L, model)
+        check_block("token_layer", int(token_layer), model, L, negative=True)
 
 
 def twin_jobs(

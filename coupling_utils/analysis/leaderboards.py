@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from coupling_utils.analysis.data import V1_TASKS, V2_TASKS, join_scores, load_paper_points
+from coupling_utils.analysis.stats import DEFAULT_BOOTSTRAP, Bootstrap
 
 __all__ = ["TASKS", "TASK_NAMES", "score_table", "task_fits", "drop_one"]
 
@@ -87,9 +88,7 @@ def task_fits(
     version: str,
     *,
     tasks: Sequence[str] | None = None,
-    n_resamples: int = 1000,
-    seed: int = 0,
-    level: float = 0.95,
+    boot: Bootstrap = DEFAULT_BOOTSTRAP,
 ) -> pd.DataFrame:
     """One row per task (and ``average``) of leaderboard ``version``: how well the paper's
     coupling predicts it (see the module doc and :data:`FIT_COLUMNS`).
@@ -114,14 +113,10 @@ def task_fits(
             table[have],
             task,
             {"coupling": "coupling", "size": "log10_params"},
-            n_resamples=n_resamples,
-            level=level,
-            seed=seed,
+            boot,
         ).set_index("predictor")
         c = fit.loc["coupling"]
-        gap = r2_difference(
-            table[have], task, "coupling", "log10_params", n_resamples=n_resamples, level=level, seed=seed
-        )
+        gap = r2_difference(table[have], task, "coupling", "log10_params", boot)
         rows.append(
             {
                 "version": version,
@@ -140,7 +135,7 @@ def task_fits(
     return pd.DataFrame(rows, columns=FIT_COLUMNS)
 
 
-def drop_one(version: str, *, n_resamples: int = 1000, seed: int = 0, level: float = 0.95) -> pd.DataFrame:
+def drop_one(version: str, *, boot: Bootstrap = DEFAULT_BOOTSTRAP) -> pd.DataFrame:
     """R² of coupling for the mean of all ``version`` tasks but one, for each task left out
     (``left_out``), beside the R² with every task (``left_out = "none"``), on the models that have
     every task. ``r2_change``: R² without the task minus R² with all (negative: the task helps
@@ -154,9 +149,7 @@ def drop_one(version: str, *, n_resamples: int = 1000, seed: int = 0, level: flo
     for left_out in ["none", *tasks]:
         kept = [t for t in tasks if t != left_out]
         y = table[kept].mean(axis=1).rename("y")
-        fit = predictor_comparison(
-            table.assign(y=y), "y", {"coupling": "coupling"}, n_resamples=n_resamples, level=level, seed=seed
-        ).iloc[0]
+        fit = predictor_comparison(table.assign(y=y), "y", {"coupling": "coupling"}, boot).iloc[0]
         rows.append(
             {
                 "version": version,

@@ -12,9 +12,11 @@ parameter count, depth or width do. With a handful of models an R² alone says l
   "partly" / "no") such an interval supports;
 - :func:`predictor_lead`: whether the predictor with the highest R² is the best of all of them
   (the interval of its lead over the best of the others, every predictor fitted on the same
-  resampled models) and how often each one comes out best.
+  resampled models) and how often each one comes out best; or the same for a predictor named in
+  advance (``leader``: does coupling beat every size measure?), or for the lowest R² (``lowest``).
 
-A predictor is a column name or a function of the table that returns one value per row.
+A predictor is a column name or a function of the table that returns one value per row. The
+bootstrap's options travel as one :class:`~coupling_utils.analysis.stats.Bootstrap`.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from coupling_utils.analysis.stats import DEFAULT_BOOTSTRAP, Bootstrap
+
 __all__ = [
     "COMPARISON_COLUMNS",
     "predictor_comparison",
@@ -36,6 +40,11 @@ __all__ = [
 ]
 
 Predictor = str | Callable[[pd.DataFrame], pd.Series]
+
+
+def _check_boot(boot: Bootstrap, name: str) -> None:
+    if not isinstance(boot, Bootstrap):
+        raise TypeError(f"{name}: boot must be a stats.Bootstrap, got {type(boot).__name__}")
 
 
 def _values(df: pd.DataFrame, x: Predictor) -> pd.Series:
@@ -69,21 +78,20 @@ def predictor_comparison(
     df: pd.DataFrame,
     y: str,
     predictors: Mapping[str, Predictor],
-    *,
-    n_resamples: int = 1000,
-    level: float = 0.95,
-    seed: int = 0,
+    boot: Bootstrap = DEFAULT_BOOTSTRAP,
 ) -> pd.DataFrame:
     """How well each predictor explains ``y``: OLS R², slope, p, rank correlations, bootstrap CIs.
 
     All predictors are fitted on the same rows (complete for ``y`` and every predictor), so
-    their R² compare. Adds percentile-bootstrap intervals (``n_resamples`` resamples of the
-    rows, seeded) for R² and Spearman's rho: ``r2_ci_low/high``, ``spearman_ci_low/high``.
+    their R² compare. Adds percentile-bootstrap intervals (``boot``: resamples of the rows,
+    seeded) for R² and Spearman's rho: ``r2_ci_low/high``, ``spearman_ci_low/high``.
     A predictor that takes one value only on these rows (e.g. depth in a family of equally deep
     models) gets NaN statistics and a ``note`` instead of an error.
     """
     from coupling_utils.analysis.stats import compare_predictors
 
+    _check_boot(boot, "predictor_comparison")
+    level = boot.level
     if not predictors:
         raise ValueError("predictor_comparison needs at least one predictor")
     work = _complete_rows(df, y, predictors)
@@ -95,9 +103,7 @@ def predictor_comparison(
             table = compare_predictors(work, y, {label: label for label in usable}, level=level)
             for label in usable:
                 row = table[table.predictor == label].iloc[0].to_dict()
-                row.update(
-                    _bootstrap_intervals(work, label, y, n_resamples=n_resamples, level=level, seed=seed)
-                )
+                row.update(_bootstrap_intervals(work, label, y, boot))
                 rows.append(row)
     for label in predictors:
         if label not in usable:
@@ -126,9 +132,7 @@ def _complete_rows(df: pd.DataFrame, y: str, predictors: Mapping[str, Predictor]
     return work
 
 
-def _bootstrap_intervals(
-    work: pd.DataFrame, label: str, y: str, *, n_resamples: int, level: float, seed: int
-) -> dict[str, Any]:
+def _bootstrap_intervals(work: pd.DataFrame, label: str, y: str, boot: Bootstrap) -> dict[str, Any]:
     """Percentile-bootstrap intervals of R² and Spearman's rho of ``y`` on predictor ``label``."""
     from scipy.stats import rankdata
 
@@ -141,7 +145,12 @@ def _bootstrap_intervals(
         return {"r2": r * r, "spearman": rho}
 
     ci = bootstrap_ci(
-        work[[label, y]], stat, n_resamples=n_resamples, level=level, seed=seed, vectorized=True
+        work[[label, y]],
+        stat,
+        n_resamples=boot.n_resamples,
+        level=boot.level,
+        seed=boot.seed,
+        vectorized=True,
     ).set_index("statistic")
     return {
         "r2_ci_low": ci.loc["r2", "ci_low"],
@@ -168,10 +177,7 @@ def r2_difference(
     y: str,
     a: Predictor,
     b: Predictor,
-    *,
-    n_resamples: int = 1000,
-    level: float = 0.95,
-    seed: int = 0,
+    boot: Bootstrap = DEFAULT_BOOTSTRAP,
 ) -> dict[str, float]:
     """``R²(y ~ a) − R²(y ~ b)`` on the same rows, with a paired percentile-bootstrap interval.
 
@@ -181,6 +187,7 @@ def r2_difference(
     """
     from coupling_utils.analysis.stats import bootstrap_ci, rowwise_pearson
 
+    _check_boot(boot, "r2_difference")
     work = pd.DataFrame(
         {"a": _values(df, a), "b": _values(df, b), "y": pd.to_numeric(df[y], errors="coerce")}
     ).astype(float)
@@ -191,13 +198,15 @@ def r2_difference(
     def diff(c: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:  # every resample at once: [R, n]
         return {"statistic": rowwise_pearson(c["a"], c["y"]) ** 2 - rowwise_pearson(c["b"], c["y"]) ** 2}
 
-    ci = bootstrap_ci(work, diff, n_resamples=n_resamples, level=level, seed=seed, vectorized=True).iloc[0]
+    ci = bootstrap_ci(
+        work, diff, n_resamples=boot.n_resamples, level=boot.level, seed=boot.seed, vectorized=True
+    ).iloc[0]
     return {
         "estimate": float(ci["estimate"]),
         "ci_low": float(ci["ci_low"]),
         "ci_high": float(ci["ci_high"]),
         "n": len(work),
-        "level": level,
+        "level": boot.level,
     }
 
 
@@ -205,24 +214,27 @@ def predictor_lead(
     df: pd.DataFrame,
     y: str,
     predictors: Mapping[str, Predictor],
+    boot: Bootstrap = DEFAULT_BOOTSTRAP,
     *,
-    n_resamples: int = 1000,
-    level: float = 0.95,
-    seed: int = 0,
+    leader: str | None = None,
+    lowest: bool = False,
 ) -> dict[str, Any]:
     """How surely the predictor with the highest R² of ``y`` is the best of ``predictors``.
 
     Every predictor is fitted on the same rows (complete for ``y`` and all of them), and on each
-    seeded resample of those rows (the models) all are fitted again together. ``best`` is the one
-    with the highest R² on the rows as drawn, ``runner_up`` the next; ``estimate`` is ``best``'s
-    lead, R²(best) − R²(runner_up), and ``ci_low``/``ci_high`` the percentile interval of the
-    lead over the best of the *others* in each resample (whichever that is there), so an interval
-    above 0 says ``best`` beats all of them, not one rival chosen after the fact. ``share``:
-    ``{predictor: fraction of valid resamples in which it has the highest R²}``. A predictor
-    constant on these rows is left out (``left_out``); two must remain. Also returns ``n``
-    (models), ``level``, ``n_resamples`` and ``n_valid``."""
+    seeded resample of those rows (the models; ``boot``) all are fitted again together. ``best``
+    is the one with the highest R² on the rows as drawn (or ``leader``, named before the fit:
+    e.g. coupling against the size measures), ``runner_up`` the highest of the others; ``estimate``
+    is ``best``'s lead, R²(best) − R²(runner_up), and ``ci_low``/``ci_high`` the percentile
+    interval of the lead over the best of the *others* in each resample (whichever that is
+    there), so an interval above 0 says ``best`` beats all of them, not one rival chosen after the
+    fact. ``lowest``: the same for the lowest R² (``best`` is the lowest, the lead is how far the
+    lowest of the others lies above it). ``share``: ``{predictor: fraction of valid resamples in
+    which it comes out best}``. A predictor constant on these rows is left out (``left_out``);
+    two must remain. Also returns ``n`` (models), ``level``, ``n_resamples`` and ``n_valid``."""
     from coupling_utils.analysis.stats import bootstrap_draws, rowwise_pearson
 
+    _check_boot(boot, "predictor_lead")
     work = _complete_rows(df, y, predictors)
     usable = [label for label in predictors if work[label].nunique() > 1]
     if len(usable) < 2:
@@ -230,37 +242,45 @@ def predictor_lead(
             f"predictor_lead needs at least 2 predictors that vary over the {len(work)} models, got "
             f"{usable}; pass more predictors"
         )
+    if leader is not None and leader not in usable:
+        raise ValueError(f"predictor_lead: leader {leader!r} is not among the predictors that vary: {usable}")
+    sign = -1.0 if lowest else 1.0  # the lowest R² is the highest of −R²
 
     def r2s(c: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:  # every resample at once: [R, n]
-        return {label: rowwise_pearson(c[label], c[y]) ** 2 for label in usable}
+        return {label: sign * rowwise_pearson(c[label], c[y]) ** 2 for label in usable}
 
     estimate, draws = bootstrap_draws(
-        work[[*usable, y]], r2s, n_resamples=n_resamples, seed=seed, vectorized=True
+        work[[*usable, y]], r2s, n_resamples=boot.n_resamples, seed=boot.seed, vectorized=True
     )
     order = sorted(usable, key=lambda label: -estimate[label])
-    best, runner_up = order[0], order[1]
-    drawn = np.stack([draws[label] for label in usable])  # [predictors, R], NaN: constant in a resample
-    filled = np.where(np.isfinite(drawn), drawn, -np.inf)
-    others = np.stack([filled[i] for i, label in enumerate(usable) if label != best]).max(axis=0)
-    valid = np.isfinite(drawn[usable.index(best)]) & np.isfinite(others)
-    lead = drawn[usable.index(best)][valid] - others[valid]
-    low, high = np.quantile(lead, [(1 - level) / 2, (1 + level) / 2]) if len(lead) else (np.nan, np.nan)
-    winner = filled.argmax(axis=0)[valid]
+    best = order[0] if leader is None else leader
+    runner_up = next(label for label in order if label != best)
+    interval = _lead_interval(np.stack([draws[label] for label in usable]), usable.index(best), boot.level)
     return {
         "best": best,
         "runner_up": runner_up,
         "estimate": estimate[best] - estimate[runner_up],
-        "ci_low": float(low),
-        "ci_high": float(high),
-        "share": {
-            label: float((winner == i).mean()) if len(lead) else np.nan for i, label in enumerate(usable)
-        },
+        **interval,
+        "share": dict(zip(usable, interval["share"])),
         "left_out": [label for label in predictors if label not in usable],
         "n": len(work),
-        "level": level,
-        "n_resamples": n_resamples,
-        "n_valid": int(valid.sum()),
+        "level": boot.level,
+        "n_resamples": boot.n_resamples,
     }
+
+
+def _lead_interval(drawn: np.ndarray, best: int, level: float) -> dict[str, Any]:
+    """Row ``best``'s lead over the highest other row in each resample (``drawn``: [predictors, R],
+    NaN where a resample leaves a predictor constant): its percentile interval at ``level``, the
+    ``share`` of valid resamples each row is highest in (by row index), and ``n_valid``."""
+    filled = np.where(np.isfinite(drawn), drawn, -np.inf)
+    others = np.delete(filled, best, axis=0).max(axis=0)
+    valid = np.isfinite(drawn[best]) & np.isfinite(others)
+    lead = drawn[best][valid] - others[valid]
+    low, high = np.quantile(lead, [(1 - level) / 2, (1 + level) / 2]) if len(lead) else (np.nan, np.nan)
+    winner = filled.argmax(axis=0)[valid]
+    share = [float((winner == i).mean()) if len(lead) else np.nan for i in range(len(drawn))]
+    return {"ci_low": float(low), "ci_high": float(high), "share": share, "n_valid": int(valid.sum())}
 
 
 def agreement(

@@ -9,12 +9,43 @@ Only numpy and scipy are used (no statsmodels).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 from scipy import stats as _st
 
 Predictor = str | Callable[[pd.DataFrame], pd.Series]
+
+
+@dataclass(frozen=True)
+class Bootstrap:
+    """How a percentile bootstrap over the rows (the models) is drawn and read: ``n_resamples``
+    seeded resamples (``seed``, :func:`resample_rows`), intervals at ``level``. One object, so
+    every comparison of a chapter resamples alike and the options travel together."""
+
+    n_resamples: int = 1000
+    level: float = 0.95
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not _whole(self.n_resamples) or self.n_resamples < 10:
+            raise ValueError(
+                f"Bootstrap: n_resamples must be an integer of at least 10, got {self.n_resamples!r}"
+            )
+        if not isinstance(self.level, int | float | np.floating) or not 0.0 < self.level < 1.0:
+            raise ValueError(f"Bootstrap: level must lie strictly between 0 and 1, got {self.level!r}")
+        if not _whole(self.seed) or self.seed < 0:
+            raise ValueError(f"Bootstrap: seed must be a non-negative integer, got {self.seed!r}")
+
+
+def _whole(v: object) -> bool:
+    """An integer (Python's or numpy's), not a bool."""
+    return isinstance(v, int | np.integer) and not isinstance(v, bool)
+
+
+DEFAULT_BOOTSTRAP = Bootstrap()
+"""The bootstrap every comparison draws unless told otherwise: 1000 resamples, 95%, seed 0."""
 
 
 def _xy(df: pd.DataFrame, y: str, x: Predictor) -> tuple[np.ndarray, np.ndarray, str]:
@@ -326,6 +357,8 @@ def compare_predictors(
 
 
 __all__ = [
+    "Bootstrap",
+    "DEFAULT_BOOTSTRAP",
     "ols",
     "rank_correlation",
     "bootstrap_ci",

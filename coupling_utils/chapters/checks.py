@@ -4,15 +4,32 @@ A failed check names the parameter, what it must be and the value it got, so a n
 profile or a ``-p`` override that is wrong fails before any work with a message that says how
 to fix it. The chapters' parameter classes (:mod:`coupling_utils.chapters.params`) attach one of
 these to every field; :data:`COMMON` holds the checks of names that mean the same thing in every
-chapter (``model``, ``dtype``, ``k``, ...).
+chapter (``model``, ``dtype``, ``k``, ...). What only a loaded model can tell (its depth, its
+width) is checked by each planned job (:func:`with_check`), with :func:`check_blocks_and_k` for
+the blocks and K of a chapter or of ``coupling-book measure``; the block range and
+:class:`ParameterError` live in :mod:`coupling_utils.analysis.block_range`, below the chapters.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from coupling_utils.analysis.block_range import (
+    ParameterError,
+    _subject,
+    check_block,
+    check_blocks,
+    check_state,
+)
+
+if TYPE_CHECKING:
+    from coupling_utils.measurement import Job
 
 __all__ = [
     "ParameterError",
@@ -29,6 +46,9 @@ __all__ = [
     "check_block",
     "check_blocks",
     "check_state",
+    "FitTerms",
+    "check_blocks_and_k",
+    "with_check",
     "refuse_misfits",
     "integer",
     "number",
@@ -46,10 +66,6 @@ __all__ = [
     "HOWS",
     "STEP",
 ]
-
-
-class ParameterError(ValueError):
-    """A chapter parameter has a bad name, type or value."""
 
 
 class NotMeasured(RuntimeError):
@@ -121,11 +137,6 @@ def check_list(
     return [item(f"{name}[{i}]", v) for i, v in enumerate(value)]
 
 
-def _subject(name: str) -> str:
-    """How a message names what was given: ``parameter 'k'``, or a command-line option as typed (``--k``)."""
-    return name if name.startswith("-") else f"parameter {name!r}"
-
-
 def check_top_k(name: str, value: Any, d: int | None = None, model: str | None = None) -> int:
     """A top-K size: a positive integer, at most the Jacobian size ``d`` when known; ``model``
     (its name, once loaded) makes the message say whose width it is and what to choose."""
@@ -136,66 +147,91 @@ def check_top_k(name: str, value: Any, d: int | None = None, model: str | None =
     return value
 
 
-def check_block(
-    name: str,
-    value: int,
+@dataclass(frozen=True)
+class FitTerms:
+    """How a caller names what :func:`check_blocks_and_k` checks, in its messages: the K and
+    last-block parameters (a chapter's ``k`` and ``last_block``, or measure's ``--k`` and
+    ``--last-block``), the block parameter that, left empty, means every block (``all_blocks``);
+    whether block indices may count from the end (``negative``); ``k_note``: said after a K that
+    does not fit (measure: what K is without ``--k``)."""
+
+    k: str = "k"
+    last_block: str = "last_block"
+    all_blocks: str = "layers"
+    negative: bool = False
+    k_note: str = ""
+
+
+def _value(name: str, value: str) -> str:
+    """A value as the caller writes it: bare after an option (``excluded``), quoted for a parameter."""
+    return value if name.startswith("-") else repr(value)
+
+
+def _too_shallow(flag: str, n_layers: int, model: str) -> ParameterError:
+    """``last_block`` (named ``flag``) "excluded" on a model of fewer than 3 blocks."""
+    said = f"{flag} {_value(flag, 'excluded')}"
+    return ParameterError(
+        f"{'' if flag.startswith('-') else 'parameter '}{said} leaves {n_layers - 1} of the {n_layers} "
+        f"blocks of {model}: too few to couple; choose {flag} {_value(flag, 'final_norm')} or "
+        f"{_value(flag, 'block')}, or a model with 3 blocks or more"
+    )
+
+
+def check_blocks_and_k(
+    lm: Any,
     model: str,
-    n_layers: int,
-    *,
-    last: int | None = None,
-    negative: bool = False,
-    why: str = "",
-) -> int:
-    """A block index against a loaded model of ``n_layers`` blocks, as a non-negative index.
+    blocks: Mapping[str, Iterable[int]],
+    k: Iterable[int],
+    last_block: str,
+    terms: FitTerms = FitTerms(),
+) -> dict[str, list[int]]:
+    """Whether the block and K parameters fit ``model`` loaded (``lm``; a job's check, before
+    measuring), in the caller's ``terms``: each of ``blocks`` (``{parameter: block indices}``)
+    within its depth, one block shorter with ``last_block`` "excluded" (which needs 3 blocks),
+    and each of ``k`` within its width. A :class:`ParameterError` names the parameter, the model,
+    its depth or width and what to choose; returns each block parameter's indices, non-negative."""
+    L, d, flag = int(lm.n_layers), int(lm.d_model), terms.last_block
+    window = {}
+    if last_block == "excluded":
+        if L < 3:
+            raise _too_shallow(flag, L, model)
+        window = {"last": L - 2, "why": f", and {flag} {_value(flag, 'excluded')} leaves the last out"}
+    out = {}
+    for name, values in blocks.items():
+        try:
+            out[name] = check_blocks(name, values, model, L, negative=terms.negative, **window)
+        except ParameterError as exc:
+            if name != terms.all_blocks:
+                raise
+            leave = f"{name} out" if name.startswith("-") else f"{name!r} empty"
+            raise ParameterError(f"{exc}; or leave {leave} (all blocks)") from None
+    for K in k:
+        try:
+            check_top_k(terms.k, K, d=d, model=model)
+        except ParameterError as exc:
+            raise ParameterError(f"{exc}{terms.k_note}") from None
+    return out
 
-    ``last``: the last block the parameter may name (default the model's last; e.g. one less
-    when the next block is needed too, said by ``why``); ``negative``: indices from the end
-    (-1 the last block) are accepted. The message names the parameter, the model, its depth and
-    the range to choose from."""
-    top = n_layers - 1 if last is None else last
-    from_end = negative and -n_layers <= value <= top - n_layers
-    if 0 <= value <= top or from_end:
-        return value % n_layers
-    where = f"{model} has {n_layers} block{'' if n_layers == 1 else 's'} (0..{n_layers - 1}){why}"
-    if top < 0:
-        raise ParameterError(f"{_subject(name)} cannot be met, got {value!r}: {where}; choose a deeper model")
-    if value >= 0 or (negative and value >= -n_layers):
-        bound = f"<= {top if value >= 0 else top - n_layers}"
-    else:
-        bound = f">= {-n_layers if negative else 0}"
-    ends = f", or {-n_layers}..{top - n_layers} counting from the end" if negative else ""
-    raise ParameterError(
-        f"{_subject(name)} must be {bound}, got {value!r}: {where}; choose a block in 0..{top}{ends}"
-    )
+
+def with_check(
+    jobs: Iterable[Job], check: Callable[..., None], *, chain: bool = False, **bound: Any
+) -> list[Job]:
+    """``jobs``, each checking its loaded model before measuring with ``check(lm, job=job,
+    **bound)`` (``job``: the planned job, for its model, revision and settings); ``chain``: the
+    job's own check, if any, runs after it. A module-level ``check`` keeps the jobs picklable."""
+    out = []
+    for job in jobs:
+        own = functools.partial(check, job=job, **bound)
+        if chain and job.check is not None:
+            own = functools.partial(_in_turn, checks=(own, job.check))
+        out.append(dataclasses.replace(job, check=own))
+    return out
 
 
-def check_blocks(name: str, values: Iterable[int], model: str, n_layers: int, **kw: Any) -> list[int]:
-    """:func:`check_block` for each of ``values`` (the message names the list's parameter)."""
-    return [check_block(name, int(v), model, n_layers, **kw) for v in values]
-
-
-def check_state(
-    name: str, value: int, model: str, n_layers: int, *, low: int = 0, high: int | None = None,
-    negative: bool = False, why: str = "",
-) -> int:  # fmt: skip
-    """A residual-state index (0: the input of the first block .. ``n_layers``: the output of the
-    last) against a loaded model, as a non-negative index: :func:`check_block` for the states
-    between blocks. ``low``..``high`` (default 0..``n_layers``): the states the parameter may name
-    (said by ``why``); ``negative``: -1 is the last state."""
-    L, high = n_layers, n_layers if high is None else high
-    from_end = negative and value < 0
-    v = value + L + 1 if from_end else value
-    if low <= v <= high:
-        return v
-    where = f"{model} has {L} block{'' if L == 1 else 's'}, so residual states 0..{L}{why}"
-    if low > high:
-        raise ParameterError(f"{_subject(name)} cannot be met, got {value!r}: {where}; choose a deeper model")
-    shift = -L - 1 if from_end else 0
-    bound = f">= {low + shift}" if v < low else f"<= {high + shift}"
-    ends = f", or {low - L - 1}..{high - L - 1} counting from the end (-1: state {L})" if negative else ""
-    raise ParameterError(
-        f"{_subject(name)} must be {bound}, got {value!r}: {where}; choose a state in {low}..{high}{ends}"
-    )
+def _in_turn(lm: Any, *, checks: Iterable[Callable[[Any], None]]) -> None:
+    """Each of ``checks`` on the loaded model ``lm``, in order (the first refusal stops)."""
+    for check in checks:
+        check(lm)
 
 
 def refuse_misfits(results: Iterable[Any], chapter: str) -> None:

@@ -57,6 +57,8 @@ __all__ = [
     "toy_findings",
     "energy_words",
     "k_reruns",
+    "eps_at_kth",
+    "noise_reruns",
 ]
 
 NOTEBOOK = "f00_coupling_metric"
@@ -311,7 +313,32 @@ def glue_values(p: Params, r: Results) -> dict[str, Any]:
         **toy_findings(r.toy),
         "f00_tiles_alt": tiles_alt(diagonal_shares(r.tiles), p.layer, p.k),
         "f00_k_reruns": Markdown(k_reruns(r.d_model)),
+        "f00_eps_kth": eps_at_kth(r.s.S, p.k, r.d_model),
+        "f00_noise_last_eps": float(r.sweep.noise.max()),
+        "f00_noise_last_m": float(r.sweep.sort_values("noise").m_K.iloc[-1]),
+        "f00_noise_reruns": Markdown(noise_reruns(r.sweep, r.noise_equivalent)),
     }
+
+
+def eps_at_kth(S: torch.Tensor, k: int, d: int) -> float:
+    """Exercise f00-ex-noise: the noise level ε at which εR's largest singular value, about
+    2ε‖J‖_F/√d (R Gaussian with J's Frobenius norm, d × d), reaches J's K-th singular value
+    (``S``: J's singular values, descending)."""
+    return float(S[k - 1]) * d**0.5 / (2 * float(S.norm()))
+
+
+def noise_reruns(sweep: pd.DataFrame, eps: float) -> str:
+    """Exercise f00-ex-noise's finer sweep: six levels between the two swept levels around the
+    neighbour's equivalent noise ``eps``, or, when the sweep never reaches it, levels beyond its end."""
+    levels = sorted(float(e) for e in sweep.noise)
+    if eps != eps:  # NaN: no swept level reaches the neighbour's value
+        grid = [levels[-1] * 2**i for i in range(5)]
+    else:
+        lo = max([e for e in levels if e < eps], default=levels[0])
+        hi = min([e for e in levels if e >= eps], default=levels[-1])
+        grid = [lo + (hi - lo) * i / 5 for i in range(6)]
+    values = ", ".join(f"{v:.3g}" for v in dict.fromkeys(round(v, 6) for v in grid))
+    return f'`coupling-book run f00 -p "noise_levels=[{values}]"`'
 
 
 def k_reruns(d: int) -> str:

@@ -6,7 +6,6 @@ tables), its verdict rules and claims, and the values its prose glues."""
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +28,7 @@ from coupling_utils.chapters.checks import (
     integer,
     list_of,
     text,
+    with_check,
 )
 from coupling_utils.chapters.params import ChapterParams, param
 from coupling_utils.files import cache_dir
@@ -135,31 +135,26 @@ def jobs(p: Params) -> list[Job]:
                       sources=("analysis/trajectories.py", "analysis/linearization.py"),
                       passes=passes)  # fmt: skip
         labels = {"model": p.model, **({"revision": p.revision} if p.revision else {}), "weights": name}
-        out.append(Job(p.model, list(p.prompts), {}, load, labels, cache_dir("f05"), extra, _check(p)))
+        out.append(Job(p.model, list(p.prompts), {}, load, labels, cache_dir("f05"), extra))
     # the variant right after the trained model's job: collect() then loads that model once for both
-    return [out[0], _first_token_job(p, options, out[0]), *out[1:]]
+    return with_check([out[0], _first_token_job(p, options, out[0]), *out[1:]], _check_window, p=p)
 
 
-def _check_window(lm, *, p: Params) -> None:
-    """``first_layer`` and ``last_layer`` against the loaded model (each job's check, before
+def _check_window(lm, *, p: Params, job: Job) -> None:
+    """``first_layer`` and ``last_layer`` against ``job``'s model loaded (each job's check, before
     measuring): a ParameterError naming the parameter(s), the model, its depth and the states to
     choose."""
-    L = int(lm.n_layers)
-    first = check_state("first_layer", p.first_layer, p.model, L, high=L - 1,
+    L, model = int(lm.n_layers), job.model
+    first = check_state("first_layer", p.first_layer, model, L, high=L - 1,
                         why=", and last_layer needs a later one")  # fmt: skip
-    last = check_state("last_layer", p.last_layer, p.model, L, low=1, negative=True)
+    last = check_state("last_layer", p.last_layer, model, L, low=1, negative=True)
     if last <= first:
         raise ParameterError(
             f"parameters first_layer={p.first_layer} and last_layer={p.last_layer} give an empty window: "
-            f"{p.model} has {L} blocks, so residual states 0..{L} (-1: state {L}), and the window runs "
+            f"{model} has {L} blocks, so residual states 0..{L} (-1: state {L}), and the window runs "
             f"from state first_layer to a later state last_layer; choose first_layer < last_layer, e.g. "
             f"-p first_layer={first} -p last_layer={L}"
         )
-
-
-def _check(p: Params):
-    """The jobs' check: :func:`_check_window` with the parameters ``p``."""
-    return functools.partial(_check_window, p=p)
 
 
 FIRST_TOKEN = "first token variant"  # the variant job's label (f05-ex-first-token)
@@ -175,7 +170,7 @@ def _first_token_job(p: Params, options: dict, trained: Job) -> Job:
                   sources=("analysis/trajectories.py", "analysis/linearization.py"),
                   passes=tr.study_passes)  # fmt: skip
     labels = {**trained.labels, "variant": "first_token"}
-    return Job(p.model, list(p.prompts), {}, trained.load_kwargs, labels, cache_dir("f05"), extra, _check(p))
+    return Job(p.model, list(p.prompts), {}, trained.load_kwargs, labels, cache_dir("f05"), extra)
 
 
 # --------------------------------------------------------------------------- the results
@@ -436,10 +431,31 @@ def glue_values(p: Params, r: Results, status: pd.DataFrame | None) -> dict[str,
         "f05_lincos_trained": float(r.linearization_means.get(TRAINED, np.nan)),
         "f05_lincos_random": float(r.linearization_means.get(TWIN, np.nan)),
         "f05_lincos_note": Markdown(_lincos_note(p, r)),
+        "f05_window_reruns": Markdown(lss_window_reruns(r.n_layers)),
+        "f05_tiny_blocks": tiny_blocks(),
+        "f05_tiny_sqrt_L": float(np.sqrt(tiny_blocks())),
     }
     verdicts = [NOT_JUDGED, NOT_JUDGED] if status is None else [verdict_word(status.iloc[i]) for i in (0, 1)]
     values["f05_linear_verdict"], values["f05_exponential_verdict"] = verdicts
     return values
+
+
+def lss_window_reruns(n_layers: int) -> str:
+    """Exercise f05-ex-window's reruns for a model of ``n_layers`` blocks: the middle half of its
+    residual states, then its first and its last eight states; or why the model is too shallow."""
+    if n_layers < 8:
+        return (f"this run's model has {n_layers} blocks ({n_layers + 1} residual states), too few to split "
+                "into windows: rerun with a deeper model (e.g. `--profile default`)")  # fmt: skip
+    q = n_layers // 4
+    windows = [(q, n_layers - q), (0, 7), (n_layers - 7, n_layers)]
+    return ", then ".join(f"`-p first_layer={a} -p last_layer={b}`" for a, b in windows)
+
+
+def tiny_blocks() -> int:
+    """The depth of ``embedded:pythia-tiny`` (exercise f05-ex-training), from its recipe."""
+    from coupling_utils.models.zoo.registry import REGISTRY
+
+    return int(REGISTRY["pythia-tiny"].specs().n_layers)
 
 
 def _lincos_note(p: Params, r: Results) -> str:

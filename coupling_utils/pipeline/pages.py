@@ -324,6 +324,16 @@ def _listed(rows, what: str) -> str:
     return ", ".join(rows[what].astype(str)) or "none"
 
 
+def _commits(table) -> str:
+    """The commits the rows of ``table`` record (``bench/_common.commit``), or that they record none."""
+    recorded = table["commit"].dropna().astype(str) if "commit" in table else table.iloc[:0, 0]
+    if recorded.empty:
+        return " (the rows record no commit)"
+    names = ", ".join(sorted(set(recorded)))
+    some = "" if len(recorded) == len(table) else f"; {len(table) - len(recorded)} rows record none"
+    return f", commit{'s' if recorded.nunique() > 1 else ''} {names}{some}"
+
+
 def gpu_run_findings(table) -> str:
     """The performance page's paragraph on the recorded GPU run (``bench/gpu_check.py``'s CSV):
     the GPU, the dates, the code's versions, which rows ran, failed or were skipped (a failed row's
@@ -336,7 +346,7 @@ def gpu_run_findings(table) -> str:
     versions = ", ".join(
         f"{k} {table[k].iloc[0]}" for k in ("coupling_utils", "torch", "transformers") if k in table
     )
-    commit = f", commit {table['commit'].iloc[0]}" if "commit" in table else " (the rows record no commit)"
+    commit = _commits(table)
     notebooks = table[table.step == "paper profile"]
     text = (
         f"**The recorded GPU run**: {', '.join(sorted(set(table.device.astype(str))))}, "

@@ -249,11 +249,6 @@ def _replanned_note(costs: pd.DataFrame, plans: Mapping[str, str] | None) -> str
 CONTENDED_SHARE = 0.10  # from this share of the CPU used by other processes, a measured state is contended
 
 
-def _machine(text) -> str:
-    """A row's machine without its load at start (``bench/bench_chapters.py`` appends it)."""
-    return re.sub(r",?\s*load [\d.]+ at start", "", str(text)).strip()
-
-
 def _cores(machine: str) -> str:
     """ "2 CPU (Xeon), no GPU" (``bench_chapters.machine``) as "a 2-core CPU (Xeon, no GPU)"."""
     m = re.match(r"(\d+) CPU \((.*)\)(.*)$", machine)
@@ -269,7 +264,7 @@ def _shares(rows: pd.DataFrame) -> pd.Series:
 
 def _where_when(rows: pd.DataFrame) -> str:
     """ "on a 2-core CPU (...) from D1 to D2, in k runs of the benchmark" or what is not recorded."""
-    machines = sorted({_machine(m) for m in rows["machine"].dropna()}) if "machine" in rows.columns else []
+    machines = sorted({str(m).strip() for m in rows["machine"].dropna()}) if "machine" in rows.columns else []
     if not machines:
         where = "on a machine not recorded"
     elif len(machines) == 1:
@@ -293,11 +288,10 @@ def _where_when(rows: pd.DataFrame) -> str:
 def _contention(rows: pd.DataFrame) -> str:
     """What is known of other processes competing for the CPU while ``rows`` were measured."""
     share = _shares(rows)
-    loads = [float(x) for m in rows.get("machine", pd.Series(dtype=str)).dropna()
-             for x in re.findall(r"load ([\d.]+) at start", str(m))]  # fmt: skip
+    loads = pd.to_numeric(rows.get("load_at_start", pd.Series(dtype=float)), errors="coerce").dropna()
     at_start = (
-        f" (the load average when each chapter's runs began: {min(loads):.1f} to {max(loads):.1f})"
-        if loads
+        f" (the load average when each chapter's runs began: {loads.min():.1f} to {loads.max():.1f})"
+        if not loads.empty
         else ""
     )
     unrecorded = share.isna()

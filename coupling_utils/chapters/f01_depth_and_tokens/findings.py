@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from coupling_utils.analysis.depth_and_tokens import TwinMeasurement
@@ -33,6 +34,10 @@ def finding_words(r: Results, status: pd.DataFrame) -> dict[str, Any]:
         "f01_tokens_words": Markdown(tokens_words(r.token_values, r.first_token)),
         "f01_context_words": Markdown(context_words(r.token_values)),
         "f01_token_layer_reruns": Markdown(token_layer_reruns(r.main.n_layers, r.params.token_layer)),
+        "f01_window_reruns": Markdown(
+            tile_window_reruns(r.main.n_layers, len(r.params.tile_layers), r.params.last_block)
+        ),
+        "f01_adjacent_thirds": adjacent_thirds(r.main.depthwise, max(r.params.k)),
     }
 
 
@@ -120,3 +125,39 @@ def token_layer_reruns(n_layers: int, token_layer: int) -> str:
         return (f"This run's model ({n_layers} blocks) has no other block to try: rerun with a "
                 "deeper model (e.g. `--profile default`)")  # fmt: skip
     return "Rerun with " + " and ".join(f"`-p token_layer={b}`" for b in picks)
+
+
+def tile_window_reruns(n_layers: int, width: int, last_block: str) -> str:
+    """Exercise f01-ex-window's reruns: the tile window (``width`` blocks) moved to the first and to
+    the last blocks that can be measured (the last block is left out under ``last_block``
+    "excluded"); or why there is nothing to move."""
+    last = n_layers - 2 if last_block == "excluded" else n_layers - 1
+    if width >= last + 1:
+        return (f"this run's tile window already covers every block that can be measured ({last + 1}): "
+                "rerun with a deeper model (e.g. `--profile default`)")  # fmt: skip
+    first, final = list(range(width)), list(range(last + 1 - width, last + 1))
+    return f'`coupling-book run f01 -p "tile_layers={first}"`, then `-p "tile_layers={final}"`'
+
+
+def adjacent_thirds(depthwise: pd.DataFrame, k: int) -> str:
+    """Exercise f01-ex-window's answer from this run: the trained model's mean coupling 1 − m² of
+    neighbouring measured blocks (both orders, all prompts) at K = ``k``, in the early, middle and
+    late third of the neighbouring pairs; or why there are too few pairs to split."""
+    d = depthwise[(depthwise["weights"] == "trained") & (depthwise["K"] == k)]
+    blocks = sorted(set(d["layer_i"]) | set(d["layer_j"]))
+    if len(blocks) < 4:
+        return (f"this run measured {len(blocks)} blocks, too few neighbouring pairs to compare thirds of "
+                "the network")  # fmt: skip
+    pos = {b: i for i, b in enumerate(blocks)}
+    i, j = d["layer_i"].map(pos), d["layer_j"].map(pos)
+    near = d[(i - j).abs() == 1]
+    start = np.minimum(i, j)[near.index]  # the pair's first block, as a position
+    thirds = np.array_split(np.arange(len(blocks) - 1), 3)
+    means = [float(near["coupling"][start.isin(t)].mean()) for t in thirds]
+    parts = [
+        f"{m:.3f} in the {name} third (blocks {blocks[t[0]]}–{blocks[t[-1] + 1]})"
+        for m, name, t in zip(means, ("early", "middle", "late"), thirds)
+    ]
+    best = ("early", "middle", "late")[int(np.argmax(means))]
+    return (f"by thirds of the network the trained model's neighbouring blocks average {', '.join(parts)} "
+            f"at K = {k}: highest in the {best} third")  # fmt: skip

@@ -25,14 +25,14 @@ from coupling_utils.chapters.checks import (
     ParameterError,
     block,
     boolean,
-    check_block,
-    check_blocks,
+    check_blocks_and_k,
     check_model,
     check_top_k,
     choice,
     integer,
     k_values,
     list_of,
+    with_check,
 )
 from coupling_utils.chapters.params import ChapterParams, param
 from coupling_utils.engine.blocks import LAST_BLOCKS
@@ -143,40 +143,27 @@ def _companion_jobs(p: Params) -> dict[str, list[Job]]:
     with the same tiles and token block: what "The last block" sets side by side."""
     s, texts, out = twin_settings(p), prompts(p), cache_dir("f01", p.method)
     return {
-        c: _checked(tw.twin_jobs(p.model, texts, s.but(last_block=c), root=out), p.model, p)
+        c: with_check(tw.twin_jobs(p.model, texts, s.but(last_block=c), root=out), _check_fits, p=p)
         for c in lb.companions(p.last_block)
     }
 
 
-def _check_fits(lm, *, p: Params, model: str) -> None:
-    """The block and K parameters against ``model`` loaded (``lm``; each job's check, before
-    measuring): a :class:`ParameterError` naming the parameter, the model and its depth or width.
-    The drawn model (``p.model``) also gets ``tile_layers`` and ``token_layer``."""
-    L, d, name = int(lm.n_layers), int(lm.d_model), model
-    excluded = p.last_block == "excluded"
-    if excluded and L < 3:
-        raise ParameterError(
-            f"parameter 'last_block' is 'excluded', which leaves {L - 1} of the {L} blocks of {name}: too "
-            "few to couple; choose last_block 'final_norm' or 'block', or a model with 3 blocks or more"
-        )
-    blocks = {"last": L - 2, "why": ", and last_block 'excluded' leaves the last out"} if excluded else {}
-    measured = set(check_blocks("layers", p.layers, name, L, **blocks))
+def _check_fits(lm, *, p: Params, job: Job) -> None:
+    """The block and K parameters against ``job``'s model loaded (``lm``; each job's check, before
+    measuring; :func:`~coupling_utils.chapters.checks.check_blocks_and_k`): a
+    :class:`ParameterError` naming the parameter, the model and its depth or width. The drawn
+    model (``p.model``) also gets ``tile_layers`` and ``token_layer``."""
+    model = job.labels["model"]
+    blocks = {"layers": p.layers}
     if model == p.model:  # the tile window is measured too
-        measured |= set(check_blocks("tile_layers", p.tile_layers, name, L, **blocks))
-        check_block("token_layer", p.token_layer, name, L, **blocks)
+        blocks.update(tile_layers=p.tile_layers, token_layer=[p.token_layer])
+    fit = check_blocks_and_k(lm, model, blocks, p.k, p.last_block)
+    measured = set(fit["layers"]) | set(fit.get("tile_layers", []))
     if p.layers and len(measured) < 2:
         raise ParameterError(
             f"parameter 'layers' names one block, {p.layers[0]}, and coupling compares blocks: name at "
-            f"least two of the {L} of {name}, or leave it empty (all blocks)"
+            f"least two of the {int(lm.n_layers)} of {model}, or leave it empty (all blocks)"
         )
-    for K in p.k:
-        check_top_k("k", K, d=d, model=name)
-
-
-def _checked(jobs: list[Job], model: str, p: Params) -> list[Job]:
-    """``model``'s jobs with the chapter's own check (:func:`_check_fits`, in its parameters' terms)."""
-    check = functools.partial(_check_fits, p=p, model=model)
-    return [dataclasses.replace(job, check=check) for job in jobs]
 
 
 def jobs(p: Params) -> list[Job]:
@@ -188,7 +175,7 @@ def jobs(p: Params) -> list[Job]:
     out: list[Job] = []
     for name in models(p):
         own = s if name == p.model else s.depth_only()
-        out += _checked(tw.twin_jobs(name, texts, own, root=cache_dir("f01", p.method)), name, p)
+        out += with_check(tw.twin_jobs(name, texts, own, root=cache_dir("f01", p.method)), _check_fits, p=p)
     return out + [job for part in _companion_jobs(p).values() for job in part]
 
 

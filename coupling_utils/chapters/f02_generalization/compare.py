@@ -1,18 +1,30 @@
 """f02's comparisons of predictors, each read by a rule fixed before the result and by its interval:
-on which leaderboard tasks the paper's coupling predicts better than parameter count
-(:data:`~.plan.TASK_VS_SIZE`), and whether the predictor with the highest R² in the family is the
-best single one (:data:`~.plan.BEST_PREDICTOR`). The sentences here say what the rules found."""
+whether coupling beats the size measures (:data:`~.plan.BEATS_SIZE`: its lead over the best of
+them in each resample, so no rival is chosen on the estimates, and each size measure alone), on
+which leaderboard tasks the paper's coupling predicts better than parameter count
+(:data:`~.plan.TASK_VS_SIZE`), which task it predicts best and worst (:data:`~.plan.TASK_RANK`),
+and whether the predictor with the highest R² in the family is the best single one
+(:data:`~.plan.BEST_PREDICTOR`). The sentences here say what the rules found."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
 from IPython.display import Markdown
 
-from coupling_utils.analysis.verdicts import Interval
-from coupling_utils.chapters.f02_generalization.plan import BEST_PREDICTOR, TASK_VS_SIZE
+from coupling_utils.analysis import leaderboards
+from coupling_utils.analysis.predictors import predictor_lead, r2_difference
+from coupling_utils.analysis.stats import Bootstrap
+from coupling_utils.analysis.verdicts import Interval, Rule
+from coupling_utils.chapters.f02_generalization.plan import (
+    BEATS_SIZE,
+    BEST_PREDICTOR,
+    TASK_RANK,
+    TASK_VS_SIZE,
+)
 
 SIDES = ("coupling", "parameter count", "neither")
 """Which predictor a task counts for by :data:`~.plan.TASK_VS_SIZE`: coupling, parameter count, or
@@ -26,14 +38,162 @@ def gap_interval(row: Mapping[str, Any]) -> Interval:
     return Interval(est, min(low, est), max(high, est), over=f"{int(row['n'])} models")
 
 
+def _side(gap: Interval, rule: Rule) -> int:
+    """1 where ``rule`` says yes of the difference ``gap`` (the first predictor is the better), -1
+    where it says yes of its negative (the second is), 0 where neither (not separated)."""
+    if rule.judge({"gap": gap}) == "yes":
+        return 1
+    against = Interval(-gap.estimate, -gap.high, -gap.low, gap.level, gap.over)
+    return -1 if rule.judge({"gap": against}) == "yes" else 0
+
+
 def task_side(row: Mapping[str, Any]) -> str:
     """The predictor a task counts for (one of :data:`SIDES`): :data:`~.plan.TASK_VS_SIZE` judged on
     the difference, then on its negative for parameter count."""
-    gap = gap_interval(row)
-    if TASK_VS_SIZE.judge({"gap": gap}) == "yes":
-        return SIDES[0]
-    against = Interval(-gap.estimate, -gap.high, -gap.low, gap.level, gap.over)
-    return SIDES[1] if TASK_VS_SIZE.judge({"gap": against}) == "yes" else SIDES[2]
+    return {1: SIDES[0], -1: SIDES[1], 0: SIDES[2]}[_side(gap_interval(row), TASK_VS_SIZE)]
+
+
+# --------------------------------------------------------------------------- coupling against size
+@dataclass
+class AgainstSize:
+    """A coupling measure (``name``, as the prose calls it) against the size measures as predictors
+    of one score over ``unit``s, by :data:`~.plan.BEATS_SIZE`: its ``lead`` over the best of them in
+    each resample (``predictor_lead`` with the coupling named in advance) and, for each size
+    measure alone, the paired difference (``pairs``: ``predictor, r2, estimate, ci_low, ci_high,
+    side``, side 1 / -1 / 0: coupling / the size measure the better / not separated)."""
+
+    name: str
+    lead: dict[str, Any]
+    pairs: pd.DataFrame
+    unit: str
+
+    @property
+    def gap(self) -> Interval:
+        """The lead over the best size measure in each resample, as an Interval."""
+        return lead_interval(self.lead, self.unit)
+
+
+def against_size(
+    df: pd.DataFrame,
+    y: str,
+    coupling: tuple[str, str],
+    sizes: Mapping[str, str],
+    boot: Bootstrap,
+    unit: str,
+    name: str,
+) -> AgainstSize:
+    """``coupling`` (``(label, column)``) against each of ``sizes`` (``{label: column}``) as
+    predictors of ``y``, all on the models complete for every one of them; a size measure
+    constant on them is left out of the lead and has no pair."""
+    label, column = coupling
+    df = df.dropna(subset=[y, column, *sizes.values()])
+    lead = predictor_lead(df, y, {label: column, **sizes}, boot, leader=label)
+    rows = []
+    for size, col in sizes.items():
+        if size in lead["left_out"]:
+            continue
+        d = r2_difference(df, y, column, col, boot)
+        rows.append({"predictor": size, **d, "side": _side(lead_interval(d, unit), BEATS_SIZE)})
+    return AgainstSize(name, lead, pd.DataFrame(rows), unit)
+
+
+def sizes_words(a: AgainstSize, r2: Mapping[str, float]) -> str:
+    """Each size measure's R² (``r2``, by predictor), in words: "0.776 (log10 params), 0.316 (depth)
+    and 0.571 (width)"."""
+    said = [f"{r2[size]:.3f} ({size})" for size in a.pairs["predictor"]]
+    return said[0] if len(said) == 1 else ", ".join(said[:-1]) + " and " + said[-1]
+
+
+def separates_words(a: AgainstSize) -> str:
+    """What :data:`~.plan.BEATS_SIZE` reads off the lead's interval, after "the interval"."""
+    if BEATS_SIZE.judge({"gap": a.gap}) == "yes":
+        return f"lies above 0: {a.name} explains the score better than every size measure"
+    return (
+        f"includes 0: these {a.lead['n']} {a.unit} do not separate {a.name} from the best of the size "
+        "measures"
+    )
+
+
+def _listed(names: Sequence[str]) -> str:
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def pairs_words(a: AgainstSize) -> str:
+    """Each size measure alone against the coupling measure, by the same rule on its paired
+    interval: which ones it is separated from, and (when none) that it is separated from none."""
+    side = dict(zip(a.pairs["predictor"], a.pairs["side"]))
+    above = [s for s, v in side.items() if v == 1]
+    below = [s for s, v in side.items() if v == -1]
+    rest = [s for s, v in side.items() if v == 0]
+    if not above and not below:
+        return (
+            f"Against each size measure alone the paired 95% interval of the difference includes 0 as "
+            f"well: these {a.lead['n']} {a.unit} separate {a.name} from none of them"
+        )
+    parts = [f"above 0 for {_listed(above)}" if above else "",
+             f"below 0 for {_listed(below)}" if below else "",
+             f"includes 0 for {_listed(rest)}" if rest else ""]  # fmt: skip
+    return "Against each size measure alone, the paired 95% interval of the difference lies " + _listed(
+        [x for x in parts if x]
+    )
+
+
+def size_note(a: AgainstSize) -> str:
+    """A status note of coupling against the size measures: the lead and which size measures alone
+    its paired intervals separate it from."""
+    side = dict(zip(a.pairs["predictor"], a.pairs["side"]))
+    alone = [s for s, v in side.items() if v == 1]
+    return f"lead over the best size measure in each resample {a.gap}; separated alone from " + (
+        ", ".join(alone) if alone else "no size measure"
+    )
+
+
+def size_glue(prefix: str, a: AgainstSize, r2: pd.Series) -> dict[str, Any]:
+    """The glued values of a coupling measure against the size measures, named ``f02_<prefix>_*``:
+    each size measure's R², the lead over the best of them in each resample with its interval, what
+    the beats-size rule reads off it, and each size measure alone."""
+    gap = a.gap
+    return {
+        f"f02_{prefix}_sizes": Markdown(sizes_words(a, r2)),
+        f"f02_{prefix}_gap": gap.estimate,
+        f"f02_{prefix}_gap_low": gap.low,
+        f"f02_{prefix}_gap_high": gap.high,
+        f"f02_{prefix}_separates": Markdown(separates_words(a)),
+        f"f02_{prefix}_pairs": Markdown(pairs_words(a)),
+    }
+
+
+# --------------------------------------------------------------------------- which task best, worst
+def task_ranks(version: str, boot: Bootstrap) -> dict[str, dict[str, Any]]:
+    """By :data:`~.plan.TASK_RANK`: which task of leaderboard ``version`` the paper's coupling
+    predicts best (``"best"``) and worst (``"worst"``), each a ``predictor_lead`` answer over the
+    models with every task's score (R² is symmetric, so each task is a "predictor" of coupling)."""
+    table = leaderboards.score_table(version)
+    tasks = {leaderboards.TASK_NAMES[t]: t for t in leaderboards.TASKS[version]}
+    table = table.dropna(subset=["coupling", *tasks.values()])
+    return {
+        "best": predictor_lead(table, "coupling", tasks, boot),
+        "worst": predictor_lead(table, "coupling", tasks, boot, lowest=True),
+    }
+
+
+def rank_sentence(version: str, ranks: Mapping[str, Mapping[str, Any]], r2: Mapping[str, float]) -> str:
+    """The ``version`` tasks coupling predicts best and worst (``ranks``: :func:`task_ranks`;
+    ``r2``: each task's R²), named as such only where :data:`~.plan.TASK_RANK` separates them."""
+    said = []
+    for end, word in (("best", "highest"), ("worst", "lowest")):
+        lead = ranks[end]
+        gap = lead_interval(lead, "models")
+        top, nxt = lead["best"], lead["runner_up"]
+        head = (
+            f"{word} for {top} ({r2[top]:.3f}; the next is {nxt}, {r2[nxt]:.3f}: a difference of "
+            f"{gap.estimate:.3f}, {gap.words('.3f')}, against the {word} of the others in each resample)"
+        )
+        if TASK_RANK.judge({"lead": gap}) == "yes":
+            said.append(f"{head}, so by the task-ranking rule coupling predicts {top} {end}")
+        else:
+            said.append(f"{head}: by the task-ranking rule {top} is not separated from the other tasks")
+    return f"Among the {version} tasks coupling's $R^2$ is " + "; it is ".join(said)
 
 
 def _named(tasks: pd.DataFrame) -> str:
@@ -96,19 +256,26 @@ def best_sentence(lead: Mapping[str, Any], r2: Mapping[str, float], y: str, unit
             f"throughout, so the best-predictor rule names it; {often}"
         )
     return (
-        f"The highest $R^2$ of {y} is {best}'s ({r2[best]:.3f}), but {head}, not wholly above 0: by "
+        f"The highest $R^2$ of {y}, {r2[best]:.3f}, is that of {best}, but {head}, not wholly above 0: by "
         f"the best-predictor rule no single predictor is the best on these {lead['n']} {unit}; {often}"
     )
 
 
 def compare_glue(
-    lead: Mapping[str, Any], acc: pd.DataFrame, tasks: pd.DataFrame, v2: pd.Series, v1: pd.Series
+    lead: Mapping[str, Any],
+    acc: pd.DataFrame,
+    tasks: pd.DataFrame,
+    v2: pd.Series,
+    v1: pd.Series,
+    ranks: Mapping[str, Mapping[str, Any]],
 ) -> dict[str, Any]:
     """The glued values of the comparisons: the family's best predictor of accuracy (``lead``:
     ``predictor_lead``'s answer; ``acc``: each predictor's fit, by predictor), coupling against
     parameter count per leaderboard task (``tasks``, with their ``side``) and on the v2 average
-    (``v2``), and the v2 average's fit against the v1 average's (``v1``)."""
+    (``v2``), the v2 average's fit against the v1 average's (``v1``), and the tasks coupling
+    predicts best and worst on each leaderboard (``ranks``: :func:`task_ranks` by version)."""
     r2 = acc["r2"].dropna().to_dict()
+    by_task = {v: tasks[tasks["version"] == v].set_index("name")["r2"].to_dict() for v in ranks}
     best, interval = str(lead["best"]), lead_interval(lead, "members")
     return {
         "f02_family_best": Markdown(best),
@@ -133,6 +300,7 @@ def compare_glue(
                SIDES[2]: "the interval includes 0, so these models do not separate the two"}[v2.side]
         ),
         "f02_v2_vs_v1": Markdown(versions_sentence(v2, v1)),
+        **{f"f02_{v}_rank_sentence": Markdown(rank_sentence(v, ranks[v], by_task[v])) for v in ranks},
     }  # fmt: skip
 
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,6 +15,7 @@ from coupling_utils.analysis.generalization import (
     family_jobs,
     family_summary,
 )
+from coupling_utils.analysis.stats import Bootstrap
 from coupling_utils.analysis.verdicts import Rule
 from coupling_utils.chapters.checks import (
     DTYPES,
@@ -33,6 +32,7 @@ from coupling_utils.chapters.checks import (
     list_of,
     number,
     refuse_misfits,
+    with_check,
 )
 from coupling_utils.chapters.params import ChapterParams, param
 from coupling_utils.engine.blocks import LAST_BLOCKS
@@ -84,6 +84,12 @@ class Params(ChapterParams):
     n_resamples: int = param(1000, integer(min=10))
     seed: int = param(0, integer(min=0))
     use_cache: bool = param(True, boolean)
+
+    @property
+    def boot(self) -> Bootstrap:
+        """The bootstrap of every interval of the chapter: ``n_resamples`` resamples of the models
+        drawn with ``seed``, read at 95%."""
+        return Bootstrap(self.n_resamples, seed=self.seed)
 
 
 def prompts(p: Params) -> dict[str, str]:
@@ -141,14 +147,17 @@ def scale_prompts(p: Params) -> dict[str, str]:
 # --------------------------------------------------------------------------- the rules, fixed first
 # the replotted Fig. 1a: R² of the leaderboard score on the paper's digitised coupling
 FIG1A_FIT = Rule(yes="abs(r2 - 0.80) <= 0.02", partly="abs(r2 - 0.80) <= 0.1")
-# "more strongly than size": gap = R²(coupling) − R²(best size measure), an Interval (paired
-# bootstrap over models): yes needs the whole interval above 0; partly: only the estimate is
+# "more strongly than size": gap = coupling's lead over the size measures, R²(coupling) − the
+# highest R² of parameter count, depth and width, an Interval (bootstrap over the models, every
+# predictor refitted on each resample and the best size measure taken in each, so no rival is
+# chosen on the estimates): yes needs the whole interval above 0; partly: only the estimate is.
+# Each size measure alone: the same reading of the paired interval of R²(coupling) − R²(it)
 BEATS_SIZE = Rule(yes="gap > 0", partly="gap > 0")
 # the family: held-out accuracy rises with coupling *in excess of the twin* (rho: Spearman's rho,
 # an Interval, bootstrap over members): yes needs all of it above 0 and 6 members
 GENERALISES = Rule(yes="rho > 0 and n >= 6", partly="rho > 0")
-# the family: excess coupling explains accuracy better than the best size measure (gap, an
-# Interval), with a positive slope
+# the family: excess coupling explains accuracy better than the size measures (gap: its lead over
+# the best of them in each resample, an Interval, as for "beats size"), with a positive slope
 FAMILY_BEATS_SIZE = Rule(yes="gap > 0 and slope > 0", partly="gap > 0 and slope > 0")
 # the training family (one architecture, only training varies): held-out accuracy rises with the
 # excess coupling (rho, an Interval over members); at least 6 members and an accuracy span of 0.2
@@ -166,6 +175,12 @@ TASK_VS_SIZE = Rule(yes="gap > 0", partly="gap > 0")
 # (bootstrap over the models, every predictor refitted on each resample, the best of the others
 # taken in each): the highest is called the best only with a yes (the whole interval above 0)
 BEST_PREDICTOR = Rule(yes="lead > 0", partly="lead > 0")
+# which leaderboard task the paper's coupling predicts best (worst): lead = the highest (lowest)
+# task's R² minus the next's, an Interval (bootstrap over the models with every task of that
+# leaderboard, all tasks refitted on each resample, the next taken in each; for the lowest, the
+# lowest of the others minus it): a task is named best (worst) only with a yes; otherwise the
+# tasks' order is that of the estimates, not separated
+TASK_RANK = Rule(yes="lead > 0", partly="lead > 0")
 # a family member counts as trained to the flat part of its learning curve when the last
 # `tail` of its training moved its held-out loss (down, or up by overfitting) by at most 1% of
 # the final loss
@@ -180,6 +195,7 @@ RULES = {
     "leaderboard v2": EXTENSION,
     "task vs size": TASK_VS_SIZE,
     "best predictor": BEST_PREDICTOR,
+    "task ranking": TASK_RANK,
     "flat curve": FLAT,
 }
 """Each claim's rule by its short name, as "The claim" prints them before any number."""
@@ -187,16 +203,18 @@ RULES = {
 RULE_WORDS = {
     "Fig. 1a fit": "yes if the replotted R² is within 0.02 of the paper's 0.80, partly within 0.1",
     "beats size": (
-        "yes if coupling's R² exceeds the best size measure's over the whole paired 95% interval of the "
-        "difference; partly if only the estimate does"
+        "yes if coupling's R² exceeds the highest of parameter count's, depth's and width's over the whole "
+        "95% interval of the difference (bootstrap over the models, all refitted on each resample, the best "
+        "size measure taken in each); partly if only the estimate does; each size measure alone is read by "
+        "the same rule on the paired interval of its difference"
     ),
     "family": (
         "yes if Spearman's ρ of excess coupling and held-out accuracy is above 0 over its whole 95% "
         "interval and there are at least 6 members; partly if only the estimate is"
     ),
     "family vs size": (
-        "yes if the excess explains accuracy better than the best size measure over the whole interval "
-        "of the difference, with a positive slope; partly if only the estimates do"
+        "as 'beats size', for the excess and held-out accuracy in the family, with a positive slope; "
+        "partly if only the estimates clear 0"
     ),
     "training family": (
         "the same as 'family', for the members of one architecture, and only when their held-out "
@@ -214,6 +232,12 @@ RULE_WORDS = {
         "the predictor with the highest R² is called the best only if its lead over the best of the "
         "others is above 0 over the whole 95% interval (bootstrap over the models, all refitted on each "
         "resample); otherwise it is not separated from the others"
+    ),
+    "task ranking": (
+        "a leaderboard task is named the one coupling predicts best (worst) only if its R² is above (below) "
+        "every other task's over the whole 95% interval of the difference to the next (bootstrap over the "
+        "models with every task's score, all tasks refitted on each resample); otherwise the order of the "
+        "tasks is that of the estimates and does not separate them"
     ),
     "flat curve": (
         "a member's learning curve is flat at its end if, over the last `tail` of its training, its "
@@ -304,22 +328,18 @@ def _scale(p: Params, last_block: str, names: list[str], root) -> list[Job]:
     return _checked(planned, "scale_k", ks)
 
 
-def _check_k(lm, *, name: str, ks: list[int], model: str) -> None:
-    """Each of ``ks`` (parameter ``name``) against the width of ``model`` loaded (``lm``; a job's
-    check, before measuring): a ParameterError naming the parameter, the model and its width."""
-    for K in ks:
-        check_top_k(name, K, d=int(lm.d_model), model=model)
+def _check_k(lm, *, name: str, ks: Mapping[str, list[int]], job: Job) -> None:
+    """Each K of ``job``'s model (``ks[model]``, parameter ``name``) against the width of the model
+    loaded (``lm``; a job's check, before measuring): a ParameterError naming the parameter, the
+    model and its width."""
+    for K in ks[job.model]:
+        check_top_k(name, K, d=int(lm.d_model), model=job.model)
 
 
 def _checked(jobs: list[Job], name: str, ks: Mapping[str, Any]) -> list[Job]:
     """``jobs`` with :func:`_check_k` of parameter ``name`` at each model's K (``ks[model]``)."""
     listed = {model: k if isinstance(k, list) else [k] for model, k in ks.items()}
-    return [
-        dataclasses.replace(
-            job, check=functools.partial(_check_k, name=name, ks=listed[job.model], model=job.model)
-        )
-        for job in jobs
-    ]
+    return with_check(jobs, _check_k, name=name, ks=listed)
 
 
 def _twins(p: Params) -> Loads:

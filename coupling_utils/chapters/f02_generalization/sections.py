@@ -7,17 +7,18 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from IPython.display import Markdown
 
 from coupling_utils.analysis import leaderboards, plots, scale
 from coupling_utils.analysis.data import fig1a_table, join_scores
 from coupling_utils.analysis.generalization import FamilyCoupling, learning_curves, training_stage
-from coupling_utils.analysis.predictors import (
-    best_predictor,
-    predictor_comparison,
-    predictor_lead,
-    r2_difference,
+from coupling_utils.analysis.predictors import predictor_comparison, predictor_lead
+from coupling_utils.chapters.f02_generalization.compare import (
+    AgainstSize,
+    against_size,
+    task_ranks,
+    task_side,
 )
-from coupling_utils.chapters.f02_generalization.compare import task_side
 from coupling_utils.chapters.f02_generalization.plan import (
     FAMILY_PREDICTORS,
     FLAT,
@@ -32,13 +33,12 @@ from coupling_utils.engine.metric import k_for_width
 # --------------------------------------------------------------------------- (a) the paper's points
 @dataclass
 class PaperFit:
-    """The replotted Fig. 1a: its points, every predictor's fit, the best size measure (``rival``)
-    and the paired bootstrap ``gap`` R²(coupling) − R²(rival)."""
+    """The replotted Fig. 1a: its points, every predictor's fit and coupling against the size
+    measures (``size``: its lead over the best of them in each resample, and each alone)."""
 
     points: pd.DataFrame
     fits: pd.DataFrame
-    rival: str
-    gap: dict[str, float]
+    size: AgainstSize
 
     @property
     def by_predictor(self) -> pd.DataFrame:
@@ -52,12 +52,10 @@ class PaperFit:
 def paper_fit(p: Params) -> PaperFit:
     """Each predictor of the digitised Fig. 1a score (``fig1a_y``), on the same 28 models."""
     fig = fig1a_table()
-    fits = predictor_comparison(fig, p.fig1a_y, PAPER_PREDICTORS, n_resamples=p.n_resamples, seed=p.seed)
-    rival = best_predictor(fits, among=SIZES)
-    gap = r2_difference(
-        fig, p.fig1a_y, "coupling", PAPER_PREDICTORS[rival], n_resamples=p.n_resamples, seed=p.seed
-    )
-    return PaperFit(fig, fits, rival, gap)
+    fits = predictor_comparison(fig, p.fig1a_y, PAPER_PREDICTORS, p.boot)
+    sizes = {name: PAPER_PREDICTORS[name] for name in SIZES}
+    size = against_size(fig, p.fig1a_y, ("coupling", "coupling"), sizes, p.boot, "models", "coupling")
+    return PaperFit(fig, fits, size)
 
 
 def fig1a_chart(p: Params, paper: PaperFit):
@@ -102,6 +100,42 @@ def training(p: Params, which: str = "family") -> Training:
     curves = learning_curves(members)
     stage["flat"] = [FLAT.judge({"tail_drop_rel": v}) == "yes" for v in stage["tail_drop_rel"]]
     return Training(members, stage, curves)
+
+
+def tpp_words(tpp: pd.Series) -> dict[str, Markdown]:
+    """Tokens per parameter in words that follow the members' values: "about" one number only
+    when every member is within 10% of the median, else their range."""
+    lo, hi, med = float(tpp.min()), float(tpp.max()), float(tpp.median())
+    digits = next((g for g in range(3, 8) if f"{lo:.{g}g}" != f"{hi:.{g}g}"), 8)  # "2 to 2" says nothing
+    if 0.9 * med <= lo and hi <= 1.1 * med:
+        return {
+            "f02_tpp_sentence": Markdown(
+                f"Every member saw about {med:.3g} tokens per parameter ({lo:.{digits}g} to {hi:.{digits}g})"
+            ),
+            "f02_tpp_trained": Markdown("Trained to about the same number of tokens per parameter"),
+        }
+    return {
+        "f02_tpp_sentence": Markdown(
+            f"The members saw {lo:.3g} to {hi:.3g} tokens per parameter (median {med:.3g}), not one "
+            "common number"
+        ),
+        "f02_tpp_trained": Markdown(f"Trained to {lo:.3g} to {hi:.3g} tokens per parameter"),
+    }
+
+
+def stage_words(stage: pd.DataFrame, n_flat: int) -> str:
+    """How many of the family's learning curves are flat at their end, and which way the others
+    were still moving (``tail_drop_rel`` > 0: the held-out loss still fell)."""
+    n = len(stage)
+    if n_flat == n:
+        return "every member's curve is flat at its end by that rule"
+    moving = stage.loc[~stage["flat"].astype(bool), "tail_drop_rel"]
+    how = "still descending" if (moving > 0).all() else "rising" if (moving < 0).all() else "still moving"
+    verb = "is flat at its" if n_flat == 1 else "are flat at their"
+    return (
+        f"{n_flat} of {n} curves {verb} end by that rule: the others were {how}, so the "
+        "comparison below is partly one of how far training got"
+    )
 
 
 def members_table(t: Training) -> pd.DataFrame:
@@ -231,14 +265,14 @@ def per_prompt_chart(f: Family):
 @dataclass
 class FamilyFits:
     """Every predictor of held-out accuracy and loss in the family (``fits``); for accuracy
-    (``acc``, by predictor) the best size measure (``rival``), the paired ``gap`` R²(excess) −
-    R²(rival), Spearman's ``rho`` of the three couplings, and how surely the predictor with the
-    highest R² is the best of all (``lead``: :func:`predictor_lead`, bootstrap over members)."""
+    (``acc``, by predictor) the excess against the size measures (``size``: its lead over the best
+    of them in each resample, and each alone), Spearman's ``rho`` of the three couplings, and how
+    surely the predictor with the highest R² is the best of all (``lead``:
+    :func:`predictor_lead`, bootstrap over members)."""
 
     fits: pd.DataFrame
     acc: pd.DataFrame
-    rival: str
-    gap: dict[str, float]
+    size: AgainstSize
     rho: dict[str, float]
     lead: dict[str, Any]
 
@@ -251,20 +285,15 @@ class FamilyFits:
 def family_fits(p: Params, f: Family) -> FamilyFits:
     """The same comparison of predictors as for the paper's points, for accuracy and loss."""
     fits = pd.concat(
-        [
-            predictor_comparison(f.ours, y, FAMILY_PREDICTORS, n_resamples=p.n_resamples, seed=p.seed)
-            for y in ("val_acc", "val_loss")
-        ],
+        [predictor_comparison(f.ours, y, FAMILY_PREDICTORS, p.boot) for y in ("val_acc", "val_loss")],
         ignore_index=True,
     )
     acc = fits[fits.y == "val_acc"].set_index("predictor")
-    rival = best_predictor(acc.reset_index(), among=SIZES)
-    gap = r2_difference(
-        f.ours, "val_acc", "excess", FAMILY_PREDICTORS[rival], n_resamples=p.n_resamples, seed=p.seed
-    )
+    sizes = {name: FAMILY_PREDICTORS[name] for name in SIZES}
+    size = against_size(f.ours, "val_acc", ("excess", "excess"), sizes, p.boot, "members", "the excess")
     rho = {name: float(acc.loc[name, "spearman"]) for name in ("excess", "raw coupling", "twin coupling")}
-    lead = predictor_lead(f.ours, "val_acc", FAMILY_PREDICTORS, n_resamples=p.n_resamples, seed=p.seed)
-    return FamilyFits(fits, acc, rival, gap, rho, lead)
+    lead = predictor_lead(f.ours, "val_acc", FAMILY_PREDICTORS, p.boot)
+    return FamilyFits(fits, acc, size, rho, lead)
 
 
 # --------------------------------------------------------------------------- (c) the hub models
@@ -307,7 +336,7 @@ def hub_fit(p: Params, results: Results, paper: PaperFit) -> Hub | None:
     )
     if hub["average"].notna().sum() < 3:
         return Hub(results.hub, missing, None, None)
-    fits = predictor_comparison(hub, "average", PAPER_PREDICTORS, n_resamples=p.n_resamples, seed=p.seed)
+    fits = predictor_comparison(hub, "average", PAPER_PREDICTORS, p.boot)
     return Hub(results.hub, missing, hub, fits)
 
 
@@ -418,11 +447,13 @@ def choice_words(s: ScaleAnswer) -> dict[str, str]:
 @dataclass
 class Beyond:
     """The paper's coupling against each leaderboard task (``task_fits``, v1 and v2, with the
-    predictor each counts for by the task rule in ``side``) and against the mean of all tasks but
-    one (``drop_one``, v1 then v2)."""
+    predictor each counts for by the task rule in ``side``), against the mean of all tasks but
+    one (``drop_one``, v1 then v2), and the tasks it predicts best and worst by the task-ranking
+    rule (``ranks``: ``compare.task_ranks`` by version)."""
 
     task_fits: pd.DataFrame
     drop_one: pd.DataFrame
+    ranks: dict[str, dict[str, Any]]
 
     def fit(self, version: str) -> pd.Series:
         """The fit of leaderboard ``version``'s average."""
@@ -437,14 +468,15 @@ class Beyond:
 def beyond(p: Params) -> Beyond:
     """Each task's fit on the paper's coupling, and each leave-one-task-out average's."""
     task_fits = pd.concat(
-        [leaderboards.task_fits(v, n_resamples=p.n_resamples, seed=p.seed) for v in ("v1", "v2")],
+        [leaderboards.task_fits(v, boot=p.boot) for v in ("v1", "v2")],
         ignore_index=True,
     )
     sides = [task_side(row) for _, row in task_fits.iterrows()]  # by plan.TASK_VS_SIZE
     task_fits.insert(task_fits.columns.get_loc("gap_ci_high") + 1, "side", sides)
-    left_out_v2 = leaderboards.drop_one("v2", n_resamples=p.n_resamples, seed=p.seed)
-    left_out_v1 = leaderboards.drop_one("v1", n_resamples=p.n_resamples, seed=p.seed)
-    return Beyond(task_fits, pd.concat([left_out_v1, left_out_v2], ignore_index=True))
+    left_out_v2 = leaderboards.drop_one("v2", boot=p.boot)
+    left_out_v1 = leaderboards.drop_one("v1", boot=p.boot)
+    ranks = {v: task_ranks(v, p.boot) for v in ("v1", "v2")}
+    return Beyond(task_fits, pd.concat([left_out_v1, left_out_v2], ignore_index=True), ranks)
 
 
 def tasks_chart(b: Beyond):

@@ -14,8 +14,15 @@ from IPython.display import Markdown
 
 from coupling_utils.analysis import k_policy, scale
 from coupling_utils.analysis import last_block as lb
-from coupling_utils.analysis.verdicts import Interval, Rule, claim, verdict_word
-from coupling_utils.chapters.f02_generalization.compare import compare_glue
+from coupling_utils.analysis.verdicts import Rule, claim, verdict_word
+from coupling_utils.chapters.f02_generalization.compare import (
+    SIDES,
+    compare_glue,
+    gap_interval,
+    size_glue,
+    size_note,
+    sizes_words,
+)
 from coupling_utils.chapters.f02_generalization.plan import (
     BEATS_SIZE,
     CLAIMS,
@@ -40,6 +47,8 @@ from coupling_utils.chapters.f02_generalization.sections import (
     family_fits,
     family_section,
     scale_answer,
+    stage_words,
+    tpp_words,
 )
 from coupling_utils.chapters.f02_generalization.within import (
     Within,
@@ -124,7 +133,7 @@ def claims(p: Params, story: Story) -> list[dict[str, Any]]:
 
 
 def _paper_claims(p: Params, paper: PaperFit) -> list[dict[str, Any]]:
-    fig_r2, gap, rival = paper.r2, paper.gap, paper.rival
+    fig_r2, size, r2 = paper.r2, paper.size, paper.by_predictor["r2"]
     return [
         claim(
             CLAIMS["fig1a"],
@@ -139,18 +148,17 @@ def _paper_claims(p: Params, paper: PaperFit) -> list[dict[str, Any]]:
             CLAIMS["size"],
             paper="higher R² than each (values not published)",
             rule=BEATS_SIZE,
-            values={"gap": Interval.from_bootstrap(gap, over="models")},
-            ours=f"R² {fig_r2:.3f} vs {rival} {paper.by_predictor.loc[rival, 'r2']:.3f}",
+            values={"gap": size.gap},
+            ours=f"R² {fig_r2:.3f} vs {sizes_words(size, r2)}",
             kind="replot",
-            note=f"the paper's digitised coupling; paired bootstrap ΔR² {gap['estimate']:.3f} "
-            f"[{gap['ci_low']:.3f}, {gap['ci_high']:.3f}]",
+            note=f"the paper's digitised coupling; {size_note(size)}",
         ),
     ]
 
 
 def _family_claims(p: Params, story: Story) -> list[dict[str, Any]]:
     ours, fits, stage = story.family.ours, story.fits, story.training.stage
-    ex, rho, gap = fits.acc.loc["excess"], fits.rho, fits.gap
+    ex, rho, size = fits.acc.loc["excess"], fits.rho, fits.size
     return [
         claim(
             CLAIMS["family"],
@@ -168,9 +176,9 @@ def _family_claims(p: Params, story: Story) -> list[dict[str, Any]]:
             CLAIMS["family_size"],
             paper="higher R² than parameters, depth, width",
             rule=FAMILY_BEATS_SIZE,
-            values={"gap": Interval.from_bootstrap(gap, over="members"), "slope": ex["slope"]},
-            ours=f"R² {ex['r2']:.3f} (excess) vs {fits.rival} {fits.acc.loc[fits.rival, 'r2']:.3f}",
-            note=f"paired bootstrap ΔR² {gap['estimate']:.3f} [{gap['ci_low']:.3f}, {gap['ci_high']:.3f}]",
+            values={"gap": size.gap, "slope": ex["slope"]},
+            ours=f"R² {ex['r2']:.3f} (excess) vs {sizes_words(size, fits.acc['r2'])}",
+            note=size_note(size),
         ),
     ]
 
@@ -211,7 +219,7 @@ def glue_values(p: Params, story: Story, status: pd.DataFrame) -> dict[str, Any]
         **_scale_glue(p, story.scale),
         **choice_words(story.scale),
         **_beyond_glue(story.paper, story.beyond),
-        **compare_glue(story.fits.lead, story.fits.acc, b.tasks, b.fit("v2"), b.fit("v1")),
+        **compare_glue(story.fits.lead, story.fits.acc, b.tasks, b.fit("v2"), b.fit("v1"), b.ranks),
         **_verdict_glue(story, verdict),
         **_convention_glue(p, story, verdict),
         **within_glue(story.within),
@@ -239,41 +247,11 @@ def _convention_glue(p: Params, story: Story, verdict: Mapping[str, str]) -> dic
 
 
 def _paper_glue(paper: PaperFit) -> dict[str, Any]:
-    fits, gap = paper.by_predictor, paper.gap
+    fits = paper.by_predictor
     return {
         "f02_fig1a_r2": float(fits.loc["coupling", "r2"]),
         "f02_fig1a_n": int(fits.loc["coupling", "n"]),
-        "f02_fig1a_rival": Markdown(paper.rival),
-        "f02_fig1a_rival_r2": float(fits.loc[paper.rival, "r2"]),
-        "f02_fig1a_gap": gap["estimate"],
-        "f02_fig1a_gap_low": gap["ci_low"],
-        "f02_fig1a_gap_high": gap["ci_high"],
-        "f02_fig1a_separates": Markdown(
-            "lies above 0: coupling is the better predictor of the two"
-            if gap["ci_low"] > 0
-            else f"includes 0: these {int(fits.loc['coupling', 'n'])} models do not separate the two "
-            "predictors"
-        ),
-    }
-
-
-def _tpp_words(tpp: pd.Series) -> dict[str, Markdown]:
-    """Tokens per parameter in words that follow the members' values: "about" one number only
-    when every member is within 10% of the median, else their range."""
-    lo, hi, med = float(tpp.min()), float(tpp.max()), float(tpp.median())
-    if 0.9 * med <= lo and hi <= 1.1 * med:
-        return {
-            "f02_tpp_sentence": Markdown(
-                f"Every member saw about {med:.3g} tokens per parameter ({lo:.3g} to {hi:.3g})"
-            ),
-            "f02_tpp_trained": Markdown("Trained to about the same number of tokens per parameter"),
-        }
-    return {
-        "f02_tpp_sentence": Markdown(
-            f"The members saw {lo:.3g} to {hi:.3g} tokens per parameter (median {med:.3g}), not one "
-            "common number"
-        ),
-        "f02_tpp_trained": Markdown(f"Trained to {lo:.3g} to {hi:.3g} tokens per parameter"),
+        **size_glue("fig1a", paper.size, fits["r2"]),
     }
 
 
@@ -290,13 +268,8 @@ def _training_glue(p: Params, t: Training) -> dict[str, Any]:
         "f02_loss_low": float(members["val_loss"].min()),
         "f02_loss_high": float(members["val_loss"].max()),
         "f02_tpp": float(members["tokens per parameter"].median()),
-        **_tpp_words(members["tokens per parameter"]),
-        "f02_stage_sentence": Markdown(
-            "every member's curve is flat at its end by that rule"
-            if n_flat == len(stage)
-            else f"{n_flat} of {len(stage)} curves are flat at their end by that rule: the others were "
-            "still descending, so the comparison below is partly one of how far training got"
-        ),
+        **tpp_words(members["tokens per parameter"]),
+        "f02_stage_sentence": Markdown(stage_words(stage, n_flat)),
     }
 
 
@@ -322,7 +295,7 @@ def _r2(ours: pd.DataFrame, columns: list[str]) -> float:
 
 
 def _fits_glue(f: Family, fits: FamilyFits) -> dict[str, Any]:
-    ours, acc, rho, gap = f.ours, fits.acc, fits.rho, fits.gap
+    ours, acc, rho = f.ours, fits.acc, fits.rho
     above = ours["excess"] > 0
     clear = ours["excess"] > 2 * ours["excess_se"]
     return {
@@ -333,13 +306,9 @@ def _fits_glue(f: Family, fits: FamilyFits) -> dict[str, Any]:
         "f02_excess_r2": float(acc.loc["excess", "r2"]),
         "f02_raw_rho": rho["raw coupling"],
         "f02_twin_rho": rho["twin coupling"],
-        "f02_family_rival": Markdown(fits.rival),
-        "f02_family_rival_r2": float(acc.loc[fits.rival, "r2"]),
         "f02_joint_r2": _r2(ours, ["excess", "log10 params"]),
         "f02_size_r2": _r2(ours, ["log10 params"]),
-        "f02_family_gap": gap["estimate"],
-        "f02_family_gap_low": gap["ci_low"],
-        "f02_family_gap_high": gap["ci_high"],
+        **size_glue("family", fits.size, acc["r2"]),
         "f02_sign_carrier": Markdown(_sign_carrier(rho)),
         "f02_near_zero": Markdown(_near_zero(ours)),
         "f02_above_twin": Markdown(
@@ -424,6 +393,7 @@ def _width_glue(f: Family, fits: FamilyFits) -> dict[str, Any]:
                 float(fits.acc.loc["excess", "spearman_ci_low"]),
                 float(fits.acc.loc["excess", "spearman_ci_high"]),
                 "negative, the opposite of the paper's direction",
+                n=len(f.ours),
             )
         ),
     }
@@ -496,20 +466,29 @@ def _beyond_glue(paper: PaperFit, b: Beyond) -> dict[str, Any]:
         "f02_v1_r2": float(v1.r2),
         "f02_v1_n": int(v1.n),
     }
-    for v in ("v1", "v2"):
-        t = tasks[tasks.version == v].sort_values("r2")
-        out[f"f02_{v}_best_task"] = Markdown(t.iloc[-1]["name"])
-        out[f"f02_{v}_best_task_r2"] = float(t.iloc[-1]["r2"])
-        out[f"f02_{v}_worst_task"] = Markdown(t.iloc[0]["name"])
-        out[f"f02_{v}_worst_task_r2"] = float(t.iloc[0]["r2"])
+    lowest = tasks[tasks.version == "v2"].sort_values("r2").iloc[0]  # exercise f02-ex-v2
+    out["f02_v2_worst_size"] = Markdown(
+        f"For {lowest['name']}, the v2 task with the lowest estimate ($R^2$ = {lowest['r2']:.3f}), log "
+        f"parameter count gives $R^2$ = {lowest['size_r2']:.3f}; the difference, {lowest['gap']:.3f} "
+        f"({gap_interval(lowest).words('.3f')}), "
+        + {SIDES[0]: "counts it for coupling", SIDES[1]: "counts it for parameter count",
+           SIDES[2]: "does not separate the two there"}[lowest["side"]]
+    )  # fmt: skip
+    moved = (paper.points["score"] - paper.points["average"]).dropna()  # exercise f02-ex-y
+    top = paper.points.loc[moved.abs().idxmax()]
+    out["f02_snapshot_moves"] = Markdown(
+        f"the largest change is that of {top['label']} ({float(top['score']):.1f} in the paper, "
+        f"{float(top['average']):.2f} in the final snapshot); {int((moved.abs() > 1).sum())} of the "
+        f"{len(moved)} models with both moved by more than 1 point"
+    )
     drop = b.drop_one[b.drop_one.version == "v1"]
     carrier = drop[drop.left_out != "none"].sort_values("r2_change").iloc[0]
     out.update(
         {
             "f02_snapshot_word": Markdown(
-                "the fit survives the snapshot change"
-                if abs(v1.r2 - paper.r2) <= 0.1
-                else "the fit moves by more than 0.1 with the snapshot"
+                f"the two differ by {abs(v1.r2 - paper.r2):.3f}, over different sets of models "
+                f"({int(paper.by_predictor.loc['coupling', 'n'])} and {int(v1.n)}); no interval of the "
+                "change is computed"
             ),
             "f02_v1_carrier_sentence": Markdown(
                 f"Leaving {carrier['name']} out of the v1 average lowers the fit most (by "

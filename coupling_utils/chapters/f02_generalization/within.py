@@ -55,7 +55,7 @@ def within(p: Params, results: Results) -> Within:
     f = join_family(p, t, results.training)
     ours = f.ours
     ours["log10 steps"] = np.log10(ours["steps"].clip(lower=1))
-    fits = predictor_comparison(ours, "val_acc", WITHIN_PREDICTORS, n_resamples=p.n_resamples, seed=p.seed)
+    fits = predictor_comparison(ours, "val_acc", WITHIN_PREDICTORS, p.boot)
     return Within(t, f, fits, spearman_interval(fits.set_index("predictor").loc["excess"]))
 
 
@@ -230,16 +230,27 @@ def within_glue(w: Within | None) -> dict[str, Any]:
                 w.rho.low,
                 w.rho.high,
                 "not positive: more training raised accuracy without raising coupling in the same order",
+                n=len(ours),
             )
         ),
     }
 
 
-def sign_words(rho: float, low: float, high: float, against: str) -> str:
+def sign_words(
+    rho: float, low: float, high: float, against: str, n: int | None = None, min_n: int = 6
+) -> str:
     """The sign of a Spearman ρ as the prose says it, read with its interval: the paper's
-    direction (or ``against``) only where the whole interval has that sign; otherwise undecided."""
+    direction (or ``against``) only where the whole interval has that sign and there are at least
+    ``min_n`` members (``n``; the family rules ask for 6: fewer are too few for a bootstrap interval
+    to mean much); otherwise undecided."""
     if np.isnan([rho, low, high]).any():
         return "undecided: too few members for a rank correlation and its interval"
+    if (low > 0 or high < 0) and n is not None and n < min_n:
+        side = "positive" if low > 0 else "negative"
+        return (
+            f"{side} over its whole interval, but {n} members are fewer than the {min_n} the family rules "
+            "ask for: these members do not settle the sign"
+        )
     if low > 0:
         return "positive, the direction the paper reports"
     if high < 0:

@@ -31,6 +31,7 @@ from coupling_utils.chapters.f03_training_emergence.plan import (
     NOTEBOOK,
     QUIZ,
     RULES,
+    TOGETHER_PARTS,
     Params,
     checkpoint_runs,
     checkpoint_settings,
@@ -52,7 +53,8 @@ from coupling_utils.chapters.f03_training_emergence.story import (
 )
 
 __all__ = [
-    "NOTEBOOK", "Params", "RULES", "MAIN", "QUIZ", "prompts", "quiz_prompts", "windows", "panels",
+    "NOTEBOOK", "Params", "RULES", "TOGETHER_PARTS", "MAIN", "QUIZ", "prompts", "quiz_prompts", "windows",
+    "panels",
     "panel_table", "checkpoint_settings", "checkpoint_runs", "runs_table", "panel_jobs", "jobs",
     "Results", "run", "loss_figure", "coupling_figure", "panels_figure", "paper_figure",
     "shapes_figure", "graphs_figure", "heatmaps_figure", "trajectories_figure", "steps_figure",

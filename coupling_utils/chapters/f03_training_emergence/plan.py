@@ -79,6 +79,16 @@ class Params(ChapterParams):
 
 
 # --------------------------------------------------------------------------- the rules, fixed first
+TOGETHER_PARTS = {
+    "coupling rises with the step": "coupling_step >= 0.3",
+    "the line-shape score falls with the step (straighter trajectories)": "lss_step <= -0.3",
+    "coupling and the line-shape score move oppositely across checkpoints": "rho_lss <= -0.3",
+}
+"""The parts of claim 3's "together" rule, by what each says: a condition on a Spearman ρ over
+the checkpoints from ``early_step`` on, of coupling with the step, of the line-shape score with
+the step, and of the two with each other (:data:`RULES`' "together" joins them)."""
+_RISES_WITH, _STRAIGHTER, _MOVED = TOGETHER_PARTS.values()
+
 RULES = {
     # claim 1: rises progressively, on the shape of the whole curve from early_step on
     "rises": Rule(
@@ -94,8 +104,12 @@ RULES = {
         yes="density_early <= 0.2 and density_final >= 0.5 and density_peak_position >= 2/3",
         partly="density_final > density_early and density_peak_position >= 1/3",
     ),
-    # claim 3: coupling develops together with linearity (coupling up, LSS down)
-    "together": Rule(yes="rho_lss <= -0.5", partly="rho_lss <= -0.2"),
+    # claim 3: coupling develops together with linearity: every part of TOGETHER_PARTS, over its
+    # interval; partly where coupling rises and one of the linearity parts holds on the estimates
+    "together": Rule(
+        yes=" and ".join(TOGETHER_PARTS.values()),
+        partly=f"{_RISES_WITH} and ({_STRAIGHTER} or {_MOVED})",
+    ),
     # claim 3: a trajectory measure that should fall over training
     "falls": Rule(yes="spearman <= -0.7 and ratio <= 0.9", partly="spearman <= -0.3 and ratio < 1"),
     # the run's own condition: validation loss has flattened

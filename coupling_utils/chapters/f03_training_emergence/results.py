@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -15,9 +17,11 @@ from coupling_utils.analysis import emergence
 from coupling_utils.analysis.last_block import checkpoints_without_last_block
 from coupling_utils.analysis.model_names import checkpoints_words, of_result
 from coupling_utils.analysis.straightness import straightness
+from coupling_utils.analysis.verdicts import Interval, Rule
 from coupling_utils.chapters.f03_training_emergence.plan import (
     MAIN,
     RULES,
+    TOGETHER_PARTS,
     Params,
     checkpoint_runs,
     checkpoint_settings,
@@ -61,6 +65,41 @@ def _named(done: Collected, runs: list) -> dict[str, str]:
 # --------------------------------------------------------------------------- the measurements, condensed
 def _cat(sweeps: Mapping[str, emergence.CheckpointTables], name: str) -> pd.DataFrame:
     return pd.concat([getattr(s, name) for s in sweeps.values()], ignore_index=True)
+
+
+def together_intervals(per_window: pd.DataFrame, n_resamples: int = 500) -> dict:
+    """Claim 3's values from ``per_window`` (one row per window and checkpoint: ``prompt``, ``step``,
+    ``coupling``, ``lss``): Spearman's ρ of the mean coupling with the step (``coupling_step``), of
+    the mean line-shape score with the step (``lss_step``) and of the two with each other
+    (``rho_lss``), each with a 95% interval over the windows (all three from the same resampled
+    windows). A value that cannot be computed (a constant curve) is NaN, which no rule passes."""
+    from scipy import stats as sps
+
+    from coupling_utils.analysis.stats import bootstrap_intervals
+
+    wide = per_window.pivot_table(index="prompt", columns="step", values=["coupling", "lss"], dropna=False)
+    steps = wide["coupling"].columns.to_numpy()
+
+    def rho(x, y) -> float:
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a constant curve: ρ is NaN, said as such
+            return float(sps.spearmanr(x, y).statistic)
+
+    def values(sample: pd.DataFrame) -> dict[str, float]:
+        coupling, lss = sample["coupling"].mean().to_numpy(), sample["lss"].mean().to_numpy()
+        return {
+            "coupling_step": rho(steps, coupling),
+            "lss_step": rho(steps, lss),
+            "rho_lss": rho(coupling, lss),
+        }
+
+    names = ("coupling_step", "lss_step", "rho_lss")
+    if wide.isna().to_numpy().any():  # a window missing at some checkpoint: nothing to resample
+        est = values(wide)
+        over = "windows not at every checkpoint"
+        return {k: Interval(est[k], -np.inf, np.inf, over=over) for k in names}
+    out = bootstrap_intervals(wide, values, "window", n_resamples=n_resamples)
+    return {k: out.get(k, math.nan) for k in names}
 
 
 @dataclass(frozen=True)
@@ -303,7 +342,6 @@ class Results:
         """:attr:`dense_values` with 95% intervals over the held-out windows (windows resampled,
         the mean matrices and their graphs recomputed at every checkpoint)."""
         from coupling_utils.analysis.stats import bootstrap_intervals
-        from coupling_utils.analysis.verdicts import Interval
 
         h = self.held[self.held.step >= self.params.early_step]
         h = h[h.layer_i != h.layer_j]
@@ -446,28 +484,23 @@ class Results:
 
     @functools.cached_property
     def together_values(self) -> dict:
-        """``rho_lss`` (Spearman's ρ of coupling with LSS over the checkpoints from ``early_step``)
-        with a 95% interval over the held-out windows (both curves from the same resampled windows)."""
-        from scipy import stats as sps
-
-        from coupling_utils.analysis.stats import bootstrap_intervals
-        from coupling_utils.analysis.verdicts import Interval
-
+        """Claim 3's values (:func:`together_intervals`) on the showcase run's held-out windows,
+        over the checkpoints from ``early_step`` on."""
         t = self.trajectories
         t = t[(t.panel == MAIN) & (t.model == self.showcase)]
         lss = t.groupby(["prompt", "step"]).lss.mean().rename("lss").reset_index()
         both = self.per_prompt.merge(lss, on=["prompt", "step"])
-        both = both[both.step >= self.params.early_step]
-        wide = both.pivot_table(index="prompt", columns="step", values=["coupling", "lss"])
+        return together_intervals(both[both.step >= self.params.early_step])
 
-        def rho(sample: pd.DataFrame) -> float:
-            return float(sps.spearmanr(sample["coupling"].mean(), sample["lss"].mean()).statistic)
-
-        if wide.isna().to_numpy().any():  # a window missing at some checkpoint: nothing to resample
-            return {
-                "rho_lss": Interval(self.rho_lss, -np.inf, np.inf, over="windows not at every checkpoint")
-            }
-        return bootstrap_intervals(wide, lambda s: {"rho_lss": rho(s)}, "window", n_resamples=500)
+    @property
+    def together_failed(self) -> list[str]:
+        """The parts of claim 3 (keys of ``TOGETHER_PARTS``) whose condition does not hold over
+        the whole of its interval: why "together" is not a yes ([] when it is)."""
+        return [
+            part
+            for part, expr in TOGETHER_PARTS.items()
+            if Rule(yes=expr).judge(self.together_values) != "yes"
+        ]
 
     # ----------------------------------------------------------------- the last block
     @property

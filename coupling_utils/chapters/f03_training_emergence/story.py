@@ -20,6 +20,7 @@ from coupling_utils.chapters.f03_training_emergence.words import (
     first_checkpoint,
     interval_of,
     peak_words,
+    together_words,
     versus_first,
     windows_words,
     with_interval,
@@ -96,6 +97,16 @@ def _coupling_rows(r: Results) -> list[dict]:
     ]
 
 
+def _together_ours(v: dict) -> str:
+    c, lss, both = (float(getattr(v[k], "estimate", v[k])) for k in ("coupling_step", "lss_step", "rho_lss"))
+    return f"ρ with the step: coupling {c:.2f}, LSS {lss:.2f}; ρ(coupling, LSS) = {both:.2f}"
+
+
+def _failed_words(failed: list[str]) -> str:
+    """Which parts of claim 3 did not hold over their intervals, in words."""
+    return "every part holds over its interval" if not failed else "not held: " + "; ".join(failed)
+
+
 def _straight_ours(s: dict, spearman: float) -> str:
     return (
         f"LSS {s['lss_twin']:.3f} (step {s['first_step']}) → {s['lss']:.3f} (step {s['last_step']}); "
@@ -124,9 +135,9 @@ def claims(r: Results) -> list[dict]:
             paper="coupling emerges with increased linearity",
             rule=RULES["together"],
             values=r.together_values,
-            ours=f"ρ(coupling, LSS) = {r.rho_lss:.2f}",
-            note=f"over the {len(r.together_in)} checkpoints from step {p.early_step} on; "
-            f"negative = more coupling, straighter; {_convention(r, 'together')}",
+            ours=_together_ours(r.together_values),
+            note=f"Spearman ρ over the {len(r.together_in)} checkpoints from step {p.early_step} on "
+            f"(LSS: lower = straighter); {_failed_words(r.together_failed)}; {_convention(r, 'together')}",
         ),
         claim(
             CLAIMS["straight"],
@@ -323,7 +334,24 @@ def _trajectory_values(r: Results) -> dict[str, Any]:
             f"(ρ {exp.spearman:.2f})"
         ),
         "f03_rho_lss": r.rho_lss,
+        "f03_together_sentence": Markdown(_together_sentence(r)),
     }
+
+
+def _together_sentence(r: Results) -> str:
+    """Claim 3's verdict after ρ(coupling, LSS): moving together counts only with both trends."""
+    failed = r.together_failed
+    why = (
+        "every part holds over its 95% interval"
+        if not failed
+        else f"not held over {'its 95% interval' if len(failed) == 1 else 'their 95% intervals'}: "
+        + "; ".join(failed)
+    )
+    return (
+        "Moving together is not by itself developing together: the rule stated above also asks that "
+        "coupling rise with the step and the line-shape score fall with it, and gives "
+        f"{_verdict(r, 'together').data} ({why})."
+    )
 
 
 def _search_counts(r: Results) -> dict[str, Any]:
@@ -450,7 +478,7 @@ def _matched(r: Results) -> str:
     walk, init = straight["walk_ratio"], straight["twin_ratio"]
     bullets.append(
         f"**Together with linearity** ({_verdict(r, 'together').data}; "
-        f"{with_interval('ρ(coupling, LSS)', r.together_values['rho_lss'])}); **straighter trajectories** "
+        f"{together_words(r.together_values, r.together_failed)}); **straighter trajectories** "
         f"({_verdict(r, 'straight').data}; LSS {lss.early:.3f} → {lss.final:.3f}, ρ with the step "
         f"{lss.spearman:.2f}; the last score {walk.estimate:.2f} of a random walk's ({walk.words()}) and "
         f"{init.estimate:.2f} of the score at {first_checkpoint(straight['first_step'])} ({init.words()}))"

@@ -109,3 +109,20 @@ def _play_title(slug: str) -> str:
     """A play's title from its corpus slug: "histories/richard-ii" -> "Richard II"."""
     words = str(slug).rsplit("/", 1)[-1].split("-")
     return " ".join(w.upper() if set(w) <= set("ivx") else w.capitalize() for w in words)
+
+
+def together_words(values: dict, failed: list[str]) -> str:
+    """Claim 3's numbers and what failed: "ρ with the step of coupling 0.11 (95% interval …), of
+    the line-shape score -0.80 (…); ρ(coupling, LSS) -0.62 (…); not held over its interval:
+    coupling rises with the step" (``failed``: the parts of ``TOGETHER_PARTS`` that did not)."""
+    numbers = (
+        f"{with_interval('ρ with the step of coupling', values['coupling_step'])}, "
+        f"{with_interval('of the line-shape score', values['lss_step'])}; "
+        f"{with_interval('ρ(coupling, LSS)', values['rho_lss'])}"
+    )
+    if not failed:
+        return f"{numbers}; every part holds over its interval"
+    return (
+        f"{numbers}; not held over {'its interval' if len(failed) == 1 else 'their intervals'}: "
+        + "; ".join(failed)
+    )

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import pandas as pd
+import torch
 
 from coupling_utils.analysis import vision_transformers as vt
 from coupling_utils.analysis.stats import bootstrap_ci
@@ -255,4 +256,22 @@ def exercise_glue(p, r) -> dict[str, Any]:
         "f04_ex_seed_in_sd": v["in_sd"],
         "f04_ex_seed_n": len(v["seeds"]),
         "f04_seed_words": Markdown(seed_words(v)),
+        **ink_values(p, r),
+    }
+
+
+def ink_values(p, r) -> dict[str, Any]:
+    """How often the last patch and the centre four patches of the run's digits hold ink (a pixel
+    above 0): the share of the digits for the last patch (``f04_ink_last``), and the smallest of
+    the centre four's shares (``f04_ink_centre``), with the number of digits (``f04_ink_n``)."""
+    (rows, cols), (ph, pw) = r.facts["grid"], r.facts["patch"]
+    digits, _ = vt.mnist_digits(p.n_images, split="test", seed=p.seed)
+    stack = torch.stack(list(digits.values()))  # [n, H, W] uint8
+    patches = stack[:, : rows * ph, : cols * pw].reshape(len(stack), rows, ph, cols, pw)
+    ink = (patches > 0).any(dim=4).any(dim=2).float().mean(dim=0)  # [rows, cols]: share with ink
+    centre = ink[rows // 2 - 1 : rows // 2 + 1, cols // 2 - 1 : cols // 2 + 1]
+    return {
+        "f04_ink_last": float(ink[-1, -1]),
+        "f04_ink_centre": float(centre.min()),
+        "f04_ink_n": len(stack),
     }

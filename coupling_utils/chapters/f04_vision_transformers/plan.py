@@ -38,6 +38,7 @@ from coupling_utils.chapters.checks import (
     refuse_misfits,
     text,
     vit_token,
+    with_check,
 )
 from coupling_utils.chapters.f04_vision_transformers.exercises import condense_exercises, exercise_jobs
 from coupling_utils.chapters.params import ChapterParams, param
@@ -169,18 +170,20 @@ def jobs(p: Params) -> list[Job]:
                               **twins),
         "exercises": exercise_jobs(p, s, run_name(p), checkpoints(p)),
     }  # fmt: skip
-    return [
-        dataclasses.replace(job, check=functools.partial(_check_fits, p=p, job=job))
+    labelled = [
+        job
         for study, planned in studies.items()
         for job in relabel(planned, lambda _, study=study: {"study": study})
     ]
+    return with_check(labelled, _check_fits, chain=True, p=p)
 
 
 def _check_fits(lm, *, p: Params, job: Job) -> None:
     """``token`` (where ``job`` measures at it) and ``k`` (the family's K is a fraction of each
     width) against ``job``'s loaded model, each a ParameterError naming the parameter, the model
-    and its grid or width; then the job's own check (an exercise's token). A refusal is recorded
-    under the job's key, so only a job whose key holds the parameter may refuse it."""
+    and its grid or width (:func:`jobs` runs the job's own check, an exercise's token, after it).
+    A refusal is recorded under the job's key, so only a job whose key holds the parameter may
+    refuse it."""
     from coupling_utils.models.images import patch_grid, vit_tokens
 
     model = str(job.model) + (f" at {job.revision}" if job.revision else "")
@@ -196,8 +199,6 @@ def _check_fits(lm, *, p: Params, job: Job) -> None:
     if job.labels["study"] != "family":
         for K in p.k if isinstance(p.k, list) else [p.k]:
             check_top_k("k", K, d=int(lm.d_model), model=model)
-    if job.check is not None:
-        job.check(lm)
 
 
 # --------------------------------------------------------------------------- the results
@@ -380,6 +381,7 @@ def _family(
 ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """The members' accuracy curves, their coupling beside the members' table, and the predictors."""
     from coupling_utils.analysis.predictors import predictor_comparison
+    from coupling_utils.analysis.stats import Bootstrap
     from coupling_utils.models.vit_training import load_accuracy
 
     curves = pd.concat(
@@ -389,7 +391,9 @@ def _family(
                          right_on="model", suffixes=("", "_measured"))  # fmt: skip
     vits = vits.rename(columns={"trained": "coupling", "excess": "excess coupling"})
     vits["log10 params"] = np.log10(vits["n_params"])
-    fits = predictor_comparison(vits, "test_acc", PREDICTORS, n_resamples=p.n_resamples, seed=p.seed)
+    fits = predictor_comparison(
+        vits, "test_acc", PREDICTORS, Bootstrap(n_resamples=p.n_resamples, seed=p.seed)
+    )
     return curves, vits, fits.set_index("predictor")
 
 

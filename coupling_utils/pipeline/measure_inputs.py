@@ -1,0 +1,180 @@
+"""What ``coupling-book measure`` is given, checked: the prompts (:func:`read_prompts`), each
+MODEL named (:func:`check_model_reference`, before anything is written) and the options against
+each model once loaded (:func:`check_options_fit`, each job's check); a bad one is a
+:class:`MeasureError` that names it and says what to give instead (exit 2).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+from coupling_utils.chapters.checks import FitTerms, ParameterError, check_blocks_and_k
+from coupling_utils.measurement import Job, Settings
+
+__all__ = ["MeasureError", "DEFAULT_K", "read_prompts", "check_model_reference", "check_options_fit"]
+
+DEFAULT_K = (10, 30, 50)  # the K values measured when --k is not given
+
+
+class MeasureError(ValueError):
+    """Bad input to ``coupling-book measure`` (prompts file, model list, settings)."""
+
+
+def read_prompts(path: str | Path | None, *, n: int = 6) -> dict[str, Any]:
+    """``{id: prompt}`` from a file, or the project's prompt set (``n`` prompts and the demo prompt).
+
+    ``.txt``: one prompt per line (blank lines skipped), ids ``p0, p1, ...``; ``.csv``: a ``text``
+    column and optionally an ``id`` column; ``.json``: a list or an ``{id: prompt}`` mapping, each
+    prompt a string or a list of token ids (for a model without a tokenizer).
+    """
+    if path is None:
+        from coupling_utils.analysis.data import load_prompts
+
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise MeasureError(
+                f"--n-prompts must be 0 or more (prompts from the project's set, besides the demo prompt), "
+                f"got {n!r}; or give your own prompts with --prompts FILE"
+            )
+
+        table = load_prompts(n=n, include_demo=True)
+        return dict(zip(table["id"], table["text"]))
+    path = Path(path)
+    if not path.is_file():
+        raise MeasureError(
+            f"prompts file {path} does not exist"
+            + (" (it is a folder)" if path.is_dir() else "")
+            + "; give a .txt, .csv or .json file with --prompts"
+        )
+    text = _prompt_text(path)
+    suffix = path.suffix.lower()
+    if suffix == ".json":
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise MeasureError(
+                f"prompts file {path}: not valid JSON ({exc}); give a JSON list of prompts or an "
+                "{id: prompt} mapping (or a .txt file, one prompt per line)"
+            ) from exc
+        items = (
+            list(data.items())
+            if isinstance(data, dict)
+            else list(enumerate(data))
+            if isinstance(data, list)
+            else None
+        )
+        if items is None:
+            raise MeasureError(f"{path}: expected a list of prompts or an {{id: prompt}} mapping")
+        out = {}
+        for key, p in items:
+            pid = str(key) if isinstance(data, dict) else f"p{key}"
+            out[pid] = _json_prompt(path, pid, p)
+    elif suffix == ".csv":
+        out = _csv_prompts(path, text)
+    else:
+        lines = [line.strip() for line in text.splitlines()]
+        out = {f"p{i}": line for i, line in enumerate(x for x in lines if x)}
+    if not out:
+        raise MeasureError(f"{path} holds no prompts")
+    return out
+
+
+def _csv_prompts(path: Path, text: str) -> dict[str, str]:
+    """A prompts CSV's ``{id: text}``: a ``text`` column, optionally an ``id`` one (unique)."""
+    rows = list(csv.DictReader(io.StringIO(text, newline="")))
+    if not rows or "text" not in rows[0]:
+        raise MeasureError(f"{path}: a prompts CSV needs a 'text' column (and optionally 'id')")
+    ids = [str(r.get("id") or f"p{i}") for i, r in enumerate(rows)]
+    twice = sorted({i for i in ids if ids.count(i) > 1})
+    if twice:
+        raise MeasureError(f"prompts file {path}: prompt ids must be unique; given more than once: {twice}")
+    return {i: r["text"] for i, r in zip(ids, rows)}
+
+
+def _prompt_text(path: Path) -> str:
+    """A prompts file's text: UTF-8, a leading byte-order mark dropped (else it is measured as
+    tokens and hides the CSV header); any other encoding is refused, named."""
+    try:
+        return path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise MeasureError(
+            f"prompts file {path} is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset "
+            f"{exc.start} cannot be decoded); save it as UTF-8, e.g. `iconv -f latin1 -t utf-8 {path.name} "
+            f"> prompts-utf8{path.suffix}`"
+        ) from None
+    except OSError as exc:
+        raise MeasureError(f"cannot read prompts file {path}: {exc.strerror}") from None
+
+
+def _json_prompt(path: Path, pid: str, p):
+    if isinstance(p, str) and p.strip():
+        return p
+    if (
+        isinstance(p, list)
+        and p
+        and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in p)
+    ):
+        import torch
+
+        return torch.tensor([p], dtype=torch.long)
+    raise MeasureError(f"{path}: prompt {pid!r} must be a non-empty string or a list of token ids, got {p!r}")
+
+
+def check_model_reference(model: str) -> None:
+    """Refuse, before anything is written, a MODEL known to name nothing: an ``embedded:`` name not
+    in the zoo, or a path (``./dir``, ``/dir``, ``~/dir``, ``x.gguf``) where nothing exists."""
+    from coupling_utils.models.loading import EMBEDDED, _looks_like_path
+
+    model = str(model)  # a path may come as a Path
+    if model.startswith(EMBEDDED):
+        from coupling_utils.models import zoo
+
+        try:
+            zoo._split(model)  # the zoo's own check of a name (an entry, a family member)
+        except zoo.ZooError as exc:
+            raise MeasureError(f"MODEL {model}: {exc}") from None
+    elif _looks_like_path(model) and not Path(model).expanduser().exists():
+        raise MeasureError(
+            f"MODEL {model}: nothing exists at {Path(model).expanduser().absolute()}; give a "
+            "save_pretrained folder, a .gguf file, a hub id (org/name) or embedded:NAME "
+            "(`coupling-book zoo list`)"
+        )
+
+
+def check_options_fit(lm, *, settings: Settings, job: Job) -> None:
+    """The options against ``job``'s model loaded (``lm``), before it is measured: a MeasureError
+    that names the option (``--layers``, ``--k``, ``--last-block``), the model and its depth or
+    width, and what to choose (:func:`~coupling_utils.chapters.checks.check_blocks_and_k`); a
+    vision model is refused, as measure's prompts are text or token ids."""
+    model = job.labels["model"]
+    _refuse_vision(lm, model)
+    default = tuple(settings.k) == DEFAULT_K
+    terms = FitTerms(
+        k="--k",
+        last_block="--last-block",
+        all_blocks="--layers",
+        negative=True,
+        k_note=" (without --k, K is 10, 30 and 50)" if default else "",
+    )
+    try:
+        check_blocks_and_k(
+            lm, model, {"--layers": settings.layers or ()}, settings.k, settings.last_block, terms
+        )
+    except ParameterError as exc:
+        raise MeasureError(str(exc)) from None
+
+
+def _refuse_vision(lm, model: str) -> None:
+    """A vision transformer (its config has an image size) is refused, with f04's command for it."""
+    if getattr(getattr(lm.model, "config", None), "image_size", None) is not None:
+        # a training run with checkpoints is f04's model; any other ViT one of its hub_models
+        run = model.startswith("embedded:") and "/" not in model or (Path(model) / "revisions").is_dir()
+        raise MeasureError(
+            f"MODEL {model} is a vision transformer (model type {lm.arch!r}): it reads images, and "
+            "`coupling-book measure` measures text prompts or token ids only (it has no option for "
+            "images); measure it on MNIST digits in chapter f04 instead: `coupling-book run f04 -p "
+            + (f"model={model}`" if run else f"'hub_models=[{model}]'`")
+        )
