@@ -21,8 +21,8 @@ code blocks, and the inline code of the values they glue (as the smoke run glues
   needs nothing but imports runs, unless it trains, builds or measures (:data:`COSTLY`).
 
 Planning may read the session's smoke models (``smoke_zoo``) but builds nothing else: a plan that
-would build an embedded model (f03 lists a run's checkpoints from its build) is skipped at that
-profile, saying so.
+would build an embedded model fails (an embedded run's checkpoints and width come from its recipe,
+so every chapter plans at every profile without training).
 """
 
 from __future__ import annotations
@@ -282,13 +282,13 @@ def check_fits(jobs) -> list[str]:
 
 # --------------------------------------------------------------------------- commands
 class WouldBuild(Exception):
-    """Planning asked for an embedded model that is not built (building it is not this test's job)."""
+    """Planning asked for an embedded model that is not built (a plan must train nothing)."""
 
 
 @pytest.fixture(scope="module")
 def no_builds(smoke_zoo):
     """Planning reads the session's smoke models; any other embedded model it asks for raises
-    :class:`WouldBuild` instead of being built."""
+    :class:`WouldBuild` instead of being built, and the command fails."""
     from coupling_utils.models import zoo
     from coupling_utils.models.zoo import build
 
@@ -313,23 +313,23 @@ def _plan(stem: str, profile: str, params: tuple[str, ...]):
     return notebook_jobs(stem, profile, parse_overrides(params))
 
 
-def check_run(argv: list[str]) -> tuple[list[str], list[str]]:
+def check_run(argv: list[str]) -> list[str]:
     """``coupling-book ARGV`` parsed by the CLI's parser and, for a ``run``, checked and planned
-    at every profile (or the one it names) with its jobs' fits: (problems, profiles skipped)."""
+    at every profile (or the one it names) with its jobs' fits: the problems found."""
     from coupling_utils.pipeline.cli import build_parser
 
     try:
         args = build_parser(argv).parse_args(argv)
     except SystemExit:
-        return [f"the CLI refuses `coupling-book {shlex.join(argv)}` (its message is above)"], []
+        return [f"the CLI refuses `coupling-book {shlex.join(argv)}` (its message is above)"]
     if args.command != "run":
-        return [], []
-    problems, skipped = [], []
+        return []
+    problems = []
     try:
         notebooks = find_notebooks(args.notebooks, ROOT)
         overrides = parse_overrides(args.param)
     except ParameterError as exc:
-        return [str(exc)], []
+        return [str(exc)]
     given = "--profile" in argv or any(a.startswith("--profile=") for a in argv)
     for nb in notebooks:
         for profile in [args.profile] if given else PROFILES:
@@ -337,26 +337,26 @@ def check_run(argv: list[str]) -> tuple[list[str], list[str]]:
                 _checked_values(nb, profile, overrides)
                 jobs = _plan(nb.stem, profile, tuple(args.param))
             except WouldBuild as exc:
-                skipped.append(f"{nb.stem} at {profile} (planning would build {exc})")
+                problems.append(
+                    f"{nb.stem} at profile {profile}: planning would build {exc} (a plan trains nothing)"
+                )
                 continue
             except (ParameterError, ValueError) as exc:
                 problems.append(f"{nb.stem} at profile {profile}: {exc}")
                 continue
             problems += [f"{nb.stem} at profile {profile}: {p}" for p in check_fits(jobs)]
-    return problems, skipped
+    return problems
 
 
 @pytest.mark.parametrize("pair", _cases("command"))
 def test_command_works(pair, no_builds):
     offer, argv = pair
-    problems, skipped = check_run(argv)
+    problems = check_run(argv)
     assert not problems, (
         f"{offer.where} offers `{offer.text}` (as `coupling-book {shlex.join(argv)}`), which fails:\n  "
         + "\n  ".join(problems)
         + "\nfix the command in the notebook's text (or glue one computed for the run's model)"
     )
-    if skipped:
-        pytest.skip("checked at the other profiles; not planned: " + "; ".join(skipped))
 
 
 @pytest.mark.parametrize("pair", _cases("script"))
@@ -557,7 +557,7 @@ def test_keyword_is_a_parameter_or_argument(pair, no_builds):
     offer, _ = pair
     key = offer.text.split("=", 1)[0]
     if key in chapter(offer.notebook).Params.names():
-        problems, _ = check_run(["run", offer.notebook.split("_")[0], "-p", offer.text])
+        problems = check_run(["run", offer.notebook.split("_")[0], "-p", offer.text])
         assert not problems, f"{offer.where} offers `{offer.text}`, which fails:\n  " + "\n  ".join(problems)
         return
     imports = {**notebook_bindings(offer.notebook)}

@@ -4,8 +4,12 @@ and its quantisation, a hub model's revision and commit, the dtype used beside t
 from __future__ import annotations
 
 import pytest
+import torch
+from test_loading import write_tiny_llama_gguf
 
 from coupling_utils.analysis import model_names as mn
+from coupling_utils.engine.architectures import tiny_model
+from coupling_utils.measurement import measure
 from coupling_utils.models.loading import load_model
 
 PYTHIA = "EleutherAI/pythia-160m"  # a profile's hub repo: the stand-in hub holds its stepN revisions
@@ -15,7 +19,7 @@ def test_a_gguf_file_is_named_with_its_quantisation():
     assert [mn.gguf_quantisation(f) for f in (
         "SmolLM2-135M-Instruct.Q4_1.gguf", "data/gemma-3-270m-q4_k_m.gguf.part00", "x-F16.gguf", "model.gguf"
     )] == ["Q4_1", "Q4_K_M", "F16", None]  # fmt: skip
-    local = {"name": "/m/tiny.Q8_0.gguf", "revision": None, "source": "local", "gguf_file": "tiny.Q8_0.gguf",
+    local = {"name": "/m/tiny.Q8_0.gguf", "revision": None, "source": "gguf", "gguf_file": "tiny.Q8_0.gguf",
              "dtype": "float32", "dtype_requested": "float32"}  # fmt: skip
     assert mn.model_words(mn.measured({"model": {"provenance": local}})) == (
         "/m/tiny.Q8_0.gguf, dequantised from a Q8_0 GGUF file (tiny.Q8_0.gguf), in float32"
@@ -54,6 +58,44 @@ def test_a_hub_model_is_named_at_its_revision_and_commit_in_the_dtype_used(stand
     planned = mn.model_words(mn.planned(PYTHIA, {"revision": "step1000", "dtype": "bfloat16"}))
     assert planned.startswith(f"{PYTHIA} at revision step1000, commit {commit[:12]}, asked in bfloat16 (")
     assert mn.model_words(mn.planned(PYTHIA, {"revision": "step1000"})).endswith(", in float32")
+
+
+@pytest.mark.parametrize("layout", ["file", "folder", "revision"])
+def test_a_local_gguf_is_named_as_the_loader_loads_it(tmp_path, layout):
+    """A .gguf file, a folder holding one, or one in a folder's revisions/<revision>/: a job that
+    stores only extra tables names the source kind and GGUF file the loader's own record of a real
+    measurement names; a config.json beside the GGUF makes the folder a plain checkpoint for both."""
+    folder = tmp_path / "my-model"
+    where = folder / "revisions" / "step2" if layout == "revision" else folder
+    where.mkdir(parents=True)
+    write_tiny_llama_gguf(tiny_model("llama", seed=2), where / "tiny.F32.gguf")
+    ref = str(where / "tiny.F32.gguf" if layout == "file" else folder)
+    revision = "step2" if layout == "revision" else None
+
+    def both():
+        lm = load_model(ref, revision=revision, device="cpu")
+        m = measure(lm, {"a": torch.randint(0, 64, (1, 4))}, k=2, layers=[0])
+        return mn.planned(ref, {"revision": revision}), mn.measured(m.provenance)
+
+    plan, loaded = both()
+    assert (
+        (plan["source"], plan["gguf_file"])
+        == (loaded["source"], loaded["gguf_file"])
+        == ("gguf", "tiny.F32.gguf")
+    )
+    at = " at checkpoint step2" if revision else ""
+    assert (
+        mn.model_words(plan)
+        == mn.model_words(loaded)
+        == (f"{ref}{at}, dequantised from a F32 GGUF file (tiny.F32.gguf), in float32")
+    )  # a user's file: no package named
+    if layout == "folder":
+        tiny_model("llama", seed=2).save_pretrained(folder)  # config.json: the loader reads that instead
+        plan, loaded = both()
+        assert (
+            (plan["source"], plan["gguf_file"]) == (loaded["source"], loaded["gguf_file"]) == ("local", None)
+        )
+        assert mn.model_words(plan) == mn.model_words(loaded) == f"{ref}, in float32"
 
 
 def test_checkpoints_name_each_hub_revision_and_a_local_runs_span():

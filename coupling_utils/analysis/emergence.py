@@ -167,36 +167,39 @@ class Checkpoints:
     spec: dict | None = None
 
 
-def run_checkpoints(model: str, revisions: Sequence[str] = ()) -> Checkpoints:
-    """The checkpoints of ``model`` to measure: ``revisions`` if given, else all a local run saved.
+def run_checkpoints(model: str, revisions: Sequence[str] = (), *, prepare: bool = True) -> Checkpoints:
+    """The checkpoints of ``model`` to measure: ``revisions`` if given, else all the run saves.
 
-    ``model`` is an embedded run (``"embedded:pythia-tiny"``, prepared on first use), a local
-    run directory (``<dir>/revisions/step<N>/``, as :mod:`coupling_utils.models.training` writes) or a
-    hub id (then ``revisions`` must be listed, e.g. Pythia's ``"step128"``).
+    ``model`` is an embedded run (``"embedded:pythia-tiny"``: its checkpoints from its recipe,
+    :func:`~coupling_utils.models.zoo.planned_revisions`; the run is prepared on first use, so its
+    path, losses and spec are filled, unless ``prepare`` is False: a plan then trains nothing and
+    reads nothing of a build), a local run directory (``<dir>/revisions/step<N>/``, as
+    :mod:`coupling_utils.models.training` writes) or a hub id (then ``revisions`` must be listed,
+    e.g. Pythia's ``"step128"``).
     """
     from coupling_utils.models.training import list_revisions
 
     revisions = list(revisions)
     checkpoint_steps(revisions)
-    path = None
+    path, available, where = None, None, ""
     if model.startswith("embedded:"):
-        from coupling_utils.models.zoo import resolve
+        from coupling_utils.models import zoo
 
-        path = Path(resolve(model, progress=False))
+        available, where = zoo.planned_revisions(model), "its recipe keeps only the final model"
+        if prepare:
+            path = Path(zoo.resolve(model, progress=False))
     elif Path(model).expanduser().is_dir():
         path = Path(model).expanduser()
-    if path is None:
-        if not revisions:
-            raise ValueError(
-                f"{model!r} is not a local training run, so its checkpoints cannot be listed; "
-                "name them with revisions=[...] (for Pythia: 'step128', ..., 'step143000')"
-            )
-    else:
-        available = list_revisions(path)
+        available, where = list_revisions(path), f"{path} has none under revisions/"
+    elif not revisions:
+        raise ValueError(
+            f"{model!r} is not a local training run, so its checkpoints cannot be listed; "
+            "name them with revisions=[...] (for Pythia: 'step128', ..., 'step143000')"
+        )
+    if available is not None:
         if not available:
             raise ValueError(
-                f"{model!r} ({path}) has no checkpoints under revisions/; it is not a training "
-                "run with saved checkpoints"
+                f"{model!r} saved no checkpoints ({where}); it is not a training run with saved checkpoints"
             )
         missing = [r for r in revisions if r not in available]
         if missing:
@@ -502,14 +505,18 @@ def model_width(model: str, revision: str | None = None) -> int | None:
     """The width d (hidden size) of ``model`` from its config, read without loading weights: an
     embedded name, a local directory, a hub id in the Hugging Face cache, else the project's
     recorded config (``data/model_configs.csv``) before asking the hub, so that planning a known
-    model never waits on the network. None if unknown."""
+    model never waits on the network; an embedded training run's from its recipe (``d_model``, its
+    config's hidden size), so planning trains nothing. None if unknown."""
     import json
 
     try:
         if str(model).startswith("embedded:"):
-            from coupling_utils.models.zoo import resolve
+            from coupling_utils.models import zoo
 
-            path = Path(resolve(model, progress=False))
+            spec = zoo.training_spec(model)
+            if spec is not None and not isinstance(spec, dict):
+                return int(spec.d_model)
+            path = Path(zoo.resolve(model, progress=False))
         else:
             path = Path(model).expanduser()
         if path.is_dir():

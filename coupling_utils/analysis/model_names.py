@@ -50,26 +50,28 @@ def measured(provenance: Mapping[str, Any]) -> dict[str, Any]:
 
 def planned(model: str, load_kwargs: Mapping[str, Any]) -> dict[str, Any]:
     """What a job that stores only extra tables says of its model: the reference, the revision,
-    the dtype asked (the dtype used too when that is float32, which no device changes), and the
+    the dtype asked (the dtype used too when that is float32, which no device changes), the source
+    kind and GGUF file the loader reads (a local .gguf file, or a folder holding one), and the
     hub commit its key was made with (what :func:`~coupling_utils.measurement.jobs.model_identity`
     records)."""
     from coupling_utils.measurement.jobs import model_identity
 
     revision = load_kwargs.get("revision") or None
     asked = str(load_kwargs.get("dtype", _FLOAT32))
-    source = (
-        "embedded"
-        if model.startswith("embedded:")
-        else "local"
-        if Path(model).expanduser().exists()
-        else "hub"
-    )
+    path, gguf_file = Path(model).expanduser(), None
+    if model.startswith("embedded:"):
+        source = "embedded"
+    elif path.exists():
+        gguf_file = _local_gguf(path, revision)
+        source = "gguf" if gguf_file else "local"  # the loader's kinds
+    else:
+        source = "hub"
     identity = model_identity(model, revision)
     record = {
         "name": model,
         "revision": revision,
         "source": source,
-        "gguf_file": Path(model).name if source == "local" and model.endswith(".gguf") else None,
+        "gguf_file": gguf_file,
         "commit": identity.rpartition("@")[2] if source == "hub" and identity != model else None,
         "dtype": asked if asked == _FLOAT32 and not load_kwargs.get("quantization") else None,
         "dtype_requested": asked,
@@ -78,6 +80,21 @@ def planned(model: str, load_kwargs: Mapping[str, Any]) -> dict[str, Any]:
         "seed": load_kwargs.get("seed"),
     }
     return {**record, "packaged": _packaged(record)}
+
+
+def _local_gguf(path: Path, revision: str | None) -> str | None:
+    """The GGUF file the loader reads for a local model path, as its ``_local_source`` finds it
+    (the loader offers no public way to ask): the path itself when it is a .gguf file; else the one
+    .gguf file of the folder (or of its ``revisions/<revision>/``) when no config.json is there.
+    None for a save_pretrained folder, or a layout the loader refuses."""
+    if path.is_file():
+        return path.name if path.suffix == ".gguf" and not revision else None
+    if revision and (path / "revisions" / str(revision)).is_dir():
+        path = path / "revisions" / str(revision)
+    if (path / "config.json").is_file():
+        return None
+    ggufs = sorted(path.glob("*.gguf"))
+    return ggufs[0].name if len(ggufs) == 1 else None
 
 
 def of_result(result) -> dict[str, Any]:

@@ -109,12 +109,7 @@ def _recipe(name: str):
     trained); None for a pretrained entry. An unknown name raises the zoo's error."""
     from coupling_utils.models import zoo
 
-    zoo.entry_path(name)  # names what exists if the name is unknown
-    base, _, member = str(name).removeprefix(zoo.PREFIX).partition("/")
-    entry = zoo.REGISTRY[base]
-    if entry.spec is None:
-        return None
-    return entry.specs()[member] if member else entry.specs()
+    return zoo.training_spec(name)
 
 
 def training_seed(ref: Any) -> int | None:
@@ -137,13 +132,11 @@ def training_seed(ref: Any) -> int | None:
 def run_revisions(model: str) -> list[str]:
     """The checkpoints a ViT run saves (``step<N>``, in step order): from its recipe for an
     embedded run (so planning trains nothing), listed from its ``revisions/`` for a run directory."""
-    from coupling_utils.models.training import list_revisions, saved_steps
+    from coupling_utils.models import zoo
+    from coupling_utils.models.training import list_revisions
 
     if str(model).startswith("embedded:"):
-        spec = _recipe(model)
-        if spec is None or spec.checkpoints != "pythia":
-            return []
-        return [f"step{s}" for s in saved_steps(spec)]
+        return zoo.planned_revisions(model)
     return list_revisions(Path(model).expanduser())
 
 

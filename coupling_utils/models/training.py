@@ -136,6 +136,14 @@ def saved_steps(spec) -> list[int]:
     raise ValueError(f"checkpoints must be one of {CHECKPOINTS}, got {spec.checkpoints!r}")
 
 
+def revision_steps(spec) -> list[int]:
+    """The steps a run keeps as checkpoints (``revisions/step<N>/``): every :func:`saved_steps`
+    step on the "pythia" schedule, none on the others (they keep only the final model). What the
+    trainers save and what :func:`coupling_utils.models.zoo.planned_revisions` predicts, so a
+    run's checkpoints are known before it is trained."""
+    return saved_steps(spec) if spec.checkpoints == "pythia" else []
+
+
 def n_parameters(spec: LMSpec) -> int:
     """The parameter count of the model ``spec`` trains (what :func:`count_parameters` gives).
 
@@ -353,7 +361,7 @@ def train_lm(spec: LMSpec, out_dir: str | Path, *, progress: bool = True, desc: 
                 tok.save_pretrained(target)
             return f"val_loss={val_loss:.3f}"
 
-        schedule = train_steps(
+        train_steps(
             model,
             opt,
             spec,
@@ -363,20 +371,20 @@ def train_lm(spec: LMSpec, out_dir: str | Path, *, progress: bool = True, desc: 
             desc=desc or "train",
             what="training",
         )
-        _write_lm_run(out_dir, rows, spec, corpus, schedule)
+        _write_lm_run(out_dir, rows, spec, corpus)
         return _lm_metrics(rows[-1], model, spec, unigram, (t0, c0))
 
 
 def checkpoint_targets(out_dir: Path, step: int, spec) -> list[Path]:
-    """Where a run saves the model at ``step``: "pythia" keeps every checkpoint as a revision
-    (the final step too, like Pythia's step143000), the other schedules only the final model."""
-    targets = [out_dir / "revisions" / f"step{step}"] if spec.checkpoints == "pythia" else []
+    """Where a run saves the model at ``step``: each of :func:`revision_steps` as a revision
+    ("pythia": every checkpoint, the final step too, like Pythia's step143000), and the final model."""
+    targets = [out_dir / "revisions" / f"step{step}"] if step in revision_steps(spec) else []
     if step == spec.steps:
         targets.append(out_dir)
     return targets
 
 
-def _write_lm_run(out_dir: Path, rows: list[dict], spec: LMSpec, corpus, schedule) -> None:
+def _write_lm_run(out_dir: Path, rows: list[dict], spec: LMSpec, corpus) -> None:
     """The run's loss curve (``losses.csv`` and ``.parquet``) and ``training_spec.json``."""
     losses = pd.DataFrame(rows, columns=LOSS_COLUMNS)
     losses.to_csv(out_dir / "losses.csv", index=False)
@@ -386,7 +394,7 @@ def _write_lm_run(out_dir: Path, rows: list[dict], spec: LMSpec, corpus, schedul
             {
                 "spec": spec.to_dict(),
                 "corpus": corpus.describe(),
-                "checkpoints": [f"step{s}" for s in schedule] if spec.checkpoints == "pythia" else [],
+                "checkpoints": [f"step{s}" for s in revision_steps(spec)],
             },
             indent=2,
         )

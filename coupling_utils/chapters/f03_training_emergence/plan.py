@@ -172,9 +172,11 @@ def checkpoint_settings(p: Params, panel: str) -> emergence.SweepSettings:
     )
 
 
-def checkpoint_runs(p: Params) -> list[emergence.Checkpoints]:
-    """Each run's checkpoints (``run_checkpoints``: a local run's own list, or ``revisions``)."""
-    return [emergence.run_checkpoints(m, p.revisions) for m in p.models]
+def checkpoint_runs(p: Params, *, prepare: bool = True) -> list[emergence.Checkpoints]:
+    """Each run's checkpoints (``run_checkpoints``: ``revisions``, or all an embedded run's recipe
+    saves, or all a local run's folder holds), with an embedded run's losses and spec once it is
+    prepared; ``prepare=False``: a plan, which trains nothing."""
+    return [emergence.run_checkpoints(m, p.revisions, prepare=prepare) for m in p.models]
 
 
 def runs_table(runs: list[emergence.Checkpoints]) -> pd.DataFrame:
@@ -196,8 +198,9 @@ def runs_table(runs: list[emergence.Checkpoints]) -> pd.DataFrame:
 
 def panel_jobs(p: Params, runs: list[emergence.Checkpoints] | None = None) -> dict[str, list[Job]]:
     """Per panel: every run's checkpoints on its prompts, at the K that fit the run's width
-    (``emergence.runs_jobs``), stored under the cache's ``f03/<method>``."""
-    runs = checkpoint_runs(p) if runs is None else runs
+    (``emergence.runs_jobs``), stored under the cache's ``f03/<method>``. Without ``runs``, the
+    runs are planned (:func:`checkpoint_runs` with ``prepare=False``): nothing is trained to plan."""
+    runs = checkpoint_runs(p, prepare=False) if runs is None else runs
     out = cache_dir("f03", p.method)
     return {
         panel: emergence.runs_jobs(runs, texts, checkpoint_settings(p, panel), out=out)

@@ -62,7 +62,15 @@ from coupling_utils.models.zoo.recipes import PackagedModel as PackagedModel
 from coupling_utils.models.zoo.recipes import _build_gguf as _build_gguf
 from coupling_utils.models.zoo.recipes import _build_hf_copy as _build_hf_copy
 from coupling_utils.models.zoo.recipes import _train_one as _train_one
-from coupling_utils.models.zoo.registry import GEMMA_ENV, GEMMA_TERMS_URL, REGISTRY, ZooEntry, names
+from coupling_utils.models.zoo.registry import (
+    GEMMA_ENV,
+    GEMMA_TERMS_URL,
+    REGISTRY,
+    ZooEntry,
+    names,
+    planned_revisions,
+    training_spec,
+)
 from coupling_utils.models.zoo.registry import PREFIX as PREFIX
 from coupling_utils.models.zoo.registry import _check_opt_in as _check_opt_in
 from coupling_utils.models.zoo.registry import _split as _split
@@ -83,6 +91,8 @@ __all__ = [
     "list_entries",
     "family_table",
     "revisions",
+    "planned_revisions",
+    "training_spec",
     "weights_checksums",
     "prepare_many",
     "no_retry",

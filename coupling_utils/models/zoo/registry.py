@@ -1,8 +1,10 @@
 """The zoo's table of contents: every entry's name, kind, licence and cost, in ONE dict, :data:`REGISTRY`.
 
 Names are used as ``"embedded:<name>"``; family members as ``"embedded:<family>/<run>"``.
-:func:`_split` turns such a name into its :class:`ZooEntry` and member (or says what exists), and
-:func:`_check_opt_in` refuses entries whose terms of use were not accepted. How an entry is made
+:func:`_split` turns such a name into its :class:`ZooEntry` and member (or says what exists),
+:func:`training_spec` and :func:`planned_revisions` say how a run is trained and which checkpoints it
+will have (nothing is built), and :func:`_check_opt_in` refuses entries whose terms of use were
+not accepted. How an entry is made
 lives in :mod:`coupling_utils.models.zoo.recipes`, where it is cached in
 :mod:`coupling_utils.models.zoo.cache`.
 """
@@ -246,6 +248,30 @@ def _split(name: str) -> tuple[ZooEntry, str | None]:
         if member not in entry.members():
             raise ZooError(f"{entry.name!r} has no member {member!r}; members: {', '.join(entry.members())}")
     return entry, member or None
+
+
+def training_spec(name: str):
+    """The training spec of an embedded run or family member, from :data:`REGISTRY` (nothing is
+    built): a spec, ``{run: spec}`` for a family's name, None for a pretrained entry. An unknown
+    name raises :class:`ZooError` naming those that exist."""
+    entry, member = _split(name)
+    if entry.spec is None:
+        return None
+    return entry.specs()[member] if member else entry.specs()
+
+
+def planned_revisions(name: str) -> list[str]:
+    """The checkpoints (``step<N>``, in step order) the embedded run ``name`` has once built, from
+    its recipe (:func:`~coupling_utils.models.training.revision_steps`, what its trainer saves),
+    so a plan lists them without training the run; [] for an entry that keeps only its final
+    model (a pretrained entry, a family's name, a run on another schedule). Once the run is built,
+    :func:`~coupling_utils.models.zoo.revisions` lists the same."""
+    from coupling_utils.models.training import revision_steps
+
+    spec = training_spec(name)
+    if spec is None or isinstance(spec, dict):
+        return []
+    return [f"step{s}" for s in revision_steps(spec)]
 
 
 def _check_opt_in(entry: ZooEntry, accept_terms: bool | None) -> None:
