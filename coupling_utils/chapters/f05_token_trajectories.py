@@ -453,9 +453,9 @@ def lss_window_reruns(n_layers: int) -> str:
 
 def tiny_blocks() -> int:
     """The depth of ``embedded:pythia-tiny`` (exercise f05-ex-training), from its recipe."""
-    from coupling_utils.models.zoo.registry import REGISTRY
+    from coupling_utils.models import zoo
 
-    return int(REGISTRY["pythia-tiny"].specs().n_layers)
+    return int(zoo.training_spec("pythia-tiny").n_layers)
 
 
 def _lincos_note(p: Params, r: Results) -> str:

@@ -100,8 +100,7 @@ def against_size(
 def sizes_words(a: AgainstSize, r2: Mapping[str, float]) -> str:
     """Each size measure's R² (``r2``, by predictor), in words: "0.776 (log10 params), 0.316 (depth)
     and 0.571 (width)"."""
-    said = [f"{r2[size]:.3f} ({size})" for size in a.pairs["predictor"]]
-    return said[0] if len(said) == 1 else ", ".join(said[:-1]) + " and " + said[-1]
+    return _listed([f"{r2[size]:.3f} ({size})" for size in a.pairs["predictor"]])
 
 
 def separates_words(a: AgainstSize) -> str:
