@@ -41,10 +41,17 @@ def cache_dir(*parts: str) -> Path:
     try:
         path.mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError) as exc:
-        blocking = next((p for p in [path, *path.parents] if p.exists() and not p.is_dir()), path)
+        # the outermost thing in the way: a file, or a link to nothing (exists() does not see one)
+        there = [p for p in [path, *path.parents] if (p.exists() or p.is_symlink()) and not p.is_dir()]
+        blocking = there[-1] if there else path
+        what = (
+            f"a link to {os.readlink(blocking)}, which does not exist"
+            if blocking.is_symlink() and not blocking.exists()
+            else "a file, not a folder"
+        )
         where = f"${ENV_VAR}={given!r}" if given else f"the cache folder {root} (set ${ENV_VAR} to move it)"
         raise CacheError(
-            f"{where}: {blocking} is a file, not a folder, so nothing can be cached there; point "
+            f"{where}: {blocking} is {what}, so nothing can be cached there; point "
             f"{ENV_VAR} at a folder (it is created if missing), or move the file away"
         ) from exc
     return path

@@ -493,3 +493,51 @@ def test_a_cache_with_a_file_in_its_place_names_the_variable_and_the_fix(tmp_pat
         cache_dir("zoo")
     monkeypatch.setenv("COUPLING_CACHE", str(tmp_path / "ok"))
     assert cache_dir("a", "b") == tmp_path / "ok" / "a" / "b" and (tmp_path / "ok" / "a" / "b").is_dir()
+
+
+@pytest.mark.parametrize("mask", [0o002, 0o077])
+def test_an_atomic_dir_can_be_entered_and_written_while_it_is_filled(tmp_path, mask):
+    """The temporary folder has mkdir's mode from the start (searchable, writable by its owner),
+    not mkdtemp's 0700 or a file's mode: a user who is not root can write into it, and a group that
+    shares the cache can enter it. Checked by its mode, since root (the tests' user) passes any."""
+    with _umask(mask), files.atomic_dir(tmp_path / "d") as tmp:
+        assert tmp.stat().st_mode & 0o7777 == 0o777 & ~mask
+        (tmp / "config.json").write_text("{}")
+
+
+def _broken_link_cache(tmp_path, monkeypatch) -> Path:
+    """COUPLING_CACHE set to a symbolic link to a folder that is gone (as on an unmounted disk)."""
+    link = tmp_path / "cache"
+    link.symlink_to(tmp_path / "unmounted" / "cache")
+    monkeypatch.setenv("COUPLING_CACHE", str(link))
+    return link
+
+
+def test_a_cache_that_is_a_broken_link_names_the_link(tmp_path, monkeypatch):
+    """A broken link in the cache's place: a CacheError (not a bare FileExistsError) naming the
+    variable, the link and the fix."""
+    link = _broken_link_cache(tmp_path, monkeypatch)
+    with pytest.raises(files.CacheError) as raised:
+        files.cache_dir()
+    assert str(raised.value).startswith(f"$COUPLING_CACHE='{link}': {link} is ")
+    assert "point COUPLING_CACHE at a folder" in str(raised.value)
+
+
+def test_a_cache_subfolder_behind_a_broken_link_names_the_link(tmp_path, monkeypatch):
+    link = _broken_link_cache(tmp_path, monkeypatch)
+    with pytest.raises(files.CacheError) as raised:
+        files.cache_dir("zoo")
+    assert str(raised.value).startswith(f"$COUPLING_CACHE='{link}': {link} is a link to ")
+    assert "which does not exist" in str(raised.value)
+
+
+def test_a_cache_that_is_a_link_to_a_file_is_named_a_file(tmp_path, monkeypatch):
+    """A link whose target exists but is a file: the file message, not the broken-link one."""
+    target = tmp_path / "notes.txt"
+    target.write_text("not a folder\n", encoding="utf-8")
+    link = tmp_path / "cache"
+    link.symlink_to(target)
+    monkeypatch.setenv("COUPLING_CACHE", str(link))
+    with pytest.raises(files.CacheError) as raised:
+        files.cache_dir("zoo")
+    assert str(raised.value).startswith(f"$COUPLING_CACHE='{link}': {link} is a file, not a folder")

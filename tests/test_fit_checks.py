@@ -58,13 +58,38 @@ def test_in_a_chapters_terms_each_message_names_the_parameter_the_model_its_rang
         "tiny has 4 blocks (0..3), and last_block 'excluded' leaves the last out; choose a block in 0..2"
     )
     assert _refused(_lm(2), "tiny", {"layers": []}, [2], "excluded") == (
-        "parameter last_block 'excluded' leaves 1 of the 2 blocks of tiny: too few to couple; choose "
+        "parameter 'last_block' = 'excluded' leaves 1 of the 2 blocks of tiny: too few to couple; choose "
         "last_block 'final_norm' or 'block', or a model with 3 blocks or more"
     )
     assert check_blocks_and_k(lm, "tiny", {"layers": [2, 0], "tile_layers": [1]}, [2, 16], "final_norm") == {
         "layers": [2, 0],
         "tile_layers": [1],
     }
+
+
+@pytest.mark.parametrize(
+    "refuse",
+    [
+        lambda name: checks.check_top_k(name, 0),
+        lambda name: checks.check_top_k(name, 40, d=16, model="tiny"),
+        lambda name: checks.check_int(name, "2"),
+        lambda name: checks.check_list(name, 3),
+        lambda name: checks.check_choice(name, "x", ["a"]),
+        lambda name: checks.embedded_family(name, "gpt2"),
+        lambda name: checks.vit_token(name, "patchy"),
+        lambda name: block_range.check_block(name, 9, "tiny", 4),
+        lambda name: check_blocks_and_k(_lm(2), "tiny", {}, [2], "excluded", FitTerms(last_block=name)),
+    ],
+)
+@pytest.mark.parametrize("name", ["k", "--k"])
+def test_every_refusal_names_what_was_given_in_one_wording(refuse, name):
+    """A parameter as ``parameter 'k'``, a command-line option as typed (``--k``), by every check."""
+    assert checks.subject is block_range.subject
+    with pytest.raises(ParameterError) as info:
+        refuse(name)
+    said = str(info.value)
+    assert said.startswith(f"{block_range.subject(name)}"), said
+    assert ("parameter" in said) == (name == "k"), said
 
 
 def test_in_measures_terms_the_options_are_named_as_typed():

@@ -11,6 +11,7 @@ from scipy import stats as st
 
 from coupling_utils.analysis import data as D
 from coupling_utils.analysis import stats as S
+from coupling_utils.analysis.stats import Bootstrap
 
 
 @pytest.fixture
@@ -527,3 +528,35 @@ def test_bootstrap_draws_are_the_resamples_bootstrap_ci_summarises(noisy_line):
     assert [ci.ci_low, ci.ci_high] == pytest.approx(np.quantile(draws["mean"], [0.025, 0.975]))
     with pytest.raises(ValueError, match="at least 10"):
         S.bootstrap_draws(noisy_line, lambda d: {"mean": 0.0}, n_resamples=5)
+
+
+def test_bootstrap_draws_default_to_bootstrap_ci_s_resamples(noisy_line):
+    """Without options, bootstrap_draws hands back the 2000 draws of seed 0 that bootstrap_ci's
+    default interval is read from."""
+    _, draws = S.bootstrap_draws(noisy_line, lambda d: {"mean": d["x"].mean()})
+    rows = S.resample_rows(len(noisy_line), 2000, 0)
+    np.testing.assert_allclose(draws["mean"], noisy_line["x"].to_numpy()[rows].mean(axis=1), rtol=1e-12)
+    ci = S.bootstrap_ci(noisy_line, lambda d: {"mean": d["x"].mean()}).iloc[0]
+    assert [ci.ci_low, ci.ci_high] == pytest.approx(np.quantile(draws["mean"], [0.025, 0.975]))
+
+
+def test_bootstrap_options_take_whole_counts_and_a_level_strictly_inside_0_1():
+    """Bootstrap accepts the smallest count (10), seed 0, any level inside (0, 1) and numpy's
+    numbers; each bad field is refused with a message naming it, the rule and the value."""
+    for ok in (Bootstrap(10, 0.5, 0), Bootstrap(np.int64(20), np.float32(0.9), np.int64(3))):
+        assert ok.n_resamples >= 10 and 0 < ok.level < 1 and ok.seed >= 0
+    bad = [
+        ({"n_resamples": 9}, "n_resamples must be an integer of at least 10, got 9"),
+        ({"n_resamples": 20.0}, "n_resamples must be an integer of at least 10, got 20.0"),
+        ({"n_resamples": True}, "n_resamples must be an integer of at least 10, got True"),
+        ({"level": 0.0}, "level must lie strictly between 0 and 1, got 0.0"),
+        ({"level": 1.0}, "level must lie strictly between 0 and 1, got 1.0"),
+        ({"level": 1.5}, "level must lie strictly between 0 and 1, got 1.5"),
+        ({"level": "0.9"}, "level must lie strictly between 0 and 1, got '0.9'"),
+        ({"seed": -1}, "seed must be a non-negative integer, got -1"),
+        ({"seed": 1.5}, "seed must be a non-negative integer, got 1.5"),
+    ]
+    for change, said in bad:
+        with pytest.raises(ValueError) as info:
+            Bootstrap(**change)
+        assert str(info.value) == f"Bootstrap: {said}", change

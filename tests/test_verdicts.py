@@ -30,11 +30,84 @@ def test_rules_judge_the_values(values, expected):
     assert RISES.judge(values) == expected
 
 
-def test_rule_without_partly_gives_yes_or_no():
+def test_rule_without_partly_gives_yes_or_no_on_numbers():
     rule = Rule(yes="abs(rho) < 0.2 or -rho > 0.5")
     assert rule.judge({"rho": -0.6}) == "yes" and rule.judge({"rho": 0.3}) == "no"
     assert rule.names == {"rho"}
-    assert rule.text == "yes if abs(rho) < 0.2 or -rho > 0.5; otherwise no"
+
+
+# ----------------------------------------------------------------- the rule's text
+
+
+def test_the_text_tells_yes_from_partly_where_they_share_a_condition():
+    """f02's "beats size" was printed "yes if gap > 0; partly if gap > 0": two equal clauses. The
+    text says what judge() does: a yes over every interval, a partly at the estimates."""
+    from coupling_utils.analysis.verdicts import Interval
+
+    rule = Rule(yes="gap > 0", partly="gap > 0")
+    assert rule.text == "yes if gap > 0 over every interval; partly if gap > 0 at the estimates; otherwise no"
+    assert rule.judge({"gap": Interval(0.05, 0.01, 0.1)}) == "yes"
+    assert rule.judge({"gap": Interval(0.05, -0.01, 0.1)}) == "partly"
+
+
+def test_a_rule_without_partly_says_its_estimates_give_a_partly():
+    """With an interval a rule without a partly-condition still gives "partly" (the estimate
+    passes, the interval does not): its text says so; on a plain number it cannot."""
+    from coupling_utils.analysis.verdicts import Interval
+
+    rule = Rule(yes="abs(rho) < 0.2 or -rho > 0.5")
+    assert rule.text == (
+        "yes if abs(rho) < 0.2 or -rho > 0.5 over every interval; "
+        "partly if abs(rho) < 0.2 or -rho > 0.5 at the estimates; otherwise no"
+    )
+    assert rule.judge({"rho": Interval(-0.6, -0.8, -0.1)}) == "partly"
+    assert rule.judge({"rho": -0.6}) == "yes"  # a number is its own interval
+
+
+def test_the_text_names_the_yes_condition_where_the_partly_one_may_miss_it():
+    """judge() gives partly where the estimates meet the yes-condition though not the partly one
+    (f02's hub rule reads slope_low for a yes, slope for a partly): the text says so."""
+    from coupling_utils.analysis.verdicts import Interval
+
+    rule = Rule(yes="slope_low > 0", partly="slope > 0")
+    assert rule.text == (
+        "yes if slope_low > 0 over every interval; "
+        "partly if slope > 0, or the yes-condition, at the estimates; otherwise no"
+    )
+    assert rule.judge({"slope_low": Interval(0.1, -0.1, 0.2), "slope": -1.0}) == "partly"
+
+
+@pytest.mark.parametrize(
+    "yes, partly, said_once",
+    [
+        ("spearman >= 0.7 and ratio >= 1.5", "spearman >= 0.3 and ratio > 1", True),
+        ("x >= 0.9 and y <= 0.1", "x > y", True),
+        ("abs(r2 - 0.80) <= 0.02", "abs(r2 - 0.80) <= 0.1", True),
+        ("a > 1 and b < 1 and c < 1", "a > 1 and (b < 1 or c < 1)", True),
+        ("lss <= -0.3 and n >= 6", "lss < 0", True),
+        ("x > 0", "x > 0.5", False),
+        ("x > 0 or y > 0", "x > 0", False),
+        ("x >= 0", "x > 0", False),
+        ("x > 0 and y > 0", "x + y > 0", False),  # true, but not told from the form: said
+        ("x / 0 > 1", "x > 1", False),
+    ],
+)
+def test_the_yes_condition_is_left_out_of_the_partly_clause_only_where_it_implies_it(yes, partly, said_once):
+    """Where every estimate meeting the yes-condition meets the partly one, the partly clause is
+    the partly-condition alone; checked here on a grid of values, so leaving it out is never false."""
+    import itertools
+
+    from coupling_utils.analysis.verdicts import _eval, _parse, _pretty
+
+    rule = Rule(yes=yes, partly=partly)
+    clause = _pretty(partly) + ("" if said_once else ", or the yes-condition,")
+    assert f"; partly if {clause} at the estimates; otherwise no" in rule.text
+    if said_once:
+        grid = (-1.0, -0.3, 0.0, 0.05, 0.5, 0.8, 0.9, 1.0, 1.5, 2.0)
+        names = sorted(rule.names)
+        for point in itertools.product(grid, repeat=len(names)):
+            values = dict(zip(names, point))
+            assert not _eval(_parse(yes, "yes"), values) or _eval(_parse(partly, "partly"), values), values
 
 
 def test_division_by_zero_is_not_a_verdict():
@@ -168,10 +241,14 @@ def test_an_interval_is_checked_and_shown_in_the_status_row():
     row = claim("c", paper="p", rule=Rule(yes="x > 0"), values={"x": Interval(0.2, 0.1, 0.3, over="prompts")})
     assert row["agree"] == "yes"
     assert "x = 0.2 [0.1, 0.3; 95% over prompts]" in row["rule"]
-    # the row says how a yes reads an interval: here the estimate passes but the interval does not
+    # the row's rule text says how a yes reads an interval, once: here the estimate passes but the
+    # interval does not
     wide = claim("c", paper="p", rule=Rule(yes="x > 0"), values={"x": Interval(0.2, -0.1, 0.3)})
-    assert wide["agree"] == "partly" and "over the whole of every interval" in wide["rule"]
-    assert "interval" not in claim("c", paper="p", rule=Rule(yes="x > 0"), values={"x": 0.2})["rule"]
+    assert wide["agree"] == "partly"
+    assert wide["rule"] == (
+        "yes if x > 0 over every interval; partly if x > 0 at the estimates; otherwise no "
+        "(judged on x = 0.2 [-0.1, 0.3; 95%])"
+    )
     boot = {"estimate": 0.2, "ci_low": 0.1, "ci_high": 0.3, "level": 0.9}
     assert Interval.from_bootstrap(boot, over="models") == Interval(0.2, 0.1, 0.3, 0.9, "models")
 

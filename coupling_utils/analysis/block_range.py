@@ -4,7 +4,7 @@ one check of the range, and :class:`ParameterError`, the error every parameter c
 It lives here, below the chapters, so that the analysis' own plans (``measure_twins``) refuse a
 block in the same words as a chapter or ``coupling-book measure``; :mod:`coupling_utils.chapters.checks`
 re-exports all of it. A name that starts with ``-`` is a command-line option and is said as typed
-(``--layers``); any other is said as ``parameter 'layers'``.
+(``--layers``); any other is said as ``parameter 'layers'`` (:func:`subject`).
 """
 
 from __future__ import annotations
@@ -12,15 +12,16 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["ParameterError", "check_block", "check_blocks", "check_state"]
+__all__ = ["ParameterError", "subject", "check_block", "check_blocks", "check_state"]
 
 
 class ParameterError(ValueError):
     """A parameter has a bad name, type or value, or one the model it measures does not fit."""
 
 
-def _subject(name: str) -> str:
-    """How a message names what was given: ``parameter 'k'``, or a command-line option as typed (``--k``)."""
+def subject(name: str) -> str:
+    """How a refusal names what was given, the one wording for every check: ``parameter 'k'``, or a
+    command-line option as typed (``--k``), so a message says what the user wrote."""
     return name if name.startswith("-") else f"parameter {name!r}"
 
 
@@ -46,14 +47,14 @@ def check_block(
         return value % n_layers
     where = f"{model} has {n_layers} block{'' if n_layers == 1 else 's'} (0..{n_layers - 1}){why}"
     if top < 0:
-        raise ParameterError(f"{_subject(name)} cannot be met, got {value!r}: {where}; choose a deeper model")
+        raise ParameterError(f"{subject(name)} cannot be met, got {value!r}: {where}; choose a deeper model")
     if value >= 0 or (negative and value >= -n_layers):
         bound = f"<= {top if value >= 0 else top - n_layers}"
     else:
         bound = f">= {-n_layers if negative else 0}"
     ends = f", or {-n_layers}..{top - n_layers} counting from the end" if negative else ""
     raise ParameterError(
-        f"{_subject(name)} must be {bound}, got {value!r}: {where}; choose a block in 0..{top}{ends}"
+        f"{subject(name)} must be {bound}, got {value!r}: {where}; choose a block in 0..{top}{ends}"
     )
 
 
@@ -77,10 +78,10 @@ def check_state(
         return v
     where = f"{model} has {L} block{'' if L == 1 else 's'}, so residual states 0..{L}{why}"
     if low > high:
-        raise ParameterError(f"{_subject(name)} cannot be met, got {value!r}: {where}; choose a deeper model")
+        raise ParameterError(f"{subject(name)} cannot be met, got {value!r}: {where}; choose a deeper model")
     shift = -L - 1 if from_end else 0
     bound = f">= {low + shift}" if v < low else f"<= {high + shift}"
     ends = f", or {low - L - 1}..{high - L - 1} counting from the end (-1: state {L})" if negative else ""
     raise ParameterError(
-        f"{_subject(name)} must be {bound}, got {value!r}: {where}; choose a state in {low}..{high}{ends}"
+        f"{subject(name)} must be {bound}, got {value!r}: {where}; choose a state in {low}..{high}{ends}"
     )

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from coupling_utils.analysis.stats import DEFAULT_BOOTSTRAP, Bootstrap
+from coupling_utils.analysis.stats import DEFAULT_BOOTSTRAP, Bootstrap, bootstrap_ci, bootstrap_draws
 
 __all__ = [
     "COMPARISON_COLUMNS",
@@ -45,6 +45,18 @@ Predictor = str | Callable[[pd.DataFrame], pd.Series]
 def _check_boot(boot: Bootstrap, name: str) -> None:
     if not isinstance(boot, Bootstrap):
         raise TypeError(f"{name}: boot must be a stats.Bootstrap, got {type(boot).__name__}")
+
+
+def _resampled(work: pd.DataFrame, statistic: Callable, boot: Bootstrap, *, draws: bool = False) -> Any:
+    """``statistic`` (vectorized: every resample at once) on ``work`` and on seeded resamples of its
+    rows, drawn as ``boot`` says, the one place this module reads a Bootstrap: the percentile
+    intervals (:func:`~coupling_utils.analysis.stats.bootstrap_ci`) or, with ``draws``, the
+    estimates and the draws (:func:`~coupling_utils.analysis.stats.bootstrap_draws`)."""
+    if draws:
+        return bootstrap_draws(work, statistic, n_resamples=boot.n_resamples, seed=boot.seed, vectorized=True)
+    return bootstrap_ci(
+        work, statistic, n_resamples=boot.n_resamples, level=boot.level, seed=boot.seed, vectorized=True
+    )
 
 
 def _values(df: pd.DataFrame, x: Predictor) -> pd.Series:
@@ -136,7 +148,7 @@ def _bootstrap_intervals(work: pd.DataFrame, label: str, y: str, boot: Bootstrap
     """Percentile-bootstrap intervals of R² and Spearman's rho of ``y`` on predictor ``label``."""
     from scipy.stats import rankdata
 
-    from coupling_utils.analysis.stats import bootstrap_ci, rowwise_pearson
+    from coupling_utils.analysis.stats import rowwise_pearson
 
     def stat(c: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:  # every resample at once: [R, n]
         x, v = c[label], c[y]
@@ -144,14 +156,7 @@ def _bootstrap_intervals(work: pd.DataFrame, label: str, y: str, boot: Bootstrap
         rho = rowwise_pearson(rankdata(x, axis=-1), rankdata(v, axis=-1))  # average ranks for ties
         return {"r2": r * r, "spearman": rho}
 
-    ci = bootstrap_ci(
-        work[[label, y]],
-        stat,
-        n_resamples=boot.n_resamples,
-        level=boot.level,
-        seed=boot.seed,
-        vectorized=True,
-    ).set_index("statistic")
+    ci = _resampled(work[[label, y]], stat, boot).set_index("statistic")
     return {
         "r2_ci_low": ci.loc["r2", "ci_low"],
         "r2_ci_high": ci.loc["r2", "ci_high"],
@@ -185,7 +190,7 @@ def r2_difference(
     better than ``b`` beyond what the choice of models does (an interval above 0), rather than
     comparing two separate intervals. Returns ``estimate, ci_low, ci_high, n, level``.
     """
-    from coupling_utils.analysis.stats import bootstrap_ci, rowwise_pearson
+    from coupling_utils.analysis.stats import rowwise_pearson
 
     _check_boot(boot, "r2_difference")
     work = pd.DataFrame(
@@ -198,9 +203,7 @@ def r2_difference(
     def diff(c: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:  # every resample at once: [R, n]
         return {"statistic": rowwise_pearson(c["a"], c["y"]) ** 2 - rowwise_pearson(c["b"], c["y"]) ** 2}
 
-    ci = bootstrap_ci(
-        work, diff, n_resamples=boot.n_resamples, level=boot.level, seed=boot.seed, vectorized=True
-    ).iloc[0]
+    ci = _resampled(work, diff, boot).iloc[0]
     return {
         "estimate": float(ci["estimate"]),
         "ci_low": float(ci["ci_low"]),
@@ -232,7 +235,7 @@ def predictor_lead(
     lowest of the others lies above it). ``share``: ``{predictor: fraction of valid resamples in
     which it comes out best}``. A predictor constant on these rows is left out (``left_out``);
     two must remain. Also returns ``n`` (models), ``level``, ``n_resamples`` and ``n_valid``."""
-    from coupling_utils.analysis.stats import bootstrap_draws, rowwise_pearson
+    from coupling_utils.analysis.stats import rowwise_pearson
 
     _check_boot(boot, "predictor_lead")
     work = _complete_rows(df, y, predictors)
@@ -249,9 +252,7 @@ def predictor_lead(
     def r2s(c: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:  # every resample at once: [R, n]
         return {label: sign * rowwise_pearson(c[label], c[y]) ** 2 for label in usable}
 
-    estimate, draws = bootstrap_draws(
-        work[[*usable, y]], r2s, n_resamples=boot.n_resamples, seed=boot.seed, vectorized=True
-    )
+    estimate, draws = _resampled(work[[*usable, y]], r2s, boot, draws=True)
     order = sorted(usable, key=lambda label: -estimate[label])
     best = order[0] if leader is None else leader
     runner_up = next(label for label in order if label != best)

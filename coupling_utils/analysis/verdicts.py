@@ -18,10 +18,12 @@ the values do not provide is an error; a NaN value makes every comparison it ent
 missing number never earns a "yes".
 
 A value may be an :class:`Interval` (an estimate with its confidence interval, e.g. from
-:func:`coupling_utils.analysis.stats.bootstrap_ci`). Then "yes" needs the rule to hold for
-*every* point of the intervals (``x >= 0.05`` is a yes only when the interval's low end is at
-least 0.05), while "partly" is judged on the estimates: an estimate that merely touches the
-threshold is at most "partly". A number without an interval counts as exact.
+:func:`coupling_utils.analysis.stats.bootstrap_ci`). Then "yes" needs the yes-condition to hold
+over every interval (``x >= 0.05`` is a yes only when the interval's low end is at least 0.05;
+each comparison is checked over the whole range its two sides take), while "partly" is judged on
+the estimates: the partly-condition, or the yes-condition, met at the estimates. A number without
+an interval counts as exact: it is its own interval and its own estimate. :attr:`Rule.text` says
+all this in one line.
 
 Shape claims ("rises", "nearly monotonic", "dense at the end") are judged on shape descriptors of
 the whole curve (rank correlation with the step, where the peak lies, the largest drop), not on
@@ -273,6 +275,53 @@ def _holds_everywhere(op: ast.cmpop, a: tuple[float, float], b: tuple[float, flo
     return a_hi < b_lo or b_hi < a_lo  # NotEq
 
 
+_FLIPPED = {ast.Lt: ast.Gt, ast.LtE: ast.GtE, ast.Gt: ast.Lt, ast.GtE: ast.LtE, ast.Eq: ast.Eq}
+
+
+def _conjuncts(node: ast.AST) -> list[ast.AST]:
+    """The parts of a condition joined by ``and`` at its top (the condition itself if none)."""
+    if isinstance(node, ast.BoolOp) and isinstance(node.op, ast.And):
+        return [part for value in node.values for part in _conjuncts(value)]
+    return [node]
+
+
+def _box(conditions: list[ast.AST]) -> dict[str, tuple[float, float]]:
+    """The closed range each expression compared with a number in ``conditions`` (``x >= 0.5``,
+    ``abs(r2 - 0.8) <= 0.02``) is held to by all of them together, keyed by its ``ast.dump``."""
+    box: dict[str, tuple[float, float]] = {}
+    for c in conditions:
+        if not (isinstance(c, ast.Compare) and len(c.ops) == 1 and type(c.ops[0]) in _FLIPPED):
+            continue
+        expr, number, kind = c.left, c.comparators[0], type(c.ops[0])
+        if not _names(expr):
+            expr, number, kind = number, expr, _FLIPPED[kind]
+        if _names(number):
+            continue
+        value, key = float(_eval(number, {})), ast.dump(expr)
+        lo, hi = box.get(key, (-math.inf, math.inf))
+        lo = max(lo, value) if kind in (ast.Gt, ast.GtE, ast.Eq) else lo
+        hi = min(hi, value) if kind in (ast.Lt, ast.LtE, ast.Eq) else hi
+        box[key] = (lo, hi)
+    return box
+
+
+def _implied(node: ast.AST, given: list[ast.AST], box: Mapping[str, tuple[float, float]]) -> bool:
+    """Whether ``node`` surely holds wherever every condition of ``given`` does (``box``: their
+    :func:`_box`); False where that cannot be told from the conditions' form alone."""
+    if ast.dump(node) in {ast.dump(g) for g in given}:
+        return True
+    if isinstance(node, ast.BoolOp):
+        parts = [_implied(v, given, box) for v in node.values]
+        return all(parts) if isinstance(node.op, ast.And) else any(parts)
+    if not (isinstance(node, ast.Compare) and len(node.ops) == 1):
+        return False
+    sides = []
+    for side in (node.left, node.comparators[0]):
+        value = None if _names(side) else float(_eval(side, {}))
+        sides.append((value, value) if value is not None else box.get(ast.dump(side)))
+    return None not in sides and _holds_everywhere(node.ops[0], sides[0], sides[1], True)
+
+
 def _pretty(expr: str) -> str:
     text = " ".join(expr.split())
     for a, b in _SYMBOLS.items():
@@ -304,16 +353,21 @@ class Rule:
 
     @property
     def text(self) -> str:
-        """The rule as the status page shows it: ``yes if …; partly if …; otherwise no``."""
-        parts = [f"yes if {_pretty(self.yes)}"]
-        if self.partly:
-            parts.append(f"partly if {_pretty(self.partly)}")
-        return "; ".join(parts) + "; otherwise no"
+        """The rule as :meth:`judge` reads it, in one line for the status page: ``yes if … over
+        every interval; partly if … at the estimates; otherwise no``. The partly clause names the
+        yes-condition too (an estimate that meets it while its interval does not is a partly),
+        unless the partly-condition surely holds wherever the yes-condition does."""
+        yes = _pretty(self.yes)
+        partly = _pretty(self.partly) if self.partly else yes
+        given = _conjuncts(_parse(self.yes, "yes").body)
+        if self.partly and not _implied(_parse(self.partly, "partly").body, given, _box(given)):
+            partly += ", or the yes-condition,"
+        return f"yes if {yes} over every interval; partly if {partly} at the estimates; otherwise no"
 
     def judge(self, values: Mapping[str, Any]) -> str:
-        """``"yes"``, ``"partly"`` or ``"no"`` for these values (numbers or :class:`Interval`):
-        yes when the yes-condition holds over the whole of every interval, partly when the
-        partly-condition holds on the estimates."""
+        """``"yes"``, ``"partly"`` or ``"no"`` for these values (numbers or :class:`Interval`, a
+        number being its own interval and estimate): yes when the yes-condition holds over every
+        interval; partly when the partly-condition, or the yes-condition, holds at the estimates."""
         missing = sorted(self.names - set(values))
         if missing:
             raise RuleError(
@@ -363,8 +417,8 @@ def claim(
     """A reproduction-status row whose verdict is ``rule`` judged on ``values``.
 
     ``ours`` is what the row shows as this run's result (default: the values the rule names);
-    the row's ``rule`` column holds the rule's text and the values it was judged on (and, where
-    one is an :class:`Interval`, how a yes reads intervals). ``kind`` is
+    the row's ``rule`` column holds the rule's text (:attr:`Rule.text`, which says how a verdict
+    reads intervals) and the values it was judged on. ``kind`` is
     "measured" (this book's measurement) or "replot" (the paper's own points redrawn), which the
     status page keeps apart. Pass the rows to :func:`coupling_utils.pipeline.status.report`.
     """
@@ -376,11 +430,6 @@ def claim(
     judged = ", ".join(f"{name} = {_fmt(values[name])}" for name in sorted(rule.names))
     if ours is None:
         ours = judged
-    if any(isinstance(values[name], Interval) for name in rule.names):  # how judge() reads them
-        judged += (
-            "; a yes needs its condition over the whole of every interval: where only the "
-            "estimates meet it, the verdict is partly"
-        )
     return {
         "claim": claim,
         "paper": paper,

@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING, Any
 
 from coupling_utils.analysis.block_range import (
     ParameterError,
-    _subject,
     check_block,
     check_blocks,
     check_state,
+    subject,
 )
 
 if TYPE_CHECKING:
@@ -46,6 +46,7 @@ __all__ = [
     "check_block",
     "check_blocks",
     "check_state",
+    "subject",
     "FitTerms",
     "check_blocks_and_k",
     "with_check",
@@ -74,7 +75,7 @@ class NotMeasured(RuntimeError):
 
 
 def _fail(name: str, message: str, value: Any) -> ParameterError:
-    return ParameterError(f"parameter {name!r} {message}, got {value!r}")
+    return ParameterError(f"{subject(name)} {message}, got {value!r}")
 
 
 def check_int(name: str, value: Any, *, min: int | None = None, max: int | None = None) -> int:
@@ -143,7 +144,7 @@ def check_top_k(name: str, value: Any, d: int | None = None, model: str | None =
     check_int(name, value, min=1)
     if d is not None and value > d:
         fix = f": {model} is {d} wide; choose K <= {d}" if model else ""
-        raise ParameterError(f"{_subject(name)} (K) must be <= the model width d={d}, got {value!r}{fix}")
+        raise ParameterError(f"{subject(name)} (K) must be <= the model width d={d}, got {value!r}{fix}")
     return value
 
 
@@ -169,9 +170,9 @@ def _value(name: str, value: str) -> str:
 
 def _too_shallow(flag: str, n_layers: int, model: str) -> ParameterError:
     """``last_block`` (named ``flag``) "excluded" on a model of fewer than 3 blocks."""
-    said = f"{flag} {_value(flag, 'excluded')}"
     return ParameterError(
-        f"{'' if flag.startswith('-') else 'parameter '}{said} leaves {n_layers - 1} of the {n_layers} "
+        f"{subject(flag)}{' ' if flag.startswith('-') else ' = '}{_value(flag, 'excluded')} leaves "
+        f"{n_layers - 1} of the {n_layers} "
         f"blocks of {model}: too few to couple; choose {flag} {_value(flag, 'final_norm')} or "
         f"{_value(flag, 'block')}, or a model with 3 blocks or more"
     )
@@ -309,7 +310,7 @@ def embedded_family(name: str, value: Any) -> str:
     check_model(name, value)
     if not value.startswith("embedded:"):
         raise ParameterError(
-            f"parameter {name!r} must be an embedded family such as 'embedded:lm-family', got {value!r}"
+            f"{subject(name)} must be an embedded family such as 'embedded:lm-family', got {value!r}"
         )
     return value
 
@@ -321,7 +322,7 @@ def vit_token(name: str, value: Any) -> Any:
     try:
         vit_tokens(value)
     except ValueError as exc:
-        raise ParameterError(f"parameter {name!r}: {exc}") from exc
+        raise ParameterError(f"{subject(name)}: {exc}") from exc
     return value
 
 

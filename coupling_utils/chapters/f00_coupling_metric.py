@@ -17,6 +17,7 @@ import torch
 
 from coupling_utils.analysis import coupling_metric as cm
 from coupling_utils.analysis.model_names import model_words, of_result
+from coupling_utils.analysis.prose_list import listed
 from coupling_utils.chapters.checks import (
     DTYPES,
     NotMeasured,
@@ -355,12 +356,7 @@ def layer_reruns(n_layers: int, layer: int) -> str:
     if not picks:
         return (f"This run's model ({n_layers} blocks) has no other block with a next block: rerun "
                 "`coupling-book run f00` with a deeper model (e.g. `--profile default`)")  # fmt: skip
-    options = [f"`-p layer={b}`" for b in picks]
-    return (
-        "Rerun `coupling-book run f00` with "
-        + (", ".join(options[:-1]) + " and " if len(options) > 1 else "")
-        + options[-1]
-    )
+    return "Rerun `coupling-book run f00` with " + listed(f"`-p layer={b}`" for b in picks)
 
 
 def _by_k_values(by_k: pd.DataFrame) -> dict[str, Any]:
@@ -482,8 +478,7 @@ def toy_findings(toy: cm.ToyProperties) -> dict[str, str]:
     ]  # fmt: skip
     missed = [no for ok, _, no in checks if not ok]
     if not missed:
-        said = [yes for _, yes, _ in checks]
-        sentence = "this run reproduces it: " + ", ".join(said[:-1]) + " and " + said[-1]
+        sentence = "this run reproduces it: " + listed(yes for _, yes, _ in checks)
     else:
         sentence = (f"this run reproduces {len(checks) - len(missed)} of its {len(checks)} properties: "
                     + "; ".join(missed))  # fmt: skip

@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from coupling_utils.analysis.model_names import model_words, of_result
+from coupling_utils.analysis.prose_list import listed
 from coupling_utils.analysis.straightness import STRAIGHTER, straighter_text, straightness
 from coupling_utils.analysis.verdicts import Interval, Rule, claim, verdict_word
 from coupling_utils.chapters.checks import (
@@ -235,7 +236,7 @@ def prompt_words(n_tokens: list[int]) -> str:
         return f"1 prompt of {n_tokens[0]} tokens"
     if n > 5:
         return f"{n} prompts of {min(n_tokens)} to {max(n_tokens)} tokens"
-    return f"{n} prompts of {', '.join(map(str, n_tokens[:-1]))} and {n_tokens[-1]} tokens"
+    return f"{n} prompts of {listed(n_tokens)} tokens"
 
 
 def lss_by_prompt(metrics: pd.DataFrame) -> pd.DataFrame:
@@ -398,7 +399,7 @@ def exponential_words(r: Results) -> str:
     ]
     if not parts:
         return ""
-    return "The rule read " + (", ".join(parts[:-1]) + " and " if len(parts) > 1 else "") + f"{parts[-1]}."
+    return f"The rule read {listed(parts)}."
 
 
 def glue_values(p: Params, r: Results, status: pd.DataFrame | None) -> dict[str, Any]:
@@ -470,7 +471,7 @@ def _lincos_note(p: Params, r: Results) -> str:
         if not p.compare_random_init
         else "no value was measured"
     )
-    return f"(NaN for {' and '.join(missing)}: {why})"
+    return f"(NaN for {listed(missing)}: {why})"
 
 
 def first_token_values(p: Params, r: Results) -> dict[str, Any]:

@@ -40,6 +40,7 @@ from coupling_utils.models.training import (
     adamw,
     checkpoint_targets,
     learning_rate,
+    revision_steps,
     torch_threads,
     train_steps,
 )
@@ -257,7 +258,7 @@ def train_vit(spec: VitSpec, out_dir: str | Path, *, progress: bool = True, desc
                 save_image_processor(target)
             return f"val_acc={val_acc:.4f}"
 
-        schedule = train_steps(
+        train_steps(
             model,
             opt,
             dataclasses.replace(spec, checkpoints="pythia") if spec.checkpoints == "curve" else spec,
@@ -267,7 +268,7 @@ def train_vit(spec: VitSpec, out_dir: str | Path, *, progress: bool = True, desc
             desc=desc or "train",
             what="ViT training",
         )
-        _write_vit_run(out_dir, rows, spec, schedule)
+        _write_vit_run(out_dir, rows, spec)
         return _vit_metrics(rows[-1], model, spec, n, (t0, c0))
 
 
@@ -285,8 +286,10 @@ def _mnist_splits(spec: VitSpec):
     return (x_train, y_train), evals
 
 
-def _write_vit_run(out_dir: Path, rows: list[dict], spec: VitSpec, schedule) -> None:
-    """The run's accuracy curve (``accuracy.csv`` and ``.parquet``) and ``training_spec.json``."""
+def _write_vit_run(out_dir: Path, rows: list[dict], spec: VitSpec) -> None:
+    """The run's accuracy curve (``accuracy.csv`` and ``.parquet``) and ``training_spec.json``,
+    whose ``checkpoints`` are the revisions saved (:func:`~coupling_utils.models.training.revision_steps`,
+    the schedule the LM runs and ``zoo.planned_revisions`` read)."""
     acc = pd.DataFrame(rows, columns=ACCURACY_COLUMNS)
     acc.to_csv(out_dir / "accuracy.csv", index=False)
     acc.to_parquet(out_dir / "accuracy.parquet", index=False)
@@ -300,7 +303,7 @@ def _write_vit_run(out_dir: Path, rows: list[dict], spec: VitSpec, schedule) -> 
                     "sha256": MNIST_SHA256,
                     "licence": LICENCE,
                 },
-                "checkpoints": [f"step{s}" for s in schedule] if spec.checkpoints == "pythia" else [],
+                "checkpoints": [f"step{s}" for s in revision_steps(spec)],
             },
             indent=2,
         )

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from coupling_utils.analysis.prose_list import listed
 from coupling_utils.pipeline.measure_models import DEFAULT_K  # what --k means when it is not given
 
 __all__ = ["add_sweep_commands"]
@@ -186,9 +187,8 @@ def _measure_resources(args):
         return _resources(args)
     given = [typed for dest, typed in _EXECUTOR_OPTIONS if getattr(args, dest) is not None]
     if given:
-        listed = f"{', '.join(given[:-1])} and {given[-1]}" if given[1:] else given[0]
         raise SweepError(
-            f"{listed} only {'apply' if given[1:] else 'applies'} to --executor slurm (or local), and "
+            f"{listed(given)} only {'apply' if given[1:] else 'applies'} to --executor slurm (or local), and "
             "without --executor this run measures in this process; add --executor slurm (or local), "
             f"or drop {'them' if given[1:] else 'it'}"
         )

@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from coupling_utils.analysis.prose_list import listed
 from coupling_utils.files import atomic_path, atomic_write_text, cache_dir, file_lock, read_json
 from coupling_utils.measurement.jobs import Job
 from coupling_utils.provenance import stable_hash
@@ -490,10 +491,10 @@ class Resources:
         values = (self.partition, self.account, self.cpus_per_job, self.mem_gb)
         given = [option for option, v in zip(slurm, values) if v is not None]
         if self.executor == "local" and given:
-            what = f"{', '.join(given[:-1])} and {given[-1]} are SLURM options" if given[1:] else ""
+            many = len(given) > 1
             raise SweepError(
-                f"{what or given[0] + ' is a SLURM option'}, which --executor local does not use; drop "
-                f"{'them' if what else 'it'}, or use --executor slurm"
+                f"{listed(given)} {'are SLURM options' if many else 'is a SLURM option'}, which "
+                f"--executor local does not use; drop {'them' if many else 'it'}, or use --executor slurm"
             )
         parse_time(self.time_limit)  # a bad time fails here, before anything is submitted
 

@@ -12,6 +12,7 @@ import pandas as pd
 
 from coupling_utils.analysis.depth_and_tokens import TwinMeasurement
 from coupling_utils.analysis.model_names import measured, model_words
+from coupling_utils.analysis.prose_list import listed
 from coupling_utils.chapters.f01_depth_and_tokens.plan import Results
 
 PAPER_MODEL = "meta-llama/Meta-Llama-3-8B"  # the model of the paper's tile figure (project page)
@@ -124,7 +125,7 @@ def token_layer_reruns(n_layers: int, token_layer: int) -> str:
     if not picks:
         return (f"This run's model ({n_layers} blocks) has no other block to try: rerun with a "
                 "deeper model (e.g. `--profile default`)")  # fmt: skip
-    return "Rerun with " + " and ".join(f"`-p token_layer={b}`" for b in picks)
+    return "Rerun with " + listed(f"`-p token_layer={b}`" for b in picks)
 
 
 def tile_window_reruns(n_layers: int, width: int, last_block: str) -> str:

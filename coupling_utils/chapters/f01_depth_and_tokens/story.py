@@ -13,6 +13,7 @@ import pandas as pd
 from coupling_utils.analysis import depth_and_tokens as tw
 from coupling_utils.analysis import last_block as lb
 from coupling_utils.analysis import tile_grid
+from coupling_utils.analysis.prose_list import listed
 from coupling_utils.analysis.verdicts import Interval, claim, verdict_word
 from coupling_utils.chapters.f01_depth_and_tokens.findings import finding_words, named_model
 from coupling_utils.chapters.f01_depth_and_tokens.plan import (
@@ -296,10 +297,6 @@ def _per_model_values(r: Results) -> dict[str, Any]:
 PAPER_K = (10, 30, 50)  # the K of the paper's figures
 
 
-def _joined(items: list) -> str:
-    return ", ".join(map(str, items[:-1])) + (" and " if len(items) > 1 else "") + str(items[-1])
-
-
 def k_words(ks: list[int], d_model: int) -> str:
     """The K this run measures, against the paper's and the book's K/d at the drawn model's width
     (each profile measures other K on a model of another width)."""
@@ -308,14 +305,14 @@ def k_words(ks: list[int], d_model: int) -> str:
 
     ks, book = sorted(set(ks)), k_for_width(d_model, BOOK_K_OVER_D)
     paper = [k for k in PAPER_K if k in ks]
-    ours = "none" if not paper else "all three" if len(paper) == len(PAPER_K) else _joined(paper)
+    ours = "none" if not paper else "all three" if len(paper) == len(PAPER_K) else listed(paper)
     if book in ks:
         where = f"K = {book} is the book's K/d at this width" + (
             ", the largest K of this run" if book == ks[-1] else ""
         )
     else:
         where = f"the book's K/d would be K = {book} at this width, which this run does not measure"
-    return f"This run measures K = {_joined(ks)} at width {d_model} ({ours} of the paper's); {where}."
+    return f"This run measures K = {listed(ks)} at width {d_model} ({ours} of the paper's); {where}."
 
 
 def _model_values(r: Results) -> dict[str, Any]:

@@ -8,7 +8,7 @@ and whether the predictor with the highest R² in the family is the best single 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +17,7 @@ from IPython.display import Markdown
 
 from coupling_utils.analysis import leaderboards
 from coupling_utils.analysis.predictors import predictor_lead, r2_difference
+from coupling_utils.analysis.prose_list import listed
 from coupling_utils.analysis.stats import Bootstrap
 from coupling_utils.analysis.verdicts import Interval, Rule
 from coupling_utils.chapters.f02_generalization.plan import (
@@ -100,7 +101,7 @@ def against_size(
 def sizes_words(a: AgainstSize, r2: Mapping[str, float]) -> str:
     """Each size measure's R² (``r2``, by predictor), in words: "0.776 (log10 params), 0.316 (depth)
     and 0.571 (width)"."""
-    return _listed([f"{r2[size]:.3f} ({size})" for size in a.pairs["predictor"]])
+    return listed([f"{r2[size]:.3f} ({size})" for size in a.pairs["predictor"]])
 
 
 def separates_words(a: AgainstSize) -> str:
@@ -111,10 +112,6 @@ def separates_words(a: AgainstSize) -> str:
         f"includes 0: these {a.lead['n']} {a.unit} do not separate {a.name} from the best of the size "
         "measures"
     )
-
-
-def _listed(names: Sequence[str]) -> str:
-    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 
 
 def pairs_words(a: AgainstSize) -> str:
@@ -129,10 +126,10 @@ def pairs_words(a: AgainstSize) -> str:
             f"Against each size measure alone the paired 95% interval of the difference includes 0 as "
             f"well: these {a.lead['n']} {a.unit} separate {a.name} from none of them"
         )
-    parts = [f"above 0 for {_listed(above)}" if above else "",
-             f"below 0 for {_listed(below)}" if below else "",
-             f"includes 0 for {_listed(rest)}" if rest else ""]  # fmt: skip
-    return "Against each size measure alone, the paired 95% interval of the difference lies " + _listed(
+    parts = [f"above 0 for {listed(above)}" if above else "",
+             f"below 0 for {listed(below)}" if below else "",
+             f"includes 0 for {listed(rest)}" if rest else ""]  # fmt: skip
+    return "Against each size measure alone, the paired 95% interval of the difference lies " + listed(
         [x for x in parts if x]
     )
 

@@ -201,28 +201,31 @@ RULES = {
 """Each claim's rule by its short name, as "The claim" prints them before any number."""
 
 RULE_WORDS = {
-    "Fig. 1a fit": "yes if the replotted R² is within 0.02 of the paper's 0.80, partly within 0.1",
+    "Fig. 1a fit": "r2: the R² of the fit to the paper's digitised Fig. 1a points, against the paper's 0.80",
     "beats size": (
-        "yes if coupling's R² exceeds the highest of parameter count's, depth's and width's over the whole "
-        "95% interval of the difference (bootstrap over the models, all refitted on each resample, the best "
-        "size measure taken in each); partly if only the estimate does; each size measure alone is read by "
-        "the same rule on the paired interval of its difference"
+        "gap: coupling's R² minus the highest of parameter count's, depth's and width's, its 95% interval "
+        "a bootstrap over the models (all refitted on each resample, the best size measure taken in each); "
+        "each size measure alone is read by the same rule on the paired interval of its difference"
     ),
     "family": (
-        "yes if Spearman's ρ of excess coupling and held-out accuracy is above 0 over its whole 95% "
-        "interval and there are at least 6 members; partly if only the estimate is"
+        "rho: Spearman's ρ of excess coupling and held-out accuracy, its 95% interval a bootstrap over "
+        "the members; n: the number of members"
     ),
     "family vs size": (
-        "as 'beats size', for the excess and held-out accuracy in the family, with a positive slope; "
-        "partly if only the estimates clear 0"
+        "as 'beats size', for the excess and held-out accuracy in the family; slope: the slope of held-out "
+        "accuracy on the excess"
     ),
     "training family": (
-        "the same as 'family', for the members of one architecture, and only when their held-out "
-        "accuracies span at least 0.2"
+        "as 'family', for the members of one architecture; span: the range of their held-out accuracies"
     ),
-    "hub models": "yes if the slope of the v1 average on our coupling is above 0 over its 95% interval",
-    "leaderboard v2": "yes if the slope of the v2 average on the paper's coupling is above 0 over its 95% "
-    "interval",
+    "hub models": (
+        "slope: the slope of the v1 average on our coupling, slope_low: the low end of its 95% interval; "
+        "n: the number of models"
+    ),
+    "leaderboard v2": (
+        "slope: the slope of the v2 average on the paper's coupling, slope_low: the low end of its 95% "
+        "interval"
+    ),
     "task vs size": (
         "a leaderboard task counts for coupling if its R² exceeds log parameter count's over the whole "
         "paired 95% interval of the difference (over the models with that task's score), for parameter "
@@ -244,7 +247,8 @@ RULE_WORDS = {
         "held-out loss fell (or rose) by at most 1% of its final value"
     ),
 }
-"""Each rule of :data:`RULES` in plain words (printed beside its code form)."""
+"""What each rule of :data:`RULES` reads, in plain words (printed below its code form, which says
+how a verdict reads intervals)."""
 
 # the status rows' claims, by the short name the glue and the notebook use
 CLAIMS = {
@@ -299,7 +303,7 @@ FAMILY_PREDICTORS = {
 
 
 def rule_lines(*names: str) -> str:
-    """The rules ``names`` (none: every rule), two lines each: its code form, then the same in
+    """The rules ``names`` (none: every rule), two lines each: its code form, then what it reads in
     plain words."""
     unknown = [name for name in names if name not in RULES]
     if unknown:

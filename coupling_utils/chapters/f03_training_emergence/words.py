@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from coupling_utils.analysis.prose_list import listed
 from coupling_utils.analysis.verdicts import Interval
 
 
@@ -59,7 +60,7 @@ def steps_words(steps: list[int]) -> str:
     if len(steps) == 1:
         return f"step {steps[0]}"
     if len(steps) <= 3:
-        return "steps " + ", ".join(map(str, steps[:-1])) + f" and {steps[-1]}"
+        return "steps " + listed(steps)
     return f"{len(steps)} checkpoints from step {steps[0]} to {steps[-1]}"
 
 
