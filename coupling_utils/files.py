@@ -34,10 +34,12 @@ class CacheError(OSError):
 
 def cache_dir(*parts: str) -> Path:
     """The project's cache directory (created), or a subdirectory of it; a file where a folder
-    must be is a :class:`CacheError` naming ``$COUPLING_CACHE`` and the fix."""
+    must be, or a folder that cannot be created (a read-only cache), is a :class:`CacheError`
+    naming ``$COUPLING_CACHE`` and the fix."""
     given = os.environ.get(ENV_VAR)
     root = Path(given or platformdirs.user_cache_dir("coupling-book")).expanduser()
     path = root.joinpath(*parts)
+    where = f"${ENV_VAR}={given!r}" if given else f"the cache folder {root} (set ${ENV_VAR} to move it)"
     try:
         path.mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError) as exc:
@@ -49,10 +51,15 @@ def cache_dir(*parts: str) -> Path:
             if blocking.is_symlink() and not blocking.exists()
             else "a file, not a folder"
         )
-        where = f"${ENV_VAR}={given!r}" if given else f"the cache folder {root} (set ${ENV_VAR} to move it)"
         raise CacheError(
             f"{where}: {blocking} is {what}, so nothing can be cached there; point "
             f"{ENV_VAR} at a folder (it is created if missing), or move the file away"
+        ) from exc
+    except PermissionError as exc:  # a read-only cache: what it holds is read, nothing new written
+        raise CacheError(
+            f"{where}: {path} cannot be created ({exc.strerror}): this cache is not writable here, and "
+            f"what it does not hold yet must be written; make it writable (chmod -R u+w {root}) or "
+            f"point {ENV_VAR} at a folder you can write"
         ) from exc
     return path
 

@@ -541,3 +541,25 @@ def test_a_cache_that_is_a_link_to_a_file_is_named_a_file(tmp_path, monkeypatch)
     with pytest.raises(files.CacheError) as raised:
         files.cache_dir("zoo")
     assert str(raised.value).startswith(f"$COUPLING_CACHE='{link}': {link} is a file, not a folder")
+
+
+def test_a_read_only_cache_names_the_folder_and_the_fix(tmp_path, monkeypatch):
+    """A subfolder that cannot be created (a read-only cache; staged by mkdir's refusal, since the
+    tests run as root, whom no mode stops): a CacheError naming the variable, the folder and both
+    fixes, not a bare PermissionError."""
+    monkeypatch.setenv("COUPLING_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "cache").mkdir()
+    real_mkdir = Path.mkdir
+
+    def refuse(self, *args, **kwargs):
+        if self.name == "f03":
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_mkdir(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "mkdir", refuse)
+    with pytest.raises(files.CacheError) as raised:
+        files.cache_dir("f03")
+    message = str(raised.value)
+    assert message.startswith(f"$COUPLING_CACHE='{tmp_path / 'cache'}': {tmp_path / 'cache' / 'f03'} cannot ")
+    assert "Permission denied" in message and "chmod -R u+w" in message and "point COUPLING_CACHE" in message
+    assert isinstance(raised.value.__cause__, PermissionError)

@@ -48,22 +48,25 @@ WEIGHTS = ("trained", "random init")
 
 
 def model_identity(ref: str, revision: str | None = None) -> str:
-    """What identifies a model reference's weights: the zoo entry's keyed path; a local path with
-    the hash of its files' contents (each file's size and SHA-256, streamed once and remembered by
-    modification time: :func:`coupling_utils.models.zoo.file_sha256`), so new weights under an
-    unchanged config change it; a hub id with the commit its cached snapshot of ``revision`` is at
-    (the id alone if the cache does not know it). A misspelled ``embedded:`` name is its own
-    identity here: loading it fails, and the measurement loop records that failure."""
+    """What identifies a model reference's weights, wherever the cache or the model lies (a cache
+    copied, moved or mounted elsewhere keeps its measurements): a zoo entry by its place in the
+    zoo (``zoo:<name>/<key of its recipe>[/<member>]``); a local path by the hash of its files'
+    contents alone (each file's size and SHA-256, streamed once and remembered by modification
+    time: :func:`coupling_utils.models.zoo.file_sha256`), so new weights under an unchanged config
+    change it and a moved folder does not; a hub id with the commit its cached snapshot of
+    ``revision`` is at (the id alone if the cache does not know it). A misspelled ``embedded:``
+    name is its own identity here: loading it fails, and the measurement loop records that failure."""
+    from coupling_utils.files import cache_dir
     from coupling_utils.models import zoo
 
     if ref.startswith("embedded:"):
         try:
-            return str(zoo.entry_path(ref))
+            return "zoo:" + zoo.entry_path(ref).relative_to(cache_dir("zoo")).as_posix()
         except zoo.ZooError:
             return ref
     path = Path(ref).expanduser()
     if path.exists():
-        return f"{path.resolve()}@{_content_hash(path)}"
+        return f"files@{_content_hash(path)}"
     commit = _cached_commit(ref, revision)
     return f"{ref}@{commit}" if commit else ref
 

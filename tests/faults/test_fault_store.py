@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import sys
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -36,6 +37,20 @@ def test_new_weights_under_an_unchanged_config_are_measured_again(model_dir, ids
     assert model_identity(str(model_dir)) != identity
     assert _measure(out, model_dir, prompts=ids_file) == 0
     assert pd.read_csv(out / "summary.csv").coupling.tolist() != before
+
+
+def test_a_moved_cache_or_model_folder_keeps_its_identity(model_dir, tmp_path, monkeypatch):
+    """Identity by content, not by place: the same zoo entry under two cache roots (a cache copied
+    or mounted elsewhere) and the same files in two folders have one identity each, so stored
+    measurements are found again; the zoo entry's identity still carries its recipe's key."""
+    identities = []
+    for root in ("a", "b"):
+        monkeypatch.setenv("COUPLING_CACHE", str(tmp_path / root))
+        identities.append(model_identity("embedded:pythia-smoke"))
+    assert identities[0] == identities[1]
+    assert identities[0].startswith("zoo:pythia-smoke/") and str(tmp_path) not in identities[0]
+    moved = Path(shutil.copytree(model_dir, tmp_path / "moved" / "model", copy_function=shutil.copy2))
+    assert model_identity(str(moved)) == model_identity(str(model_dir))
 
 
 def test_hub_models_are_keyed_by_their_cached_commit(standin_hub):
