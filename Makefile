@@ -1,8 +1,12 @@
 # Two commands set a fresh machine up (python3 >= 3.10, make, git):
 #   make book   run every notebook (profile "default": embedded models, CPU, offline) and build the HTML book
 #   make test   unit + oracle tests, a papermill smoke run of every notebook, a smoke book build, browser check
-# Both create .venv on first use. Override torch for a GPU, e.g.:
-#   make book TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128"
+# Both create .venv on first use, with torch from TORCH (default torch==2.13.0 from PyPI: on Linux
+# the CUDA 13 build, gigabytes with NVIDIA's libraries; on macOS and Windows a CPU build):
+#   TORCH       a Linux machine without an NVIDIA GPU takes the CPU build:
+#                 make book TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
+#               an NVIDIA driver too old for CUDA 13 takes the CUDA 12.8 build:
+#                 make book TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128"
 PYTHON ?= python3
 TORCH ?= torch==2.13.0
 VENV ?= .venv
@@ -17,7 +21,7 @@ export OMP_WAIT_POLICY ?= PASSIVE
 
 .PHONY: help venv book run build test lint format unit browser bench mutants clean serve zoo-key
 help:
-	@sed -n 's/^#   //p' Makefile | head -3
+	@sed -n '1,/^[^#]/s/^# \{0,1\}//p' Makefile
 
 $(STAMP): pyproject.toml requirements-weights.txt
 	$(PYTHON) -m venv $(VENV)

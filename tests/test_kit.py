@@ -226,6 +226,50 @@ def test_the_setup_without_make_is_the_makefiles_for_every_platform():
     assert any(line.startswith("coupling-book run --profile default") for line in unix)
 
 
+def test_the_kit_installs_the_makefiles_torch_and_says_where_the_cpu_build_is():
+    """The kit's install lines pin torch first (the Makefile's TORCH), so ``wheel[book]`` does not
+    bring another one, and name running.md's CPU build line for Linux without an NVIDIA GPU."""
+    makefile = (ROOT / "Makefile").read_text()
+    torch = re.search(r"^TORCH \?= (\S+)$", makefile, re.M).group(1)
+    assert torch == kit.TORCH
+    readme = kit.kit_readme([NOTEBOOK], "coupling_utils-1-py3-none-any.whl", "teacher")
+    unix, windows, _runs = _readme_blocks(readme)
+    for block in (unix, windows):
+        assert block[2] == f"python -m pip install {torch}" and "[book]" in block[3], block
+    cpu = f"python -m pip install {torch} --index-url {kit.TORCH_CPU_INDEX}"
+    assert f"`{cpu}`" in readme and f"`{cpu}`" in (ROOT / "book" / "running.md").read_text()
+    assert "without an NVIDIA GPU" in " ".join(readme[: readme.index(cpu)].rsplit("\n\n", 1)[-1].split())
+
+
+def test_the_wheel_declares_its_licence_as_an_spdx_expression(tmp_path):
+    """``license = "MIT"`` (SPDX, setuptools >= 77), not the ``{ text = ... }`` table that
+    setuptools stops building after 2027-02-18; the LICENSE file travels in the wheel."""
+    wheel = kit.build_wheel(ROOT, tmp_path)
+    with zipfile.ZipFile(wheel) as zf:
+        names = zf.namelist()
+        (metadata,) = [n for n in names if n.endswith(".dist-info/METADATA")]
+        headers = zf.read(metadata).decode().split("\n\n", 1)[0].splitlines()
+    assert "License-Expression: MIT" in headers and not any(h.startswith("License: ") for h in headers)
+    assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names), names
+
+
+def test_the_makefiles_torch_examples_say_which_machine_each_is_for():
+    """``make help`` prints the header: the default torch and, above each other build, the
+    machine it is for (the CPU build: no NVIDIA GPU; cu128: a driver too old for CUDA 13)."""
+    done = subprocess.run(["make", "-s", "help"], cwd=ROOT, capture_output=True, text=True)
+    lines = done.stdout.splitlines()
+    assert done.returncode == 0 and "default torch==2.13.0" in done.stdout, done.stdout + done.stderr
+    for url, machine in [("whl/cpu", "without an NVIDIA GPU"), ("whl/cu128", "too old for CUDA 13")]:
+        (at,) = [i for i, line in enumerate(lines) if url in line]
+        assert machine in lines[at - 1], lines
+    assert "for a GPU" not in makefile_header()
+
+
+def makefile_header() -> str:
+    text = (ROOT / "Makefile").read_text()
+    return text[: re.search(r"^[^#]", text, re.M).start()]
+
+
 def test_the_pages_agree_on_the_profiles_and_on_how_to_cite():
     from coupling_utils.pipeline.pages import citation_section
 

@@ -6,8 +6,11 @@ to fix it. The chapters' parameter classes (:mod:`coupling_utils.chapters.params
 these to every field; :data:`COMMON` holds the checks of names that mean the same thing in every
 chapter (``model``, ``dtype``, ``k``, ...). What only a loaded model can tell (its depth, its
 width) is checked by each planned job (:func:`with_check`), with :func:`check_blocks_and_k` for
-the blocks and K of a chapter or of ``coupling-book measure``; the block range and
-:class:`ParameterError` live in :mod:`coupling_utils.analysis.block_range`, below the chapters.
+the blocks and K of a chapter or of ``coupling-book measure``; what an embedded run's recipe
+tells before it is built, its checkpoints, by :func:`check_revisions` (every chapter parameter that
+names a revision, :data:`REVISIONS`) and :func:`check_revision` (``measure --revision`` too); the
+block range and :class:`ParameterError` live in :mod:`coupling_utils.analysis.block_range`, below
+the chapters.
 """
 
 from __future__ import annotations
@@ -51,6 +54,9 @@ __all__ = [
     "check_blocks_and_k",
     "with_check",
     "refuse_misfits",
+    "check_revision",
+    "check_revisions",
+    "REVISIONS",
     "integer",
     "number",
     "choice",
@@ -266,6 +272,40 @@ def check_model(name: str, value: Any) -> str:
             name, "is neither an existing local path nor a Hugging Face hub id like 'org/name'", value
         )
     return value
+
+
+# the chapter parameters that name a model's revision: {parameter: what leaving it empty means};
+# each applies to the chapter's ``model`` (or each of its ``models``)
+REVISIONS = {"revision": "the final model", "revisions": "every checkpoint it saves"}
+FINAL = ("", "main", "final")  # revisions that name an embedded model's final weights (zoo.resolve)
+
+
+def check_revision(name: str, revision: str, model: str, unset: str) -> None:
+    """Refuse a ``revision`` (given as ``name``) that the embedded ``model`` will not have: the
+    checkpoints its recipe saves (``zoo.planned_revisions``: nothing is built or trained), in the
+    zoo's words and with the fix (``unset``: how to ask for no revision). A hub model's revisions
+    cannot be listed offline, nor a local model's before loading: loading checks those."""
+    if not str(model).startswith("embedded:") or revision in FINAL:
+        return
+    from coupling_utils.models import zoo
+
+    have = zoo.planned_revisions(model)
+    if revision in have:
+        return
+    has = f"it has: {', '.join(have)}; choose one of them, or" if have else "it keeps only the final model:"
+    raise ParameterError(f"{subject(name)}: {model} has no checkpoint {revision!r}; {has} {unset}")
+
+
+def check_revisions(values: Mapping[str, Any]) -> None:
+    """Every revision a chapter's ``values`` name (:data:`REVISIONS`) against the ``model`` (or
+    each of the ``models``) it applies to (:func:`check_revision`); before a notebook runs, so a
+    checkpoint an embedded run does not save is bad input, not a failed measurement."""
+    models = [values["model"]] if "model" in values else list(values.get("models") or [])
+    for name, unset in REVISIONS.items():
+        given = values.get(name) or []
+        for revision in [given] if isinstance(given, str) else given:
+            for model in models:
+                check_revision(name, revision, model, f"leave {name!r} empty for {unset}")
 
 
 # --- checks as values: what a parameter field carries ---------------------------------------

@@ -15,7 +15,7 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
-from coupling_utils.chapters.checks import Check, ParameterError
+from coupling_utils.chapters.checks import Check, ParameterError, check_revisions
 
 __all__ = ["ChapterParams", "param", "Rule"]
 
@@ -52,7 +52,8 @@ class ChapterParams:
     @classmethod
     def checked(cls, values: Mapping[str, Any]) -> ChapterParams:
         """The parameters among ``values`` (other keys are ignored, missing ones take their
-        default), each checked, then the rules between them; raises :class:`ParameterError`."""
+        default), each checked, then the rules between them, then every revision they name
+        against its embedded model's recipe; raises :class:`ParameterError`."""
         out = {}
         for f in dataclasses.fields(cls):
             if f.name in values:
@@ -62,6 +63,7 @@ class ChapterParams:
             message = rule(merged)
             if message:
                 raise ParameterError(message)
+        check_revisions(merged)  # a checkpoint an embedded run will not save (nothing is built)
         return cls(**merged)
 
     def values(self) -> dict[str, Any]:

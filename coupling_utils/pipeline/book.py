@@ -396,7 +396,29 @@ def _stage_notebook(entry: TocEntry, src: Path, extra: Path, links: dict, editio
     nbformat.write(nb, src / f"{entry.docname}.ipynb")
 
 
-_JB_MAIN = "import sys; from jupyter_book.cli.main import main; sys.exit(main())"
+_JB_MAIN = (
+    "import sys; from coupling_utils.pipeline.book import jupyter_book_main; sys.exit(jupyter_book_main())"
+)
+
+
+def jupyter_book_main() -> int:
+    """``jupyter-book`` run without the lines that name the staging copy under ``work/jb`` as the
+    book (its closing green box and Sphinx's "The HTML pages are in ..."): :func:`build_book`
+    copies the pages to ``out``, and ``coupling-book build`` names that ``index.html``, the one
+    path a reader should open. Its red boxes (a failed build) are printed as they are."""
+    from jupyter_book.cli import main as jb
+    from sphinx.builders.html import StandaloneHTMLBuilder
+    from sphinx.builders.singlehtml import SingleFileHTMLBuilder
+
+    StandaloneHTMLBuilder.epilog = SingleFileHTMLBuilder.epilog = ""
+    box = getattr(jb, "_message_box", None)  # private: where a release renames it, the box is shown
+
+    def boxed(msg, color="green", doprint=True, print_func=print):
+        return box(msg, color=color, doprint=doprint and color != "green", print_func=print_func)
+
+    if box is not None:
+        jb._message_box = boxed
+    return jb.main()
 
 
 def _jupyter_book(root: Path, src: Path, jb: Path, strict: bool, builder: str = "html") -> Path:

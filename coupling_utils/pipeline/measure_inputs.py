@@ -1,7 +1,9 @@
 """What ``coupling-book measure`` is given, checked: the prompts (:func:`read_prompts`), each
-MODEL named (:func:`check_model_reference`, before anything is written) and the options against
-each model once loaded (:func:`check_options_fit`, each job's check); a bad one is a
-:class:`MeasureError` that names it and says what to give instead (exit 2).
+MODEL named and its ``--revision`` (:func:`check_model_reference`), token-id prompts against
+each model's vocabulary where its config can be read without loading it (:func:`check_token_ids`),
+all before anything is written, and the options against each model once loaded
+(:func:`check_options_fit`, each job's check); a bad one is a :class:`MeasureError` that names it
+and says what to give instead (exit 2).
 """
 
 from __future__ import annotations
@@ -9,13 +11,21 @@ from __future__ import annotations
 import csv
 import io
 import json
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from coupling_utils.chapters.checks import FitTerms, ParameterError, check_blocks_and_k
+from coupling_utils.chapters.checks import FitTerms, ParameterError, check_blocks_and_k, check_revision
 from coupling_utils.measurement import Job, Settings
 
-__all__ = ["MeasureError", "DEFAULT_K", "read_prompts", "check_model_reference", "check_options_fit"]
+__all__ = [
+    "MeasureError",
+    "DEFAULT_K",
+    "read_prompts",
+    "check_model_reference",
+    "check_token_ids",
+    "check_options_fit",
+]
 
 DEFAULT_K = (10, 30, 50)  # the K values measured when --k is not given
 
@@ -123,9 +133,11 @@ def _json_prompt(path: Path, pid: str, p):
     raise MeasureError(f"{path}: prompt {pid!r} must be a non-empty string or a list of token ids, got {p!r}")
 
 
-def check_model_reference(model: str) -> None:
+def check_model_reference(model: str, revisions: Sequence[str] = ()) -> None:
     """Refuse, before anything is written, a MODEL known to name nothing: an ``embedded:`` name not
-    in the zoo, or a path (``./dir``, ``/dir``, ``~/dir``, ``x.gguf``) where nothing exists."""
+    in the zoo, or a path (``./dir``, ``/dir``, ``~/dir``, ``x.gguf``) where nothing exists; and
+    a ``--revision`` that an embedded model's recipe does not save, as a chapter refuses it
+    (:func:`~coupling_utils.chapters.checks.check_revision`; nothing is built)."""
     from coupling_utils.models.loading import EMBEDDED, _looks_like_path
 
     model = str(model)  # a path may come as a Path
@@ -136,12 +148,79 @@ def check_model_reference(model: str) -> None:
             zoo._split(model)  # the zoo's own check of a name (an entry, a family member)
         except zoo.ZooError as exc:
             raise MeasureError(f"MODEL {model}: {exc}") from None
+        try:
+            for revision in revisions:
+                check_revision("--revision", str(revision), model, "leave --revision out for the final model")
+        except ParameterError as exc:
+            raise MeasureError(str(exc)) from None
     elif _looks_like_path(model) and not Path(model).expanduser().exists():
         raise MeasureError(
             f"MODEL {model}: nothing exists at {Path(model).expanduser().absolute()}; give a "
             "save_pretrained folder, a .gguf file, a hub id (org/name) or embedded:NAME "
             "(`coupling-book zoo list`)"
         )
+
+
+def check_token_ids(prompts: Mapping[str, Any], model: str, revision: str | None, source: Any = None) -> None:
+    """Refuse, before anything loads, a token-id prompt with an id outside ``model``'s vocabulary
+    (at ``revision``), naming ``source`` (the prompts file), the prompt, the id, the vocabulary
+    size and the fix; where the vocabulary size cannot be read without loading the model
+    (:func:`vocabulary_size`: None), measuring checks it (it loads the model anyway)."""
+    given = [(pid, p.tolist()) for pid, p in prompts.items() if hasattr(p, "tolist")]
+    vocab = vocabulary_size(model, revision) if given else None
+    if vocab is None:
+        return
+    for pid, ids in given:
+        flat = [i for row in ids for i in (row if isinstance(row, list) else [row])]
+        bad = [i for i in flat if not 0 <= i < vocab]
+        if bad:
+            where = f"prompts file {source}: " if source else ""
+            at = f" at {revision}" if revision else ""
+            raise MeasureError(
+                f"{where}prompt {pid!r} has token id{'s' if bad[1:] else ''} {', '.join(map(str, bad[:5]))}, "
+                f"outside the vocabulary of MODEL {model}{at} ({vocab} ids, 0..{vocab - 1}); give ids "
+                "that model's tokenizer makes, or the prompt as text"
+            )
+
+
+def vocabulary_size(model: str, revision: str | None = None) -> int | None:
+    """``model``'s vocabulary size, read without loading it or asking the network: an embedded
+    run's recipe, an embedded model's built config, a local folder's ``config.json`` (the
+    revision's, if it has one) or a hub model's in the Hugging Face cache; None if none is at hand
+    (a ``.gguf`` file, a hub model not downloaded yet)."""
+    model = str(model)
+    path = None
+    if model.startswith("embedded:"):
+        from coupling_utils.models import zoo
+
+        spec = zoo.training_spec(model)
+        if spec is not None and not isinstance(spec, dict) and hasattr(spec, "vocab_size"):
+            return int(spec.vocab_size)
+        path = zoo.entry_path(model) / "config.json"
+    elif Path(model).expanduser().is_dir():
+        folder = Path(model).expanduser()
+        path = folder / "revisions" / str(revision) / "config.json"
+        path = path if revision and path.is_file() else folder / "config.json"
+    elif Path(model).suffix != ".gguf":
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            found = try_to_load_from_cache(model, "config.json", revision=revision or "main")
+        except Exception:  # noqa: BLE001 - not a repo id: nothing to read
+            return None
+        path = Path(found) if isinstance(found, str) else None
+    return _config_vocabulary(path)
+
+
+def _config_vocabulary(path: Path | None) -> int | None:
+    """The vocabulary size a ``config.json`` declares (its text model's, as loading reads it)."""
+    try:
+        config = json.loads(path.read_text()) if path is not None and path.is_file() else {}
+    except (OSError, ValueError):
+        return None
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+    size = text.get("vocab_size", config.get("vocab_size"))
+    return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else None
 
 
 def check_options_fit(lm, *, settings: Settings, job: Job) -> None:

@@ -54,6 +54,7 @@ from coupling_utils.pipeline.measure_inputs import (
     MeasureError,
     check_model_reference,
     check_options_fit,
+    check_token_ids,
     read_prompts,
 )
 from coupling_utils.pipeline.sweep import Resources
@@ -77,7 +78,7 @@ HOWS = SUMMARY_HOWS
 
 @dataclass
 class MeasureReport:
-    """What :func:`measure_models` wrote (``tables``: name -> path) and what is missing or pending."""
+    """What :func:`measure_many` wrote (``tables``: name -> path) and what is missing or pending."""
 
     out: Path
     tables: dict[str, Path] = field(default_factory=dict)
@@ -85,6 +86,7 @@ class MeasureReport:
     pending: list[str] = field(default_factory=list)
     n_jobs: int = 0
     notes: list[str] = field(default_factory=list)
+    n_stored: int = 0  # of the jobs done, those read from the store (measured by an earlier run)
 
     @property
     def complete(self) -> bool:
@@ -98,8 +100,13 @@ class MeasureReport:
         return not self.failures.empty and bool((self.failures["error"] == "MeasureError").all())
 
     def text(self) -> str:
-        n_done = self.n_jobs - len(self.failures) - len(self.pending)
-        lines = [f"{n_done} of {self.n_jobs} measured into {self.out}"]
+        n_now = self.n_jobs - len(self.failures) - len(self.pending) - self.n_stored
+        lines = [
+            f"{n_now} of {self.n_jobs} measured now and {self.n_stored} read from the store (measured "
+            f"by an earlier run), tables in {self.out}"
+            if self.n_stored
+            else f"{n_now} of {self.n_jobs} measured into {self.out}"
+        ]
         lines += [f"  {name}: {path}" for name, path in self.tables.items()]
         for row in self.failures.itertuples(index=False):
             lines.append(f"  missing {row.job}: {row.error}: {row.message}")
@@ -150,7 +157,8 @@ class MeasureRun:
     revisions of every model and the dtype; each model as it is, no random init), stored under
     ``out/store`` and tabled in ``out``; ``how``: which block pairs the summary averages;
     ``resources``: None (in this process, one model after the other) or where the jobs run
-    (:class:`~coupling_utils.pipeline.sweep.Resources`).
+    (:class:`~coupling_utils.pipeline.sweep.Resources`); ``prompts_file``: where ``prompts``
+    were read (named when one is refused).
     """
 
     models: Sequence[str]
@@ -160,6 +168,7 @@ class MeasureRun:
     loads: Loads = Loads()
     how: str = "offdiag"
     resources: Resources | None = None
+    prompts_file: str | Path | None = None
 
     def __post_init__(self):
         models = [self.models] if isinstance(self.models, str) else list(self.models)
@@ -167,24 +176,17 @@ class MeasureRun:
             raise MeasureError("name at least one model")
         if len(set(models)) != len(models):
             raise MeasureError(f"a model is named twice: {models}")
-        for model in models:
-            check_model_reference(model)
-        if not len(self.prompts):
-            raise MeasureError("no prompts to measure on; give a prompts file with --prompts")
         if self.how not in HOWS:
             raise MeasureError(f"how must be one of {HOWS}, got {self.how!r}")
-        if self.loads.weights is not None:
-            raise MeasureError(
-                "measure loads each model as it is (no random init), got weights "
-                f"{list(self.loads.weights)}; leave weights out of loads"
-            )
-        if self.loads.revisions is not None and not list(self.loads.revisions):
-            raise MeasureError("revisions is empty; name at least one (--revision R), or leave it out")
-        if any(not str(r).strip() for r in self.loads.revisions or []):
-            raise MeasureError(
-                f"--revision {list(self.loads.revisions)}: a revision is empty; name each one (e.g. "
-                "--revision step1000), or leave --revision out for the model as it is"
-            )
+        _check_loads(self.loads)
+        for model in models:
+            check_model_reference(model, self.loads.revisions or ())
+        if not len(self.prompts):
+            raise MeasureError("no prompts to measure on; give a prompts file with --prompts")
+        if isinstance(self.prompts, Mapping):
+            for model in models:
+                for revision in self.loads.revisions or [None]:
+                    check_token_ids(self.prompts, model, revision, self.prompts_file)
         object.__setattr__(self, "models", tuple(models))
         object.__setattr__(self, "out", _out_folder(self.out, create=False))
 
@@ -201,6 +203,22 @@ class MeasureRun:
         return with_check(planned, check_options_fit, settings=self.settings)
 
 
+def _check_loads(loads: Loads) -> None:
+    """How measure loads each model: as it is (no random init), at named revisions if any."""
+    if loads.weights is not None:
+        raise MeasureError(
+            "measure loads each model as it is (no random init), got weights "
+            f"{list(loads.weights)}; leave weights out of loads"
+        )
+    if loads.revisions is not None and not list(loads.revisions):
+        raise MeasureError("revisions is empty; name at least one (--revision R), or leave it out")
+    if any(not str(r).strip() for r in loads.revisions or []):
+        raise MeasureError(
+            f"--revision {list(loads.revisions)}: a revision is empty; name each one (e.g. "
+            "--revision step1000), or leave --revision out for the model as it is"
+        )
+
+
 def measure_many(run: MeasureRun) -> MeasureReport:
     """Measure ``run``'s models and write tidy tables to ``run.out``.
 
@@ -212,20 +230,25 @@ def measure_many(run: MeasureRun) -> MeasureReport:
     anything is created; with everything stored, the tables are written here.
     """
     jobs = run.jobs()
-    if run.resources is not None and collect(jobs, Options(compute=False)).missing:
-        run.resources.check_here()
+    stored = set()  # the jobs stored before this run (with resources; in this process, Result.loaded says)
+    if run.resources is not None:
+        before = collect(jobs, Options(compute=False))
+        stored = {r.job.key for r in before.ok}
+        if before.missing:
+            run.resources.check_here()
     cache_dir()  # a cache that cannot be made is refused before --out is created
     out = _out_folder(run.out)  # created once the input is known to be good
     pending: list[str] = []
     if run.resources is None:
         done = collect(jobs, Options(progress=sys.stderr.isatty()), desc="models")
+        stored = {r.job.key for r in done.ok if not r.loaded}
     else:
         from coupling_utils.pipeline.sweep_submit import submit
 
         states = submit(_sweep(jobs, run), run.resources)
         pending = [s.task.name for s in states if s.state in ("running", "pending")]
         done = collect(jobs, Options(compute=False))
-    report = MeasureReport(out, n_jobs=len(jobs), pending=pending)
+    report = MeasureReport(out, n_jobs=len(jobs), pending=pending, n_stored=len(stored))
     _write_tables(done, report, run)
     return report
 
