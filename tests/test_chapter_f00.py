@@ -40,8 +40,12 @@ def test_only_what_the_jacobians_depend_on_keys_the_job():
     key = f00.jobs(p)[0].key
     cpu_only = {"k": 4, "noise_levels": [0.0, 1.0], "d_toy": 8, "n_random": 3, "seed": 2}
     assert f00.jobs(f00.Params.checked(cpu_only))[0].key == key  # computed from the stored matrices
-    for change in ({"layer": 3}, {"prompt": "Paris is"}, {"dtype": "bfloat16"}, {"revision": "step1"}):
+    for change in ({"layer": 3}, {"prompt": "Paris is"}, {"dtype": "bfloat16"}):
         assert f00.jobs(f00.Params.checked(change))[0].key != key
+    # a checkpoint (of a run that saves them: the default model keeps only its final weights)
+    run = {"model": "embedded:pythia-smoke"}
+    final = f00.jobs(f00.Params.checked(run))[0].key
+    assert f00.jobs(f00.Params.checked({**run, "revision": "step1"}))[0].key != final
 
 
 def _glue_names() -> tuple[set[str], set[str]]:

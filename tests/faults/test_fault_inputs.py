@@ -73,9 +73,11 @@ def test_prompts_too_long_are_cut_and_ids_out_of_range_refused(tmp_path, model_d
     prompts = tmp_path / "p.json"
     prompts.write_text(json.dumps({"long": list(range(1, 64)) * 3, "bad": [1, 2, 64, 99]}))
     out = tmp_path / "o"
-    assert main(["measure", str(model_dir), "--prompts", str(prompts), "--k", "2", "--out", str(out)]) == 1
-    text = capsys.readouterr()
-    assert "prompt 'bad': token ids [64, 99] are outside this model's vocabulary (0..63)" in text.out
+    # refused before any work (bad input, exit 2), naming the file, the prompt, the ids and the range
+    assert main(["measure", str(model_dir), "--prompts", str(prompts), "--k", "2", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"prompts file {prompts}: prompt 'bad' has token ids 64, 99, outside the vocabulary" in err
+    assert "(64 ids, 0..63)" in err and not (out / "summary.csv").exists()
     prompts.write_text(json.dumps({"long": list(range(1, 64)) * 3}))
     assert main(["measure", str(model_dir), "--prompts", str(prompts), "--k", "2", "--out", str(out)]) == 0
     assert "'long' has 189 tokens, more than this model's context of 64" in capsys.readouterr().err
