@@ -45,7 +45,7 @@ def nothing_built_or_loaded(monkeypatch):
         ("f03", "revisions=[step1, step999]", f"parameter 'revisions': {SAID} 'revisions' empty for every"),
         ("f04", "revisions=[step3]", "'revisions': embedded:vit-mnist-smoke has no checkpoint 'step3'"),
         ("f05", "revision=step1", "embedded:lm-family-smoke/w16-l3-s8-seed0 has no checkpoint 'step1'; "
-         "it keeps only the final model: leave 'revision' empty"),
+         "it keeps only the final model (no revisions); leave 'revision' empty"),
     ],
 )  # fmt: skip
 def test_run_refuses_a_checkpoint_the_recipe_does_not_save(
@@ -70,6 +70,23 @@ def test_every_revision_parameter_is_checked_and_hub_or_final_ones_are_left(noth
     check_revisions({"models": [SMOKE], "revisions": []})  # every checkpoint it saves
     with pytest.raises(ParameterError, match="'step3'"):
         check_revisions({"models": ["EleutherAI/pythia-160m", SMOKE], "revisions": ["step1", "step3"]})
+
+
+def test_final_weights_have_one_spelling_for_plans_builds_and_loading():
+    # the zoo cannot import loading's constant (that module loads torch): the two must agree
+    assert zoo.FINAL == loading.FINAL_REVISIONS
+    assert all(zoo.is_final(r) for r in (None, "", *loading.FINAL_REVISIONS))
+    assert not zoo.is_final("step0") and not zoo.is_final("Main")
+
+
+def test_a_built_run_lacking_a_checkpoint_says_what_the_plan_says(smoke_zoo):
+    # the plan's check reads the recipe, resolve() the built run: one sentence for both
+    with pytest.raises(ParameterError) as planned:
+        check_revisions({"model": SMOKE, "revision": "step999"})
+    with pytest.raises(zoo.ZooError) as built:
+        zoo.resolve(SMOKE, revision="step999")
+    assert str(built.value) in str(planned.value), (built.value, planned.value)
+    assert zoo.resolve(SMOKE, revision="") == zoo.resolve(SMOKE)  # empty: the final model, as planned
 
 
 def test_measure_refuses_a_revision_in_the_same_words(tmp_path, nothing_built_or_loaded, capsys):

@@ -277,23 +277,25 @@ def check_model(name: str, value: Any) -> str:
 # the chapter parameters that name a model's revision: {parameter: what leaving it empty means};
 # each applies to the chapter's ``model`` (or each of its ``models``)
 REVISIONS = {"revision": "the final model", "revisions": "every checkpoint it saves"}
-FINAL = ("", "main", "final")  # revisions that name an embedded model's final weights (zoo.resolve)
 
 
 def check_revision(name: str, revision: str, model: str, unset: str) -> None:
     """Refuse a ``revision`` (given as ``name``) that the embedded ``model`` will not have: the
     checkpoints its recipe saves (``zoo.planned_revisions``: nothing is built or trained), in the
-    zoo's words and with the fix (``unset``: how to ask for no revision). A hub model's revisions
-    cannot be listed offline, nor a local model's before loading: loading checks those."""
-    if not str(model).startswith("embedded:") or revision in FINAL:
+    zoo's words (``zoo.no_checkpoint``, also said when a built run lacks one) and with the fix
+    (``unset``: how to ask for no revision). A hub model's revisions cannot be listed offline, nor
+    a local model's before loading: loading checks those."""
+    if not str(model).startswith("embedded:"):
         return
     from coupling_utils.models import zoo
 
+    if zoo.is_final(revision):
+        return
     have = zoo.planned_revisions(model)
     if revision in have:
         return
-    has = f"it has: {', '.join(have)}; choose one of them, or" if have else "it keeps only the final model:"
-    raise ParameterError(f"{subject(name)}: {model} has no checkpoint {revision!r}; {has} {unset}")
+    fix = f"choose one of them, or {unset}" if have else unset
+    raise ParameterError(f"{subject(name)}: {zoo.no_checkpoint(model, revision, have)}; {fix}")
 
 
 def check_revisions(values: Mapping[str, Any]) -> None:

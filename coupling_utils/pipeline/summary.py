@@ -174,7 +174,7 @@ def _judged(rule: str) -> str:
     text = _text(rule)
     if "(judged on " not in text:
         return ""
-    judged = text.split("(judged on ", 1)[1].split("; a yes needs", 1)[0]
+    judged = text.split("(judged on ", 1)[1]
     return "; judged on " + (judged[:-1] if judged.endswith(")") else judged)
 
 

@@ -62,12 +62,15 @@ from coupling_utils.models.zoo.recipes import PackagedModel as PackagedModel
 from coupling_utils.models.zoo.recipes import _build_gguf as _build_gguf
 from coupling_utils.models.zoo.recipes import _build_hf_copy as _build_hf_copy
 from coupling_utils.models.zoo.recipes import _train_one as _train_one
+from coupling_utils.models.zoo.registry import FINAL as FINAL
 from coupling_utils.models.zoo.registry import (
     GEMMA_ENV,
     GEMMA_TERMS_URL,
     REGISTRY,
     ZooEntry,
+    is_final,
     names,
+    no_checkpoint,
     planned_revisions,
     training_spec,
 )
@@ -92,6 +95,8 @@ __all__ = [
     "family_table",
     "revisions",
     "planned_revisions",
+    "is_final",
+    "no_checkpoint",
     "training_spec",
     "weights_checksums",
     "prepare_many",

@@ -22,7 +22,15 @@ from coupling_utils.files import ENV_VAR, atomic_dir, atomic_write_text
 from coupling_utils.models.zoo.cache import _is_locked, _lock, entry_dir
 from coupling_utils.models.zoo.errors import BuildFailed, ZooError
 from coupling_utils.models.zoo.recipes import _build_gguf, _build_hf_copy, _train_one
-from coupling_utils.models.zoo.registry import PREFIX, REGISTRY, ZooEntry, _check_opt_in, _split
+from coupling_utils.models.zoo.registry import (
+    PREFIX,
+    REGISTRY,
+    ZooEntry,
+    _check_opt_in,
+    _split,
+    is_final,
+    no_checkpoint,
+)
 from coupling_utils.provenance import tensors_sha256, versions
 
 
@@ -245,17 +253,9 @@ def resolve(
     damage = _damage(entry, root, json.loads((root / "manifest.json").read_text()))
     if damage:
         raise ZooError(f"{PREFIX}{entry.name} in the cache ({root}) is {damage}")
-    if (
-        revision is not None
-        and revision not in ("main", "final")
-        and not (path / "revisions" / revision / "config.json").exists()
-    ):
-        have = revisions(name)
+    if not is_final(revision) and not (path / "revisions" / revision / "config.json").exists():
         label = name if str(name).startswith(PREFIX) else PREFIX + str(name)
-        raise ZooError(
-            f"{label} has no checkpoint {revision!r}; "
-            + (f"it has: {', '.join(have)}" if have else "it keeps only the final model (no revisions)")
-        )
+        raise ZooError(no_checkpoint(label, revision, revisions(name)))
     return path
 
 

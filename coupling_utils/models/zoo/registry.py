@@ -274,6 +274,24 @@ def planned_revisions(name: str) -> list[str]:
     return [f"step{s}" for s in revision_steps(spec)]
 
 
+# the names of a run's final weights: none, or the local-directory rule's names for the directory
+# itself (``models.loading.FINAL_REVISIONS``, not imported here: that module loads torch)
+FINAL = ("main", "final")
+
+
+def is_final(revision: str | None) -> bool:
+    """Whether ``revision`` asks for a run's final weights rather than one of its checkpoints."""
+    return not revision or str(revision) in FINAL
+
+
+def no_checkpoint(label: str, revision: str, have: list[str]) -> str:
+    """What is wrong when ``label`` lacks the checkpoint ``revision`` and what it ``has``: said by
+    the plan's check (``chapters.checks.check_revision``, from the recipe) and by :func:`resolve`
+    (from the built run) in the same words."""
+    has = f"it has: {', '.join(have)}" if have else "it keeps only the final model (no revisions)"
+    return f"{label} has no checkpoint {revision!r}; {has}"
+
+
 def _check_opt_in(entry: ZooEntry, accept_terms: bool | None) -> None:
     if entry.opt_in is None:
         return
