@@ -13,6 +13,7 @@ from coupling_utils.analysis import emergence
 from coupling_utils.chapters.f03_training_emergence.plan import MAIN, RULES
 from coupling_utils.chapters.f03_training_emergence.results import Results
 from coupling_utils.chapters.f03_training_emergence.words import steps_words
+from coupling_utils.models import zoo
 
 
 def exercise_k(r: Results) -> dict[str, Any]:
@@ -141,4 +142,6 @@ def exercise_lr(r: Results) -> dict[str, Any]:
             )
             or "—"
         ),
+        # the exercise's training call: its cost as the zoo lists pythia-tiny's build (measured there)
+        "f03_ex_lr_cost": Markdown(zoo.REGISTRY["pythia-tiny"].expected_cost),
     }
