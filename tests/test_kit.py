@@ -108,7 +108,7 @@ def test_a_chapter_runs_from_the_kit_in_a_fresh_venv_without_a_clone(tmp_path, s
     probe = [str(python), "-c", "import importlib.util as u; print(u.find_spec('coupling_utils'))"]
     assert subprocess.run(probe, cwd=folder, env=env, capture_output=True, text=True).stdout.strip() == "None"
 
-    install, _windows, runs = _readme_blocks((folder / "README.md").read_text())
+    install, _windows, runs, *_others = _readme_blocks((folder / "README.md").read_text())
     assert install[0] == "python3 -m venv .venv", "the README's first step makes the venv (done above)"
     smoke = [line for line in runs if "profiles/smoke/" in line or line.startswith("mkdir")]
     script = "set -e\n" + "\n".join([*install[1:], *smoke])
@@ -233,7 +233,7 @@ def test_the_kit_installs_the_makefiles_torch_and_says_where_the_cpu_build_is():
     torch = re.search(r"^TORCH \?= (\S+)$", makefile, re.M).group(1)
     assert torch == kit.TORCH
     readme = kit.kit_readme([NOTEBOOK], "coupling_utils-1-py3-none-any.whl", "teacher")
-    unix, windows, _runs = _readme_blocks(readme)
+    unix, windows, *_others = _readme_blocks(readme)
     for block in (unix, windows):
         assert block[2] == f"python -m pip install {torch}" and "[book]" in block[3], block
     cpu = f"python -m pip install {torch} --index-url {kit.TORCH_CPU_INDEX}"

