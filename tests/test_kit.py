@@ -517,3 +517,40 @@ def test_without_chromium_the_printable_edition_is_the_single_page(tmp_path, mon
     monkeypatch.setattr(printing, "find_chromium", lambda: "/usr/bin/chromium")
     assert f"print/{printing.PDF_FILE}" in printing.printable_link(True)
     assert "not part of this build" in printing.printable_link(False)
+
+
+@pytest.mark.parametrize(
+    "torch_there, nvidia, platform",
+    [(False, False, "linux"), (False, True, "linux"), (True, False, "linux"), (False, False, "darwin")],
+)
+def test_the_install_cell_takes_the_cpu_torch_only_where_pypi_would_give_the_cuda_one(
+    torch_there, nvidia, platform, tmp_path, monkeypatch
+):
+    """Without torch, on Linux without an NVIDIA driver, the first cell installs the CPU build of
+    the book's torch before the wheel (whose requirement would pull PyPI's CUDA build)."""
+    import importlib.util
+    import os
+
+    (tmp_path / "coupling_utils-9.9-py3-none-any.whl").write_bytes(b"")
+    monkeypatch.chdir(tmp_path)
+    ran = []
+    monkeypatch.setattr(
+        subprocess, "run", lambda command: ran.append(command) or subprocess.CompletedProcess(command, 0)
+    )
+    found = {"torch": torch_there, "coupling_utils": False}
+    real_find, real_exists = importlib.util.find_spec, os.path.exists
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: object() if found.get(n, True) else None)
+    monkeypatch.setattr(os.path, "exists", lambda p: nvidia if p == "/proc/driver/nvidia" else real_exists(p))
+    monkeypatch.setattr(sys, "platform", platform)
+    monkeypatch.delenv("COUPLING_DATA", raising=False)
+    exec(kit.INSTALL_CELL, {})
+    assert real_find is not importlib.util.find_spec  # the cell ran under the fakes
+    torch_first = [c for c in ran if any(str(a).startswith("torch==") for a in c)]
+    if not torch_there and not nvidia and platform == "linux":
+        assert torch_first == [
+            [sys.executable, "-m", "pip", "install", "-q", kit.TORCH, "--index-url", kit.TORCH_CPU_INDEX]
+        ]
+        assert ran.index(torch_first[0]) == 0, ran  # before the wheel
+    else:
+        assert not torch_first, ran
+    assert any(str(a).endswith(".whl[book]") for a in ran[-2]), ran

