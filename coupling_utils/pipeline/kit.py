@@ -120,7 +120,8 @@ if importlib.util.find_spec("coupling_utils") is None:
         raise CompanionMissing(
             "coupling_utils is not installed and no wheel lies beside this notebook: open it from the "
             "unzipped lab kit (coupling-lab-kit.zip, linked from the book's teaching page and every "
-            "chapter), or run `pip install -e '.[book]'` in a clone of the companion's repository"
+            "chapter; on Colab, `%cd` into the unzipped folder first), or run `pip install -e '.[book]'` "
+            "in a clone of the companion's repository"
         )
     importlib.invalidate_caches()'''
 
