@@ -306,3 +306,66 @@ def test_a_bad_prompts_file_says_what_to_give(tmp_path):
     (tmp_path / "p.csv").write_text("id,text\nq1,a\nq2,b\nq1,c\nq2,d\nq3,e\n")
     with pytest.raises(MeasureError, match=r"given more than once: \['q1', 'q2'\]$"):
         read_prompts(tmp_path / "p.csv")
+
+
+def test_a_local_model_whose_files_say_why_it_failed_is_named_and_the_others_measured(tmp_path, capsys):
+    """Loading fails, the run goes on (exit 1), and each failure says what its files show and the
+    fix. Before: 'probably truncated or damaged' for a folder without weights, 'not a valid JSON
+    file' without a fix, a bare AttributeError for a config that is a JSON list."""
+    good = tmp_path / "good"
+    tiny_model("gpt2", seed=3).save_pretrained(good)
+    broken = {name: tmp_path / name for name in ("no-weights", "bad-json", "a-list")}
+    for folder in broken.values():
+        tiny_model("gpt2", seed=3).save_pretrained(folder)
+    (broken["no-weights"] / "model.safetensors").unlink()
+    (broken["bad-json"] / "config.json").write_text('{"model_type": "gpt2", ')
+    (broken["a-list"] / "config.json").write_text("[1, 2]")
+    prompts = tmp_path / "ids.json"
+    prompts.write_text(json.dumps([[1, 5, 9]]))
+    out = tmp_path / "out"
+    args = [str(good), *map(str, broken.values()), "--prompts", str(prompts), "--k", "2", "--out", str(out)]
+    assert main(["measure", *args]) == 1
+    said = dict(pd.read_csv(out / "failures.csv")[["model", "message"]].values)
+    assert said[str(broken["no-weights"])] == (
+        f"{broken['no-weights']} holds config.json but no weights (no *.safetensors or *.bin file); save "
+        "the model there with save_pretrained, or copy its weight files beside config.json"
+    )
+    assert said[str(broken["bad-json"])].startswith(
+        f"{broken['bad-json'] / 'config.json'} is not valid JSON (Expecting property name"
+    )
+    assert said[str(broken["a-list"])] == (
+        f"{broken['a-list'] / 'config.json'} is not a JSON object; write it again, e.g. with the model's "
+        "config.save_pretrained(folder)"
+    )
+    assert pd.read_csv(out / "summary.csv").model.unique().tolist() == [str(good)]
+
+
+def test_text_prompts_for_a_model_without_a_tokenizer_are_bad_input(tmp_path, capsys):
+    """Before: a failed run (exit 1) saying 'pass a LoadedModel from coupling_utils.load_model'."""
+    local = tmp_path / "no-tokenizer"
+    tiny_model("gpt2", seed=3).save_pretrained(local)  # weights and config, no tokenizer
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("one prompt\nanother\n")
+    out = tmp_path / "out"
+    assert main(["measure", str(local), "--prompts", str(prompts), "--k", "2", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert (
+        f"error: MODEL {local} has no tokenizer (none was saved with it), so its text prompts (p0, p1) "
+        "cannot become token ids; give the prompts as token ids (--prompts ids.json"
+    ) in err, err
+
+
+def test_the_provenance_says_how_each_model_was_loaded_and_what_the_store_keys(tmp_path, capsys):
+    local = tmp_path / "run"
+    tiny_model("gpt2", seed=3).save_pretrained(local)
+    tiny_model("gpt2", seed=4).save_pretrained(local / "revisions" / "step8")
+    prompts = tmp_path / "ids.json"
+    prompts.write_text(json.dumps([[1, 5, 9]]))
+    out = tmp_path / "out"
+    common = ["--prompts", str(prompts), "--k", "2", "--out", str(out), "--dtype", "bfloat16"]
+    assert main(["measure", str(local), "--revision", "step8", "--revision", "main", *common]) == 0
+    prov = json.loads((out / "provenance.json").read_text())
+    assert prov["load"] == {"dtype": "bfloat16", "revisions": ["step8", "main"]}
+    identities = prov["identities"]
+    assert sorted(identities) == [f"model={local}, revision={r}" for r in ("main", "step8")]
+    assert all(i.startswith("files@") for i in identities.values()), identities

@@ -502,38 +502,42 @@ def sweep_runs(
 
 
 def model_width(model: str, revision: str | None = None) -> int | None:
-    """The width d (hidden size) of ``model`` from its config, read without loading weights: an
-    embedded name, a local directory, a hub id in the Hugging Face cache, else the project's
-    recorded config (``data/model_configs.csv``) before asking the hub, so that planning a known
-    model never waits on the network; an embedded training run's from its recipe (``d_model``, its
-    config's hidden size), so planning trains nothing. None if unknown."""
-    import json
+    """The width d (hidden size) of ``model`` (at ``revision``) from its config, read without
+    loading weights: an embedded training run's from its recipe (``d_model``, its config's hidden
+    size), so planning trains nothing; else the config at hand
+    (:func:`~coupling_utils.models.model_config.offline_config`: a local folder's, a hub model's
+    in the Hugging Face cache); else a packaged embedded model's once built, or a hub model's
+    recorded config (``data/model_configs.csv``) before asking the hub. None if unknown."""
+    from coupling_utils.models.model_config import offline_config
 
+    model = str(model)
     try:
-        if str(model).startswith("embedded:"):
+        if model.startswith("embedded:"):
             from coupling_utils.models import zoo
 
             spec = zoo.training_spec(model)
             if spec is not None and not isinstance(spec, dict):
                 return int(spec.d_model)
-            path = Path(zoo.resolve(model, progress=False))
-        else:
-            path = Path(model).expanduser()
-        if path.is_dir():
-            config = json.loads((path / "config.json").read_text())
-        else:
+            if offline_config(model, revision) is None:
+                zoo.resolve(model, progress=False)  # a packaged model, built once
+        elif offline_config(model, revision) is None and not Path(model).expanduser().exists():
+            recorded = _recorded_width(model)
+            if recorded is not None:
+                return recorded
             from transformers import AutoConfig
 
-            try:
-                config = AutoConfig.from_pretrained(model, revision=revision, local_files_only=True).to_dict()
-            except OSError:  # not in the cache
-                recorded = _recorded_width(model)
-                if recorded is not None:
-                    return recorded
-                config = AutoConfig.from_pretrained(model, revision=revision).to_dict()
+            return _width(AutoConfig.from_pretrained(model, revision=revision).to_dict())
     except (OSError, ValueError):  # not found or not readable: measure() then says what is wrong
         return None
-    widths = [config.get(key) for key in ("hidden_size", "n_embd", "d_model")]
+    return _width(offline_config(model, revision) or {})
+
+
+def _width(config: dict) -> int | None:
+    """The residual width a config declares (its text model's where it has one)."""
+    from coupling_utils.models.model_config import text_config
+
+    keys = ("hidden_size", "n_embd", "d_model")
+    widths = [part.get(key) for part in (text_config(config), config) for key in keys]
     return next((int(w) for w in widths if isinstance(w, int) and not isinstance(w, bool)), None)
 
 

@@ -1,9 +1,10 @@
 """What ``coupling-book measure`` is given, checked: the prompts (:func:`read_prompts`), each
-MODEL named and its ``--revision`` (:func:`check_model_reference`), token-id prompts against
+MODEL named and its ``--revision`` (:func:`check_model_reference`; a local model from its files,
+:mod:`coupling_utils.models.local_model`), token-id prompts against
 each model's vocabulary where its config can be read without loading it (:func:`check_token_ids`),
-all before anything is written, and the options against each model once loaded
-(:func:`check_options_fit`, each job's check); a bad one is a :class:`MeasureError` that names it
-and says what to give instead (exit 2).
+all before anything is written, and the options and text prompts against each model once
+loaded (:func:`check_options_fit`, each job's check: a tokenizer for text); a bad one is a
+:class:`MeasureError` that names it and says what to give instead (exit 2).
 """
 
 from __future__ import annotations
@@ -137,7 +138,9 @@ def check_model_reference(model: str, revisions: Sequence[str] = ()) -> None:
     """Refuse, before anything is written, a MODEL known to name nothing: an ``embedded:`` name not
     in the zoo, or a path (``./dir``, ``/dir``, ``~/dir``, ``x.gguf``) where nothing exists; and
     a ``--revision`` that an embedded model's recipe does not save, as a chapter refuses it
-    (:func:`~coupling_utils.chapters.checks.check_revision`; nothing is built)."""
+    (:func:`~coupling_utils.chapters.checks.check_revision`; nothing is built); a local model
+    that no copy of its files makes measurable
+    (:func:`~coupling_utils.models.local_model.check_local_model`)."""
     from coupling_utils.models.loading import EMBEDDED, _looks_like_path
 
     model = str(model)  # a path may come as a Path
@@ -153,7 +156,14 @@ def check_model_reference(model: str, revisions: Sequence[str] = ()) -> None:
                 check_revision("--revision", str(revision), model, "leave --revision out for the final model")
         except ParameterError as exc:
             raise MeasureError(str(exc)) from None
-    elif _looks_like_path(model) and not Path(model).expanduser().exists():
+    elif Path(model).expanduser().exists():
+        from coupling_utils.models.local_model import LocalModelError, check_local_model
+
+        try:
+            check_local_model(model, revisions, label=f"MODEL {model}", revision_option="--revision")
+        except LocalModelError as exc:
+            raise MeasureError(str(exc)) from None
+    elif _looks_like_path(model):
         raise MeasureError(
             f"MODEL {model}: nothing exists at {Path(model).expanduser().absolute()}; give a "
             "save_pretrained folder, a .gguf file, a hub id (org/name) or embedded:NAME "
@@ -184,42 +194,23 @@ def check_token_ids(prompts: Mapping[str, Any], model: str, revision: str | None
 
 
 def vocabulary_size(model: str, revision: str | None = None) -> int | None:
-    """``model``'s vocabulary size, read without loading it or asking the network: an embedded
-    run's recipe, an embedded model's built config, a local folder's ``config.json`` (the
-    revision's, if it has one) or a hub model's in the Hugging Face cache; None if none is at hand
-    (a ``.gguf`` file, a hub model not downloaded yet)."""
+    """``model``'s vocabulary size, read without loading it, building it or asking the network:
+    an embedded run's recipe, else its config at hand
+    (:func:`~coupling_utils.models.model_config.offline_config`: a built embedded model's, a
+    local folder's at ``revision``, a hub model's in the Hugging Face cache; its text model's
+    where it has one); None if none is at hand (a ``.gguf`` file, a hub
+    model not downloaded yet, an embedded model not built yet)."""
+    from coupling_utils.models.model_config import offline_config, text_config
+
     model = str(model)
-    path = None
     if model.startswith("embedded:"):
         from coupling_utils.models import zoo
 
         spec = zoo.training_spec(model)
         if spec is not None and not isinstance(spec, dict) and hasattr(spec, "vocab_size"):
             return int(spec.vocab_size)
-        path = zoo.entry_path(model) / "config.json"
-    elif Path(model).expanduser().is_dir():
-        folder = Path(model).expanduser()
-        path = folder / "revisions" / str(revision) / "config.json"
-        path = path if revision and path.is_file() else folder / "config.json"
-    elif Path(model).suffix != ".gguf":
-        try:
-            from huggingface_hub import try_to_load_from_cache
-
-            found = try_to_load_from_cache(model, "config.json", revision=revision or "main")
-        except Exception:  # noqa: BLE001 - not a repo id: nothing to read
-            return None
-        path = Path(found) if isinstance(found, str) else None
-    return _config_vocabulary(path)
-
-
-def _config_vocabulary(path: Path | None) -> int | None:
-    """The vocabulary size a ``config.json`` declares (its text model's, as loading reads it)."""
-    try:
-        config = json.loads(path.read_text()) if path is not None and path.is_file() else {}
-    except (OSError, ValueError):
-        return None
-    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
-    size = text.get("vocab_size", config.get("vocab_size"))
+    config = offline_config(model, revision) or {}
+    size = text_config(config).get("vocab_size", config.get("vocab_size"))
     return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else None
 
 
@@ -227,9 +218,11 @@ def check_options_fit(lm, *, settings: Settings, job: Job) -> None:
     """The options against ``job``'s model loaded (``lm``), before it is measured: a MeasureError
     that names the option (``--layers``, ``--k``, ``--last-block``), the model and its depth or
     width, and what to choose (:func:`~coupling_utils.chapters.checks.check_blocks_and_k`); a
-    vision model is refused, as measure's prompts are text or token ids."""
+    vision model is refused, as measure's prompts are text or token ids, and text prompts for a
+    model without a tokenizer."""
     model = job.labels["model"]
     _refuse_vision(lm, model)
+    _refuse_text_without_tokenizer(lm, model, job.prompts)
     default = tuple(settings.k) == DEFAULT_K
     terms = FitTerms(
         k="--k",
@@ -244,6 +237,22 @@ def check_options_fit(lm, *, settings: Settings, job: Job) -> None:
         )
     except ParameterError as exc:
         raise MeasureError(str(exc)) from None
+
+
+def _refuse_text_without_tokenizer(lm, model: str, prompts) -> None:
+    """Text prompts need the model's tokenizer: a model saved without one is refused, naming
+    the prompts that are text and the fix (token ids, or the tokenizer's files)."""
+    if lm.tokenizer is not None:
+        return
+    items = prompts.items() if isinstance(prompts, Mapping) else enumerate(prompts)
+    texts = [str(pid) for pid, p in items if isinstance(p, str)]
+    if texts:
+        raise MeasureError(
+            f"MODEL {model} has no tokenizer (none was saved with it), so its text prompts "
+            f"({', '.join(texts[:5])}{', ...' if texts[5:] else ''}) cannot become token ids; give the "
+            "prompts as token ids (--prompts ids.json: a JSON list of id lists, e.g. [[1, 5, 9]]), or save "
+            "the model's tokenizer into its folder (tokenizer.save_pretrained)"
+        )
 
 
 def _refuse_vision(lm, model: str) -> None:

@@ -13,8 +13,11 @@ tables in ``OUT/``:
   ``tokenwise``/``context``/``tiles`` when measured): :func:`~coupling_utils.measurement.measure`'s
   tables with ``model`` and ``revision`` columns first;
 - ``failures.csv``: the models that could not be measured, with the reason;
-- ``provenance.json``: the settings, the prompts, each measurement's provenance (model commit,
-  code fingerprint, versions) and the command.
+- ``provenance.json``: the settings, how the models were asked to be loaded (``--dtype``,
+  ``--revision``; each measurement's provenance says the dtype it got), the prompts,
+  each model's identity as the store keys it (a local model's files' hash, a hub model's commit,
+  an embedded model's recipe), each measurement's provenance (model commit, code fingerprint,
+  versions) and the command.
 
 What it is given (prompts, models, options) is checked in
 :mod:`coupling_utils.pipeline.measure_inputs`.
@@ -27,7 +30,6 @@ import os
 import shutil
 import sys
 import tempfile
-import zipfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +50,7 @@ from coupling_utils.measurement import (
     coupling_summary,
     plan,
 )
+from coupling_utils.measurement.jobs import model_identity
 from coupling_utils.measurement.tables import SUMMARY_HOWS
 from coupling_utils.pipeline.measure_inputs import (
     DEFAULT_K,
@@ -388,47 +391,20 @@ def _summary_rows(done, how: str, report: MeasureReport) -> list[dict]:
     return rows
 
 
-def _named_damage(done) -> pd.DataFrame:
-    """``done.failures``, where the loader found a local model's weights damaged (it names the
-    folder) with the file that cannot be read added to the message (:func:`_damaged_file`)."""
+def _diagnosed(done) -> pd.DataFrame:
+    """``done.failures``, where a local model could not be loaded and its files say why
+    (:func:`~coupling_utils.models.local_model.local_model_problem`: no config.json, one that is
+    not JSON, no weights, a weight file that cannot be opened), with that reason and its fix in
+    place of the loader's words."""
+    from coupling_utils.models.local_model import local_model_problem
+
     failures = done.failures
     for r in done.results:
-        if r.error == "DamagedModelError" and (named := _damaged_file(r.job)):
-            rows = failures["job"] == r.job.describe()
-            failures.loc[rows, "message"] += f"; the file that cannot be read: {named}"
+        if r.error in (None, "MeasureError", "NotMeasured") or not isinstance(r.job.model, str):
+            continue
+        if why := local_model_problem(r.job.model, r.job.revision):
+            failures.loc[failures["job"] == r.job.describe(), "message"] = why
     return failures
-
-
-def _damaged_file(job: Job) -> str | None:
-    """``path (reason)`` of the first weight file of a local model folder (at the job's revision)
-    that cannot be opened; None for a hub or .gguf model, or when every file opens."""
-    from coupling_utils.models.loading import _find_source
-
-    if not isinstance(job.model, str) or not Path(job.model).expanduser().is_dir():
-        return None
-    try:
-        src = _find_source(job.model, job.load_kwargs.get("revision"))
-    except Exception:  # noqa: BLE001 - only a better message is at stake: the loader's error stands
-        return None
-    paths = sorted(Path(src.path).glob("*.safetensors")) + sorted(Path(src.path).glob("*.bin"))
-    return next((f"{path} ({why})" for path in paths if (why := _unreadable(path))), None)
-
-
-def _unreadable(path: Path) -> str | None:
-    """Why a weight file cannot be opened (None: it opens): a safetensors header that does not
-    cover the file, or a torch zip archive without its directory (both: a truncated file)."""
-    try:
-        if path.suffix == ".safetensors":
-            from safetensors import safe_open
-
-            with safe_open(str(path), "pt"):
-                return None
-        with open(path, "rb") as f:
-            if f.read(2) == b"PK":  # torch's zip format (an older pickle is not checked)
-                zipfile.ZipFile(f).close()
-    except Exception as exc:  # noqa: BLE001 - any failure to open is the reason asked for
-        return f"{type(exc).__name__}: {exc}"
-    return None
 
 
 def _write_tables(done, report: MeasureReport, run: MeasureRun) -> None:
@@ -448,7 +424,7 @@ def _write_tables(done, report: MeasureReport, run: MeasureRun) -> None:
     rows = _summary_rows(done, how, report)
     if rows:
         frames = {"summary": pd.DataFrame(rows), **frames}
-    failures = _named_damage(done)
+    failures = _diagnosed(done)
     report.failures = failures[failures["error"] != "NotMeasured"] if not failures.empty else failures
     if not report.failures.empty:
         frames["failures"] = report.failures.drop(columns=["key"], errors="ignore")
@@ -457,6 +433,8 @@ def _write_tables(done, report: MeasureReport, run: MeasureRun) -> None:
         "command": " ".join(sys.argv) if sys.argv and sys.argv[0].endswith("coupling-book") else None,
         "models": run.references(),
         "settings": {**settings.to_dict(runtime=False), "last_block": settings.last_block},
+        "load": {"dtype": run.loads.dtype, "revisions": list(run.loads.revisions or []) or None},
+        "identities": {r.job.describe(): model_identity(r.job.model, r.job.revision) for r in done.ok},
         "summary": {"how": how, "definition": "mean over prompts of the mean of 1 - m_K^2 over block pairs"},
         "prompts": {pid: (p if isinstance(p, str) else f"<{int(p.shape[-1])} token ids>") for pid, p in
                     (prompts.items() if isinstance(prompts, Mapping) else enumerate(prompts))},

@@ -119,3 +119,87 @@ def test_a_closed_pipe_is_quiet(cli):
     proc.stdout.close()  # as `head` does once it has its lines, here before any is written
     err = proc.stderr.read()
     assert proc.wait(timeout=120) in (0, 141) and "Traceback" not in err and "BrokenPipe" not in err, err
+
+
+@pytest.fixture
+def nothing_loaded(monkeypatch):
+    """Loading any model fails the test: what is refused is refused from the files alone."""
+    from coupling_utils.models import loading
+
+    monkeypatch.setattr(loading, "load_model", lambda *a, **k: pytest.fail(f"loaded {a}"))
+
+
+def _t5(folder: Path) -> None:
+    from transformers import T5Config
+
+    (folder / "config.json").write_text(T5Config(d_model=32, num_layers=1).to_json_string())
+
+
+def _checkpoints(folder: Path) -> None:
+    import shutil
+
+    for step in ("step0", "step8"):
+        shutil.copytree(folder, folder / "revisions" / step, ignore=shutil.ignore_patterns("revisions"))
+
+
+@pytest.mark.parametrize(
+    "change, target, more, said",
+    [
+        (_t5, "", [], "config.json names model_type 't5' (an encoder-decoder; the engine follows one "
+         "stack of blocks, decoder or encoder), an architecture the engine has no row for; the engine "
+         "measures these transformers: GPT-2, GPT-Neo"),
+        (lambda d: (d / "config.json").write_text('{"model_type": "mamba"}'), "", [],
+         "names model_type 'mamba', an architecture the engine has no row for"),
+        (lambda d: (d / "config.json").write_text('{"vocab_size": 64}'), "", [],
+         "config.json names no model_type"),
+        (lambda d: (d.parent / "x.gguf").write_bytes(b"<html>not found</html>"), "../x.gguf", [],
+         "x.gguf is a file but not a GGUF model (it does not start with the GGUF magic bytes)"),
+        (lambda d: (d.parent / "notes.txt").write_text("hi"), "../notes.txt", [],
+         "notes.txt is a file but not a GGUF model (not a .gguf file); give a .gguf file, or a "
+         "save_pretrained"),
+        (lambda d: None, "", ["--revision", "step8"], "has no revision 'step8': a local folder keeps "
+         "checkpoint R in revisions/R/, and {model}/revisions/step8 does not exist; it has no revisions/, "
+         "only its final model: leave --revision out"),
+        (_checkpoints, "", ["--revision", "step0", "--revision", "step7"], "has no revision 'step7': "
+         "a local folder keeps checkpoint R in revisions/R/, and {model}/revisions/step7 does not exist; "
+         "it has step0, step8 (and main, the folder itself); name one of them, or leave --revision out"),
+    ],
+)  # fmt: skip
+def test_a_local_model_that_cannot_be_measured_is_refused_from_its_files(
+    change, target, more, said, tmp_path, model_dir, ids_file, nothing_loaded, capsys
+):
+    """Before: each was loaded and failed the run (exit 1, the loader's words: 'Add a row ... (and a
+    tiny test)', 'probably truncated or damaged' for a file that is no GGUF at all, a ValueError
+    for a revision of a file)."""
+    change(model_dir)
+    model = (model_dir / target).resolve() if target else model_dir
+    out = tmp_path / "o"
+    assert (
+        main(["measure", str(model), "--prompts", str(ids_file), "--k", "2", "--out", str(out), *more]) == 2
+    )
+    sep = "; "
+    _one_paragraph(capsys.readouterr().err, f"error: MODEL {model}", said.format(model=model, sep=sep))
+    assert not out.exists()
+
+
+def test_a_revision_of_one_file_is_refused(tmp_path, ids_file, nothing_loaded, capsys):
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF" + bytes(16))
+    assert (
+        main(
+            [
+                "measure",
+                str(gguf),
+                "--prompts",
+                str(ids_file),
+                "--revision",
+                "step1",
+                "--out",
+                str(tmp_path / "o"),
+            ]
+        )
+        == 2
+    )
+    _one_paragraph(
+        capsys.readouterr().err, f"MODEL {gguf} is one file, which has no revisions (--revision step1)"
+    )

@@ -1,0 +1,200 @@
+"""A local model (a folder or a ``.gguf`` file), read from its files alone, before or after
+loading it, in sentences that name the file, the problem and the fix:
+
+- :func:`check_local_model`: what no copy of the files can fix, refused as bad input before any
+  work: a file that is not GGUF, a revision the folder does not hold, an architecture the engine
+  has no row for;
+- :func:`local_model_problem`: why loading failed where the files say it (a missing or
+  unreadable ``config.json``, no weights, a truncated weight file): a failed run, as a damaged
+  download or copy is fixed by fetching it again, and the other models are measured meanwhile.
+
+Loading (:mod:`coupling_utils.models.loading`) stays the authority: what passes here may still
+fail there (damaged bytes behind a sound header).
+"""
+
+from __future__ import annotations
+
+import json
+import types
+from collections.abc import Sequence
+from pathlib import Path
+
+__all__ = ["LocalModelError", "check_local_model", "local_model_problem", "unreadable"]
+
+
+class LocalModelError(ValueError):
+    """A local model that loading cannot measure (the message names the file and the fix)."""
+
+
+def check_local_model(
+    model: str, revisions: Sequence[str] = (), *, label: str | None = None, revision_option: str = "revision"
+) -> None:
+    """Refuse a local ``model`` that no copy of its files can make measurable: a file that is not
+    GGUF, a revision the folder does not hold (loading's rule:
+    :func:`~coupling_utils.models.model_config.checkpoint_folder`), a ``config.json`` naming an
+    architecture the engine has no row for. ``label``: how the message names the model
+    (default: the model); ``revision_option``: how it names the revision (``--revision``, a
+    parameter's name)."""
+    from coupling_utils.models.model_config import checkpoint_folder
+
+    label = label or str(model)
+    path = Path(model).expanduser()
+    if path.is_file():
+        if revisions:
+            raise LocalModelError(
+                f"{label} is one file, which has no revisions ({revision_option} "
+                f"{' '.join(map(str, revisions))}); leave {revision_option} out, or give a folder that "
+                "holds revisions/<R>/"
+            )
+        return _check_gguf(label, path)
+    for revision in revisions or [None]:
+        folder = checkpoint_folder(path, revision)
+        if folder is None:
+            raise LocalModelError(_no_revision(label, path, str(revision), revision_option))
+        if len(ggufs := sorted(folder.glob("*.gguf"))) == 1 and not (folder / "config.json").exists():
+            _check_gguf(label, ggufs[0])
+        config = _read_config(folder / "config.json")
+        if isinstance(config, dict):
+            _check_architecture(label, folder / "config.json", config)
+
+
+def local_model_problem(model: str, revision: str | None = None) -> str | None:
+    """Why loading the local ``model`` at ``revision`` fails, as its files say it: no
+    ``config.json`` (nor one .gguf file), a ``config.json`` that is not a UTF-8 JSON object, no
+    weight files, a weight file that cannot be opened; None when none of these (or not local)."""
+    from coupling_utils.models.model_config import checkpoint_folder
+
+    path = Path(model).expanduser()
+    folder = checkpoint_folder(path, revision) if path.is_dir() else None
+    if folder is None:
+        return None
+    config = folder / "config.json"
+    ggufs = sorted(folder.glob("*.gguf"))
+    if not config.is_file():
+        return (
+            None
+            if len(ggufs) == 1
+            else f"{folder} holds no model: no config.json"
+            + (f" and {len(ggufs)} .gguf files (one is read)" if ggufs else "")
+            + "; give a folder written by save_pretrained (config.json and weights) or holding one .gguf file"
+        )
+    read = _read_config(config)
+    if isinstance(read, str):
+        return f"{config} is not {read}; write it again, e.g. with the model's config.save_pretrained(folder)"
+    return _weights_problem(folder)
+
+
+def _weights_problem(folder: Path) -> str | None:
+    """No weight files in a model folder, or the first that cannot be opened, and the fix."""
+    weights = sorted(folder.glob("*.safetensors")) + sorted(folder.glob("*.bin"))
+    if not weights:
+        return (
+            f"{folder} holds config.json but no weights (no *.safetensors or *.bin file); save the "
+            "model there with save_pretrained, or copy its weight files beside config.json"
+        )
+    named = next((f"{file} ({why})" for file in weights if (why := unreadable(file))), None)
+    return (
+        None
+        if named is None
+        else (
+            f"a weight file in {folder} cannot be read, so it is probably truncated or damaged (an "
+            "interrupted download, copy or save): copy or save it again; the file that cannot be read: "
+            + named
+        )
+    )
+
+
+def _no_revision(label: str, path: Path, revision: str, option: str) -> str:
+    """A revision a local folder does not hold: the rule, what it has, the fix."""
+    held = sorted(p.name for p in (path / "revisions").glob("*/")) if (path / "revisions").is_dir() else []
+    return (
+        f"{label} has no revision {revision!r}: a local folder keeps checkpoint R in revisions/R/, and "
+        f"{path / 'revisions' / revision} does not exist; "
+        + (
+            f"it has {', '.join(held)} (and main, the folder itself); name one of them, or"
+            if held
+            else "it has no revisions/, only its final model:"
+        )
+        + f" leave {option} out"
+    )
+
+
+def _check_gguf(label: str, path: Path) -> None:
+    """A model file must be GGUF (its first four bytes ``GGUF``), as loading reads it."""
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(4)
+    except OSError as exc:
+        raise LocalModelError(f"{label}: cannot read {path} ({exc.strerror})") from None
+    if path.suffix.lower() != ".gguf" or magic != b"GGUF":
+        gguf = path.suffix.lower() == ".gguf"
+        why = "it does not start with the GGUF magic bytes" if gguf else "not a .gguf file"
+        raise LocalModelError(
+            f"{label} is a file but not a GGUF model ({why}); give a .gguf file, or a "
+            "save_pretrained folder (config.json and weights)"
+        )
+
+
+def _read_config(path: Path) -> dict | list | str | None:
+    """``config.json`` parsed (None if absent), or what it is not: "readable (...)", "UTF-8 text
+    (...)", "valid JSON (...)", "a JSON object"."""
+    if not path.is_file():
+        return None
+    try:
+        config = json.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        return f"UTF-8 text ({exc})"
+    except OSError as exc:
+        return f"readable ({exc.strerror})"
+    except ValueError as exc:
+        return f"valid JSON ({exc})"
+    return config if isinstance(config, dict) else "a JSON object"
+
+
+def _check_architecture(label: str, path: Path, config: dict) -> None:
+    """A config whose model_type the engine has no row for is refused."""
+    from coupling_utils.engine.architectures import UnsupportedArchitectureError, find_architecture
+
+    try:
+        find_architecture(types.SimpleNamespace(model_type=config.get("model_type")))
+    except UnsupportedArchitectureError:
+        raise LocalModelError(_unsupported(label, path, config)) from None
+
+
+def _unsupported(label: str, path: Path, config: dict) -> str:
+    """Why a model whose config names an architecture without an engine row is refused."""
+    from coupling_utils.engine.architectures import ARCHITECTURES
+
+    kind = config.get("model_type")
+    pair = (
+        " (an encoder-decoder; the engine follows one stack of blocks, decoder or encoder)"
+        if config.get("is_encoder_decoder")
+        else ""
+    )
+    named = (
+        f"model_type {kind!r}{pair}, an architecture the engine has no row for" if kind else "no model_type"
+    )
+    return (
+        f"{label}: its {path} names {named}; the engine measures these transformers: "
+        f"{', '.join(a.name for a in ARCHITECTURES)}; give one of them "
+        "(another is supported by a row in coupling_utils.engine.architectures.ARCHITECTURES)"
+    )
+
+
+def unreadable(path: Path) -> str | None:
+    """Why a weight file cannot be opened (None: it opens): a safetensors header that does not
+    cover the file, or a torch zip archive without its directory (both: a truncated file)."""
+    import zipfile
+
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors import safe_open
+
+            with safe_open(str(path), "pt"):
+                return None
+        with open(path, "rb") as f:
+            if f.read(2) == b"PK":  # torch's zip format (an older pickle is not checked)
+                zipfile.ZipFile(f).close()
+    except Exception as exc:  # noqa: BLE001 - any failure to open is the reason asked for
+        return f"{type(exc).__name__}: {exc}"
+    return None
