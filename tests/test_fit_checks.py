@@ -25,8 +25,11 @@ MEASURE = FitTerms(k="--k", last_block="--last-block", all_blocks="--layers", ne
 
 
 def _lm(n_layers: int, d_model: int = 16):
-    """What the checks read of a loaded model: its depth and width (and a text model's config)."""
-    return SimpleNamespace(n_layers=n_layers, d_model=d_model, model=SimpleNamespace(config=None))
+    """What the checks read of a loaded model: its depth and width (and a text model's config and
+    tokenizer)."""
+    return SimpleNamespace(
+        n_layers=n_layers, d_model=d_model, model=SimpleNamespace(config=None), tokenizer=object()
+    )
 
 
 def _refused(*args, **kw) -> str:

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from coupling_utils.chapters.checks import REVISIONS, ParameterError, check_revisions
+from coupling_utils.chapters.checks import REVISIONS, ParameterError, check_local_models, check_revisions
 from coupling_utils.engine.architectures import tiny_model
 from coupling_utils.models import loading, zoo
 from coupling_utils.models.zoo import build
@@ -130,3 +130,25 @@ def test_a_hub_models_vocabulary_is_read_from_the_cache(standin_hub, tmp_path):
     config = next((path / f"models--{repo.replace('/', '--')}").rglob("config.json"))
     assert vocabulary_size(repo) == json.loads(config.read_text())["vocab_size"]
     assert vocabulary_size("nosuchorg/nosuchmodel") is None  # not downloaded: loading checks it
+
+
+def test_a_local_model_no_copy_can_make_measurable_is_refused_before_any_work(
+    tmp_path, two_blocks, nothing_built_or_loaded, capsys
+):
+    t5 = tmp_path / "t5"
+    t5.mkdir()
+    (t5 / "config.json").write_text(json.dumps({"model_type": "t5", "is_encoder_decoder": True}))
+    local, _ = two_blocks
+    cases = [
+        (["-p", f"model={t5}"], "model_type 't5' (an encoder-decoder"),
+        (["-p", f"model={local}", "-p", "revision=step9"], "has no revision 'step9'"),
+    ]
+    for overrides, said in cases:
+        assert (
+            main(["run", "f00", "--profile", "smoke", *overrides, "--output-dir", str(tmp_path / "o")]) == 2
+        )
+        err = capsys.readouterr().err
+        assert "parameter 'model': " in err and said in err and "nothing was run" in err, err
+    with pytest.raises(ParameterError, match="has no revision 'step9'"):
+        check_local_models({"models": [SMOKE, str(local)], "revisions": ["step9"]})
+    check_local_models({"model": str(local), "revision": ""})  # its final model: fine

@@ -56,6 +56,7 @@ __all__ = [
     "refuse_misfits",
     "check_revision",
     "check_revisions",
+    "check_local_models",
     "REVISIONS",
     "integer",
     "number",
@@ -308,6 +309,32 @@ def check_revisions(values: Mapping[str, Any]) -> None:
         for revision in [given] if isinstance(given, str) else given:
             for model in models:
                 check_revision(name, revision, model, f"leave {name!r} empty for {unset}")
+
+
+def check_local_models(values: Mapping[str, Any]) -> None:
+    """Every local model (a folder or a ``.gguf`` file) a chapter's ``values`` name, from its files
+    before a notebook runs (``models.local_model.check_local_model``): an architecture the engine
+    has no row for, a file that is not GGUF, a checkpoint (``revision``/``revisions``) the folder
+    does not hold. Damaged files are left to loading: a failed run, not bad input."""
+    from pathlib import Path
+
+    key = "model" if "model" in values else "models"
+    models = [values["model"]] if key == "model" else list(values.get("models") or [])
+    local = [m for m in models if not str(m).startswith("embedded:") and Path(str(m)).expanduser().exists()]
+    if not local:
+        return
+    from coupling_utils.models.local_model import LocalModelError, check_local_model
+
+    given = values.get("revision") or values.get("revisions") or []
+    revisions = [given] if isinstance(given, str) else list(given)
+    option = "'revision'" if "revision" in values else "'revisions'"
+    for model in local:
+        try:
+            check_local_model(
+                str(model), revisions, label=f"parameter {key!r}: {model}", revision_option=option
+            )
+        except LocalModelError as exc:
+            raise ParameterError(str(exc)) from None
 
 
 # --- checks as values: what a parameter field carries ---------------------------------------

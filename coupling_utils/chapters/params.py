@@ -15,7 +15,7 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
-from coupling_utils.chapters.checks import Check, ParameterError, check_revisions
+from coupling_utils.chapters.checks import Check, ParameterError, check_local_models, check_revisions
 
 __all__ = ["ChapterParams", "param", "Rule"]
 
@@ -64,6 +64,7 @@ class ChapterParams:
             if message:
                 raise ParameterError(message)
         check_revisions(merged)  # a checkpoint an embedded run will not save (nothing is built)
+        check_local_models(merged)  # a local model no copy of its files makes measurable
         return cls(**merged)
 
     def values(self) -> dict[str, Any]:
