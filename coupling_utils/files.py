@@ -4,16 +4,19 @@ Everything built lives under one directory: ``$COUPLING_CACHE`` if set, else the
 directory (``platformdirs.user_cache_dir("coupling-book")``). The facts the book uses (leaderboard
 scores, metadata, prompts) are read from :func:`data_dir`. Every write goes to a temporary
 name in the same directory and is renamed into place, so an interrupted run never leaves a
-half-written file behind. Files and folders get the modes the umask gives (as ``open`` and
-``mkdir`` would), so a group can share a cache; a corrupt JSON record is moved aside, not fatal
-(:func:`read_json`).
+half-written file behind; a disk (or quota) that fills up during a write is a :class:`DiskFull`
+naming the folder, raised after the temporary file is removed. Files and folders get the modes
+the umask gives (as ``open`` and ``mkdir`` would), so a group can share a cache; a corrupt JSON
+record is moved aside, not fatal (:func:`read_json`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
+import re
 import shutil
 import stat
 import sys
@@ -32,12 +35,135 @@ class CacheError(OSError):
     """The cache directory cannot be made where it is configured (a file stands in its way)."""
 
 
+# The errors of a write that found no room: the disk is full, or the user's quota is used up.
+NO_ROOM = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is used up"}
+
+
+class DiskFull(OSError):
+    """A write found no room (ENOSPC, or EDQUOT on a cluster's quota): names the folder and the
+    fix; what was being written was removed first, so nothing half-written is left there."""
+
+    def __init__(self, folder: str | os.PathLike, code: int = errno.ENOSPC, *others: str | os.PathLike):
+        super().__init__(code, os.strerror(code))
+        self.folder = Path(folder)  # where the write failed; ``others``: where else it may have
+        self.folders = [self.folder, *map(Path, others)]
+
+    def __reduce__(self):  # as it was made (OSError's would give its args to the wrong parameters)
+        return type(self), (self.folder, self.errno, *self.folders[1:])
+
+    def __str__(self) -> str:
+        where = " or ".join(map(str, self.folders))
+        quota = ", `quota -s` your quota" if self.errno == errno.EDQUOT else ""
+        cache = cache_root().absolute()
+        in_cache = sum(f.absolute() == cache or cache in f.absolute().parents for f in self.folders)
+        move = {
+            (True, False): f"point ${ENV_VAR} at",
+            (False, True): "give the output option (--out, --output-dir or --work)",
+            (True, True): f"point ${ENV_VAR}, or the output option (--out, --output-dir or --work), at",
+        }[bool(in_cache), in_cache < len(self.folders)]
+        return (
+            f"{NO_ROOM.get(self.errno, 'there is no room')} ({self.strerror}) while writing in "
+            f"{where}; the files being written were removed, nothing half-written is kept. Free "
+            f"space there (`df -h {' '.join(map(str, self.folders))}` shows the room left{quota}), "
+            f"or {move} a folder on a disk with room"
+        )
+
+    @classmethod
+    def said(cls, text: str) -> DiskFull | None:
+        """The DiskFull whose message is in ``text`` (a notebook's error), or None."""
+        m = re.search(r"\(([^()]*)\) while writing in (.+?); the files being written", text)
+        codes = {os.strerror(code): code for code in NO_ROOM}
+        if m is None or m[1] not in codes:
+            return None
+        first, *others = m[2].split(" or ")
+        return cls(first, codes[m[1]], *others)
+
+
+def no_room(exc: BaseException | None) -> BaseException | None:
+    """The error in ``exc``'s chain (itself, its cause, what it was handling) that says a disk or
+    quota is full: an OSError with errno ENOSPC or EDQUOT, or a library's error whose text carries
+    that error's message (safetensors writes from Rust); None if there is none."""
+    for link in error_chain(exc):
+        if isinstance(link, OSError) and link.errno in NO_ROOM:
+            return link
+        if any(os.strerror(code) in str(link) for code in NO_ROOM):
+            return link
+    return None
+
+
+def error_chain(exc: BaseException | None) -> list[BaseException]:
+    """``exc``, its cause (or what it was handling), theirs, ...: the chain a traceback shows."""
+    chain: list[BaseException] = []
+    while exc is not None and all(exc is not seen for seen in chain):
+        chain.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    return chain
+
+
+def no_room_code(exc: BaseException) -> int:
+    """ENOSPC or EDQUOT, for the no-room error ``exc`` (:func:`no_room`)."""
+    if isinstance(exc, OSError) and exc.errno in NO_ROOM:
+        return exc.errno
+    return errno.EDQUOT if os.strerror(errno.EDQUOT) in str(exc) else errno.ENOSPC
+
+
+@contextlib.contextmanager
+def naming_the_folder(folder: str | os.PathLike) -> Iterator[None]:
+    """Turn a write's no-room error (:func:`no_room`) inside the block into a :class:`DiskFull`
+    naming ``folder``; one an inner block named passes unchanged, unless its folder is gone (a
+    temporary folder, removed): then it names ``folder``."""
+    try:
+        yield
+    except DiskFull as exc:
+        if exc.folder.is_dir():
+            raise
+        raise DiskFull(folder, exc.errno) from exc
+    except Exception as exc:
+        found = no_room(exc)
+        if found is None:
+            raise
+        raise DiskFull(folder, no_room_code(found)) from exc
+
+
+# Below this much room, a write that failed without saying why (numpy's "N requested and M
+# written", torch's "file write failed") is taken to have found the disk full.
+LITTLE_ROOM = 1 << 20
+
+
+@contextlib.contextmanager
+def _short_write(folder: Path) -> Iterator[None]:
+    """Turn a write's failure that names no cause into a :class:`DiskFull` when ``folder``'s disk
+    has (almost) no room left: checked here, before the partial file is removed."""
+    try:
+        yield
+    except (OSError, RuntimeError) as exc:
+        if isinstance(exc, DiskFull) or no_room(exc) is not None or getattr(exc, "errno", None):
+            raise
+        if _room(folder) >= LITTLE_ROOM:
+            raise
+        raise DiskFull(folder) from exc
+
+
+def _room(folder: Path) -> float:
+    """The bytes an unprivileged write may still use on ``folder``'s disk (inf where unknown)."""
+    try:
+        st = os.statvfs(folder)
+    except (OSError, AttributeError):  # gone, or no statvfs (Windows)
+        return float("inf")
+    return st.f_bavail * st.f_frsize
+
+
+def cache_root() -> Path:
+    """Where the cache is (``$COUPLING_CACHE``, else the user's cache folder), made or not."""
+    return Path(os.environ.get(ENV_VAR) or platformdirs.user_cache_dir("coupling-book")).expanduser()
+
+
 def cache_dir(*parts: str) -> Path:
     """The project's cache directory (created), or a subdirectory of it; a file where a folder
     must be, or a folder that cannot be created (a read-only cache), is a :class:`CacheError`
     naming ``$COUPLING_CACHE`` and the fix."""
     given = os.environ.get(ENV_VAR)
-    root = Path(given or platformdirs.user_cache_dir("coupling-book")).expanduser()
+    root = cache_root()
     path = root.joinpath(*parts)
     where = f"${ENV_VAR}={given!r}" if given else f"the cache folder {root} (set ${ENV_VAR} to move it)"
     try:
@@ -61,6 +187,10 @@ def cache_dir(*parts: str) -> Path:
             f"what it does not hold yet must be written; make it writable (chmod -R u+w {root}) or "
             f"point {ENV_VAR} at a folder you can write"
         ) from exc
+    except OSError as exc:  # a full disk, or quota: name the folder it stopped in
+        if exc.errno not in NO_ROOM:
+            raise
+        raise DiskFull(next(p for p in path.parents if p.is_dir()), exc.errno) from exc
     return path
 
 
@@ -154,17 +284,19 @@ def read_json(path: str | os.PathLike, what: str = "record"):
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary file path beside ``path``; rename it onto ``path`` only on success."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    tmp = Path(tmp)
-    _umask_mode(tmp, directory=False)
-    try:
-        yield tmp
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    with naming_the_folder(path.parent):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        os.close(fd)
+        tmp = Path(tmp)
+        try:
+            _umask_mode(tmp, directory=False)
+            with _short_write(path.parent):
+                yield tmp
+            os.replace(tmp, path)
+        finally:
+            if tmp.exists():
+                tmp.unlink()
 
 
 @contextlib.contextmanager
@@ -176,23 +308,25 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
     library wrote with its own (``save_pretrained`` writes its weights 0600).
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
-    _umask_mode(tmp, directory=True)
-    try:
-        yield tmp
-        follow_umask(tmp)
-        if path.exists():
-            old = path.with_name(f".{path.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(path, old)
-            os.replace(tmp, path)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+    with naming_the_folder(path.parent):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+        try:
+            _umask_mode(tmp, directory=True)
+            with _short_write(path.parent):
+                yield tmp
+            follow_umask(tmp)
+            if path.exists():
+                old = path.with_name(f".{path.name}.old")
+                shutil.rmtree(old, ignore_errors=True)
+                os.replace(path, old)
+                os.replace(tmp, path)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.replace(tmp, path)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:

@@ -240,7 +240,7 @@ def _scratch_book(tmp_path: Path, monkeypatch) -> list[Path]:
     monkeypatch.setenv("COUPLING_BOOK_ROOT", str(root))
     staged = []
 
-    def jupyter_book(root, src, jb, strict, builder="html"):
+    def jupyter_book(root, src, jb, strict, builder="html", shown=None):
         staged.append(src)
         assert (src / "_toc.yml").is_file() and jb.parent == src.parent
         (jb / "_build" / builder).mkdir(parents=True)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -30,7 +31,7 @@ from pathlib import Path
 
 import yaml
 
-from coupling_utils.files import atomic_dir
+from coupling_utils.files import NO_ROOM, DiskFull, atomic_dir, naming_the_folder
 from coupling_utils.pipeline.book_plan import (
     EXECUTED_DIR,
     NOTEBOOK_DIR,
@@ -44,6 +45,8 @@ from coupling_utils.pipeline.book_plan import (
     staged_toc,
     toc_entries,
 )
+from coupling_utils.pipeline.jupyter_book_child import JB_MAIN as _JB_MAIN
+from coupling_utils.pipeline.jupyter_book_child import SHOWN_OUT
 from coupling_utils.pipeline.kit import INSTALL_TAG, KIT_DOWNLOAD, build_kit, check_edition, publish_notebook
 from coupling_utils.pipeline.offline_assets import remote_assets
 from coupling_utils.pipeline.pages import (
@@ -396,33 +399,11 @@ def _stage_notebook(entry: TocEntry, src: Path, extra: Path, links: dict, editio
     nbformat.write(nb, src / f"{entry.docname}.ipynb")
 
 
-_JB_MAIN = (
-    "import sys; from coupling_utils.pipeline.book import jupyter_book_main; sys.exit(jupyter_book_main())"
-)
-
-
-def jupyter_book_main() -> int:
-    """``jupyter-book`` run without the lines that name the staging copy under ``work/jb`` as the
-    book (its closing green box and Sphinx's "The HTML pages are in ..."): :func:`build_book`
-    copies the pages to ``out``, and ``coupling-book build`` names that ``index.html``, the one
-    path a reader should open. Its red boxes (a failed build) are printed as they are."""
-    from jupyter_book.cli import main as jb
-    from sphinx.builders.html import StandaloneHTMLBuilder
-    from sphinx.builders.singlehtml import SingleFileHTMLBuilder
-
-    StandaloneHTMLBuilder.epilog = SingleFileHTMLBuilder.epilog = ""
-    box = getattr(jb, "_message_box", None)  # private: where a release renames it, the box is shown
-
-    def boxed(msg, color="green", doprint=True, print_func=print):
-        return box(msg, color=color, doprint=doprint and color != "green", print_func=print_func)
-
-    if box is not None:
-        jb._message_box = boxed
-    return jb.main()
-
-
-def _jupyter_book(root: Path, src: Path, jb: Path, strict: bool, builder: str = "html") -> Path:
-    """Run ``jupyter-book build`` on ``src`` into ``jb``; the built HTML folder, or BookError."""
+def _jupyter_book(
+    root: Path, src: Path, jb: Path, strict: bool, builder: str = "html", shown: Path | None = None
+) -> Path:
+    """Run ``jupyter-book build`` on ``src`` into ``jb`` (its pages will be copied to ``shown``);
+    the built HTML folder, or BookError (:class:`~coupling_utils.files.DiskFull` for no room)."""
     if jb.exists():
         shutil.rmtree(jb)
     cmd = [
@@ -439,7 +420,9 @@ def _jupyter_book(root: Path, src: Path, jb: Path, strict: bool, builder: str = 
     ]
     if strict:
         cmd += ["-W", "-n", "--keep-going"]
-    result = subprocess.run(cmd, cwd=root)
+    result = subprocess.run(cmd, cwd=root, env={**os.environ, SHOWN_OUT: str(shown or "")})
+    if result.returncode in NO_ROOM:
+        raise DiskFull(jb.parent, result.returncode)
     built = jb / "_build" / builder
     if result.returncode != 0 or not (built / "index.html").is_file():
         raise BookError(
@@ -490,6 +473,8 @@ def build_book(
     ``<root>/_build``), runs ``jupyter-book build`` into ``work/jb`` with execution off and, when
     ``options.strict``, every Sphinx warning an error (``-W -n --keep-going``) and no remote asset
     allowed; then replaces ``out`` atomically (never the repository or the executed notebooks).
+    A disk (or quota) that fills up is a :class:`~coupling_utils.files.DiskFull` naming the folder,
+    raised after the staging folders are removed (``out`` is as it was).
     """
     root = Path(root).resolve()
     executed = path_or_default(executed, root / EXECUTED_DIR, "executed")
@@ -505,13 +490,32 @@ def build_book(
             "stage the book into",
             "_build/src (give another --work)",
         )
-    plan = stage_book(root, executed, src, options)
-    report_plan(plan)
-    strict = options.strict
-    built = _jupyter_book(root, src, jb, strict)
-    one_page = (
-        _jupyter_book(root, src, work / "jb-print", strict, "singlehtml") if options.printable else None
-    )
+    try:  # staging and Jupyter Book's pages: given back when the disk is full
+        with naming_the_folder(work):
+            plan = stage_book(root, executed, src, options)
+            report_plan(plan)
+            built = _jupyter_book(root, src, jb, options.strict, shown=out)
+            one_page = (
+                _jupyter_book(root, src, work / "jb-print", options.strict, "singlehtml", out / PRINT_DIR)
+                if options.printable
+                else None
+            )
+        _check_built(built, one_page, options.strict)
+        with atomic_dir(out) as tmp:
+            shutil.copytree(built, tmp, dirs_exist_ok=True)
+            if one_page:
+                finish_printable(shutil.copytree(one_page, tmp / PRINT_DIR))  # its PDF with Chromium
+    except DiskFull as exc:
+        for folder in (src, jb, work / "jb-print"):
+            shutil.rmtree(folder, ignore_errors=True)
+        if exc.folder.is_dir():
+            raise
+        raise DiskFull(work, exc.errno) from exc  # it named a staging folder, now removed
+    return out
+
+
+def _check_built(built: Path, one_page: Path | None, strict: bool) -> None:
+    """Fail (warn unless ``strict``) on pages that load remote assets or fail proofreading."""
     remote = remote_assets(built) + (remote_assets(one_page) if one_page else [])
     if remote:
         listing = "\n".join(f"  - {page}: {url}" for page, url in remote[:20])
@@ -520,8 +524,3 @@ def build_book(
             raise BookError(message)
         print(f"[book] warning: {message}", file=sys.stderr)
     _check_proofread(built, strict)
-    with atomic_dir(out) as tmp:
-        shutil.copytree(built, tmp, dirs_exist_ok=True)
-        if one_page:
-            finish_printable(shutil.copytree(one_page, tmp / PRINT_DIR))  # its PDF with Chromium
-    return out

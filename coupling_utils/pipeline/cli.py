@@ -13,8 +13,9 @@ coupling-book measure MODEL [MODEL ...] [--revision R ...] [--prompts FILE] [--k
 coupling-book k-sensitivity [--out FILE] [--n-prompts N] [--n-images N]
 
 Every command ends in its result or in one paragraph that names the input, the problem and the fix:
-exit status 2 for bad input, 1 for a failed run, 130 after Ctrl-C. ``--debug`` (anywhere on the
-line) or ``COUPLING_DEBUG=1`` shows Python's traceback instead.
+exit status 2 for bad input, 1 for a failed run (a full disk or quota among them: the folder, what
+was kept and the fix), 130 after Ctrl-C. ``--debug`` (anywhere on the line) or ``COUPLING_DEBUG=1``
+shows Python's traceback instead.
 """
 
 from __future__ import annotations
@@ -281,23 +282,64 @@ def _known_errors() -> tuple[tuple[type[BaseException], ...], tuple[type[BaseExc
 
 
 def _log_traceback(exc: BaseException) -> Path | None:
-    """Write the traceback of an unexpected error to ``<cache>/logs/``; None if that fails."""
+    """Write the traceback of an unexpected error to ``<cache>/logs/`` (whole or not at all: a full
+    disk leaves no empty log behind); None if that fails."""
     try:
-        from coupling_utils.files import cache_dir
+        from coupling_utils.files import atomic_write_text, cache_dir
 
         path = cache_dir("logs") / f"coupling-book-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.log"
-        path.write_text(
-            f"coupling-book {' '.join(sys.argv[1:])}\n\n" + "".join(traceback.format_exception(exc))
+        atomic_write_text(
+            path, f"coupling-book {' '.join(sys.argv[1:])}\n\n" + "".join(traceback.format_exception(exc))
         )
         return path
     except Exception:
         return None
 
 
-def _explain(exc: Exception) -> tuple[int, str]:
+def _no_room(exc: BaseException, argv: list[str]) -> str | None:
+    """The paragraph for a write that found the disk or the quota full (:class:`~coupling_utils.files.
+    DiskFull`, or ENOSPC/EDQUOT anywhere in the error's chain): where, what is kept, the fix; None
+    for any other error. Where the error does not say which folder, the command's output folder
+    (its option's value) and the cache are named."""
+    from coupling_utils.files import DiskFull, cache_root, error_chain, no_room, no_room_code
+
+    found = no_room(exc)
+    if found is None:
+        return None
+    named = [e for e in error_chain(exc) if isinstance(e, DiskFull)]
+    full = named[0] if named else DiskFull.said(str(found))
+    if full is None:
+        file = getattr(found, "filename", None)
+        places = [Path(file).parent] if file else [*_output_places(argv), cache_root()]
+        full = DiskFull(places[0], no_room_code(found), *places[1:])
+    command = next((a for a in argv if not a.startswith("-")), "")
+    kept = INTERRUPTED.get(command, STORED).replace("to continue", "to continue once there is room")
+    return f"error: {full}. {kept}"
+
+
+# The options that name where a command writes; named when a full disk's error does not say where.
+OUTPUT_OPTIONS = ("--out", "--output-dir", "--work")
+
+
+def _output_places(argv: list[str]) -> list[Path]:
+    """The folders the command line's output options name (a file's folder for a file)."""
+    places = []
+    for i, arg in enumerate(argv):
+        name, eq, value = arg.partition("=")
+        if name in OUTPUT_OPTIONS:
+            value = value if eq else (argv[i + 1] if i + 1 < len(argv) else "")
+            path = Path(value).absolute()
+            places.append(path if path.is_dir() or not path.suffix else path.parent)
+    return places
+
+
+def _explain(exc: Exception, argv: list[str] = ()) -> tuple[int, str]:
     """The exit status and the one paragraph a user sees for an error that reached the top."""
     if isinstance(exc, ParameterError):  # the common case, without the imports of the others
         return 2, f"error: {exc}"
+    full = _no_room(exc, list(argv))
+    if full:  # a failed run, not a bug: no traceback log (there would be no room for it either)
+        return 1, full
     bad, failed = _known_errors()
     if isinstance(exc, bad):
         return 2, f"error: {exc}"
@@ -311,10 +353,14 @@ def _explain(exc: Exception) -> tuple[int, str]:
             "and can be written.",
         )
     log = _log_traceback(exc)
-    where = f"the traceback is in {log}" if log else "rerun with --debug to see the traceback"
+    where = (
+        f"the traceback is in {log} (or rerun with --debug, or COUPLING_DEBUG=1)"
+        if log
+        else "rerun with --debug (or COUPLING_DEBUG=1) to see the traceback"
+    )
     return 1, (
         f"error: coupling-book stopped on an unexpected error ({type(exc).__name__}: {exc}). "
-        f"This is likely a bug: {where} (or rerun with --debug, or COUPLING_DEBUG=1); please report it."
+        f"This is likely a bug: {where}; please report it."
     )
 
 
@@ -356,7 +402,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         if debug:
             raise
-        status, text = _explain(exc)
+        status, text = _explain(exc, argv)
         print(text, file=sys.stderr)
         return status
 

@@ -27,7 +27,17 @@ import yaml
 from coupling_utils.chapters import NAMES as CHAPTERS
 from coupling_utils.chapters import check_parameters
 from coupling_utils.chapters.checks import ParameterError
-from coupling_utils.files import atomic_write_text, cache_dir, read_json
+from coupling_utils.files import (
+    NO_ROOM,
+    DiskFull,
+    atomic_write_text,
+    cache_dir,
+    cache_root,
+    naming_the_folder,
+    no_room,
+    no_room_code,
+    read_json,
+)
 from coupling_utils.pipeline.params import check_overrides, notebook_parameters
 from coupling_utils.provenance import code_fingerprint
 
@@ -312,15 +322,17 @@ def run_notebook(
     except ParameterError as exc:
         return _refused(notebook, start, exc)
     source = output_dir / f".{notebook.stem}.source.ipynb"
-    jupytext.write(jupytext.read(notebook), source)
     running = output_dir / f".{notebook.stem}.running.ipynb"
     error = ""
     try:
+        with naming_the_folder(output_dir):
+            jupytext.write(jupytext.read(notebook), source)
         with _kernel_env():
             _papermill(source, running, values, kernel, root)
         os.replace(running, out)
         failed.unlink(missing_ok=True)
     except Exception as exc:  # papermill.PapermillExecutionError and kernel failures
+        _stop_without_room(exc, running, failed, output_dir)
         error = _cell_error(exc, failed if running.exists() else "")
         if running.exists():
             os.replace(running, failed)
@@ -333,6 +345,27 @@ def run_notebook(
     return RunResult(
         notebook.stem, status, time.perf_counter() - start, str(out if not error else failed), error, values
     )
+
+
+def _stop_without_room(exc: Exception, running: Path, failed: Path, output_dir: Path) -> None:
+    """Raise :class:`~coupling_utils.files.DiskFull` when a run stopped on a full disk or quota (in
+    the kernel, or writing the executed notebook): the other notebooks would stop on it too. The
+    notebook as far as it ran is kept as ``failed`` only when it was written whole."""
+    found = no_room(exc)
+    if found is None:
+        return
+    if running.exists():
+        try:
+            json.loads(running.read_bytes())
+            os.replace(running, failed)
+        except ValueError:  # cut short by the full disk: nothing half-written is kept
+            running.unlink()
+    if isinstance(found, DiskFull):
+        raise found from exc
+    if isinstance(found, OSError) and found.errno in NO_ROOM:  # here: papermill saving the notebook
+        raise DiskFull(output_dir, found.errno) from exc
+    # in the kernel: where its message says, else either place a notebook writes
+    raise DiskFull.said(str(found)) or DiskFull(output_dir, no_room_code(found), cache_root()) from exc
 
 
 def _papermill(source: Path, running: Path, values: dict[str, Any], kernel: str, root: Path) -> None:

@@ -239,3 +239,36 @@ def test_a_read_only_cache_and_store_serve_what_they_hold(cli, tiny_dir, ids_fil
             with contextlib.suppress(OSError):
                 p.chmod(0o755)
         shutil.rmtree(base, ignore_errors=True)
+
+
+def test_a_store_that_fills_up_keeps_whole_entries_and_a_rerun_equals_a_clean_run(
+    model_dir, ids_file, tmp_path, monkeypatch, capsys
+):
+    """The disk fills up midway through a measurement (the 5th rename finds no room): the model's
+    failure names the store's folder (was: a bare "OSError: [Errno 28] ..."), no temporary file is
+    left in the store, and once there is room the rerun finishes from what was stored, with the
+    tables of a run that never failed."""
+    import errno
+
+    clean = tmp_path / "clean"
+    assert _measure(clean, model_dir, prompts=ids_file) == 0
+    replace, calls = os.replace, []
+
+    def full_once(src, dst):
+        calls.append(dst)
+        if len(calls) == 5:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return replace(src, dst)
+
+    out = tmp_path / "o"
+    monkeypatch.setattr(os, "replace", full_once)
+    capsys.readouterr()
+    assert _measure(out, model_dir, prompts=ids_file) == 1
+    said = capsys.readouterr()
+    full = "DiskFull: the disk is full (No space left on device) while writing in"
+    assert f"{full} {out / 'store'}" in said.out
+    assert list((out / "store").rglob("*.tmp")) == [] and len(calls) >= 5
+    monkeypatch.setattr(os, "replace", replace)
+    assert _measure(out, model_dir, prompts=ids_file) == 0
+    for table in ("summary", "depthwise", "singular_values", "prompts"):
+        assert (out / f"{table}.csv").read_text() == (clean / f"{table}.csv").read_text(), table
