@@ -340,3 +340,25 @@ def test_the_real_jupyter_book_names_the_final_folder(tmp_path):
     said = done.stdout + done.stderr
     assert done.returncode == 0 and (tmp_path / "jb" / "_build" / "html" / "index.html").is_file(), said
     assert f"Output Path: {tmp_path / 'html'}\n" in said and "_build/html" not in said, said
+
+
+def test_measure_stops_on_a_full_store_and_names_the_cache_not_a_missing_model(tmp_path, monkeypatch, capsys):
+    """A job whose measurement cannot be stored (no room) stops measure: one paragraph naming the
+    cache, exit 1, no tables written as if the model were missing."""
+    from coupling_utils.engine.architectures import tiny_model
+    from coupling_utils.measurement import store
+
+    local = tmp_path / "two-blocks"
+    tiny_model("gpt2", seed=3).save_pretrained(local)
+    prompts = tmp_path / "ids.json"
+    prompts.write_text(json.dumps({"a": [1, 5, 9, 3]}))
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(store, "atomic_write_text", full)
+    out = tmp_path / "out"
+    assert main(["measure", str(local), "--prompts", str(prompts), "--k", "4", "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "the disk is full" in err and str(files.cache_root()) in err, err
+    assert "likely a bug" not in err and not list(out.glob("*.csv")), err

@@ -25,6 +25,7 @@ What it is given (prompts, models, options) is checked in
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -245,6 +246,7 @@ def measure_many(run: MeasureRun) -> MeasureReport:
     if run.resources is None:
         done = collect(jobs, Options(progress=sys.stderr.isatty()), desc="models")
         stored = {r.job.key for r in done.ok if not r.loaded}
+        _stop_without_room(done, out)
     else:
         from coupling_utils.pipeline.sweep_submit import submit
 
@@ -254,6 +256,19 @@ def measure_many(run: MeasureRun) -> MeasureReport:
     report = MeasureReport(out, n_jobs=len(jobs), pending=pending, n_stored=len(stored))
     _write_tables(done, report, run)
     return report
+
+
+def _stop_without_room(done, out: Path) -> None:
+    """A job that stopped on a full disk or quota (storing its measurement) stops the run: the
+    others and the tables would stop on it too, so it is one :class:`~coupling_utils.files.DiskFull`
+    naming the cache (where the store writes), not a model "missing"."""
+    from coupling_utils.files import NO_ROOM, DiskFull, cache_dir
+
+    said = {os.strerror(code): code for code in NO_ROOM}
+    for r in done.results:
+        code = next((c for text, c in said.items() if text in (r.message or "")), None)
+        if r.error is not None and (r.error == "DiskFull" or code is not None):
+            raise DiskFull.said(r.message or "") or DiskFull(cache_dir(), code or errno.ENOSPC, out)
 
 
 def measure_dry_run(run: MeasureRun) -> str:
@@ -338,6 +353,13 @@ def _replace_tables(out: Path, texts: dict[str, str], provenance: dict) -> dict[
     """Replace the tables in ``out`` as one set: all are written into a temporary folder first;
     then the old provenance goes, every old table is replaced or removed, and the new provenance
     comes last, so a provenance always describes exactly the tables beside it."""
+    from coupling_utils.files import naming_the_folder
+
+    with naming_the_folder(out):
+        return _replace_tables_in(out, texts, provenance)
+
+
+def _replace_tables_in(out: Path, texts: dict[str, str], provenance: dict) -> dict[str, Path]:
     tmp = Path(tempfile.mkdtemp(prefix=".tables.", suffix=".tmp", dir=out))
     try:
         for name, text in {**texts, "provenance": json.dumps(provenance, indent=2, default=str)}.items():
