@@ -214,7 +214,9 @@ def data_dir() -> Path:
         raise FileNotFoundError(
             f"The project's data folder was not found at {path}. coupling_utils reads its data from "
             "the repository checkout: install it editable from the repository (`pip install -e .`), "
-            f"or set ${DATA_ENV_VAR} to a copy of the repository's data/ folder."
+            f"or set ${DATA_ENV_VAR} to a copy of the repository's data/ folder (the lab kit has one "
+            "beside its notebooks: run a kit notebook from the unzipped kit's folder, whose first "
+            "cell sets it)."
         )
     return path
 

@@ -210,7 +210,9 @@ def test_data_dir_says_how_to_fix_a_package_installed_without_its_data(monkeypat
     message = (
         r"^The project's data folder was not found at .*site-packages/data\. coupling_utils reads "
         r"its data from the repository checkout: install it editable from the repository "
-        r"\(`pip install -e \.`\), or set \$COUPLING_DATA to a copy of the repository's data/ folder\.$"
+        r"\(`pip install -e \.`\), or set \$COUPLING_DATA to a copy of the repository's data/ folder "
+        r"\(the lab kit has one beside its notebooks: run a kit notebook from the unzipped kit's folder, "
+        r"whose first cell sets it\)\.$"
     )
     with pytest.raises(FileNotFoundError, match=message):
         files.data_dir()
