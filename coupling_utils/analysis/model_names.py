@@ -52,9 +52,9 @@ def planned(model: str, load_kwargs: Mapping[str, Any]) -> dict[str, Any]:
     """What a job that stores only extra tables says of its model: the reference, the revision,
     the dtype asked (the dtype used too when that is float32, which no device changes), the source
     kind and GGUF file the loader reads (a local .gguf file, or a folder holding one), and the
-    hub commit its key was made with (what :func:`~coupling_utils.measurement.jobs.model_identity`
+    hub commit its key was made with (what :func:`~coupling_utils.models.identity.model_identity`
     records)."""
-    from coupling_utils.measurement.jobs import model_identity
+    from coupling_utils.models.identity import model_identity
 
     revision = load_kwargs.get("revision") or None
     asked = str(load_kwargs.get("dtype", _FLOAT32))

@@ -32,6 +32,7 @@ from typing import Any
 import pandas as pd
 
 from coupling_utils.measurement.settings import Settings
+from coupling_utils.models.identity import model_identity
 from coupling_utils.provenance import code_fingerprint, slug, stable_hash
 
 __all__ = [
@@ -45,62 +46,6 @@ __all__ = [
 ]
 
 WEIGHTS = ("trained", "random init")
-
-
-def model_identity(ref: str, revision: str | None = None) -> str:
-    """What identifies a model reference's weights, wherever the cache or the model lies (a cache
-    copied, moved or mounted elsewhere keeps its measurements): a zoo entry by its place in the
-    zoo (``zoo:<name>/<key of its recipe>[/<member>]``); a local path by the hash of its files'
-    contents alone (each file's size and SHA-256, streamed once and remembered by modification
-    time: :func:`coupling_utils.models.zoo.file_sha256`), so new weights under an unchanged config
-    change it and a moved folder does not; a hub id with the commit its cached snapshot of
-    ``revision`` is at (the id alone if the cache does not know it). A misspelled ``embedded:``
-    name is its own identity here: loading it fails, and the measurement loop records that failure."""
-    from coupling_utils.files import cache_dir
-    from coupling_utils.models import zoo
-
-    if ref.startswith("embedded:"):
-        try:
-            return "zoo:" + zoo.entry_path(ref).relative_to(cache_dir("zoo")).as_posix()
-        except zoo.ZooError:
-            return ref
-    path = Path(ref).expanduser()
-    if path.exists():
-        return f"files@{_content_hash(path)}"
-    commit = _cached_commit(ref, revision)
-    return f"{ref}@{commit}" if commit else ref
-
-
-def _content_hash(path: Path) -> str:
-    """A hash of every file of a model (a .gguf file, or a folder's files but hidden ones)."""
-    from coupling_utils.models import zoo
-
-    files = (
-        [path]
-        if path.is_file()
-        else sorted(
-            f
-            for f in path.rglob("*")
-            if f.is_file() and not any(p.startswith(".") for p in f.relative_to(path).parts)
-        )
-    )
-    root = path.parent if path.is_file() else path
-    return stable_hash(
-        [[f.relative_to(root).as_posix(), f.stat().st_size, zoo.file_sha256(f)] for f in files], 16
-    )
-
-
-def _cached_commit(repo: str, revision: str | None) -> str | None:
-    """The commit of the hub cache's snapshot of ``repo`` at ``revision`` (offline; None if unknown)."""
-    try:
-        from huggingface_hub import try_to_load_from_cache
-
-        found = try_to_load_from_cache(repo, "config.json", revision=revision or "main")
-    except Exception:  # not a repo id, no huggingface_hub: the id alone
-        return None
-    if not isinstance(found, str) or Path(found).parent.parent.name != "snapshots":
-        return None
-    return Path(found).parent.name
 
 
 @dataclass(frozen=True)

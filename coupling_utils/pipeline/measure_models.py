@@ -51,8 +51,8 @@ from coupling_utils.measurement import (
     coupling_summary,
     plan,
 )
-from coupling_utils.measurement.jobs import model_identity
 from coupling_utils.measurement.tables import SUMMARY_HOWS
+from coupling_utils.models.identity import model_identity
 from coupling_utils.pipeline.measure_inputs import (
     DEFAULT_K,
     MeasureError,

@@ -16,7 +16,7 @@ import pytest
 
 from coupling_utils import files
 from coupling_utils.engine.architectures import tiny_model
-from coupling_utils.measurement.jobs import model_identity
+from coupling_utils.models.identity import model_identity
 from coupling_utils.pipeline.cli import main
 
 
@@ -51,6 +51,23 @@ def test_a_moved_cache_or_model_folder_keeps_its_identity(model_dir, tmp_path, m
     assert identities[0].startswith("zoo:pythia-smoke/") and str(tmp_path) not in identities[0]
     moved = Path(shutil.copytree(model_dir, tmp_path / "moved" / "model", copy_function=shutil.copy2))
     assert model_identity(str(moved)) == model_identity(str(model_dir))
+
+
+def test_a_local_checkpoint_is_known_by_its_own_files(model_dir, tmp_path):
+    """A training run that adds checkpoints to its folder (revisions/<R>/) leaves the identity of
+    those already there, and of its final model, unchanged: each is keyed by the files it loads."""
+    other = tmp_path / "other"
+    tiny_model("gpt2", seed=11).save_pretrained(other)
+    shutil.copytree(other, model_dir / "revisions" / "step1")
+    final, step1 = model_identity(str(model_dir)), model_identity(str(model_dir), "step1")
+    assert step1 != final and model_identity(str(model_dir), "main") == final
+    assert step1 == model_identity(str(other))  # the same files, wherever they lie
+    shutil.copytree(model_dir / "revisions" / "step1", model_dir / "revisions" / "step2")
+    tiny_model("gpt2", seed=12).save_pretrained(model_dir / "revisions" / "step2")
+    assert (model_identity(str(model_dir)), model_identity(str(model_dir), "step1")) == (final, step1)
+    missing = model_identity(str(model_dir), "step3")  # not there: loading fails; its key follows the folder
+    shutil.copytree(other, model_dir / "revisions" / "step3")
+    assert model_identity(str(model_dir), "step3") not in (missing, final)
 
 
 def test_hub_models_are_keyed_by_their_cached_commit(standin_hub):
@@ -245,7 +262,7 @@ def test_a_store_that_fills_up_keeps_whole_entries_and_a_rerun_equals_a_clean_ru
     model_dir, ids_file, tmp_path, monkeypatch, capsys
 ):
     """The disk fills up midway through a measurement (the 5th rename finds no room): the model's
-    failure names the store's folder (was: a bare "OSError: [Errno 28] ..."), no temporary file is
+    run stops naming the store's folder (was: a bare "OSError: [Errno 28] ..."), no temporary file is
     left in the store, and once there is room the rerun finishes from what was stored, with the
     tables of a run that never failed."""
     import errno
@@ -265,8 +282,8 @@ def test_a_store_that_fills_up_keeps_whole_entries_and_a_rerun_equals_a_clean_ru
     capsys.readouterr()
     assert _measure(out, model_dir, prompts=ids_file) == 1
     said = capsys.readouterr()
-    full = "DiskFull: the disk is full (No space left on device) while writing in"
-    assert f"{full} {out / 'store'}" in said.out
+    full = "error: the disk is full (No space left on device) while writing in"
+    assert f"{full} {out / 'store'}" in said.err and not list(out.glob("*.csv")), said.err
     assert list((out / "store").rglob("*.tmp")) == [] and len(calls) >= 5
     monkeypatch.setattr(os, "replace", replace)
     assert _measure(out, model_dir, prompts=ids_file) == 0
