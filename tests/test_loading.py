@@ -157,6 +157,23 @@ def test_missing_local_path_and_non_model_directory(tmp_path):
         load_model(tmp_path)
 
 
+def test_a_damaged_local_folder_is_named_by_what_its_files_say(tmp_path):
+    """A config.json that is no JSON object (was a bare AttributeError) and a folder without weight
+    files (was "a file is probably truncated") are DamagedModelErrors saying what is wrong there."""
+    from coupling_utils.models.loading import DamagedModelError
+
+    listed, bare = tmp_path / "listed", tmp_path / "bare"
+    for folder in (listed, bare):
+        tiny_model("gpt2", seed=0).save_pretrained(folder)
+    (listed / "config.json").write_text("[1, 2]")
+    for weights in bare.glob("*.safetensors"):
+        weights.unlink()
+    with pytest.raises(DamagedModelError, match=r"config\.json is not a JSON object; write it again"):
+        load_model(listed)
+    with pytest.raises(DamagedModelError, match=r"holds config\.json but no weights"):
+        load_model(bare)
+
+
 def test_unsupported_architecture_fails_before_reading_weights(tmp_path):
     from transformers import T5Config
 

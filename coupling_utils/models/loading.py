@@ -278,9 +278,10 @@ def _unknown_model_type(directory: Path) -> None:
     import types
 
     try:
-        model_type = json.loads((directory / "config.json").read_text()).get("model_type")
+        config = json.loads((directory / "config.json").read_text())
     except (OSError, ValueError):
         return
+    model_type = config.get("model_type") if isinstance(config, dict) else None
     if model_type:
         find_architecture(types.SimpleNamespace(model_type=model_type))
 
@@ -412,7 +413,7 @@ def _read_config(src: _Source, name: str, revision: str | None):
 
     try:
         return transformers.AutoConfig.from_pretrained(src.path, **src.load_kwargs())
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, AttributeError, TypeError) as e:  # the last two: a config not a JSON object
         if src.kind == "hub" and isinstance(e, OSError):
             raise _hub_error(name, revision, e) from e
         if src.kind != "hub":
@@ -420,6 +421,8 @@ def _read_config(src: _Source, name: str, revision: str | None):
                 Path(src.path)
             )  # transformers does not know it: say what this project supports
             if src.gguf_file and "support" not in str(e):  # read from a (short) GGUF's header
+                raise _damaged(name, src, e) from e
+            if _local_problem(src):
                 raise _damaged(name, src, e) from e
         raise
 
@@ -454,7 +457,20 @@ def _weights(cls, config, src: _Source, how: dict[str, Any], name: str, revision
     return model.eval().requires_grad_(False)
 
 
+def _local_problem(src: _Source) -> str | None:
+    """What a local folder's files say is wrong (no weights, a config that is not a UTF-8 JSON
+    object, a weight file that cannot be opened: :mod:`coupling_utils.models.local_model`)."""
+    if src.kind == "hub" or src.gguf_file:
+        return None
+    from coupling_utils.models.local_model import local_model_problem
+
+    return local_model_problem(src.path)
+
+
 def _damaged(name: str, src: _Source, cause: BaseException) -> DamagedModelError:
+    why = _local_problem(src)
+    if why:
+        return DamagedModelError(f"cannot load {name}: {why}")
     where = Path(src.path) / src.gguf_file if src.gguf_file else Path(src.path)
     first = (str(cause).strip().splitlines() or [""])[0]
     return DamagedModelError(

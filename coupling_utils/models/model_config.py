@@ -21,14 +21,14 @@ def checkpoint_folder(folder: Path, revision: str | None) -> Path | None:
     """The folder a local model's ``revision`` loads from, by the loader's local-directory rule:
     ``<folder>/revisions/<revision>/``, or ``folder`` itself for no revision, ``main`` or
     ``final`` without such a subfolder; None when the revision is not there."""
-    from coupling_utils.models.loading import FINAL_REVISIONS
+    from coupling_utils.models.zoo.registry import FINAL  # loading's FINAL_REVISIONS (a test ties them)
 
     if not revision:
         return folder
     sub = folder / "revisions" / str(revision)
     if sub.is_dir():
         return sub
-    return folder if str(revision) in FINAL_REVISIONS else None
+    return folder if str(revision) in FINAL else None
 
 
 def config_file(model: str, revision: str | None = None) -> Path | None:
