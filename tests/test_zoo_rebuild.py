@@ -132,3 +132,15 @@ def test_a_swap_killed_between_its_renames_gets_the_old_build_back(own_cache):
         assert zoo.prepare("pythia-smoke", progress=False) == root
     assert _snapshot("pythia-smoke") == before and _state("pythia-smoke") == "ready"
     assert not root.with_name(f".{root.name}.old").exists()
+
+
+def test_a_quiet_build_shows_no_library_bars_and_leaves_them_as_they_were(own_cache, capfd):
+    """``progress=False`` (a notebook's quiet build) keeps transformers' own bars ("Writing model
+    shards") out of the output too, and turns them back on afterwards."""
+    from transformers.utils import logging as hf_logging
+
+    assert hf_logging.is_progress_bar_enabled()
+    zoo.prepare("pythia-smoke", progress=False)
+    err = capfd.readouterr().err
+    assert "Writing model shards" not in err and "%|" not in err, err
+    assert hf_logging.is_progress_bar_enabled()

@@ -10,10 +10,12 @@ metrics); :func:`prepare_many` spreads several builds over worker processes. :fu
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pandas as pd
@@ -100,11 +102,28 @@ def _build(entry: ZooEntry, root: Path, key: str, progress: bool, *, force: bool
     atomically, the table and the manifest last), so an interrupted build resumes.
     """
     t0, load0 = (time.perf_counter(), time.process_time()), _loadavg()
-    if entry.is_family and not force:
-        _build_family(entry, root, key, progress, t0, load0)
-        return
-    with atomic_dir(root) as tmp:
-        _build_into(entry, tmp, key, progress, t0, load0)  # files follow the umask (atomic_dir)
+    with _library_bars(progress):
+        if entry.is_family and not force:
+            _build_family(entry, root, key, progress, t0, load0)
+            return
+        with atomic_dir(root) as tmp:
+            _build_into(entry, tmp, key, progress, t0, load0)  # files follow the umask (atomic_dir)
+
+
+@contextlib.contextmanager
+def _library_bars(progress: bool) -> Iterator[None]:
+    """transformers' own progress bars (save_pretrained's "Writing model shards", loading's
+    "Loading weights") off while a build runs without progress, as a notebook's quiet build asks."""
+    from transformers.utils import logging as hf_logging
+
+    shown = hf_logging.is_progress_bar_enabled()
+    if not progress:
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if shown and not progress:
+            hf_logging.enable_progress_bar()
 
 
 def _build_into(entry: ZooEntry, out: Path, key: str, progress: bool, t0, load0) -> None:
