@@ -69,6 +69,144 @@ def test_a_corrupt_record_of_submissions_is_moved_aside_and_said(tmp_path, capsy
     assert json.loads((tmp_path / "submissions.json").read_text())["abc"][0]["job_id"] == "42"
 
 
+def _dead_pid() -> int:
+    """The id of a process that has ended (a record naming it names no live worker)."""
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+def _f03_sweep(root=None) -> S.Sweep:
+    from coupling_utils.pipeline.execution import parse_override
+
+    return S.plan_sweep("f03", "paper", dict(parse_override(p) for p in F03[4::2]), root=root)
+
+
+def test_status_says_what_became_of_a_task(standin_hub, private_cache, monkeypatch):
+    """--status from what the records say: a task whose worker ran to its end and whose measurements
+    are gone is missing (was: "submitted, but its job ended before starting"); a worker that died
+    on an error before its task ran (submitit's result) failed, with that error (was: interrupted,
+    the last log line a progress bar); a log's last line that says something, not a progress bar;
+    a worker's process id given to another program since is not a running worker; a damaged
+    stored measurement fails its task, the others still listed (was: --status stopped
+    on "an unexpected error ... likely a bug")."""
+    import pickle
+    import socket
+
+    sweep = _f03_sweep().record()
+    ran, crashed = sweep.tasks
+    pid = _dead_pid()
+    S._record_submission(sweep, ran, "local", str(pid))
+    marker = {"task": ran.name, "host": socket.gethostname(), "pid": pid, "jobs": []}
+    marker.update(started=S._now(), finished=S._now())
+    (sweep.folder / "tasks" / f"{ran.id}.json").write_text(json.dumps(marker))
+    S._record_submission(sweep, crashed, "local", str(pid + 1000000))
+    logs = sweep.folder / "local"
+    logs.mkdir()
+    tb = "Traceback (most recent call last):\n  File x, line 1\nSyntaxError: invalid syntax\n"
+    (logs / f"{pid + 1000000}_0_result.pkl").write_bytes(pickle.dumps(("error", tb)))
+    (logs / f"{pid + 1000000}_0_log.err").write_text(
+        "RuntimeError: no GPU\nLoading: 100%|####| 28/28 [00:00]\r\n"
+    )
+    states = [(s.state, s.reason) for s in S.sweep_status(sweep)]
+    assert states == [
+        ("missing", "measured by other code or deleted since it ran: submit again"),
+        ("failed", "its worker failed before the task could start: SyntaxError: invalid syntax"),
+    ]
+    (logs / f"{pid + 1000000}_0_result.pkl").unlink()  # no result: what its log says last
+    assert (
+        S.sweep_status(sweep)[1].reason
+        == "submitted, but its job ended before starting: RuntimeError: no GPU"
+    )
+    # a record naming a process id now given to another program (this one): not the worker, which
+    # is gone (was: "running" for ever, and never submitted again)
+    marker.update(pid=os.getpid(), finished=None)
+    (sweep.folder / "tasks" / f"{ran.id}.json").write_text(json.dumps(marker))
+    state = S.sweep_status(sweep)[0]
+    assert state.state == "interrupted" and "stopped without finishing" in state.reason, state.line()
+
+    def damaged(*args, **kwargs):
+        raise OSError("Parquet magic bytes not found in footer: /cache/f03/x/depthwise.parquet")
+
+    monkeypatch.setattr("coupling_utils.measurement.collect", damaged)
+    (state,) = {(s.state, s.reason) for s in S.sweep_status(sweep)}
+    assert state[0] == "failed" and "cannot be read (OSError: Parquet magic" in state[1]
+    assert "remove that measurement's folder and submit again" in state[1]
+
+
+def test_a_second_run_of_a_sweep_being_run_is_refused(standin_hub, private_cache, capsys):
+    """Two `sweep`s of one sweep at once: the second is refused, naming the first and what to do
+    (was: both ran every task not yet started, each twice over); nothing is submitted."""
+    from coupling_utils.pipeline.cli import main
+    from coupling_utils.pipeline.sweep_submit import _holding
+
+    sweep = _f03_sweep()
+    with _holding(sweep):
+        assert main(["sweep", *F03, "--executor", "local"]) == 1
+    err = capsys.readouterr().err
+    assert f"error: sweep {sweep.name} is being run or submitted right now by `coupling-book` process " in err
+    assert f"process {os.getpid()} on " in err and "Follow it with --status" in err and "Traceback" not in err
+    assert not (sweep.folder / "submissions.json").exists()
+
+
+def test_a_read_only_sweep_record_names_the_folder_and_the_fix(tmp_path, monkeypatch):
+    """A cache one cannot write (a read-only mount: root is refused too) stops a submission with a
+    CacheError (exit 2) naming the sweep's folder and the fix (was: a bare OSError, exit 1)."""
+    import errno
+
+    from coupling_utils.files import CacheError
+
+    def read_only(path):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+
+    monkeypatch.setattr(S, "atomic_path", read_only)
+    sweep = S.record_sweep(
+        tmp_path / "sweeps" / "s", [], {"notebook": "f00", "profile": "smoke"}, write=False
+    )
+    with pytest.raises(
+        CacheError, match=r"sweeps/s cannot be written \(Read-only file system\).*COUPLING_CACHE"
+    ):
+        sweep.record()
+
+
+def test_a_task_out_of_time_starts_no_other_job(standin_hub, private_cache, tmp_path, monkeypatch):
+    """SLURM's warning before the time limit reaches a job as submitit's UncompletedJobError (a job
+    that cannot be requeued): the task records it and stops (was: it went on to its next job,
+    to be killed in the middle of it)."""
+    from coupling_utils.measurement import loop
+
+    task = S.group_tasks(S.notebook_jobs("f01", "paper"))[0]  # a trained model and its twin
+    assert len(task.jobs) > 1
+
+    class UncompletedJobError(Exception):
+        pass
+
+    ran = []
+
+    def out_of_time(job):
+        ran.append(job)
+        raise UncompletedJobError("Job not requeued because: timed-out and not checkpointable.")
+
+    monkeypatch.setattr(loop, "run", out_of_time)
+    with pytest.raises(UncompletedJobError):
+        S.run_task(task, str(tmp_path))
+    assert len(ran) == 1
+    marker = json.loads((tmp_path / "tasks" / f"{task.id}.json").read_text())
+    assert marker["finished"] is None and marker["jobs"][0]["error"] == "UncompletedJobError"
+
+
+def test_one_reason_of_many_jobs_is_said_once_and_memory_is_not_rounded_down(private_cache):
+    from types import SimpleNamespace as NS
+
+    def failed(name):
+        return NS(ok=False, error="ModelNotFoundError", message="gone", job=NS(describe=lambda: name))
+
+    text = S._failures([failed("m, trained"), failed("m, random init"), NS(ok=True)])
+    assert text == "m, trained and m, random init: ModelNotFoundError: gone"
+    sweep = S.Sweep("f00_coupling_metric", "smoke", {}, [], private_cache / "sweeps" / "s")
+    assert S.Resources(executor="slurm", mem_gb=1.5).slurm_parameters(sweep, 2)["mem"] == "1536M"  # was 1GB
+
+
 def test_time_limits_read_like_sbatch():
     assert [S.parse_time(t) for t in ("30", "4:00:00", "90:30", "1-0", "1-2:30", "0:0:1", 45)] == [
         30, 240, 91, 1440, 1590, 1, 45,
@@ -302,7 +440,50 @@ def test_dry_run_shows_the_batch_script_without_submitting(standin_hub, private_
     assert out.returncode == 0, out.stderr
     assert "would submit 26 task(s)" in out.stdout and "#SBATCH --partition=a100" in out.stdout
     assert "--array=0-25%26" in out.stdout
+    assert f"{sys.executable} -u -m submitit.core._submit " in out.stdout  # what is submitted, as it is
     assert not list((private_cache / "sweeps").glob("*/submissions.json"))
+
+
+def test_a_sweep_larger_than_the_clusters_arrays_goes_as_several(
+    standin_hub, private_cache, tmp_path, monkeypatch
+):
+    """More tasks than the cluster's MaxArraySize (``scontrol show config``): several job arrays,
+    each within it (was: one array sbatch refuses; SLURM's default allows 1001 tasks)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text("#!/bin/sh\necho 'MaxArraySize            = 1'\n")
+    (bin_dir / "scontrol").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    out = _cli("sweep", *F03, "--executor", "slurm", "--dry-run")
+    assert out.returncode == 0, out.stderr
+    assert "would submit 2 task(s) as 2 SLURM job arrays (MaxArraySize 1)" in out.stdout, out.stdout
+    assert out.stdout.count("#SBATCH --array=0-0%1") == 2, out.stdout
+
+
+def test_slurm_refusals_are_said_and_leave_nothing_behind(standin_hub, private_cache, tmp_path, monkeypatch):
+    """No srun beside sbatch (submitit needs both), or sbatch refusing the array (a partition the
+    cluster lacks): one paragraph with sbatch's reason and the fix, exit 2, nothing recorded as
+    submitted and no pickled task left (was: "an unexpected error ... likely a bug", exit 1)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text(
+        "#!/bin/sh\necho 'sbatch: error: invalid partition specified: gpu' >&2\nexit 1\n"
+    )
+    (bin_dir / "sbatch").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    slurm = ["--executor", "slurm", "--partition", "gpu"]
+    out = _cli("sweep", *F03, *slurm)
+    assert out.returncode == 2 and "has no srun on its PATH" in out.stderr, out.stderr
+    (bin_dir / "srun").write_text("#!/bin/sh\nexit 0\n")
+    (bin_dir / "srun").chmod(0o755)
+    out = _cli("sweep", *F03, *slurm)
+    assert out.returncode == 2, out.stdout + out.stderr
+    said = (
+        "sbatch refused the job array of 2 tasks (sbatch: error: invalid partition specified: gpu); nothing"
+    )
+    assert said in out.stderr and "sinfo" in out.stderr and "Traceback" not in out.stderr, out.stderr
+    folder = next(private_cache.glob("sweeps/f03_*"))
+    assert not list(folder.glob("slurm/*.pkl")) and not (folder / "submissions.json").exists()
 
 
 # f03 at the paper profile, cut to one stand-in model at two revisions: two small tasks
@@ -340,12 +521,19 @@ def test_bad_options_are_named_as_typed_and_only_a_submission_is_recorded(standi
 
 
 @pytest.mark.slow
-def test_ctrl_c_stops_the_local_workers_quietly_and_a_rerun_resumes(standin_hub, private_cache):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_stops_the_local_workers_quietly_and_a_rerun_resumes(sig, standin_hub, private_cache):
     """Ctrl-C in a terminal reaches its whole process group (the sweep and its workers): the
     sweep stops its workers and ends with exit status 130 and one line, no traceback (the local
     workers ignore the terminal's SIGINT; the sweep stops them); --status says the task was
     stopped on Ctrl-C, and a rerun runs it again (a rerun after an interrupted worker is tested
-    to the end above, after a SIGKILL)."""
+    to the end above, after a SIGKILL). SIGTERM to the group (``kill``, a SLURM time limit on the
+    allocation a local sweep runs in) does the same, said as SIGTERM, exit 143 (was: the sweep
+    died silently and its worker, which submitit makes ignore SIGTERM, ran on unseen)."""
+    by, rc, said = {
+        signal.SIGINT: ("Ctrl-C", 130, "interrupted: stopped on Ctrl-C"),
+        signal.SIGTERM: ("SIGTERM", 143, "terminated: stopped on SIGTERM"),
+    }[sig]
     args = ["sweep", *F03, "--executor", "local"]
     proc = subprocess.Popen(
         [sys.executable, "-m", "coupling_utils.pipeline.cli", *args],
@@ -359,16 +547,19 @@ def test_ctrl_c_stops_the_local_workers_quietly_and_a_rerun_resumes(standin_hub,
         subs = list(private_cache.glob("sweeps/*/submissions.json"))  # a worker was started
         time.sleep(0.05)
     assert subs, proc.communicate()
-    os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C does
+    _wait_for_marker(subs[0].parent, f"{_F03_TASKS[0][0]}@{_F03_TASKS[0][1]}", proc)  # the task runs
+    os.killpg(proc.pid, sig)  # what Ctrl-C does (or a time limit, `kill`)
     out, err = proc.communicate(timeout=300)
-    assert proc.returncode == 130, out + err
-    assert "interrupted: stopped on Ctrl-C" in err and "Traceback" not in out + err, err
+    assert proc.returncode == rc, out + err
+    assert said in err and "Traceback" not in out + err, err
+    assert f"stopped on {by}: {_F03_TASKS[0][0]}@step1 (running, stopped); 1 task(s) not started" in out
     (tries,) = json.loads(subs[0].read_text()).values()
-    assert tries[-1]["stopped"] and not S._pid_alive(tries[-1]["pid"])
+    assert tries[-1]["stopped"] and tries[-1]["by"] == by and not S._pid_alive(tries[-1]["pid"])
+    time.sleep(1)  # a worker left running would still be there after its parent has gone
     for marker in subs[0].parent.glob("tasks/*.json"):  # no worker is left running
         assert not S._pid_alive(json.loads(marker.read_text())["pid"])
     status = _cli("sweep", *F03, "--status")
-    assert re.search(r"interrupted\s+\S+@step1\s+stopped on Ctrl-C", status.stdout), status.stdout
+    assert re.search(rf"interrupted\s+\S+@step1\s+stopped on {by}", status.stdout), status.stdout
     assert "1 interrupted, 1 missing" in status.stdout, status.stdout
     again = _cli(*args, "--dry-run")  # a rerun runs both (measuring them takes minutes here)
     assert again.returncode == 0, again.stdout + again.stderr

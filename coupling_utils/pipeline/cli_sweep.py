@@ -10,6 +10,7 @@ coupling-book measure openai-community/gpt2 ./my-model --k 10 30 --out results/
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 
 from coupling_utils.analysis.prose_list import listed
@@ -89,6 +90,36 @@ def _print_states(title: str, states) -> None:
             print(f"  {'':<12} log: {s.log}")
 
 
+# after SIGTERM (``kill``, a time limit): what the sweep did (sweep_submit.sigterm_stops)
+TERMINATED = (
+    "terminated: stopped on SIGTERM (a time limit, or kill), as on Ctrl-C. What was finished is "
+    "stored; rerun the same command to continue."
+)
+
+
+def _stoppable(command):
+    """``command`` with SIGTERM stopping it as Ctrl-C does, said as what it was (exit 143), and
+    a sweep already being run by another process refused (exit 1)."""
+
+    @functools.wraps(command)
+    def run(args) -> int:
+        from coupling_utils.pipeline.sweep import SweepBusy
+        from coupling_utils.pipeline.sweep_submit import Terminated, sigterm_stops
+
+        try:
+            with sigterm_stops():
+                return command(args)
+        except Terminated:
+            print(f"\n{TERMINATED}", file=sys.stderr)
+            return 143
+        except SweepBusy as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+
+    return run
+
+
+@_stoppable
 def _cmd_sweep(args) -> int:
     from coupling_utils.chapters.checks import ParameterError
     from coupling_utils.pipeline.execution import parse_overrides
@@ -138,10 +169,17 @@ def _cmd_sweep(args) -> int:
         return 2
     _print_states(sweep.name, states)
     if args.executor == "local" and not args.dry_run:
-        return 0 if all(s.state == "done" for s in states) else 1
+        left = [s for s in states if s.state != "done"]
+        if left:
+            print(
+                f"{len(left)} of {len(states)} task(s) not done; rerunning the same command runs only "
+                "those (the done ones are kept): for a failed one, fix its reason first"
+            )
+        return 1 if left else 0
     return 0
 
 
+@_stoppable
 def _cmd_measure(args) -> int:
     from coupling_utils.measurement import Loads
     from coupling_utils.pipeline.measure_models import (
@@ -290,7 +328,8 @@ def _add_measure_command(subparsers) -> None:
         "--revision",
         action="append",
         metavar="R",
-        help="revision(s) of every model, e.g. step1000; repeatable",
+        help="revision(s) of every model, e.g. step1000 (a hub branch or commit; a local folder's "
+        "checkpoint in revisions/R/, main the folder itself); repeatable",
     )
     p.add_argument(
         "--prompts",

@@ -34,7 +34,9 @@ end, each job's outcome), from which :func:`sweep_status` tells each task's stat
 from __future__ import annotations
 
 import datetime as _dt
+import errno
 import json
+import math
 import os
 import pickle
 import re
@@ -48,13 +50,13 @@ from pathlib import Path
 from typing import Any
 
 from coupling_utils.analysis.prose_list import listed
-from coupling_utils.files import atomic_path, atomic_write_text, cache_dir, file_lock, read_json
+from coupling_utils.files import CacheError, atomic_path, atomic_write_text, cache_dir, file_lock, read_json
 from coupling_utils.measurement.jobs import Job
 from coupling_utils.provenance import stable_hash
 
 __all__ = [
-    "SweepError", "Task", "Sweep", "Resources", "TaskState", "EXECUTORS", "STATES", "FORWARDED_ENV",
-    "notebook_jobs", "plan_sweep", "record_sweep", "load_sweep", "group_tasks",
+    "SweepError", "SweepBusy", "Task", "Sweep", "Resources", "TaskState", "EXECUTORS", "STATES",
+    "FORWARDED_ENV", "notebook_jobs", "plan_sweep", "record_sweep", "load_sweep", "group_tasks",
     "planned_params", "planned_values", "summary_line", "run_task", "sweep_status",
     "recorded_sweeps", "parse_time",
 ]  # fmt: skip
@@ -64,19 +66,17 @@ STATES = ("done", "running", "pending", "failed", "interrupted", "missing")
 # environment a worker needs to find the same cache, hub cache and data (never tokens: SLURM passes
 # the submitting environment on by default, HF_TOKEN included, without writing it into a script)
 FORWARDED_ENV = (
-    "COUPLING_CACHE",
-    "COUPLING_BOOK_ROOT",
-    "COUPLING_DATA",
-    "HF_HOME",
-    "HF_HUB_CACHE",
-    "HF_HUB_OFFLINE",
-    "TRANSFORMERS_OFFLINE",
-    "HF_DATASETS_OFFLINE",
-)
+    "COUPLING_CACHE", "COUPLING_BOOK_ROOT", "COUPLING_DATA", "HF_HOME", "HF_HUB_CACHE",
+    "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE",
+)  # fmt: skip
 
 
 class SweepError(ValueError):
     """A sweep cannot be planned or submitted (bad notebook, executor or option)."""
+
+
+class SweepBusy(RuntimeError):
+    """Another ``coupling-book sweep`` is running or submitting this sweep right now."""
 
 
 # --------------------------------------------------------------------------- the chapters' plans
@@ -166,11 +166,21 @@ class Sweep:
         just before it submits: what is only shown, or refused, is not recorded."""
         if self.info is None:  # made by hand, not by record_sweep or load_sweep: nothing to write
             return self
-        (self.folder / "tasks").mkdir(parents=True, exist_ok=True)
-        with file_lock(self.folder / ".lock", f"sweep {self.name}"):
-            with atomic_path(self.folder / "plan.pkl") as tmp:
-                tmp.write_bytes(pickle.dumps(list(self.tasks)))
-            atomic_write_text(self.folder / "sweep.json", json.dumps(self.info, indent=2, default=str))
+        try:
+            (self.folder / "tasks").mkdir(parents=True, exist_ok=True)
+            with file_lock(self.folder / ".lock", f"sweep {self.name}"):
+                with atomic_path(self.folder / "plan.pkl") as tmp:
+                    tmp.write_bytes(pickle.dumps(list(self.tasks)))
+                atomic_write_text(self.folder / "sweep.json", json.dumps(self.info, indent=2, default=str))
+        except OSError as exc:  # a read-only cache (or --out): say where, and the fix
+            if exc.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+                raise
+            raise CacheError(
+                f"the sweep's record {self.folder} cannot be written ({exc.strerror}), so nothing can be "
+                f"submitted from this cache; make {self.folder.parent} writable (chmod -R u+w) or point "
+                "$COUPLING_CACHE (for measure: --out) at a folder you can write (--status and --dry-run "
+                "only read)"
+            ) from exc
         return self
 
     def task(self, tid: str) -> Task:
@@ -272,13 +282,18 @@ def run_task(task: Task, folder: str) -> dict:
     atomic_write_text(marker, json.dumps(info, indent=2))
     for job in task.jobs:
         t0 = time.perf_counter()
+        timed_out = None
         try:
             result = run(job)
             outcome = {"ok": True, "loaded": result.loaded}
         except Exception as exc:  # recorded by run() in the job's folder too
             outcome = {"ok": False, "error": type(exc).__name__, "message": str(exc)}
+            if type(exc).__name__ == "UncompletedJobError":  # submitit: SLURM's time limit is near
+                timed_out = exc
         info["jobs"].append({"job": job.describe(), "seconds": round(time.perf_counter() - t0, 2), **outcome})
         atomic_write_text(marker, json.dumps(info, indent=2))
+        if timed_out is not None:  # start no other job: the worker is about to be killed
+            raise timed_out
     info["finished"] = _now()
     atomic_write_text(marker, json.dumps(info, indent=2))
     return info
@@ -335,25 +350,54 @@ def _alive(record: Mapping[str, Any], folder: Path) -> tuple[bool | None, str]:
     host, pid = record.get("host"), record.get("pid")
     if host != socket.gethostname():
         return None, f"process {pid} on {host} (another host: not checked)"
-    return _pid_alive(int(pid)), f"process {pid} on {host}"
+    return _pid_alive(int(pid)) and _runs_submitit(int(pid)), f"process {pid} on {host}"
+
+
+def _runs_submitit(pid: int) -> bool:
+    """Whether process ``pid`` is a sweep's worker (its command names submitit), not another one
+    given the id since (ids are reused, soonest after a reboot); True where /proc cannot say."""
+    try:
+        return b"submitit" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return True
+
+
+_PROGRESS = re.compile(r"\d+%\|")  # a progress bar's line (tqdm's "40%|####  | 2/5"): says nothing
 
 
 def _log_tail(folder: Path, submission: Mapping[str, Any] | None) -> tuple[str | None, str]:
-    """The worker's stderr log (submitit's) and its last non-empty line."""
+    """The worker's stderr log (submitit's) and its last non-empty line that is not a progress bar."""
     if not submission:
         return None, ""
     logs = sorted((folder / submission["executor"]).glob(f"{submission['job_id']}_*_log.err"))
     if not logs:
         return None, ""
-    lines = [x for x in logs[0].read_text(errors="replace").splitlines() if x.strip()]
+    text = logs[0].read_text(errors="replace").replace("\r", "\n")
+    lines = [x for x in text.splitlines() if x.strip() and not _PROGRESS.search(x)]
     return str(logs[0]), (lines[-1].strip()[:200] if lines else "")
+
+
+def _worker_error(folder: Path, submission: Mapping[str, Any]) -> str | None:
+    """The last line of the error a worker ended on before its task ran (submitit's result
+    pickle: an import error, a bad environment), or None (it succeeded, or left no result)."""
+    path = folder / submission["executor"] / f"{submission['job_id']}_0_result.pkl"
+    try:
+        outcome, value = pickle.loads(path.read_bytes())
+    except Exception:  # noqa: BLE001 - none, cut short, or not submitit's: nothing to say
+        return None
+    lines = [x.strip() for x in str(value).splitlines() if x.strip()]
+    return (lines[-1][:300] if lines else "an error") if outcome == "error" else None
 
 
 def task_state(sweep: Sweep, task: Task, submissions: Mapping[str, list] | None = None) -> TaskState:
     """The state of one task (see the module doc for the order in which states are decided)."""
     from coupling_utils.measurement import Options, collect
 
-    done = collect(list(task.jobs), Options(compute=False))
+    try:
+        done = collect(list(task.jobs), Options(compute=False))
+    except Exception as exc:  # noqa: BLE001 - a damaged stored table: say so, list the other tasks
+        why = f"a stored measurement of it cannot be read ({type(exc).__name__}: {exc})"
+        return TaskState(task, "failed", f"{why}; remove that measurement's folder and submit again")
     if not done.missing:
         return TaskState(task, "done")
     if submissions is None:
@@ -368,38 +412,51 @@ def task_state(sweep: Sweep, task: Task, submissions: Mapping[str, list] | None 
             return TaskState(
                 task, "running", what if alive is None else f"{what} since {marker['started']}", log
             )
-    if last is not None and (marker is None or marker["started"] < last["submitted"]):
+    ran = marker is not None and (last is None or marker["started"] >= last["submitted"])
+    if last is not None and not ran:
         alive, what = _alive(last, sweep.folder)
         if alive:
             return TaskState(task, "pending", f"submitted {last['submitted']} ({what})", log)
-    reasons = [
-        f"{r.job.describe()}: {r.error}: {r.message}"
-        for r in done.results
-        if not r.ok and r.error != "NotMeasured"
-    ]
+    reasons = _failures(done.results)
     if reasons:
-        return TaskState(task, "failed", "; ".join(reasons), log)
-    ran = marker is not None and (last is None or marker["started"] >= last["submitted"])
+        return TaskState(task, "failed", reasons, log)
+    return _ended(sweep, task, last, marker if ran else None, log, tail)
+
+
+def _ended(sweep: Sweep, task: Task, last, marker, log: str | None, tail: str) -> TaskState:
+    """The state of a task that is not done, running, pending or failed, from its last
+    submission ``last`` and the marker its worker left since (``marker``; None: none since)."""
+    ran = marker is not None
     if last is not None and last.get("stopped") and not (ran and marker.get("finished")):
         when = f"while it ran (since {marker['started']})" if ran else "before it started"
-        return TaskState(task, "interrupted", f"stopped on Ctrl-C {last['stopped']}, {when}", log)
-    if marker is not None and marker.get("finished") is None:
+        by = last.get("by", "Ctrl-C")
+        return TaskState(task, "interrupted", f"stopped on {by} {last['stopped']}, {when}", log)
+    if ran and marker.get("finished") is None:
         _, what = _alive(marker, sweep.folder)
         reason = (
             f"the worker ({what}) stopped without finishing (killed, out of memory, out of time or "
             "preempted)" + (f"; last log line: {tail}" if tail else "")
         )
         return TaskState(task, "interrupted", reason, log)
+    if ran:  # its worker finished, yet a measurement is not there
+        return TaskState(task, "missing", "measured by other code or deleted since it ran: submit again", log)
     if last is not None:
-        return TaskState(
-            task,
-            "interrupted",
-            "submitted, but its job ended before starting" + (f": {tail}" if tail else ""),
-            log,
-        )
-    if any(r.error == "NotMeasured" for r in done.results) and marker is not None:
-        return TaskState(task, "missing", "measured by other code or deleted: submit again", log)
+        crashed = _worker_error(sweep.folder, last)
+        if crashed:
+            return TaskState(task, "failed", f"its worker failed before the task could start: {crashed}", log)
+        why = "submitted, but its job ended before starting" + (f": {tail}" if tail else "")
+        return TaskState(task, "interrupted", why, log)
     return TaskState(task, "missing", "not submitted")
+
+
+def _failures(results) -> str:
+    """The stored failures of a task's jobs, one clause per distinct reason (a model that cannot
+    be loaded fails its trained and its random-init job alike: said once, naming both)."""
+    by_reason: dict[str, list[str]] = {}
+    for r in results:
+        if not r.ok and r.error != "NotMeasured":
+            by_reason.setdefault(f"{r.error}: {r.message}", []).append(r.job.describe())
+    return "; ".join(f"{listed(jobs)}: {why}" for why, jobs in by_reason.items())
 
 
 def sweep_status(sweep: Sweep) -> list[TaskState]:
@@ -408,9 +465,11 @@ def sweep_status(sweep: Sweep) -> list[TaskState]:
     return [task_state(sweep, t, submissions) for t in sweep.tasks]
 
 
-def _record_submission(sweep: Sweep, task: Task, executor: str, job_id: str | None) -> None:
+def _record_submission(
+    sweep: Sweep, task: Task, executor: str, job_id: str | None, by: str = "Ctrl-C"
+) -> None:
     """Record that ``task`` was submitted as ``job_id``; ``job_id=None``: that its last
-    submission was stopped on Ctrl-C (:mod:`.sweep_submit`)."""
+    submission was stopped on ``by`` (Ctrl-C or SIGTERM: :mod:`.sweep_submit`)."""
     path = sweep.folder / "submissions.json"
     with file_lock(sweep.folder / ".lock", f"sweep {sweep.name}"):
         subs = read_json(path, "sweep's record of submissions") or {}
@@ -418,7 +477,7 @@ def _record_submission(sweep: Sweep, task: Task, executor: str, job_id: str | No
         if executor == "local" and job_id is not None:
             entry.update(host=socket.gethostname(), pid=int(job_id))
         if job_id is None:
-            subs.get(task.id, [{}])[-1]["stopped"] = _now()
+            subs.get(task.id, [{}])[-1].update(stopped=_now(), by=by)
         else:
             subs.setdefault(task.id, []).append(entry)
         atomic_write_text(path, json.dumps(subs, indent=2))
@@ -500,13 +559,16 @@ class Resources:
 
     def check_here(self, *, dry_run: bool = False) -> None:
         """Refuse what this machine cannot run, before anything is created or submitted: SLURM
-        (not a dry run) needs ``sbatch`` on the PATH."""
+        (not a dry run) needs ``sbatch`` and ``srun`` (which submitit checks for) on the PATH."""
         import shutil
 
-        if self.executor == "slurm" and not dry_run and shutil.which("sbatch") is None:
+        absent = [c for c in ("sbatch", "srun") if shutil.which(c) is None]
+        if self.executor == "slurm" and not dry_run and absent:
             raise SweepError(
-                "--executor slurm submits with SLURM's sbatch, and this machine has no sbatch on its PATH; "
-                "run the command on the cluster's login node, or use --executor local (or, for measure, none)"
+                f"--executor slurm submits with SLURM's sbatch and srun, and this machine has no "
+                f"{absent[0]} on its PATH{' (nor srun)' if absent[1:] else ''}; run the command on the "
+                "cluster's login node (where SLURM is a module: `module load slurm` first), or use "
+                "--executor local (or, for measure, none); --dry-run shows the batch script here"
             )
 
     @property
@@ -525,7 +587,7 @@ class Resources:
             "partition": self.partition,
             "gpus_per_node": int(self.gpus_per_job) if self.gpus_per_job else None,
             "cpus_per_task": int(self.cpus_per_job) if self.cpus_per_job else None,
-            "mem": f"{int(self.mem_gb)}GB" if self.mem_gb else None,
+            "mem": f"{math.ceil(self.mem_gb * 1024)}M" if self.mem_gb else None,  # 1.5 GB: 1536M
             "account": self.account,
         }
         params.update({k: v for k, v in optional.items() if v})

@@ -7,39 +7,114 @@ its foreground group, these included, and the controller would answer with a Pyt
 so a worker starts ignoring SIGINT (``trap '' INT``, inherited), its task listens again once it
 runs, and the sweep stops its workers itself (:func:`stop_workers`): SIGINT to each worker (the
 task stops where it is; what it stored stays), SIGKILL to what is left after a grace period, and
-each stop recorded, so that ``--status`` reads "stopped on Ctrl-C" and a rerun resumes.
+each stop recorded, so that ``--status`` reads "stopped on Ctrl-C" and a rerun resumes. SIGTERM
+(``kill``, or SLURM's time limit on an allocation the sweep runs in) does the same
+(:func:`sigterm_stops`), said as what it was; the worker's shell ignores it too (``trap '' INT
+TERM``), else it would die and leave its task, which submitit makes ignore SIGTERM, running unseen.
+
+One sweep is run or submitted by one process at a time (:func:`_holding`): a second
+``coupling-book sweep`` of the same sweep, while the first runs its tasks, is refused
+(:class:`~coupling_utils.pipeline.sweep.SweepBusy`) instead of running the same tasks again.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
+import shlex
 import signal
+import socket
+import sys
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from coupling_utils.analysis.prose_list import listed
 from coupling_utils.pipeline.sweep import (
     Resources,
     Sweep,
+    SweepBusy,
     SweepError,
     TaskState,
+    _now,
     _record_submission,
     _setup_lines,
     run_task,
+    summary_line,
     sweep_status,
     task_state,
 )
 
-__all__ = ["submit", "run_local", "stop_workers"]
+__all__ = ["submit", "run_local", "stop_workers", "Terminated", "sigterm_stops"]
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM arrived (``kill``, a time limit): stops a sweep as Ctrl-C does (:func:`sigterm_stops`)."""
+
+
+def _terminated(signum, frame):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: a second one does not cut the stopping short
+    raise Terminated
+
+
+@contextlib.contextmanager
+def sigterm_stops():
+    """Within the block, SIGTERM raises :class:`Terminated` (a KeyboardInterrupt): the local
+    workers are stopped and recorded as on Ctrl-C, instead of this process dying at once and
+    leaving them running (a submitit task ignores SIGTERM). Only in the main thread."""
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL or not _main_thread():
+        yield
+        return
+    signal.signal(signal.SIGTERM, _terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+@contextlib.contextmanager
+def _holding(sweep: Sweep):
+    """Record ``sweep`` and hold its run lock (``.run.lock``, naming the holder) while the block
+    runs or submits its tasks; another process holding it: :class:`SweepBusy`, nothing done."""
+    import fcntl
+
+    sweep.record()
+    with open(sweep.folder / ".run.lock", "a+") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.seek(0)
+            holder = fh.read().strip() or "another process"
+            raise SweepBusy(
+                f"sweep {sweep.name} is being run or submitted right now by {holder}; a second run "
+                "would start the same tasks again. Follow it with --status, or wait for it to end "
+                "(or stop it) and rerun this command: it then runs what is left"
+            ) from None
+        fh.seek(0)
+        fh.truncate()
+        fh.write(f"`coupling-book` process {os.getpid()} on {socket.gethostname()} (since {_now()})\n")
+        fh.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def run_local(submitit, sweep: Sweep, todo, resources: Resources, echo, poll_s: float) -> list[TaskState]:
     """Run the tasks ``todo`` of ``sweep`` here, ``resources.max_parallel`` (default 1) at a time,
     until they have ended; on Ctrl-C, stop the running ones (:func:`stop_workers`) and re-raise."""
-    ex = submitit.LocalExecutor(folder=sweep.record().folder / "local")  # recorded: it is submitted
-    setup = ["trap '' INT", *_setup_lines()]  # the worker ignores the terminal's Ctrl-C (module doc)
+    ex = submitit.LocalExecutor(folder=sweep.folder / "local")
+    # the worker's shell ignores the terminal's Ctrl-C and a SIGTERM to the group (module doc): it
+    # stays, so that stop_workers finds the worker's processes below it
+    setup = ["trap '' INT TERM", *_setup_lines()]
     params: dict[str, Any] = {"timeout_min": resources.minutes or 24 * 60, "setup": setup}
     if resources.gpus_per_job:
         params["gpus_per_node"] = int(resources.gpus_per_job)
@@ -58,28 +133,38 @@ def run_local(submitit, sweep: Sweep, todo, resources: Resources, echo, poll_s: 
                     echo(task_state(sweep, task).line())
             if running:
                 time.sleep(poll_s)
-    except KeyboardInterrupt:
-        stop_workers(sweep, running)
+    except KeyboardInterrupt as exc:
+        by = "SIGTERM" if isinstance(exc, Terminated) else "Ctrl-C"
+        stopped = [task.name for task, _ in running.values()]
+        stop_workers(sweep, running, by=by)
+        echo(
+            f"stopped on {by}: "
+            + (f"{listed(stopped)} (running, stopped)" if stopped else "no task was running")
+            + (f"; {len(queue)} task(s) not started" if queue else "")
+        )
         raise
     return sweep_status(sweep)
 
 
-def stop_workers(sweep: Sweep, running: Mapping[str, tuple], grace_s: float = 10.0) -> None:
+def stop_workers(
+    sweep: Sweep, running: Mapping[str, tuple], grace_s: float = 10.0, by: str = "Ctrl-C"
+) -> None:
     """Stop the ``running`` workers (``{task id: (task, submitit job)}``) of ``sweep``: SIGINT to
     each one's processes (repeated: a task that is still starting listens only once it runs, and
-    then takes the first one), SIGKILL to what is left after ``grace_s``; each recorded as stopped."""
+    then takes the first one), SIGKILL to what is left after ``grace_s``; each recorded as stopped
+    on ``by`` (Ctrl-C or SIGTERM)."""
     deadline = time.monotonic() + grace_s
     try:
         while time.monotonic() < deadline and not all(job.done() for _, job in running.values()):
             for _, job in running.values():
                 _signal_tree(int(job.job_id), signal.SIGINT)
             time.sleep(0.2)
-    except KeyboardInterrupt:  # a second Ctrl-C: stop waiting
+    except KeyboardInterrupt:  # a second Ctrl-C (or a SIGTERM after it): stop waiting
         pass
     for task, job in running.values():
         if not job.done():
             _signal_tree(int(job.job_id), signal.SIGKILL)
-        _record_submission(sweep, task, "local", None)
+        _record_submission(sweep, task, "local", None, by=by)
 
 
 def _signal_tree(pid: int, sig: int) -> None:
@@ -119,43 +204,108 @@ def submit(
     """
     resources = resources or Resources()
     states = sweep_status(sweep)
-    todo = [s.task for s in states if s.state in ("failed", "interrupted", "missing")]
-    for s in states:
-        if s.state not in ("failed", "interrupted", "missing"):
-            echo(f"skip  {s.line()}")
-    if not todo:
-        echo(f"{sweep.name}: nothing to submit ({len(states)} tasks)")
+    if not _todo(states):
+        echo(f"{sweep.name}: nothing to submit (its {_tasks(len(states))}: {summary_line(states)})")
         return states
     resources.check_here(dry_run=dry_run)
     submitit = None if dry_run and resources.executor == "local" else _import_submitit()
-    if resources.executor == "slurm":
-        return _submit_slurm(
-            submitit, sweep, todo, resources.slurm_parameters(sweep, len(todo)), dry_run, echo
-        )
     if dry_run:
+        return _dry_run(submitit, sweep, states, resources, echo)
+    with _holding(sweep):
+        states = sweep_status(sweep)  # again, holding the lock: another run may have started some
+        todo = _todo(states, echo)
+        if not todo:
+            echo(f"{sweep.name}: nothing to submit (its {_tasks(len(states))}: {summary_line(states)})")
+            return states
+        if resources.executor == "slurm":
+            return _submit_slurm(submitit, sweep, todo, resources.slurm_parameters(sweep, len(todo)), echo)
+        return run_local(submitit, sweep, todo, resources, echo, poll_s)
+
+
+def _tasks(n: int) -> str:
+    return f"{n} task" + ("" if n == 1 else "s")
+
+
+def _todo(states: list[TaskState], echo: Callable[[str], None] | None = None) -> list:
+    """The tasks to submit (failed, interrupted or missing); ``echo``: say which are skipped."""
+    for s in states:
+        if echo is not None and s.state not in ("failed", "interrupted", "missing"):
+            echo(f"skip  {s.line()}")
+    return [s.task for s in states if s.state in ("failed", "interrupted", "missing")]
+
+
+def max_array_size() -> int:
+    """The most tasks one SLURM job array may hold: the cluster's MaxArraySize (``scontrol show
+    config``; its largest index is one less), else SLURM's default, 1001. A sweep with more tasks
+    is submitted as several arrays (each with ``--max-parallel`` as its ``%N``)."""
+    import subprocess
+
+    try:
+        said = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return 1001
+    found = re.search(r"^MaxArraySize\s*=\s*(\d+)", said.stdout, re.MULTILINE)
+    return max(1, int(found[1])) if found else 1001
+
+
+def _arrays(todo: list) -> list[list]:
+    """``todo`` cut into job arrays of at most :func:`max_array_size` tasks."""
+    n = max_array_size()
+    return [todo[i : i + n] for i in range(0, len(todo), n)]
+
+
+def _dry_run(submitit, sweep: Sweep, states, resources: Resources, echo) -> list[TaskState]:
+    """What :func:`submit` would do (for SLURM, the batch script), doing nothing."""
+    todo = _todo(states, echo)
+    if resources.executor == "local":
         for t in todo:
             echo(f"would run  {t.name} ({len(t.jobs)} job(s))")
         return states
-    return run_local(submitit, sweep, todo, resources, echo, poll_s)
+    from submitit.slurm.slurm import _make_sbatch_string
 
-
-def _submit_slurm(submitit, sweep, todo, params: dict[str, Any], dry_run: bool, echo) -> list[TaskState]:
-    if dry_run:
-        from submitit.slurm.slurm import _make_sbatch_string
-
-        script = _make_sbatch_string(
-            command="python -u -m submitit.core._submit <folder>", folder=sweep.folder / "slurm",
-            map_count=len(todo), **params,
-        )  # fmt: skip
-        echo(f"would submit {len(todo)} task(s) as one SLURM job array:")
-        for t in todo:
+    folder = (sweep.folder / "slurm").absolute()  # as submitit's SlurmExecutor makes its command
+    command = f"{shlex.quote(sys.executable)} -u -m submitit.core._submit {shlex.quote(str(folder))}"
+    params = resources.slurm_parameters(sweep, len(todo))
+    arrays = _arrays(todo)
+    many = f"{len(arrays)} SLURM job arrays (MaxArraySize {max_array_size()})" if arrays[1:] else ""
+    echo(f"would submit {len(todo)} task(s) as {many or 'one SLURM job array'}:")
+    for part in arrays:
+        for t in part:
             echo(f"  {t.name} ({len(t.jobs)} job(s))")
-        echo(script)
-        return sweep_status(sweep)
-    ex = submitit.SlurmExecutor(folder=sweep.record().folder / "slurm")
+        echo(_make_sbatch_string(command=command, folder=folder, map_count=len(part), **params))
+    return states
+
+
+def _submit_slurm(submitit, sweep, todo, params: dict[str, Any], echo) -> list[TaskState]:
+    folder = sweep.folder / "slurm"
+    ex = submitit.SlurmExecutor(folder=folder)
     ex.update_parameters(**params)
-    jobs = ex.map_array(run_task, todo, [str(sweep.folder)] * len(todo))
-    for task, job in zip(todo, jobs):
-        _record_submission(sweep, task, "slurm", job.job_id)
-        echo(f"submitted  {task.name}  (SLURM job {job.job_id})")
+    submitted = 0
+    for part in _arrays(todo):
+        before = set(folder.glob("*.pkl"))
+        try:
+            jobs = ex.map_array(run_task, part, [str(sweep.folder)] * len(part))
+        except submitit.core.utils.FailedJobError as exc:  # sbatch said no: its reason, nothing left
+            for pending in set(folder.glob("*.pkl")) - before:  # the tasks submitit pickled for it
+                pending.unlink(missing_ok=True)
+            raise _refused(exc, len(part), submitted) from None
+        for task, job in zip(part, jobs):
+            _record_submission(sweep, task, "slurm", job.job_id)
+            echo(f"submitted  {task.name}  (SLURM job {job.job_id})")
+        submitted += len(part)
     return sweep_status(sweep)
+
+
+def _refused(exc: Exception, n: int, submitted: int) -> SweepError:
+    """sbatch's refusal of an array of ``n`` tasks (after ``submitted`` others), with the fix."""
+    said = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+    before = (
+        f"the {_tasks(submitted)} before it were submitted (a rerun submits only the rest)"
+        if submitted
+        else "nothing was submitted"
+    )
+    return SweepError(
+        f"sbatch refused the job array of {_tasks(n)} ({said}); {before}. Check --partition, --account, "
+        "--time, --gpus-per-job, --cpus-per-job and --mem-gb against what the cluster offers "
+        "(`sinfo -s` lists its partitions and their time limits), then rerun"
+    )

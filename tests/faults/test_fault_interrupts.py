@@ -1,6 +1,7 @@
-"""Interrupted runs: Ctrl-C (SIGINT) stops with a short message and exit 130, SIGKILL leaves what
-is stored; either way no hidden half-written file stays, and a rerun continues from what was
-finished. Two measures into one folder at once make one whole measurement."""
+"""Interrupted runs: Ctrl-C (SIGINT) stops with a short message and exit 130, SIGTERM (``kill``, a time
+limit) likewise with exit 143 and said as SIGTERM, SIGKILL leaves what is stored; either way no
+hidden half-written file stays, and a rerun continues from what was finished. Two measures into one
+folder at once make one whole measurement."""
 
 from __future__ import annotations
 
@@ -34,7 +35,9 @@ def _finished(out):
     return sorted(out.glob("store/**/prompts/*/done.json"))
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["sigint", "sigkill"])
+@pytest.mark.parametrize(
+    "sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL], ids=["sigint", "sigterm", "sigkill"]
+)
 def test_an_interrupted_measure_resumes(sig, cli, model_dir, many_prompts, tmp_path):
     out = tmp_path / "o"
     proc = cli(*_args(model_dir, many_prompts, out), background=True)
@@ -58,6 +61,9 @@ def test_an_interrupted_measure_resumes(sig, cli, model_dir, many_prompts, tmp_p
     assert 0 < len(done) < N_PROMPTS, "the measure ended before the signal; give it more prompts"
     if sig == signal.SIGINT:
         assert rc == 130 and "interrupted" in err and "Traceback" not in err, err
+    if sig == signal.SIGTERM:  # was: killed at once, silently (rc -15)
+        assert rc == 143 and "terminated: stopped on SIGTERM" in err and "Traceback" not in err, err
+    if sig != signal.SIGKILL:
         assert not list(out.rglob(".*.tmp")), "a half-written file was left"
     assert not (out / "summary.csv").exists()
     assert main(_args(model_dir, many_prompts, out)) == 0  # continues
