@@ -268,18 +268,22 @@ def read_json(path: str | os.PathLike, what: str = "record"):
     try:
         return json.loads(data)  # from bytes: UTF-8 as JSON says, whatever the locale
     except ValueError as exc:
-        aside = path.with_name(f"{path.name}.corrupt-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}")
-        moved = f"moved it to {aside.name}"
-        try:
-            os.replace(path, aside)
-        except OSError as err:  # a read-only place: leave it, and say so
-            moved = f"could not move it aside ({err.strerror}); it is ignored"
-        print(
-            f"warning: the {what} {path} is corrupt ({exc}); {moved} and will recompute what it held.",
-            file=sys.stderr,
-            flush=True,
-        )
+        set_aside(path, f"the {what} {path} is corrupt ({exc})")
         return None
+
+
+def set_aside(path: str | os.PathLike, why: str) -> None:
+    """Move a corrupt record aside to ``<name>.corrupt-<UTC time>`` and say so on stderr (``why``:
+    what is wrong, naming it), so that what it held is recomputed instead of failing at every
+    later run; in a read-only place it stays, ignored, and the warning says that."""
+    path = Path(path)
+    aside = path.with_name(f"{path.name}.corrupt-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}")
+    moved = f"moved it to {aside.name}"
+    try:
+        os.replace(path, aside)
+    except OSError as err:  # a read-only place: leave it, and say so
+        moved = f"could not move it aside ({err.strerror}); it is ignored"
+    print(f"warning: {why}; {moved} and will recompute what it held.", file=sys.stderr, flush=True)
 
 
 @contextlib.contextmanager

@@ -27,7 +27,7 @@ import pandas as pd
 import torch
 
 from coupling_utils.engine.metric import SVD
-from coupling_utils.files import atomic_path, atomic_write_parquet, atomic_write_text, read_json
+from coupling_utils.files import atomic_path, atomic_write_parquet, atomic_write_text, read_json, set_aside
 from coupling_utils.measurement.settings import Settings
 from coupling_utils.measurement.tables import TABLES, Measurement
 
@@ -144,7 +144,13 @@ class Store:
                 f"{self.out}: prompt {pid!r} was measured with other inputs; use another "
                 "out directory, other prompt ids, or resume=False"
             )
-        return {name: pd.read_parquet(ddir / f"{name}.parquet") for name in TABLES}
+        try:
+            return {name: pd.read_parquet(ddir / f"{name}.parquet") for name in TABLES}
+        except (OSError, ValueError) as exc:  # a table damaged since it was stored: measure it again
+            set_aside(
+                ddir / "done.json", f"a table of prompt {pid!r} stored in {ddir} cannot be read ({exc})"
+            )
+            return None
 
     def finish_prompt(self, pid: str, digest: str, tables: dict[str, pd.DataFrame], keep_work: bool) -> None:
         """Store a prompt's tables, then its marker; then drop its work files."""
@@ -171,7 +177,14 @@ class Store:
         made_by = (prov.get("code") or {}).get("fingerprint")
         if made_by != fingerprint and not reuse_stale:
             return None
-        m = Measurement.load(self.out)
+        try:
+            m = Measurement.load(self.out)
+        except (OSError, ValueError) as exc:  # a table damaged since it was stored: measure it again
+            set_aside(
+                self.out / "provenance.json",
+                f"a table of the stored measurement {self.out} cannot be read ({exc})",
+            )
+            return None
         m.provenance["stale"] = made_by != fingerprint
         return m
 

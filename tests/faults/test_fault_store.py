@@ -289,3 +289,21 @@ def test_a_store_that_fills_up_keeps_whole_entries_and_a_rerun_equals_a_clean_ru
     assert _measure(out, model_dir, prompts=ids_file) == 0
     for table in ("summary", "depthwise", "singular_values", "prompts"):
         assert (out / f"{table}.csv").read_text() == (clean / f"{table}.csv").read_text(), table
+
+
+def test_a_stored_table_damaged_later_is_measured_again(model_dir, ids_file, tmp_path, capsys):
+    """A finished measurement whose table was cut short afterwards (a truncated copy of a cache)
+    is set aside, said, and measured again: the rerun gives the tables of an undamaged one."""
+    out = tmp_path / "o"
+    assert _measure(out, model_dir, prompts=ids_file) == 0
+    clean = (out / "summary.csv").read_text()
+    tables = sorted((out / "store").rglob("depthwise.parquet"))
+    assert tables
+    for table in tables:
+        table.write_bytes(table.read_bytes()[:20])
+    capsys.readouterr()
+    assert _measure(out, model_dir, prompts=ids_file) == 0
+    err = capsys.readouterr().err
+    assert "cannot be read" in err and "will recompute what it held" in err, err
+    assert (out / "summary.csv").read_text() == clean
+    assert list((out / "store").rglob("provenance.json.corrupt-*"))
