@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 import pandas as pd
 from IPython.display import Markdown
+from test_kit import _readme_blocks
 
 from coupling_utils.pipeline import kit
 from coupling_utils.pipeline.execution import notebook_paths
@@ -18,20 +19,6 @@ from coupling_utils.pipeline.execution import notebook_paths
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = "f00_coupling_metric"
 WHEEL = "coupling_utils-1-py3-none-any.whl"
-
-
-def _blocks(readme: str) -> list[list[str]]:
-    """The README's indented command blocks, in order."""
-    blocks, current = [], None
-    for line in readme.splitlines():
-        if line.startswith("    ") and line.strip():
-            if current is None:
-                current = []
-                blocks.append(current)
-            current.append(line.strip())
-        elif line.strip():
-            current = None
-    return blocks
 
 
 def _costs(folder: Path) -> kit.KitFacts:
@@ -69,7 +56,7 @@ def test_the_readme_says_how_long_a_chapter_takes_and_where_the_times_come_from(
 def test_the_readmes_run_commands_can_be_run_twice(tmp_path):
     """A class reruns a cell or a line: the folder the runs go to may exist already."""
     readme = kit.kit_readme([NOTEBOOK], WHEEL, "teacher")
-    _unix, _windows, runs, *_ = _blocks(readme)
+    _unix, _windows, runs, *_ = _readme_blocks(readme)
     made = [line for line in runs if line.startswith("mkdir")]
     assert made
     for _ in range(2):
@@ -82,7 +69,7 @@ def test_the_readme_reruns_an_exercise_without_the_repository(tmp_path):
     papermill line (the profile's file first, then the parameter) and says why."""
     readme = kit.kit_readme([NOTEBOOK], WHEEL, "teacher")
     section = readme[readme.index("## Exercises") :]
-    (rerun,) = _blocks(section)[0]
+    (rerun,) = _readme_blocks(section)[0]
     assert rerun.startswith(f"python -m papermill {NOTEBOOK}.ipynb runs/")
     assert rerun.index(f"-f profiles/default/{NOTEBOOK}.yaml") < rerun.index("-p k 30")
     env = {k: v for k, v in os.environ.items() if k != "COUPLING_DATA"}
@@ -96,7 +83,7 @@ def test_the_readme_reruns_an_exercise_without_the_repository(tmp_path):
 def test_the_readme_says_what_differs_on_colab():
     readme = kit.kit_readme([NOTEBOOK], WHEEL, "student")
     colab = readme[readme.index("## Colab") :]
-    (steps,) = _blocks(colab)
+    (steps,) = _readme_blocks(colab)
     assert steps == [f"!unzip -qo {kit.KIT_NAME}.zip", f"%cd {kit.KIT_NAME}"]
     words = " ".join(colab.split())
     assert "skip the venv and the torch line" in words and "Restart session" in words
