@@ -152,3 +152,26 @@ def test_a_local_model_no_copy_can_make_measurable_is_refused_before_any_work(
     with pytest.raises(ParameterError, match="has no revision 'step9'"):
         check_local_models({"models": [SMOKE, str(local)], "revisions": ["step9"]})
     check_local_models({"model": str(local), "revision": ""})  # its final model: fine
+
+
+def test_a_cached_hub_model_of_an_architecture_without_a_row_is_refused_up_front(
+    tmp_path, monkeypatch, nothing_built_or_loaded, capsys
+):
+    """A hub id whose config.json lies in the Hugging Face cache is read there (nothing fetched):
+    an architecture the engine has no row for is bad input for measure and for a chapter."""
+    from huggingface_hub import constants
+
+    repo = tmp_path / "hub" / "models--someorg--tiny-t5"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text("0" * 40)
+    snapshot = repo / "snapshots" / ("0" * 40)
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text(json.dumps({"model_type": "t5", "is_encoder_decoder": True}))
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    out = tmp_path / "out"
+    assert main(["measure", "someorg/tiny-t5", "--n-prompts", "1", "--out", str(out)]) == 2
+    assert "MODEL someorg/tiny-t5: its " in capsys.readouterr().err and not out.exists()
+    with pytest.raises(ParameterError, match=r"parameter 'model': someorg/tiny-t5: .*model_type 't5'"):
+        check_local_models({"model": "someorg/tiny-t5", "revision": ""})
+    check_local_models({"model": "someorg/not-in-the-cache", "revision": ""})  # left to loading

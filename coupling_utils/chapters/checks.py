@@ -312,27 +312,35 @@ def check_revisions(values: Mapping[str, Any]) -> None:
 
 
 def check_local_models(values: Mapping[str, Any]) -> None:
-    """Every local model (a folder or a ``.gguf`` file) a chapter's ``values`` name, from its files
-    before a notebook runs (``models.local_model.check_local_model``): an architecture the engine
-    has no row for, a file that is not GGUF, a checkpoint (``revision``/``revisions``) the folder
-    does not hold. Damaged files are left to loading: a failed run, not bad input."""
+    """Every model a chapter's ``values`` name that is not embedded, from its files before a
+    notebook runs: a local one (``models.local_model.check_local_model``: an architecture the
+    engine has no row for, a file that is not GGUF, a checkpoint (``revision``/``revisions``) the
+    folder does not hold), a hub one whose config lies in the Hugging Face cache
+    (``check_cached_architecture``: such an architecture). Damaged files are left to loading: a
+    failed run, not bad input."""
     from pathlib import Path
 
     key = "model" if "model" in values else "models"
     models = [values["model"]] if key == "model" else list(values.get("models") or [])
-    local = [m for m in models if not str(m).startswith("embedded:") and Path(str(m)).expanduser().exists()]
-    if not local:
+    others = [str(m) for m in models if not str(m).startswith("embedded:")]
+    if not others:
         return
-    from coupling_utils.models.local_model import LocalModelError, check_local_model
+    from coupling_utils.models.local_model import (
+        LocalModelError,
+        check_cached_architecture,
+        check_local_model,
+    )
 
     given = values.get("revision") or values.get("revisions") or []
     revisions = [given] if isinstance(given, str) else list(given)
     option = "'revision'" if "revision" in values else "'revisions'"
-    for model in local:
+    for model in others:
+        label = f"parameter {key!r}: {model}"
         try:
-            check_local_model(
-                str(model), revisions, label=f"parameter {key!r}: {model}", revision_option=option
-            )
+            if Path(model).expanduser().exists():
+                check_local_model(model, revisions, label=label, revision_option=option)
+            else:  # a hub id: its architecture, where its config is in the cache
+                check_cached_architecture(model, revisions, label=label)
         except LocalModelError as exc:
             raise ParameterError(str(exc)) from None
 

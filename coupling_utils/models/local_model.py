@@ -1,9 +1,10 @@
-"""A local model (a folder or a ``.gguf`` file), read from its files alone, before or after
-loading it, in sentences that name the file, the problem and the fix:
+"""A local model (a folder or a ``.gguf`` file, or a hub model's files in the Hugging Face cache),
+read from its files alone, before or after loading it, in sentences that name the file, the
+problem and the fix:
 
 - :func:`check_local_model`: what no copy of the files can fix, refused as bad input before any
   work: a file that is not GGUF, a revision the folder does not hold, an architecture the engine
-  has no row for;
+  has no row for (also a cached hub model's: :func:`check_cached_architecture`);
 - :func:`local_model_problem`: why loading failed where the files say it (a missing or
   unreadable ``config.json``, no weights, a truncated weight file): a failed run, as a damaged
   download or copy is fixed by fetching it again, and the other models are measured meanwhile.
@@ -19,7 +20,13 @@ import types
 from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["LocalModelError", "check_local_model", "local_model_problem", "unreadable"]
+__all__ = [
+    "LocalModelError",
+    "check_local_model",
+    "check_cached_architecture",
+    "local_model_problem",
+    "unreadable",
+]
 
 
 class LocalModelError(ValueError):
@@ -56,6 +63,20 @@ def check_local_model(
         config = _read_config(folder / "config.json")
         if isinstance(config, dict):
             _check_architecture(label, folder / "config.json", config)
+
+
+def check_cached_architecture(model: str, revisions: Sequence[str] = (), *, label: str | None = None) -> None:
+    """Refuse a hub model whose ``config.json`` lies in the Hugging Face cache
+    (:func:`~coupling_utils.models.model_config.config_file`: nothing is fetched) and names an
+    architecture the engine has no row for, as :func:`check_local_model` refuses a folder; one not
+    in the cache is left to loading."""
+    from coupling_utils.models.model_config import config_file
+
+    for revision in revisions or [None]:
+        path = config_file(str(model), revision)
+        config = _read_config(path) if path is not None else None
+        if isinstance(config, dict):
+            _check_architecture(label or str(model), path, config)
 
 
 def local_model_problem(model: str, revision: str | None = None) -> str | None:

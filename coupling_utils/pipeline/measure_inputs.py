@@ -140,7 +140,8 @@ def check_model_reference(model: str, revisions: Sequence[str] = ()) -> None:
     a ``--revision`` that an embedded model's recipe does not save, as a chapter refuses it
     (:func:`~coupling_utils.chapters.checks.check_revision`; nothing is built); a local model
     that no copy of its files makes measurable
-    (:func:`~coupling_utils.models.local_model.check_local_model`)."""
+    (:func:`~coupling_utils.models.local_model.check_local_model`), and a hub model whose cached
+    config names an architecture the engine has no row for."""
     from coupling_utils.models.loading import EMBEDDED, _looks_like_path
 
     model = str(model)  # a path may come as a Path
@@ -169,6 +170,13 @@ def check_model_reference(model: str, revisions: Sequence[str] = ()) -> None:
             "save_pretrained folder, a .gguf file, a hub id (org/name) or embedded:NAME "
             "(`coupling-book zoo list`)"
         )
+    else:  # a hub id: its architecture, where its config is in the cache
+        from coupling_utils.models.local_model import LocalModelError, check_cached_architecture
+
+        try:
+            check_cached_architecture(model, revisions, label=f"MODEL {model}")
+        except LocalModelError as exc:
+            raise MeasureError(str(exc)) from None
 
 
 def check_token_ids(prompts: Mapping[str, Any], model: str, revision: str | None, source: Any = None) -> None:
