@@ -422,8 +422,9 @@ def _read_config(src: _Source, name: str, revision: str | None):
             )  # transformers does not know it: say what this project supports
             if src.gguf_file and "support" not in str(e):  # read from a (short) GGUF's header
                 raise _damaged(name, src, e) from e
-            if _local_problem(src):
-                raise _damaged(name, src, e) from e
+            why = _local_problem(src)
+            if why:
+                raise DamagedModelError(why) from e
         raise
 
 
@@ -469,8 +470,8 @@ def _local_problem(src: _Source) -> str | None:
 
 def _damaged(name: str, src: _Source, cause: BaseException) -> DamagedModelError:
     why = _local_problem(src)
-    if why:
-        return DamagedModelError(f"cannot load {name}: {why}")
+    if why:  # the file and the fix, as the folder's files say them
+        return DamagedModelError(why)
     where = Path(src.path) / src.gguf_file if src.gguf_file else Path(src.path)
     first = (str(cause).strip().splitlines() or [""])[0]
     return DamagedModelError(

@@ -413,22 +413,6 @@ def _summary_rows(done, how: str, report: MeasureReport) -> list[dict]:
     return rows
 
 
-def _diagnosed(done) -> pd.DataFrame:
-    """``done.failures``, where a local model could not be loaded and its files say why
-    (:func:`~coupling_utils.models.local_model.local_model_problem`: no config.json, one that is
-    not JSON, no weights, a weight file that cannot be opened), with that reason and its fix in
-    place of the loader's words."""
-    from coupling_utils.models.local_model import local_model_problem
-
-    failures = done.failures
-    for r in done.results:
-        if r.error in (None, "MeasureError", "NotMeasured") or not isinstance(r.job.model, str):
-            continue
-        if why := local_model_problem(r.job.model, r.job.revision):
-            failures.loc[failures["job"] == r.job.describe(), "message"] = why
-    return failures
-
-
 def _write_tables(done, report: MeasureReport, run: MeasureRun) -> None:
     out, how, settings, prompts = report.out, run.how, run.settings, run.prompts
     lead = ["model", "revision"]
@@ -446,7 +430,7 @@ def _write_tables(done, report: MeasureReport, run: MeasureRun) -> None:
     rows = _summary_rows(done, how, report)
     if rows:
         frames = {"summary": pd.DataFrame(rows), **frames}
-    failures = _diagnosed(done)
+    failures = done.failures
     report.failures = failures[failures["error"] != "NotMeasured"] if not failures.empty else failures
     if not report.failures.empty:
         frames["failures"] = report.failures.drop(columns=["key"], errors="ignore")
