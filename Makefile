@@ -13,6 +13,8 @@ VENV ?= .venv
 PROFILE ?= default
 # notebooks (and model builds) at once; 2 suits the 2-core CPU default, use 1 for a GPU run
 JOBS ?= 2
+# test processes for `make test` and `make unit` (pytest-xdist; each takes whole test files)
+TEST_WORKERS ?= 2
 BIN := $(VENV)/bin
 PY := $(BIN)/python
 STAMP := $(VENV)/.installed
@@ -62,13 +64,13 @@ format: $(STAMP)
 	$(BIN)/ruff format .
 
 unit: $(STAMP)
-	$(PY) -m pytest -m "not book and not default_book" --durations=25
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not book and not default_book" --durations=25
 
 # Unit, oracle and pipeline tests plus a papermill smoke run of every notebook (tests/test_notebooks.py,
 # into _build/smoke/notebooks); then the smoke book is built and browsed offline (required: the browser
 # test fails, saying why, where it cannot run).
 test: $(STAMP) browser lint
-	$(PY) -m pytest -m "not book and not default_book" --durations=25
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not book and not default_book" --durations=25
 	$(BIN)/coupling-book build --executed _build/smoke/notebooks --out _build/smoke/html
 	COUPLING_BOOK_HTML=_build/smoke/html COUPLING_REQUIRE_BROWSER=1 $(PY) -m pytest -m book
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import os
+import pickle
 
 # Tests never reach the Hugging Face hub.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -31,6 +32,33 @@ def pytest_collection_finish(session):
     second a job on this machine, most of a smoke chapter's run)."""
     gc.collect()
     gc.freeze()
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (``make test`` runs two workers, each taking whole files), the files
+    holding slow tests go first (`make test` passes --no-loadscope-reorder, so xdist keeps this
+    order), so that the workers do not end on one long file."""
+    if getattr(config.option, "numprocesses", None) or os.environ.get("PYTEST_XDIST_WORKER"):
+        slow = {item.path for item in items if item.get_closest_marker("slow")}
+        items.sort(key=lambda item: item.path not in slow)  # stable: each file keeps its order
+
+
+def once_per_run(tmp_path_factory, name: str, make):
+    """``make()``, made once per test run: under pytest-xdist the first worker to ask makes it and
+    the others wait, then read its pickled value; without xdist, simply ``make()``. For session
+    fixtures that write into the repository (two workers would write the same files)."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return make()
+    from coupling_utils.files import file_lock
+
+    shared = tmp_path_factory.getbasetemp().parent  # every worker's basetemp lies in it
+    done = shared / f"{name}.pickle"
+    with file_lock(shared / f"{name}.lock"):
+        if done.exists():
+            return pickle.loads(done.read_bytes())
+        value = make()
+        done.write_bytes(pickle.dumps(value))
+        return value
 
 
 @pytest.fixture(autouse=True)
@@ -68,10 +96,10 @@ def standin_hub(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def smoke_runs(smoke_zoo, tmp_path_factory):
-    """Every notebook run once per session at the smoke profile (``support.smoke_runs``)."""
+    """Every notebook run once per test run at the smoke profile (``support.smoke_runs``)."""
     from support.smoke_runs import run_smoke
 
-    return run_smoke(smoke_zoo, tmp_path_factory)
+    return once_per_run(tmp_path_factory, "smoke_runs", lambda: run_smoke(smoke_zoo, tmp_path_factory))
 
 
 @pytest.fixture(scope="module")

@@ -73,6 +73,7 @@ def test_only_the_width_builds_a_packaged_embedded_model(tmp_path, monkeypatch):
     once, through zoo.resolve, and reads the built config."""
     built = []
     name = "embedded:smollm2-135m"
+    monkeypatch.setenv("COUPLING_CACHE", str(tmp_path))  # not built, whatever other tests built
 
     def resolve(model, *args, **kwargs):
         built.append(model)
