@@ -206,6 +206,21 @@ def test_a_missing_twin_leaves_the_excess_empty_with_the_reason():
     assert row.twin_note == "failed: OSError: no config to build a twin from"
 
 
+def test_a_family_whose_every_job_failed_is_a_table_of_reasons_not_an_error():
+    """Every model and twin failed (a gated family, a broken cache): each row says why (was: a
+    KeyError on the twin's absent coupling_sd column, stopping the chapter)."""
+
+    def load(name, **kwargs):
+        raise OSError("gated repo")
+
+    jobs = family_jobs(["a", "b"], {"p": torch.tensor([[1, 2, 3]])}, k=2, loads=Loads(weights=WEIGHTS))
+    s = family_coupling(jobs, options=Options(load=load)).summary
+    assert (
+        s.model.tolist() == ["a", "b"] and s[["coupling", "coupling_sd", "twin_coupling"]].isna().all().all()
+    )
+    assert s.note.tolist() == s.twin_note.tolist() == ["failed: OSError: gated repo"] * 2
+
+
 def test_family_summary_condenses_collected_results_as_family_coupling_does(tmp_path):
     calls = []
     load = _twin_loader(calls)

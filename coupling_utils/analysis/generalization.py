@@ -220,7 +220,8 @@ def family_summary(results: Sequence[Result], *, how: str = "offdiag") -> Family
         if depthwise
         else pd.DataFrame(columns=[*labels, "layer_i", "layer_j", "m", "coupling"])
     )[[*labels, "layer_i", "layer_j", "m", "coupling"]]
-    summary = pd.DataFrame(rows)
+    summary = pd.DataFrame(rows)  # every summary column, even where every job failed
+    summary = summary.reindex(columns=list(dict.fromkeys([*summary.columns, *SUMMARY_COLUMNS])))
     if not twins:
         return FamilyCoupling(summary.reindex(columns=SUMMARY_COLUMNS), per_prompt, depthwise, lines)
     return FamilyCoupling(_with_twins(summary, per_prompt), per_prompt, depthwise, lines)
