@@ -129,6 +129,33 @@ def test_models_are_released_between_jobs(tmp_path):
     assert all(ref() is None for ref in load.alive)
 
 
+def test_in_an_unfrozen_heap_the_loop_collects_only_its_own_objects_and_unfreezes_after():
+    """A notebook kernel's heap is not frozen (this session's is: conftest): collect freezes what
+    was there before its first job, so each release between jobs scans only the jobs' own objects,
+    still frees every model's cycles, and unfreezes the heap when it ends, even after an error."""
+    import gc
+
+    gc.unfreeze()
+    try:
+        load, during = Loader(), []
+
+        def checking_load(name, **kwargs):
+            during.append((gc.get_freeze_count() > 0, sum(ref() is not None for ref in load.alive)))
+            return load(name, **kwargs)
+
+        done = collect(plan(["m-a", "m-b", "m-c"], PROMPTS, Settings(k=2)), Options(load=checking_load))
+        assert all(r.ok for r in done.results) and during == [(True, 0)] * 3
+        assert gc.get_freeze_count() == 0 and all(ref() is None for ref in load.alive)
+        with pytest.raises(OSError):
+            collect(
+                plan(["m-x"], PROMPTS, Settings(k=2)),
+                Options(load=Loader({"m-x": OSError()}), on_error="raise"),
+            )
+        assert gc.get_freeze_count() == 0
+    finally:
+        gc.freeze()
+
+
 def test_adjacent_jobs_of_one_model_load_it_once(tmp_path):
     """Two jobs that load the same reference with the same arguments, one after the other, share
     one load (f05's variant job); a job loading anything else in between, a failed job, or the

@@ -14,7 +14,7 @@ import datetime as _dt
 import gc
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,6 +37,23 @@ def release_memory() -> None:
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
+
+
+@contextlib.contextmanager
+def _earlier_objects_frozen() -> Iterator[None]:
+    """Between the jobs of one :func:`collect`, :func:`release_memory`'s full collection looks only
+    at objects made since it began (the models and tables of its jobs), not at the whole heap a
+    notebook kernel holds (torch, transformers, pandas, plotting: about half a second a job).
+    Left alone where the host froze the heap itself (``gc.freeze``), which it then unfreezes."""
+    if gc.get_freeze_count():
+        yield
+        return
+    gc.collect()  # what is garbage now is freed now, not kept for the whole loop
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 @dataclass
@@ -297,17 +314,18 @@ def collect(
         bar = tqdm(total=len(jobs), desc=desc, unit="job")
     results = []
     held = _Held()  # a model kept from one job for the next when both load the same
-    for i, job in enumerate(jobs):
-        held.next = _load_key(jobs[i + 1]) if i + 1 < len(jobs) else None
-        result = _one(job, options, held)
-        if held.key is not None and held.key != held.next:
-            held.drop()
-        results.append(result)
-        if callback is not None:
-            callback(result)
-        if bar is not None:
-            bar.update(1)
-    held.drop()
+    with _earlier_objects_frozen():
+        for i, job in enumerate(jobs):
+            held.next = _load_key(jobs[i + 1]) if i + 1 < len(jobs) else None
+            result = _one(job, options, held)
+            if held.key is not None and held.key != held.next:
+                held.drop()
+            results.append(result)
+            if callback is not None:
+                callback(result)
+            if bar is not None:
+                bar.update(1)
+        held.drop()
     if bar is not None:
         bar.close()
     return Collected(results)
