@@ -154,6 +154,21 @@ def test_a_local_model_no_copy_can_make_measurable_is_refused_before_any_work(
     check_local_models({"model": str(local), "revision": ""})  # its final model: fine
 
 
+def test_a_model_path_where_nothing_is_is_refused_by_a_chapter_in_measures_words(
+    tmp_path, monkeypatch, nothing_built_or_loaded, capsys
+):
+    """One check routes a model reference for measure and for a chapter: a path where nothing
+    exists is refused by both in the same words (the chapters' own check let it through)."""
+    monkeypatch.chdir(tmp_path)
+    for model in ("./my-run", "ckpt.gguf"):
+        said = f"nothing exists at {tmp_path / model.removeprefix('./')}; give a save_pretrained folder"
+        with pytest.raises(ParameterError, match=rf"parameter 'models': {model}: {said}"):
+            check_local_models({"models": [SMOKE, model], "revisions": []})
+        assert main(["measure", model, "--n-prompts", "1", "--out", str(tmp_path / "out")]) == 2
+        assert f"MODEL {model}: {said}" in capsys.readouterr().err
+    check_local_models({"model": "someorg/not-in-the-cache", "revision": ""})  # a hub id: left to loading
+
+
 def test_a_cached_hub_model_of_an_architecture_without_a_row_is_refused_up_front(
     tmp_path, monkeypatch, nothing_built_or_loaded, capsys
 ):

@@ -313,34 +313,24 @@ def check_revisions(values: Mapping[str, Any]) -> None:
 
 def check_local_models(values: Mapping[str, Any]) -> None:
     """Every model a chapter's ``values`` name that is not embedded, from its files before a
-    notebook runs: a local one (``models.local_model.check_local_model``: an architecture the
-    engine has no row for, a file that is not GGUF, a checkpoint (``revision``/``revisions``) the
-    folder does not hold), a hub one whose config lies in the Hugging Face cache
-    (``check_cached_architecture``: such an architecture). Damaged files are left to loading: a
-    failed run, not bad input."""
-    from pathlib import Path
-
+    notebook runs (``models.local_model.check_model_files``, as ``coupling-book measure`` checks
+    its MODEL): a path where nothing exists; a local one whose architecture the engine has no row
+    for, a file that is not GGUF, a checkpoint (``revision``/``revisions``) the folder does not
+    hold; a hub one whose config lies in the Hugging Face cache and names such an architecture.
+    Damaged files are left to loading: a failed run, not bad input."""
     key = "model" if "model" in values else "models"
     models = [values["model"]] if key == "model" else list(values.get("models") or [])
     others = [str(m) for m in models if not str(m).startswith("embedded:")]
     if not others:
         return
-    from coupling_utils.models.local_model import (
-        LocalModelError,
-        check_cached_architecture,
-        check_local_model,
-    )
+    from coupling_utils.models.local_model import LocalModelError, check_model_files
 
     given = values.get("revision") or values.get("revisions") or []
     revisions = [given] if isinstance(given, str) else list(given)
     option = "'revision'" if "revision" in values else "'revisions'"
     for model in others:
-        label = f"parameter {key!r}: {model}"
         try:
-            if Path(model).expanduser().exists():
-                check_local_model(model, revisions, label=label, revision_option=option)
-            else:  # a hub id: its architecture, where its config is in the cache
-                check_cached_architecture(model, revisions, label=label)
+            check_model_files(model, revisions, label=f"parameter {key!r}: {model}", revision_option=option)
         except LocalModelError as exc:
             raise ParameterError(str(exc)) from None
 

@@ -274,16 +274,11 @@ def _local_source(path: Path, revision: str | None):
 
 def _unknown_model_type(directory: Path) -> None:
     """Raise the table's UnsupportedArchitectureError if config.json names a model_type."""
-    import json
-    import types
+    from coupling_utils.models.local_model import known_architecture, read_config
 
-    try:
-        config = json.loads((directory / "config.json").read_text())
-    except (OSError, ValueError):
-        return
-    model_type = config.get("model_type") if isinstance(config, dict) else None
-    if model_type:
-        find_architecture(types.SimpleNamespace(model_type=model_type))
+    config = read_config(directory / "config.json")
+    if isinstance(config, dict) and config.get("model_type"):
+        known_architecture(config)
 
 
 def _model_class(config, row):

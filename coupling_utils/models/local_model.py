@@ -2,6 +2,8 @@
 read from its files alone, before or after loading it, in sentences that name the file, the
 problem and the fix:
 
+- :func:`check_model_files`: any model reference that is not embedded, routed to the check its
+  kind has (the one call ``coupling-book measure`` and every chapter's parameters make);
 - :func:`check_local_model`: what no copy of the files can fix, refused as bad input before any
   work: a file that is not GGUF, a revision the folder does not hold, an architecture the engine
   has no row for (also a cached hub model's: :func:`check_cached_architecture`);
@@ -22,15 +24,40 @@ from pathlib import Path
 
 __all__ = [
     "LocalModelError",
+    "check_model_files",
     "check_local_model",
     "check_cached_architecture",
     "local_model_problem",
+    "known_architecture",
+    "read_config",
     "unreadable",
 ]
 
 
 class LocalModelError(ValueError):
     """A local model that loading cannot measure (the message names the file and the fix)."""
+
+
+def check_model_files(
+    model: str, revisions: Sequence[str] = (), *, label: str | None = None, revision_option: str = "revision"
+) -> None:
+    """Refuse a model reference (not ``embedded:``) from what its files say here, before any work:
+    a local path (:func:`check_local_model`), a path where nothing exists (``./dir``, ``/dir``,
+    ``~/dir``, ``x.gguf``), a hub id whose config lies in the Hugging Face cache
+    (:func:`check_cached_architecture`; one not in the cache is left to loading). ``label`` and
+    ``revision_option``: how the message names the model and its revisions."""
+    from coupling_utils.models.loading import _looks_like_path
+
+    label = label or str(model)
+    if Path(model).expanduser().exists():
+        check_local_model(model, revisions, label=label, revision_option=revision_option)
+    elif _looks_like_path(str(model)):
+        raise LocalModelError(
+            f"{label}: nothing exists at {Path(model).expanduser().absolute()}; give a save_pretrained "
+            "folder, a .gguf file, a hub id (org/name) or embedded:NAME (`coupling-book zoo list`)"
+        )
+    else:
+        check_cached_architecture(model, revisions, label=label)
 
 
 def check_local_model(
@@ -60,7 +87,7 @@ def check_local_model(
             raise LocalModelError(_no_revision(label, path, str(revision), revision_option))
         if len(ggufs := sorted(folder.glob("*.gguf"))) == 1 and not (folder / "config.json").exists():
             _check_gguf(label, ggufs[0])
-        config = _read_config(folder / "config.json")
+        config = read_config(folder / "config.json")
         if isinstance(config, dict):
             _check_architecture(label, folder / "config.json", config)
 
@@ -74,7 +101,7 @@ def check_cached_architecture(model: str, revisions: Sequence[str] = (), *, labe
 
     for revision in revisions or [None]:
         path = config_file(str(model), revision)
-        config = _read_config(path) if path is not None else None
+        config = read_config(path) if path is not None else None
         if isinstance(config, dict):
             _check_architecture(label or str(model), path, config)
 
@@ -90,16 +117,9 @@ def local_model_problem(model: str, revision: str | None = None) -> str | None:
     if folder is None:
         return None
     config = folder / "config.json"
-    ggufs = sorted(folder.glob("*.gguf"))
-    if not config.is_file():
-        return (
-            None
-            if len(ggufs) == 1
-            else f"{folder} holds no model: no config.json"
-            + (f" and {len(ggufs)} .gguf files (one is read)" if ggufs else "")
-            + "; give a folder written by save_pretrained (config.json and weights) or holding one .gguf file"
-        )
-    read = _read_config(config)
+    if not config.is_file():  # one .gguf file (loading refuses a folder holding neither first)
+        return None
+    read = read_config(config)
     if isinstance(read, str):
         return f"{config} is not {read}; write it again, e.g. with the model's config.save_pretrained(folder)"
     return _weights_problem(folder)
@@ -156,7 +176,7 @@ def _check_gguf(label: str, path: Path) -> None:
         )
 
 
-def _read_config(path: Path) -> dict | list | str | None:
+def read_config(path: Path) -> dict | str | None:
     """``config.json`` parsed (None if absent), or what it is not: "readable (...)", "UTF-8 text
     (...)", "valid JSON (...)", "a JSON object"."""
     if not path.is_file():
@@ -172,12 +192,20 @@ def _read_config(path: Path) -> dict | list | str | None:
     return config if isinstance(config, dict) else "a JSON object"
 
 
+def known_architecture(config: dict):
+    """The engine's row for a parsed ``config.json`` (by its ``model_type``); the table's
+    :class:`~coupling_utils.engine.architectures.UnsupportedArchitectureError` where it has none."""
+    from coupling_utils.engine.architectures import find_architecture
+
+    return find_architecture(types.SimpleNamespace(model_type=config.get("model_type")))
+
+
 def _check_architecture(label: str, path: Path, config: dict) -> None:
     """A config whose model_type the engine has no row for is refused."""
-    from coupling_utils.engine.architectures import UnsupportedArchitectureError, find_architecture
+    from coupling_utils.engine.architectures import UnsupportedArchitectureError
 
     try:
-        find_architecture(types.SimpleNamespace(model_type=config.get("model_type")))
+        known_architecture(config)
     except UnsupportedArchitectureError:
         raise LocalModelError(_unsupported(label, path, config)) from None
 

@@ -138,11 +138,11 @@ def check_model_reference(model: str, revisions: Sequence[str] = ()) -> None:
     """Refuse, before anything is written, a MODEL known to name nothing: an ``embedded:`` name not
     in the zoo, or a path (``./dir``, ``/dir``, ``~/dir``, ``x.gguf``) where nothing exists; and
     a ``--revision`` that an embedded model's recipe does not save, as a chapter refuses it
-    (:func:`~coupling_utils.chapters.checks.check_revision`; nothing is built); a local model
-    that no copy of its files makes measurable
-    (:func:`~coupling_utils.models.local_model.check_local_model`), and a hub model whose cached
-    config names an architecture the engine has no row for."""
-    from coupling_utils.models.loading import EMBEDDED, _looks_like_path
+    (:func:`~coupling_utils.chapters.checks.check_revision`; nothing is built); any other
+    reference as its files say here (:func:`~coupling_utils.models.local_model.check_model_files`,
+    as every chapter checks its models): a local model that no copy of its files makes
+    measurable, a hub model whose cached config names an architecture the engine has no row for."""
+    from coupling_utils.models.loading import EMBEDDED
 
     model = str(model)  # a path may come as a Path
     if model.startswith(EMBEDDED):
@@ -157,24 +157,11 @@ def check_model_reference(model: str, revisions: Sequence[str] = ()) -> None:
                 check_revision("--revision", str(revision), model, "leave --revision out for the final model")
         except ParameterError as exc:
             raise MeasureError(str(exc)) from None
-    elif Path(model).expanduser().exists():
-        from coupling_utils.models.local_model import LocalModelError, check_local_model
+    else:  # a local path, a path where nothing is, a hub id: each as its files say here
+        from coupling_utils.models.local_model import LocalModelError, check_model_files
 
         try:
-            check_local_model(model, revisions, label=f"MODEL {model}", revision_option="--revision")
-        except LocalModelError as exc:
-            raise MeasureError(str(exc)) from None
-    elif _looks_like_path(model):
-        raise MeasureError(
-            f"MODEL {model}: nothing exists at {Path(model).expanduser().absolute()}; give a "
-            "save_pretrained folder, a .gguf file, a hub id (org/name) or embedded:NAME "
-            "(`coupling-book zoo list`)"
-        )
-    else:  # a hub id: its architecture, where its config is in the cache
-        from coupling_utils.models.local_model import LocalModelError, check_cached_architecture
-
-        try:
-            check_cached_architecture(model, revisions, label=f"MODEL {model}")
+            check_model_files(model, revisions, label=f"MODEL {model}", revision_option="--revision")
         except LocalModelError as exc:
             raise MeasureError(str(exc)) from None
 
