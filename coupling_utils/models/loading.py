@@ -44,6 +44,7 @@ import torch
 
 from coupling_utils.engine.architectures import find_architecture, transformer_blocks
 from coupling_utils.files import data_dir
+from coupling_utils.models.local_model import looks_like_path
 
 __all__ = [
     "LoadedModel",
@@ -177,15 +178,6 @@ def _dtype(dtype) -> torch.dtype:
     if isinstance(dtype, str) and dtype in DTYPES:
         return DTYPES[dtype]
     raise ValueError(f"unsupported dtype {dtype!r}; use one of {sorted(DTYPES)}")
-
-
-def _looks_like_path(name: str) -> bool:
-    return (
-        name.startswith(("/", "./", "../", "~", "\\"))
-        or name.endswith(".gguf")
-        or name.count("/") > 1
-        or (os.sep != "/" and os.sep in name)
-    )
 
 
 def _chain(exc: BaseException):
@@ -385,7 +377,7 @@ def _find_source(name: str, revision: str | None) -> _Source:
     if Path(name).expanduser().exists():
         directory, gguf_file = _local_source(Path(name).expanduser().resolve(), revision)
         return _Source(str(directory), "gguf" if gguf_file else "local", None, gguf_file)
-    if _looks_like_path(name):
+    if looks_like_path(name):
         raise ModelNotFoundError(
             f"no such model path: {name!r} (neither a directory nor a .gguf file exists there)"
         )

@@ -18,6 +18,7 @@ fail there (damaged bytes behind a sound header).
 from __future__ import annotations
 
 import json
+import os
 import types
 from collections.abc import Sequence
 from pathlib import Path
@@ -46,18 +47,27 @@ def check_model_files(
     ``~/dir``, ``x.gguf``), a hub id whose config lies in the Hugging Face cache
     (:func:`check_cached_architecture`; one not in the cache is left to loading). ``label`` and
     ``revision_option``: how the message names the model and its revisions."""
-    from coupling_utils.models.loading import _looks_like_path
-
     label = label or str(model)
     if Path(model).expanduser().exists():
         check_local_model(model, revisions, label=label, revision_option=revision_option)
-    elif _looks_like_path(str(model)):
+    elif looks_like_path(str(model)):
         raise LocalModelError(
             f"{label}: nothing exists at {Path(model).expanduser().absolute()}; give a save_pretrained "
             "folder, a .gguf file, a hub id (org/name) or embedded:NAME (`coupling-book zoo list`)"
         )
     else:
         check_cached_architecture(model, revisions, label=label)
+
+
+def looks_like_path(name: str) -> bool:
+    """Whether a model reference is written as a path (``/``, ``./``, ``~``, ``x.gguf``,
+    ``a/b/c``), not as a hub id (``org/name``) or an embedded name."""
+    return (
+        name.startswith(("/", "./", "../", "~", "\\"))
+        or name.endswith(".gguf")
+        or name.count("/") > 1
+        or (os.sep != "/" and os.sep in name)
+    )
 
 
 def check_local_model(
