@@ -117,6 +117,11 @@ def test_a_chapter_runs_from_the_kit_in_a_fresh_venv_without_a_clone(tmp_path, s
     executed = nbformat.read(folder / "runs" / f"{NOTEBOOK}.ipynb", as_version=4)
     assert not _errors(executed)
     assert executed.metadata["papermill"]["parameters"]["model"] == "embedded:pythia-smoke"
+    # the exercises' reruns are this folder's papermill lines; no widget warning from the bars
+    (glued,) = [c for c in executed.cells if kit.GLUED_TAG in c.metadata.get("tags", [])]
+    values = glued.outputs[0]["data"]["text/plain"]
+    assert f"`python -m papermill {NOTEBOOK}.ipynb runs/" in values and "coupling-book run" not in values
+    assert "IProgress" not in str([c.get("outputs", []) for c in executed.cells])
     where = subprocess.run(
         [str(python), "-c", "import coupling_utils; print(coupling_utils.__file__)"],
         cwd=folder,
@@ -157,6 +162,12 @@ def test_a_chapter_runs_from_the_kit_in_a_fresh_venv_without_a_clone(tmp_path, s
 def test_the_student_kit_has_the_exercises_but_no_solutions(tmp_path):
     teacher = _unzip(kit.build_kit(ROOT, tmp_path / "t.zip", "teacher"), tmp_path / "t")
     student = _unzip(kit.build_kit(ROOT, tmp_path / "s.zip", "student"), tmp_path / "s")
+    # a second build of one tree is the same archive, byte for byte (cell ids, dates in the zip
+    # and in the wheel), so a teacher can diff or check in a kit
+    again = kit.build_kit(ROOT, tmp_path / "t2.zip", "teacher")
+    assert again.read_bytes() == (tmp_path / "t.zip").read_bytes()
+    with zipfile.ZipFile(again) as zf:  # not the files' dates on this disk, which a clone resets
+        assert {entry.date_time for entry in zf.infolist()} == {(1980, 1, 1, 0, 0, 0)}
     for path in sorted(teacher.glob("f*.ipynb")):
         full = path.read_text()
         bare = (student / path.name).read_text()

@@ -33,6 +33,7 @@ from coupling_utils.chapters.checks import (
     text,
 )
 from coupling_utils.chapters.params import ChapterParams, param
+from coupling_utils.chapters.reruns import deeper_model, reruns
 from coupling_utils.engine.metric import SVD, coupling, k_for_width, svd
 from coupling_utils.files import cache_dir
 from coupling_utils.measurement import Extra, Job, Options, collect
@@ -339,13 +340,13 @@ def noise_reruns(sweep: pd.DataFrame, eps: float) -> str:
         hi = min([e for e in levels if e >= eps], default=levels[-1])
         grid = [lo + (hi - lo) * i / 5 for i in range(6)]
     values = ", ".join(f"{v:.3g}" for v in dict.fromkeys(round(v, 6) for v in grid))
-    return f'`coupling-book run f00 -p "noise_levels=[{values}]"`'
+    return reruns("f00", [{"noise_levels": f"[{values}]"}])
 
 
 def k_reruns(d: int) -> str:
     """Exercise f00-ex-k's reruns: K = 1 and K = 50 (the paper's largest), or the width where it is
     smaller (a K above the width is refused)."""
-    return f"`coupling-book run f00 -p k=1` and `-p k={min(50, d)}`"
+    return reruns("f00", [{"k": 1}, {"k": min(50, d)}])
 
 
 def layer_reruns(n_layers: int, layer: int) -> str:
@@ -354,9 +355,9 @@ def layer_reruns(n_layers: int, layer: int) -> str:
     last = n_layers - 2  # the last block with a neighbour
     picks = sorted({min(max(b, 0), last) for b in (1, n_layers // 2, n_layers - 3)} - {layer})
     if not picks:
-        return (f"This run's model ({n_layers} blocks) has no other block with a next block: rerun "
-                "`coupling-book run f00` with a deeper model (e.g. `--profile default`)")  # fmt: skip
-    return "Rerun `coupling-book run f00` with " + listed(f"`-p layer={b}`" for b in picks)
+        return (f"This run's model ({n_layers} blocks) has no other block with a next block: "
+                + deeper_model("f00", named=True))  # fmt: skip
+    return "Rerun " + reruns("f00", [{"layer": b} for b in picks], lead="before")
 
 
 def _by_k_values(by_k: pd.DataFrame) -> dict[str, Any]:

@@ -32,6 +32,7 @@ from coupling_utils.chapters.checks import (
     with_check,
 )
 from coupling_utils.chapters.params import ChapterParams, param
+from coupling_utils.chapters.reruns import deeper_model, reruns
 from coupling_utils.files import cache_dir
 from coupling_utils.measurement import Extra, Job, Options, collect
 
@@ -446,10 +447,11 @@ def lss_window_reruns(n_layers: int) -> str:
     residual states, then its first and its last eight states; or why the model is too shallow."""
     if n_layers < 8:
         return (f"this run's model has {n_layers} blocks ({n_layers + 1} residual states), too few to split "
-                "into windows: rerun with a deeper model (e.g. `--profile default`)")  # fmt: skip
+                "into windows: " + deeper_model("f05"))  # fmt: skip
     q = n_layers // 4
     windows = [(q, n_layers - q), (0, 7), (n_layers - 7, n_layers)]
-    return ", then ".join(f"`-p first_layer={a} -p last_layer={b}`" for a, b in windows)
+    runs = [{"first_layer": a, "last_layer": b} for a, b in windows]
+    return reruns("f05", runs, lead="none", then=True)
 
 
 def tiny_blocks() -> int:

@@ -17,24 +17,34 @@ Each notebook's first cell (:data:`INSTALL_CELL`, the same in every chapter) ins
 that lies beside it when ``coupling_utils`` is missing (torch's CPU build first, on Linux without
 an NVIDIA driver, where PyPI's torch is the CUDA build), and otherwise says in one sentence what
 to do. Jupyter shows the prose's glue roles unfilled, so after each chapter's ``glue_all(...)``
-cell the kit adds one that lists the glued values by name (:data:`GLUED_CELL`). The student
-edition leaves the solutions out of the notebooks
-(:func:`~coupling_utils.pipeline.teaching.remove_solutions`).
+cell the kit adds one that lists the glued values by name (:data:`GLUED_CELL`), and after the
+install cell one that makes the exercises' reruns papermill lines and the progress bars plain text
+without ipywidgets (:data:`SETUP_CELL`). Links to the book's other pages become links to the
+published book or plain words (:mod:`~coupling_utils.pipeline.kit_links`). The student edition
+leaves the solutions out of the notebooks
+(:func:`~coupling_utils.pipeline.teaching.remove_solutions`). Cell ids and the zip's dates are
+fixed, so two kits of one tree are the same bytes.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
+import os
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from coupling_utils.chapters.reruns import KIT_ENV
 from coupling_utils.files import atomic_path
+from coupling_utils.pipeline.kit_links import BookLinks, book_links
 from coupling_utils.pipeline.pages import BookError, BookInputError
 
 __all__ = [
@@ -45,6 +55,9 @@ __all__ = [
     "INSTALL_CELL",
     "GLUED_TAG",
     "GLUED_CELL",
+    "SETUP_TAG",
+    "SETUP_CELL",
+    "stable_cell_ids",
     "KitFacts",
     "kit_facts",
     "build_wheel",
@@ -63,6 +76,7 @@ WEIGHTS = "requirements-weights.txt"
 # where its CPU build is: PyPI's Linux wheel is the CUDA build, gigabytes with NVIDIA's libraries
 TORCH = "torch==2.13.0"
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+ZIP_EPOCH = 315532800  # 1980-01-01 UTC, the earliest date a zip entry holds: every entry's date
 INSTALL_TAG = "companion-install"  # the notebooks' first cell: installs the package when missing
 _REPOSITORY_LINE = re.compile(r"^REPOSITORY = .*$", re.MULTILINE)
 
@@ -145,8 +159,15 @@ def build_wheel(root: str | Path, dest: str | Path) -> Path:
             elif path.is_file():
                 shutil.copy2(path, src / name)
         hook = "import sys; from setuptools import build_meta; print(build_meta.build_wheel(sys.argv[1]))"
+        # the wheel's entries dated alike (the sources' own dates, or ZIP_EPOCH for files the build
+        # writes), so two builds of one tree give one wheel; SOURCE_DATE_EPOCH given is kept
+        env = {"SOURCE_DATE_EPOCH": str(ZIP_EPOCH), **os.environ}
         result = subprocess.run(
-            [sys.executable, "-c", hook, str(Path(tmp) / "wheel")], cwd=src, capture_output=True, text=True
+            [sys.executable, "-c", hook, str(Path(tmp) / "wheel")],
+            cwd=src,
+            capture_output=True,
+            text=True,
+            env=env,
         )
         if result.returncode != 0:
             raise BookError(
@@ -180,10 +201,14 @@ def publish_notebook(nb, published: Path, repository: str, edition: str) -> None
     nbformat.write(public, published)
 
 
-def kit_notebook(source: str | Path, edition: str = "teacher"):
-    """The chapter notebook ``source`` (jupytext MyST) as the kit holds it: unexecuted, and in
-    the student edition without its solution blocks."""
+def kit_notebook(source: str | Path, edition: str = "teacher", links: BookLinks | None = None):
+    """The chapter notebook ``source`` (jupytext MyST) as the kit holds it: unexecuted, in the
+    student edition without its solution blocks, its reruns said as papermill lines and its
+    progress bars without ipywidgets' warning (:data:`SETUP_CELL`), its links to the book's
+    pages rewritten by ``links`` (None: as written) and its cell ids stable
+    (:func:`stable_cell_ids`)."""
     import jupytext
+    import nbformat
 
     from coupling_utils.pipeline.teaching import remove_solutions, stage_chapter_time
 
@@ -195,7 +220,37 @@ def kit_notebook(source: str | Path, edition: str = "teacher"):
             if cell.cell_type == "markdown":
                 cell.source = remove_solutions(cell.source)
     _add_glued_table(nb)
+    setup = nbformat.v4.new_code_cell(SETUP_CELL)
+    setup.metadata["tags"] = ["remove-cell", SETUP_TAG]
+    nb.cells.insert(1, setup)  # after the install cell, before any that measures or glues a value
+    if links is not None:
+        for cell in nb.cells:
+            if cell.cell_type == "markdown":
+                cell.source = links.rewrite(cell.source, Path(source).stem)
+    stable_cell_ids(nb, Path(source).stem)
     return nb
+
+
+SETUP_TAG = "kit-setup"  # the cell the kit adds after the install cell
+SETUP_CELL = (
+    "# Lab kit only (the book has no such cell): the exercises' reruns are said as papermill lines\n"
+    "# for this folder (`coupling-book run` needs a clone of the repository), and progress bars are\n"
+    '# plain text where ipywidgets is missing (tqdm would warn "IProgress not found" instead).\n'
+    "import os\n"
+    "import warnings\n\n"
+    f'os.environ["{KIT_ENV}"] = "1"\n'
+    "with warnings.catch_warnings():\n"
+    '    warnings.filterwarnings("ignore", message="IProgress not found")\n'
+    "    import tqdm.autonotebook  # noqa: F401 - chooses the bars once, for every later tqdm.auto"
+)
+
+
+def stable_cell_ids(nb, name: str) -> None:
+    """Give each cell of notebook ``name`` an id made from the name, its position and its source,
+    so that two kits of one commit hold byte-equal notebooks (nbformat draws random ids)."""
+    for at, cell in enumerate(nb.cells):
+        digest = hashlib.sha256(f"{name}\0{at}\0{cell.cell_type}\0{cell.source}".encode()).hexdigest()
+        cell.id = digest[:16]
 
 
 _GLUE_CALL = re.compile(r"^glue_all\((?P<values>.+)\)\s*(#.*)?$", re.MULTILINE)
@@ -236,11 +291,27 @@ def check_edition(edition: str) -> None:
 class KitFacts:
     """What the kit's README reads from the repository when the kit is built: the benchmarks
     folder (``chapter_costs.csv`` measured, ``profile_costs.csv`` predicted; None: not known), the
-    labels of the exercises that need a GPU, and each chapter's embedded models at ``default``."""
+    labels of the exercises that need a GPU, each chapter's embedded models at ``default`` and
+    the published book's address."""
 
     benchmarks: Path | None = None
     gpu: tuple[str, ...] = ()
     models: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    site: str = ""  # the published book's address (_config.yml's html.baseurl), "" for none
+
+
+def _book_config(root: Path) -> dict:
+    """``_config.yml`` of the book at ``root`` ({} when there is none)."""
+    import yaml
+
+    path = root / "_config.yml"
+    try:
+        config = yaml.safe_load(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    except yaml.YAMLError as e:
+        raise BookInputError(
+            f"{path} is not valid YAML ({e}): fix it, the lab kit reads the book's address there"
+        ) from None
+    return config if isinstance(config, dict) else {}
 
 
 def kit_facts(root: Path, sources: list[Path]) -> KitFacts:
@@ -297,12 +368,27 @@ in the user's cache folder, or in `$COUPLING_CACHE` when it is set; after the in
 `smoke` and `default` profiles need no network. The `laptop` and `paper` profiles use models
 from the Hugging Face hub and need network access to it.
 
-In Jupyter the text shows the book's MyST markup as written: a role such as
-{{term}}`coupling` links the glossary in the book, and {{glue:text}}`f00_m_forward` is a value of
-the run that the book prints in its place. In these notebooks the cell after each chapter's
-`glue_all(...)` cell lists those values by name, once that cell has run.
+{_links_sentence(facts.site)} Jupyter shows the rest of the book's MyST markup as written:
+{{glue:text}}`f00_m_forward` is a value of the run that the book prints in its place. In these
+notebooks the cell after each chapter's `glue_all(...)` cell lists those values by name, once
+that cell has run.
 
 {_times_section(chapters, facts)}{_exercise_section(first, facts.gpu)}{_colab_section()}"""
+
+
+def _links_sentence(site: str) -> str:
+    """What became of the chapters' links to the book's other pages, its glossary and sections
+    (:mod:`~coupling_utils.pipeline.kit_links`)."""
+    if site:
+        return (
+            "The chapters' links to the book's pages, sections and glossary lead to the published\n"
+            f"book, {site}."
+        )
+    return (
+        "The chapters' links to the book's other pages, sections and glossary are plain text\n"
+        "here, naming the page or section (the kit was built without the book's address,\n"
+        "`html.baseurl` in `_config.yml`)."
+    )
 
 
 def _exercise_section(first: str, gpu: tuple[str, ...]) -> str:
@@ -311,11 +397,13 @@ def _exercise_section(first: str, gpu: tuple[str, ...]) -> str:
     return f"""## Exercises
 
 The exercises and their solutions are written for the `default` profile; a solution quotes the
-values of the run that executed the notebook.{needs} Where an exercise says
-`coupling-book run f00 -p k=30`, that command needs a clone of the repository (in the kit it
-stops, saying it finds no `notebooks/` folder). In the kit, change the parameter in the
-notebook's parameters cell and run the notebook again, or give papermill one `-p NAME VALUE` per
-parameter after the profile (`coupling-book run` without `--profile` runs `default`):
+values of the run that executed the notebook.{needs} The reruns an exercise works out from the
+run (the blocks of this model, its width) are written in these notebooks as papermill lines for
+this folder. Where an exercise's text says `coupling-book run f00 -p k=30`, that command needs a
+clone of the repository (in the kit it stops, saying it finds no `notebooks/` folder). In the
+kit, change the parameter in the notebook's parameters cell and run the notebook again, or give
+papermill one `-p NAME VALUE` per parameter after the profile (`coupling-book run` without
+`--profile` runs `default`):
 
     python -m papermill {first}.ipynb runs/{first}-k30.ipynb -f profiles/default/{first}.yaml -p k 30
 
@@ -470,19 +558,30 @@ def build_kit(root: str | Path, out: str | Path, edition: str = "teacher") -> Pa
     sources = notebook_paths(root)
     if not sources:
         raise BookError(f"no chapter notebooks under {root / 'notebooks'}: the lab kit would be empty")
+    links = book_links(root, _book_config(root))
     with tempfile.TemporaryDirectory(prefix="coupling-kit-") as tmp:
         kit = Path(tmp) / KIT_NAME
         wheel = build_wheel(root, kit)
         for source in sources:
-            nbformat.write(kit_notebook(source, edition), kit / f"{source.stem}.ipynb")
+            nbformat.write(kit_notebook(source, edition, links), kit / f"{source.stem}.ipynb")
         shutil.copytree(root / "notebooks" / "profiles", kit / "profiles")
         shutil.copytree(root / "data", kit / "data", ignore=shutil.ignore_patterns("__pycache__"))
         shutil.copy2(root / WEIGHTS, kit / WEIGHTS)
         shutil.copy2(root / "LICENSE", kit / "LICENSE")
-        readme = kit_readme([s.stem for s in sources], wheel.name, edition, kit_facts(root, sources))
+        facts = dataclasses.replace(kit_facts(root, sources), site=links.base)
+        readme = kit_readme([s.stem for s in sources], wheel.name, edition, facts)
         (kit / "README.md").write_text(readme, encoding="utf-8")
-        with atomic_path(out) as part, zipfile.ZipFile(part, "w", zipfile.ZIP_DEFLATED) as zf:
-            for path in sorted(kit.rglob("*")):
-                if path.is_file():
-                    zf.write(path, path.relative_to(kit.parent).as_posix())
+        _write_zip(kit, out)
     return out
+
+
+def _write_zip(kit: Path, out: Path) -> None:
+    """Zip the folder ``kit`` to ``out`` (replaced atomically), every entry dated
+    :data:`ZIP_EPOCH` with the mode of a plain file: the same folder gives the same bytes."""
+    date = time.gmtime(ZIP_EPOCH)[:6]
+    with atomic_path(out) as part, zipfile.ZipFile(part, "w", zipfile.ZIP_DEFLATED) as zf:
+        for path in sorted(kit.rglob("*")):
+            if path.is_file():
+                entry = zipfile.ZipInfo(path.relative_to(kit.parent).as_posix(), date)
+                entry.external_attr = 0o644 << 16
+                zf.writestr(entry, path.read_bytes(), zipfile.ZIP_DEFLATED)

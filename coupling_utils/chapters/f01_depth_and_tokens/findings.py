@@ -12,8 +12,8 @@ import pandas as pd
 
 from coupling_utils.analysis.depth_and_tokens import TwinMeasurement
 from coupling_utils.analysis.model_names import measured, model_words
-from coupling_utils.analysis.prose_list import listed
 from coupling_utils.chapters.f01_depth_and_tokens.plan import Results
+from coupling_utils.chapters.reruns import deeper_model, reruns
 
 PAPER_MODEL = "meta-llama/Meta-Llama-3-8B"  # the model of the paper's tile figure (project page)
 TWIN_CHANCE = 0.05  # the per-model coupling under which a twin counts as uncoupled (f01-twin-near-chance)
@@ -123,9 +123,8 @@ def token_layer_reruns(n_layers: int, token_layer: int) -> str:
     and nine tenths of its depth), other than ``token_layer``; or why there are none."""
     picks = sorted({min(max(round(n_layers * f), 0), n_layers - 1) for f in (0.1, 0.9)} - {token_layer})
     if not picks:
-        return (f"This run's model ({n_layers} blocks) has no other block to try: rerun with a "
-                "deeper model (e.g. `--profile default`)")  # fmt: skip
-    return "Rerun with " + listed(f"`-p token_layer={b}`" for b in picks)
+        return f"This run's model ({n_layers} blocks) has no other block to try: " + deeper_model("f01")
+    return "Rerun with " + reruns("f01", [{"token_layer": b} for b in picks], lead="none")
 
 
 def tile_window_reruns(n_layers: int, width: int, last_block: str) -> str:
@@ -135,9 +134,9 @@ def tile_window_reruns(n_layers: int, width: int, last_block: str) -> str:
     last = n_layers - 2 if last_block == "excluded" else n_layers - 1
     if width >= last + 1:
         return (f"this run's tile window already covers every block that can be measured ({last + 1}): "
-                "rerun with a deeper model (e.g. `--profile default`)")  # fmt: skip
+                + deeper_model("f01"))  # fmt: skip
     first, final = list(range(width)), list(range(last + 1 - width, last + 1))
-    return f'`coupling-book run f01 -p "tile_layers={first}"`, then `-p "tile_layers={final}"`'
+    return reruns("f01", [{"tile_layers": first}, {"tile_layers": final}], then=True)
 
 
 def adjacent_thirds(depthwise: pd.DataFrame, k: int) -> str:
