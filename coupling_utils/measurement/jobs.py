@@ -5,8 +5,10 @@ its revision, its weights, trained or random init, and its dtype), the prompts, 
 measurements of it (:class:`Settings` by part name, e.g. ``{"depth": ..., "tokens": ...}``),
 optional :class:`Extra` tables computed from the loaded model, and the labels its rows get.
 Each measurement is stored under ``root/<model>/<revision>/<weights>/<part>-<key>``, the key a
-hash of everything that determines it, so the three steps can run in one process (a notebook)
-or apart (one cluster job per :class:`Job`, then a notebook that only reads):
+hash of everything that determines it (``<model>``: :func:`model_folder`; a local model's is
+named by its content, so a moved checkpoint finds its measurements), so the three steps can run
+in one process (a notebook) or apart (one cluster job per :class:`Job`, then a notebook that
+only reads):
 
 - :func:`plan` makes the job list (the same arguments give the same jobs, keys and folders;
   :class:`Loads` says which revisions and weights of each model, in which dtype);
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,7 +35,7 @@ from typing import Any
 import pandas as pd
 
 from coupling_utils.measurement.settings import Settings
-from coupling_utils.models.identity import model_identity
+from coupling_utils.models.identity import content_hash, local_path, model_identity
 from coupling_utils.provenance import code_fingerprint, slug, stable_hash
 
 __all__ = [
@@ -42,6 +45,7 @@ __all__ = [
     "plan",
     "relabel",
     "model_identity",
+    "model_folder",
     "WEIGHTS",
 ]
 
@@ -139,10 +143,16 @@ class Job:
 
     @property
     def folder(self) -> Path | None:
-        """``root/<model>/<revision>/<weights>`` (None for a job that stores nothing)."""
+        """``root/<model>/<revision>/<weights>`` (None for a job that stores nothing); ``<model>``
+        by :func:`model_folder`, so a local model moved or renamed finds its measurements."""
         if not self.storable:
             return None
-        return self.root / slug(self.model) / slug(self.revision or "main") / slug(self.weights)
+        return (
+            self.root
+            / model_folder(self.root, self.model, self.revision)
+            / slug(self.revision or "main")
+            / slug(self.weights)
+        )
 
     def out(self, part: str) -> Path | None:
         """Where measurement ``part`` is stored: ``<folder>/<part>-<key of that measurement>``."""
@@ -250,6 +260,25 @@ def plan(
             labels = {"model": name, **loads.labels(rev, w)}
             jobs.append(Job(model, prompts, settings, kw, labels, root, extra, check))
     return jobs
+
+
+def model_folder(root: Path, ref: str, revision: str | None) -> Path:
+    """The store's folder of ``ref`` under ``root``: a hub id or ``embedded:`` name as it is
+    written (``slug``); a local folder or ``.gguf`` file by its content, not its place:
+    ``local/<its name>-<the first 12 hex digits of the files revision loads>``
+    (:func:`~coupling_utils.models.identity.content_hash`, remembered by path, size and
+    modification time), and the folder already there with that digest under any name, so a
+    checkpoint moved or renamed keeps its measurements, and another one of the same name gets
+    its own. Each ``revisions/<R>/`` checkpoint of a run is its own folder, unchanged when the
+    run adds more. Stores made before this layout kept local models under ``<slug of the path>``;
+    they are not read, and need no migration: the same release changed the code fingerprint, so
+    each of them would be measured again anyway (they can be deleted)."""
+    path = local_path(ref)
+    if path is None:
+        return Path(slug(ref))
+    digest = content_hash(path, revision)[:12]
+    held = sorted(p.name for p in (root / "local").glob(f"*-{digest}") if p.is_dir())
+    return Path("local", held[0] if held else f"{slug(Path(os.path.abspath(path)).name, 60)}-{digest}")
 
 
 def _name(i: int, m) -> str:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from coupling_utils.provenance import stable_hash
 
-__all__ = ["model_identity", "content_hash"]
+__all__ = ["model_identity", "content_hash", "local_path"]
 
 
 def model_identity(ref: str, revision: str | None = None) -> str:
@@ -31,11 +31,20 @@ def model_identity(ref: str, revision: str | None = None) -> str:
             return "zoo:" + zoo.entry_path(ref).relative_to(cache_dir("zoo")).as_posix()
         except zoo.ZooError:
             return ref
-    path = Path(ref).expanduser()
-    if path.exists():
+    path = local_path(ref)
+    if path is not None:
         return f"files@{content_hash(path, revision)}"
     commit = _cached_commit(ref, revision)
     return f"{ref}@{commit}" if commit else ref
+
+
+def local_path(ref: str) -> Path | None:
+    """The folder or file on this machine that ``ref`` names (``~`` expanded); None for an
+    ``embedded:`` name and for anything not there (a hub id): what is known by its files."""
+    if ref.startswith("embedded:"):
+        return None
+    path = Path(ref).expanduser()
+    return path if path.exists() else None
 
 
 def content_hash(path: Path, revision: str | None = None) -> str:
