@@ -23,6 +23,7 @@ from notebook_loads import counting_kernel, loads
 
 from coupling_utils.chapters import NAMES as CHAPTERS
 from coupling_utils.pipeline import sweep as S
+from coupling_utils.pipeline import sweep_state as ST
 
 ROOT = Path(__file__).resolve().parents[1]
 HUB = ["openai-community/gpt2", "EleutherAI/pythia-1.4b", "Qwen/Qwen1.5-0.5B"]
@@ -59,7 +60,8 @@ def _cli(*args: str, **kw) -> subprocess.CompletedProcess:
 def test_a_corrupt_record_of_submissions_is_moved_aside_and_said(tmp_path, capsys):
     """A sweep's records are read like every other record (files.read_json): one that is not JSON
     is moved aside and named, never silently taken for no submissions and then overwritten."""
-    from coupling_utils.pipeline.sweep import Sweep, Task, _record_submission, sweep_status
+    from coupling_utils.pipeline.sweep import Sweep, Task, _record_submission
+    from coupling_utils.pipeline.sweep_state import sweep_status
 
     sweep = Sweep("f00_coupling_metric", "smoke", {}, [], tmp_path)
     (tmp_path / "submissions.json").write_text('{"abc": [{"executor": "slu')  # cut mid-write
@@ -108,28 +110,28 @@ def test_status_says_what_became_of_a_task(standin_hub, private_cache, monkeypat
     (logs / f"{pid + 1000000}_0_log.err").write_text(
         "RuntimeError: no GPU\nLoading: 100%|####| 28/28 [00:00]\r\n"
     )
-    states = [(s.state, s.reason) for s in S.sweep_status(sweep)]
+    states = [(s.state, s.reason) for s in ST.sweep_status(sweep)]
     assert states == [
         ("missing", "measured by other code or deleted since it ran: submit again"),
         ("failed", "its worker failed before the task could start: SyntaxError: invalid syntax"),
     ]
     (logs / f"{pid + 1000000}_0_result.pkl").unlink()  # no result: what its log says last
     assert (
-        S.sweep_status(sweep)[1].reason
+        ST.sweep_status(sweep)[1].reason
         == "submitted, but its job ended before starting: RuntimeError: no GPU"
     )
     # a record naming a process id now given to another program (this one): not the worker, which
     # is gone (was: "running" for ever, and never submitted again)
     marker.update(pid=os.getpid(), finished=None)
     (sweep.folder / "tasks" / f"{ran.id}.json").write_text(json.dumps(marker))
-    state = S.sweep_status(sweep)[0]
+    state = ST.sweep_status(sweep)[0]
     assert state.state == "interrupted" and "stopped without finishing" in state.reason, state.line()
 
     def damaged(*args, **kwargs):
         raise OSError("Parquet magic bytes not found in footer: /cache/f03/x/depthwise.parquet")
 
     monkeypatch.setattr("coupling_utils.measurement.collect", damaged)
-    (state,) = {(s.state, s.reason) for s in S.sweep_status(sweep)}
+    (state,) = {(s.state, s.reason) for s in ST.sweep_status(sweep)}
     assert state[0] == "failed" and "cannot be read (OSError: Parquet magic" in state[1]
     assert "remove that measurement's folder and submit again" in state[1]
 
@@ -201,7 +203,7 @@ def test_one_reason_of_many_jobs_is_said_once_and_memory_is_not_rounded_down(pri
     def failed(name):
         return NS(ok=False, error="ModelNotFoundError", message="gone", job=NS(describe=lambda: name))
 
-    text = S._failures([failed("m, trained"), failed("m, random init"), NS(ok=True)])
+    text = ST._failures([failed("m, trained"), failed("m, random init"), NS(ok=True)])
     assert text == "m, trained and m, random init: ModelNotFoundError: gone"
     sweep = S.Sweep("f00_coupling_metric", "smoke", {}, [], private_cache / "sweeps" / "s")
     assert S.Resources(executor="slurm", mem_gb=1.5).slurm_parameters(sweep, 2)["mem"] == "1536M"  # was 1GB
@@ -415,7 +417,7 @@ def test_slurm_job_array_runs_every_task_and_resubmits_only_what_is_missing(
     sweep = S.load_sweep(next((private_cache / "sweeps").glob("f03_training_emergence-paper-*")))
     seen, t0 = set(), time.monotonic()
     while time.monotonic() - t0 < 600:  # the array runs after sbatch has returned, as on a cluster
-        states = [s.state for s in S.sweep_status(sweep)]
+        states = [s.state for s in ST.sweep_status(sweep)]
         seen |= set(states)
         if states == ["done", "done"]:
             break
@@ -439,7 +441,11 @@ def test_dry_run_shows_the_batch_script_without_submitting(standin_hub, private_
     )
     assert out.returncode == 0, out.stderr
     assert "would submit 26 task(s)" in out.stdout and "#SBATCH --partition=a100" in out.stdout
-    assert "--array=0-25%26" in out.stdout
+    assert "--array=0-25%26" in out.stdout  # the stand-in models are alike: one resource class
+    # each task sized from the config.json the worker loads (the stand-in's: a tiny model)
+    sized = "array 1 of 1: 26 tasks, memory 8 GB (sized per model), time 30 min (sized per model)"
+    assert sized in out.stdout, out.stdout
+    assert re.search(r"EleutherAI/pythia-6\.9b@step1 \(2 job\(s\)\): [\d.]+M parameters", out.stdout)
     assert f"{sys.executable} -u -m submitit.core._submit " in out.stdout  # what is submitted, as it is
     assert not list((private_cache / "sweeps").glob("*/submissions.json"))
 
@@ -456,7 +462,8 @@ def test_a_sweep_larger_than_the_clusters_arrays_goes_as_several(
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     out = _cli("sweep", *F03, "--executor", "slurm", "--dry-run")
     assert out.returncode == 0, out.stderr
-    assert "would submit 2 task(s) as 2 SLURM job arrays (MaxArraySize 1)" in out.stdout, out.stdout
+    said = "would submit 2 task(s) as 2 SLURM job arrays (grouped by the resources they need; MaxArraySize 1)"
+    assert said in out.stdout, out.stdout
     assert out.stdout.count("#SBATCH --array=0-0%1") == 2, out.stdout
 
 
@@ -554,10 +561,10 @@ def test_ctrl_c_stops_the_local_workers_quietly_and_a_rerun_resumes(sig, standin
     assert said in err and "Traceback" not in out + err, err
     assert f"stopped on {by}: {_F03_TASKS[0][0]}@step1 (running, stopped); 1 task(s) not started" in out
     (tries,) = json.loads(subs[0].read_text()).values()
-    assert tries[-1]["stopped"] and tries[-1]["by"] == by and not S._pid_alive(tries[-1]["pid"])
+    assert tries[-1]["stopped"] and tries[-1]["by"] == by and not ST._pid_alive(tries[-1]["pid"])
     time.sleep(1)  # a worker left running would still be there after its parent has gone
     for marker in subs[0].parent.glob("tasks/*.json"):  # no worker is left running
-        assert not S._pid_alive(json.loads(marker.read_text())["pid"])
+        assert not ST._pid_alive(json.loads(marker.read_text())["pid"])
     status = _cli("sweep", *F03, "--status")
     assert re.search(rf"interrupted\s+\S+@step1\s+stopped on {by}", status.stdout), status.stdout
     assert "1 interrupted, 1 missing" in status.stdout, status.stdout

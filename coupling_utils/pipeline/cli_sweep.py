@@ -27,7 +27,8 @@ def _executor_options(p: argparse.ArgumentParser, *, default: str | None) -> Non
         choices=choices,
         default=default or "none",
         help="where the jobs run: local (this machine, --max-parallel at a time; waits for them) or slurm "
-        "(one job array, returns at once)" + ("" if default else "; none (default): in this process"),
+        "(job arrays, one per resource class; returns at once)"
+        + ("" if default else "; none (default): in this process"),
     )
     p.add_argument("--partition", help="SLURM partition")
     p.add_argument("--account", help="SLURM account")
@@ -35,14 +36,21 @@ def _executor_options(p: argparse.ArgumentParser, *, default: str | None) -> Non
         "--gpus-per-job", type=int, help="GPUs each job gets (SLURM --gpus-per-node; local: visible GPUs)"
     )
     p.add_argument("--cpus-per-job", type=int, help="CPUs each SLURM job gets")
-    p.add_argument("--mem-gb", type=float, help="host memory each SLURM job gets, in GB")
     p.add_argument(
-        "--time", help="time limit per job: minutes, HH:MM:SS or D-HH:MM (default 60 min on SLURM)"
+        "--mem-gb",
+        type=float,
+        help="host memory each SLURM job gets, in GB (default: sized per model; given, it overrides that)",
+    )
+    p.add_argument(
+        "--time",
+        help="time limit per job: minutes, HH:MM:SS or D-HH:MM (default on SLURM: sized per model from "
+        "the cost model, else 60 min; given, it overrides that)",
     )
     p.add_argument(
         "--max-parallel",
         type=int,
-        help="jobs at once (SLURM: the array's %%N; local: default 1, one model on the device at a time)",
+        help="jobs at once (SLURM: in all, over every array of the sweep; local: default 1, one model on "
+        "the device at a time)",
     )
     p.add_argument(
         "--dry-run",
@@ -81,7 +89,7 @@ def _resources(args):
 
 
 def _print_states(title: str, states) -> None:
-    from coupling_utils.pipeline.sweep import summary_line
+    from coupling_utils.pipeline.sweep_state import summary_line
 
     print(f"{title}: {summary_line(states)}")
     for s in states:
@@ -123,13 +131,8 @@ def _stoppable(command):
 def _cmd_sweep(args) -> int:
     from coupling_utils.chapters.checks import ParameterError
     from coupling_utils.pipeline.execution import parse_overrides
-    from coupling_utils.pipeline.sweep import (
-        SweepError,
-        load_sweep,
-        plan_sweep,
-        recorded_sweeps,
-        sweep_status,
-    )
+    from coupling_utils.pipeline.sweep import SweepError, load_sweep, plan_sweep, recorded_sweeps
+    from coupling_utils.pipeline.sweep_state import sweep_status
     from coupling_utils.pipeline.sweep_submit import submit
 
     try:

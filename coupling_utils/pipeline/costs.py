@@ -165,23 +165,21 @@ def build_config(row: Mapping[str, Any]):
 def model_size(model: str) -> ModelSize | None:
     """The size of hub model ``model`` from ``data/model_configs.csv`` (None if it has no row):
     the model is built on the meta device and its parameters counted."""
-    import torch
     import transformers
-
-    from coupling_utils.engine.architectures import transformer_blocks
 
     table = _configs()
     if model not in table.index:
         return None
     row = table.loc[model].to_dict()
     config = build_config(row)
-    with torch.device("meta"):
-        if row["model_type"] == "vit":
-            net = transformers.ViTForImageClassification(config)
-        else:
-            net = transformers.AutoModelForCausalLM.from_config(config)
-    n_params = sum(p.numel() for p in net.parameters())
-    block = sum(p.numel() for p in transformer_blocks(net)[0].parameters())
+    vit = row["model_type"] == "vit"
+    n_params, block, _ = meta_counts(
+        lambda: (
+            transformers.ViTForImageClassification(config)
+            if vit
+            else transformers.AutoModelForCausalLM.from_config(config)
+        )
+    )
     return ModelSize(
         model,
         row["model_type"],
@@ -191,6 +189,20 @@ def model_size(model: str) -> ModelSize | None:
         block,
         row["torch_dtype"],
     )
+
+
+def meta_counts(build) -> tuple[int, int, int]:
+    """The model ``build()`` makes, made on PyTorch's meta device (no memory, no weights): its
+    parameters, its first transformer block's, and its number of blocks."""
+    import torch
+
+    from coupling_utils.engine.architectures import transformer_blocks
+
+    with torch.device("meta"):
+        net = build()
+    blocks = transformer_blocks(net)
+    block_params = sum(p.numel() for p in blocks[0].parameters())
+    return sum(p.numel() for p in net.parameters()), block_params, len(blocks)
 
 
 # --------------------------------------------------------------------------- one measurement
@@ -323,7 +335,7 @@ def _job_tokens(job, prompts: Mapping, max_tokens: int | None) -> int:
     return max(_prompt_tokens(p, max_tokens) for p in prompts.values())
 
 
-def _from_jobs(jobs) -> list[Work]:
+def works(jobs) -> list[Work]:
     """One :class:`Work` per measured part of each job (its extra tables counted with it), or,
     for a job that only computes extra tables, one for those."""
     out = []
@@ -369,7 +381,7 @@ def notebook_work(notebook: str, profile: str, overrides: Mapping[str, Any] | No
 
     stem = _notebook(notebook).stem
     params = planned_params(stem, profile, overrides)
-    return _from_jobs(chapter(stem).jobs(params))
+    return works(chapter(stem).jobs(params))
 
 
 # --------------------------------------------------------------------------- tables

@@ -10,25 +10,19 @@ into :class:`Task` objects, one per (model, revision), so that one cluster job l
 a checkpoint once (a random-init twin travels with its trained model).
 
 :func:`~coupling_utils.pipeline.sweep_submit.submit` hands the tasks to ``submitit``: on SLURM
-as one job array (``--partition``, ``--gpus-per-job``, ``--time``, ``--max-parallel`` as the
-array's ``%N``), on this machine with its local executor, ``max_parallel`` at a time (which also
-stops them on Ctrl-C); this module is what a sweep is, and what a worker runs
+as job arrays, one per resource class (memory and time sized per model:
+:mod:`~coupling_utils.pipeline.sweep_resources`; ``--partition``, ``--gpus-per-job``,
+``--max-parallel`` as the jobs at once in all), on this machine with its local executor,
+``max_parallel`` at a time (which also stops them on Ctrl-C); this module is what a sweep is,
+and what a worker runs
 (:func:`run_task`). Every job writes into the cache the notebook reads (``$COUPLING_CACHE``, which must be a
 shared filesystem on a cluster). A resubmission runs only the tasks that are not done and not
 running. The state of a sweep lives in ``$COUPLING_CACHE/sweeps/<notebook>-<profile>-<hash of
 its values>/``, written when it is first submitted: ``plan.pkl`` (the tasks), ``sweep.json``
 (what it is), ``submissions.json`` (which executor job runs which task, and whether Ctrl-C
 stopped it) and one ``tasks/<task>.json`` per started task (host, process, SLURM job, start and
-end, each job's outcome), from which :func:`sweep_status` tells each task's state:
-
-- ``done``: every measurement is stored (made by today's code);
-- ``running``: its worker process is alive (checked on this host, or asked of SLURM);
-- ``pending``: submitted, not started yet;
-- ``failed``: a job raised; the reason is the stored failure record (exception and message);
-- ``interrupted``: the worker stopped without a result or a failure record (killed, out of
-  memory, out of time, preempted, stopped on Ctrl-C); the reason says what is known (SLURM's
-  state, the log);
-- ``missing``: never submitted (or measured by other code).
+end, each job's outcome), from which :func:`~coupling_utils.pipeline.sweep_state.sweep_status`
+tells each task's state (:data:`STATES`: done, running, pending, failed, interrupted, missing).
 """
 
 from __future__ import annotations
@@ -55,10 +49,9 @@ from coupling_utils.measurement.jobs import Job
 from coupling_utils.provenance import stable_hash
 
 __all__ = [
-    "SweepError", "SweepBusy", "Task", "Sweep", "Resources", "TaskState", "EXECUTORS", "STATES",
+    "SweepError", "SweepBusy", "Task", "Sweep", "Resources", "EXECUTORS", "STATES",
     "FORWARDED_ENV", "notebook_jobs", "plan_sweep", "record_sweep", "load_sweep", "group_tasks",
-    "planned_params", "planned_values", "summary_line", "run_task", "sweep_status",
-    "recorded_sweeps", "parse_time",
+    "planned_params", "planned_values", "run_task", "recorded_sweeps", "parse_time",
 ]  # fmt: skip
 
 EXECUTORS = ("local", "slurm")
@@ -299,172 +292,6 @@ def run_task(task: Task, folder: str) -> dict:
     return info
 
 
-# --------------------------------------------------------------------------- state
-@dataclass
-class TaskState:
-    """One task's state (see :data:`STATES`) and why."""
-
-    task: Task
-    state: str
-    reason: str = ""
-    log: str | None = None
-
-    def line(self) -> str:
-        tail = f"  {self.reason}" if self.reason else ""
-        return f"{self.state:<12} {self.task.name}{tail}"
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie (ended, not yet reaped by its parent) is not alive
-        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][:1] != "Z"
-    except (OSError, IndexError):
-        return True
-
-
-def _slurm_state(folder: Path, job_id: str) -> str:
-    try:
-        import submitit
-
-        return str(submitit.SlurmJob(folder=folder, job_id=job_id).state)
-    except Exception as exc:  # no sacct here, or SLURM does not answer
-        return f"UNKNOWN ({type(exc).__name__}: {exc})"
-
-
-SLURM_ALIVE = ("PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "RESIZING", "SUSPENDED")
-
-
-def _alive(record: Mapping[str, Any], folder: Path) -> tuple[bool | None, str]:
-    """Whether the process a record names is alive (None: cannot tell from here), and what is known."""
-    if record.get("executor") == "slurm" or record.get("slurm_job"):
-        job_id = record.get("slurm_job") or record.get("job_id")
-        state = _slurm_state(folder / "slurm", str(job_id))
-        if state.startswith("UNKNOWN"):
-            return None, f"SLURM job {job_id}: state {state}"
-        return state.split()[0] in SLURM_ALIVE, f"SLURM job {job_id}: {state}"
-    host, pid = record.get("host"), record.get("pid")
-    if host != socket.gethostname():
-        return None, f"process {pid} on {host} (another host: not checked)"
-    return _pid_alive(int(pid)) and _runs_submitit(int(pid)), f"process {pid} on {host}"
-
-
-def _runs_submitit(pid: int) -> bool:
-    """Whether process ``pid`` is a sweep's worker (its command names submitit), not another one
-    given the id since (ids are reused, soonest after a reboot); True where /proc cannot say."""
-    try:
-        return b"submitit" in Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return True
-
-
-_PROGRESS = re.compile(r"\d+%\|")  # a progress bar's line (tqdm's "40%|####  | 2/5"): says nothing
-
-
-def _log_tail(folder: Path, submission: Mapping[str, Any] | None) -> tuple[str | None, str]:
-    """The worker's stderr log (submitit's) and its last non-empty line that is not a progress bar."""
-    if not submission:
-        return None, ""
-    logs = sorted((folder / submission["executor"]).glob(f"{submission['job_id']}_*_log.err"))
-    if not logs:
-        return None, ""
-    text = logs[0].read_text(errors="replace").replace("\r", "\n")
-    lines = [x for x in text.splitlines() if x.strip() and not _PROGRESS.search(x)]
-    return str(logs[0]), (lines[-1].strip()[:200] if lines else "")
-
-
-def _worker_error(folder: Path, submission: Mapping[str, Any]) -> str | None:
-    """The last line of the error a worker ended on before its task ran (submitit's result
-    pickle: an import error, a bad environment), or None (it succeeded, or left no result)."""
-    path = folder / submission["executor"] / f"{submission['job_id']}_0_result.pkl"
-    try:
-        outcome, value = pickle.loads(path.read_bytes())
-    except Exception:  # noqa: BLE001 - none, cut short, or not submitit's: nothing to say
-        return None
-    lines = [x.strip() for x in str(value).splitlines() if x.strip()]
-    return (lines[-1][:300] if lines else "an error") if outcome == "error" else None
-
-
-def task_state(sweep: Sweep, task: Task, submissions: Mapping[str, list] | None = None) -> TaskState:
-    """The state of one task (see the module doc for the order in which states are decided)."""
-    from coupling_utils.measurement import Options, collect
-
-    try:
-        done = collect(list(task.jobs), Options(compute=False))
-    except Exception as exc:  # noqa: BLE001 - a damaged stored table: say so, list the other tasks
-        why = f"a stored measurement of it cannot be read ({type(exc).__name__}: {exc})"
-        return TaskState(task, "failed", f"{why}; remove that measurement's folder and submit again")
-    if not done.missing:
-        return TaskState(task, "done")
-    if submissions is None:
-        submissions = read_json(sweep.folder / "submissions.json", "sweep's record of submissions") or {}
-    tries = submissions.get(task.id, [])
-    last = tries[-1] if tries else None
-    marker = read_json(sweep.folder / "tasks" / f"{task.id}.json", "sweep task's record")
-    log, tail = _log_tail(sweep.folder, last)
-    if marker is not None and marker.get("finished") is None:
-        alive, what = _alive(marker, sweep.folder)
-        if alive or alive is None:
-            return TaskState(
-                task, "running", what if alive is None else f"{what} since {marker['started']}", log
-            )
-    ran = marker is not None and (last is None or marker["started"] >= last["submitted"])
-    if last is not None and not ran:
-        alive, what = _alive(last, sweep.folder)
-        if alive:
-            return TaskState(task, "pending", f"submitted {last['submitted']} ({what})", log)
-    reasons = _failures(done.results)
-    if reasons:
-        return TaskState(task, "failed", reasons, log)
-    return _ended(sweep, task, last, marker if ran else None, log, tail)
-
-
-def _ended(sweep: Sweep, task: Task, last, marker, log: str | None, tail: str) -> TaskState:
-    """The state of a task that is not done, running, pending or failed, from its last
-    submission ``last`` and the marker its worker left since (``marker``; None: none since)."""
-    ran = marker is not None
-    if last is not None and last.get("stopped") and not (ran and marker.get("finished")):
-        when = f"while it ran (since {marker['started']})" if ran else "before it started"
-        by = last.get("by", "Ctrl-C")
-        return TaskState(task, "interrupted", f"stopped on {by} {last['stopped']}, {when}", log)
-    if ran and marker.get("finished") is None:
-        _, what = _alive(marker, sweep.folder)
-        reason = (
-            f"the worker ({what}) stopped without finishing (killed, out of memory, out of time or "
-            "preempted)" + (f"; last log line: {tail}" if tail else "")
-        )
-        return TaskState(task, "interrupted", reason, log)
-    if ran:  # its worker finished, yet a measurement is not there
-        return TaskState(task, "missing", "measured by other code or deleted since it ran: submit again", log)
-    if last is not None:
-        crashed = _worker_error(sweep.folder, last)
-        if crashed:
-            return TaskState(task, "failed", f"its worker failed before the task could start: {crashed}", log)
-        why = "submitted, but its job ended before starting" + (f": {tail}" if tail else "")
-        return TaskState(task, "interrupted", why, log)
-    return TaskState(task, "missing", "not submitted")
-
-
-def _failures(results) -> str:
-    """The stored failures of a task's jobs, one clause per distinct reason (a model that cannot
-    be loaded fails its trained and its random-init job alike: said once, naming both)."""
-    by_reason: dict[str, list[str]] = {}
-    for r in results:
-        if not r.ok and r.error != "NotMeasured":
-            by_reason.setdefault(f"{r.error}: {r.message}", []).append(r.job.describe())
-    return "; ".join(f"{listed(jobs)}: {why}" for why, jobs in by_reason.items())
-
-
-def sweep_status(sweep: Sweep) -> list[TaskState]:
-    """The state of every task of ``sweep``, in task order."""
-    submissions = read_json(sweep.folder / "submissions.json", "sweep's record of submissions") or {}
-    return [task_state(sweep, t, submissions) for t in sweep.tasks]
-
-
 def _record_submission(
     sweep: Sweep, task: Task, executor: str, job_id: str | None, by: str = "Ctrl-C"
 ) -> None:
@@ -592,9 +419,3 @@ class Resources:
         }
         params.update({k: v for k, v in optional.items() if v})
         return params
-
-
-def summary_line(states: Sequence[TaskState]) -> str:
-    """``3 done, 1 failed`` in the order of :data:`STATES`."""
-    counts = {s: sum(1 for x in states if x.state == s) for s in STATES}
-    return ", ".join(f"{n} {s}" for s, n in counts.items() if n) or "no tasks"

@@ -1,5 +1,13 @@
-"""How a sweep's tasks are submitted (:func:`submit`): one SLURM job array, or here (``--executor
+"""How a sweep's tasks are submitted (:func:`submit`): SLURM job arrays, or here (``--executor
 local``) submitit's local executor, a few tasks at a time, and what Ctrl-C does to them.
+
+On SLURM the tasks go as one job array per resource class (memory and time sized per model,
+:mod:`~coupling_utils.pipeline.sweep_resources`), each within the cluster's MaxArraySize. Under
+``--max-parallel N`` each array waits for the one before (``--dependency=afterany``) and has
+``%N``, so at most N jobs run at once in all (dividing N among arrays running side by side would
+leave an array with no share when there are more arrays than N). Each array is submitted and
+recorded with SIGINT and SIGTERM held (:func:`signals_held`): a Ctrl-C between sbatch accepting
+it and its record being written would leave jobs a rerun submits again.
 
 A worker is three processes: a shell (its setup lines), submitit's controller and the task
 (:func:`~coupling_utils.pipeline.sweep.run_task`). A Ctrl-C in a terminal reaches every process of
@@ -37,15 +45,12 @@ from coupling_utils.pipeline.sweep import (
     Sweep,
     SweepBusy,
     SweepError,
-    TaskState,
     _now,
     _record_submission,
     _setup_lines,
     run_task,
-    summary_line,
-    sweep_status,
-    task_state,
 )
+from coupling_utils.pipeline.sweep_state import TaskState, summary_line, sweep_status, task_state
 
 __all__ = ["submit", "run_local", "stop_workers", "Terminated", "sigterm_stops"]
 
@@ -197,7 +202,7 @@ def submit(
 ) -> list[TaskState]:
     """Submit the tasks of ``sweep`` that are not done, running or pending; return the states after.
 
-    ``resources.executor="slurm"``: one job array (see :class:`Resources`), returned at once:
+    ``resources.executor="slurm"``: job arrays (see the module doc), returned at once:
     follow it with :func:`sweep_status`. ``"local"``: the tasks run on this machine,
     ``max_parallel`` (default 1) at a time, and this call returns when they have ended.
     ``dry_run``: say what would be submitted (and, for SLURM, the batch script) without submitting.
@@ -218,7 +223,7 @@ def submit(
             echo(f"{sweep.name}: nothing to submit (its {_tasks(len(states))}: {summary_line(states)})")
             return states
         if resources.executor == "slurm":
-            return _submit_slurm(submitit, sweep, todo, resources.slurm_parameters(sweep, len(todo)), echo)
+            return _submit_slurm(submitit, sweep, todo, resources, echo)
         return run_local(submitit, sweep, todo, resources, echo, poll_s)
 
 
@@ -237,7 +242,7 @@ def _todo(states: list[TaskState], echo: Callable[[str], None] | None = None) ->
 def max_array_size() -> int:
     """The most tasks one SLURM job array may hold: the cluster's MaxArraySize (``scontrol show
     config``; its largest index is one less), else SLURM's default, 1001. A sweep with more tasks
-    is submitted as several arrays (each with ``--max-parallel`` as its ``%N``)."""
+    is submitted as several arrays (under ``--max-parallel``, one after the other: :func:`_chained`)."""
     import subprocess
 
     try:
@@ -248,14 +253,41 @@ def max_array_size() -> int:
     return max(1, int(found[1])) if found else 1001
 
 
-def _arrays(todo: list) -> list[list]:
-    """``todo`` cut into job arrays of at most :func:`max_array_size` tasks."""
-    n = max_array_size()
-    return [todo[i : i + n] for i in range(0, len(todo), n)]
+def _arrays(todo: list, resources: Resources) -> list:
+    """``todo`` as job arrays (:func:`~coupling_utils.pipeline.sweep_resources.slurm_arrays`): one
+    or more per resource class, each of at most :func:`max_array_size` tasks."""
+    from coupling_utils.pipeline.sweep_resources import slurm_arrays
+
+    return slurm_arrays(todo, resources, max_array_size())
+
+
+def _chained(resources: Resources, arrays: list) -> bool:
+    """Whether each array waits for the one before (``--dependency=afterany``): several arrays
+    under ``--max-parallel N``, each with its own ``%N``, would otherwise run N per array at once."""
+    return resources.max_parallel is not None and len(arrays) > 1
+
+
+def _array_line(i: int, arrays: list, given: Resources) -> str:
+    """What array ``i`` asks for and why: sized, as given, or left to SLURM's defaults."""
+    res, n = arrays[i].resources, len(arrays[i].tasks)
+    if given.mem_gb is not None:
+        mem = f"memory {res.mem_gb:g} GB (--mem-gb, as given)"
+    elif res.mem_gb is not None:
+        mem = f"memory {res.mem_gb:g} GB (sized per model)"
+    else:
+        mem = "SLURM's default memory (not sized: give --mem-gb)"
+    if given.time_limit is not None:
+        time = f"time {res.minutes} min (--time, as given)"
+    elif res.time_limit is not None:
+        time = f"time {res.minutes} min (sized per model)"
+    else:
+        time = "time 60 min (the default: no prediction; give --time)"
+    after = f", after array {i} has ended" if i and _chained(given, arrays) else ""
+    return f"array {i + 1} of {len(arrays)}: {_tasks(n)}, {mem}, {time}{after}"
 
 
 def _dry_run(submitit, sweep: Sweep, states, resources: Resources, echo) -> list[TaskState]:
-    """What :func:`submit` would do (for SLURM, the batch script), doing nothing."""
+    """What :func:`submit` would do (for SLURM, each array's resources, why, and batch script)."""
     todo = _todo(states, echo)
     if resources.executor == "local":
         for t in todo:
@@ -265,33 +297,72 @@ def _dry_run(submitit, sweep: Sweep, states, resources: Resources, echo) -> list
 
     folder = (sweep.folder / "slurm").absolute()  # as submitit's SlurmExecutor makes its command
     command = f"{shlex.quote(sys.executable)} -u -m submitit.core._submit {shlex.quote(str(folder))}"
-    params = resources.slurm_parameters(sweep, len(todo))
-    arrays = _arrays(todo)
-    many = f"{len(arrays)} SLURM job arrays (MaxArraySize {max_array_size()})" if arrays[1:] else ""
-    echo(f"would submit {len(todo)} task(s) as {many or 'one SLURM job array'}:")
-    for part in arrays:
-        for t in part:
-            echo(f"  {t.name} ({len(t.jobs)} job(s))")
-        echo(_make_sbatch_string(command=command, folder=folder, map_count=len(part), **params))
+    arrays = _arrays(todo, resources)
+    many = f"{len(arrays)} SLURM job arrays" if arrays[1:] else "one SLURM job array"
+    by = f"grouped by the resources they need; MaxArraySize {max_array_size()}"
+    echo(f"would submit {len(todo)} task(s) as {many} ({by}):")
+    if _chained(resources, arrays):
+        echo(f"  each array waits for the one before, so at most {resources.max_parallel} jobs run at once")
+    for i, array in enumerate(arrays):
+        echo(_array_line(i, arrays, resources))
+        for t, needs in zip(array.tasks, array.needs):
+            echo(f"  {t.name} ({len(t.jobs)} job(s)): {needs.why}")
+        params = array.resources.slurm_parameters(sweep, len(array.tasks))
+        if i and _chained(resources, arrays):
+            params["dependency"] = f"afterany:<array {i}>"
+        echo(_make_sbatch_string(command=command, folder=folder, map_count=len(array.tasks), **params))
     return states
 
 
-def _submit_slurm(submitit, sweep, todo, params: dict[str, Any], echo) -> list[TaskState]:
+@contextlib.contextmanager
+def signals_held():
+    """Within the block, SIGINT and SIGTERM wait; after it they take effect as usual. Around
+    sbatch and the record of what it accepted: a Ctrl-C between the two would leave a job
+    submitted and not recorded, which the next run would submit again. The mask is inherited
+    by sbatch, so the terminal's Ctrl-C does not cut it short either. Only in the main thread."""
+    if not _main_thread():
+        yield
+        return
+    held = (signal.SIGINT, signal.SIGTERM)
+    caught: list[int] = []
+    swapped = [s for s in held if signal.getsignal(s) is not None]  # None: not Python's to restore
+    before = {s: signal.signal(s, lambda signum, frame: caught.append(signum)) for s in swapped}
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # a signal that waited arrives now
+        for sig in dict.fromkeys(caught):  # one another thread took meanwhile: again
+            signal.raise_signal(sig)
+
+
+def _submit_slurm(submitit, sweep, todo, resources: Resources, echo) -> list[TaskState]:
+    """Submit ``todo`` as job arrays (:func:`_arrays`), each recorded as sbatch accepts it."""
     folder = sweep.folder / "slurm"
-    ex = submitit.SlurmExecutor(folder=folder)
-    ex.update_parameters(**params)
-    submitted = 0
-    for part in _arrays(todo):
+    arrays = _arrays(todo, resources)
+    submitted, previous = 0, None
+    for array in arrays:
+        part = list(array.tasks)
+        params = array.resources.slurm_parameters(sweep, len(part))
+        if previous is not None and _chained(resources, arrays):
+            params["dependency"] = f"afterany:{previous}"
+        ex = submitit.SlurmExecutor(folder=folder)
+        ex.update_parameters(**params)
         before = set(folder.glob("*.pkl"))
-        try:
-            jobs = ex.map_array(run_task, part, [str(sweep.folder)] * len(part))
-        except submitit.core.utils.FailedJobError as exc:  # sbatch said no: its reason, nothing left
-            for pending in set(folder.glob("*.pkl")) - before:  # the tasks submitit pickled for it
-                pending.unlink(missing_ok=True)
-            raise _refused(exc, len(part), submitted) from None
+        with signals_held():
+            try:
+                jobs = ex.map_array(run_task, part, [str(sweep.folder)] * len(part))
+            except submitit.core.utils.FailedJobError as exc:  # sbatch said no: its reason, nothing left
+                for pending in set(folder.glob("*.pkl")) - before:  # the tasks submitit pickled for it
+                    pending.unlink(missing_ok=True)
+                raise _refused(exc, len(part), submitted) from None
+            for task, job in zip(part, jobs):
+                _record_submission(sweep, task, "slurm", job.job_id)
         for task, job in zip(part, jobs):
-            _record_submission(sweep, task, "slurm", job.job_id)
             echo(f"submitted  {task.name}  (SLURM job {job.job_id})")
+        previous = str(jobs[0].job_id).split("_")[0]
         submitted += len(part)
     return sweep_status(sweep)
 
