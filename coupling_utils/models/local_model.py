@@ -47,8 +47,10 @@ def check_model_files(
     ``~/dir``, ``x.gguf``), a hub id whose config lies in the Hugging Face cache
     (:func:`check_cached_architecture`; one not in the cache is left to loading). ``label`` and
     ``revision_option``: how the message names the model and its revisions."""
+    from coupling_utils.models.identity import local_path
+
     label = label or str(model)
-    if Path(model).expanduser().exists():
+    if local_path(str(model)) is not None:
         check_local_model(model, revisions, label=label, revision_option=revision_option)
     elif looks_like_path(str(model)):
         raise LocalModelError(
