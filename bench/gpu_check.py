@@ -16,12 +16,19 @@ What it does:
    d = 4096, 32 blocks, 32 heads, d_ff = 11008 (Llama-2-7B's shape), in bfloat16 and, where
    bitsandbytes is installed, 4-bit (NF4, computed in bfloat16); prompts of T = 16 and 128
    random tokens. For block 15: the authors' reference for one token (d VJPs over all T), the
-   one-token path (``one_token.one_token_jacobians``), the all-token sweep
-   (``jacobians.token_jacobians``) and the top-50 spectra; seconds per block, and the
-   predicted seconds of a whole 32-block ``measure`` (per block × 32), with peak GPU memory.
+   one-token path (``one_token.one_token_jacobians``) for the last token and, at T = 128, for the
+   last T/16 tokens (the break-even ``one_token_wins`` assumes on an accelerator), the all-token
+   sweep (``jacobians.token_jacobians``) and the top-50 spectra; seconds per block, and the
+   predicted seconds of a whole 32-block ``measure`` (per block × 32), with peak GPU memory. Each
+   path's last-token Jacobian is compared with the reference's (``max_rel_diff_vs_reference``:
+   in bfloat16 the two differ by rounding; a wrong cut or slope would differ by order one).
    Beside the spectra ``exact_topk`` chooses, "spectra candidate" rows time other ways to them on
-   the same matrices (``gram.gram_topk_batched``; cuSOLVER's ``gesvdj``), each with the largest
+   the first :data:`CANDIDATE_MATRICES` of the same matrices (``gram.gram_topk_batched``; block
+   Lanczos in float64, ``spectra.topk_svd``; cuSOLVER's ``gesvdj``), each with the largest
    difference of any coupling value from the chosen one (``max_metric_diff``).
+3. **The one-token path on a Falcon-7B-wide block** loaded with SDPA and with eager attention
+   (:func:`falcon_rows`): torch has no vmap batching rule for SDPA's backward, so this says what
+   that costs on the GPU.
 
 Each step has a time budget (``--budget``, seconds in all); what does not fit is recorded as
 "skipped: budget". ``--dry-run`` runs step 2 for real on a tiny configuration (d = 64, 2 blocks,
@@ -53,7 +60,12 @@ TS, TINY_TS = (16, 128), (8,)
 # the spectra are timed on at most this many of a sweep's T matrices (the last ones): their time is
 # per matrix (the cost model divides by ``matrices``), and on an H200 one d = 4096 matrix took about
 # a second, so all 128 would take the 4-bit twin's share of the budget
-SPECTRA_MATRICES = 16
+SPECTRA_MATRICES = 8
+# the spectra candidates are judged on the first few of those (a Jacobi SVD of a d = 4096 matrix
+# may take seconds): their rows say per how many matrices they were timed
+CANDIDATE_MATRICES = 4
+FALCON = dict(hidden_size=4544, num_attention_heads=71, num_hidden_layers=2)  # Falcon-7B's width
+TINY_FALCON = dict(hidden_size=64, num_attention_heads=4, num_hidden_layers=2)
 
 
 class Budget:
@@ -181,14 +193,27 @@ def _block_rows(model, T, layer, base, budget, device, dry_run, quantize, warm_u
     if warm_up:  # untimed: CUDA context, cuBLAS handles and kernel selection
         for fn, kw, _ in methods.values():
             fn(model, ids, layer, **kw)
+    n_few = T // 16  # the one-token path's break-even with the sweep on an accelerator (one_token_wins)
+    if n_few > 1:
+        tokens = list(range(T - n_few, T))
+        methods[f"one_token ({n_few} tokens)"] = (
+            one_token_jacobians,
+            dict(tokens=tokens),
+            n_few * one_token_flops(P, T, d),
+        )
     rate = gemm_rate(T, d, torch.bfloat16, device)
-    rows = []
+    rows, reference = [], None
     for method, (fn, kw, pass_flops) in methods.items():
         if budget.left() < 30 and not dry_run:
             rows.append({**base, "T": T, "method": method, "status": "skipped: budget"})
             continue
         J, seconds, peak = _timed(lambda fn=fn, kw=kw: fn(model, ids, layer, **kw), device)
         row = {**base, "T": T, "method": method, "status": "ok", "seconds": seconds, "peak_gib": peak}
+        last = J[-1].float()  # the last token's J_tt − I, by each method: agreement with the reference
+        if method.startswith("reference"):
+            reference = last
+        elif reference is not None:
+            row["max_rel_diff_vs_reference"] = float((last - reference).abs().max() / reference.abs().max())
         if not quantize:  # a 4-bit block's work is not its matmuls' FLOPs
             flops = d * pass_flops
             row.update(flops=flops, flops_per_s=flops / seconds, gemm_flops_per_s=rate)
@@ -203,7 +228,9 @@ def _block_rows(model, T, layer, base, budget, device, dry_run, quantize, warm_u
                  "seconds": s_seconds, "peak_gib": s_peak, "matrices": n}
             )  # fmt: skip
             if budget.left() > 60 or dry_run:
-                rows += _spectra_candidates(Js, top, {**base, "T": T}, device)
+                m = min(n, CANDIDATE_MATRICES)
+                chosen = type(top)(*(x[:m] for x in top))
+                rows += _spectra_candidates(Js[:m], chosen, {**base, "T": T}, device)
         print(f"{base['dtype']} T={T} {method}: {seconds:.2f} s", flush=True)
     return rows
 
@@ -219,6 +246,7 @@ def _spectra_candidates(Js, chosen, base: dict, device: str) -> list[dict]:
 
     from coupling_utils.engine.gram import gram_topk_batched
     from coupling_utils.engine.metric import SVD, coupling_matrix
+    from coupling_utils.engine.spectra import topk_svd
 
     def gesvdj():
         U, S, Vh = torch.linalg.svd(Js, full_matrices=False, driver="gesvdj")
@@ -230,6 +258,11 @@ def _spectra_candidates(Js, chosen, base: dict, device: str) -> list[dict]:
             Js, k_max
         )
     }
+    # block Lanczos on the formed matrices in float64 (GEMMs only; ``spectra.topk_svd``'s default
+    # block and steps, as the matrix-free path takes them)
+    candidates["block Lanczos (spectra.topk_svd, float64)"] = lambda: SVD(
+        *(x.float() for x in topk_svd(Js.double(), k_max, "lanczos"))
+    )
     if device == "cuda":
         candidates["full SVD, cuSOLVER gesvdj"] = gesvdj
     rows, n = [], Js.shape[0]
@@ -286,6 +319,67 @@ def engine_rows(dry_run: bool, budget: Budget) -> list[dict]:
     for r in rows:
         if r.get("seconds") is not None and r.get("method"):
             r["measure_seconds_predicted"] = r["seconds"] * L  # every block, one prompt
+    return rows
+
+
+def falcon_rows(dry_run: bool, budget: Budget) -> list[dict]:
+    """The one-token path on a Falcon-7B-wide block (random init, 2 blocks, multi-query, parallel
+    attention and MLP; bfloat16, T = 128), loaded with SDPA attention and with eager attention.
+
+    A Falcon keeps its own attention in one-token mode, and torch has no vmap batching rule for
+    SDPA's backward, so the d products of one token may run one by one there (torch warns "There
+    is a performance drop"); on a CPU at d = 256 it cost nothing measurable (stop note 47). These
+    rows time both, say whether torch warned, and give the two Jacobians' largest difference."""
+    import warnings
+
+    import torch
+    from transformers import AutoModelForCausalLM, FalconConfig
+
+    from coupling_utils.engine.one_token import one_token_jacobians
+
+    device = "cpu" if dry_run else "cuda"
+    shape, T = (TINY_FALCON, 8) if dry_run else (FALCON, 128)
+    name = f"Falcon-style d={shape['hidden_size']}, {shape['num_hidden_layers']} blocks"
+    base = {"step": "engine", "name": name, "dtype": "bfloat16", "T": T}
+    if budget.left() < 60 and not dry_run:
+        return [{**base, "status": "skipped: budget"}]
+    cfg = FalconConfig(**shape, multi_query=True, parallel_attn=True, bias=False, vocab_size=65024)
+    ids = torch.randint(0, 65024, (1, T), generator=torch.Generator().manual_seed(1)).to(device)
+    rows, first = [], None
+    for attention in ("sdpa", "eager"):
+        row = {**base, "method": f"one_token (1 token), Falcon with {attention} attention"}
+        try:
+            torch.manual_seed(0)
+            with torch.device(device):
+                model = AutoModelForCausalLM.from_config(
+                    cfg, dtype=torch.bfloat16, attn_implementation=attention
+                )
+            model.eval().requires_grad_(False)
+            with warnings.catch_warnings(record=True) as seen:
+                warnings.simplefilter("always")
+                one_token_jacobians(model, ids, 0, [T - 1])  # untimed: kernels and handles
+                J, seconds, peak = _timed(lambda m=model: one_token_jacobians(m, ids, 0, [T - 1]), device)
+        except Exception as exc:  # noqa: BLE001 - recorded: this transformers' Falcon or its attention
+            rows.append({**row, "status": f"failed: {type(exc).__name__}: {exc}"[:1000]})
+            print(rows[-1]["status"], flush=True)
+            continue
+        slow = any("performance drop" in str(w.message) for w in seen)
+        row.update(
+            status="ok",
+            seconds=seconds,
+            peak_gib=peak,
+            note="torch warned of a performance drop (no vmap batching rule)" if slow else "",
+        )
+        if first is None:
+            first = J
+        else:
+            row["max_rel_diff_vs_reference"] = float((J - first).abs().max() / first.abs().max())
+        rows.append(row)
+        print(
+            f"Falcon {attention} T={T} one token: {seconds:.2f} s{' (vmap fallback warned)' if slow else ''}",
+            flush=True,
+        )
+        model = None
     return rows
 
 
@@ -394,6 +488,7 @@ def main(argv=None) -> int:
         rows += notebook_rows(args.dry_run, budget, args.notebook_share, args.jobs, emit)
     if args.step in ("all", "engine"):
         rows += engine_rows(args.dry_run, budget)
+        rows += falcon_rows(args.dry_run, budget)
     df = write_table(kept, rows, prov, out)
     if out is not None:
         print(f"wrote {out}")
