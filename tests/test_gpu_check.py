@@ -43,7 +43,7 @@ def test_dry_run_on_a_cpu(gpu_check, tmp_path, capsys):
         "top-50 spectra (full_svd, 8 matrices)",  # d = 64: the full SVD is the cheaper there
         # timed beside it on its first 4 matrices, judged against it (gesvdj is CUDA's only)
         "spectra candidate: gram_topk_batched (float32 Gram, full eigh, float64 refinement), 4 matrices",
-        "spectra candidate: block Lanczos (spectra.topk_svd, float64), 4 matrices",
+        "spectra candidate: block Lanczos (spectra.topk_svd, float64, 90 steps), 4 matrices",
     }
     candidate = engine[engine.method.str.startswith("spectra candidate")]
     assert (candidate.max_metric_diff >= 0).all() and (candidate.matrices == 4).all()
