@@ -354,12 +354,16 @@ def test_measure_on_the_device(case, standin_hub, sweep_path_only):
     ref = measure(load_model(repo, device="cpu"), [DEMO], layers=layers, **MEASURE_CASES[case])
     with emulated_device() as dev:
         got = measure(load_model(repo, device=dev), [DEMO], layers=layers, **MEASURE_CASES[case])
-    # on the host the top-K spectra may come from the partial eigensolver (gram.exact_topk, within
-    # 1e-5 of the full SVD by design), on a device from the full SVD: equal to the engine's tolerance;
-    # the matrix-free solve is iterative (here within 1.5e-5 of the exact path's values, measured on
-    # the host), and the products it starts from differ by rounding (a held SiLU slope:
-    # test_engine_on_the_device), so two of its runs agree to a few times that, not to 1e-5
-    atol = 5e-5 if case == "matrix_free" else 1e-5
+    # on the host the top-K spectra come from the partial eigensolver where it is cheaper
+    # (gram.exact_topk), on a device from the float32 full SVD, the less accurate of the two: on an
+    # AMD EPYC host (OpenBLAS) this case's coupling values were within 2.3e-7 of a float64 SVD's by
+    # gram_topk and 1.0e-5 by the float32 full SVD (K = 2 and 4 on a random model: small gaps),
+    # and the device's run 1.6e-5 from the host's (ad hoc, 2026-12-06), hence 3e-5; a misplaced
+    # tensor fails or differs by far more. The matrix-free solve is iterative (here within 1.5e-5
+    # of the exact path's values, measured on the host), and the products it starts from differ by
+    # rounding (a held SiLU slope: test_engine_on_the_device), so two of its runs agree to a few
+    # times that
+    atol = 5e-5 if case == "matrix_free" else 3e-5
     for name in TABLES:
         if name != "timings":
             pd.testing.assert_frame_equal(got.tables[name], ref.tables[name], check_exact=False, atol=atol)
