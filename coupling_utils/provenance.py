@@ -101,7 +101,7 @@ def _feed(h, o) -> None:
         )
 
 
-_SHA_MEMO: dict[tuple[str, int, int], str] = {}
+_SHA_MEMO: dict[str, str] = {}  # memo key (see _memo_keys) -> digest, this process
 
 
 def _stream_sha256(path: Path) -> str:
@@ -130,28 +130,46 @@ def tensors_sha256(path: str | Path) -> str:
     return h.hexdigest()
 
 
+def _memo_keys(path: Path, st) -> list[str]:
+    """The memo's keys for a file, each with its size and mtime in nanoseconds: its inode on its
+    device (``inode|dev|ino|size|mtime_ns``), which a move or rename within one filesystem keeps,
+    and its path with its inode (``path|path|ino|size|mtime_ns``), which another machine sharing
+    the cache and the files finds (its device numbers differ; an NFS inode is the server's).
+
+    A file rewritten in place (same inode) changes its mtime, and another file at the old path
+    has another inode while the moved one holds it: both are hashed again. A filesystem without
+    inode numbers (``st_ino`` 0) has only the path key. Entries of the older format
+    (``path|size|mtime_ns``, without the inode) are not read: such a file is hashed once more.
+    """
+    by_path = f"path|{path}|{st.st_ino}|{st.st_size}|{st.st_mtime_ns}"
+    if not st.st_ino:
+        return [by_path]
+    return [f"inode|{st.st_dev}|{st.st_ino}|{st.st_size}|{st.st_mtime_ns}", by_path]
+
+
 def file_sha256(path: str | Path) -> str:
-    """SHA-256 of a file, memoised by (path, size, mtime) in memory and in the cache directory
-    (``<cache>/zoo/sha256-memo.json``), so large weight files are read once."""
+    """SHA-256 of a file, memoised by its inode or its path, with its size and mtime, in memory
+    and in the cache directory (``<cache>/zoo/sha256-memo.json``), so large weight files are read
+    once, and a checkpoint moved or renamed within its filesystem is not read again."""
     path = Path(path).resolve()
-    st = path.stat()
-    key = (str(path), st.st_size, st.st_mtime_ns)
-    if key in _SHA_MEMO:
-        return _SHA_MEMO[key]
+    keys = _memo_keys(path, path.stat())
+    digest = next((_SHA_MEMO[k] for k in keys if k in _SHA_MEMO), None)
+    if digest is not None:
+        return digest
     try:  # a cache one cannot write, or without a zoo folder yet, has no memo to read
         memo_file = cache_dir("zoo") / "sha256-memo.json"
         memo = json.loads(memo_file.read_text())
+        if not isinstance(memo, dict):
+            raise ValueError("not a mapping")
     except (OSError, ValueError):
         memo_file, memo = None, {}
-    skey = f"{key[0]}|{key[1]}|{key[2]}"
-    digest = memo.get(skey)
-    if digest is None:
-        digest = _stream_sha256(path)
-        memo[skey] = digest
+    digest = next((memo[k] for k in keys if isinstance(memo.get(k), str)), None)
+    if digest is None or any(k not in memo for k in keys):
+        digest = digest or _stream_sha256(path)
+        memo.update(dict.fromkeys(keys, digest))
         with contextlib.suppress(OSError):  # a read-only cache serves what it holds, unremembered
             atomic_write_text(memo_file or cache_dir("zoo") / "sha256-memo.json", json.dumps(memo, indent=1))
-
-    _SHA_MEMO[key] = digest
+    _SHA_MEMO.update(dict.fromkeys(keys, digest))
     return digest
 
 

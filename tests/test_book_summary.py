@@ -51,6 +51,18 @@ def test_a_claim_not_reproduced_is_listed_with_the_values_its_rule_judged_and_th
     )
 
 
+def test_a_row_of_an_older_run_is_quoted_without_its_old_note():
+    """Executed notebooks of runs before d4a1313 carry "; a yes needs ..." after the judged
+    values; a book built over them quotes the values alone, as for a new row."""
+    rule = (
+        "yes if rho > 0 (judged on rho = -0.74 [-0.97, 0.09; 95% over members]; a yes needs its "
+        "condition over the whole of every interval: where only the estimates meet it, the verdict is partly)"
+    )
+    df = _rows().assign(rule=rule)
+    quoted = "judged on rho = -0.74 [-0.97, 0.09; 95% over members]"
+    assert f"- **family** (f02): this run measured -0.87; {quoted}.\n" in summary.bottom_line(df) + "\n"
+
+
 def test_status_chart_draws_one_mark_per_claim_with_its_story():
     spec = summary.status_chart(_rows()).to_dict()
     data = next(iter(spec["datasets"].values()))

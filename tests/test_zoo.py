@@ -207,8 +207,10 @@ def test_the_file_hash_lives_in_provenance_and_is_sha256_of_the_bytes(tmp_path, 
     assert provenance.file_sha256(f) == want
     provenance._SHA_MEMO.clear()  # now from the memo file
     assert provenance.file_sha256(f) == want
+    st = f.stat()
     assert json.loads((tmp_path / "cache" / "zoo" / "sha256-memo.json").read_text()) == {
-        f"{f.resolve()}|{f.stat().st_size}|{f.stat().st_mtime_ns}": want
+        f"inode|{st.st_dev}|{st.st_ino}|{st.st_size}|{st.st_mtime_ns}": want,
+        f"path|{f.resolve()}|{st.st_ino}|{st.st_size}|{st.st_mtime_ns}": want,
     }
 
 

@@ -49,7 +49,7 @@ def local_path(ref: str) -> Path | None:
 
 def content_hash(path: Path, revision: str | None = None) -> str:
     """A hash of the files ``revision`` of a local model loads (each file's path within its
-    folder, size and SHA-256, streamed once and remembered by modification time:
+    folder, size and SHA-256, streamed once and remembered by inode or path, size and mtime:
     :func:`coupling_utils.models.zoo.file_sha256`; hidden files aside): a .gguf file; the
     folder the revision loads from by the loader's rule
     (:func:`~coupling_utils.models.model_config.checkpoint_folder`: ``revisions/<R>/``, or the
@@ -77,12 +77,9 @@ def content_hash(path: Path, revision: str | None = None) -> str:
 
 def _cached_commit(repo: str, revision: str | None) -> str | None:
     """The commit of the hub cache's snapshot of ``repo`` at ``revision`` (offline; None if unknown)."""
-    try:
-        from huggingface_hub import try_to_load_from_cache
+    from coupling_utils.models.model_config import cached_hub_config
 
-        found = try_to_load_from_cache(repo, "config.json", revision=revision or "main")
-    except Exception:  # not a repo id, no huggingface_hub: the id alone
+    found = cached_hub_config(repo, revision)  # None: not a repo id, not in the cache
+    if found is None or found.parent.parent.name != "snapshots":
         return None
-    if not isinstance(found, str) or Path(found).parent.parent.name != "snapshots":
-        return None
-    return Path(found).parent.name
+    return found.parent.name

@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-__all__ = ["checkpoint_folder", "config_file", "offline_config", "text_config"]
+__all__ = ["checkpoint_folder", "cached_hub_config", "config_file", "offline_config", "text_config"]
 
 
 def checkpoint_folder(folder: Path, revision: str | None) -> Path | None:
@@ -48,13 +48,15 @@ def config_file(model: str, revision: str | None = None) -> Path | None:
     elif Path(model).suffix == ".gguf":
         return None
     else:
-        return _cached_hub_config(model, revision)
+        return cached_hub_config(model, revision)
     found = checkpoint_folder(folder, revision) if folder.is_dir() else None
     return found / "config.json" if found is not None and (found / "config.json").is_file() else None
 
 
-def _cached_hub_config(model: str, revision: str | None) -> Path | None:
-    """A hub model's cached ``config.json`` (the snapshot ``revision`` names), or None."""
+def cached_hub_config(model: str, revision: str | None) -> Path | None:
+    """A hub model's cached ``config.json`` (the snapshot ``revision`` names, ``main`` for none),
+    or None; also how the store finds the commit a hub model's measurements are keyed by
+    (:func:`coupling_utils.models.identity.model_identity`)."""
     try:
         from huggingface_hub import try_to_load_from_cache
 

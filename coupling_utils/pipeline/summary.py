@@ -174,7 +174,10 @@ def _judged(rule: str) -> str:
     text = _text(rule)
     if "(judged on " not in text:
         return ""
-    judged = text.split("(judged on ", 1)[1]
+    # Rows of runs before d4a1313 end their values with "; a yes needs ...", a note rules no
+    # longer carry; read_statuses reads whichever executed notebooks the folder holds, so a book
+    # built over older runs still meets it, and the bottom line gives the values alone.
+    judged = text.split("(judged on ", 1)[1].split("; a yes needs", 1)[0]
     return "; judged on " + (judged[:-1] if judged.endswith(")") else judged)
 
 
