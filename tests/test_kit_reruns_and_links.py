@@ -21,6 +21,7 @@ from coupling_utils.chapters.reruns import KIT_ENV, in_kit
 from coupling_utils.pipeline import kit
 from coupling_utils.pipeline.execution import _checked_values, notebook_paths
 from coupling_utils.pipeline.kit_links import book_links
+from coupling_utils.pipeline.pages import book_config
 
 ROOT = Path(__file__).resolve().parents[1]
 CODE = re.compile(r"`([^`]+)`")
@@ -143,7 +144,7 @@ def test_kit_notebooks_link_the_published_book_or_name_the_page(tmp_path, base):
     """``{doc}``, ``{ref}`` and ``{term}`` lead nowhere in Jupyter: with ``html.baseurl`` they
     become links to the published book, without it the page or section in words."""
     (tmp_path / "_config.yml").write_text(yaml.safe_dump({"html": {"baseurl": base + "/"}}))
-    links = book_links(ROOT, kit._book_config(tmp_path))
+    links = book_links(ROOT, book_config(tmp_path))
     assert links.base == base
     text = {
         s.stem: "\n".join(c.source for c in kit.kit_notebook(s, "teacher", links).cells)

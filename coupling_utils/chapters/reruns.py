@@ -10,7 +10,8 @@ at the ``default`` profile that ``coupling-book run`` runs without ``--profile``
         -f profiles/default/f00_coupling_metric.yaml -p k 1
 
 Every glued rerun hint of the chapters is rendered here (:func:`reruns`, :func:`deeper_model`),
-so both forms follow one rule.
+and so are the reruns the chapters' prose types (:func:`kit_command`, called by the kit's
+:mod:`~coupling_utils.pipeline.kit_links`), so both forms follow one rule.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any
 
 from coupling_utils.analysis.prose_list import listed
 
-__all__ = ["KIT_ENV", "in_kit", "reruns", "deeper_model"]
+__all__ = ["KIT_ENV", "PROFILE", "in_kit", "reruns", "deeper_model", "kit_command"]
 
 KIT_ENV = "COUPLING_LAB_KIT"  # set (not "" or "0") by the kit's notebooks: reruns are papermill lines
 LEADS = ("inside", "before", "none")  # where the repository's words name `coupling-book run fNN`
@@ -58,22 +59,36 @@ def _options(settings: Mapping[str, Any], kit: bool) -> str:
     for name, value in settings.items():
         text = _text(value)
         quoted = " " in text or text[:1] in "[{"  # the shell would split it, or glob its brackets
-        if kit:
+        if kit and text == "":
+            out.append(f'-p {name} ""')  # papermill keeps an empty text as ""; YAML would read null
+        elif kit:
             out.append(f'-y "{name}: {text}"' if quoted else f"-p {name} {text}")
         else:
             out.append(f'-p "{name}={text}"' if quoted else f"-p {name}={text}")
     return " ".join(out)
 
 
-def _command(chapter: str, settings: Mapping[str, Any], kit: bool) -> str:
-    """The whole command that reruns ``chapter`` with ``settings`` (without backticks)."""
+def _command(chapter: str, settings: Mapping[str, Any], kit: bool, profile: str = PROFILE) -> str:
+    """The whole command that reruns ``chapter`` at ``profile`` with ``settings`` (without
+    backticks); in the kit its output notebook is named by the profile (unless ``default``) and
+    the settings."""
     options = _options(settings, kit)
+    named = [profile] if profile != PROFILE else []
     if not kit:
-        return f"coupling-book run {chapter} {options}".rstrip()
+        return " ".join(["coupling-book run", chapter, *(f"--profile {p}" for p in named), options]).rstrip()
     stem = _notebook(chapter)
-    slug = "-".join(name + re.sub(r"[^\w.]+", "-", _text(v)).strip("-") for name, v in settings.items())
+    slug = "-".join(
+        named + [name + re.sub(r"[^\w.]+", "-", _text(v)).strip("-") for name, v in settings.items()]
+    )
     output = f"runs/{stem}-{slug}.ipynb" if slug else f"runs/{stem}.ipynb"
-    return f"python -m papermill {stem}.ipynb {output} -f profiles/{PROFILE}/{stem}.yaml {options}".rstrip()
+    return f"python -m papermill {stem}.ipynb {output} -f profiles/{profile}/{stem}.yaml {options}".rstrip()
+
+
+def kit_command(chapter: str, settings: Mapping[str, Any], profile: str = PROFILE) -> str:
+    """The kit's papermill line that reruns ``chapter`` at ``profile`` with ``settings``: what the
+    kit writes for a ``coupling-book run`` that the chapters' prose types (ValueError for a
+    chapter that is not one)."""
+    return _command(chapter, settings, True, profile)
 
 
 def reruns(chapter: str, runs: Sequence[Mapping[str, Any]], lead: str = "inside", then: bool = False) -> str:

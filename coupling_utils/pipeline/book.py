@@ -55,6 +55,7 @@ from coupling_utils.pipeline.pages import (
     BookError,
     BookInputError,
     architectures_section,
+    book_config,
     citation_section,
     stage_performance_findings,
     status_rows,
@@ -166,13 +167,13 @@ def stage_book(
     if not options.allow_unexecuted:
         check_executed(plan)
     _check_readable(plan)
+    config = book_config(root)
+    links = repository_links(config)
     src = path_or_default(src, root / "_build" / "src", "src").resolve()
     _refuse_to_replace(src, {root: "the repository"}, "stage the book into", "_build/src")
     if src.exists():
         shutil.rmtree(src)
     src.mkdir(parents=True)
-    config = yaml.safe_load((root / "_config.yml").read_text(encoding="utf-8")) or {}
-    links = repository_links(config)
     (src / "_config.yml").write_text(
         yaml.safe_dump(_staged_config(config, links, options.edition), sort_keys=False, allow_unicode=True),
         encoding="utf-8",

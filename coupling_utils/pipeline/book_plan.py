@@ -14,9 +14,7 @@ import os
 import sys
 from pathlib import Path
 
-import yaml
-
-from coupling_utils.pipeline.pages import BookError, BookInputError
+from coupling_utils.pipeline.pages import BookError, BookInputError, book_yaml
 
 __all__ = [
     "TocEntry",
@@ -106,7 +104,7 @@ def toc_entries(root: str | Path = ".") -> list[str]:
     toc_path = Path(root) / "_toc.yml"
     if not toc_path.is_file():
         raise BookError(f"no table of contents at {toc_path}: run from the repository root")
-    toc = yaml.safe_load(toc_path.read_text(encoding="utf-8"))
+    toc = book_yaml(toc_path, "the table of contents")
     if not isinstance(toc, dict) or toc.get("format") != "jb-book" or "root" not in toc:
         raise BookError(f"{toc_path} is not a Jupyter Book 'jb-book' toc with a root page")
     return _toc_files(toc)
@@ -164,7 +162,7 @@ def check_executed(plan: BookPlan) -> None:
 
 def staged_toc(root: Path, plan: BookPlan) -> dict:
     """The repository toc restricted to the pages ``plan`` includes; parts left empty are dropped."""
-    toc = yaml.safe_load((root / "_toc.yml").read_text(encoding="utf-8"))
+    toc = book_yaml(root / "_toc.yml", "the table of contents")
     keep = {e.docname for e in plan.included}
 
     def prune(items):

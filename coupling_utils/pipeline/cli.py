@@ -115,6 +115,7 @@ def _cmd_kit(args) -> int:
     from coupling_utils.pipeline.book import BookError
     from coupling_utils.pipeline.execution import repo_root
     from coupling_utils.pipeline.kit import KIT_NAME, build_kit
+    from coupling_utils.pipeline.pages import BookInputError
 
     root = repo_root()
     out = check_target(args.out, "--out", "file", f"{KIT_NAME}.zip") if args.out else None
@@ -122,7 +123,7 @@ def _cmd_kit(args) -> int:
         path = build_kit(root, out or root / "_build" / f"{KIT_NAME}.zip", args.edition)
     except BookError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return 2 if isinstance(exc, BookInputError) else 1
     print(f"lab kit ({args.edition} edition) written to {path}")
     return 0
 

@@ -20,7 +20,8 @@ to do. Jupyter shows the prose's glue roles unfilled, so after each chapter's ``
 cell the kit adds one that lists the glued values by name (:data:`GLUED_CELL`), and after the
 install cell one that makes the exercises' reruns papermill lines and the progress bars plain text
 without ipywidgets (:data:`SETUP_CELL`). Links to the book's other pages become links to the
-published book or plain words (:mod:`~coupling_utils.pipeline.kit_links`). The student edition
+published book or plain words, and the reruns the prose types papermill lines
+(:mod:`~coupling_utils.pipeline.kit_links`). The student edition
 leaves the solutions out of the notebooks
 (:func:`~coupling_utils.pipeline.teaching.remove_solutions`). Cell ids and the zip's dates are
 fixed, so two kits of one tree are the same bytes.
@@ -45,7 +46,7 @@ from pathlib import Path
 from coupling_utils.chapters.reruns import KIT_ENV
 from coupling_utils.files import atomic_path
 from coupling_utils.pipeline.kit_links import BookLinks, book_links
-from coupling_utils.pipeline.pages import BookError, BookInputError
+from coupling_utils.pipeline.pages import BookError, BookInputError, book_config
 
 __all__ = [
     "KIT_NAME",
@@ -300,20 +301,6 @@ class KitFacts:
     site: str = ""  # the published book's address (_config.yml's html.baseurl), "" for none
 
 
-def _book_config(root: Path) -> dict:
-    """``_config.yml`` of the book at ``root`` ({} when there is none)."""
-    import yaml
-
-    path = root / "_config.yml"
-    try:
-        config = yaml.safe_load(path.read_text(encoding="utf-8")) if path.is_file() else {}
-    except yaml.YAMLError as e:
-        raise BookInputError(
-            f"{path} is not valid YAML ({e}): fix it, the lab kit reads the book's address there"
-        ) from None
-    return config if isinstance(config, dict) else {}
-
-
 def kit_facts(root: Path, sources: list[Path]) -> KitFacts:
     """:class:`KitFacts` of the repository at ``root`` for the chapter notebooks ``sources``."""
     from coupling_utils.pipeline.execution import embedded_models
@@ -377,17 +364,18 @@ that cell has run.
 
 
 def _links_sentence(site: str) -> str:
-    """What became of the chapters' links to the book's other pages, its glossary and sections
-    (:mod:`~coupling_utils.pipeline.kit_links`)."""
+    """What became of the chapters' links to the book's other pages, its glossary, sections,
+    figures and references (:mod:`~coupling_utils.pipeline.kit_links`)."""
     if site:
         return (
-            "The chapters' links to the book's pages, sections and glossary lead to the published\n"
-            f"book, {site}."
+            "The chapters' links to the book's pages, sections, figures, glossary and references\n"
+            f"lead to the published book, {site}."
         )
     return (
         "The chapters' links to the book's other pages, sections and glossary are plain text\n"
         "here, naming the page or section (the kit was built without the book's address,\n"
-        "`html.baseurl` in `_config.yml`)."
+        "`html.baseurl` in `_config.yml`); a reference names its authors and year, and a\n"
+        "figure its name (`fig-f00-noise`, the name the code that draws it gives it)."
     )
 
 
@@ -397,13 +385,13 @@ def _exercise_section(first: str, gpu: tuple[str, ...]) -> str:
     return f"""## Exercises
 
 The exercises and their solutions are written for the `default` profile; a solution quotes the
-values of the run that executed the notebook.{needs} The reruns an exercise works out from the
-run (the blocks of this model, its width) are written in these notebooks as papermill lines for
-this folder. Where an exercise's text says `coupling-book run f00 -p k=30`, that command needs a
-clone of the repository (in the kit it stops, saying it finds no `notebooks/` folder). In the
-kit, change the parameter in the notebook's parameters cell and run the notebook again, or give
-papermill one `-p NAME VALUE` per parameter after the profile (`coupling-book run` without
-`--profile` runs `default`):
+values of the run that executed the notebook.{needs} Every rerun the text gives, typed or worked
+out from the run (the blocks of this model, its width), is written in these notebooks as a
+papermill line for this folder: use that form. The book's own form, `coupling-book run f00 -p
+k=30`, needs a clone of the repository (in the kit it stops, saying it finds no `notebooks/`
+folder). To rerun with a parameter of your own, change it in the notebook's parameters cell and
+run the notebook again, or give papermill one `-p NAME VALUE` per parameter after the profile
+(`coupling-book run` without `--profile` runs `default`):
 
     python -m papermill {first}.ipynb runs/{first}-k30.ipynb -f profiles/default/{first}.yaml -p k 30
 
@@ -558,7 +546,7 @@ def build_kit(root: str | Path, out: str | Path, edition: str = "teacher") -> Pa
     sources = notebook_paths(root)
     if not sources:
         raise BookError(f"no chapter notebooks under {root / 'notebooks'}: the lab kit would be empty")
-    links = book_links(root, _book_config(root))
+    links = book_links(root, book_config(root))
     with tempfile.TemporaryDirectory(prefix="coupling-kit-") as tmp:
         kit = Path(tmp) / KIT_NAME
         wheel = build_wheel(root, kit)

@@ -15,6 +15,9 @@ import yaml
 
 __all__ = [
     "BookError",
+    "BookInputError",
+    "book_config",
+    "book_yaml",
     "PRINT_DIR",
     "PRINT_MARKER",
     "citation_section",
@@ -45,6 +48,37 @@ class BookError(RuntimeError):
 
 class BookInputError(BookError):
     """A build was asked with a bad path or option (bad input: the CLI exits 2, not 1)."""
+
+
+def book_yaml(path: Path, what: str):
+    """The YAML document at ``path`` (None when empty), a file of the book's own (``what`` says
+    which, for the fix): the one reader of ``_config.yml`` and ``_toc.yml``. One that is not UTF-8
+    YAML is bad input naming the file, where and what the problem is, and the fix."""
+    try:
+        return yaml.safe_load(Path(path).read_text(encoding="utf-8-sig"))
+    except (UnicodeDecodeError, yaml.YAMLError) as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise BookInputError(
+            f"{path} cannot be read{where} ({type(exc).__name__}: {problem}): {what} must be UTF-8 YAML; "
+            f"fix it (`git diff {Path(path).name}` shows what changed), then run the command again"
+        ) from None
+
+
+def book_config(root: Path) -> dict:
+    """``_config.yml`` of the book at ``root`` ({} when there is none, or it is empty), read by
+    :func:`book_yaml`, for the book build and the lab kit; one that is not a mapping is bad input."""
+    path = Path(root) / "_config.yml"
+    if not path.is_file():
+        return {}
+    config = book_yaml(path, "the book's settings")
+    if config is not None and not isinstance(config, dict):
+        raise BookInputError(
+            f"{path} holds a YAML {type(config).__name__}, not a mapping of settings (`title: ...`, "
+            "`html: ...`): fix it (`git diff _config.yml` shows what changed), then run the command again"
+        )
+    return config or {}
 
 
 def _names(people) -> list[str]:
