@@ -29,7 +29,7 @@ from coupling_utils.analysis.prose_list import listed
 from coupling_utils.files import read_json
 from coupling_utils.pipeline.sweep import STATES, Sweep, Task
 
-__all__ = ["TaskState", "SLURM_ALIVE", "task_state", "sweep_status", "summary_line"]
+__all__ = ["TaskState", "SLURM_ALIVE", "task_state", "sweep_status", "summary_line", "live_slurm_arrays"]
 
 
 @dataclass
@@ -201,3 +201,23 @@ def summary_line(states: Sequence[TaskState]) -> str:
     """``3 done, 1 failed`` in the order of :data:`STATES`."""
     counts = {s: sum(1 for x in states if x.state == s) for s in STATES}
     return ", ".join(f"{n} {s}" for s, n in counts.items() if n) or "no tasks"
+
+
+def live_slurm_arrays(sweep: Sweep, states: Sequence[TaskState]) -> list[str]:
+    """The SLURM array (or job) ids behind the tasks ``states`` reads as pending or running, from
+    the sweep's records (each one's last submission; a running task's own marker too), in the
+    order first named: what a rerun under ``--max-parallel`` waits for."""
+    submissions = read_json(sweep.folder / "submissions.json", "sweep's record of submissions") or {}
+    found: dict[str, None] = {}
+    for s in states:
+        if s.state not in ("pending", "running"):
+            continue
+        tries = submissions.get(s.task.id) or [{}]
+        named = [tries[-1].get("job_id") if tries[-1].get("executor") == "slurm" else None]
+        if s.state == "running":
+            marker = read_json(sweep.folder / "tasks" / f"{s.task.id}.json", "sweep task's record") or {}
+            named.append(marker.get("slurm_job"))
+        for job_id in named:
+            if job_id and str(job_id) != "None":
+                found.setdefault(str(job_id).split("_")[0], None)
+    return list(found)

@@ -5,9 +5,12 @@ On SLURM the tasks go as one job array per resource class (memory and time sized
 :mod:`~coupling_utils.pipeline.sweep_resources`), each within the cluster's MaxArraySize. Under
 ``--max-parallel N`` each array waits for the one before (``--dependency=afterany``) and has
 ``%N``, so at most N jobs run at once in all (dividing N among arrays running side by side would
-leave an array with no share when there are more arrays than N). Each array is submitted and
-recorded with SIGINT and SIGTERM held (:func:`signals_held`): a Ctrl-C between sbatch accepting
-it and its record being written would leave jobs a rerun submits again.
+leave an array with no share when there are more arrays than N); a rerun's first array also waits
+for the sweep's arrays still pending or running from before (:func:`_after`), so N bounds every
+submission of the sweep together. Each array is submitted and recorded with SIGINT and SIGTERM
+held (:func:`signals_held`): a Ctrl-C between sbatch accepting it and its record being written
+would leave jobs a rerun submits again. A second Ctrl-C abandons the submission at once (a hung
+sbatch must not trap the user), saying how to find what sbatch may have accepted.
 
 A worker is three processes: a shell (its setup lines), submitit's controller and the task
 (:func:`~coupling_utils.pipeline.sweep.run_task`). A Ctrl-C in a terminal reaches every process of
@@ -34,6 +37,7 @@ import shlex
 import signal
 import socket
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -50,7 +54,13 @@ from coupling_utils.pipeline.sweep import (
     _setup_lines,
     run_task,
 )
-from coupling_utils.pipeline.sweep_state import TaskState, summary_line, sweep_status, task_state
+from coupling_utils.pipeline.sweep_state import (
+    TaskState,
+    live_slurm_arrays,
+    summary_line,
+    sweep_status,
+    task_state,
+)
 
 __all__ = ["submit", "run_local", "stop_workers", "Terminated", "sigterm_stops"]
 
@@ -80,8 +90,6 @@ def sigterm_stops():
 
 
 def _main_thread() -> bool:
-    import threading
-
     return threading.current_thread() is threading.main_thread()
 
 
@@ -215,7 +223,7 @@ def submit(
     resources.check_here(dry_run=dry_run)
     submitit = None if dry_run and resources.executor == "local" else _import_submitit()
     if dry_run:
-        return _dry_run(submitit, sweep, states, resources, echo)
+        return _dry_run(submitit, sweep, states, resources, echo, live_slurm_arrays(sweep, states))
     with _holding(sweep):
         states = sweep_status(sweep)  # again, holding the lock: another run may have started some
         todo = _todo(states, echo)
@@ -223,7 +231,7 @@ def submit(
             echo(f"{sweep.name}: nothing to submit (its {_tasks(len(states))}: {summary_line(states)})")
             return states
         if resources.executor == "slurm":
-            return _submit_slurm(submitit, sweep, todo, resources, echo)
+            return _submit_slurm(submitit, sweep, todo, resources, echo, live_slurm_arrays(sweep, states))
         return run_local(submitit, sweep, todo, resources, echo, poll_s)
 
 
@@ -267,7 +275,33 @@ def _chained(resources: Resources, arrays: list) -> bool:
     return resources.max_parallel is not None and len(arrays) > 1
 
 
-def _array_line(i: int, arrays: list, given: Resources) -> str:
+def _after(i: int, resources: Resources, earlier: list[str], previous: str) -> list[str]:
+    """The jobs array ``i`` waits for (``--dependency=afterany``) under ``--max-parallel``: the
+    array before it (``previous``); the first array, the sweep's ``earlier`` arrays still pending
+    or running (a rerun: else both submissions' N jobs would run at once). Without
+    ``--max-parallel`` none: nothing bounds the jobs at once, and waiting would only delay them."""
+    if resources.max_parallel is None:
+        return []
+    return [previous] if i else list(earlier)
+
+
+def _earlier_line(earlier: list[str], resources: Resources) -> str | None:
+    """What a rerun does about the sweep's ``earlier`` arrays still pending or running."""
+    if not earlier:
+        return None
+    ids = f"SLURM job{'s' if earlier[1:] else ''} {', '.join(earlier)}"
+    if resources.max_parallel is None:
+        return (
+            f"the sweep's earlier arrays ({ids}) still have tasks pending or running (not submitted "
+            "again); without --max-parallel the new arrays do not wait for them"
+        )
+    return (
+        f"the first array waits for the sweep's earlier arrays still pending or running ({ids}), so "
+        f"at most {resources.max_parallel} jobs run at once across both submissions"
+    )
+
+
+def _array_line(i: int, arrays: list, given: Resources, earlier: list[str]) -> str:
     """What array ``i`` asks for and why: sized, as given, or left to SLURM's defaults."""
     res, n = arrays[i].resources, len(arrays[i].tasks)
     if given.mem_gb is not None:
@@ -283,11 +317,16 @@ def _array_line(i: int, arrays: list, given: Resources) -> str:
     else:
         time = "time 60 min (the default: no prediction; give --time)"
     after = f", after array {i} has ended" if i and _chained(given, arrays) else ""
+    if not i and _after(0, given, earlier, ""):
+        after = f", after the sweep's earlier arrays ({', '.join(earlier)}) have ended"
     return f"array {i + 1} of {len(arrays)}: {_tasks(n)}, {mem}, {time}{after}"
 
 
-def _dry_run(submitit, sweep: Sweep, states, resources: Resources, echo) -> list[TaskState]:
-    """What :func:`submit` would do (for SLURM, each array's resources, why, and batch script)."""
+def _dry_run(
+    submitit, sweep: Sweep, states, resources: Resources, echo, earlier: list[str]
+) -> list[TaskState]:
+    """What :func:`submit` would do (for SLURM, each array's resources, why, and batch script);
+    ``earlier``: the sweep's arrays still pending or running (:func:`_after`)."""
     todo = _todo(states, echo)
     if resources.executor == "local":
         for t in todo:
@@ -303,55 +342,134 @@ def _dry_run(submitit, sweep: Sweep, states, resources: Resources, echo) -> list
     echo(f"would submit {len(todo)} task(s) as {many} ({by}):")
     if _chained(resources, arrays):
         echo(f"  each array waits for the one before, so at most {resources.max_parallel} jobs run at once")
+    if _earlier_line(earlier, resources):
+        echo(f"  {_earlier_line(earlier, resources)}")
     for i, array in enumerate(arrays):
-        echo(_array_line(i, arrays, resources))
+        echo(_array_line(i, arrays, resources, earlier))
         for t, needs in zip(array.tasks, array.needs):
             echo(f"  {t.name} ({len(t.jobs)} job(s)): {needs.why}")
         params = array.resources.slurm_parameters(sweep, len(array.tasks))
-        if i and _chained(resources, arrays):
-            params["dependency"] = f"afterany:<array {i}>"
+        after = _after(i, resources, earlier, f"<array {i}>")
+        if after:
+            params["dependency"] = "afterany:" + ":".join(after)
         echo(_make_sbatch_string(command=command, folder=folder, map_count=len(array.tasks), **params))
     return states
 
 
 @contextlib.contextmanager
-def signals_held():
+def signals_held(lost: str = "nothing was being submitted"):
     """Within the block, SIGINT and SIGTERM wait; after it they take effect as usual. Around
     sbatch and the record of what it accepted: a Ctrl-C between the two would leave a job
-    submitted and not recorded, which the next run would submit again. The mask is inherited
-    by sbatch, so the terminal's Ctrl-C does not cut it short either. Only in the main thread."""
+    submitted and not recorded, which the next run would submit again. The main thread blocks
+    them, a mask sbatch inherits, so the terminal's Ctrl-C does not cut it short either. A thread
+    hears them meanwhile (:func:`_take_held`), since the main thread, waiting for sbatch, runs no
+    Python handler: the first is said and kept for the block's end, a second abandons the
+    submission at once (:func:`_held`; ``lost``: what may then be unrecorded). Only in the main
+    thread."""
     if not _main_thread():
         yield
         return
     held = (signal.SIGINT, signal.SIGTERM)
-    caught: list[int] = []
+    caught: list[int] = []  # heard by the thread (each one counts: the second abandons)
+    late: list[int] = []  # seen by the Python handler (in the main thread, once sbatch is done)
     swapped = [s for s in held if signal.getsignal(s) is not None]  # None: not Python's to restore
-    before = {s: signal.signal(s, lambda signum, frame: caught.append(signum)) for s in swapped}
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    # whichever thread the kernel hands a signal to, Python's C handler writes its number to
+    # wake_w, where the thread reads it
+    wake_before = signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+    before = {s: signal.signal(s, lambda signum, frame: late.append(signum)) for s in swapped}
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    done = threading.Event()
+    taker = threading.Thread(target=_take_held, args=(swapped, wake_r, done, caught, lost), daemon=True)
+    taker.start()
     try:
         yield
     finally:
+        done.set()
+        taker.join()
+        signal.set_wakeup_fd(wake_before)
+        with contextlib.suppress(BlockingIOError):  # one that came as the thread stopped
+            caught += [s for s in os.read(wake_r, 64) if s in swapped]
+        os.close(wake_r)
+        os.close(wake_w)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # one that waited arrives now, in `late`
         for sig, handler in before.items():
             signal.signal(sig, handler)
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # a signal that waited arrives now
-        for sig in dict.fromkeys(caught):  # one another thread took meanwhile: again
+        for sig in dict.fromkeys(caught or late):  # as usual now, once
             signal.raise_signal(sig)
 
 
-def _submit_slurm(submitit, sweep, todo, resources: Resources, echo) -> list[TaskState]:
-    """Submit ``todo`` as job arrays (:func:`_arrays`), each recorded as sbatch accepts it."""
+def _take_held(held, wake_r: int, done: threading.Event, caught: list[int], lost: str) -> None:
+    """The thread that hears the signals :func:`signals_held` holds (``held``, which only it
+    does not block; read back from the wakeup pipe ``wake_r``) until ``done``."""
+    import select
+
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, held)
+    while not done.is_set():
+        if select.select([wake_r], [], [], 0.1)[0]:
+            with contextlib.suppress(BlockingIOError):
+                for signum in os.read(wake_r, 64):
+                    if signum in held:
+                        _held(signum, caught, lost)
+
+
+def _held(signum: int, caught: list[int], lost: str) -> None:
+    """A held signal: the first is kept for the block's end, and said; a second abandons the
+    submission at once (exit 130 or 143): sbatch (a child of this process) is killed, and what
+    it may have accepted (``lost``) is said, since a hung SLURM controller must not trap the user.
+    Records are written atomically, so exiting here leaves none half-written."""
+    what = "Ctrl-C" if signum == signal.SIGINT else "SIGTERM"
+    caught.append(signum)
+    if len(caught) == 1:
+        print(
+            f"\n{what}: finishing and recording the job array being submitted, so that it is not "
+            "left submitted and unrecorded; press Ctrl-C again to abandon it now",
+            file=sys.stderr,
+            flush=True,
+        )
+        return
+    print(f"\nabandoned on a second {what} while submitting: {lost}", file=sys.stderr, flush=True)
+    for pid in _children():
+        _signal_tree(pid, signal.SIGKILL)  # sbatch holds these signals too: only SIGKILL stops it
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+    os._exit(130 if signum == signal.SIGINT else 143)
+
+
+def _children() -> list[int]:
+    """This process's child processes (Linux's /proc; elsewhere none)."""
+    found: list[int] = []
+    for path in Path("/proc/self/task").glob("*/children"):
+        with contextlib.suppress(OSError):
+            found += [int(pid) for pid in path.read_text().split()]
+    return found
+
+
+def _submit_slurm(submitit, sweep, todo, resources: Resources, echo, earlier: list[str]) -> list[TaskState]:
+    """Submit ``todo`` as job arrays (:func:`_arrays`), each recorded as sbatch accepts it;
+    ``earlier``: the sweep's arrays still pending or running, which the first may wait for."""
     folder = sweep.folder / "slurm"
     arrays = _arrays(todo, resources)
-    submitted, previous = 0, None
-    for array in arrays:
+    if _earlier_line(earlier, resources):
+        echo(_earlier_line(earlier, resources))
+    submitted, previous = 0, ""
+    for i, array in enumerate(arrays):
         part = list(array.tasks)
         params = array.resources.slurm_parameters(sweep, len(part))
-        if previous is not None and _chained(resources, arrays):
-            params["dependency"] = f"afterany:{previous}"
+        after = _after(i, resources, earlier, previous)
+        if after:
+            params["dependency"] = "afterany:" + ":".join(after)
         ex = submitit.SlurmExecutor(folder=folder)
         ex.update_parameters(**params)
         before = set(folder.glob("*.pkl"))
-        with signals_held():
+        lost = (
+            f"if sbatch accepted that array ({_tasks(len(part))}), its jobs may be unrecorded, and a "
+            f"rerun would submit them again: find them with `squeue -u $USER --name {params['job_name']}` "
+            "(the ones `--status` does not name) and cancel them (`scancel JOBID`) before rerunning"
+        )
+        with signals_held(lost):
             try:
                 jobs = ex.map_array(run_task, part, [str(sweep.folder)] * len(part))
             except submitit.core.utils.FailedJobError as exc:  # sbatch said no: its reason, nothing left
