@@ -272,6 +272,15 @@ def read_json(path: str | os.PathLike, what: str = "record"):
         return None
 
 
+def yaml_problem(exc: BaseException) -> tuple[str, str]:
+    """``(where, what)`` of a YAML file that could not be read (``exc``: PyYAML's error or a
+    UnicodeDecodeError): " at line L, column C" ("" when PyYAML names no place) and the problem in
+    a few words, for a message that names the file and the fix."""
+    mark = getattr(exc, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+    return where, getattr(exc, "problem", None) or str(exc).splitlines()[0]
+
+
 def set_aside(path: str | os.PathLike, why: str) -> None:
     """Move a corrupt record aside to ``<name>.corrupt-<UTC time>`` and say so on stderr (``why``:
     what is wrong, naming it), so that what it held is recomputed instead of failing at every

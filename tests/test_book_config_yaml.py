@@ -20,32 +20,33 @@ BAD = [
 
 @pytest.mark.parametrize("content, problem", BAD, ids=["not-yaml", "not-utf8", "a-list"])
 def test_a_bad_config_ends_the_build_as_bad_input_naming_it(content, problem, tmp_path, monkeypatch, capsys):
-    staged = _scratch_book(tmp_path, monkeypatch)
     config = tmp_path / "repo" / "_config.yml"
-    config.write_bytes(content)
-    (tmp_path / "runs").mkdir()
-    work = tmp_path / "work"
-    argv = ["build", "--executed", str(tmp_path / "runs"), "--allow-unexecuted", "--work", str(work)]
-    assert main([*argv, "--out", str(tmp_path / "html")]) == 2
-    err = capsys.readouterr().err
+    err = _build_with(tmp_path, monkeypatch, capsys, config, content)
     assert err.startswith(f"error: {config} "), err
     assert problem in err and "then run the command again" in err, err
     assert "Traceback" not in err and "bug" not in err
-    assert staged == [] and not (work / "src").exists(), "refused before anything is staged"
 
 
-def test_a_bad_toc_ends_the_build_as_bad_input_naming_it(tmp_path, monkeypatch, capsys):
+def _build_with(tmp_path, monkeypatch, capsys, bad, content: bytes) -> str:
+    """``coupling-book build`` of the scratch book with ``bad`` (one of its files) holding
+    ``content``: exit 2 with nothing staged; returns what it printed on stderr."""
     staged = _scratch_book(tmp_path, monkeypatch)
-    toc = tmp_path / "repo" / "_toc.yml"
-    toc.write_bytes(b"format: jb-book\nroot: index\nchapters:\n- file: [a\n")
+    bad.write_bytes(content)
     (tmp_path / "runs").mkdir()
     work = tmp_path / "work"
     argv = ["build", "--executed", str(tmp_path / "runs"), "--allow-unexecuted", "--work", str(work)]
     assert main([*argv, "--out", str(tmp_path / "html")]) == 2
-    err = capsys.readouterr().err
+    assert staged == [] and not (work / "src").exists(), "refused before anything is staged"
+    return capsys.readouterr().err
+
+
+def test_a_bad_toc_ends_the_build_as_bad_input_naming_it(tmp_path, monkeypatch, capsys):
+    toc = tmp_path / "repo" / "_toc.yml"
+    err = _build_with(
+        tmp_path, monkeypatch, capsys, toc, b"format: jb-book\nroot: index\nchapters:\n- file: [a\n"
+    )
     assert err.startswith(f"error: {toc} cannot be read at line 5"), err
     assert "the table of contents must be UTF-8 YAML" in err and "Traceback" not in err
-    assert staged == [] and not (work / "src").exists()
 
 
 def test_the_kit_command_says_bad_input_with_exit_2(tmp_path, monkeypatch, capsys):

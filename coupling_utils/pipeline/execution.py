@@ -37,6 +37,7 @@ from coupling_utils.files import (
     no_room,
     no_room_code,
     read_json,
+    yaml_problem,
 )
 from coupling_utils.pipeline.params import check_overrides, notebook_parameters
 from coupling_utils.provenance import code_fingerprint
@@ -150,9 +151,7 @@ def profile_values(notebook: Path, profile: str) -> dict[str, Any]:
     try:
         values = yaml.safe_load(path.read_text(encoding="utf-8-sig")) or {}
     except (UnicodeDecodeError, yaml.YAMLError) as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        what = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        where, what = yaml_problem(exc)
         raise ParameterError(
             f"{path}: the parameter file of profile {profile!r} cannot be read{where} ({what}); "
             "write it as UTF-8 YAML, one `name: value` per line"

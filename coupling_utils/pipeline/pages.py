@@ -13,6 +13,8 @@ from pathlib import Path
 
 import yaml
 
+from coupling_utils.files import yaml_problem
+
 __all__ = [
     "BookError",
     "BookInputError",
@@ -57,9 +59,7 @@ def book_yaml(path: Path, what: str):
     try:
         return yaml.safe_load(Path(path).read_text(encoding="utf-8-sig"))
     except (UnicodeDecodeError, yaml.YAMLError) as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        where, problem = yaml_problem(exc)
         raise BookInputError(
             f"{path} cannot be read{where} ({type(exc).__name__}: {problem}): {what} must be UTF-8 YAML; "
             f"fix it (`git diff {Path(path).name}` shows what changed), then run the command again"
