@@ -316,8 +316,11 @@ def _array_line(i: int, arrays: list, given: Resources, earlier: list[str]) -> s
         time = f"time {res.minutes} min (sized per model)"
     else:
         time = "time 60 min (the default: no prediction; give --time)"
-    after = f", after array {i} has ended" if i and _chained(given, arrays) else ""
-    if not i and _after(0, given, earlier, ""):
+    if not _after(i, given, earlier, ""):  # the rule the submission follows
+        after = ""
+    elif i:
+        after = f", after array {i} has ended"
+    else:
         after = f", after the sweep's earlier arrays ({', '.join(earlier)}) have ended"
     return f"array {i + 1} of {len(arrays)}: {_tasks(n)}, {mem}, {time}{after}"
 
