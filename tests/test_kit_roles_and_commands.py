@@ -42,7 +42,7 @@ def _markdown(base: str, tmp_path: Path) -> dict[str, str]:
 def test_figures_and_citations_are_links_or_words(tmp_path, base):
     text = _markdown(base, tmp_path)
     sources = "".join(s.read_text() for s in notebook_paths(ROOT))
-    assert all(f"{{{role}}}`" in sources for role in ("numref", "cite", "cite:p"))
+    assert all(f"{{{role}}}`" in sources for role in ("numref", "cite", "cite:t"))
     for name, words in text.items():
         assert not ROLE.search(words), (name, ROLE.findall(words))
     if base:
@@ -56,19 +56,44 @@ def test_figures_and_citations_are_links_or_words(tmp_path, base):
             f"[Fig. `fig-f04-training`]({base}/notebooks/f04_vision_transformers.html#fig-f04-training)"
             in text["f04"]
         )
-        assert f"The paper [Aubry et al. (2025)]({base}/book/bibliography.html) " in text["f00"]
-        assert f"[(Gai and Zhang, 2021)]({base}/book/bibliography.html)" in text["f05"]
+        assert f"The paper [(Aubry et al., 2025)]({base}/book/bibliography.html) " in text["f00"]
+        assert f"of [Gai and Zhang (2021)]({base}/book/bibliography.html)" in text["f05"]
         for page, label in re.findall(
             rf"\]\({re.escape(base)}/([\w/-]+)\.html#(fig-[\w-]+)\)", "".join(text.values())
         ):
             assert (ROOT / f"{page}.md").is_file() and label.split("-")[1] in page, (page, label)
     else:
         assert "(in blue in Fig. `fig-f00-spectrum`)" in text["f00"]
-        assert "*Fig. `fig-notation-jacobian`* (in the book's *Notation and method*)" in text["f00"]
-        assert "The paper Aubry et al. (2025) compares" in text["f00"]
-        assert "SmolLM2-135M-Instruct Ben Allal et al. (2025)" in text["f01"]
-        assert "Gai and Zhang (Gai and Zhang, 2021)" in text["f05"]
+        # the prose names the page ("on the notation page"): said once
+        assert "(Fig. `fig-notation-jacobian` on the notation page" in text["f00"]
+        assert "against Fig. `fig-f01-tiles-twin`;" in text["f01"]  # on its own page: no page named
+        assert "The paper (Aubry et al., 2025) compares" in text["f00"]  # {cite}: as {cite:p}
+        assert "SmolLM2-135M-Instruct (Ben Allal et al., 2025)" in text["f01"]
+        assert "of Gai and Zhang (2021): replace" in text["f05"]  # {cite:t}: textual
+        assert "- Aubry et al. (2025): the paper;" in text["f00"]
+        links = book_links(ROOT, book_config(ROOT))
+        said = links.rewrite("{cite:p}`gai2021mathematical,aubry2025coupling`", "f05_token_trajectories")
+        assert said == "(Gai and Zhang, 2021; Aubry et al., 2025)"
         assert "](" not in " ".join(re.findall(r"Fig\. `[^`]+`.{0,3}|\(\d{4}\)", "".join(text.values())))
+
+
+def test_no_citation_repeats_the_authors_the_prose_names():
+    """``{cite}`` and ``{cite:p}`` are parenthetical in the book (sphinxcontrib-bibtex's author-year
+    style) and in the kit: prose that names the authors cites with ``{cite:t}``, or it reads
+    "Aubry et al. (Aubry et al., 2025)"."""
+    cites = book_links(ROOT, book_config(ROOT)).cites
+    pages = [*notebook_paths(ROOT), *sorted((ROOT / "book").glob("*.md"))]
+    role = re.compile(r"\{cite(?::p|:ps)?\}`(?P<keys>[^`]+)`")
+    repeated = []
+    for path in pages:
+        text = path.read_text(encoding="utf-8")
+        for m in role.finditer(text):
+            before = text[max(0, m.start() - 40) : m.start()]
+            for key in m.group("keys").split(","):
+                surname = cites[key.strip()][0].split()[0]
+                if re.search(rf"\b{re.escape(surname)}\b", before):
+                    repeated.append(f"{path.name}: ...{before}{m.group(0)}")
+    assert not repeated, "cite with {cite:t} where the prose names the authors:\n" + "\n".join(repeated)
 
 
 def test_typed_reruns_are_papermill_lines_the_chapter_accepts(tmp_path):

@@ -32,6 +32,7 @@ _CODE = re.compile(r"(?<!`)`(?P<code>[^`\n]+)`(?!`)")  # inline code, not a fenc
 _FIGURE_NAME = re.compile(r"""(?:\bname\s*=\s*["']|^:name:\s*)(?P<label>fig-[\w-]+)""", re.MULTILINE)
 _BIB_ENTRY = re.compile(r"^@\w+\{(?P<key>[^,\s]+),(?P<body>.*?)^\}", re.MULTILINE | re.DOTALL)
 _LATEX = re.compile(r"\\[a-zA-Z]+\s*|\\.|[{}]")  # commands, accents and braces: dropped
+_PAGE_SAID = re.compile(r"\s+on the [\w\s-]{1,40}?\bpage\b")  # prose that names a figure's page
 _EXPLICIT = re.compile(r"^(?P<text>.*?)\s*<(?P<target>[^<>]+)>$")  # "text <target>"
 _TARGET = re.compile(r"^\((?P<label>[\w-]+)\)=\s*$")  # a MyST label line, "(f02-scale)="
 _EXERCISE_LABEL = re.compile(r"^:label:\s*(?P<label>[\w-]+)\s*$")
@@ -58,16 +59,22 @@ class BookLinks:
         ``{ref}``, ``{term}``, ``{numref}`` and ``{cite}`` role as a link to the published book or
         as plain words, and its typed reruns as the kit's papermill lines (:func:`kit_reruns`)."""
         here = f"notebooks/{notebook}"
-        return kit_reruns(_ROLE.sub(lambda m: self._one(m.group("role"), m.group("content"), here), text))
 
-    def _one(self, role: str, content: str, here: str) -> str:
+        def one(m: re.Match) -> str:
+            said_after = bool(_PAGE_SAID.match(m.string, m.end()))  # "… on the notation page"
+            return self._one(m.group("role"), m.group("content"), here, said_after)
+
+        return kit_reruns(_ROLE.sub(one, text))
+
+    def _one(self, role: str, content: str, here: str, page_said: bool = False) -> str:
         m = _EXPLICIT.match(content)
         words, target = (m.group("text"), m.group("target")) if m else ("", content.strip())
         if role.startswith("cite"):
             return self._cite(role, content)
         if role == "numref":
             page = self.figures.get(target) or self._figure_page(target) or here
-            where = "" if page == here else f" (in the book's *{self.pages.get(page, page)}*)"
+            named = page == here or page_said  # the prose names the page itself: not twice
+            where = "" if named else f" (in the book's *{self.pages.get(page, page)}*)"
             said = (words or "Fig. %s").replace("%s", f"`{target}`").replace("{name}", f"`{target}`")
             return self._link(said, page, target, where)
         if role == "term":
@@ -90,13 +97,15 @@ class BookLinks:
         return pages[0] if len(pages) == 1 else ""
 
     def _cite(self, role: str, content: str) -> str:
-        """A citation by authors and year, "Aubry et al. (2025)" (``{cite:p}``: in parentheses),
-        linked to the book's bibliography where the book has an address."""
+        """A citation by authors and year as the book's author-year style writes it: textual
+        (``{cite:t}``) "Aubry et al. (2025)", parenthetical (``{cite:p}``, and ``{cite}``, which
+        sphinxcontrib-bibtex reads as ``{cite:p}``) "(Aubry et al., 2025)"; linked to the book's
+        bibliography where the book has an address."""
         found = [self.cites.get(key.strip(), (key.strip(), "")) for key in content.split(",")]
-        if role == "cite:p":
-            said = "(" + "; ".join(f"{who}, {year}" if year else who for who, year in found) + ")"
-        else:
+        if role.split(":")[-1] in ("t", "ts", "ct", "cts"):
             said = "; ".join(f"{who} ({year})" if year else who for who, year in found)
+        else:
+            said = "(" + "; ".join(f"{who}, {year}" if year else who for who, year in found) + ")"
         return self._link(said, BIBLIOGRAPHY, "", "")
 
     def _link(self, words: str, page: str, anchor: str, where: str) -> str:
