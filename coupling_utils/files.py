@@ -256,20 +256,25 @@ def follow_umask(root: str | os.PathLike) -> None:
             os.chmod(path, mode)
 
 
-def read_json(path: str | os.PathLike, what: str = "record"):
-    """The JSON at ``path`` (None if there is none). A file that is not valid JSON (or not UTF-8) is
-    moved aside to ``<name>.corrupt-<UTC time>``, named on stderr, and None returned, so the caller
-    recomputes what it held instead of failing on it at every later run."""
+def read_json(path: str | os.PathLike, what: str = "record") -> dict | None:
+    """The JSON object at ``path`` (None if there is none). A file that is not valid JSON (or not
+    UTF-8), or holds another value than an object (every record here is one), is moved aside to
+    ``<name>.corrupt-<UTC time>``, named on stderr, and None returned, so the caller recomputes what
+    it held instead of failing on it at every later run."""
     path = Path(path)
     try:
         data = path.read_bytes()
     except FileNotFoundError:
         return None
     try:
-        return json.loads(data)  # from bytes: UTF-8 as JSON says, whatever the locale
+        value = json.loads(data)  # from bytes: UTF-8 as JSON says, whatever the locale
     except ValueError as exc:
         set_aside(path, f"the {what} {path} is corrupt ({exc})")
         return None
+    if not isinstance(value, dict):
+        set_aside(path, f"the {what} {path} is corrupt (a JSON {type(value).__name__}, not an object)")
+        return None
+    return value
 
 
 def yaml_problem(exc: BaseException) -> tuple[str, str]:
@@ -356,8 +361,9 @@ def atomic_write_parquet(df, path: str | os.PathLike) -> None:
 
 
 @contextlib.contextmanager
-def file_lock(path: str | os.PathLike, what: str = "") -> Iterator[None]:
-    """Hold an exclusive inter-process lock on ``path`` (created); wait, saying so, if it is taken.
+def file_lock(path: str | os.PathLike, what: str = "", *, quiet: bool = False) -> Iterator[None]:
+    """Hold an exclusive inter-process lock on ``path`` (created); wait, saying so (unless
+    ``quiet``: for locks held a moment), if it is taken.
 
     Two processes building the same model or measuring into the same folder would otherwise
     overwrite each other's work; the second one waits and then finds the first one's results.
@@ -373,7 +379,8 @@ def file_lock(path: str | os.PathLike, what: str = "") -> Iterator[None]:
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            print(f"{what or path}: another process is working on it; waiting ...", flush=True)
+            if not quiet:
+                print(f"{what or path}: another process is working on it; waiting ...", flush=True)
             fcntl.flock(fh, fcntl.LOCK_EX)
         try:
             yield

@@ -33,7 +33,7 @@ import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from coupling_utils.files import atomic_write_text, cache_dir
+from coupling_utils.files import atomic_write_text, cache_dir, file_lock
 
 __all__ = [
     "slug",
@@ -156,21 +156,34 @@ def file_sha256(path: str | Path) -> str:
     digest = next((_SHA_MEMO[k] for k in keys if k in _SHA_MEMO), None)
     if digest is not None:
         return digest
-    try:  # a cache one cannot write, or without a zoo folder yet, has no memo to read
-        memo_file = cache_dir("zoo") / "sha256-memo.json"
-        memo = json.loads(memo_file.read_text())
-        if not isinstance(memo, dict):
-            raise ValueError("not a mapping")
-    except (OSError, ValueError):
-        memo_file, memo = None, {}
+    memo = _read_memo()
     digest = next((memo[k] for k in keys if isinstance(memo.get(k), str)), None)
     if digest is None or any(k not in memo for k in keys):
         digest = digest or _stream_sha256(path)
-        memo.update(dict.fromkeys(keys, digest))
-        with contextlib.suppress(OSError):  # a read-only cache serves what it holds, unremembered
-            atomic_write_text(memo_file or cache_dir("zoo") / "sha256-memo.json", json.dumps(memo, indent=1))
+        _remember(dict.fromkeys(keys, digest))
     _SHA_MEMO.update(dict.fromkeys(keys, digest))
     return digest
+
+
+def _read_memo() -> dict:
+    """The cache's memo of file digests ({} where there is none, or it cannot be read)."""
+    try:  # a cache one cannot write, or without a zoo folder yet, has no memo to read
+        memo = json.loads((cache_dir("zoo") / "sha256-memo.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return memo if isinstance(memo, dict) else {}
+
+
+def _remember(entries: dict[str, str]) -> None:
+    """Add ``entries`` to the cache's memo: read again, updated and written under its lock, so
+    processes sharing a cache (a sweep's jobs) keep each other's entries instead of the last
+    writer's alone. A read-only cache serves what it holds, unremembered."""
+    with contextlib.suppress(OSError):
+        folder = cache_dir("zoo")
+        with file_lock(folder / ".sha256-memo.lock", quiet=True):
+            memo = _read_memo()
+            memo.update(entries)
+            atomic_write_text(folder / "sha256-memo.json", json.dumps(memo, indent=1))
 
 
 def versions() -> dict[str, str]:

@@ -114,3 +114,31 @@ def test_a_memo_file_that_is_not_a_mapping_is_replaced(tmp_path, reads):
     memo.write_text("[1, 2]")
     assert provenance.file_sha256(f) == hashlib.sha256(b"abc").hexdigest()
     assert isinstance(json.loads(memo.read_text()), dict)
+
+
+def test_processes_sharing_a_cache_keep_each_others_entries(tmp_path):
+    """Four processes hash 25 files each into one cache at once (a sweep's jobs on a shared
+    cache): the memo ends with every file's entries. Read, updated and written without its lock,
+    each writer replaced the memo with its own view, and most entries were lost."""
+    import subprocess
+    import sys
+
+    files = tmp_path / "files"
+    files.mkdir()
+    for i in range(100):
+        (files / f"{i}.bin").write_bytes(str(i).encode() * 100)
+    script = (
+        "import sys\nfrom pathlib import Path\nfrom coupling_utils import provenance\n"
+        "for p in sorted(Path(sys.argv[1]).glob('*.bin'))[int(sys.argv[2])::4]:\n"
+        "    provenance.file_sha256(p)\n"
+    )
+    env = {**os.environ, "COUPLING_CACHE": str(tmp_path / "cache")}
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(files), str(i)], env=env) for i in range(4)]
+    assert [p.wait(timeout=120) for p in procs] == [0] * 4
+    memo = json.loads(tmp_path.joinpath("cache", *MEMO).read_text())
+    hashed = {k.split("|")[1] for k in memo if k.startswith("path|")}
+    assert hashed == {str((files / f"{i}.bin").resolve()) for i in range(100)}
+    for i in (0, 57, 99):
+        assert memo[next(k for k in memo if k.startswith(f"path|{(files / f'{i}.bin').resolve()}|"))] == (
+            hashlib.sha256(str(i).encode() * 100).hexdigest()
+        )

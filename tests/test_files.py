@@ -260,8 +260,13 @@ def test_read_json_reads_utf8_records_under_an_ascii_locale(tmp_path):
 
 @pytest.mark.parametrize(
     "content, problem",
-    [(b'{"half a rec', "Unterminated string"), ('{"text": "Größe"}'.encode("latin-1"), "can't decode byte")],
-    ids=["truncated", "not-utf8"],
+    [
+        (b'{"half a rec', "Unterminated string"),
+        ('{"text": "Größe"}'.encode("latin-1"), "can't decode byte"),
+        (b'[{"job_id": "42"}]', "a JSON list, not an object"),  # valid JSON, not a record
+        (b"null", "a JSON NoneType, not an object"),
+    ],
+    ids=["truncated", "not-utf8", "a-list", "null"],
 )
 def test_a_corrupt_record_is_moved_aside_and_named_with_the_problem(tmp_path, capsys, content, problem):
     """The warning names the file, the problem and what happens; the bytes are kept for a post-mortem."""

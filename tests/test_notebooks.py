@@ -24,7 +24,7 @@ from support.smoke_runs import SHARED, SMOKE_DIR
 from coupling_utils.pipeline.execution import embedded_models, notebook_paths
 
 ROOT = Path(__file__).resolve().parents[1]
-MEMO = "sha256-memo.json"  # coupling_utils.provenance.file_sha256's memo
+MEMO = ("sha256-memo.json", ".sha256-memo.lock")  # coupling_utils.provenance.file_sha256's memo and its lock
 
 
 @pytest.mark.parametrize("nb", notebook_paths(ROOT), ids=lambda p: p.stem)
@@ -51,7 +51,7 @@ def test_smoke_runs_write_only_their_own_cache(smoke_runs):
     """The shared models are only read; the notebooks' tables land in the temporary cache."""
     for name in SHARED:
         # the hash memo is a cache of content hashes (a pure function of the files), not a model
-        before, after = ({k: v for k, v in snap.items() if k != MEMO}
+        before, after = ({k: v for k, v in snap.items() if k not in MEMO}
                          for snap in (smoke_runs.before[name], smoke_runs.after[name]))  # fmt: skip
         changed = sorted(set(after.items()) ^ set(before.items()))
         assert not changed, f"the notebooks wrote into the shared {name}/: {changed[:5]}"

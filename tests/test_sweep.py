@@ -71,6 +71,31 @@ def test_a_corrupt_record_of_submissions_is_moved_aside_and_said(tmp_path, capsy
     assert json.loads((tmp_path / "submissions.json").read_text())["abc"][0]["job_id"] == "42"
 
 
+@pytest.mark.parametrize(
+    "record",
+    [
+        '{"abc": {"executor": "slurm"}}',
+        '{"abc": [["slurm", "42"]]}',
+        '{"abc": [{"executor": "slurm"}]}',
+        "[]",
+    ],
+    ids=["task-not-a-list", "entry-not-an-object", "entry-without-job", "a-list"],
+)
+def test_a_record_of_submissions_of_another_shape_is_moved_aside_not_a_crash(tmp_path, capsys, record):
+    """Valid JSON of another shape (a damaged or hand-edited record) is set aside and said, as a
+    corrupt one is: the states, the arrays a rerun waits on and the next record all go on."""
+    from coupling_utils.pipeline.sweep import Sweep, Task, _record_submission
+    from coupling_utils.pipeline.sweep_state import TaskState, live_slurm_arrays
+
+    sweep = Sweep("f00_coupling_metric", "smoke", {}, [], tmp_path)
+    (tmp_path / "submissions.json").write_text(record)
+    task = Task("abc", "m", None, ())
+    assert live_slurm_arrays(sweep, [TaskState(task, "pending")]) == []
+    assert "submissions" in capsys.readouterr().err and list(tmp_path.glob("submissions.json.corrupt-*"))
+    _record_submission(sweep, task, "slurm", "42_0")
+    assert live_slurm_arrays(sweep, [TaskState(task, "pending")]) == ["42"]
+
+
 def _dead_pid() -> int:
     """The id of a process that has ended (a record naming it names no live worker)."""
     proc = subprocess.Popen(["true"])

@@ -44,7 +44,15 @@ from pathlib import Path
 from typing import Any
 
 from coupling_utils.analysis.prose_list import listed
-from coupling_utils.files import CacheError, atomic_path, atomic_write_text, cache_dir, file_lock, read_json
+from coupling_utils.files import (
+    CacheError,
+    atomic_path,
+    atomic_write_text,
+    cache_dir,
+    file_lock,
+    read_json,
+    set_aside,
+)
 from coupling_utils.measurement.jobs import Job
 from coupling_utils.provenance import stable_hash
 
@@ -56,6 +64,7 @@ __all__ = [
 
 EXECUTORS = ("local", "slurm")
 STATES = ("done", "running", "pending", "failed", "interrupted", "missing")
+SUBMISSIONS = "submissions.json"  # in a sweep's folder: which executor job ran which task (read_submissions)
 # environment a worker needs to find the same cache, hub cache and data (never tokens: SLURM passes
 # the submitting environment on by default, HF_TOKEN included, without writing it into a script)
 FORWARDED_ENV = (
@@ -297,9 +306,8 @@ def _record_submission(
 ) -> None:
     """Record that ``task`` was submitted as ``job_id``; ``job_id=None``: that its last
     submission was stopped on ``by`` (Ctrl-C or SIGTERM: :mod:`.sweep_submit`)."""
-    path = sweep.folder / "submissions.json"
     with file_lock(sweep.folder / ".lock", f"sweep {sweep.name}"):
-        subs = read_json(path, "sweep's record of submissions") or {}
+        subs = read_submissions(sweep.folder)
         entry = {"executor": executor, "job_id": str(job_id), "submitted": _now()}
         if executor == "local" and job_id is not None:
             entry.update(host=socket.gethostname(), pid=int(job_id))
@@ -307,7 +315,28 @@ def _record_submission(
             subs.get(task.id, [{}])[-1].update(stopped=_now(), by=by)
         else:
             subs.setdefault(task.id, []).append(entry)
-        atomic_write_text(path, json.dumps(subs, indent=2))
+        atomic_write_text(sweep.folder / SUBMISSIONS, json.dumps(subs, indent=2))
+
+
+def read_submissions(folder: Path) -> dict[str, list[dict]]:
+    """The sweep's record of submissions (``submissions.json`` in the sweep's ``folder``): each
+    task's submissions, oldest first. A damaged record (not JSON, or not that shape) is set aside
+    as :func:`~coupling_utils.files.read_json` does, and read as none: the tasks' states then come
+    from their stored measurements and markers."""
+    path = folder / SUBMISSIONS
+    subs = read_json(path, "sweep's record of submissions")
+    if subs is None:
+        return {}
+    entry = {"executor", "job_id", "submitted"}
+    if not all(
+        isinstance(t, list) and t and all(isinstance(e, dict) and entry <= e.keys() for e in t)
+        for t in subs.values()
+    ):
+        set_aside(
+            path, f"the sweep's record of submissions {path} is corrupt (not a list of submissions per task)"
+        )
+        return {}
+    return subs
 
 
 # --------------------------------------------------------------------------- submitting

@@ -27,7 +27,7 @@ from typing import Any
 
 from coupling_utils.analysis.prose_list import listed
 from coupling_utils.files import read_json
-from coupling_utils.pipeline.sweep import STATES, Sweep, Task
+from coupling_utils.pipeline.sweep import STATES, Sweep, Task, read_submissions
 
 __all__ = ["TaskState", "SLURM_ALIVE", "task_state", "sweep_status", "summary_line", "live_slurm_arrays"]
 
@@ -133,7 +133,7 @@ def task_state(sweep: Sweep, task: Task, submissions: Mapping[str, list] | None 
     if not done.missing:
         return TaskState(task, "done")
     if submissions is None:
-        submissions = read_json(sweep.folder / "submissions.json", "sweep's record of submissions") or {}
+        submissions = read_submissions(sweep.folder)
     tries = submissions.get(task.id, [])
     last = tries[-1] if tries else None
     marker = read_json(sweep.folder / "tasks" / f"{task.id}.json", "sweep task's record")
@@ -193,7 +193,7 @@ def _failures(results) -> str:
 
 def sweep_status(sweep: Sweep) -> list[TaskState]:
     """The state of every task of ``sweep``, in task order."""
-    submissions = read_json(sweep.folder / "submissions.json", "sweep's record of submissions") or {}
+    submissions = read_submissions(sweep.folder)
     return [task_state(sweep, t, submissions) for t in sweep.tasks]
 
 
@@ -207,7 +207,7 @@ def live_slurm_arrays(sweep: Sweep, states: Sequence[TaskState]) -> list[str]:
     """The SLURM array (or job) ids behind the tasks ``states`` reads as pending or running, from
     the sweep's records (each one's last submission; a running task's own marker too), in the
     order first named: what a rerun under ``--max-parallel`` waits for."""
-    submissions = read_json(sweep.folder / "submissions.json", "sweep's record of submissions") or {}
+    submissions = read_submissions(sweep.folder)
     found: dict[str, None] = {}
     for s in states:
         if s.state not in ("pending", "running"):

@@ -285,6 +285,18 @@ def _after(i: int, resources: Resources, earlier: list[str], previous: str) -> l
     return [previous] if i else list(earlier)
 
 
+def _array_parameters(
+    sweep: Sweep, array, i: int, resources: Resources, earlier: list[str], previous: str
+) -> dict:
+    """The sbatch parameters of array ``i`` (``array``): its resources, and the jobs it waits for
+    (:func:`_after`); for the submission and for the dry run's batch script alike."""
+    params = array.resources.slurm_parameters(sweep, len(array.tasks))
+    after = _after(i, resources, earlier, previous)
+    if after:
+        params["dependency"] = "afterany:" + ":".join(after)
+    return params
+
+
 def _earlier_line(earlier: list[str], resources: Resources) -> str | None:
     """What a rerun does about the sweep's ``earlier`` arrays still pending or running."""
     if not earlier:
@@ -351,10 +363,7 @@ def _dry_run(
         echo(_array_line(i, arrays, resources, earlier))
         for t, needs in zip(array.tasks, array.needs):
             echo(f"  {t.name} ({len(t.jobs)} job(s)): {needs.why}")
-        params = array.resources.slurm_parameters(sweep, len(array.tasks))
-        after = _after(i, resources, earlier, f"<array {i}>")
-        if after:
-            params["dependency"] = "afterany:" + ":".join(after)
+        params = _array_parameters(sweep, array, i, resources, earlier, f"<array {i}>")
         echo(_make_sbatch_string(command=command, folder=folder, map_count=len(array.tasks), **params))
     return states
 
@@ -460,10 +469,7 @@ def _submit_slurm(submitit, sweep, todo, resources: Resources, echo, earlier: li
     submitted, previous = 0, ""
     for i, array in enumerate(arrays):
         part = list(array.tasks)
-        params = array.resources.slurm_parameters(sweep, len(part))
-        after = _after(i, resources, earlier, previous)
-        if after:
-            params["dependency"] = "afterany:" + ":".join(after)
+        params = _array_parameters(sweep, array, i, resources, earlier, previous)
         ex = submitit.SlurmExecutor(folder=folder)
         ex.update_parameters(**params)
         before = set(folder.glob("*.pkl"))
