@@ -2,8 +2,8 @@
 
 Every test runs with ``COUPLING_CACHE`` pointing into pytest's temporary folder, so no test can
 read or write the user's real cache (``~/.cache/coupling-book``). The embedded models the smoke
-notebooks use are built once per session there (:func:`smoke_zoo`) and shared by the tests
-that need them.
+notebooks use are built once per test run there (:func:`smoke_zoo`; the models folder is one
+for all workers, :func:`session_cache`) and shared by the tests that need them.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def once_per_run(tmp_path_factory, name: str, make):
         return make()
     from coupling_utils.files import file_lock
 
-    shared = tmp_path_factory.getbasetemp().parent  # every worker's basetemp lies in it
+    shared = run_folder(tmp_path_factory)
     done = shared / f"{name}.pickle"
     with file_lock(shared / f"{name}.lock"):
         if done.exists():
@@ -67,10 +67,26 @@ def _seed():
     yield
 
 
+def run_folder(tmp_path_factory):
+    """The folder of this test run: under pytest-xdist the one every worker's basetemp lies in,
+    without it the basetemp."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
 @pytest.fixture(scope="session", autouse=True)
 def session_cache(tmp_path_factory):
-    """The session's private ``COUPLING_CACHE`` (whatever the caller's environment says)."""
+    """The session's private ``COUPLING_CACHE`` (whatever the caller's environment says). Its
+    ``zoo`` and ``corpus`` (the embedded models and the tokenised corpus) are the test run's, one
+    for all pytest-xdist workers: each model is built once, the second worker to want it waiting on
+    the zoo's lock (as a sweep's jobs do on a shared cache)."""
     path = tmp_path_factory.getbasetemp() / "coupling-cache"
+    models = run_folder(tmp_path_factory) / "models"
+    path.mkdir(parents=True, exist_ok=True)
+    for part in ("zoo", "corpus"):
+        (models / part).mkdir(parents=True, exist_ok=True)
+        if not (path / part).exists():
+            (path / part).symlink_to(models / part, target_is_directory=True)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("COUPLING_CACHE", str(path))
         yield path

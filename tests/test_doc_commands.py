@@ -9,11 +9,14 @@ front of PATH that keep it small but real:
   identical to one already made in this session (same notebook, the smoke profile, the same
   overrides) is copied instead of executed again, the session's own smoke runs (``smoke_runs``)
   included, which ran the same notebooks through the same ``run_notebook``;
-- ``coupling-book build`` renders a real book from what the block ran (into the scratch folder);
+- ``coupling-book build`` renders a real book from what the block ran (into the scratch folder); a
+  build of the same executed notebooks with the same options as one already made in this session
+  (``make test`` documents four builds of two distinct sets) is copied from it;
 - ``coupling-book zoo prepare NAME`` prepares the smoke-sized twin of NAME (``SMOKE_TWINS``);
-- ``coupling-book sweep`` runs at the ``smoke`` profile too, for real with ``--executor local``;
-  with ``--executor slurm`` it adds ``--dry-run`` (no cluster here: it plans the jobs and prints
-  the batch script it would submit);
+- ``coupling-book sweep`` runs at the ``smoke`` profile too, with ``--executor local`` for real, in
+  a cache that holds the session's smoke measurements (its tasks are found done, as on a rerun;
+  ``tests/test_sweep.py`` runs sweeps' workers); with ``--executor slurm`` it adds ``--dry-run``
+  (no cluster here: it plans the jobs and prints the batch script it would submit);
 - hub ids (``coupling-book measure``) resolve in the stand-in hub (``standin_hub`` fixture);
 - other ``coupling-book`` commands (``list``, ``zoo list``) run as they are;
 - ``make TARGET ...`` is checked with ``make -n`` (the target exists, its variables parse): the
@@ -94,12 +97,13 @@ SHIM = textwrap.dedent(
     '''coupling-book, kept at the smoke profile and inside the scratch folder.
 
     A notebook run identical to one already done in this test (same notebook, profile and
-    parameters) is copied from it instead of executed again.
+    parameters), or a build of the same executed notebooks with the same options, is copied from
+    it instead of made again.
     '''
-    import hashlib, json, shutil, sys
+    import dataclasses, hashlib, json, shutil, sys
     from pathlib import Path
 
-    from coupling_utils.pipeline import execution
+    from coupling_utils.pipeline import book, execution
     from coupling_utils.pipeline.cli import main
 
     twins = {twins!r}
@@ -124,7 +128,28 @@ SHIM = textwrap.dedent(
             (done / "result.json").write_text(json.dumps(result.__dict__, default=str))
         return result
 
+    real_build = book.build_book
+
+    def build_book(root, executed=None, out=None, options=None):
+        # a build of the same executed notebooks with the same options (the staging folder aside)
+        # is copied from the first one instead of rendered again
+        options = options or book.BuildOptions()
+        source = Path(executed or Path(root) / "_build" / "notebooks")
+        key = hashlib.sha256(repr(dataclasses.replace(options, work=None)).encode())
+        for nb in sorted(source.glob("*.ipynb")):
+            key.update(nb.name.encode() + b"\\0" + nb.read_bytes())
+        done = memo / f"build-{{key.hexdigest()[:16]}}"
+        if done.is_dir():
+            target = Path(out or Path(root) / "_build" / "html")
+            shutil.rmtree(target, ignore_errors=True)
+            shutil.copytree(done, target)
+            return target
+        written = real_build(root, executed, out, options)
+        shutil.copytree(written, done)
+        return written
+
     execution.run_notebook = run_notebook
+    book.build_book = build_book
     argv = sys.argv[1:]
     if argv[:1] == ["sweep"] and "slurm" in argv and "--dry-run" not in argv:
         argv.append("--dry-run")  # no cluster here
@@ -160,8 +185,10 @@ def seed_memo(memo: Path, smoke_runs) -> None:
 
 @pytest.fixture(scope="module")
 def scratch(tmp_path_factory, standin_hub, smoke_runs):
-    """A scratch book root (the repository's sources linked in), a PATH with the shims first, and
-    the shim's memo seeded with the session's smoke runs."""
+    """A scratch book root (the repository's sources linked in), a PATH with the shims first, the
+    shim's memo seeded with the session's smoke runs, and a cache holding what those runs measured
+    (so a documented sweep at the smoke profile finds its tasks done, as a rerun would: the sweeps'
+    workers are tested in tests/test_sweep.py)."""
     root = tmp_path_factory.mktemp("docs")
     for name in ("notebooks", "book", "data", "_config.yml", "_toc.yml", "CITATION.cff"):
         if (ROOT / name).exists():
@@ -176,10 +203,13 @@ def scratch(tmp_path_factory, standin_hub, smoke_runs):
     for shim in shims.iterdir():
         shim.chmod(0o755)
     seed_memo(root / ".memo", smoke_runs)
+    cache = root / ".cache"  # the smoke runs' cache: their measurements, and links to the models
+    shutil.copytree(smoke_runs.cache, cache, symlinks=True)
     env = {
         **os.environ,
         "PATH": f"{shims}:{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
         "COUPLING_BOOK_ROOT": str(root),
+        "COUPLING_CACHE": str(cache),
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
         "HF_HUB_CACHE": str(standin_hub[0]),

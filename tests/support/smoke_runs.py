@@ -8,6 +8,7 @@ session: ``tests/test_notebooks.py`` checks the runs, ``tests/test_captions.py``
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -21,29 +22,44 @@ SHARED = ("zoo", "corpus")  # read-only in the notebook runs
 
 
 def snapshot(folder: Path) -> dict[str, tuple[int, int]]:
-    """Every file under ``folder`` (symlinks followed) with its size and modification time."""
-    return {
-        str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns)
-        for p in sorted(folder.rglob("*"))
-        if p.is_file()
-    }
+    """Every file under ``folder`` (symlinks followed, to files and folders) with its size and
+    modification time."""
+    found = {}
+    for top, _, names in os.walk(folder, followlinks=True):
+        for name in names:
+            p = Path(top, name)
+            if p.is_file():
+                found[str(p.relative_to(folder))] = (p.stat().st_size, p.stat().st_mtime_ns)
+    return dict(sorted(found.items()))
+
+
+def _view(view: Path, shared: Path, names: list[str] | None = None) -> None:
+    """Make ``view`` a folder of links to the entries ``names`` (None: all) of ``shared``: what the
+    notebooks may read. A model or file they wrote would land in the view itself, or inside a
+    linked entry, and show in its :func:`snapshot`; the test run's other workers, building other
+    models into ``shared`` meanwhile, do not."""
+    view.mkdir()
+    for entry in sorted(shared.iterdir()) if names is None else [shared / n for n in names]:
+        if entry.exists():
+            (view / entry.name).symlink_to(entry.resolve(), target_is_directory=entry.is_dir())
 
 
 def run_smoke(smoke_zoo: Path, tmp_path_factory) -> SimpleNamespace:
-    """Run every notebook at the smoke profile; what ran, where, and the shared folders before
-    and right after the runs."""
+    """Run every notebook at the smoke profile; what ran, where, and the shared folders (as the
+    notebooks see them: links to the smoke models and the corpus) before and right after the runs."""
     cache = tmp_path_factory.mktemp("notebook-cache")
+    linked = {"zoo": smoke_zoo_names(), "corpus": None}
     for name in SHARED:
-        (cache / name).symlink_to(smoke_zoo / name, target_is_directory=True)
+        _view(cache / name, smoke_zoo / name, linked[name])
     user_cache = tmp_path_factory.mktemp("xdg-cache")  # where platformdirs would put the user's cache
-    before = {name: snapshot(smoke_zoo / name) for name in SHARED}
+    before = {name: snapshot(cache / name) for name in SHARED}
     lines: list[str] = []
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("COUPLING_CACHE", str(cache))
         mp.setenv("XDG_CACHE_HOME", str(user_cache))
         results = run_notebooks([], "smoke", output_dir=SMOKE_DIR, jobs=2, echo=lines.append)
     # taken now, not when a test reads it: other tests of the session may build more shared models
-    after = {name: snapshot(smoke_zoo / name) for name in SHARED}
+    after = {name: snapshot(cache / name) for name in SHARED}
     return SimpleNamespace(
         results={r.notebook: r for r in results},
         lines=lines,
