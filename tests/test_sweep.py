@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from notebook_loads import counting_kernel, loads
@@ -94,6 +95,27 @@ def test_a_record_of_submissions_of_another_shape_is_moved_aside_not_a_crash(tmp
     assert "submissions" in capsys.readouterr().err and list(tmp_path.glob("submissions.json.corrupt-*"))
     _record_submission(sweep, task, "slurm", "42_0")
     assert live_slurm_arrays(sweep, [TaskState(task, "pending")]) == ["42"]
+
+
+def test_a_submission_slurm_cannot_tell_about_is_pending_not_interrupted(tmp_path, monkeypatch):
+    """sacct lists a job some time after sbatch accepted it (submitit then says UNKNOWN), and an
+    array task's state can be read while it is rewritten: a task whose job SLURM cannot report is
+    pending, as a running one whose state is unknown stays running; "interrupted" (was) would
+    have a rerun submit it again beside the live job."""
+    from coupling_utils.pipeline.sweep import Sweep, Task, _record_submission
+    from coupling_utils.pipeline.sweep_state import task_state
+
+    monkeypatch.setattr(ST, "_slurm_state", lambda folder, job_id: "UNKNOWN")
+    monkeypatch.setattr(
+        "coupling_utils.measurement.collect", lambda *a, **k: SimpleNamespace(missing=[1], results=[])
+    )
+    sweep = Sweep("f00_coupling_metric", "smoke", {}, [], tmp_path)
+    task = Task("abc", "m", None, ())
+    _record_submission(sweep, task, "slurm", "4242_1")
+    state = task_state(sweep, task)
+    assert state.state == "pending" and "SLURM job 4242_1: state UNKNOWN" in state.reason, state.line()
+    monkeypatch.setattr(ST, "_slurm_state", lambda folder, job_id: "COMPLETED")
+    assert task_state(sweep, task).state == "interrupted"  # SLURM says it ended, never started
 
 
 def _dead_pid() -> int:
@@ -363,6 +385,7 @@ FAKE_SBATCH = """\
 the array's tasks one after the other, keeping each one's state where the fake sacct reads it.'''
 import os, re, subprocess, sys
 from pathlib import Path
+from types import SimpleNamespace
 
 script, job = sys.argv[-1], "4242"
 text = Path(script).read_text()
@@ -371,21 +394,27 @@ log.write_text((log.read_text() if log.exists() else "") + text)
 m = re.search(r"#SBATCH --array=0-(\\d+)", text)
 n = int(m.group(1)) + 1 if m else 1
 states.mkdir(exist_ok=True)
+
+def put(i, state):  # atomically: a sacct reading a half-written state would see none
+    tmp = states / f".{{job}}_{{i}}.tmp"
+    tmp.write_text(state)
+    os.replace(tmp, states / f"{{job}}_{{i}}")
+
 for i in range(n):
-    (states / f"{{job}}_{{i}}").write_text("PENDING")
+    put(i, "PENDING")
 if os.fork() == 0:  # the "cluster": after sbatch has returned (and closed its output)
     os.setsid()
     devnull = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(devnull, fd)
     for i in range(n):
-        (states / f"{{job}}_{{i}}").write_text("RUNNING")
+        put(i, "RUNNING")
         env = dict(os.environ, SLURM_JOB_ID=str(5000 + i), SLURM_ARRAY_JOB_ID=job, SLURM_ARRAY_TASK_ID=str(i),
                    SLURM_NTASKS="1", SLURM_PROCID="0", SLURM_LOCALID="0", SLURM_NODEID="0",
                    SLURM_JOB_NUM_NODES="1", SLURM_JOB_NODELIST="localhost")
         rc = subprocess.run(["bash", script], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL).returncode
-        (states / f"{{job}}_{{i}}").write_text("COMPLETED" if rc == 0 else "FAILED")
+        put(i, "COMPLETED" if rc == 0 else "FAILED")
     os._exit(0)
 print(f"Submitted batch job {{job}}", flush=True)
 """

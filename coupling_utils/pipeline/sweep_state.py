@@ -147,7 +147,7 @@ def task_state(sweep: Sweep, task: Task, submissions: Mapping[str, list] | None 
     ran = marker is not None and (last is None or marker["started"] >= last["submitted"])
     if last is not None and not ran:
         alive, what = _alive(last, sweep.folder)
-        if alive:
+        if alive or alive is None:  # None: cannot tell (sacct lists a new job late): not resubmitted
             return TaskState(task, "pending", f"submitted {last['submitted']} ({what})", log)
     reasons = _failures(done.results)
     if reasons:
