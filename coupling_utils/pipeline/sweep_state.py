@@ -6,7 +6,7 @@ workers' logs and results) and from the cache, without changing any of them.
 
 - ``done``: every measurement is stored (made by today's code);
 - ``running``: its worker process is alive (checked on this host, or asked of SLURM);
-- ``pending``: submitted, not started yet;
+- ``pending``: submitted, not started yet (or SLURM cannot say yet: sacct lists a new job late);
 - ``failed``: a job raised; the reason is the stored failure record (exception and message);
 - ``interrupted``: the worker stopped without a result or a failure record (killed, out of
   memory, out of time, preempted, stopped on Ctrl-C); the reason says what is known (SLURM's
