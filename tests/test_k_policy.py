@@ -187,3 +187,40 @@ def test_family_sentence_reads_the_members_from_the_measured_rows():
     assert "holds no member" in k_policy.family_sentence("embedded:vit-family-smoke", (0.5,))
     off_grid = k_policy.family_sentence("embedded:vit-family", (0.1, 0.5))
     assert "at K/d = 0.1 it was not measured" in off_grid and "nan" not in off_grid
+
+
+def test_the_curve_takes_every_resample_at_once_with_pandas_means_to_the_bit():
+    """curve() averages each resample's prompts in one numpy call per K/d; it gives the bits of
+    bootstrap_ci with a pandas mean per resample (missing prompts skipped), as it did before."""
+    import numpy as np
+
+    from coupling_utils.analysis.stats import bootstrap_ci
+
+    rng = np.random.default_rng(3)
+    rows = pd.DataFrame(
+        [
+            {
+                "model": m,
+                "prompt": f"p{i}",
+                "k_over_d": r,
+                "excess": rng.normal(0.1, 0.3),
+                "K": 4,
+                "d_model": 8,
+            }
+            for m in ("a", "b")
+            for i in range(13)  # more than numpy's 8-wide blocks of a pairwise sum
+            for r in k_policy.GRID
+        ]
+    )
+    rows = rows.drop(index=[5, 40])  # two prompts missing at one K/d each
+    got = k_policy.curve(rows, n_resamples=200)
+    for model, one in rows.groupby("model", sort=False):
+        wide = one.pivot(index="prompt", columns="k_over_d", values="excess")
+        ci = bootstrap_ci(
+            wide, lambda df: {str(r): float(df[r].mean()) for r in df.columns}, n_resamples=200
+        ).set_index("statistic")
+        mine = got[got["model"] == model].set_index("k_over_d")
+        for r in wide.columns:
+            assert (mine.loc[r, ["excess", "low", "high"]].tolist()) == ci.loc[
+                str(r), ["estimate", "ci_low", "ci_high"]
+            ].tolist()

@@ -56,6 +56,29 @@ def test_sdpa_models_and_the_cache_left_as_captured():
     assert xt.shape == (1, 32)
 
 
+def test_each_call_sees_the_cache_as_captured_copied_only_as_deep_as_an_update_writes():
+    """A model's own cache (appending layers: an update rebinds keys and values to new tensors)
+    is copied one level down, sharing the captured tensors; any other cache (a static layer
+    writes into its tensors) is copied deeply."""
+    from transformers.cache_utils import Cache, DynamicCache, StaticLayer
+
+    from coupling_utils.engine.blocks import _fresh
+
+    k = torch.randn(1, 2, 3, 4)
+    cache = DynamicCache()
+    cache.update(k, k + 1, 0)
+    cache.update(k, k + 2, 1)
+    fresh = _fresh(cache)
+    fresh.update(k[:, :, :1], k[:, :, :1], 1)
+    assert fresh.layers[1].keys.shape[-2] == 4 and cache.layers[1].keys.shape[-2] == 3
+    assert fresh.layers[0].keys is cache.layers[0].keys  # no copy of what no update writes into
+    static = Cache(layers=[StaticLayer(max_cache_len=4)])
+    static.layers[0].lazy_initialization(k, k)
+    deep = _fresh(static)
+    assert deep.layers[0].keys.data_ptr() != static.layers[0].keys.data_ptr()
+    assert _fresh(k) is k
+
+
 def test_non_causal_blocks_and_other_inputs_keep_the_exact_path():
     x = torch.randint(0, 64, (1, 8))
     assert "not (only) causal" in one_token_supported(tiny_model("bert"), x)

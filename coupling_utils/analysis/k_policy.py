@@ -28,7 +28,7 @@ tests/test_k_policy.py holds both to the curve. The paper profile keeps the pape
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -195,6 +195,19 @@ def grid_ks(d_model: int, grid: Sequence[float] = GRID) -> dict[float, int]:
     return {r: k_for_width(d_model, r) for r in grid}
 
 
+def _column_means(columns: Mapping) -> dict[str, np.ndarray]:
+    """Each K/d column's mean over the prompts it has (a missing prompt is NaN), on every
+    resample at once (``columns``: K/d -> ``[n_resamples, n]``): pandas' ``Series.mean``, summed
+    in the same order, without a pandas call per resample (1000 of them per model cost every
+    book build 13 s)."""
+    out = {}
+    for r, a in columns.items():
+        seen = ~np.isnan(a)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            out[str(r)] = np.where(seen, a, 0.0).sum(axis=-1) / seen.sum(axis=-1)
+    return out
+
+
 def curve(rows: pd.DataFrame, *, n_resamples: int = 1000, level: float = 0.95, seed: int = 0) -> pd.DataFrame:
     """The sensitivity curve from its per-prompt rows (``data/k_sensitivity.csv``): per model and
     K/d the mean excess over prompts (``excess``) with its percentile bootstrap interval over
@@ -206,11 +219,7 @@ def curve(rows: pd.DataFrame, *, n_resamples: int = 1000, level: float = 0.95, s
     for model, one in rows.groupby("model", sort=False):
         wide = one.pivot(index="prompt", columns="k_over_d", values="excess")
         ci = bootstrap_ci(
-            wide,
-            lambda df: {str(r): float(df[r].mean()) for r in df.columns},
-            n_resamples=n_resamples,
-            level=level,
-            seed=seed,
+            wide, _column_means, n_resamples=n_resamples, level=level, seed=seed, vectorized=True
         ).set_index("statistic")
         ks = one.drop_duplicates("k_over_d").set_index("k_over_d")["K"]
         for r in wide.columns:

@@ -21,7 +21,6 @@ says why not otherwise, and the caller keeps the exact all-token path.
 
 from __future__ import annotations
 
-import copy
 import inspect
 from collections.abc import Mapping, Sequence
 
@@ -35,6 +34,7 @@ from coupling_utils.engine.architectures import (
 from coupling_utils.engine.attention_modes import attention_mode
 from coupling_utils.engine.blocks import (
     BlockFunction,
+    _fresh,
     _is_cache,
     _quantized_layers,
     last_block_norm,
@@ -170,7 +170,7 @@ class OneTokenCalls:
                 "use_cache": self.t > 0,
             }
             if self.cache is not None:
-                query[_cache_argument(model)] = copy.deepcopy(self.cache)
+                query[_cache_argument(model)] = _fresh(self.cache)
             self.calls = capture_blocks(model, self.blocks, query, calls=wanted).calls
         missing = [layer for layer in wanted if layer not in self.calls]
         if missing:

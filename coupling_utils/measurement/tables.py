@@ -63,14 +63,14 @@ def frame(name: str, rows: dict | None = None) -> pd.DataFrame:
 
 
 def typed(name: str, df: pd.DataFrame) -> pd.DataFrame:
-    """Table ``name`` with its documented columns, in order, and dtypes."""
-    df = df[COLUMNS[name]].copy()
-    for c in df.columns:
-        if c in DTYPES and DTYPES[c] != "object":
-            df[c] = df[c].astype(DTYPES[c])
-        elif c not in DTYPES:
-            df[c] = df[c].astype("float64")
-    return df.reset_index(drop=True)
+    """Table ``name`` with its documented columns, in order, and dtypes: a new frame, each column
+    a copy in its own block (the layout :func:`columnwise` gives a table read back), built in one
+    step (a copy of the frame then converted column by column cost twice the time)."""
+    columns = {}
+    for c in COLUMNS[name]:
+        want = DTYPES.get(c, "float64")
+        columns[c] = (df[c] if want == "object" else df[c].astype(want)).array.copy()
+    return pd.DataFrame(columns, copy=False)
 
 
 def columnwise(df: pd.DataFrame) -> pd.DataFrame:
