@@ -87,6 +87,21 @@ def test_every_row_finds_its_blocks_and_restores_attention(row):
     assert all(set(m.__dict__) == set(forwards[id(m)]) for m in model.modules())
 
 
+def test_the_configs_switched_are_found_once_and_again_after_the_config_is_replaced():
+    import copy
+
+    model = tiny_model("llama")
+    with attention_mode(model, token_diagonal=True):
+        assert model.config._attn_implementation == TOKEN_DIAGONAL
+    model.config = copy.deepcopy(model.config)  # the walk found the old one
+    for m in model.modules():
+        if hasattr(m, "config"):
+            m.config = model.config
+    with attention_mode(model, token_diagonal=True):
+        assert model.config._attn_implementation == TOKEN_DIAGONAL
+    assert model.config._attn_implementation == "eager"
+
+
 @pytest.mark.parametrize("row", ARCHITECTURES, ids=[a.model_types[0] for a in ARCHITECTURES])
 def test_token_diagonal_block_has_the_same_forward_value(row):
     model = tiny_model(row.model_types[0])

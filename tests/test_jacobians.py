@@ -223,6 +223,27 @@ def test_parameters_frozen_during_and_restored_after():
     assert model.config._attn_implementation == attn
 
 
+def test_nested_frozen_walks_the_parameters_once_and_the_outermost_restores_them(monkeypatch):
+    from coupling_utils.engine.jacobians import frozen
+
+    model = tiny_model("llama").requires_grad_(True)
+    walks = []
+    real = type(model).parameters
+    monkeypatch.setattr(
+        type(model), "parameters", lambda self, *a, **k: walks.append(1) or real(self, *a, **k)
+    )
+    with frozen(model):
+        with frozen(model), frozen(model):
+            pass
+        assert len(walks) == 1  # the inner calls walked nothing
+        assert not any(p.requires_grad for p in real(model))  # and their exits restored nothing
+        token_jacobians(model, _inputs(model), 0)
+    assert all(p.requires_grad for p in real(model))
+    with frozen(model):  # frozen again afterwards: the marker went with the outer call
+        assert not any(p.requires_grad for p in real(model))
+    assert all(p.requires_grad for p in real(model))
+
+
 def test_block_passes_per_sweep():
     """The fast path makes d VJPs through the block for all T tokens; the reference T·d.
 

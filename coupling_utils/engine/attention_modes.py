@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import types
-from collections.abc import Iterator
+import weakref
 
 from coupling_utils.engine.adapters import ATTENTION_ADAPTERS
 from coupling_utils.engine.architectures import UnsupportedArchitectureError, find_architecture, unwrap_model
@@ -19,19 +19,31 @@ from coupling_utils.engine.attention import ONE_TOKEN, TOKEN_DIAGONAL
 __all__ = ["attention_mode"]
 
 
-def _configs(model) -> Iterator:
-    """Every config object reachable from the model's modules (and their sub-configs), once."""
-    seen, stack = set(), [m.config for m in model.modules() if hasattr(m, "config")]
+_CONFIGS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its configs
+
+
+def _configs(model) -> list:
+    """Every config object reachable from the model's modules (and their sub-configs), once.
+
+    Found once per model and kept while the model lives (a walk of every module on each block
+    call cost a twentieth of a training-checkpoint chapter on small models); found again if the
+    model's own config is no longer among them (a config replaced after loading)."""
+    known = _CONFIGS.get(model)
+    if known is not None and any(c is getattr(model, "config", None) for c in known):
+        return known
+    found, seen, stack = [], set(), [m.config for m in model.modules() if hasattr(m, "config")]
     while stack:
         c = stack.pop()
         if id(c) in seen or not hasattr(c, "_attn_implementation_internal"):
             continue
         seen.add(id(c))
-        yield c
+        found.append(c)
         for key in getattr(c, "sub_configs", {}) or {}:
             sub = getattr(c, key, None)
             if sub is not None:
                 stack.append(sub)
+    _CONFIGS[model] = found
+    return found
 
 
 @contextlib.contextmanager

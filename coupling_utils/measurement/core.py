@@ -67,6 +67,7 @@ import torch
 
 from coupling_utils.engine.blocks import last_block_facts, unwrap_model
 from coupling_utils.engine.gram import gram_chosen
+from coupling_utils.engine.jacobians import frozen
 from coupling_utils.files import file_lock
 from coupling_utils.measurement.assemble import prompt_tables
 from coupling_utils.measurement.compute import LayerWork
@@ -167,7 +168,8 @@ def measure_with(
             store = Store(out_path)
             made_by = store.open(resolved, code_fingerprint(), resume=resume, reuse_stale=reuse_stale)
             run = _Run(info, resolved, store, callback, progress)
-            tables = run.all_prompts(plist, keep_work)
+            with frozen(info.model):
+                tables = run.all_prompts(plist, keep_work)
             provenance = run.provenance(plist, tables, made_by)
             if tmp_out is None:
                 store.finish(tables, provenance)

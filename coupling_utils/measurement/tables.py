@@ -7,6 +7,7 @@ Every table is long (one row per observation) with ``coupling = 1 − m²`` next
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -69,8 +70,15 @@ def typed(name: str, df: pd.DataFrame) -> pd.DataFrame:
     columns = {}
     for c in COLUMNS[name]:
         want = DTYPES.get(c, "float64")
-        columns[c] = (df[c] if want == "object" else df[c].astype(want)).array.copy()
+        columns[c] = (df[c] if want == "object" else df[c].astype(_dtype(want))).array.copy()
     return pd.DataFrame(columns, copy=False)
+
+
+@functools.cache
+def _dtype(name: str):
+    """pandas' dtype for ``name``, looked up once (pandas parses a dtype's name on every call, asking
+    every registered dtype in turn)."""
+    return pd.api.types.pandas_dtype(name)
 
 
 def columnwise(df: pd.DataFrame) -> pd.DataFrame:
@@ -88,7 +96,10 @@ def columnwise(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def concat(name: str, frames: list[pd.DataFrame]) -> pd.DataFrame:
-    """The frames of one table, joined and typed (an empty typed table for none)."""
+    """The frames of one table, joined and typed (an empty typed table for none); one frame is
+    typed as it is (typed copies it; most layers store one frame per table)."""
+    if len(frames) == 1:
+        return typed(name, frames[0])
     return typed(name, pd.concat(frames) if frames else frame(name))
 
 
@@ -143,7 +154,7 @@ def singular_value_frame(
     tokens: Sequence[int],  # n
     S: torch.Tensor,  # [n, n_singular]
 ) -> pd.DataFrame:
-    """The singular values of the selected tokens at one layer."""
+    """The singular values of the selected tokens at one layer (typed where it is stored)."""
     n_s = S.shape[-1]
     rows = {
         "prompt": pid,
@@ -152,7 +163,7 @@ def singular_value_frame(
         "rank": np.tile(np.arange(1, n_s + 1), len(tokens)),
         "value": host(S).double().reshape(-1).numpy(),
     }
-    return typed("singular_values", frame("singular_values", rows))
+    return frame("singular_values", rows)
 
 
 def tiles_table(
