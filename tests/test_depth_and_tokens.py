@@ -368,3 +368,83 @@ def test_the_report_counts_models_in_words():
     assert TwinSet({"a": None}, pd.DataFrame()).report() == "the one model measured, beside its twin"
     two = TwinSet({"a": None, "b": None}, pd.DataFrame())
     assert two.report() == "all 2 models measured, each beside its twin"
+
+
+def test_vectorized_intervals_give_the_bits_of_a_pandas_statistic_per_resample():
+    """token_intervals and tile_contrast take every resample in one numpy call per column; their
+    intervals are those of the per-resample pandas statistics they replaced, to the bit (11
+    prompts, so that sums run past numpy's 8-wide pairwise blocks; an all-zero tile gives a NaN
+    share, which the prompt mean skips)."""
+    import types
+
+    from coupling_utils.analysis.stats import bootstrap_intervals
+
+    rng = np.random.default_rng(5)
+    prompts, W = [f"p{i:02d}" for i in range(11)], tw.WEIGHTS
+    pairs = [(i, j) for i in range(3) for j in range(3)]
+    tok = pd.DataFrame(
+        [{"prompt": p, "weights": w, "K": 2, "layer": 0, "token_i": i, "token_j": j, "coupling": rng.random()}
+         for p in prompts for w in W for i, j in pairs]
+    )  # fmt: skip
+    ctx = pd.DataFrame(
+        [{"prompt": p, "weights": w, "K": 2, "layer_i": 0, "layer_j": 0, "token_i": i, "token_j": j,
+          "coupling": rng.random()} for p in prompts for w in W for i, j in pairs]
+    )  # fmt: skip
+
+    def old_values(sample):
+        t = sample.sum()
+        mean = lambda part, w: float(t[(part, "sum", w)] / t[(part, "n", w)])  # noqa: E731
+
+        def sd(part, w):
+            n, total = t[(part, "n", w)], t[(part, "sum", w)]
+            return float(np.sqrt(max(0.0, (t[(part, "sq", w)] - total**2 / n) / (n - 1))))
+
+        return {
+            "self_trained": mean("self", W[0]),
+            "context_trained": mean("context", W[0]),
+            "self_excess": mean("self", W[0]) - mean("self", W[1]),
+            "context_excess": mean("context", W[0]) - mean("context", W[1]),
+            "sd_excess": sd("context", W[0]) - sd("self", W[0]),
+        }
+
+    wide = pd.concat({"self": tw._pooled(tok), "context": tw._pooled(ctx)}, axis=1).fillna(0.0)
+    got = tw.token_intervals(types.SimpleNamespace(tokenwise=tok, context=ctx), 2, n_resamples=300)
+    assert got == bootstrap_intervals(wide, old_values, "prompt", n_resamples=300)
+
+    tiles = pd.DataFrame(
+        [{"weights": w, "prompt": p, "token": 0, "K": 4, "layer_i": i, "layer_j": j, "row": r, "col": c,
+          "value": 0.0 if (p, w, i) == ("p03", W[0], 0) else rng.normal(0, 1 + 2 * (r == c))}
+         for w in W for p in prompts for i, j in ((0, 1), (1, 0), (0, 2)) for r in range(4) for c in range(4)]
+    )  # fmt: skip
+    shares = tile_grid._corner_shares(tiles, tile_grid.nested_tile_ks(4))
+    assert shares.isna().to_numpy().any()
+
+    def old_extremes(shares):
+        mean = shares.mean()
+        ks = mean.index.get_level_values("K").to_numpy()
+        visible = (
+            pd.Series(mean.to_numpy() >= 2 / ks, index=mean.index).groupby(level=["weights", "K"]).mean()
+        )
+        return {
+            "diagonal_trained": float(visible.get("trained", pd.Series([np.nan])).min()),
+            "diagonal_twin": float(visible.get("random init", pd.Series([np.nan])).max()),
+        }
+
+    want = bootstrap_intervals(shares, old_extremes, "prompt", detail=", K = 3–4", n_resamples=1000)
+    out = tile_grid.tile_contrast(tiles, 4)
+    assert {k: out[k] for k in want} == want and want["diagonal_trained"].low < want["diagonal_trained"].high
+
+
+@pytest.mark.parametrize("n,nk", [(11, 3), (23, 1), (40, 4)])
+def test_the_smallest_mean_over_k_has_the_bits_of_the_pandas_statistic_it_replaced(n, nk):
+    from coupling_utils.analysis.stats import bootstrap_ci
+
+    rng = np.random.default_rng(n)
+    per = pd.DataFrame({(k, w): rng.random(n) for k in range(nk) for w in tw.WEIGHTS})
+    diff = pd.DataFrame(
+        {k: per[(k, "trained")] - per[(k, "random init")] for k in range(nk)}
+    )  # as made there
+    old = bootstrap_ci(diff, lambda d: float(d.mean().min()), seed=0)
+    new = bootstrap_ci(diff, tw._smallest_mean, seed=0, vectorized=True)
+    cols = ["estimate", "ci_low", "ci_high"]
+    assert (old[cols].to_numpy() == new[cols].to_numpy()).all()

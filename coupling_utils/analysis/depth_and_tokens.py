@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -486,6 +486,15 @@ def depth_contrast(pair: TwinMeasurement, ks: Sequence[int] | None = None, how: 
     }
 
 
+def _smallest_mean(columns: Mapping) -> dict[str, np.ndarray]:
+    """The smallest, over K, of the prompt-mean excess, on every resample at once (``columns``:
+    K -> ``[n_resamples, n]``): ``d.mean().min()`` of the resampled table, in its bits (each
+    column of a table made from a dict of Series is a block of its own: a pairwise sum)."""
+    from coupling_utils.analysis.stats import resampled_means
+
+    return {"statistic": np.min(np.stack([resampled_means(a, "pairwise") for a in columns.values()]), axis=0)}
+
+
 def _excess_interval(depthwise: pd.DataFrame, ks: Sequence[int], how: str, excess: float) -> Interval:
     """``excess`` (the smallest trained − twin over K) with a 95% bootstrap interval over prompts."""
     from coupling_utils.analysis.stats import bootstrap_ci
@@ -495,7 +504,7 @@ def _excess_interval(depthwise: pd.DataFrame, ks: Sequence[int], how: str, exces
     if "prompt" not in depthwise or per.shape[0] < 2:
         return Interval(excess, -np.inf, np.inf, over="1 prompt")  # nothing to resample
     diff = pd.DataFrame({k: per[(k, "trained")] - per[(k, "random init")] for k in ks}).dropna()
-    ci = bootstrap_ci(diff, lambda d: float(d.mean().min()), seed=0).iloc[0]
+    ci = bootstrap_ci(diff, _smallest_mean, seed=0, vectorized=True).iloc[0]
     lo, hi = min(float(ci["ci_low"]), excess), max(float(ci["ci_high"]), excess)
     return Interval(excess, lo, hi, over=f"{len(diff)} prompts")
 
@@ -541,32 +550,34 @@ def token_intervals(pair: TwinMeasurement, k: int, *, n_resamples: int = 1000) -
     :func:`token_contrast`), the paired differences ``self_excess`` and ``context_excess``
     (trained − twin) and ``sd_excess`` (context s.d. − self s.d., trained). One prompt gives
     unbounded intervals (nothing to resample)."""
-    from coupling_utils.analysis.stats import bootstrap_intervals
+    from coupling_utils.analysis.stats import bootstrap_intervals, resampled_sums
 
     tok = pair.tokenwise[pair.tokenwise["K"] == k]
     ctx = pair.context[(pair.context["K"] == k) & (pair.context["layer_i"] == pair.context["layer_j"])]
     wide = pd.concat({"self": _pooled(tok), "context": _pooled(ctx)}, axis=1).fillna(0.0)
 
-    def values(sample: pd.DataFrame) -> dict[str, float]:
-        t = sample.sum()
+    def values(columns) -> dict[str, np.ndarray]:  # every resample at once: column -> [R, n]
+        t = {c: resampled_sums(a, "left_to_right") for c, a in columns.items()}  # as sample.sum() adds
 
-        def mean(part: str, w: str) -> float:
-            return float(t[(part, "sum", w)] / t[(part, "n", w)])
+        def mean(part: str, w: str) -> np.ndarray:
+            return t[(part, "sum", w)] / t[(part, "n", w)]
 
-        def sd(part: str, w: str) -> float:
+        def sd(part: str, w: str) -> np.ndarray:
             n, total = t[(part, "n", w)], t[(part, "sum", w)]
-            return float(np.sqrt(max(0.0, (t[(part, "sq", w)] - total**2 / n) / (n - 1))))
+            var = (t[(part, "sq", w)] - total**2 / n) / (n - 1)
+            return np.sqrt(np.where(var > 0.0, var, 0.0))  # max(0, var), a NaN taken as 0 as max() does
 
         trained, twin = WEIGHTS
-        return {
-            "self_trained": mean("self", trained),
-            "context_trained": mean("context", trained),
-            "self_excess": mean("self", trained) - mean("self", twin),
-            "context_excess": mean("context", trained) - mean("context", twin),
-            "sd_excess": sd("context", trained) - sd("self", trained),
-        }
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return {
+                "self_trained": mean("self", trained),
+                "context_trained": mean("context", trained),
+                "self_excess": mean("self", trained) - mean("self", twin),
+                "context_excess": mean("context", trained) - mean("context", twin),
+                "sd_excess": sd("context", trained) - sd("self", trained),
+            }
 
-    return bootstrap_intervals(wide, values, "prompt", n_resamples=n_resamples)
+    return bootstrap_intervals(wide, values, "prompt", n_resamples=n_resamples, vectorized=True)
 
 
 def distance_trend(by_distance: pd.DataFrame) -> pd.DataFrame:

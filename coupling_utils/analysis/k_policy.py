@@ -198,14 +198,11 @@ def grid_ks(d_model: int, grid: Sequence[float] = GRID) -> dict[float, int]:
 def _column_means(columns: Mapping) -> dict[str, np.ndarray]:
     """Each K/d column's mean over the prompts it has (a missing prompt is NaN), on every
     resample at once (``columns``: K/d -> ``[n_resamples, n]``): pandas' ``Series.mean``, summed
-    in the same order, without a pandas call per resample (1000 of them per model cost every
+    in its order, without a pandas call per resample (1000 of them per model cost every
     book build 13 s)."""
-    out = {}
-    for r, a in columns.items():
-        seen = ~np.isnan(a)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            out[str(r)] = np.where(seen, a, 0.0).sum(axis=-1) / seen.sum(axis=-1)
-    return out
+    from coupling_utils.analysis.stats import resampled_means
+
+    return {str(r): resampled_means(a, "pairwise") for r, a in columns.items()}
 
 
 def curve(rows: pd.DataFrame, *, n_resamples: int = 1000, level: float = 0.95, seed: int = 0) -> pd.DataFrame:

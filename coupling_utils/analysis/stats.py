@@ -247,6 +247,30 @@ def _draw_each(df: pd.DataFrame, statistic: Callable, rows: np.ndarray) -> tuple
     return estimate, {k: np.asarray(v) for k, v in draws.items()}  # lists of floats and NaNs
 
 
+def resampled_sums(a: np.ndarray, order: str = "pairwise") -> np.ndarray:
+    """The sum of each resample (``a: [n_resamples, n]``) in the order pandas adds it, so that a
+    vectorized statistic gives the bits of the pandas one it replaces (tests hold each to it):
+    ``"pairwise"``, numpy's own sum, as pandas adds a Series or a column in a block of its own;
+    ``"left_to_right"``, as pandas adds a column of a resampled table whose block it shares with
+    other columns (a table made by ``pivot_table`` or ``concat``). The last bits differ."""
+    if order == "pairwise":
+        return a.sum(axis=-1)
+    if order != "left_to_right":
+        raise ValueError(f"order={order!r}: give 'pairwise' or 'left_to_right'")
+    out = np.zeros(a.shape[:-1])
+    for j in range(a.shape[-1]):
+        out += a[..., j]
+    return out
+
+
+def resampled_means(a: np.ndarray, order: str = "pairwise") -> np.ndarray:
+    """The mean of each resample (``a: [n_resamples, n]``) over its values that are not NaN
+    (NaN where none is), summed in ``order`` (:func:`resampled_sums`)."""
+    seen = ~np.isnan(a)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return resampled_sums(np.where(seen, a, 0.0), order) / seen.sum(axis=-1)
+
+
 def rowwise_pearson(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Pearson's r of each row of ``x: [..., n]`` with the same row of ``y``; NaN for a constant row.
 
@@ -275,19 +299,26 @@ def bootstrap_intervals(
     detail: str = "",
     n_resamples: int = 1000,
     seed: int = 0,
+    vectorized: bool = False,
 ) -> dict:
     """:func:`bootstrap_ci` of several statistics as ``verdicts.Interval``s, rows = ``unit``s.
 
     One Interval per statistic whose estimate (and percentile bounds) are finite, ``over``
     "N units" (+ ``detail``). A single row leaves nothing to resample: its intervals are then
-    unbounded, so no rule can give a "yes" on them.
+    unbounded, so no rule can give a "yes" on them. ``vectorized``: ``statistic`` takes every
+    resample at once, as in :func:`bootstrap_ci`.
     """
     from coupling_utils.analysis.verdicts import Interval
 
-    estimate = {k: float(v) for k, v in statistic(df).items() if np.isfinite(v)}
+    if vectorized:
+        once = statistic({c: df[c].to_numpy(dtype=float)[None, :] for c in df.columns})
+        estimate = {str(k): float(v[0]) for k, v in once.items() if np.isfinite(v[0])}
+    else:
+        estimate = {k: float(v) for k, v in statistic(df).items() if np.isfinite(v)}
     if len(df) < 2:
         return {k: Interval(v, -np.inf, np.inf, over=f"{len(df)} {unit}") for k, v in estimate.items()}
-    ci = bootstrap_ci(df, statistic, n_resamples=n_resamples, seed=seed).set_index("statistic")
+    ci = bootstrap_ci(df, statistic, n_resamples=n_resamples, seed=seed, vectorized=vectorized)
+    ci = ci.set_index("statistic")
     over = f"{len(df)} {unit}s{detail}"
     return {
         k: Interval.from_bootstrap(ci.loc[k], over=over)
@@ -364,5 +395,7 @@ __all__ = [
     "bootstrap_ci",
     "bootstrap_draws",
     "bootstrap_intervals",
+    "resampled_means",
+    "resampled_sums",
     "compare_predictors",
 ]

@@ -8,11 +8,12 @@ top-left corner, so one measured tile answers for every K up to its own.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 
+from coupling_utils.measurement.jobs import WEIGHTS
 from coupling_utils.measurement.tables import SCHEMAS as MEASURED
 from coupling_utils.schemas import check_table
 
@@ -59,15 +60,23 @@ def _corner_shares(tiles: pd.DataFrame, ks: Sequence[int]) -> pd.DataFrame:
     return per.pivot_table(index="prompt", columns=["weights", "K", "layer_i", "layer_j"], values="share")
 
 
-def _visible_extremes(shares: pd.DataFrame) -> dict[str, float]:
-    """From per-prompt corner shares: the smallest (over K') share of the trained model's tiles
-    with a visible diagonal (prompt-mean share ≥ 2/K'), and the largest of the twin's."""
-    mean = shares.mean()
-    ks = mean.index.get_level_values("K").to_numpy()
-    visible = pd.Series(mean.to_numpy() >= 2 / ks, index=mean.index).groupby(level=["weights", "K"]).mean()
+def _visible_extremes(shares: Mapping[tuple, np.ndarray]) -> dict[str, np.ndarray]:
+    """From per-prompt corner shares, every resample at once (``shares``: column (weights, K',
+    layer_i, layer_j) of :func:`_corner_shares` -> ``[n_resamples, n]``): the smallest (over K')
+    share of the trained model's tiles with a visible diagonal (prompt-mean share ≥ 2/K'), and the
+    largest of the twin's (NaN for a model without tiles)."""
+    from coupling_utils.analysis.stats import resampled_means
+
+    visible: dict[tuple, list[np.ndarray]] = {}
+    for (weights, k, *_), a in shares.items():
+        mean = resampled_means(a, "left_to_right")  # a column of the pivot table's block
+        visible.setdefault((weights, k), []).append(mean >= 2 / k)
+    n = len(next(iter(shares.values())))
+    by = {w: [np.mean(v, axis=0) for (ww, _), v in visible.items() if ww == w] for w in WEIGHTS}
+    extreme = {"diagonal_trained": (WEIGHTS[0], np.min), "diagonal_twin": (WEIGHTS[1], np.max)}
     return {
-        "diagonal_trained": float(visible.get("trained", pd.Series([np.nan])).min()),
-        "diagonal_twin": float(visible.get("random init", pd.Series([np.nan])).max()),
+        name: fn(np.stack(by[w]), axis=0) if by[w] else np.full(n, np.nan)
+        for name, (w, fn) in extreme.items()
     }
 
 
@@ -97,4 +106,6 @@ def tile_contrast(tiles: pd.DataFrame, k: int) -> dict:
         "chance": 1 / k,
     }
     detail = f", K = {ks[0]}–{ks[-1]}"
-    return out | bootstrap_intervals(shares, _visible_extremes, "prompt", detail=detail, n_resamples=1000)
+    return out | bootstrap_intervals(
+        shares, _visible_extremes, "prompt", detail=detail, n_resamples=1000, vectorized=True
+    )
