@@ -352,6 +352,28 @@ def test_randomized_method_uses_the_lanczos_solver(deep_model, deep_ids, deep_ex
     assert res.provenance["settings"]["solver"] == "lanczos"
 
 
+def test_the_assembly_maps_each_stored_file_once_and_reads_back_no_table_this_run_stored(
+    model, prompts, full, tmp_path, monkeypatch
+):
+    """A prompt's tables are assembled from the layer tables this run stored, kept in memory, and
+    from its stored arrays, each file mapped once (not once per token and layer): the same tables
+    as ever, to the bit (a layer resumed from its files gives them too: test_measurement_crash)."""
+    from coupling_utils.measurement import store as stored
+
+    maps, reads = [], []
+    load, read = stored.load_npy, pd.read_parquet
+    monkeypatch.setattr(stored, "load_npy", lambda path, mmap=True: maps.append(path) or load(path, mmap))
+    monkeypatch.setattr(pd, "read_parquet", lambda path, *a, **kw: reads.append(path) or read(path, *a, **kw))
+    res = measure(model, prompts, tokens="all", k=KS, context="last", tiles=3, out=tmp_path)
+    assert maps and len(maps) == len(set(maps)), sorted(maps)
+    assert reads == []
+    for name in TABLES:
+        got, want = getattr(res, name), getattr(full, name)
+        if name == "timings":
+            got, want = got.drop(columns="seconds"), want.drop(columns="seconds")
+        pd.testing.assert_frame_equal(got, want, check_exact=True, obj=name)
+
+
 def test_windowed_matrix_free_run_resumes(deep_model, deep_ids, tmp_path):
     class Stop(Exception):
         pass

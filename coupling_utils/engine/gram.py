@@ -16,10 +16,12 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 
-# scipy's LAPACK is loaded here, not at the first call: threadpool_limits (in gram_topk) limits
-# only the BLAS libraries already loaded, and a first call on more threads rounds differently
+# scipy's LAPACK is loaded here, not at the first call: the thread limit (in gram_topk) reaches
+# only the BLAS libraries loaded when threadpoolctl first looks (it looks once: get_cached_controller;
+# a fresh look at every call cost 4 ms, more than the eigensolver on a small model's Jacobian), and
+# a first call on more threads rounds differently
 from scipy.linalg import cython_blas, cython_lapack
-from threadpoolctl import threadpool_limits
+from threadpoolctl import get_cached_controller
 
 from coupling_utils.engine.metric import SVD, _as_tensor, check_k
 from coupling_utils.engine.spectra import lapack_threads
@@ -90,7 +92,7 @@ def gram_topk(J: torch.Tensor, r: int, *, mixed: bool = True, workers: int | Non
             found = U_[:, :r], S_[:r], Vh_[:r]
         return tuple(t.to(J.dtype) for t in found)
 
-    with lapack_threads(), threadpool_limits(1, user_api="blas"):
+    with lapack_threads(), get_cached_controller().limit(limits=1, user_api="blas"):
         if workers == 1:
             found = [one(A) for A in flat]
         else:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-import pandas as pd
 import torch
 
 from coupling_utils.engine import jacobians
@@ -33,11 +32,12 @@ from coupling_utils.measurement.inputs import ModelInfo, Prompt, token_positions
 from coupling_utils.measurement.settings import Settings
 from coupling_utils.measurement.store import Store, save_npy, write_json
 from coupling_utils.measurement.tables import (
+    Piece,
     concat,
-    coupling_frames,
+    coupling_pieces,
     host,
     in_window,
-    singular_value_frame,
+    singular_value_piece,
 )
 
 __all__ = ["LayerWork", "pair_tiles", "couplings", "as_float", "spectra"]
@@ -157,6 +157,15 @@ class LayerWork:
         self.kmax = settings.kmax
         self.paths: dict[tuple[str, int], tuple[str, str]] = {}  # (prompt, layer) -> (path, why)
         self._one_token: tuple[str | None, dict] = (None, {})  # (prompt, {token: OneTokenCalls})
+        # the layer tables stored by this run, as their pieces, for the prompt's assembly:
+        # prompt -> layer -> table -> pieces
+        self._tables: dict[str, dict[int, dict[str, list[Piece]]]] = {}
+
+    def stored_tables(self, pid: str) -> dict[int, dict[str, list[Piece]]]:
+        """The layer tables this run stored for prompt ``pid`` (by layer, then table, as the pieces
+        they were made of), handed over once: the prompt's assembly takes them instead of reading
+        their files back."""
+        return self._tables.pop(pid, {})
 
     def _calls(self, p: Prompt, sel: list[int]) -> dict:
         """The one-token block calls of the selected tokens for every measured block, made once
@@ -177,13 +186,13 @@ class LayerWork:
             T, sel, basis, S_top, tw_tiles, passes = self._formed_layer(p, layer)
         for name, arr in zip(("U", "S", "Vh"), basis):
             save_npy(ldir / f"basis_{name}.npy", arr)
-        sv = singular_value_frame(p.pid, layer, sel, S_top)
-        self.store_table(ldir, "singular_values", [sv])
+        sv = singular_value_piece(p.pid, layer, sel, S_top)
+        self.store_table(p.pid, layer, "singular_values", [sv])
         rows = []
         if tw_tiles is not None:
             ms = couplings(tw_tiles, basis.S, s.k, s.p, s.normalize)
-            rows = coupling_frames("tokenwise", ms, sel, ("token_i", "token_j"), prompt=p.pid, layer=layer)
-        self.store_table(ldir, "tokenwise", rows)
+            rows = coupling_pieces("tokenwise", ms, sel, ("token_i", "token_j"), prompt=p.pid, layer=layer)
+        self.store_table(p.pid, layer, "tokenwise", rows)
         ctx_tokens: list[int] = []
         if s.context is not False:
             ctx_tokens, ctx_passes = self._context_layer(p, layer, T)
@@ -200,8 +209,10 @@ class LayerWork:
         write_json(ldir / "done.json", meta)  # written last: the layer is complete
         return meta
 
-    def store_table(self, ldir, name: str, frames: list[pd.DataFrame]) -> None:
-        atomic_write_parquet(concat(name, frames), ldir / f"{name}.parquet")
+    def store_table(self, pid: str, layer: int, name: str, pieces: list[Piece]) -> None:
+        """Store a layer's table ``name``, and keep its pieces for the prompt's assembly."""
+        atomic_write_parquet(concat(name, pieces), self.store.layer_dir(pid, layer) / f"{name}.parquet")
+        self._tables.setdefault(pid, {}).setdefault(layer, {})[name] = pieces
 
     def _formed_layer(self, p: Prompt, layer: int):
         """Exact/randomized: form the selected J_tt, then their spectra.
@@ -330,7 +341,7 @@ class LayerWork:
         if len(ctx_tokens) >= 2:
             tiles = pair_tiles(Jc, cbasis, self.kmax, s.orientation)
             ms = couplings(tiles, cbasis.S, s.k, s.p, s.normalize)
-            rows = coupling_frames(
+            rows = coupling_pieces(
                 "context",
                 ms,
                 ctx_tokens,
@@ -340,5 +351,5 @@ class LayerWork:
                 layer_i=layer,
                 layer_j=layer,
             )
-        self.store_table(ldir, "context", rows)
+        self.store_table(p.pid, layer, "context", rows)
         return ctx_tokens, Jc.shape[-1]  # one VJP per output coordinate

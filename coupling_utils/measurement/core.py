@@ -228,7 +228,7 @@ class _Run:
                     cmeta = self.work.compute_cross(p, layer, metas)
                 cross.append(cmeta)
                 self._report(p, layer, computed, "cross", cmeta)
-        return prompt_tables(self.store, self.s, p, metas, cross)
+        return prompt_tables(self.store, self.s, p, metas, cross, self.work.stored_tables(p.pid))
 
     def _report(self, p: Prompt, layer: int, computed: bool, stage: str, meta: dict) -> None:
         if self.callback is not None:

@@ -31,7 +31,7 @@ from coupling_utils.files import atomic_path, atomic_write_parquet, atomic_write
 from coupling_utils.measurement.settings import Settings
 from coupling_utils.measurement.tables import TABLES, Measurement
 
-__all__ = ["Store", "write_json", "save_npy", "load_npy"]
+__all__ = ["Store", "PromptArrays", "write_json", "save_npy", "load_npy"]
 
 MARKERS = ("done.json", "cross.json", "provenance.json")
 
@@ -189,15 +189,43 @@ class Store:
         return m
 
     # -- stored arrays
+    def arrays(self, pid: str) -> PromptArrays:
+        """Prompt ``pid``'s stored arrays, each file mapped once for as long as the result lives."""
+        return PromptArrays(self, pid)
+
     def basis(self, pid: str, layer: int, prefix: str = "", index=None) -> SVD:
         """A layer's stored top singular triplets (all tokens, or token ``index``), on the host."""
-        ldir = self.layer_dir(pid, layer)
-        parts = []
-        for name in ("U", "S", "Vh"):
-            arr = load_npy(ldir / f"{prefix}basis_{name}.npy")
-            parts.append(torch.from_numpy(np.array(arr if index is None else arr[index])))
-        return SVD(*parts)
+        return self.arrays(pid).basis(layer, prefix, index)
 
     def array(self, pid: str, layer: int, name: str, index: int) -> torch.Tensor:
         """Row ``index`` of a layer's stored array ``name`` (e.g. "J"), on the host."""
-        return torch.from_numpy(np.array(load_npy(self.layer_dir(pid, layer) / f"{name}.npy")[index]))
+        return self.arrays(pid).array(layer, name, index)
+
+
+class PromptArrays:
+    """The stored arrays of one prompt's layers, each file memory-mapped at its first read and
+    kept while this object lives (one assembly of a prompt whose layers are all stored): reading
+    them a token at a time then maps each file once, not once per token (on a small model,
+    mapping a file cost more than the arithmetic on what it holds)."""
+
+    def __init__(self, store: Store, pid: str):
+        self.store, self.pid = store, pid
+        self._maps: dict[tuple[int, str], np.ndarray] = {}
+
+    def _mapped(self, layer: int, name: str) -> np.ndarray:
+        key = (layer, name)
+        if key not in self._maps:
+            self._maps[key] = load_npy(self.store.layer_dir(self.pid, layer) / f"{name}.npy")
+        return self._maps[key]
+
+    def basis(self, layer: int, prefix: str = "", index=None) -> SVD:
+        """A layer's top singular triplets (all tokens, or token ``index``), on the host."""
+        parts = []
+        for name in ("U", "S", "Vh"):
+            arr = self._mapped(layer, f"{prefix}basis_{name}")
+            parts.append(torch.from_numpy(np.array(arr if index is None else arr[index])))
+        return SVD(*parts)
+
+    def array(self, layer: int, name: str, index: int) -> torch.Tensor:
+        """Row ``index`` of a layer's array ``name`` (e.g. "J"), on the host."""
+        return torch.from_numpy(np.array(self._mapped(layer, name)[index]))

@@ -12,6 +12,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -56,11 +57,14 @@ SCHEMAS = {
 
 
 # --------------------------------------------------------------------------- frames
-def frame(name: str, rows: dict | None = None) -> pd.DataFrame:
-    """Table ``name`` from columns ``rows`` (an empty, typed table for None)."""
-    if rows is None:
-        return pd.DataFrame({c: pd.Series(dtype=DTYPES.get(c, "float64")) for c in COLUMNS[name]})
-    return pd.DataFrame(rows, columns=COLUMNS[name])
+Piece = Mapping[str, Any]
+"""Rows of a table as columns: a column name -> an array (one value per row) or a scalar (the
+same value on every row); a piece's builder (:func:`coupling_pieces`, ...) names every column."""
+
+
+def frame(name: str, rows: Piece | None = None) -> pd.DataFrame:
+    """Table ``name`` from the columns ``rows`` (a :data:`Piece`; an empty table for None), typed."""
+    return concat(name, [] if rows is None else [rows])
 
 
 def typed(name: str, df: pd.DataFrame) -> pd.DataFrame:
@@ -95,12 +99,54 @@ def columnwise(df: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
-def concat(name: str, frames: list[pd.DataFrame]) -> pd.DataFrame:
-    """The frames of one table, joined and typed (an empty typed table for none); one frame is
-    typed as it is (typed copies it; most layers store one frame per table)."""
-    if len(frames) == 1:
-        return typed(name, frames[0])
-    return typed(name, pd.concat(frames) if frames else frame(name))
+def concat(name: str, pieces: Sequence[Piece | pd.DataFrame]) -> pd.DataFrame:
+    """The pieces of table ``name`` (:data:`Piece` columns, or frames: a layer's table read back)
+    joined in order into one typed frame (:func:`typed`'s columns, dtypes and layout; empty for
+    none). Columns are joined as arrays and the frame is made once: a frame per piece, joined and
+    then typed, cost more than the measurement on a small model."""
+    parts = [_columns(name, piece) for piece in pieces]
+    columns = {}
+    for c in COLUMNS[name]:
+        want = DTYPES.get(c, "float64")
+        values = [part[c] for part in parts]
+        if want == "object":  # one Python object per row (a prompt's token ids)
+            joined = np.empty(sum(len(v) for v in values), dtype=object)
+            joined[:] = [x for v in values for x in v] if values else []
+            columns[c] = joined
+        elif want == "string":
+            joined = np.concatenate(values) if values else np.empty(0, dtype=object)
+            columns[c] = pd.array(joined, dtype=_dtype(want))
+        else:
+            joined = np.concatenate(values) if values else np.empty(0)
+            columns[c] = joined.astype(want)
+    return pd.DataFrame(columns, copy=False)
+
+
+def _columns(name: str, piece: Piece | pd.DataFrame) -> dict[str, Any]:
+    """A piece's columns of table ``name`` as arrays of its length (a scalar repeated; a frame's
+    columns as they are), each in the piece's own dtype."""
+    if isinstance(piece, pd.DataFrame):
+        return {c: piece[c].to_numpy() for c in COLUMNS[name]}
+    sized = [v for v in piece.values() if not _scalar(v)]
+    if not sized:
+        raise ValueError(f"a piece of the {name} table holds no column of values, only scalars")
+    n = len(sized[0])
+    out = {}
+    for c in COLUMNS[name]:
+        v = piece[c]
+        if _scalar(v):
+            out[c] = np.full(n, v, dtype=object if isinstance(v, str) else None)
+        elif DTYPES.get(c) == "object":
+            out[c] = list(v)
+        else:
+            out[c] = np.asarray(v)
+        if len(out[c]) != n:
+            raise ValueError(f"a piece of the {name} table has columns of {n} and {len(out[c])} rows")
+    return out
+
+
+def _scalar(v) -> bool:
+    return isinstance(v, (str, bytes)) or np.ndim(v) == 0
 
 
 def host(t: torch.Tensor) -> torch.Tensor:
@@ -125,15 +171,15 @@ def pair_rows(
     return np.repeat(lab, n), np.tile(lab, n), host(M).double().reshape(-1).numpy()
 
 
-def coupling_frames(
+def coupling_pieces(
     name: str,
     ms: Mapping[int, torch.Tensor],  # K -> m_K [n, n]
     labels: Sequence[int],
     pair: tuple[str, str],
     keep=None,
     **fixed,
-) -> list[pd.DataFrame]:
-    """One frame per K of a coupling table from matrices ``ms[K]`` [n, n] over ``labels``.
+) -> list[Piece]:
+    """One piece per K of a coupling table from matrices ``ms[K]`` [n, n] over ``labels``.
 
     ``pair`` names the label columns (e.g. ``("layer_i", "layer_j")``); ``keep(li, lj)`` picks
     rows (e.g. a depth window); ``fixed`` are the other columns (prompt, token, layer, ...).
@@ -144,17 +190,17 @@ def coupling_frames(
         if keep is not None:
             sel = keep(li, lj)
             li, lj, m = li[sel], lj[sel], m[sel]
-        out.append(frame(name, {**fixed, "K": k, pair[0]: li, pair[1]: lj, "m": m, "coupling": 1 - m**2}))
+        out.append({**fixed, "K": k, pair[0]: li, pair[1]: lj, "m": m, "coupling": 1 - m**2})
     return out
 
 
-def singular_value_frame(
+def singular_value_piece(
     pid: str,
     layer: int,
     tokens: Sequence[int],  # n
     S: torch.Tensor,  # [n, n_singular]
-) -> pd.DataFrame:
-    """The singular values of the selected tokens at one layer (typed where it is stored)."""
+) -> Piece:
+    """The singular values of the selected tokens at one layer."""
     n_s = S.shape[-1]
     rows = {
         "prompt": pid,
@@ -163,10 +209,10 @@ def singular_value_frame(
         "rank": np.tile(np.arange(1, n_s + 1), len(tokens)),
         "value": host(S).double().reshape(-1).numpy(),
     }
-    return frame("singular_values", rows)
+    return rows
 
 
-def tiles_table(
+def tiles_piece(
     pid: str,
     token: int,
     tiles: torch.Tensor,  # [L, L, kmax, kmax] over ``layers``
@@ -174,7 +220,7 @@ def tiles_table(
     tile_layers: list[int],
     K: int,
     window: int | None,
-) -> pd.DataFrame:
+) -> Piece:
     """Raw K×K tiles of one token over ``tile_layers`` (pairs within ``window``)."""
     idx = [layers.index(l) for l in tile_layers]
     sub = host(tiles)[idx][:, idx, :K, :K]  # [W, W, K, K]
@@ -192,7 +238,7 @@ def tiles_table(
         "col": grid[3][keep],
         "value": sub.double().reshape(-1).numpy()[keep],
     }
-    return frame("tiles", rows)
+    return rows
 
 
 # --------------------------------------------------------------------------- the result
