@@ -8,8 +8,6 @@ import pytest
 import torch
 
 from coupling_utils.engine.attention import (
-    ONE_TOKEN,
-    TOKEN_DIAGONAL,
     hf_token_diagonal_attention,
     mask_to_bias,
     one_token_attention,
@@ -135,14 +133,37 @@ def test_hf_wrapper_matches_sdpa_with_grouped_heads_and_its_masks():
     hf_token_diagonal_attention(_Module(), q, k, v, None, s_aux=None)  # None: no sinks
 
 
-def test_registered_under_its_name_in_transformers():
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, eager_mask
+REGISTERED_AT_FIRST_SWITCH = """
+import sys
+from coupling_utils.chapters import NAMES, chapter
+for name in NAMES:
+    chapter(name)
+assert "transformers" not in sys.modules, "importing a chapter imported transformers"
+from transformers import AttentionInterface
+from transformers.masking_utils import AttentionMaskInterface, eager_mask
+from coupling_utils.engine.architectures import tiny_model
+from coupling_utils.engine.attention import (
+    ONE_TOKEN, TOKEN_DIAGONAL, hf_token_diagonal_attention, one_token_attention,
+)
+from coupling_utils.engine.attention_modes import attention_mode
+assert TOKEN_DIAGONAL not in AttentionInterface._global_mapping
+with attention_mode(tiny_model("llama"), token_diagonal=True):
+    pass
+assert AttentionInterface._global_mapping[TOKEN_DIAGONAL] is hf_token_diagonal_attention
+assert AttentionMaskInterface._global_mapping[TOKEN_DIAGONAL] is eager_mask
+assert AttentionInterface._global_mapping[ONE_TOKEN] is one_token_attention
+assert AttentionMaskInterface._global_mapping[ONE_TOKEN] is eager_mask
+"""
 
-    assert AttentionInterface._global_mapping[TOKEN_DIAGONAL] is hf_token_diagonal_attention
-    assert AttentionMaskInterface._global_mapping[TOKEN_DIAGONAL] is eager_mask
-    assert AttentionInterface._global_mapping[ONE_TOKEN] is one_token_attention
-    assert AttentionMaskInterface._global_mapping[ONE_TOKEN] is eager_mask
+
+def test_a_chapter_imports_no_transformers_and_the_first_switch_registers_the_functions():
+    """Every papermill kernel imports its chapter: ``transformers``' model code (seconds) waits
+    until a model is switched, which registers the attention functions under their names."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", REGISTERED_AT_FIRST_SWITCH], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
 
 
 def test_low_precision_scores_are_computed_in_fp32():

@@ -374,6 +374,42 @@ def test_the_assembly_maps_each_stored_file_once_and_reads_back_no_table_this_ru
         pd.testing.assert_frame_equal(got, want, check_exact=True, obj=name)
 
 
+def test_tables_without_rows_get_no_file_and_a_resumed_run_reads_them_as_empty(model, prompts, tmp_path):
+    """The last token alone: no token-wise, context or tile rows. Such a table gets no file for a
+    layer or a prompt, its marker names it, and a run resumed from a stored layer and a stored
+    prompt gives the tables of an uninterrupted run, to the bit."""
+
+    class Stop(Exception):
+        pass
+
+    def stop_at_b_layer_1(info):
+        if info["prompt"] == "b" and info["layer"] == 1:
+            raise Stop
+
+    kw = dict(tokens="last", k=KS)
+    whole = measure(model, prompts, **kw, out=tmp_path / "whole")
+    assert whole.tokenwise.empty and whole.tiles.empty and whole.context.empty
+    out = tmp_path / "resumed"
+    with pytest.raises(Stop):
+        measure(model, prompts, **kw, out=out, callback=stop_at_b_layer_1)
+    layer = out / "_work" / "b" / "layer_0000"
+    assert json.loads((layer / "done.json").read_text())["empty_tables"] == ["tokenwise"]
+    assert sorted(p.name for p in layer.glob("*.parquet")) == ["singular_values.parquet"]
+    finished = out / "prompts" / "a"
+    marker = json.loads((finished / "done.json").read_text())
+    assert marker["empty_tables"] == ["context", "tiles", "tokenwise"]
+    assert not (finished / "tiles.parquet").exists() and (finished / "depthwise.parquet").exists()
+    resumed = measure(model, prompts, **kw, out=out)
+    for name in TABLES:
+        got, want = resumed.tables[name], whole.tables[name]
+        if name == "timings":
+            got, want = got.drop(columns="seconds"), want.drop(columns="seconds")
+        if name == "prompts":  # token ids read back from Parquet are arrays, fresh ones lists
+            got, want = (df.assign(input_ids=[list(map(int, x)) for x in df.input_ids]) for df in (got, want))
+        pd.testing.assert_frame_equal(got, want, check_exact=True, obj=name)
+    assert all((out / f"{name}.parquet").exists() for name in TABLES)  # the finished tables all have files
+
+
 def test_windowed_matrix_free_run_resumes(deep_model, deep_ids, tmp_path):
     class Stop(Exception):
         pass

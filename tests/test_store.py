@@ -191,10 +191,14 @@ def test_a_finished_prompt_is_read_back_and_its_inputs_checked(tmp_path):
     with_work(store)
     store.finish_prompt("p", "d1", tables(), keep_work=False)
     assert not store.work("p").exists()
-    assert json.loads((store.done_dir("p") / "done.json").read_text()) == {"prompt": "p", "digest": "d1"}
+    empty = sorted(set(TABLES) - {"depthwise"})  # tables without rows: named, no file
+    marker = {"prompt": "p", "digest": "d1", "empty_tables": empty}
+    assert json.loads((store.done_dir("p") / "done.json").read_text()) == marker
+    assert [p.name for p in store.done_dir("p").glob("*.parquet")] == ["depthwise.parquet"]
     back = store.finished_prompt("p", "d1")
     assert sorted(back) == sorted(TABLES)
-    pd.testing.assert_frame_equal(back["depthwise"], tables()["depthwise"])
+    for name in TABLES:
+        pd.testing.assert_frame_equal(back[name], tables()[name])
     message = (
         r"prompt 'p' was measured with other inputs; use another out directory, "
         r"other prompt ids, or resume=False$"

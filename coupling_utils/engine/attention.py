@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 
 import torch
 
@@ -42,6 +43,7 @@ __all__ = [
     "ONE_TOKEN",
     "one_token_attention",
     "own_rows",
+    "registered",
 ]
 
 TOKEN_DIAGONAL = "coupling_token_diagonal"
@@ -261,9 +263,11 @@ def one_token_attention(
     return out, torch.stack(weights).unsqueeze(0)
 
 
-def _register() -> None:
+@functools.cache
+def registered() -> None:
     """Register the functions (and the eager mask builder) under :data:`TOKEN_DIAGONAL` and
-    :data:`ONE_TOKEN`."""
+    :data:`ONE_TOKEN`, once, at the first switch (``attention_modes.attention_mode``): importing
+    ``transformers``' model code for it at import time cost every chapter's import seconds."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
@@ -271,6 +275,3 @@ def _register() -> None:
     AttentionMaskInterface.register(TOKEN_DIAGONAL, eager_mask)
     AttentionInterface.register(ONE_TOKEN, one_token_attention)
     AttentionMaskInterface.register(ONE_TOKEN, eager_mask)
-
-
-_register()

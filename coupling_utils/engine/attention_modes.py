@@ -14,7 +14,7 @@ import weakref
 
 from coupling_utils.engine.adapters import ATTENTION_ADAPTERS
 from coupling_utils.engine.architectures import UnsupportedArchitectureError, find_architecture, unwrap_model
-from coupling_utils.engine.attention import ONE_TOKEN, TOKEN_DIAGONAL
+from coupling_utils.engine.attention import ONE_TOKEN, TOKEN_DIAGONAL, registered
 
 __all__ = ["attention_mode"]
 
@@ -60,6 +60,7 @@ def attention_mode(model, *, token_diagonal: bool, one_token: bool = False):
     row = find_architecture(model)
     if row.attention == "interface":
         target = TOKEN_DIAGONAL if token_diagonal else ONE_TOKEN if one_token else "eager"
+        registered()
         saved = [(c, c._attn_implementation_internal) for c in _configs(model)]
         try:
             for c, _ in saved:

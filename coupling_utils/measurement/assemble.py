@@ -44,7 +44,10 @@ def prompt_tables(
     for meta in metas:
         ldir, own = store.layer_dir(p.pid, meta["layer"]), fresh.get(meta["layer"], {})
         for name in per_layer:
-            tables[name] += own[name] if name in own else [pd.read_parquet(ldir / f"{name}.parquet")]
+            if name in own:
+                tables[name] += own[name]
+            elif name not in meta.get("empty_tables", ()):  # a table without rows has no file
+                tables[name].append(pd.read_parquet(ldir / f"{name}.parquet"))
     arrays = store.arrays(p.pid)
     tile_layers = [l for l in layers if l in set(s.tile_layers)] if s.tiles else []
     if len(layers) >= 2 or tile_layers:

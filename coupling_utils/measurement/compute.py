@@ -160,6 +160,7 @@ class LayerWork:
         # the layer tables stored by this run, as their pieces, for the prompt's assembly:
         # prompt -> layer -> table -> pieces
         self._tables: dict[str, dict[int, dict[str, list[Piece]]]] = {}
+        self._empty: dict[tuple[str, int], list[str]] = {}  # (prompt, layer) -> its tables without rows
 
     def stored_tables(self, pid: str) -> dict[int, dict[str, list[Piece]]]:
         """The layer tables this run stored for prompt ``pid`` (by layer, then table, as the pieces
@@ -205,13 +206,19 @@ class LayerWork:
             "seconds": time.perf_counter() - t0,
             "block_passes": int(passes),
             "path": self.paths.get((p.pid, layer), ("matrix_free", ""))[0],
+            "empty_tables": sorted(self._empty.pop((p.pid, layer), [])),
         }
         write_json(ldir / "done.json", meta)  # written last: the layer is complete
         return meta
 
     def store_table(self, pid: str, layer: int, name: str, pieces: list[Piece]) -> None:
-        """Store a layer's table ``name``, and keep its pieces for the prompt's assembly."""
-        atomic_write_parquet(concat(name, pieces), self.store.layer_dir(pid, layer) / f"{name}.parquet")
+        """Store a layer's table ``name`` (a table without rows is only named in the layer's
+        marker, ``empty_tables``), and keep its pieces for the prompt's assembly."""
+        table = concat(name, pieces)
+        if len(table):
+            atomic_write_parquet(table, self.store.layer_dir(pid, layer) / f"{name}.parquet")
+        else:
+            self._empty.setdefault((pid, layer), []).append(name)
         self._tables.setdefault(pid, {}).setdefault(layer, {})[name] = pieces
 
     def _formed_layer(self, p: Prompt, layer: int):

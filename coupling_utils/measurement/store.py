@@ -8,6 +8,9 @@ Layout of ``out/``::
     prompts/<prompt>/{<table>.parquet, done.json}
     <table>.parquet ..., provenance.json
 
+A prompt's or a layer's table without rows gets no file: its marker names it (``empty_tables``;
+a marker without that list vouches for a file per table). The finished tables all have files.
+
 Every file is written atomically (a temporary name, then a rename), and every completion marker
 (``done.json``, ``cross.json``, ``provenance.json``) only after the data it vouches for, so a
 process killed at any point leaves a folder that a rerun resumes from. One process at a time
@@ -29,7 +32,7 @@ import torch
 from coupling_utils.engine.metric import SVD
 from coupling_utils.files import atomic_path, atomic_write_parquet, atomic_write_text, read_json, set_aside
 from coupling_utils.measurement.settings import Settings
-from coupling_utils.measurement.tables import TABLES, Measurement
+from coupling_utils.measurement.tables import TABLES, Measurement, frame
 
 __all__ = ["Store", "PromptArrays", "write_json", "save_npy", "load_npy"]
 
@@ -144,8 +147,12 @@ class Store:
                 f"{self.out}: prompt {pid!r} was measured with other inputs; use another "
                 "out directory, other prompt ids, or resume=False"
             )
+        empty = marker.get("empty_tables", ())  # tables without rows: no file, named in the marker
         try:
-            return {name: pd.read_parquet(ddir / f"{name}.parquet") for name in TABLES}
+            return {
+                name: frame(name) if name in empty else pd.read_parquet(ddir / f"{name}.parquet")
+                for name in TABLES
+            }
         except (OSError, ValueError) as exc:  # a table damaged since it was stored: measure it again
             set_aside(
                 ddir / "done.json", f"a table of prompt {pid!r} stored in {ddir} cannot be read ({exc})"
@@ -153,12 +160,16 @@ class Store:
             return None
 
     def finish_prompt(self, pid: str, digest: str, tables: dict[str, pd.DataFrame], keep_work: bool) -> None:
-        """Store a prompt's tables, then its marker; then drop its work files."""
+        """Store a prompt's tables, then its marker (naming the tables without rows, which get no
+        file); then drop its work files."""
         ddir = self.done_dir(pid)
         ddir.mkdir(parents=True, exist_ok=True)
+        empty = sorted(name for name, df in tables.items() if df.empty)
         for name, df in tables.items():
-            atomic_write_parquet(df, ddir / f"{name}.parquet")
-        write_json(ddir / "done.json", {"prompt": pid, "digest": digest})  # after the tables
+            if name not in empty:
+                atomic_write_parquet(df, ddir / f"{name}.parquet")
+        marker = {"prompt": pid, "digest": digest, "empty_tables": empty}
+        write_json(ddir / "done.json", marker)  # after the tables
         if not keep_work:
             shutil.rmtree(self.work(pid), ignore_errors=True)
 
