@@ -207,6 +207,18 @@ def test_a_finished_prompt_is_read_back_and_its_inputs_checked(tmp_path):
         store.finished_prompt("p", "d2")
 
 
+def test_a_marker_that_names_its_empty_tables_otherwise_than_as_a_list_names_none(tmp_path, capsys):
+    """A damaged marker (valid JSON, the names as one string) never lets a table pass as empty: each
+    is read from its file, and a missing one sends the prompt to be measured again."""
+    store = Store(tmp_path)
+    store.finish_prompt("p", "d1", tables(), keep_work=False)
+    marker = store.done_dir("p") / "done.json"
+    empty = json.loads(marker.read_text())["empty_tables"]
+    marker.write_text(json.dumps({"prompt": "p", "digest": "d1", "empty_tables": " ".join(empty)}))
+    assert store.finished_prompt("p", "d1") is None
+    assert "cannot be read" in capsys.readouterr().err
+
+
 def test_finish_prompt_can_keep_the_work_files(tmp_path):
     store = with_work(Store(tmp_path))
     store.finish_prompt("p", "d1", tables(), keep_work=True)

@@ -19,7 +19,7 @@ from coupling_utils.engine.metric import SVD
 from coupling_utils.measurement.compute import couplings, pair_tiles
 from coupling_utils.measurement.inputs import Prompt, token_positions
 from coupling_utils.measurement.settings import Settings
-from coupling_utils.measurement.store import PromptArrays, Store
+from coupling_utils.measurement.store import PromptArrays, Store, empty_tables
 from coupling_utils.measurement.tables import TABLES, Piece, concat, coupling_pieces, in_window, tiles_piece
 
 __all__ = ["prompt_tables"]
@@ -46,7 +46,7 @@ def prompt_tables(
         for name in per_layer:
             if name in own:
                 tables[name] += own[name]
-            elif name not in meta.get("empty_tables", ()):  # a table without rows has no file
+            elif name not in empty_tables(meta):  # a table without rows has no file
                 tables[name].append(pd.read_parquet(ldir / f"{name}.parquet"))
     arrays = store.arrays(p.pid)
     tile_layers = [l for l in layers if l in set(s.tile_layers)] if s.tiles else []

@@ -34,7 +34,7 @@ from coupling_utils.files import atomic_path, atomic_write_parquet, atomic_write
 from coupling_utils.measurement.settings import Settings
 from coupling_utils.measurement.tables import TABLES, Measurement, frame
 
-__all__ = ["Store", "PromptArrays", "write_json", "save_npy", "load_npy"]
+__all__ = ["Store", "PromptArrays", "write_json", "save_npy", "load_npy", "empty_tables"]
 
 MARKERS = ("done.json", "cross.json", "provenance.json")
 
@@ -52,6 +52,14 @@ def save_npy(path: Path, arr: torch.Tensor | np.ndarray) -> None:
 
 def load_npy(path: Path, mmap: bool = True) -> np.ndarray:
     return np.load(path, mmap_mode="r" if mmap else None)
+
+
+def empty_tables(marker: dict) -> set[str]:
+    """The tables without rows that a prompt's or a layer's marker names (they have no file).
+    Anything but a list of names names none: each table is then read from its file (a missing
+    one is measured again), never taken as empty on a damaged marker's word."""
+    listed = marker.get("empty_tables")
+    return {x for x in listed if isinstance(x, str)} if isinstance(listed, list) else set()
 
 
 def _read_json(path: Path) -> dict | None:
@@ -147,7 +155,7 @@ class Store:
                 f"{self.out}: prompt {pid!r} was measured with other inputs; use another "
                 "out directory, other prompt ids, or resume=False"
             )
-        empty = marker.get("empty_tables", ())  # tables without rows: no file, named in the marker
+        empty = empty_tables(marker)
         try:
             return {
                 name: frame(name) if name in empty else pd.read_parquet(ddir / f"{name}.parquet")
