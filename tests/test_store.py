@@ -14,7 +14,7 @@ from coupling_utils.engine.architectures import tiny_model
 from coupling_utils.measurement import Settings
 from coupling_utils.measurement.inputs import model_info
 from coupling_utils.measurement.store import Store, load_npy, save_npy, write_json
-from coupling_utils.measurement.tables import TABLES, frame, typed
+from coupling_utils.measurement.tables import TABLES, concat, frame
 
 CODE = {"fingerprint": "code-today", "torch": "x"}
 OLD_CODE = {"fingerprint": "code-before"}
@@ -242,7 +242,7 @@ def test_finished_is_today_s_code_only_unless_stale_is_allowed(tmp_path):
     store.finish(tables(), {"code": {"fingerprint": "code-today"}, "model": "m"})
     m = store.finished("code-today")
     assert m is not None and not m.stale and m.provenance["model"] == "m"
-    pd.testing.assert_frame_equal(m.depthwise, typed("depthwise", tables()["depthwise"]))
+    pd.testing.assert_frame_equal(m.depthwise, concat("depthwise", [tables()["depthwise"]]))
     assert store.finished("code-tomorrow") is None
     stale = store.finished("code-tomorrow", reuse_stale=True)
     assert stale is not None and stale.stale

@@ -9,7 +9,17 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from coupling_utils.measurement.tables import COLUMNS, DTYPES, TABLES, concat, frame, typed
+from coupling_utils.measurement.tables import COLUMNS, DTYPES, TABLES, _dtype, concat, frame
+
+
+def typed(name: str, df: pd.DataFrame) -> pd.DataFrame:
+    """How a table was typed before ``concat`` did it for every table (kept here as the oracle):
+    its columns in order, each converted to its dtype and copied into a block of its own."""
+    columns = {}
+    for c in COLUMNS[name]:
+        want = DTYPES.get(c, "float64")
+        columns[c] = (df[c] if want == "object" else df[c].astype(_dtype(want))).array.copy()
+    return pd.DataFrame(columns, copy=False)
 
 
 def _old(name: str, pieces: list) -> pd.DataFrame:
@@ -55,6 +65,25 @@ def test_a_table_from_its_pieces_is_the_table_frames_joined_and_typed_gave(name)
     # aggregate in another order, so other bits, when columns share a block (tables.columnwise)
     assert got._mgr.nblocks == len(COLUMNS[name])
     pd.testing.assert_frame_equal(frame(name), _old(name, []), check_exact=True)
+
+
+@pytest.mark.parametrize("name", TABLES)
+def test_the_tables_of_several_prompts_read_back_join_as_typing_their_joined_frame_did(name):
+    """A run's tables join its prompts' tables (some read back from their files) with ``concat``,
+    as ``typed(pd.concat(...))`` did; a prompt's table read back is typed the same way."""
+    pieces = _pieces(name)
+    prompts = [_read_back(concat(name, pieces[:2])), concat(name, pieces[2:]), _read_back(frame(name))]
+    got, want = concat(name, prompts), typed(name, pd.concat(prompts))
+    pd.testing.assert_frame_equal(got, want, check_exact=True)
+    assert got._mgr.nblocks == len(COLUMNS[name])
+    read = _read_back(concat(name, pieces))
+    pd.testing.assert_frame_equal(concat(name, [read]), typed(name, read), check_exact=True)
+
+
+def test_a_table_read_back_without_one_of_its_columns_is_refused_by_name():
+    read = _read_back(frame("timings")).drop(columns=["seconds"])
+    with pytest.raises(ValueError, match="the timings table read back has no column seconds"):
+        concat("timings", [read])
 
 
 def test_a_piece_of_unequal_columns_or_only_scalars_is_refused():

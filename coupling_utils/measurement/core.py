@@ -76,7 +76,7 @@ from coupling_utils.measurement.inputs import prompts as normalise_prompts
 from coupling_utils.measurement.options import Options
 from coupling_utils.measurement.settings import Settings
 from coupling_utils.measurement.store import Store
-from coupling_utils.measurement.tables import TABLES, Measurement, typed
+from coupling_utils.measurement.tables import TABLES, Measurement, concat
 from coupling_utils.provenance import code_fingerprint, versions
 
 __all__ = ["measure", "measure_with"]
@@ -202,7 +202,7 @@ class _Run:
                 bar.update(n_layers)
             results.append(tables)
         bar.close()
-        return {name: typed(name, pd.concat([r[name] for r in results])) for name in TABLES}
+        return {name: concat(name, [r[name] for r in results]) for name in TABLES}
 
     def one_prompt(self, p: Prompt, bar) -> dict[str, pd.DataFrame]:
         """Every layer of one prompt (resumed from its markers), then its tables."""

@@ -32,7 +32,7 @@ import torch
 from coupling_utils.engine.metric import SVD
 from coupling_utils.files import atomic_path, atomic_write_parquet, atomic_write_text, read_json, set_aside
 from coupling_utils.measurement.settings import Settings
-from coupling_utils.measurement.tables import TABLES, Measurement, frame
+from coupling_utils.measurement.tables import TABLES, Measurement, concat, frame
 
 __all__ = ["Store", "PromptArrays", "write_json", "save_npy", "load_npy", "empty_tables"]
 
@@ -158,7 +158,9 @@ class Store:
         empty = empty_tables(marker)
         try:
             return {
-                name: frame(name) if name in empty else pd.read_parquet(ddir / f"{name}.parquet")
+                name: frame(name)
+                if name in empty
+                else concat(name, [pd.read_parquet(ddir / f"{name}.parquet")])
                 for name in TABLES
             }
         except (OSError, ValueError) as exc:  # a table damaged since it was stored: measure it again

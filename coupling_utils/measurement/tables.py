@@ -67,17 +67,6 @@ def frame(name: str, rows: Piece | None = None) -> pd.DataFrame:
     return concat(name, [] if rows is None else [rows])
 
 
-def typed(name: str, df: pd.DataFrame) -> pd.DataFrame:
-    """Table ``name`` with its documented columns, in order, and dtypes: a new frame, each column
-    a copy in its own block (the layout :func:`columnwise` gives a table read back), built in one
-    step (a copy of the frame then converted column by column cost twice the time)."""
-    columns = {}
-    for c in COLUMNS[name]:
-        want = DTYPES.get(c, "float64")
-        columns[c] = (df[c] if want == "object" else df[c].astype(_dtype(want))).array.copy()
-    return pd.DataFrame(columns, copy=False)
-
-
 @functools.cache
 def _dtype(name: str):
     """pandas' dtype for ``name``, looked up once (pandas parses a dtype's name on every call, asking
@@ -100,10 +89,12 @@ def columnwise(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def concat(name: str, pieces: Sequence[Piece | pd.DataFrame]) -> pd.DataFrame:
-    """The pieces of table ``name`` (:data:`Piece` columns, or frames: a layer's table read back)
-    joined in order into one typed frame (:func:`typed`'s columns, dtypes and layout; empty for
-    none). Columns are joined as arrays and the frame is made once: a frame per piece, joined and
-    then typed, cost more than the measurement on a small model."""
+    """The pieces of table ``name`` (:data:`Piece` columns, or frames: a table read back from its
+    file, the prompts' tables of a run) joined in order into one table with its documented
+    columns, in order, and dtypes, each column in a block of its own (the layout
+    :func:`columnwise` gives; empty for no pieces). Columns are joined as arrays and the frame is
+    made once: a frame per piece, joined and then typed, cost more than the measurement on a
+    small model. The one way a table is typed: a table read back is ``concat(name, [frame])``."""
     parts = [_columns(name, piece) for piece in pieces]
     columns = {}
     for c in COLUMNS[name]:
@@ -126,6 +117,9 @@ def _columns(name: str, piece: Piece | pd.DataFrame) -> dict[str, Any]:
     """A piece's columns of table ``name`` as arrays of its length (a scalar repeated; a frame's
     columns as they are), each in the piece's own dtype."""
     if isinstance(piece, pd.DataFrame):
+        missing = [c for c in COLUMNS[name] if c not in piece.columns]
+        if missing:  # a file written by other code, or damaged: the caller measures it again
+            raise ValueError(f"the {name} table read back has no column {', '.join(missing)}")
         return {c: piece[c].to_numpy() for c in COLUMNS[name]}
     sized = [v for v in piece.values() if not _scalar(v)]
     if not sized:
@@ -289,7 +283,7 @@ class Measurement:
                 f"{out} holds no finished measurement (no provenance.json); "
                 "run measure(..., out=...) to completion first"
             )
-        tables = {name: typed(name, pd.read_parquet(out / f"{name}.parquet")) for name in TABLES}
+        tables = {name: concat(name, [pd.read_parquet(out / f"{name}.parquet")]) for name in TABLES}
         return cls(**tables, provenance=json.loads(prov_path.read_text()), out=out)
 
 

@@ -291,19 +291,26 @@ def test_a_store_that_fills_up_keeps_whole_entries_and_a_rerun_equals_a_clean_ru
         assert (out / f"{table}.csv").read_text() == (clean / f"{table}.csv").read_text(), table
 
 
-def test_a_stored_table_damaged_later_is_measured_again(model_dir, ids_file, tmp_path, capsys):
-    """A finished measurement whose table was cut short afterwards (a truncated copy of a cache)
-    is set aside, said, and measured again: the rerun gives the tables of an undamaged one."""
+@pytest.mark.parametrize("damage", ["cut short", "a column short"])
+def test_a_stored_table_damaged_later_is_measured_again(damage, model_dir, ids_file, tmp_path, capsys):
+    """A finished measurement whose table was cut short afterwards (a truncated copy of a cache),
+    or lost a column (rewritten by other code), is set aside, said, and measured again: the rerun
+    gives the tables of an undamaged one. Both the run's table and each prompt's are damaged."""
     out = tmp_path / "o"
     assert _measure(out, model_dir, prompts=ids_file) == 0
     clean = (out / "summary.csv").read_text()
     tables = sorted((out / "store").rglob("depthwise.parquet"))
-    assert tables
+    assert len(tables) >= 3  # the run's and at least two prompts'
     for table in tables:
-        table.write_bytes(table.read_bytes()[:20])
+        if damage == "cut short":
+            table.write_bytes(table.read_bytes()[:20])
+        else:
+            pd.read_parquet(table).drop(columns=["m"]).to_parquet(table)
     capsys.readouterr()
     assert _measure(out, model_dir, prompts=ids_file) == 0
     err = capsys.readouterr().err
     assert "cannot be read" in err and "will recompute what it held" in err, err
+    assert damage == "cut short" or "the depthwise table read back has no column m" in err, err
     assert (out / "summary.csv").read_text() == clean
     assert list((out / "store").rglob("provenance.json.corrupt-*"))
+    assert damage == "cut short" or list((out / "store").rglob("done.json.corrupt-*"))  # prompts too
