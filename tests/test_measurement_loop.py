@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from coupling_utils import provenance
-from coupling_utils.measurement import Loads, Options, Settings, collect, measure, plan, run
+from coupling_utils.measurement import Extra, Loads, Options, Settings, collect, measure, plan, run
 from coupling_utils.measurement.loop import Collected
 
 PROMPTS = {"a": torch.tensor([[1, 5, 9, 3, 7]]), "b": torch.tensor([[2, 4, 6, 8]])}
@@ -215,6 +215,47 @@ def test_the_loop_reuses_stale_results_only_when_asked(tmp_path, monkeypatch):
     assert "stale (made by other code, reused) model=m-a" in reused.report()
     remade = collect(jobs, Options(load=Loader()))
     assert remade.results[0].loaded and not remade.stale
+
+
+def _sizes(lm, prompts, *, scale):
+    """An extra table: each prompt's length, scaled."""
+    return {
+        "sizes": pd.DataFrame({"prompt": list(prompts), "n": [scale * len(t[0]) for t in prompts.values()]})
+    }
+
+
+def _cut_short(path):
+    path.write_bytes(path.read_bytes()[:20])
+
+
+@pytest.mark.parametrize(
+    "damage, said",
+    [
+        (lambda out: _cut_short(out / "sizes.parquet"), "sizes.parquet"),
+        (lambda out: (out / "sizes.parquet").unlink(), "(sizes.parquet missing)"),
+        (lambda out: (out / "done.json").write_text('{"tables": ["sizes"]}'), "no 'code'"),
+        (
+            lambda out: (out / "done.json").write_text('{"tables": "sizes", "code": {"fingerprint": "x"}}'),
+            "its tables are 'sizes', not a list of names",
+        ),
+    ],
+    ids=["table cut short", "table gone", "marker without code", "marker names one string"],
+)
+def test_extra_tables_damaged_since_they_were_stored_are_computed_again(damage, said, tmp_path, capsys):
+    """A job's stored extra tables whose file or marker was damaged afterwards are set aside, said,
+    and computed again with the model (as a measurement's tables are), not a crash of every rerun."""
+    extra = Extra("sizes", _sizes, {"scale": 3})
+    jobs = plan(["m-a"], PROMPTS, Settings(k=2), root=tmp_path, extra=extra)
+    first = collect(jobs, Options(load=Loader()))
+    assert first.results[0].ok and collect(jobs, Options(load=_refuse)).results[0].ok  # stored
+    damage(jobs[0].extra_out())
+    capsys.readouterr()
+    again = collect(jobs, Options(load=Loader()))
+    err = capsys.readouterr().err
+    assert again.results[0].ok and again.results[0].loaded, again.report()
+    assert "the sizes tables stored in" in err and "cannot be read" in err and said in err, err
+    pd.testing.assert_frame_equal(again.table("sizes", None), first.table("sizes", None))
+    assert collect(jobs, Options(load=_refuse)).results[0].ok  # stored again, whole
 
 
 def test_plan_checks_its_models_and_labels_revisions_and_weights():

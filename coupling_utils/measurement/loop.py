@@ -21,7 +21,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from coupling_utils.files import atomic_write_parquet, atomic_write_text, file_lock, read_json
+from coupling_utils.files import atomic_write_parquet, atomic_write_text, file_lock, read_json, set_aside
 from coupling_utils.measurement.core import measure_with
 from coupling_utils.measurement.jobs import Job
 from coupling_utils.measurement.options import Options
@@ -155,13 +155,28 @@ def _stored(job: Job, reuse_stale: bool) -> tuple[dict[str, Measurement], dict[s
 
 
 def _stored_extra(job: Job, reuse_stale: bool) -> dict[str, pd.DataFrame] | None:
+    """The job's stored extra tables (None: not stored, stored by other code, or damaged since: a
+    marker or table that cannot be read is set aside, said, and the tables computed again, as a
+    measurement's are)."""
     out = job.extra_out()
     done = read_json(out / "done.json", "stored extra tables' marker")
     if done is None:
         return None
-    if done["code"]["fingerprint"] != job.extra.fingerprint()["fingerprint"] and not reuse_stale:
+    try:
+        made_by = done["code"]["fingerprint"]
+        names = done["tables"]
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise ValueError(f"its tables are {names!r}, not a list of names")
+        if made_by != job.extra.fingerprint()["fingerprint"] and not reuse_stale:
+            return None
+        missing = [f"{name}.parquet" for name in names if not (out / f"{name}.parquet").is_file()]
+        if missing:
+            raise ValueError(f"{', '.join(missing)} missing")
+        return {name: columnwise(pd.read_parquet(out / f"{name}.parquet")) for name in names}
+    except (KeyError, TypeError, OSError, ValueError) as exc:
+        why = f"no {exc}" if isinstance(exc, KeyError) else str(exc)
+        set_aside(out / "done.json", f"the {job.extra.name} tables stored in {out} cannot be read ({why})")
         return None
-    return {name: columnwise(pd.read_parquet(out / f"{name}.parquet")) for name in done["tables"]}
 
 
 def _compute_extra(job: Job, model, prompts) -> dict[str, pd.DataFrame]:
