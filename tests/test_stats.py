@@ -560,3 +560,23 @@ def test_bootstrap_options_take_whole_counts_and_a_level_strictly_inside_0_1():
         with pytest.raises(ValueError) as info:
             Bootstrap(**change)
         assert str(info.value) == f"Bootstrap: {said}", change
+
+
+@pytest.mark.parametrize("n", [2, 11, 40])
+def test_mean_ci_is_the_bootstrap_of_the_pandas_mean_to_the_bit(n):
+    """``mean_ci`` takes every resample at once: the row bootstrap_ci gave with a pandas mean per
+    resample, for a column alone, beside a text column (as twin_gap's table was), and with NaNs."""
+    rng = np.random.default_rng(n)
+    values = rng.standard_normal(n) * 1e3 + 0.1
+    gappy = values.copy()
+    gappy[:: max(2, n // 4)] = np.nan
+    for v in (values, gappy):
+        frames = [
+            pd.DataFrame({"x": v}),
+            pd.DataFrame({"prompt": [f"p{i}" for i in range(n)], "x": v}),
+        ]
+        for frame in frames:
+            for kw in ({}, {"n_resamples": 300, "level": 0.9, "seed": 4}):
+                want = S.bootstrap_ci(frame, lambda f: float(f["x"].mean()), **kw).iloc[0]
+                got = S.mean_ci(v, **kw)
+                assert got.drop("statistic").to_dict() == want.drop("statistic").to_dict(), (n, kw)

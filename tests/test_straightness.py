@@ -55,3 +55,29 @@ def test_at_or_past_the_twin_is_no_and_one_prompt_is_never_yes():
     missing = straightness(_table([1.2, 1.3], [])[lambda d: d.model == "trained"], model="trained",
                            twin="random init", n_steps=30, d=64)  # fmt: skip
     assert STRAIGHTER.judge(missing) == "no"
+
+
+@pytest.mark.parametrize("n", [2, 9, 40])
+def test_the_ratios_of_every_resample_at_once_are_the_per_resample_pandas_ones_to_the_bit(n):
+    """``straightness`` takes its ratios' resamples in one numpy pass: the intervals are those the
+    per-resample pandas statistic gave (same resamples, same sums), a twin mean at or below 0
+    leaving the twin ratio undefined as before."""
+    from coupling_utils.analysis.stats import bootstrap_ci
+
+    rng = np.random.default_rng(n)
+    trained, twin = rng.uniform(1, 5, n), rng.uniform(-0.5, 6, n)  # some resamples' twin mean <= 0
+    walk = random_walk_lss(30, 64)
+    got = straightness(
+        _table(list(trained), list(twin)), model="trained", twin="random init", n_steps=30, d=64
+    )
+    per_prompt = pd.DataFrame({"random init": twin, "trained": trained}, index=[f"p{i}" for i in range(n)])
+    per_prompt = per_prompt.rename_axis("prompt").sort_index()  # as pivot_table orders the prompts
+
+    def ratios(df):
+        a, b = float(df["trained"].mean()), float(df["random init"].mean())
+        return {"walk_ratio": a / walk, "twin_ratio": a / b if b > 0 else np.nan}
+
+    old = bootstrap_ci(per_prompt.reset_index(), ratios).set_index("statistic")
+    for k in ("walk_ratio", "twin_ratio"):
+        want = (old.at[k, "estimate"], old.at[k, "ci_low"], old.at[k, "ci_high"], old.at[k, "n_valid"])
+        assert (got[k].estimate, got[k].low, got[k].high, int(old.at[k, "n_valid"])) == want, k

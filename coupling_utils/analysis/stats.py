@@ -271,6 +271,24 @@ def resampled_means(a: np.ndarray, order: str = "pairwise") -> np.ndarray:
         return resampled_sums(np.where(seen, a, 0.0), order) / seen.sum(axis=-1)
 
 
+def mean_ci(
+    values: pd.Series | np.ndarray, *, n_resamples: int = 2000, level: float = 0.95, seed: int = 0
+) -> pd.Series:
+    """:func:`bootstrap_ci`'s row for the mean of ``values`` (NaNs skipped), every resample at once:
+    the same resamples and the same bits as ``bootstrap_ci(frame, lambda f: f[col].mean())`` on a
+    frame holding ``values`` as a float column (a pairwise sum, as pandas adds such a column)."""
+    frame = pd.DataFrame({"values": np.asarray(values, dtype=float)})
+    ci = bootstrap_ci(
+        frame,
+        lambda c: {"statistic": resampled_means(c["values"])},
+        n_resamples=n_resamples,
+        level=level,
+        seed=seed,
+        vectorized=True,
+    )
+    return ci.iloc[0]
+
+
 def rowwise_pearson(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Pearson's r of each row of ``x: [..., n]`` with the same row of ``y``; NaN for a constant row.
 
@@ -397,5 +415,6 @@ __all__ = [
     "bootstrap_intervals",
     "resampled_means",
     "resampled_sums",
+    "mean_ci",
     "compare_predictors",
 ]

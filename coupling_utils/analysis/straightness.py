@@ -25,7 +25,7 @@ import functools
 import numpy as np
 import pandas as pd
 
-from coupling_utils.analysis.stats import bootstrap_ci
+from coupling_utils.analysis.stats import bootstrap_ci, resampled_means
 from coupling_utils.analysis.verdicts import Interval, Rule
 
 __all__ = ["STRAIGHTER", "straighter_text", "random_walk_lss", "straightness"]
@@ -85,17 +85,20 @@ def straightness(
         return {"lss": mean, "lss_twin": np.nan, "walk": walk, "walk_ratio": nan, "twin_ratio": nan}
     per_prompt = per_prompt[[model, twin]].dropna()
 
-    def ratios(df: pd.DataFrame) -> dict[str, float]:
-        a, b = float(df[model].mean()), float(df[twin].mean())
-        return {"walk_ratio": a / walk, "twin_ratio": a / b if b > 0 else np.nan}
+    def ratios(columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Both ratios of every resample at once (``columns``: the two models' ``[n_resamples, n]``)."""
+        a, b = resampled_means(columns["model"]), resampled_means(columns["twin"])
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return {"walk_ratio": a / walk, "twin_ratio": np.where(b > 0, a / b, np.nan)}
 
+    pair = pd.DataFrame({"model": per_prompt[model].to_numpy(), "twin": per_prompt[twin].to_numpy()})
     if len(per_prompt) >= 2:
-        ci = bootstrap_ci(per_prompt.reset_index(), ratios, seed=seed).set_index("statistic")
+        ci = bootstrap_ci(pair, ratios, seed=seed, vectorized=True).set_index("statistic")
         over = f"{len(per_prompt)} {unit}s"
         got = {k: Interval.from_bootstrap(ci.loc[k], over=over) for k in ci.index}
     else:  # one prompt: no interval to resample, so nothing can be clear of a threshold
-        est = ratios(per_prompt)
-        got = {k: Interval(v, -np.inf, np.inf, over=f"1 {unit}") for k, v in est.items()}
+        est = ratios({c: pair[c].to_numpy()[None, :] for c in pair})
+        got = {k: Interval(float(v[0]), -np.inf, np.inf, over=f"1 {unit}") for k, v in est.items()}
     return {
         "lss": float(per_prompt[model].mean()),
         "lss_twin": float(per_prompt[twin].mean()),

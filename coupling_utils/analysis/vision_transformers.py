@@ -348,7 +348,7 @@ def twin_gap(
     mean over images), ``excess_ci_low/high`` (percentile bootstrap of the mean paired
     difference, resampling images), ``n_images``, ``K``, ``d_model``, ``n_layers``.
     """
-    from coupling_utils.analysis.stats import bootstrap_ci
+    from coupling_utils.analysis.stats import mean_ci
 
     pp = result.per_prompt
     rows = []
@@ -359,9 +359,7 @@ def twin_gap(
         paired = paired.dropna()
         diff = (paired["trained"] - paired["random init"]).to_frame("difference").reset_index()
         if len(diff) >= 2:
-            ci = bootstrap_ci(
-                diff, lambda d: float(d["difference"].mean()), n_resamples=n_resamples, level=level, seed=seed
-            ).iloc[0]
+            ci = mean_ci(diff["difference"], n_resamples=n_resamples, level=level, seed=seed)
             low, high = float(ci.ci_low), float(ci.ci_high)
         else:
             low = high = float("nan")

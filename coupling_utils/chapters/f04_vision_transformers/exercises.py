@@ -16,7 +16,7 @@ import pandas as pd
 import torch
 
 from coupling_utils.analysis import vision_transformers as vt
-from coupling_utils.analysis.stats import bootstrap_ci
+from coupling_utils.analysis.stats import mean_ci
 from coupling_utils.analysis.verdicts import Interval
 from coupling_utils.measurement import Job, Result, relabel
 
@@ -100,10 +100,9 @@ def _excess_by_image(c: vt.ViTCoupling) -> pd.Series:
     return (paired["trained"] - paired["random init"]).rename("excess")
 
 
-def _interval(p, values: pd.DataFrame, statistic, over: str) -> Interval:
-    """``statistic`` of ``values`` with its bootstrap interval (resampling rows)."""
-    ci = bootstrap_ci(values, statistic, n_resamples=p.n_resamples, seed=p.seed).iloc[0]
-    return Interval.from_bootstrap(ci, over=over)
+def _mean(p, values: pd.Series, over: str) -> Interval:
+    """The mean of ``values`` with its bootstrap interval (resampling them)."""
+    return Interval.from_bootstrap(mean_ci(values, n_resamples=p.n_resamples, seed=p.seed), over=over)
 
 
 def token_excesses(p, r, tokens) -> pd.DataFrame:
@@ -114,7 +113,7 @@ def token_excesses(p, r, tokens) -> pd.DataFrame:
 def _compared(p, diff: pd.Series, what: str) -> str:
     """The words "larger/smaller than <what> by d [lo, hi]" with whether the interval excludes 0."""
     over = f"{len(diff)} images"
-    d = _interval(p, diff.to_frame("d"), lambda f: float(f["d"].mean()), over)
+    d = _mean(p, diff, over)
     word = "larger" if d.estimate > 0 else "smaller" if d.estimate < 0 else "no different"
     clear = (
         "an interval that excludes 0" if d.low > 0 or d.high < 0
@@ -141,7 +140,7 @@ def patch_sentence(p, r) -> str:
     per = token_excesses(p, r, ("cls", *CENTRE, "last"))
     per["centre"] = per[list(CENTRE)].mean(axis=1)
     over = f"{len(per)} images"
-    centre = _interval(p, per[["centre"]], lambda f: float(f["centre"].mean()), over)
+    centre = _mean(p, per["centre"], over)
     means = per.mean()
     patches = ", ".join(f"{t.removeprefix('patch')}: {means[t]:.3f}" for t in CENTRE)
     names = {"cls": "CLS", "centre": "centre", "last": "last"}
@@ -203,7 +202,7 @@ def seed_values(p, r) -> dict[str, Any]:
     per = {seeds[0]: r.twins.per_prompt}
     per |= {s: r.exercises[f"seed:{s}"].per_prompt for s in seeds[1:]}
     twins = pd.Series({s: float(pp[pp.weights == "random init"].coupling.mean()) for s, pp in per.items()})
-    mean = _interval(p, twins.to_frame("twin"), lambda f: float(f["twin"].mean()), f"{len(twins)} seeds")
+    mean = _mean(p, twins, f"{len(twins)} seeds")
     sd, trained = float(twins.std(ddof=1)), float(r.gap.trained)
     gap = trained - float(twins.mean())
     outside = trained > twins.max() or trained < twins.min()
