@@ -14,8 +14,9 @@ Each run is one
 subprocess; its wall time, the CPU time of the process and its children (user + system: less
 sensitive than wall time to other load on a shared machine) and the largest resident memory of
 any of its processes are written to ``data/benchmarks/chapter_costs.csv`` with the machine's
-description, the command and the chapter's plan (``teaching.chapter_plan``: a hash of its
-parameter values at the default profile, so the book can tell times measured on an earlier plan).
+description, the command, the commit of the code that ran (``_common.commit``) and the chapter's
+plan (``teaching.chapter_plan``: a hash of its parameter values at the default profile, so the
+book can tell times measured on an earlier plan).
 Offline: only the embedded models are used.
 
 **Contention, per state.** The load average at a chapter's start (the ``load_at_start`` column:
@@ -61,7 +62,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
-from _common import other_cpu, read_cpu_jiffies  # noqa: E402
+from _common import commit, other_cpu, read_cpu_jiffies  # noqa: E402
 
 CHAPTERS = ("f00", "f01", "f02", "f03", "f04", "f05")
 STATES = ("cold", "models", "warm")  # in the order they run: warm reuses the cold run's cache
@@ -81,6 +82,7 @@ COLUMNS = [
     "memory_gib",
     "torch",
     "coupling_utils",
+    "commit",
     "date_utc",
     "command",
 ]
@@ -213,7 +215,7 @@ def measure_chapter(chapter: str, states: list[str], tmp: Path, command: str) ->
     from coupling_utils.pipeline.teaching import chapter_plan
 
     rows = []
-    facts = machine() | {"load_at_start": load_at_start()}
+    facts = machine() | {"load_at_start": load_at_start(), "commit": commit()}
     plan = chapter_plan(chapter)  # what was measured: the chapter's plan today
     for state in states:
         name = "models" if state == "models" else "cold"  # warm reruns the cold run's cache
@@ -223,10 +225,10 @@ def measure_chapter(chapter: str, states: list[str], tmp: Path, command: str) ->
         row = {"chapter": chapter, "state": state, **run(chapter, cache, out), "profile": "default"}
         now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M")
         rows.append(row | {"plan": plan, **facts, "date_utc": now, "command": command})
+        other = "?" if row["other_cpu_seconds"] == "" else row["other_cpu_seconds"]  # 0.0 is recorded
         print(
             f"{chapter} {state}: {row['seconds']} s wall, {row['cpu_seconds']} s CPU, "
-            f"{row['peak_rss_mib']} MiB peak, other processes {row['other_cpu_seconds'] or '?'} s CPU, "
-            f"{row['status']}",
+            f"{row['peak_rss_mib']} MiB peak, other processes {other} s CPU, {row['status']}",
             flush=True,
         )
     for name in ("cold", "models"):

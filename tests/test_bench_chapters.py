@@ -104,6 +104,7 @@ def test_new_rows_carry_the_columns_and_old_rows_stay_readable(bench, fake, tmp_
     rows = _rows(out)
     assert rows["f00", "cold"]["other_cpu_share"] == "" and rows["f00", "cold"]["seconds"] == "30.0"
     assert rows["f01", "models"]["other_cpu_share"] == "0.02" and rows["f01", "models"]["plan"] == "plan-a"
+    assert rows["f01", "models"]["commit"] == bench.commit() != "" and rows["f00", "cold"]["commit"] == ""
     assert (
         rows["f01", "models"]["load_at_start"] == "0.1"
         and rows["f01", "models"]["machine"] == "2 CPU (X), no GPU"

@@ -75,21 +75,33 @@ def test_rows_without_a_record_of_contention_say_so():
 
 def test_the_shipped_costs_name_the_machine_and_read_the_load_from_its_column():
     """data/benchmarks/chapter_costs.csv keeps the load average at start in ``load_at_start``,
-    not in the machine's name; the page's sentence names the machine once and the load range."""
+    not in the machine's name, and records per run the CPU others used and the commit; the page's
+    sentence names the machine once, the commit, and how many runs were quiet."""
     from pathlib import Path
 
     shipped = pd.read_csv(Path(__file__).resolve().parents[1] / "data" / "benchmarks" / "chapter_costs.csv")
     assert not shipped["machine"].str.contains("load").any()
     assert pd.to_numeric(shipped["load_at_start"]).notna().all()
+    assert shipped["other_cpu_share"].notna().all() and shipped["commit"].notna().all()
     text = teaching.costs_summary(shipped)
-    assert "measured on a 2-core CPU (Intel(R) Xeon(R) Processor, no GPU)" in text
-    loads = shipped["load_at_start"]
-    assert (
-        f"(the load average when each chapter's runs began: {loads.min():.1f} to {loads.max():.1f})" in text
-    )
+    (machine,) = shipped["machine"].unique()
+    assert f"measured on {teaching._cores(machine)}" in text and "different machines" not in text
+    assert f"at commit `{shipped['commit'].iloc[0]}`" in text
+    quiet = int((shipped["other_cpu_share"] < teaching.CONTENDED_SHARE).sum())
+    assert f"{quiet} of the {len(shipped)} runs were quiet" in text
 
 
 def test_a_load_not_recorded_is_not_said():
     """Rows without the column (or with it empty) give no load range, and no error."""
     text = teaching.costs_summary(costs(load_at_start=None).drop(columns="other_cpu_share"))
     assert "was not recorded, so a time may be too long" in text and "load average" not in text
+
+
+def test_the_code_the_rows_ran_is_named_by_its_commit_where_recorded():
+    """Rows that record their commit name it (identity by content, not a date); rows of two commits
+    name both; rows written before the column existed name none."""
+    one = teaching.costs_summary(costs(commit="9980053a1b2c"))
+    assert "on 2026-12-04, in one run, at commit `9980053a1b2c`;" in one
+    two = teaching.chapter_time(costs(commit=["aaaa"] * 2 + ["bbbb+changes"] + ["aaaa"] * 6), "f00")
+    assert "at commits `aaaa`, `bbbb+changes`" in two
+    assert "at commit" not in teaching.costs_summary(costs())

@@ -282,7 +282,17 @@ def _where_when(rows: pd.DataFrame) -> str:
     runs = rows.assign(day=rows["date_utc"].astype(str).str[:10])
     keys = ["day", "command"] if "command" in rows.columns else ["day"]
     n = len(runs.drop_duplicates(keys))
-    return where + when + (f", in {n} separate runs of the benchmark" if n > 1 else ", in one run")
+    runs_said = f", in {n} separate runs of the benchmark" if n > 1 else ", in one run"
+    return where + when + runs_said + _code(rows)
+
+
+def _code(rows: pd.DataFrame) -> str:
+    """ ", at commit C" (or "at commits C1, C2"; "+changes": with uncommitted changes) where the
+    rows record the code that ran; "" where none does (rows written before the column existed)."""
+    known = sorted({str(c) for c in rows.get("commit", pd.Series(dtype=str)).dropna() if str(c).strip()})
+    if not known:
+        return ""
+    return f", at commit{'s' if len(known) > 1 else ''} {', '.join(f'`{c}`' for c in known)}"
 
 
 def _contention(rows: pd.DataFrame) -> str:
