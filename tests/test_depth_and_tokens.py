@@ -448,3 +448,45 @@ def test_the_smallest_mean_over_k_has_the_bits_of_the_pandas_statistic_it_replac
     new = bootstrap_ci(diff, tw._smallest_mean, seed=0, vectorized=True)
     cols = ["estimate", "ci_low", "ci_high"]
     assert (old[cols].to_numpy() == new[cols].to_numpy()).all()
+
+
+def _corner_shares_grouped_by_their_keys(tiles: pd.DataFrame, ks) -> pd.DataFrame:
+    """The corner shares as tile_grid computed them before it numbered the tiles once: filtered and
+    grouped by the text keys again for every K' (the oracle of the test below)."""
+    off = tiles[tiles["layer_i"] != tiles["layer_j"]]
+    frames = []
+    for kk in ks:
+        corner = off[(off["row"] < kk) & (off["col"] < kk)]
+        sq = corner.assign(sq=corner["value"].astype(float) ** 2)
+        sq["diag_sq"] = sq["sq"].where(sq["row"] == sq["col"], 0.0)
+        keys = [c for c in ("weights", "prompt", "token") if c in sq.columns]
+        per = sq.groupby([*keys, "layer_i", "layer_j"], as_index=False)[["diag_sq", "sq"]].sum()
+        per["share"] = per["diag_sq"] / per["sq"].where(per["sq"] > 0)
+        frames.append(per.assign(K=kk))
+    per = pd.concat(frames, ignore_index=True)
+    return per.pivot_table(index="prompt", columns=["weights", "K", "layer_i", "layer_j"], values="share")
+
+
+@pytest.mark.parametrize("shuffled", [False, True], ids=["as measured", "rows shuffled"])
+def test_the_corner_shares_are_those_grouping_by_the_keys_for_every_k_gave_to_the_bit(shuffled):
+    """tile_grid numbers each tile once and sums each K' corner by that number: the same rows added
+    in the same order as grouping by the text keys for every K', so the same bits; several tokens,
+    prompts in the measurement's string dtype, a tile of zeros (share undefined), a diagonal pair
+    left out, and the rows in any order."""
+    from coupling_utils.measurement.tables import concat
+
+    rng = np.random.default_rng(8)
+    W = tw.WEIGHTS
+    rows = [{"weights": w, "prompt": p, "token": t, "K": 5, "layer_i": i, "layer_j": j, "row": r, "col": c,
+             "value": 0.0 if (p, w, i) == ("b", W[1], 2) else rng.normal(0, 1 + 3 * (r == c))}
+            for w in W for p in ("c", "a", "b10", "b") for t in (0, 3) for i, j in ((0, 1), (2, 0), (1, 1))
+            for r in range(5) for c in range(5)]  # fmt: skip
+    tiles = pd.DataFrame(rows)
+    tiles["prompt"] = concat("tiles", [{c: tiles[c].to_numpy() for c in tiles}])["prompt"]  # string dtype
+    if shuffled:
+        tiles = tiles.sample(frac=1.0, random_state=3)
+    ks = tile_grid.nested_tile_ks(5)
+    want = _corner_shares_grouped_by_their_keys(tiles, ks)
+    got = tile_grid._corner_shares(tiles, ks)
+    assert want.isna().to_numpy().any()
+    pd.testing.assert_frame_equal(got, want, check_exact=True)

@@ -45,13 +45,21 @@ def _corner_shares(tiles: pd.DataFrame, ks: Sequence[int]) -> pd.DataFrame:
     """Per prompt (rows) the diagonal share of every off-diagonal tile's K' × K' corner, for each
     K' in ``ks`` (columns: weights, K', layer_i, layer_j); tokens averaged."""
     off = tiles[tiles["layer_i"] != tiles["layer_j"]]
+    keys = [c for c in ("weights", "prompt", "token") if c in off.columns] + ["layer_i", "layer_j"]
+    # each tile numbered once, in the sorted order of its keys (grouping by the text keys again for
+    # every K' cost seconds); the sums below add the same rows in the same order as grouping by them
+    tile = off.groupby(keys, sort=True).ngroup().to_numpy()
+    firsts = np.unique(tile, return_index=True)[1]
+    named = off[keys].iloc[firsts].reset_index(drop=True)  # each tile's keys, by its number
+    row, col = off["row"].to_numpy(), off["col"].to_numpy()
+    squares = pd.DataFrame({"sq": off["value"].to_numpy(dtype=float) ** 2})
+    squares.insert(0, "diag_sq", squares["sq"].where(row == col, 0.0))
     frames = []
     for kk in ks:
-        corner = off[(off["row"] < kk) & (off["col"] < kk)]
-        sq = corner.assign(sq=corner["value"].astype(float) ** 2)
-        sq["diag_sq"] = sq["sq"].where(sq["row"] == sq["col"], 0.0)
-        keys = [c for c in ("weights", "prompt", "token") if c in sq.columns]
-        per = sq.groupby([*keys, "layer_i", "layer_j"], as_index=False)[["diag_sq", "sq"]].sum()
+        inside = (row < kk) & (col < kk)
+        sums = squares[inside].groupby(tile[inside], sort=True)[["diag_sq", "sq"]].sum()
+        per = named.iloc[sums.index].reset_index(drop=True)
+        per["diag_sq"], per["sq"] = sums["diag_sq"].to_numpy(), sums["sq"].to_numpy()
         per["share"] = per["diag_sq"] / per["sq"].where(per["sq"] > 0)
         frames.append(per.assign(K=kk))
     per = pd.concat(frames, ignore_index=True)
