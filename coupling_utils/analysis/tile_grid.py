@@ -58,10 +58,8 @@ def _corner_shares(tiles: pd.DataFrame, ks: Sequence[int]) -> pd.DataFrame:
     for kk in ks:
         inside = (row < kk) & (col < kk)
         sums = squares[inside].groupby(tile[inside], sort=True)[["diag_sq", "sq"]].sum()
-        per = named.iloc[sums.index].reset_index(drop=True)
-        per["diag_sq"], per["sq"] = sums["diag_sq"].to_numpy(), sums["sq"].to_numpy()
-        per["share"] = per["diag_sq"] / per["sq"].where(per["sq"] > 0)
-        frames.append(per.assign(K=kk))
+        share = sums["diag_sq"] / sums["sq"].where(sums["sq"] > 0)
+        frames.append(named.iloc[sums.index].assign(share=share.to_numpy(), K=kk))
     per = pd.concat(frames, ignore_index=True)
     if "prompt" not in per:
         per = per.assign(prompt="")
