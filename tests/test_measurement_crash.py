@@ -17,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -257,3 +258,97 @@ def test_completion_markers_are_written_after_their_data(tmp_path, monkeypatch):
         elif name == "provenance.json":
             before(path, [p for p in siblings if p.endswith(".parquet")])
     assert order.index("settings.json") < min(order.index(p) for p in order if p.endswith(".npy"))
+
+
+def _cut(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def _marker_without(key: str):
+    def damage(layer: Path) -> None:
+        marker = json.loads((layer / "done.json").read_text())
+        del marker[key]
+        (layer / "done.json").write_text(json.dumps(marker))
+
+    return damage
+
+
+LAYER_DAMAGES = {
+    "a table cut short": lambda layer: _cut(layer / "singular_values.parquet"),
+    "a table missing": lambda layer: (layer / "tokenwise.parquet").unlink(),
+    "a table a column short": lambda layer: (
+        pd.read_parquet(layer / "context.parquet").drop(columns=["m"]).to_parquet(layer / "context.parquet")
+    ),
+    "an array cut short": lambda layer: _cut(layer / "J.npy"),
+    "an array missing": lambda layer: (layer / "basis_S.npy").unlink(),
+    "an array of another shape": lambda layer: np.save(layer / "ctx_J.npy", np.load(layer / "ctx_J.npy")[1:]),
+    "a marker without its tokens": _marker_without("tokens"),
+    "a marker naming no arrays": _marker_without("arrays"),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(LAYER_DAMAGES))
+def test_a_stored_layer_damaged_before_its_prompt_finished_is_computed_again(
+    damage, tmp_path, reference, capsys
+):
+    """A layer stored by an interrupted run, then damaged from outside (a file cut short, deleted
+    or rewritten, a marker that lost a fact) is found before its prompt's tables are assembled:
+    its marker is set aside, said, and the layer computed again; the resumed run gives the tables
+    of an uninterrupted one. Before, the assembly read the damaged file and the run stopped."""
+
+    class Stop(Exception):
+        pass
+
+    def stop_at_b_layer_1(info):
+        if info["prompt"] == "b" and info["layer"] == 1:
+            raise Stop
+
+    out = tmp_path / "m"
+    with pytest.raises(Stop):
+        measure(*_inputs(), **KW, out=out, callback=stop_at_b_layer_1)
+    layer = out / "_work" / "b" / "layer_0000"
+    LAYER_DAMAGES[damage](layer)
+    capsys.readouterr()
+    seen = []
+    res = measure(
+        *_inputs(), **KW, out=out, keep_work=True, callback=lambda i: seen.append((i["layer"], i["computed"]))
+    )
+    err = capsys.readouterr().err
+    assert f"warning: layer 0 of prompt 'b' stored in {layer} cannot be read (" in err, err
+    assert seen == [(0, True), (1, False)]  # the damaged layer again; layer 1 was stored whole
+    assert len(list(layer.glob("done.json.corrupt-*"))) == 1
+    _same_tables(res.tables, reference)
+
+
+def test_damaged_matrix_free_products_are_made_again_and_a_layer_made_again_remakes_them_all(
+    tmp_path, capsys
+):
+    """Matrix-free: a layer's stored cross products cut short are made again; a layer computed
+    again (its stored vectors damaged) makes every layer's cross products again, since each used
+    that layer's vectors. Either way the tables are those of an uninterrupted run."""
+    kw = dict(KW, method="matrix_free")
+    whole = measure(*_inputs(), **kw).tables
+
+    class Stop(Exception):
+        pass
+
+    def stop_at_b_cross_1(info):
+        if info["prompt"] == "b" and info["stage"] == "cross" and info["layer"] == 1:
+            raise Stop
+
+    for damaged, redone in (("cross_tiles.npy", [("cross", 0)]), ("basis_U.npy", None)):
+        out = tmp_path / damaged
+        with pytest.raises(Stop):
+            measure(*_inputs(), **kw, out=out, callback=stop_at_b_cross_1)
+        _cut(out / "_work" / "b" / "layer_0000" / damaged)
+        seen = []
+        res = measure(
+            *_inputs(),
+            **kw,
+            out=out,
+            callback=lambda i, seen=seen: seen.append((i["stage"], i["layer"], i["computed"])),
+        )
+        assert "warning: layer 0 of prompt 'b' stored in" in capsys.readouterr().err
+        computed = [(stage, layer) for stage, layer, c in seen if c]
+        assert computed == (redone or [("layer", 0), ("cross", 0), ("cross", 1)]), seen
+        _same_tables(res.tables, whole)

@@ -3,9 +3,10 @@
 Depth-wise coupling compares layers, so it waits until every layer of a prompt is stored; it is
 then computed one token at a time from memory-mapped files (on the host, each file mapped once),
 so the Jacobians of all layers never sit in memory at once. A layer's own tables are taken as
-this run computed them where it did (``fresh``: their pieces), else read back from its stored
-files (a resumed layer): either way each of the prompt's tables is made once from its pieces'
-columns (:func:`~coupling_utils.measurement.tables.concat`), so both give the same tables.
+this run computed them where it did (their pieces), else as read back and checked from its stored
+files (a resumed layer, :meth:`~coupling_utils.measurement.store.Store.stored_layer`): either way
+each of the prompt's tables is made once from its pieces' columns
+(:func:`~coupling_utils.measurement.tables.concat`), so both give the same tables.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from coupling_utils.engine.metric import SVD
 from coupling_utils.measurement.compute import couplings, pair_tiles
 from coupling_utils.measurement.inputs import Prompt, token_positions
 from coupling_utils.measurement.settings import Settings
-from coupling_utils.measurement.store import PromptArrays, Store, empty_tables
+from coupling_utils.measurement.store import PromptArrays, Store
 from coupling_utils.measurement.tables import TABLES, Piece, concat, coupling_pieces, in_window, tiles_piece
 
 __all__ = ["prompt_tables"]
@@ -31,23 +32,17 @@ def prompt_tables(
     p: Prompt,
     metas: list[dict],
     cross: list[dict] | None,
-    fresh: Mapping[int, Mapping[str, list[Piece]]] | None = None,
+    own: Mapping[int, Mapping[str, list[Piece | pd.DataFrame]]],
 ) -> dict[str, pd.DataFrame]:
     """Every table of prompt ``p`` from its stored layers (``metas``: their markers; ``cross``:
-    the matrix-free cross-product markers, None for formed Jacobians; ``fresh``: a layer's own
-    tables as this run stored them, by layer and table, for the layers it computed, as the
-    pieces they were made of)."""
+    the matrix-free cross-product markers, None for formed Jacobians; ``own``: each layer's own
+    tables (``Settings.layer_tables``), by layer and table: the pieces this run made them of, or
+    the table read back from a resumed layer)."""
     layers = list(s.layers)
     tables: dict[str, list[Piece | pd.DataFrame]] = {name: [] for name in TABLES}
-    per_layer = ("singular_values", "tokenwise") + (("context",) if s.context is not False else ())
-    fresh = fresh or {}
     for meta in metas:
-        ldir, own = store.layer_dir(p.pid, meta["layer"]), fresh.get(meta["layer"], {})
-        for name in per_layer:
-            if name in own:
-                tables[name] += own[name]
-            elif name not in empty_tables(meta):  # a table without rows has no file
-                tables[name].append(pd.read_parquet(ldir / f"{name}.parquet"))
+        for name in s.layer_tables:
+            tables[name] += own[meta["layer"]][name]
     arrays = store.arrays(p.pid)
     tile_layers = [l for l in layers if l in set(s.tile_layers)] if s.tiles else []
     if len(layers) >= 2 or tile_layers:

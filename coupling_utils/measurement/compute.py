@@ -161,6 +161,7 @@ class LayerWork:
         # prompt -> layer -> table -> pieces
         self._tables: dict[str, dict[int, dict[str, list[Piece]]]] = {}
         self._empty: dict[tuple[str, int], list[str]] = {}  # (prompt, layer) -> its tables without rows
+        self._arrays: dict[tuple[str, int], dict[str, list[int]]] = {}  # (prompt, layer) -> array shapes
 
     def stored_tables(self, pid: str) -> dict[int, dict[str, list[Piece]]]:
         """The layer tables this run stored for prompt ``pid`` (by layer, then table, as the pieces
@@ -186,7 +187,7 @@ class LayerWork:
         else:
             T, sel, basis, S_top, tw_tiles, passes = self._formed_layer(p, layer)
         for name, arr in zip(("U", "S", "Vh"), basis):
-            save_npy(ldir / f"basis_{name}.npy", arr)
+            self.store_array(p.pid, layer, f"basis_{name}", arr)
         sv = singular_value_piece(p.pid, layer, sel, S_top)
         self.store_table(p.pid, layer, "singular_values", [sv])
         rows = []
@@ -207,9 +208,15 @@ class LayerWork:
             "block_passes": int(passes),
             "path": self.paths.get((p.pid, layer), ("matrix_free", ""))[0],
             "empty_tables": sorted(self._empty.pop((p.pid, layer), [])),
+            "arrays": self._arrays.pop((p.pid, layer)),
         }
         write_json(ldir / "done.json", meta)  # written last: the layer is complete
         return meta
+
+    def store_array(self, pid: str, layer: int, name: str, arr: torch.Tensor) -> None:
+        """Store a layer's array ``name``; its shape goes into the layer's marker, which vouches for it."""
+        save_npy(self.store.layer_dir(pid, layer) / f"{name}.npy", arr)
+        self._arrays.setdefault((pid, layer), {})[name] = list(arr.shape)
 
     def store_table(self, pid: str, layer: int, name: str, pieces: list[Piece]) -> None:
         """Store a layer's table ``name`` (a table without rows is only named in the layer's
@@ -251,7 +258,7 @@ class LayerWork:
             del J_all
         check_k(self.kmax, J.shape[-1])
         basis, S_top = spectra(J, self.kmax, s.n_singular, s.method, s)
-        save_npy(self.store.layer_dir(p.pid, layer) / "J.npy", J)
+        self.store_array(p.pid, layer, "J", J)
         tw_tiles = pair_tiles(J, basis, self.kmax, s.orientation) if len(sel) >= 2 else None
         passes = J.shape[-1] * (len(sel) if path == "one_token" else 1)  # one-token or all-token VJPs
         return T, sel, basis, S_top, tw_tiles, passes
@@ -325,7 +332,12 @@ class LayerWork:
                     tiles[:, layers.index(l)] = cross[:, jj]
         ldir = self.store.layer_dir(p.pid, layer)
         save_npy(ldir / "cross_tiles.npy", tiles)
-        meta = {"layer": layer, "seconds": time.perf_counter() - t0, "block_passes": int(op.passes)}
+        meta = {
+            "layer": layer,
+            "seconds": time.perf_counter() - t0,
+            "block_passes": int(op.passes),
+            "arrays": {"cross_tiles": list(tiles.shape)},
+        }
         write_json(ldir / "cross.json", meta)  # after the tiles
         return meta
 
@@ -340,10 +352,9 @@ class LayerWork:
         ctx_tokens = [int(t) for t in nonzero.nonzero().flatten().tolist()]
         Jc = Jc[ctx_tokens].contiguous()
         cbasis, _ = spectra(Jc, self.kmax, 1, "exact" if s.method == "exact" else "randomized", s)
-        ldir = self.store.layer_dir(p.pid, layer)
-        save_npy(ldir / "ctx_J.npy", Jc)
+        self.store_array(p.pid, layer, "ctx_J", Jc)
         for name, arr in zip(("U", "S", "Vh"), cbasis):
-            save_npy(ldir / f"ctx_basis_{name}.npy", arr)
+            self.store_array(p.pid, layer, f"ctx_basis_{name}", arr)
         rows = []
         if len(ctx_tokens) >= 2:
             tiles = pair_tiles(Jc, cbasis, self.kmax, s.orientation)

@@ -207,12 +207,14 @@ class _Run:
     def one_prompt(self, p: Prompt, bar) -> dict[str, pd.DataFrame]:
         """Every layer of one prompt (resumed from its markers), then its tables."""
         self.store.start_prompt(p.pid, p.digest, p.text)
-        metas = []
+        metas, read = [], {}
         for layer in self.s.layers:
-            meta = self.store.layer_meta(p.pid, layer)
-            computed = meta is None
+            stored = self.store.stored_layer(p.pid, layer, self.s.layer_tables)
+            computed = stored is None
             if computed:
                 meta = self.work.compute_layer(p, layer)
+            else:
+                meta, read[layer] = stored
             metas.append(meta)
             path = meta.get("path", "all_tokens" if self.s.method != "matrix_free" else "matrix_free")
             self.paths[path] = self.paths.get(path, 0) + 1
@@ -220,15 +222,19 @@ class _Run:
             self._report(p, layer, computed, "layer", meta)
         cross = None
         if self.s.method == "matrix_free" and len(self.s.layers) >= 2:
+            # products with every partner's stored vectors: all made again if a layer was
+            # (its vectors are new), so that no tile pairs vectors of two computations
+            redo = len(read) < len(metas)
             cross = []
             for layer in self.s.layers:
-                cmeta = self.store.layer_meta(p.pid, layer, "cross")
-                computed = cmeta is None
-                if computed:
-                    cmeta = self.work.compute_cross(p, layer, metas)
+                stored = None if redo else self.store.stored_layer(p.pid, layer, stage="cross")
+                computed = stored is None
+                cmeta = self.work.compute_cross(p, layer, metas) if computed else stored[0]
                 cross.append(cmeta)
                 self._report(p, layer, computed, "cross", cmeta)
-        return prompt_tables(self.store, self.s, p, metas, cross, self.work.stored_tables(p.pid))
+        own = {layer: {name: [df] for name, df in tables.items()} for layer, tables in read.items()}
+        own.update(self.work.stored_tables(p.pid))
+        return prompt_tables(self.store, self.s, p, metas, cross, own)
 
     def _report(self, p: Prompt, layer: int, computed: bool, stage: str, meta: dict) -> None:
         if self.callback is not None:

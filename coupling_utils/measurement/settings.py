@@ -178,6 +178,11 @@ class Settings:
     def kmax(self) -> int:
         return max(self.k)
 
+    @property
+    def layer_tables(self) -> tuple[str, ...]:
+        """The tables each measured layer stores for itself (the others need every layer)."""
+        return ("singular_values", "tokenwise") + (("context",) if self.context is not False else ())
+
     def resolve(self, info: ModelInfo) -> Settings:
         """These settings for one model: checked against its size, defaults made concrete."""
         d, L, ks = info.d_model, info.n_layers, self.k

@@ -13,16 +13,19 @@ a marker without that list vouches for a file per table). The finished tables al
 
 Every file is written atomically (a temporary name, then a rename), and every completion marker
 (``done.json``, ``cross.json``, ``provenance.json``) only after the data it vouches for, so a
-process killed at any point leaves a folder that a rerun resumes from. One process at a time
-works in a folder (:func:`coupling_utils.files.file_lock` on ``out/.lock``). A marker or stamp
-that is not valid JSON is moved aside (``*.corrupt-<time>``, :func:`coupling_utils.files.read_json`)
-and what it vouched for is measured again.
+process killed at any point leaves a folder that a rerun resumes from. A layer's marker names
+the shape of each array it vouches for; a stored file damaged later (cut short, missing, of
+another shape) is found before it is used, and what its marker vouched for is measured again.
+One process at a time works in a folder (:func:`coupling_utils.files.file_lock` on
+``out/.lock``). A marker or stamp that is not valid JSON is moved aside (``*.corrupt-<time>``,
+:func:`coupling_utils.files.read_json`) and what it vouched for is measured again.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -64,6 +67,34 @@ def empty_tables(marker: dict) -> set[str]:
 
 def _read_json(path: Path) -> dict | None:
     return read_json(path, "stored measurement file")
+
+
+_MARKER_FACTS = {  # what a layer stage's marker must say, and of which kind
+    "done": {
+        "layer": int,
+        "T": int,
+        "tokens": list,
+        "context_tokens": list,
+        "seconds": float,
+        "block_passes": int,
+    },
+    "cross": {"layer": int, "seconds": float, "block_passes": int},
+}
+
+
+def _check_marker(meta: dict, layer: int, stage: str) -> None:
+    """Raise ValueError naming what a layer stage's marker lacks (a fact, or its arrays' shapes)."""
+    for key, kind in {**_MARKER_FACTS[stage], "arrays": dict}.items():
+        value = meta.get(key)
+        ok = isinstance(value, (int, float) if kind is float else kind) and not isinstance(value, bool)
+        if kind is list and ok:
+            ok = all(isinstance(x, int) and not isinstance(x, bool) for x in value)
+        if not ok:
+            raise ValueError(f"its marker's {key} is {value!r}")
+    if meta["layer"] != layer:
+        raise ValueError(f"its marker is layer {meta['layer']}'s")
+    if not all(isinstance(v, list) and all(isinstance(x, int) for x in v) for v in meta["arrays"].values()):
+        raise ValueError(f"its marker's arrays are {meta['arrays']!r}, not shapes")
 
 
 class Store:
@@ -134,6 +165,36 @@ class Store:
     def layer_meta(self, pid: str, layer: int, stage: str = "done") -> dict | None:
         """The completion marker of a layer's stage ("done" or "cross"), None if not complete."""
         return _read_json(self.layer_dir(pid, layer) / f"{stage}.json")
+
+    def stored_layer(
+        self, pid: str, layer: int, tables: Sequence[str] = (), stage: str = "done"
+    ) -> tuple[dict, dict[str, pd.DataFrame]] | None:
+        """A layer's stage as stored: its marker and its ``tables`` read back (those the marker
+        names as without rows are empty), if the marker and every file it vouches for can be
+        read: its arrays (``arrays``: name -> shape) mapped with the shapes it names, its tables
+        with their columns. None if the stage is not stored, or was damaged since (a file cut
+        short, missing or of another shape, a marker without its facts): then the marker is set
+        aside, said, and the stage computed again, like a finished prompt's."""
+        ldir = self.layer_dir(pid, layer)
+        meta = self.layer_meta(pid, layer, stage)
+        if meta is None:
+            return None
+        try:
+            _check_marker(meta, layer, stage)
+            for name, shape in meta["arrays"].items():
+                found = load_npy(ldir / f"{name}.npy").shape
+                if list(found) != list(shape):
+                    raise ValueError(f"{name}.npy holds an array of shape {list(found)}, not {list(shape)}")
+            empty = empty_tables(meta)
+            read = {
+                name: concat(name, [] if name in empty else [pd.read_parquet(ldir / f"{name}.parquet")])
+                for name in tables
+            }
+        except (OSError, ValueError) as exc:
+            why = f"layer {layer} of prompt {pid!r} stored in {ldir} cannot be read ({exc})"
+            set_aside(ldir / f"{stage}.json", why)
+            return None
+        return meta, read
 
     def start_prompt(self, pid: str, digest: str, text: str) -> None:
         """Work folder of a prompt, cleared if it holds work for other inputs under this id."""
