@@ -326,3 +326,128 @@ def test_a_corrupt_marker_means_not_done_and_says_which_file(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith(f"warning: the stored measurement file {marker} is corrupt ("), err
     assert not marker.exists() and len(list(marker.parent.glob("done.json.corrupt-*"))) == 1
+
+
+# --------------------------------------------------------------------------- a stored layer, checked
+def stored_layer(store: Store) -> tuple[dict, pd.DataFrame]:
+    """Layer 0 of prompt p as a run stores it: arrays, a table with rows, one without, marker last."""
+    ldir = store.layer_dir("p", 0)
+    ldir.mkdir(parents=True)
+    arrays = {"J": torch.randn(2, 4, 4), "basis_S": torch.rand(2, 3)}
+    for name, arr in arrays.items():
+        save_npy(ldir / f"{name}.npy", arr)
+    sv = frame(
+        "singular_values",
+        {"prompt": ["p"] * 2, "token": [3, 4], "layer": [0, 0], "rank": [1, 1], "value": [2.0, 1.5]},
+    )
+    sv.to_parquet(ldir / "singular_values.parquet")
+    meta = {
+        "layer": 0,
+        "T": 5,
+        "tokens": [3, 4],
+        "context_tokens": [],
+        "seconds": 0.5,
+        "block_passes": 4,
+        "empty_tables": ["tokenwise"],
+        "arrays": {name: list(arr.shape) for name, arr in arrays.items()},
+    }
+    write_json(ldir / "done.json", meta)
+    return meta, sv
+
+
+def test_a_stored_layer_is_read_back_with_its_tables_typed(tmp_path):
+    store = Store(tmp_path)
+    meta, sv = stored_layer(store)
+    got, read = store.stored_layer("p", 0, ("singular_values", "tokenwise"))
+    assert got == meta and list(read) == ["singular_values", "tokenwise"]
+    pd.testing.assert_frame_equal(read["singular_values"], concat("singular_values", [sv]), check_exact=True)
+    pd.testing.assert_frame_equal(read["tokenwise"], frame("tokenwise"))  # named as without rows
+    assert store.stored_layer("p", 0, ()) == (meta, {})
+    assert store.stored_layer("p", 1) is None and store.stored_layer("p", 0, stage="cross") is None
+    write_json(
+        store.layer_dir("p", 0) / "cross.json", {"layer": 0, "seconds": 1, "block_passes": 2, "arrays": {}}
+    )
+    assert store.stored_layer("p", 0, stage="cross")[0]["block_passes"] == 2
+
+
+def _edit_marker(**changes):
+    def edit(ldir):
+        marker = json.loads((ldir / "done.json").read_text())
+        for key, value in changes.items():
+            if value is None:
+                del marker[key]
+            else:
+                marker[key] = value
+        (ldir / "done.json").write_text(json.dumps(marker))
+
+    return edit
+
+
+def _cut(path):
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+DAMAGES = {
+    "an array cut short": (lambda ldir: _cut(ldir / "J.npy"), "mmap length is greater than file size"),
+    "an array missing": (lambda ldir: (ldir / "basis_S.npy").unlink(), "basis_S.npy"),
+    "an array of another shape": (
+        lambda ldir: np.save(ldir / "J.npy", np.zeros((1, 4, 4))),
+        "J.npy holds an array of shape [1, 4, 4], not [2, 4, 4]",
+    ),
+    "a table cut short": (lambda ldir: _cut(ldir / "singular_values.parquet"), "singular_values"),
+    "a table a column short": (
+        lambda ldir: (
+            pd.read_parquet(ldir / "singular_values.parquet")
+            .drop(columns="value")
+            .to_parquet(ldir / "singular_values.parquet")
+        ),
+        "the singular_values table read back has no column value",
+    ),
+    "a table without rows not named so": (_edit_marker(empty_tables=[]), "tokenwise.parquet"),
+    "a marker without its tokens": (_edit_marker(tokens=None), "its marker's tokens is None"),
+    "a marker with a token not a number": (_edit_marker(tokens=[3, "4"]), "its marker's tokens is [3, '4']"),
+    "a marker with T true": (_edit_marker(T=True), "its marker's T is True"),
+    "a marker with seconds as text": (_edit_marker(seconds="0.5"), "its marker's seconds is '0.5'"),
+    "a marker naming no arrays": (_edit_marker(arrays=None), "its marker's arrays is None"),
+    "a marker naming arrays without shapes": (
+        _edit_marker(arrays={"J": 2}),
+        "its marker's arrays are {'J': 2}, not shapes",
+    ),
+    "another layer's marker": (_edit_marker(layer=1), "its marker is layer 1's"),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGES))
+def test_a_stored_layer_damaged_since_is_set_aside_and_said(damage, tmp_path, capsys):
+    store = Store(tmp_path)
+    stored_layer(store)
+    ldir = store.layer_dir("p", 0)
+    harm, why = DAMAGES[damage]
+    harm(ldir)
+    capsys.readouterr()
+    assert store.stored_layer("p", 0, ("singular_values", "tokenwise")) is None
+    err = capsys.readouterr().err
+    assert err.startswith(f"warning: layer 0 of prompt 'p' stored in {ldir} cannot be read ("), err
+    assert why in err and "moved it to done.json.corrupt-" in err, err
+    assert not (ldir / "done.json").exists() and len(list(ldir.glob("done.json.corrupt-*"))) == 1
+    assert store.stored_layer("p", 0) is None  # not stored now: computed again
+
+
+def test_damaged_cross_products_are_set_aside(tmp_path, capsys):
+    store = Store(tmp_path)
+    stored_layer(store)
+    ldir = store.layer_dir("p", 0)
+    save_npy(ldir / "cross_tiles.npy", torch.rand(2, 2, 3, 3))
+    write_json(
+        ldir / "cross.json",
+        {"layer": 0, "seconds": 1.0, "block_passes": 6, "arrays": {"cross_tiles": [2, 2, 3, 3]}},
+    )
+    assert store.stored_layer("p", 0, stage="cross") is not None
+    _cut(ldir / "cross_tiles.npy")
+    assert store.stored_layer("p", 0, stage="cross") is None
+    err = capsys.readouterr().err
+    assert (
+        "cannot be read (mmap length is greater than file size)" in err
+        and "moved it to cross.json.corrupt-" in err
+    )
+    assert len(list(ldir.glob("cross.json.corrupt-*"))) == 1 and (ldir / "done.json").exists()
