@@ -218,6 +218,10 @@ def test_the_first_screen_names_the_models_measured_and_what_the_paper_profile_t
     assert "SmolLM2-135M-Instruct" in text and "Q4_1" in text and "dequantised to float32" in text
     assert "`x/y` (f01)" in text and "1 hub model(s)" in text
     assert "about 1,500 TFLOP over 2 chapters, up to 30 GB of GPU memory and 316 GB of downloads" in text
+    # the paper's ViTs are not published (nor said to come from the hub)
+    assert (
+        "Pythia checkpoints from the Hugging Face hub, and vision transformers it does not identify" in text
+    )
     assert summary.what_was_measured(tmp_path / "none") == ""
 
 
@@ -237,3 +241,20 @@ def test_costs_measured_on_another_plan_are_named_as_such():
     assert "have changed since" in teaching.chapter_time(costs, "f01", plans["f01"])
     assert "have changed since" not in teaching.chapter_time(costs, "f00", plans["f00"])
     assert teaching.replanned(costs.drop(columns="plan"), plans) == ["f00", "f01"]  # no column: unrecorded
+
+
+def test_the_bottom_line_names_the_verdicts_another_last_block_would_change():
+    """A verdict that holds under the chapter's convention of the last block but not under another
+    (the row's note says so) is named as depending on it, with both verdicts."""
+    from coupling_utils.analysis.last_block import convention_note
+
+    df = _rows()
+    df.loc[0, "note"] = "K = 72; " + convention_note(
+        "final_norm", "yes", {"block": "partly", "excluded": "yes"}
+    )
+    text = summary.bottom_line(df)
+    assert (
+        "These verdicts depend on what the last block is: "
+        "depth coupling (f01): yes here, partly under 'block'." in text
+    )
+    assert "depend on what the last block is" not in summary.bottom_line(_rows())

@@ -155,11 +155,11 @@ def test_where_follows_the_wrapping_show_applies():
         layout.where(narrow, "twin")
 
 
-def _weights_heatmap(order=None, columns=2, width=120):
+def _weights_heatmap(order=None, columns=2, width=120, ks=(4, 8)):
     rows = [
         dict(weights=w, K=k, layer_i=i, layer_j=j, m=0.5)
         for w in ("trained", "random init")
-        for k in (4, 8)
+        for k in ks
         for i in range(3)
         for j in range(3)
     ]
@@ -177,6 +177,14 @@ def test_where_names_a_row_of_panels_by_their_common_head():
     assert layout.where(trained_first, "trained, K = 8") == "trained, K = 8 (top-right)"
     column = _weights_heatmap(columns=4, width=60)
     assert layout.position(column, "random init") == "left and 2nd from the left"
+    # f01's depth figure: 4 K values a weights, 2 columns: each weights fills two whole rows
+    deep = _weights_heatmap(order=[f"trained, K = {k}" for k in (4, 8, 12, 16)], ks=(4, 8, 12, 16))
+    assert layout.where(deep, "trained") == "trained (rows 1–2)"
+    assert layout.position(deep, "random init") == "rows 3–4"
+    spec = display.chart_spec(deep)[0]
+    assert layout.caption_problems("the trained model (rows 1–2) and its random twin (rows 3–4)", spec) == []
+    wrong = layout.caption_problems("the trained model (rows 3–4) and its random twin (rows 1–2)", spec)
+    assert len(wrong) == 2 and "said to be (rows 3–4) but is at (rows 1–2)" in wrong[0], wrong
 
 
 # --------------------------------------------------------------------------- checking captions

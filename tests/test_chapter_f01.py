@@ -203,6 +203,14 @@ def test_the_k_sentence_follows_the_width_and_the_k_measured():
         "would be K = 96 at this width, which this run does not measure."
     )
     assert "(10 and 30 of the paper's)" in k_words([10, 30, 4], 32)
+    # the default profile's other model, MiniLM-L6, is measured at SmolLM2's K
+    assert k_words([10, 30, 50, 72], 576, {"embedded:minilm-l6": 384, "same": 576}).endswith(
+        "the largest K of this run. embedded:minilm-l6 (width 384) is measured at the same K, "
+        "K/d 0.03 to 0.19; the book's K/d there would be K = 48, which this run does not measure."
+    )
+    assert k_words([4], 16, {"b": 32}).endswith(
+        "b (width 32) is measured at the same K, K/d 0.12; K = 4 is the book's K/d there."
+    )
 
 
 def test_the_sentence_on_several_other_models(tmp_path, monkeypatch):

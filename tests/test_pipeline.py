@@ -338,3 +338,38 @@ def test_the_light_copies_of_choices_name_what_their_owners_do():
     )
     (last_block,) = [c for c in SCHEMAS["k_sensitivity.csv"].columns if c.name == "last_block"]
     assert last_block.choices == LAST_BLOCKS
+
+
+def test_every_profile_takes_the_exact_spectra_as_f00_says():
+    """f00's references say every profile of the book uses ``method="exact"`` (randomized SVD is
+    offered, not used): true of every notebook's default and every profile file."""
+    assert (
+        'every profile of this book uses\n  `method="exact"`'
+        in (ROOT / "notebooks" / "f00_coupling_metric.md").read_text()
+    )
+    for nb in NOTEBOOKS:
+        declared = notebook_parameters(nb)
+        if "method" in declared:
+            for profile in profiles(ROOT):
+                values = {"method": declared["method"].default, **profile_values(nb, profile)}
+                assert values["method"] == "exact", f"{profile}/{nb.stem} uses method {values['method']!r}"
+
+
+def test_the_method_page_says_which_verdicts_are_not_at_the_book_s_k_over_d():
+    """The method page names the default book's verdicts at another K/d than the book's: f01's
+    other model (MiniLM-L6, at SmolLM2's K) and f02's scale question (the paper's K); true of the
+    default profiles, and their K are the ones the page names."""
+    from coupling_utils.analysis.k_policy import BOOK_K_OVER_D
+    from coupling_utils.engine.metric import k_for_width
+
+    page = " ".join((ROOT / "book" / "notation-and-method.md").read_text().split())
+    f01 = {nb.stem: nb for nb in NOTEBOOKS}["f01_depth_and_tokens"]
+    f02 = {nb.stem: nb for nb in NOTEBOOKS}["f02_generalization"]
+    v01, v02 = profile_values(f01, "default"), profile_values(f02, "default")
+    assert v01["model"] == "embedded:smollm2-135m" and k_for_width(576, BOOK_K_OVER_D) == max(v01["k"]) == 72
+    assert v01["more_models"] == ["embedded:minilm-l6"] and k_for_width(384, BOOK_K_OVER_D) not in v01["k"]
+    assert "other model, MiniLM-L6 (width 384), at SmolLM2's $K$ (so its $K$ = 72 is $K/d$ = 0.19" in page
+    assert (
+        v02["scale_k"] == [10, 30, 50]
+        and "scale question reads the paper's $K \\in \\{10, 30, 50\\}$" in page
+    )

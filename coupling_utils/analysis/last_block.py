@@ -15,6 +15,7 @@ chapter glues (:func:`convention_summary`).
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Mapping
 
 import numpy as np
@@ -253,6 +254,15 @@ def convention_note(convention: str, own: str | None, others: Mapping[str, str |
     if same:
         parts.append(f"the same under {' and '.join(same)}")
     return "; ".join(parts)
+
+
+_ELSEWHERE = re.compile(r"under '(?P<convention>[a-z_]+)' the verdict would be (?P<verdict>yes|partly|no)\b")
+
+
+def verdicts_elsewhere(note: str) -> dict[str, str]:
+    """The other conventions under which a status row's verdict differs, as its
+    :func:`convention_note` says them: convention -> verdict (empty where none differs)."""
+    return {m["convention"]: m["verdict"] for m in _ELSEWHERE.finditer(note or "")}
 
 
 def changed_verdicts(

@@ -184,7 +184,8 @@ def _members(found: list[Panel], name: str) -> list[Panel]:
 
 def _group_position(found: list[Panel], group: list[Panel]) -> str:
     """Where a group of panels is: one panel's position, a whole row ("top row") or column
-    ("left column") of a grid of several, or the positions of its panels joined by "and"."""
+    ("left column") of a grid of several, whole rows or columns side by side ("rows 1–2"), or the
+    positions of its panels joined by "and"."""
     if len(group) == 1:
         return group[0].position
     for axis in ("row", "column"):
@@ -193,6 +194,12 @@ def _group_position(found: list[Panel], group: list[Panel]) -> str:
         line = next(iter(lines))
         if len(lines) == 1 and count > 1 and all(p in group for p in found if getattr(p, axis) == line):
             return f"{_along(line, count, axis)} {axis}"
+    for axis, other in (("row", "column"), ("column", "row")):  # whole rows side by side: "rows 1–2"
+        lines = sorted({getattr(p, axis) for p in group})
+        whole = all(p in group for p in found if getattr(p, axis) in lines)
+        across = len({getattr(p, other) for p in found}) > 1  # a line of one panel is that panel
+        if whole and across and lines[-1] - lines[0] == len(lines) - 1:
+            return f"{axis}s {lines[0] + 1}–{lines[-1] + 1}"
     return " and ".join(p.position for p in group)
 
 
@@ -228,7 +235,7 @@ def where(chart: Any, name: str) -> str:
 # --------------------------------------------------------------------------- checking a caption
 _WORD = r"(?:top|bottom|middle|upper|lower)(?:-(?:left|right|middle))?|left|right|centre|center|above|below"
 _ONE = (
-    r"row \d+, column \d+|\d+(?:st|nd|rd|th) from the (?:left|right|top|bottom)|"
+    r"row \d+, column \d+|(?:row|column)s \d+–\d+|\d+(?:st|nd|rd|th) from the (?:left|right|top|bottom)|"
     rf"(?:{_WORD})(?: (?:row|column|panel)s?)?"
 )
 # a position in parentheses, first or after a comma: "(left)", "(top row, ...)", "(trained, left)"

@@ -132,6 +132,20 @@ def _listing(rows: pd.DataFrame, limit: int = 6) -> str:
     return shown + (f"; and {len(items) - limit} more" if len(items) > limit else "")
 
 
+def _depends_on_the_last_block(rows: pd.DataFrame) -> str:
+    """The rows whose verdict another convention of the last block would change, as their notes
+    say (``last_block.convention_note``): "depth coupling (f01): yes here, partly under 'block'"."""
+    from coupling_utils.analysis.last_block import verdicts_elsewhere
+
+    items = []
+    for r in rows.to_dict("records"):
+        elsewhere = verdicts_elsewhere(_text(r.get("note", "")))
+        if elsewhere:
+            under = " and ".join(f"{v} under '{c}'" for c, v in elsewhere.items())
+            items.append(f"{r['claim']} ({_chapter(r).split(' · ')[0]}): {r['agree']} here, {under}")
+    return "; ".join(items)
+
+
 @dataclass(frozen=True)
 class Tally:
     """The counts the bottom line and the status chart's alt text both state: this build's
@@ -207,6 +221,9 @@ def bottom_line(df: pd.DataFrame) -> str:
     no, partly = measured[measured["agree"] == "no"], measured[measured["agree"] == "partly"]
     if len(partly):
         lines.append(f"Partly: {_listing(partly)}.")
+    depends = _depends_on_the_last_block(measured)
+    if depends:
+        lines.append(f"These verdicts depend on what the last block is: {depends}.")
     lines.append(
         "Each verdict comes from a rule stated in its chapter before the result; {doc}`status` "
         "lists every rule with the numbers it judged. A run at the `smoke` profile checks the "
@@ -288,8 +305,9 @@ def what_was_measured(executed: Path, costs_csv: Path | None = None) -> str:
         "",
         *[f"- {_described(m)} ({', '.join(dict.fromkeys(nbs))})" for m, nbs in models.items()],
         "",
-        "The paper measured 28 pretrained LLMs of 0.1–14 B parameters, Pythia checkpoints and ViTs "
-        "from the Hugging Face hub on GPUs. Measuring them takes " + _paper_cost(costs_csv) + "; "
+        "The paper measured 28 pretrained LLMs of 0.1–14 B parameters and Pythia checkpoints from the "
+        "Hugging Face hub, and vision transformers it does not identify, on GPUs. Measuring models of "
+        "that size takes " + _paper_cost(costs_csv) + "; "
         "the machines this book is built on have neither a GPU nor access to the hub, so where a "
         "chapter sets its numbers beside the paper's, it compares small models with large ones.",
         "",

@@ -297,9 +297,10 @@ def _per_model_values(r: Results) -> dict[str, Any]:
 PAPER_K = (10, 30, 50)  # the K of the paper's figures
 
 
-def k_words(ks: list[int], d_model: int) -> str:
+def k_words(ks: list[int], d_model: int, others: Mapping[str, int] | None = None) -> str:
     """The K this run measures, against the paper's and the book's K/d at the drawn model's width
-    (each profile measures other K on a model of another width)."""
+    (each profile measures other K on a model of another width), and what the same K are at the
+    width of each other model (``others``: name -> width) whose width differs."""
     from coupling_utils.analysis.k_policy import BOOK_K_OVER_D
     from coupling_utils.engine.metric import k_for_width
 
@@ -312,7 +313,18 @@ def k_words(ks: list[int], d_model: int) -> str:
         )
     else:
         where = f"the book's K/d would be K = {book} at this width, which this run does not measure"
-    return f"This run measures K = {listed(ks)} at width {d_model} ({ours} of the paper's); {where}."
+    text = f"This run measures K = {listed(ks)} at width {d_model} ({ours} of the paper's); {where}."
+    for name, d in (others or {}).items():
+        if d == d_model:
+            continue
+        book = k_for_width(d, BOOK_K_OVER_D)
+        there = (
+            f"K = {book} is the book's K/d there" if book in ks
+            else f"the book's K/d there would be K = {book}, which this run does not measure"
+        )  # fmt: skip
+        span = f"{ks[0] / d:.2f}" if len(ks) == 1 else f"{ks[0] / d:.2f} to {ks[-1] / d:.2f}"
+        text += f" {name} (width {d}) is measured at the same K, K/d {span}; {there}."
+    return text
 
 
 def _model_values(r: Results) -> dict[str, Any]:
@@ -333,7 +345,7 @@ def _model_values(r: Results) -> dict[str, Any]:
         "f01_d_model": int(m.d_model),
         "f01_tile_window": f"blocks {lo}–{hi} (0-based; {len(set(p.tile_layers))} of its {m.n_layers})",
         "f01_more_words": more,
-        "f01_k_words": k_words(p.k, m.d_model),
+        "f01_k_words": k_words(p.k, m.d_model, {name: r.twins.results[name].d_model for name in others}),
     }
 
 
@@ -346,8 +358,20 @@ def _token_values(r: Results) -> dict[str, Any]:
         "f01_first_token": first,
         "f01_other_tokens": other,
         "f01_self_vs_twin": "higher" if tok["self_trained"] > tok["self_twin"] else "lower",
-        "f01_context_vs_self_sd": "more" if tok["context_sd"] > tok["self_sd"] else "less",
+        "f01_context_vs_self_sd": sd_comparison(r.token_judged["sd_excess"]),
     }
+
+
+def sd_comparison(d: Interval) -> str:
+    """How much context coupling varies across token pairs against self coupling, in words chosen
+    by the interval of the difference of their standard deviations (``sd_excess``), not its sign."""
+    word = "more" if d.low > 0 else "less" if d.high < 0 else "neither clearly more nor less"
+    if not d.resampled:
+        spread = "from one prompt, which gives no interval"
+    else:
+        spread = f"95% interval over prompts {d.low:.3f} to {d.high:.3f}"
+        spread += ", which includes 0" if word.startswith("neither") else ""
+    return f"{word} than self coupling does (context − self s.d. {d.estimate:+.3f}, {spread})"
 
 
 def _reversed_k(r: Results) -> dict[str, list[int]]:
