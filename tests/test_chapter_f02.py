@@ -163,7 +163,8 @@ def test_the_flat_rule_can_fail_and_says_where():
         text.startswith("2 of 3 curves are not flat") and "`s32`'s held-out loss still fell by 0.500" in text
     )
     assert "`s512-data`'s rose by 0.900 nats" in text
-    assert "failed nowhere" in _flat_sentence(_training([("a", 0.0, 0.0)])).data
+    # the prose reads "By the flat rule, <sentence>": the sentence does not name the rule again
+    assert _flat_sentence(_training([("a", 0.0, 0.0)])).data == "every member's curve is flat at its end"
     rising = _flat_sentence(_training([("a", -0.2, -0.05)])).data
     assert "still fell" not in rising and "`a`'s rose by 0.200" in rising
 
@@ -256,9 +257,10 @@ def test_the_scale_and_training_family_words_read_as_sentences():
     from coupling_utils.chapters.f02_generalization.sections import stage_words as _stage_words
 
     stage = pd.DataFrame({"flat": [True] + [False] * 7, "tail_drop_rel": [0.001] + [0.02] * 7})
-    assert _stage_words(stage, 1).startswith(
-        "1 of 8 curves is flat at its end by that rule: the others were still"
-    )
+    # the prose reads "by the flat rule stated above, <sentence>": said once, not "... by that rule"
+    assert _stage_words(stage, 1).startswith("1 of 8 curves is flat at its end: the others were still")
+    assert _stage_words(stage.assign(flat=True), 8) == "every member's curve is flat at its end"
+    assert all("rule" not in _stage_words(stage, n) for n in (1, 8))
     rising = stage.assign(tail_drop_rel=[0.001] + [0.02] * 6 + [-0.1])
     assert "the others were still moving" in _stage_words(rising, 1)
     spread = _tpp_words(pd.Series([0.0131, 0.0272, 0.0262]))
@@ -300,7 +302,9 @@ def test_the_books_choice_is_worded_from_the_candidates_and_no_exercise_overreac
         and "no candidate on Fig. 1a" in (words["f02_scale_trace_clause"])
     )
     mixed = f02.choice_words(answer([("tokens", 0.6, 0.5), ("tokens", 0.1, 0.3)], n_1a=2, book=(0.02, 0.01)))
-    assert mixed["f02_scale_tokenwise"].startswith("In 1 of the 2 token-wise candidates the twin is *more*")
+    # glued as text: no Markdown emphasis, whose asterisks the page would show
+    assert mixed["f02_scale_tokenwise"].startswith("In 1 of the 2 token-wise candidates the twin is more")
+    assert not any("*" in w for w in [*words.values(), *mixed.values()])
     assert mixed["f02_scale_separates"].startswith("it does not separate")
     assert mixed["f02_scale_trace_clause"].startswith("as 2 candidate(s) compatible")
 
@@ -319,7 +323,7 @@ def test_a_task_counts_for_a_predictor_only_where_the_whole_interval_says_so():
     assert [task_side(r) for r in rows] == ["neither", "coupling", "parameter count", "neither"]
     tasks = pd.DataFrame(rows).assign(side=[task_side(r) for r in rows])
     text = tasks_sentence(tasks)
-    assert text.startswith("Coupling's $R^2$ is above parameter count's on 2 of the 4 tasks in the estimates")
+    assert text.startswith("Coupling's R² is above parameter count's on 2 of the 4 tasks in the estimates")
     assert "above 0 on 1 (v1 GSM8K) and below 0 on 1 (v2 MuSR), and includes 0 on the other 2" in text
     none = tasks_sentence(tasks.iloc[[0, 3]].assign(side="neither"))
     assert "includes 0 on every one of them (the intervals run from -0.130 to 0.130)" in none
@@ -334,15 +338,15 @@ def test_the_best_predictor_is_named_only_when_its_lead_clears_0():
     r2 = {"log10 params": 0.975, "width": 0.939, "excess": 0.714}
     text = best_sentence(lead, r2, "accuracy", "members")
     assert text.startswith(  # no possessive of a label ("log10 params's")
-        "The highest $R^2$ of accuracy, 0.975, is that of log10 params, but its lead over the next, width"
+        "The highest R² of accuracy, 0.975, is that of log10 params, but its lead over the next, width"
     )
     assert "'s" not in text.replace("Coupling's", "")
     assert "no single predictor is the best on these 8 members" in text
     assert text.endswith(
-        "log10 params has the highest $R^2$ in 62% of the resamples, width in 37%, excess in under 1%"
+        "log10 params has the highest R² in 62% of the resamples, width in 37%, excess in under 1%"
     )
     sure = best_sentence({**lead, "ci_low": 0.01}, r2, "accuracy", "members")
-    assert sure.startswith("The best single predictor of accuracy is log10 params ($R^2$ = 0.975)")
+    assert sure.startswith("The best single predictor of accuracy is log10 params (R² = 0.975)")
     assert f02.plan.BEST_PREDICTOR.judge({"lead": 0.036}) == "yes"  # a number without an interval is exact
 
     from coupling_utils.chapters.f02_generalization.compare import compare_glue
@@ -430,9 +434,7 @@ def test_a_task_is_named_best_or_worst_only_where_the_intervals_separate_it():
     text = rank_sentence(
         "v2", {"best": lead("MMLU-Pro", "BBH", -0.057), "worst": lead("MuSR", "MATH Lvl 5", 0.01)}, r2
     )
-    assert text.startswith(
-        "Among the v2 tasks coupling's $R^2$ is highest for MMLU-Pro (0.518; the next is BBH"
-    )
+    assert text.startswith("Among the v2 tasks coupling's R² is highest for MMLU-Pro (0.518; the next is BBH")
     assert "by the task-ranking rule MMLU-Pro is not separated from the other tasks" in text
     assert "predicts MMLU-Pro best" not in text and "coupling predicts MuSR worst" in text
     typed = _typed()
@@ -460,3 +462,100 @@ def test_every_model_is_named_as_measured_with_the_parts_that_use_it():
     assert rows[f"{member}, in float32"] == "the family (trained here), the scale question"
     assert rows[f"{member}, with random weights (seed 0), in float32"].startswith("the family (trained here)")
     assert len(table) == len(set(table.model))  # one row per model as measured
+
+
+def test_no_generated_string_holds_tex_which_glue_shows_as_typed():
+    """'The highest $R^2$ of accuracy' showed its dollar signs: glued text (and glued Markdown, in
+    this book) is not math-rendered, so f02's generated strings write R² in Unicode."""
+    import ast
+    from pathlib import Path
+
+    package = Path(f02.__file__).parent
+    for module in sorted(package.glob("*.py")):
+        tree = ast.parse(module.read_text(encoding="utf-8"))
+        docs = {
+            id(node.body[0].value)
+            for node in ast.walk(tree)
+            if isinstance(node, (ast.Module, ast.FunctionDef, ast.ClassDef))
+            and node.body
+            and isinstance(node.body[0], ast.Expr)
+            and isinstance(node.body[0].value, ast.Constant)
+        }
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs:
+                assert "$" not in node.value, f"{module.name}:{node.lineno}: {node.value!r}"
+
+
+def test_the_hub_section_without_hub_models_says_so_in_plain_words():
+    """It printed "Skipped in this profile (hub_models = []): run with `--profile paper`", Python
+    and Markdown shown raw; the words now name the profiles that list hub models, and the
+    command as the CLI spells it."""
+    from pathlib import Path
+
+    import yaml
+
+    from coupling_utils.chapters.f02_generalization.story import _verdict_glue
+
+    said = f02.HUB_SKIPPED
+    assert not any(mark in said for mark in ("`", "[]", "=", "--profile paper`"))
+    root = Path(__file__).resolve().parents[1] / "notebooks" / "profiles"
+    for profile in ("paper", "laptop"):
+        assert f"coupling-book run f02 --profile {profile}" in said
+        assert yaml.safe_load((root / profile / "f02_generalization.yaml").read_text())["hub_models"]
+    assert "hub_models" not in yaml.safe_load((root / "default" / "f02_generalization.yaml").read_text())
+    story = SimpleNamespace(hub=None, hub_coupling=None)
+    assert _verdict_glue(story, {})["f02_hub_sentence"].data == f"**Not reproduced here.** {said}"
+    few = SimpleNamespace(hub=SimpleNamespace(n_measured=2), hub_coupling=None)
+    text = _verdict_glue(few, {})["f02_hub_sentence"].data
+    assert "lists no hub models" not in text and "2 hub model(s) measured" in text
+
+
+def test_the_v2_row_says_what_its_v1_number_is_over():
+    """'R² 0.442 over 28 models (v1: 0.781)' read as the Fig. 1a replot's R² (0.801 over 28, on
+    the paper's plotted scores); 0.781 is over 26 models on the final v1 snapshot."""
+    from coupling_utils.chapters.f02_generalization.story import _beyond_claims
+
+    fits = {
+        "v2": pd.Series({"r2": 0.442, "n": 28, "slope": 1.0, "slope_ci_low": 0.5, "size_r2": 0.45}),
+        "v1": pd.Series({"r2": 0.781, "n": 26}),
+    }
+    scale_answer = SimpleNamespace(n_1a=0, n_1b=1, judged=pd.DataFrame({"view": ["depth"]}))
+    story = SimpleNamespace(beyond=SimpleNamespace(fit=fits.get), scale=scale_answer)
+    row = next(r for r in _beyond_claims(f02.Params(), story) if r["claim"] == f02.CLAIMS["v2"])
+    assert row["ours"] == "R² 0.442 over 28 models (v1 average, final snapshot: R² 0.781 over 26 models)"
+
+
+def test_the_scale_question_says_which_prompts_its_numbers_are_on():
+    """The book's number (0.104 at K = 50) is on the demo prompt alone, which the page did not say
+    beside a table captioned "The prompts every model is measured on" that lists only the family's
+    prompts; its axis rule read "over every interval" of values that have none."""
+    import dataclasses
+
+    p = f02.Params()
+    assert p.scale_prompts == 0
+    assert f02.scale_prompt_words(p) == "on the demo prompt alone (cut to at most 12 tokens)"
+    more = dataclasses.replace(p, scale_prompts=5, scale_max_tokens=32)
+    assert f02.scale_prompt_words(more).startswith("on 6 prompts, the demo prompt and 5 of the prompt set")
+    lines = f02.axis_lines(p).splitlines()
+    assert len(lines) == 3 and not any("interval;" in line or "estimates" in line for line in lines)
+    assert lines[0].endswith("trained - twin ≥ 0.02167; otherwise no")
+    assert "demo prompt alone" in lines[2]
+
+    results = SimpleNamespace(prompts={"val-1": "a b", "val-2": "c d"}, scale_prompts=f02.scale_prompts(p))
+    table = f02.prompt_table(p, results)
+    assert list(table["prompt"]) == ["val-1", "val-2", "demo-france"]
+    assert list(table["measured by"]) == [
+        "the family (trained here) and the training family (trained here)",
+        "the family (trained here) and the training family (trained here)",
+        "the scale question",
+    ]
+    assert list(table["tokens measured (at most)"]) == [32, 32, 12]
+    hub = f02.prompt_table(dataclasses.replace(p, hub_models=["org/m"]), results)
+    assert hub["measured by"].iloc[0].endswith(", the training family (trained here) and the hub models")
+
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "notebooks" / "f02_generalization.md").read_text()
+    assert "The prompts every model is measured on" not in text and "mean over prompts)" not in text
+    book = text.index("This book's number")
+    assert "{glue:md}`f02_scale_prompts`" in text[book : text.index("**The book's choice.**")]

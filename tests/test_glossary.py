@@ -53,3 +53,14 @@ def test_the_check_skips_code_math_and_roles_and_links_the_first_prose_use(tmp_p
     assert "Here {term}`Coupling` is used, and coupling again; trajectories of a {term}`twin`." in text
     assert "coupling = 1" in text and "# Coupling in a title" in text
     assert glossary_links.unlinked(page, terms) == []
+
+
+def test_the_plateau_entry_says_what_the_book_does_with_curves_that_are_not_flat():
+    """It said the book "checks that its small models were trained to it before comparing them";
+    f02 finds most curves not flat and compares the models anyway, saying so."""
+    text = (ROOT / "book" / "glossary.md").read_text(encoding="utf-8")
+    entry = text.split("\nplateau\n", 1)[1].split("\n\n", 1)[0]
+    entry = " ".join(entry.split())
+    assert "checks that its small models were trained to it" not in entry
+    assert "whether each of its small models' curves is flat at its end" in entry
+    assert "compares the models either way" in entry

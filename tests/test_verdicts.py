@@ -64,6 +64,19 @@ def test_a_rule_without_partly_says_its_estimates_give_a_partly():
     assert rule.judge({"rho": -0.6}) == "yes"  # a number is its own interval
 
 
+def test_the_point_text_reads_a_rule_on_plain_numbers_without_intervals():
+    """f02's axis rules judge single numbers (one value per candidate, no interval), yet were
+    printed "... over every interval; partly if ... at the estimates": point_text says what
+    judge() does with numbers."""
+    rule = Rule(yes="trained >= 0.8 and trained - twin >= 0.02")
+    assert rule.point_text == "yes if trained ≥ 0.8 and trained - twin ≥ 0.02; otherwise no"
+    assert rule.judge({"trained": 0.9, "twin": 0.95}) == "no"  # no partly on a plain number
+    both = Rule(yes="ratio >= 1.5", partly="ratio >= 1.2")
+    assert both.point_text == "yes if ratio ≥ 1.5; partly if ratio ≥ 1.2; otherwise no"
+    assert both.judge({"ratio": 1.3}) == "partly"
+    assert Rule(yes="gap > 0", partly="gap > 0").point_text == "yes if gap > 0; otherwise no"
+
+
 def test_the_text_names_the_yes_condition_where_the_partly_one_may_miss_it():
     """judge() gives partly where the estimates meet the yes-condition though not the partly one
     (f02's hub rule reads slope_low for a yes, slope for a partly): the text says so."""

@@ -364,6 +364,14 @@ class Rule:
             partly += ", or the yes-condition,"
         return f"yes if {yes} over every interval; partly if {partly} at the estimates; otherwise no"
 
+    @property
+    def point_text(self) -> str:
+        """The rule as :meth:`judge` reads plain numbers (no intervals, each its own estimate):
+        ``yes if …; otherwise no``, with a partly clause only where a partly-condition differs
+        from the yes-condition (with none, a number that meets the yes-condition is a yes)."""
+        partly = f"; partly if {_pretty(self.partly)}" if self.partly and self.partly != self.yes else ""
+        return f"yes if {_pretty(self.yes)}{partly}; otherwise no"
+
     def judge(self, values: Mapping[str, Any]) -> str:
         """``"yes"``, ``"partly"`` or ``"no"`` for these values (numbers or :class:`Interval`, a
         number being its own interval and estimate): yes when the yes-condition holds over every

@@ -27,14 +27,17 @@ from coupling_utils.chapters.f02_generalization.plan import (
     family_widths,
     jobs,
     member_models,
+    prompt_table,
     prompts,
     rule_lines,
     run,
     scale_ks,
+    scale_prompt_words,
     scale_prompts,
 )
 from coupling_utils.chapters.f02_generalization.sections import (
     AXIS_RULES,
+    HUB_SKIPPED,
     Beyond,
     Family,
     FamilyFits,
@@ -78,8 +81,10 @@ from coupling_utils.chapters.f02_generalization.within import (
 
 __all__ = [
     "CLAIMS", "NOTEBOOK", "RULE_WORDS", "RULES", "SHOW", "SIZES", "Params", "Results", "member_models",
-    "family_widths", "jobs", "prompts", "rule_lines", "run", "scale_ks", "scale_prompts",
-    "AXIS_RULES", "Beyond", "Family", "FamilyFits", "Hub", "PaperFit", "ScaleAnswer", "Training",
+    "family_widths", "jobs", "prompt_table", "prompts", "rule_lines", "run", "scale_ks",
+    "scale_prompt_words", "scale_prompts",
+    "AXIS_RULES", "HUB_SKIPPED", "Beyond", "Family", "FamilyFits", "Hub", "PaperFit", "ScaleAnswer",
+    "Training",
     "axis_lines", "beyond", "choice_words", "coupling_table", "curves_chart", "family_chart", "family_fits",
     "family_section", "fig1a_chart", "hub_chart", "hub_fit", "join_family", "members_table", "paper_fit",
     "per_prompt_chart", "scale_answer", "scale_section", "tasks_chart", "training", "Story",

@@ -189,7 +189,7 @@ def rank_sentence(version: str, ranks: Mapping[str, Mapping[str, Any]], r2: Mapp
             said.append(f"{head}, so by the task-ranking rule coupling predicts {top} {end}")
         else:
             said.append(f"{head}: by the task-ranking rule {top} is not separated from the other tasks")
-    return f"Among the {version} tasks coupling's $R^2$ is " + "; it is ".join(said)
+    return f"Among the {version} tasks coupling's R² is " + "; it is ".join(said)
 
 
 def _named(tasks: pd.DataFrame) -> str:
@@ -201,7 +201,7 @@ def tasks_sentence(tasks: pd.DataFrame) -> str:
     how many estimates favour coupling, then where the task rule counts a task for either."""
     n, above = len(tasks), int((tasks["gap"] > 0).sum())
     ours, theirs = tasks[tasks["side"] == SIDES[0]], tasks[tasks["side"] == SIDES[1]]
-    said = f"Coupling's $R^2$ is above parameter count's on {above} of the {n} tasks"
+    said = f"Coupling's R² is above parameter count's on {above} of the {n} tasks"
     low, high = float(tasks["gap_ci_low"].min()), float(tasks["gap_ci_high"].max())
     if ours.empty and theirs.empty:
         return (
@@ -239,7 +239,7 @@ def best_sentence(lead: Mapping[str, Any], r2: Mapping[str, float], y: str, unit
     gap = lead_interval(lead, unit)
     shares = sorted(((s, name) for name, s in lead["share"].items() if s > 0), reverse=True)[:3]
     often = ", ".join(f"{name} in {_share(s)}" for s, name in shares[1:])
-    often = f"{shares[0][1]} has the highest $R^2$ in {_share(shares[0][0])} of the resamples" + (
+    often = f"{shares[0][1]} has the highest R² in {_share(shares[0][0])} of the resamples" + (
         f", {often}" if often else ""
     )
     head = (
@@ -248,11 +248,11 @@ def best_sentence(lead: Mapping[str, Any], r2: Mapping[str, float], y: str, unit
     )
     if BEST_PREDICTOR.judge({"lead": gap}) == "yes":
         return (
-            f"The best single predictor of {y} is {best} ($R^2$ = {r2[best]:.3f}): {head}, above 0 "
+            f"The best single predictor of {y} is {best} (R² = {r2[best]:.3f}): {head}, above 0 "
             f"throughout, so the best-predictor rule names it; {often}"
         )
     return (
-        f"The highest $R^2$ of {y}, {r2[best]:.3f}, is that of {best}, but {head}, not wholly above 0: by "
+        f"The highest R² of {y}, {r2[best]:.3f}, is that of {best}, but {head}, not wholly above 0: by "
         f"the best-predictor rule no single predictor is the best on these {lead['n']} {unit}; {often}"
     )
 

@@ -144,6 +144,20 @@ def scale_prompts(p: Params) -> dict[str, str]:
     return dict(zip(table["id"], table["text"]))
 
 
+def scale_prompt_words(p: Params) -> str:
+    """On which prompts the scale question measures (:func:`scale_prompts`), in words: the demo
+    prompt alone, or it and ``scale_prompts`` of the prompt set (values: means over them); each cut
+    to at most ``scale_max_tokens`` tokens."""
+    n = len(scale_prompts(p))
+    cut = f"cut to at most {p.scale_max_tokens} tokens"
+    if n == 1:
+        return f"on the demo prompt alone ({cut})"
+    return (
+        f"on {n} prompts, the demo prompt and {n - 1} of the prompt set (each {cut}; values are means "
+        "over them)"
+    )
+
+
 # --------------------------------------------------------------------------- the rules, fixed first
 # the replotted Fig. 1a: R² of the leaderboard score on the paper's digitised coupling
 FIG1A_FIT = Rule(yes="abs(r2 - 0.80) <= 0.02", partly="abs(r2 - 0.80) <= 0.1")
@@ -404,11 +418,28 @@ class Results:
     training: FamilyCoupling | None = None
     others: dict[str, Results] = field(default_factory=dict)  # under each other map of the last block
     named: pd.DataFrame = field(default_factory=pd.DataFrame)  # every model as measured (:func:`named`)
+    # the scale question's prompts (:func:`scale_prompts`), which differ from ``prompts``
+    scale_prompts: dict[str, str] = field(default_factory=dict)
 
     @property
     def prompt_table(self) -> pd.DataFrame:
-        """The prompts every model is measured on: ``prompt, text``."""
+        """The prompts of the family, the training family and the hub models (not the scale
+        question's: :func:`prompt_table` lists both): ``prompt, text``."""
         return pd.DataFrame({"prompt": list(self.prompts), "text": list(self.prompts.values())})
+
+
+def prompt_table(p: Params, results: Results) -> pd.DataFrame:
+    """Every prompt the chapter measures, one row per prompt and part: ``prompt``, ``measured by``
+    (the family and the training family, with the hub models where there are any, on ``prompts``;
+    the scale question on its own :func:`scale_prompts`), ``tokens measured (at most)`` (the
+    prompt is cut to that many tokens) and ``text``."""
+    family = [PARTS["family"], PARTS["training"], *([PARTS["hub"]] if p.hub_models else [])]
+    sets = [
+        (results.prompts, ", ".join(family[:-1]) + " and " + family[-1], p.prompt_tokens),
+        (results.scale_prompts, PARTS["scale"], p.scale_max_tokens),
+    ]
+    rows = [(pid, part, tokens, text) for given, part, tokens in sets for pid, text in given.items()]
+    return pd.DataFrame(rows, columns=["prompt", "measured by", "tokens measured (at most)", "text"])
 
 
 PARTS = {
@@ -461,4 +492,5 @@ def run(p: Params, options: Options | None = None) -> Results:
         others=others,
         training=family_summary(results["training"], how=p.how),
         named=named(results),
+        scale_prompts=parts["scale"][0].prompts if parts["scale"] else {},
     )

@@ -26,6 +26,7 @@ from coupling_utils.chapters.f02_generalization.plan import (
     SIZES,
     Params,
     Results,
+    scale_prompt_words,
 )
 from coupling_utils.engine.metric import k_for_width
 
@@ -125,15 +126,16 @@ def tpp_words(tpp: pd.Series) -> dict[str, Markdown]:
 
 def stage_words(stage: pd.DataFrame, n_flat: int) -> str:
     """How many of the family's learning curves are flat at their end, and which way the others
-    were still moving (``tail_drop_rel`` > 0: the held-out loss still fell)."""
+    were still moving (``tail_drop_rel`` > 0: the held-out loss still fell). The prose names the
+    rule before it ("by the flat rule stated above, ..."), so the sentence does not name it again."""
     n = len(stage)
     if n_flat == n:
-        return "every member's curve is flat at its end by that rule"
+        return "every member's curve is flat at its end"
     moving = stage.loc[~stage["flat"].astype(bool), "tail_drop_rel"]
     how = "still descending" if (moving > 0).all() else "rising" if (moving < 0).all() else "still moving"
     verb = "is flat at its" if n_flat == 1 else "are flat at their"
     return (
-        f"{n_flat} of {n} curves {verb} end by that rule: the others were {how}, so the "
+        f"{n_flat} of {n} curves {verb} end: the others were {how}, so the "
         "comparison below is partly one of how far training got"
     )
 
@@ -318,6 +320,15 @@ class Hub:
         return None if self.fits is None else self.fits.set_index("predictor").loc["coupling"]
 
 
+HUB_SKIPPED = (
+    "Skipped in this run: it lists no hub models. The paper profile measures the paper's Fig. 1a models "
+    "from the hub on a GPU (coupling-book run f02 --profile paper); the laptop profile measures the "
+    "smallest of them on a CPU (coupling-book run f02 --profile laptop)."
+)
+"""What the hub section says in a run without ``hub_models`` (plain words: it is printed)."""
+HUB_MIN_FIT = 3  # the fewest hub models with a v1 average that :func:`hub_fit` fits
+
+
 def hub_fit(p: Params, results: Results, paper: PaperFit) -> Hub | None:
     """Our coupling of the hub models against their leaderboard v1 average and the paper's
     coupling (None without ``hub_models``)."""
@@ -334,7 +345,7 @@ def hub_fit(p: Params, results: Results, paper: PaperFit) -> Hub | None:
         how="left",
         suffixes=("", "_paper"),
     )
-    if hub["average"].notna().sum() < 3:
+    if hub["average"].notna().sum() < HUB_MIN_FIT:
         return Hub(results.hub, missing, None, None)
     fits = predictor_comparison(hub, "average", PAPER_PREDICTORS, p.boot)
     return Hub(results.hub, missing, hub, fits)
@@ -367,12 +378,16 @@ AXIS_RULES = scale.axis_rules()
 """When a candidate is compatible with each figure's axis (``scale.axis_rule``)."""
 
 
-def axis_lines() -> str:
-    """Each figure's axis rule, one line each (what the scale section prints)."""
-    return "\n".join(
-        f"{name} ({scale.AXES[name][0]}–{scale.AXES[name][1]}): {rule.text}"
+def axis_lines(p: Params) -> str:
+    """Each figure's axis rule, one line each, as it reads the candidates' values: one number per
+    model and candidate, measured on :func:`~.plan.scale_prompt_words`, with no interval (what the
+    scale section prints)."""
+    rules = [
+        f"{name} ({scale.AXES[name][0]}–{scale.AXES[name][1]}): {rule.point_text}"
         for name, rule in AXIS_RULES.items()
-    )
+    ]
+    said = f"trained and twin: one number each per candidate, measured {scale_prompt_words(p)}, no interval"
+    return "\n".join([*rules, said])
 
 
 @dataclass
@@ -424,9 +439,9 @@ def choice_words(s: ScaleAnswer) -> dict[str, str]:
         tokenwise = "This run computed no token-wise candidate"
     elif above == len(tokens):
         tokenwise = (f"Token-wise candidates are no alternative: in all {len(tokens)} of them the twin is "
-                     "*more* coupled than the trained model (f01 measures the token-wise view)")  # fmt: skip
+                     "more coupled than the trained model (f01 measures the token-wise view)")  # fmt: skip
     else:
-        tokenwise = (f"In {above} of the {len(tokens)} token-wise candidates the twin is *more* coupled "
+        tokenwise = (f"In {above} of the {len(tokens)} token-wise candidates the twin is more coupled "
                      "than the trained model; the table above judges each of them")  # fmt: skip
     return {
         "f02_scale_separates": (

@@ -33,9 +33,12 @@ from coupling_utils.chapters.f02_generalization.plan import (
     HUB,
     Params,
     Results,
+    scale_prompt_words,
 )
 from coupling_utils.chapters.f02_generalization.sections import (
     AXIS_RULES,
+    HUB_MIN_FIT,
+    HUB_SKIPPED,
     Beyond,
     Family,
     FamilyFits,
@@ -191,7 +194,8 @@ def _beyond_claims(p: Params, story: Story) -> list[dict[str, Any]]:
             paper="not studied",
             rule=EXTENSION,
             values={"slope": v2.slope, "slope_low": v2.slope_ci_low},
-            ours=f"R² {v2.r2:.3f} over {int(v2.n)} models (v1: {v1.r2:.3f})",
+            ours=f"R² {v2.r2:.3f} over {int(v2.n)} models (v1 average, final snapshot: R² {v1.r2:.3f} over "
+            f"{int(v1.n)} models)",
             kind="replot",
             note=f"the paper's digitised coupling against v2; log params R² {v2.size_r2:.3f}",
         ),
@@ -201,7 +205,8 @@ def _beyond_claims(p: Params, story: Story) -> list[dict[str, Any]]:
             rule=Rule(yes="n_compatible >= 1"),
             values={"n_compatible": s.n_1a},
             ours=f"{s.n_1a} of {len(s.judged)} candidates; {s.n_1b} fit Fig. 1b's axis",
-            note=f"judged on {p.scale_reference} and its twin; rule: {AXIS_RULES['Fig. 1a'].text}",
+            note=f"judged on {p.scale_reference} and its twin, {scale_prompt_words(p)}; rule: "
+            f"{AXIS_RULES['Fig. 1a'].point_text}",
         ),
     ]
 
@@ -419,6 +424,7 @@ def _scale_glue(p: Params, s: ScaleAnswer) -> dict[str, Any]:
         "f02_scale_book_trained": float(book.trained) if book is not None else float("nan"),
         "f02_scale_book_twin": float(book.twin) if book is not None else float("nan"),
         "f02_scale_book_k": int(max(p.scale_k)),
+        "f02_scale_prompts": Markdown(scale_prompt_words(p)),
         "f02_scale_book_1b": Markdown(
             (
                 "is compatible with Fig. 1b's axis"
@@ -468,8 +474,8 @@ def _beyond_glue(paper: PaperFit, b: Beyond) -> dict[str, Any]:
     }
     lowest = tasks[tasks.version == "v2"].sort_values("r2").iloc[0]  # exercise f02-ex-v2
     out["f02_v2_worst_size"] = Markdown(
-        f"For {lowest['name']}, the v2 task with the lowest estimate ($R^2$ = {lowest['r2']:.3f}), log "
-        f"parameter count gives $R^2$ = {lowest['size_r2']:.3f}; the difference, {lowest['gap']:.3f} "
+        f"For {lowest['name']}, the v2 task with the lowest estimate (R² = {lowest['r2']:.3f}), log "
+        f"parameter count gives R² = {lowest['size_r2']:.3f}; the difference, {lowest['gap']:.3f} "
         f"({gap_interval(lowest).words('.3f')}), "
         + {SIDES[0]: "counts it for coupling", SIDES[1]: "counts it for parameter count",
            SIDES[2]: "does not separate the two there"}[lowest["side"]]
@@ -518,15 +524,19 @@ def _verdict_glue(story: Story, verdict: Mapping[str, str]) -> dict[str, Any]:
         )
         if CLAIMS[key] in verdict
     }
-    out["f02_hub_sentence"] = Markdown(
-        "**Not reproduced here.** The measurement of the 28 hub models needs a GPU and the hub "
-        "(`--profile paper`); "
-        "this run does not include it."
-        if fit is None
-        else f"**The hub models** ({_word(CLAIMS['hub'], verdict)}): our coupling of {int(fit['n'])} "
-        "hub models with a v1 "
-        f"score explains $R^2$ = {fit['r2']:.3f} of the leaderboard average."
-    )
+    if story.hub is None:
+        said = f"**Not reproduced here.** {HUB_SKIPPED}"
+    elif fit is None:
+        said = (
+            f"**Not reproduced here.** {story.hub.n_measured} hub model(s) measured, too few with a v1 "
+            f"average to fit (at least {HUB_MIN_FIT} are needed): the status table has no hub row."
+        )
+    else:
+        said = (
+            f"**The hub models** ({_word(CLAIMS['hub'], verdict)}): our coupling of {int(fit['n'])} hub "
+            f"models with a v1 score explains R² = {fit['r2']:.3f} of the leaderboard average."
+        )
+    out["f02_hub_sentence"] = Markdown(said)
     return out
 
 

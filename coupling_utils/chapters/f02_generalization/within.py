@@ -144,12 +144,12 @@ def _data_sentence(ours: pd.DataFrame) -> Markdown:
 
 
 def _flat_sentence(t: Training) -> Markdown:
+    """How many of the training family's curves are not flat at their end, and how each moved;
+    it follows "By the flat rule," in the prose, so it does not name the rule again."""
     stage = t.stage.dropna(subset=["tail_drop_rel"])
     falling = stage[~stage["flat"]]
     if falling.empty:
-        return Markdown(
-            "every member's curve is flat at its end by that rule, so the rule failed nowhere here"
-        )
+        return Markdown("every member's curve is flat at its end")
     names = ", ".join(f"`{r}`" for r in falling["run"])
     parts = []
     down, up = falling[falling["tail_drop"] > 0], falling[falling["tail_drop"] < 0]
