@@ -99,7 +99,7 @@ def test_run_collects_exactly_the_plan_and_condenses_each_part(tmp_path, monkeyp
     assert got.hub.lines[1] == "org/hub-b: failed: OSError: gated repo"
     assert set(got.scale.values.model) == set(f02.scale_ks(p)) and got.scale.failures.empty
     assert list(got.failures.job) == ["model=org/hub-b"] and list(got.failures.error) == ["OSError"]
-    assert list(got.prompt_table.prompt) == list(f02.prompts(p))
+    assert list(got.prompts) == list(f02.prompts(p))
     # every measurement with the authors' last block; the family and the scale reference also
     # with the paper's, for the status rows' notes
     conventions = [j.settings["measure"].last_block for j in planned]

@@ -421,12 +421,6 @@ class Results:
     # the scale question's prompts (:func:`scale_prompts`), which differ from ``prompts``
     scale_prompts: dict[str, str] = field(default_factory=dict)
 
-    @property
-    def prompt_table(self) -> pd.DataFrame:
-        """The prompts of the family, the training family and the hub models (not the scale
-        question's: :func:`prompt_table` lists both): ``prompt, text``."""
-        return pd.DataFrame({"prompt": list(self.prompts), "text": list(self.prompts.values())})
-
 
 def prompt_table(p: Params, results: Results) -> pd.DataFrame:
     """Every prompt the chapter measures, one row per prompt and part: ``prompt``, ``measured by``
