@@ -95,7 +95,11 @@ def test_run_reads_back_what_the_model_gives(standin_hub, tmp_path, monkeypatch)
     for name in ("steps", "metrics"):  # f05-ex-first-token's variant: position 0 kept
         pd.testing.assert_frame_equal(r.first_token[name], getattr(kept, name), check_dtype=False)
     assert r.n_tokens == [int(x.shape[1]) for x in inputs] and r.window == (0, lm.n_layers)
-    assert r.pca_tokens["token"].tolist() == lm.tokenizer.convert_ids_to_tokens(inputs[0][0].tolist())
+    # the tokens as a reader reads them: each id decoded alone, its leading space shown as "␣"
+    ids = inputs[0][0].tolist()
+    shown = [lm.tokenizer.decode([i]).replace(" ", "␣") for i in ids]
+    assert r.pca_tokens["token"].tolist() == shown and len(ids) > 1
+    assert not any(m in t for t in shown for m in "Ġ▁") and any(t.startswith("␣") for t in shown[1:])
     assert set(r.pca["model"]) == {"trained", "random init"} and (r.pca["token"] > 0).all()
     lengths = " and ".join(str(n) for n in r.n_tokens)
     named = r.facts["named"]  # an extra-only job: the reference, its hub commit and the dtype asked

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from coupling_utils.analysis.depth_and_tokens import token_label
 from coupling_utils.analysis.model_names import model_words, of_result
 from coupling_utils.analysis.prose_list import listed
 from coupling_utils.analysis.straightness import STRAIGHTER, straighter_text, straightness
@@ -279,7 +280,8 @@ def _results(p: Params, t: dict, facts: dict, tokens: pd.DataFrame, failures: pd
     if p.skip_first_token:
         pca = pca[pca["token"] != 0]
     drawn = tokens[tokens["prompt"] == p.pca_prompt]
-    pca_tokens = pd.DataFrame({"position": range(len(drawn)), "token": drawn["token"].tolist()})
+    shown = [token_label(s) for s in drawn["token"]]  # each token's text, its spaces visible
+    pca_tokens = pd.DataFrame({"position": range(len(drawn)), "token": shown})
     summary = metrics.drop(columns=["prompt", "token"]).groupby("model").agg(["mean", "std"])
     summary.columns = [f"{a} ({b})" for a, b in summary.columns]
     expo = metrics.melt(id_vars=["model", "prompt", "token"],
