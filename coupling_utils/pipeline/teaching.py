@@ -154,12 +154,13 @@ def exercise_section(table: pd.DataFrame, edition: str = "teacher") -> str:
     """The counts and one row per chapter (MyST markdown) for the teaching page of an edition."""
     if table.empty:
         return "No chapter has exercises yet.\n"
-    n = len(table)
+    n, ask, gpu = len(table), int(table.predict_first.sum()), int(table.needs_gpu.sum())
     lines = [
-        f"The chapters hold {n} exercises: {int(table.has_solution.sum())} with a worked solution "
+        f"The chapters hold {n} exercise{'' if n == 1 else 's'}: {int(table.has_solution.sum())} with a "
+        "worked solution "
         + ("(left out of this student edition), " if edition == "student" else "(hidden until opened), ")
-        + f"{int(table.predict_first.sum())} that ask for a prediction first "
-        f"and {int(table.needs_gpu.sum())} that need a GPU; the others run on a laptop CPU. "
+        + f"{ask} that ask{'s' if ask == 1 else ''} for a prediction first "
+        f"and {gpu} that need{'s' if gpu == 1 else ''} a GPU; the others run on a laptop CPU. "
         "This list is read from the chapters when the book is built. Each exercise's title gives its "
         "difficulty: *easy* (one rerun with one changed parameter, then reading a result), *medium* "
         "(several reruns, a short new analysis or argument), *hard* (a proof, new code, a new training "
