@@ -226,6 +226,18 @@ def test_the_exponential_verdict_quotes_its_numbers_with_intervals():
     assert words.count("over 3 prompts") == 3 and "log-linear expodistance at" in words
 
 
+def test_the_exponential_claim_states_what_its_rule_measures():
+    """The rule reads growth > 1 (the steps grow) and the expodistances' ratios to the twin's (closer
+    to exponential spacing): the old claim, "step sizes grow exponentially with depth in the trained
+    model, more than at random init", asserted exponential growth outright and a growth faster than
+    the twin's, neither of which the rule measures."""
+    claim = f05.EXPONENTIAL_CLAIM
+    assert "grow exponentially" not in claim and "more than at random init" not in claim
+    assert f05.EXPONENTIAL.names == {"growth", "log_linear_r2_ratio", "ratio_cv_ratio"}
+    assert "grow with depth (fitted growth above 1 per block)" in claim
+    assert "closer to exponential spacing than at random init (both expodistances lower)" in claim
+
+
 def test_the_third_expodistance_reads_equal_where_the_prose_prints_equal_numbers():
     """Residuals 0.0940 and 0.0941 print as 0.094 and 0.094: the old words said "higher"."""
     layers = np.arange(1, 6)
