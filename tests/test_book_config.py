@@ -216,6 +216,9 @@ def test_staging_keeps_what_exists_and_prunes_the_toc(tmp_path):
     status = (src / "book" / "status.md").read_text()
     assert status.startswith((root / "book" / "status.md").read_text())
     assert "f00_coupling_metric" in status and "m(J, J) = 0" in status
+    running = (src / "book" / "running.md").read_text()  # the default profile's time, from the costs
+    assert "% profile-times" not in running.splitlines()
+    assert "Measured time per notebook at the `default` profile: from " in running
     for part in staged["parts"]:
         assert part["chapters"], f"empty part kept: {part['caption']}"
 

@@ -134,9 +134,12 @@ def test_exercises_are_read_from_the_sources(tmp_path):
     assert list(table.has_solution) == [True, False, False]
     assert table.text.iloc[1] == "Run the paper profile."
     section = teaching.exercise_section(table)
-    assert (
-        "3 exercises: 1 with a worked solution" in section and "1 that ask for a prediction first" in section
-    )
+    assert "3 exercises: 1 with a worked solution" in section
+    # one of each agrees with its verb: "1 that asks", "1 that needs" (not "1 that need a GPU")
+    assert "1 that asks for a prediction first and 1 that needs a GPU;" in section
+    two = teaching.exercise_section(pd.concat([table, table], ignore_index=True))
+    assert "6 exercises" in two and "2 that ask for a prediction first and 2 that need a GPU;" in two
+    assert "hold 1 exercise:" in teaching.exercise_section(table.iloc[:1])
     assert "| {doc}`../notebooks/f09_chapter` | 3 | 1 | 1 | 1: {ref}`f09-ex-gpu` |" in section
     page = tmp_path / "teaching.md"
     page.write_text("Intro.\n\n% exercise-table\n")

@@ -106,3 +106,36 @@ def test_the_code_the_rows_ran_is_named_by_its_commit_where_recorded():
     two = teaching.chapter_time(costs(commit=["aaaa"] * 2 + ["bbbb+changes"] + ["aaaa"] * 6), "f00")
     assert "at commits `aaaa`, `bbbb+changes`" in two
     assert "at commit" not in teaching.costs_summary(costs())
+
+
+def test_the_running_page_says_the_default_profile_s_time_per_notebook_from_the_costs():
+    """The profiles table once said "about a minute to a few minutes" per notebook at the `default`
+    profile while the measured costs gave f04 about 9 minutes with its models built and about 17
+    from an empty cache: the sentence below the table is now made from the costs, fastest and
+    slowest chapter per state, and the table types no time for that profile."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    seconds = [30.0, 20.0, 10.0, 600.0, 300.0, 40.0, 50.0, 25.0, 15.0]  # f00, f01, f05 × cold, models, warm
+    text = teaching.profile_times(costs(seconds=seconds))
+    assert "from under a minute (f00) to about 5 min (f01) with its models built beforehand" in text
+    assert "from under a minute (f00) to about 10 min (f01) from an empty cache, building its models" in text
+    assert "under a minute rerun, its measurements cached." in text
+    assert "measured on a 2-core CPU (Xeon, no GPU) on 2026-12-04, in one run" in text
+    failed = teaching.profile_times(costs(status=["ok"] * 6 + ["failed"] * 3))
+    assert "f05: no successful run at the `default` profile measured" in failed
+
+    shipped = pd.read_csv(root / "data" / "benchmarks" / "chapter_costs.csv")
+    text = teaching.profile_times(shipped)
+    ok = shipped[(shipped.status == "ok") & (shipped.profile == "default")]
+    for state, words in teaching.STATE_WORDS.items():
+        by = ok[ok.state == state].groupby("chapter").seconds.min() / 60
+        low, high = teaching._about(by.min()), teaching._about(by.max())
+        want = low if low == high else f"from {low} ({by.idxmin()}) to {high} ({by.idxmax()})"
+        assert f"{want} {words}" in text
+    page = (root / "book" / "running.md").read_text()
+    (row,) = [line for line in page.splitlines() if line.startswith("| `default` |")]
+    assert "minute" not in row and "measured per chapter (below the table)" in row
+    lines = page.splitlines()
+    table_end = max(i for i, line in enumerate(lines) if line.startswith("| `paper` |"))
+    assert teaching.PROFILE_TIMES_MARKER in lines[table_end + 1 : table_end + 3]

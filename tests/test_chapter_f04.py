@@ -3,6 +3,8 @@ any hub model; ``run`` collects exactly that plan, and a read-only rerun gives t
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from coupling_utils.analysis import vision_transformers as vt
@@ -148,23 +150,57 @@ def test_the_gap_is_read_against_the_seed_spread_and_changes_by_their_sign():
     assert _change_words(0.01).startswith("did not change")
 
 
-def test_the_mean_token_solution_says_rises_only_of_a_curve_that_rises(monkeypatch):
-    """At the default profile both curves fall with the step (ρ -0.04 and -0.66): the old solution
-    said the mean's "rises more steadily"."""
-    from types import SimpleNamespace
-
+def _curve_of(images: dict[str, list[float]]):
+    """An exercise's curve (per image, by checkpoint) as condense_exercises gives it."""
     import pandas as pd
 
+    rows = [
+        {"model": f"step{8 * i}", "weights": "trained", "prompt": img, "coupling": v}
+        for img, vals in images.items()
+        for i, v in enumerate(vals)
+    ]
+    per = pd.DataFrame(rows)
+    return SimpleNamespace(
+        per_prompt=per, summary=per.groupby("model", as_index=False, sort=False)["coupling"].mean()
+    )
+
+
+def test_the_mean_token_solution_says_rises_only_of_a_curve_that_rises(monkeypatch):
+    """At the default profile both curves fall with the step (ρ -0.04 and -0.66): an older solution
+    said the mean's "rises more steadily"; the next one said "only the mean's rises" of a ρ of 0.13
+    whose interval over 16 digits includes 0. A curve rises, falls or ranks higher only by its
+    interval."""
+    from coupling_utils.analysis.verdicts import Interval
     from coupling_utils.chapters.f04_vision_transformers import exercises
 
-    falling = {"spearman": -0.04, "peak_fraction": 0.04, "max_drop": 0.59}
-    monkeypatch.setattr(exercises.vt, "curve_shape", lambda c: falling)
-    summary = pd.DataFrame({"model": ["step0", "step32"], "coupling": [0.1, 0.2]})
-    r = SimpleNamespace(exercises={"curve:mean": SimpleNamespace(summary=summary)},
-                        shape={"spearman": -0.66, "peak_fraction": 0.04, "max_drop": 0.55})  # fmt: skip
+    # images that disagree: their mean curve has a positive ρ, its interval includes 0
+    noisy = _curve_of(
+        {"a": [0.1, 0.3, 0.2, 0.5, 0.1], "b": [0.5, 0.1, 0.4, 0.0, 0.3], "c": [0.2, 0.2, 0.1, 0.3, 0.4]}
+    )
+    r = SimpleNamespace(
+        exercises={"curve:mean": noisy},
+        shape={"spearman": -0.64, "peak_fraction": 0.04, "max_drop": 0.48},
+        emerges_values={"spearman": Interval(-0.64, -0.80, -0.45, over="64 images")},
+    )
     words = exercises.mean_sentence(SimpleNamespace(token="cls", n_images=64), r)
-    assert "rises more steadily" not in words and "neither curve rises with the step" in words
-    assert "ranks higher with the step" in words
+    assert "only the mean's rises" not in words and "ranks higher" not in words
+    assert "the mean's curve shows no clear trend with the step (its interval includes 0)" in words
+    assert "the CLS token's falls with the step (its interval lies below 0)" in words
+    assert "95% interval -0.80 to -0.45 over 64 images" in words and "over 3 images" in words
+
+    # images that all rise: the mean's curve rises, and ranks above the falling CLS curve
+    rising = _curve_of(
+        {k: [0.1 + s, 0.2 + s, 0.3 + s, 0.4 + s, 0.5 + s] for k, s in zip("abc", (0, 0.05, 0.1))}
+    )
+    r.exercises = {"curve:mean": rising}
+    words = exercises.mean_sentence(SimpleNamespace(token="cls", n_images=64), r)
+    assert "the mean's curve rises with the step (its interval lies above 0)" in words
+    assert "the mean's ranks higher with the step than the CLS token's" in words
+
+    # one image: nothing to resample, so no trend is claimed
+    r.exercises = {"curve:mean": _curve_of({"a": [0.1, 0.2, 0.3, 0.4, 0.5]})}
+    words = exercises.mean_sentence(SimpleNamespace(token="cls", n_images=1), r)
+    assert "the mean's curve shows no clear trend" in words and "is not told apart" in words
 
 
 def test_the_hub_bullet_says_where_hub_vits_are_measured_when_none_was():

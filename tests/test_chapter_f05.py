@@ -95,7 +95,11 @@ def test_run_reads_back_what_the_model_gives(standin_hub, tmp_path, monkeypatch)
     for name in ("steps", "metrics"):  # f05-ex-first-token's variant: position 0 kept
         pd.testing.assert_frame_equal(r.first_token[name], getattr(kept, name), check_dtype=False)
     assert r.n_tokens == [int(x.shape[1]) for x in inputs] and r.window == (0, lm.n_layers)
-    assert r.pca_tokens["token"].tolist() == lm.tokenizer.convert_ids_to_tokens(inputs[0][0].tolist())
+    # the tokens as a reader reads them: each id decoded alone, its leading space shown as "␣"
+    ids = inputs[0][0].tolist()
+    shown = [lm.tokenizer.decode([i]).replace(" ", "␣") for i in ids]
+    assert r.pca_tokens["token"].tolist() == shown and len(ids) > 1
+    assert not any(m in t for t in shown for m in "Ġ▁") and any(t.startswith("␣") for t in shown[1:])
     assert set(r.pca["model"]) == {"trained", "random init"} and (r.pca["token"] > 0).all()
     lengths = " and ".join(str(n) for n in r.n_tokens)
     named = r.facts["named"]  # an extra-only job: the reference, its hub commit and the dtype asked
@@ -220,6 +224,18 @@ def test_the_exponential_verdict_quotes_its_numbers_with_intervals():
     words = f05.exponential_words(SimpleNamespace(metrics=pd.DataFrame(rows)))
     assert words.startswith("The rule read growth ") and words.count("95% interval") == 3
     assert words.count("over 3 prompts") == 3 and "log-linear expodistance at" in words
+
+
+def test_the_exponential_claim_states_what_its_rule_measures():
+    """The rule reads growth > 1 (the steps grow) and the expodistances' ratios to the twin's (closer
+    to exponential spacing): the old claim, "step sizes grow exponentially with depth in the trained
+    model, more than at random init", asserted exponential growth outright and a growth faster than
+    the twin's, neither of which the rule measures."""
+    claim = f05.EXPONENTIAL_CLAIM
+    assert "grow exponentially" not in claim and "more than at random init" not in claim
+    assert f05.EXPONENTIAL.names == {"growth", "log_linear_r2_ratio", "ratio_cv_ratio"}
+    assert "grow with depth (fitted growth above 1 per block)" in claim
+    assert "closer to exponential spacing than at random init (both expodistances lower)" in claim
 
 
 def test_the_third_expodistance_reads_equal_where_the_prose_prints_equal_numbers():

@@ -328,3 +328,20 @@ def test_growth_intervals_resample_prompts_of_both_models():
     assert growth_intervals(metrics[metrics.model == "trained"]) == {}  # no twin, nothing to judge
     one = growth_intervals(metrics[metrics.prompt == "a"])
     assert one["growth"].low == -np.inf and one["growth"].over == "1 prompt"
+
+
+def test_token_texts_decode_each_id_alone_and_keep_a_word_s_leading_space():
+    from coupling_utils.analysis.depth_and_tokens import token_label
+
+    class SentencePiece:  # decodes one token without its leading space, as SentencePiece does
+        vocab = ["▁The", "▁capital", "é", "\n"]
+
+        def convert_ids_to_tokens(self, ids):
+            return [self.vocab[i] for i in ids]
+
+        def decode(self, ids):
+            return "".join(self.vocab[i] for i in ids).replace("▁", " ").lstrip(" ")
+
+    texts = tr.token_texts(SentencePiece(), [0, 1, 2, 3])
+    assert texts == [" The", " capital", "é", "\n"]
+    assert [token_label(t) for t in texts] == ["␣The", "␣capital", "é", "⏎"]

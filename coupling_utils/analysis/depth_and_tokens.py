@@ -61,6 +61,7 @@ __all__ = [
     "coupling_by_distance",
     "offdiag_mean",
     "label_tokens",
+    "token_label",
 ]
 
 
@@ -427,7 +428,9 @@ def label_tokens(df: pd.DataFrame, tokens: Sequence[str], columns: Sequence[str]
     """Replace token positions in ``columns`` by labels ``"03 Paris"`` (position, then the token
     text), which sort in position order on a chart axis."""
     width = len(str(max(len(tokens) - 1, 0)))
-    labels = [f"{t:0{width}d} {_clean(s)}" for t, s in enumerate(tokens)]
+    # the vocabulary's byte-level BPE and SentencePiece markers read back as a space and a newline
+    text = [str(s).replace("Ġ", " ").replace("▁", " ").replace("Ċ", "\n") for s in tokens]
+    labels = [f"{t:0{width}d} {token_label(s)}" for t, s in enumerate(text)]
     check_table(df, Schema("the table", dict.fromkeys(columns, "any")))
     out = df.copy()
     for c in columns:
@@ -438,9 +441,10 @@ def label_tokens(df: pd.DataFrame, tokens: Sequence[str], columns: Sequence[str]
     return out
 
 
-def _clean(token: str) -> str:
-    """A token's text for an axis label: byte-level BPE markers made readable."""
-    s = str(token).replace("Ġ", "␣").replace("▁", "␣").replace("Ċ", "⏎")
+def token_label(text: str) -> str:
+    """A token's text as the book shows it in labels and tables: its spaces visible as "␣" (" is"
+    -> "␣is"), a newline as "⏎"; a token still blank is shown by its repr."""
+    s = str(text).replace(" ", "␣").replace("\n", "⏎")
     return s if s.strip() else repr(s)
 
 

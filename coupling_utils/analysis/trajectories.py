@@ -44,6 +44,7 @@ __all__ = [
     "trajectory_tables",
     "TrajectoryTables",
     "trajectory_study",
+    "token_texts",
     "study_passes",
     "linearized_study_passes",
     "EXPODISTANCE_METHODS",
@@ -422,7 +423,7 @@ def trajectory_study(
     tokens = pd.concat(
         [
             pd.DataFrame({"prompt": p, "position": range(ids.shape[1]), "token_id": ids[0].tolist(),
-                          "token": model.tokenizer.convert_ids_to_tokens(ids[0].tolist())})
+                          "token": token_texts(model.tokenizer, ids[0].tolist())})
             for p, ids in enumerate(inputs)
         ],
         ignore_index=True,
@@ -433,6 +434,21 @@ def trajectory_study(
     )  # fmt: skip
     return {"steps": res.steps, "metrics": res.metrics, "linearization": res.linearization,
             "pca": pca, "tokens": tokens, "facts": facts}  # fmt: skip
+
+
+def token_texts(tokenizer, ids: Sequence[int]) -> list[str]:
+    """Each token's text as a reader reads it: its id decoded on its own (``" is"``, not the
+    vocabulary's ``"Ġis"``). A tokenizer that drops a word's leading space when it decodes one
+    token (SentencePiece's ``"▁is"`` decodes to ``"is"``) gets the space back."""
+    ids = [int(i) for i in ids]
+    raw = tokenizer.convert_ids_to_tokens(ids)
+    texts = []
+    for i, r in zip(ids, raw, strict=True):
+        text = tokenizer.decode([i])
+        if str(r).startswith(("Ġ", "▁")) and not text.startswith(" "):
+            text = " " + text
+        texts.append(text)
+    return texts
 
 
 def study_passes(n_layers: int, d_model: int) -> int:

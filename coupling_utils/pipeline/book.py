@@ -89,6 +89,7 @@ INTRO_PAGE = "intro"  # gets the reproduction summary (bottom line and chart) at
 TEACHING_PAGE = "teaching"  # gets the list of the chapters' exercises at its marker
 ARCHITECTURES_PAGE = "architectures"  # its table is generated from the adapter table
 BIBLIOGRAPHY_PAGE = "bibliography"  # gets "Cite this companion" from CITATION.cff
+RUNNING_PAGE = "running"  # gets the default profile's measured time per notebook at its marker
 DATA_DIR = "data"  # staged too: prose may include its tables
 EXTRA_STAGE = "_extra"  # an html_extra_path (see _config.yml): copied as is to the HTML root
 BOOK_KEY = "coupling_book"  # our own section of _config.yml, removed from the staged copy
@@ -242,7 +243,8 @@ def _stage_generated_pages(
 ) -> None:
     """The parts of pages made at build time: the status tables, the intro's summary and printable
     link, the teaching page's exercises, costs and kit link (for ``options.edition``, when there
-    is a ``kit``), diagrams, the matrix-free findings, architectures, citation."""
+    is a ``kit``), the running page's time per notebook, diagrams, the matrix-free findings,
+    architectures, citation."""
     page = {name: src / PROSE_DIR / f"{name}.md" for name in (
         STATUS_PAGE, INTRO_PAGE, TEACHING_PAGE, ARCHITECTURES_PAGE, BIBLIOGRAPHY_PAGE)}  # fmt: skip
     included = {Path(e.docname).name for e in plan.included if e.kind == "notebook"}
@@ -263,6 +265,12 @@ def _stage_generated_pages(
         stage_kit_link(page[TEACHING_PAGE], f"../{KIT_DOWNLOAD}", options.edition if kit else "")
         stage_costs(page[TEACHING_PAGE], root / "data" / "benchmarks" / "chapter_costs.csv")
         stage_plans(page[TEACHING_PAGE], root / "data" / "benchmarks" / "chapter_costs.csv")
+    if (src / PROSE_DIR / f"{RUNNING_PAGE}.md").is_file():
+        from coupling_utils.pipeline.teaching import stage_profile_times
+
+        stage_profile_times(
+            src / PROSE_DIR / f"{RUNNING_PAGE}.md", root / DATA_DIR / "benchmarks" / "chapter_costs.csv"
+        )
     from coupling_utils.pipeline.diagrams import stage_diagrams
 
     for name in ("notation-and-method", "performance"):  # the pages with figures and findings made now

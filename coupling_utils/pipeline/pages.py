@@ -38,7 +38,7 @@ __all__ = [
 PRINT_DIR = "print"  # the printable edition: the whole book on one page, out/print/index.html
 PRINT_MARKER = "% printable"  # the intro's line that links it
 MATRIX_FREE_MARKER = "% matrix-free-findings"  # the performance page's line for its findings
-ENGINE_TARGET_MARKER = "% engine-target"  # ... for the all-token path against issue 26's target
+ENGINE_TARGET_MARKER = "% engine-target"  # ... for the all-token path against its target (T/2)
 GPU_RUN_MARKER = "% gpu-check-run"  # ... for what the recorded GPU run is
 REDUCTION_TARGET = 5.0  # the matrix-free target: at least this many times fewer block passes than d
 DEFAULT_STEPS = 45  # block Lanczos's default number of steps (the rows run with the defaults)
@@ -311,9 +311,9 @@ def _engine_sentence(rows, T: int) -> str:
     spectra = at.loc["all_tokens: spectra (top 50, every token)"].seconds
     at_gemm = T * ref.seconds / ((sweep.flops + tiles.flops) / ref.gemm_flops_per_s + spectra)
     text = (
-        f"**At T = {T} the all-token path misses issue 26's target**: {path.speedup:.1f}× faster than "
-        f"T runs of the reference, against T/2 = {path.target:.0f}. The FLOPs say why: the exact tiles "
-        f"of all T² pairs ($2T^2 \\cdot 50 d^2$ and more) take {tiles.flops / 1e12:.2f} TFLOP, "
+        f"**At T = {T} the all-token path misses its target**: {path.speedup:.1f}× faster than "
+        f"T runs of the reference, against the target T/2 = {path.target:.0f}. The FLOPs say why: the exact "
+        f"tiles of all T² pairs ($2T^2 \\cdot 50 d^2$ and more) take {tiles.flops / 1e12:.2f} TFLOP, "
         f"{tiles.flops / sweep.flops:.1f}× the sweep's {sweep.flops / 1e12:.2f} TFLOP, so at the reference's "
         f"FLOP rate the sweep and the tiles alone, with the spectra free, would be {path.flop_bound:.1f}× "
         "faster (`flop_bound`), below the target. "
@@ -332,7 +332,7 @@ def _engine_sentence(rows, T: int) -> str:
 
 
 def engine_target_findings(table) -> str:
-    """The performance page's paragraph on the all-token path against issue 26's target (T/2), from
+    """The performance page's paragraph on the all-token path against its target (T/2), from
     ``bench/bench_engine.py``'s CSV (the SmolLM2-sized block): where it is met, and where it is not,
     the measured ratio, the target and the FLOP bound, with why the bound is not a ceiling."""
     block = table[table.case.str.startswith("block: SmolLM2")]

@@ -54,6 +54,9 @@ __all__ = [
     "PLANS_MARKER",
     "plans_summary",
     "stage_plans",
+    "PROFILE_TIMES_MARKER",
+    "profile_times",
+    "stage_profile_times",
 ]
 
 MARKER = "% exercise-table"
@@ -61,6 +64,7 @@ COSTS_MARKER = "% costs-summary"
 KIT_MARKER = "% lab-kit"
 TIME_MARKER = "% chapter-time"  # in each chapter's objectives block
 PLANS_MARKER = "% plan-costs"
+PROFILE_TIMES_MARKER = "% profile-times"  # below the profiles table of the running page
 LAB_CHAPTERS = ("f00", "f01", "f05")  # the 90-minute session of the course plans
 LAB_COMPUTE_MINUTES = 30  # at most this much of the lab's 90 minutes may be spent waiting for runs
 # the teaching page's course plans and the chapters each runs (their compute time is generated)
@@ -154,12 +158,13 @@ def exercise_section(table: pd.DataFrame, edition: str = "teacher") -> str:
     """The counts and one row per chapter (MyST markdown) for the teaching page of an edition."""
     if table.empty:
         return "No chapter has exercises yet.\n"
-    n = len(table)
+    n, ask, gpu = len(table), int(table.predict_first.sum()), int(table.needs_gpu.sum())
     lines = [
-        f"The chapters hold {n} exercises: {int(table.has_solution.sum())} with a worked solution "
+        f"The chapters hold {n} exercise{'' if n == 1 else 's'}: {int(table.has_solution.sum())} with a "
+        "worked solution "
         + ("(left out of this student edition), " if edition == "student" else "(hidden until opened), ")
-        + f"{int(table.predict_first.sum())} that ask for a prediction first "
-        f"and {int(table.needs_gpu.sum())} that need a GPU; the others run on a laptop CPU. "
+        + f"{ask} that ask{'s' if ask == 1 else ''} for a prediction first "
+        f"and {gpu} that need{'s' if gpu == 1 else ''} a GPU; the others run on a laptop CPU. "
         "This list is read from the chapters when the book is built. Each exercise's title gives its "
         "difficulty: *easy* (one rerun with one changed parameter, then reading a result), *medium* "
         "(several reruns, a short new analysis or argument), *hard* (a proof, new code, a new training "
@@ -526,3 +531,41 @@ def stage_plans(page: Path, costs_csv: Path) -> bool:
     """Replace the :data:`PLANS_MARKER` line of a staged page with :func:`plans_summary`."""
     costs = pd.read_csv(costs_csv) if Path(costs_csv).is_file() else pd.DataFrame()
     return replace_marker(page, PLANS_MARKER, plans_summary(costs, chapter_plans=current_plans()))
+
+
+def profile_times(costs: pd.DataFrame) -> str:
+    """How long one chapter's notebook takes at the ``default`` profile, from the measured costs:
+    the fastest and the slowest chapter in each state of the cache (each chapter's shortest
+    successful run, as :func:`chapter_time` reads it), where they were measured
+    (:func:`measured_how`), and the chapters without a successful run."""
+    need = {"chapter", "state", "seconds", "status"}
+    if costs.empty or not need <= set(costs.columns):
+        return "No chapter costs have been measured yet: run `python bench/bench_chapters.py`.\n"
+    rows = costs[costs.status == "ok"]
+    if "profile" in rows.columns:
+        rows = rows[rows.profile == "default"]
+    best = rows.groupby(["state", "chapter"]).seconds.min() / 60
+    said = []
+    for state in ("models", "cold", "warm"):
+        if state not in best.index.get_level_values("state"):
+            continue
+        by = best.loc[state]
+        low, high = _about(by.min()), _about(by.max())
+        span = low if low == high else f"from {low} ({by.idxmin()}) to {high} ({by.idxmax()})"
+        said.append(f"{span} {STATE_WORDS[state]}")
+    if not said:
+        return "No chapter has a successful run at the `default` profile: `python bench/bench_chapters.py`.\n"
+    text = "Measured time per notebook at the `default` profile: " + "; ".join(said) + "."
+    unmeasured = sorted(set(costs.chapter) - set(rows.chapter))
+    if unmeasured:
+        text += f" {', '.join(unmeasured)}: no successful run at the `default` profile measured."
+    return (
+        text
+        + f" The runs were measured {measured_how(rows)}; each chapter's times are in {{doc}}`teaching`.\n"
+    )
+
+
+def stage_profile_times(page: Path, costs_csv: Path) -> bool:
+    """Replace the :data:`PROFILE_TIMES_MARKER` line of a staged page with :func:`profile_times`."""
+    costs = pd.read_csv(costs_csv) if Path(costs_csv).is_file() else pd.DataFrame()
+    return replace_marker(page, PROFILE_TIMES_MARKER, profile_times(costs))

@@ -160,39 +160,64 @@ def patch_sentence(p, r) -> str:
     )
 
 
+def _curve_rho(r, token: str, main: str) -> Interval:
+    """Spearman ρ of a training curve with the step, with its 95% interval over the images: the
+    chapter's own curve as its rule judges it (:attr:`Results.emerges_values`), the exercise's
+    curve resampled the same way (images resampled, their mean curve's ρ recomputed)."""
+    from coupling_utils.analysis.training_curves import shape_intervals
+
+    if token == main:
+        rho = r.emerges_values["spearman"]
+    else:
+        per = r.exercises[f"curve:{token}"].per_prompt.rename(columns={"prompt": "image"})
+        per = per.assign(step=per.model.str.removeprefix("step").astype(int))
+        found = shape_intervals(per, "coupling", vt.curve_shape, ["spearman"], unit="image", n_resamples=500)
+        rho = found.get("spearman", float("nan"))
+    return rho if isinstance(rho, Interval) else Interval(float(rho), -float("inf"), float("inf"))
+
+
+def trend_words(rho: Interval) -> str:
+    """What a curve does with the step, read from its ρ's interval: it rises (or falls) only when the
+    interval lies above (below) 0."""
+    if rho.low > 0:
+        return "rises with the step (its interval lies above 0)"
+    if rho.high < 0:
+        return "falls with the step (its interval lies below 0)"
+    return "shows no clear trend with the step (its interval includes 0)"
+
+
 def mean_sentence(p, r) -> str:
-    """f04-ex-mean's expected result: the shape of the curve over every token against the CLS token's."""
+    """f04-ex-mean's expected result: the shape of the curve over every token against the CLS token's;
+    what each curve does with the step, and which ranks higher, follow the ρ intervals."""
     other = curve_token(p.token)
     c = r.exercises[f"curve:{other}"].summary.rename(columns={"model": "revision"})
     c["step"] = c.revision.str.removeprefix("step").astype(int)
     shapes = {p.token: r.shape, other: vt.curve_shape(c)}
     ref = "cls" if "cls" in shapes else p.token  # the laptop profile measures the last patch
     mean, cls = shapes["mean"], shapes[ref]
-    steadier = (
-        "ranks higher with the step" if mean["spearman"] > cls["spearman"] else
-        "ranks lower with the step" if mean["spearman"] < cls["spearman"] else "ranks as high with the step"
+    rho = {t: _curve_rho(r, t, p.token) for t in ("mean", ref)}
+    which = "the CLS token's" if ref == "cls" else f"{r.token_words}'s"
+    rank = (
+        f"ranks higher with the step than {which}" if rho["mean"].low > rho[ref].high else
+        f"ranks lower with the step than {which}" if rho["mean"].high < rho[ref].low else
+        f"is not told apart from {which} by ρ"
     )  # fmt: skip
     later = (
         "later" if mean["peak_fraction"] > cls["peak_fraction"] else
         "earlier" if mean["peak_fraction"] < cls["peak_fraction"] else "at the same place"
     )  # fmt: skip
-    which = "the CLS token's" if ref == "cls" else f"{r.token_words}'s"
-    up = (mean["spearman"] > 0, cls["spearman"] > 0)  # a curve with ρ ≤ 0 does not rise at all
-    rising = {(True, True): "both curves rise with the step",
-              (False, False): "neither curve rises with the step",
-              (True, False): "only the mean's rises with the step",
-              (False, True): f"only {which} rises with the step"}[up]  # fmt: skip
     n_curve, n_run = min(p.n_images, CURVE_IMAGES), p.n_images
     digits = (
         f"on the run's {n_run} digits" if n_curve == n_run else f"on {n_curve} of the run's {n_run} digits"
     )
     return (
         f"Measured here over the same checkpoints ({digits}), the curve averaged over every token has ρ = "
-        f"{mean['spearman']:.2f} with the step and its peak at {mean['peak_fraction']:.2f} of training, "
-        f"against {which} ρ = {cls['spearman']:.2f} and {cls['peak_fraction']:.2f}: it {steadier} (by ρ; "
-        f"{rising}) "
-        f"and peaks {later}; its largest fall is {mean['max_drop']:.2f} of its range "
-        f"(against {cls['max_drop']:.2f})."
+        f"{rho['mean'].estimate:.2f} with the step ({rho['mean'].words()}) and its peak at "
+        f"{mean['peak_fraction']:.2f} of training, against {which} ρ = {rho[ref].estimate:.2f} "
+        f"({rho[ref].words()}) and {cls['peak_fraction']:.2f}. By ρ, the mean's curve "
+        f"{trend_words(rho['mean'])} and {which} {trend_words(rho[ref])}; the mean's {rank} (a rank is "
+        f"said only where the two intervals do not overlap). It peaks {later}; its largest fall is "
+        f"{mean['max_drop']:.2f} of its range (against {cls['max_drop']:.2f})."
     )
 
 
