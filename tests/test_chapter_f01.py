@@ -308,12 +308,37 @@ def test_what_matched_says_what_the_run_showed_not_a_mechanism_it_did_not_measur
     paper = story.level_reasons("meta-llama/Meta-Llama-3-8B", named, 32, 4096)
     assert "is the paper's" in paper and "below" not in paper and "4-bit" in paper and named in paper
     assert "differs from the paper's Llama-3-8B" in story.level_reasons("embedded:smollm2-135m", "x", 30, 576)
-    up = story.tokens_words({"self_trained": 0.9, "self_twin": 0.5}, (0.8, 0.7))
-    assert up.startswith("so in this run token-wise coupling grows with training.") and "more coupled" in up
-    down = story.tokens_words({"self_trained": 0.5, "self_twin": 0.9}, (0.1, 0.6))
-    assert "not a sign of training (a likely reason, not measured here" in down and "are less coupled" in down
-    assert "not higher" in story.context_words({"context_trained": 0.9, "context_twin": 0.8})
-    assert "not measured here" in story.context_words({"context_trained": 0.3, "context_twin": 0.8})
+    from coupling_utils.analysis.verdicts import Interval
+
+    def excess(est, low, high):
+        return Interval(est, low, high, over="prompts")
+
+    up = story.tokens_words({"self_excess": excess(0.4, 0.3, 0.5)}, (0.8, 0.7))
+    assert (
+        up.startswith(
+            "so in this run token-wise coupling is higher after training than at random initialisation "
+            "(trained − twin +0.400, 95% interval over prompts 0.300 to 0.500)."
+        )
+        and "more coupled" in up
+    )
+    down = story.tokens_words({"self_excess": excess(-0.4, -0.5, -0.3)}, (0.1, 0.6))
+    assert "not a sign of training (trained − twin -0.400" in down and "not measured here" in down
+    assert "are less coupled" in down
+    unclear = story.tokens_words({"self_excess": excess(0.02, -0.01, 0.05)}, (0.1, 0.6))
+    assert unclear.startswith("a difference this run does not tell from none (trained − twin +0.020, ")
+    one = story.tokens_words({"self_excess": Interval(0.4, float("-inf"), float("inf"))}, (0.1, 0.6))
+    assert "(trained − twin +0.400, from one prompt, which gives no interval)" in one
+    ctx = {"context_twin": 0.8}
+    assert "lower than the trained model's" in story.context_words(
+        ctx | {"context_excess": excess(0.1, 0.05, 0.2)}
+    )
+    higher = story.context_words(ctx | {"context_excess": excess(-0.5, -0.6, -0.4)})
+    assert (
+        higher.startswith("The twin's context coupling is higher (0.800; ") and "not measured here" in higher
+    )
+    # the smoke run's twin sits 0.00002 below the trained model: not said to be lower
+    same = story.context_words(ctx | {"context_excess": excess(0.00002, -0.001, 0.001)})
+    assert same.startswith("The twin's context coupling is 0.800; this run does not tell it from the trained")
     assert story.token_layer_reruns(30, 15) == "Rerun with `-p token_layer=3` and `-p token_layer=27`"
     assert story.token_layer_reruns(2, 1) == "Rerun with `-p token_layer=0`"
     assert "no other block" in story.token_layer_reruns(1, 0)

@@ -12,6 +12,7 @@ import pandas as pd
 
 from coupling_utils.analysis.depth_and_tokens import TwinMeasurement
 from coupling_utils.analysis.model_names import measured, model_words
+from coupling_utils.analysis.verdicts import Interval
 from coupling_utils.chapters.f01_depth_and_tokens.plan import Results
 from coupling_utils.chapters.reruns import deeper_model, reruns
 
@@ -32,8 +33,8 @@ def finding_words(r: Results, status: pd.DataFrame) -> dict[str, Any]:
         "f01_level_reasons": Markdown(
             level_reasons(r.params.model, named_model(r.main), r.main.n_layers, r.main.d_model)
         ),
-        "f01_tokens_words": Markdown(tokens_words(r.token_values, r.first_token)),
-        "f01_context_words": Markdown(context_words(r.token_values)),
+        "f01_tokens_words": Markdown(tokens_words(r.token_judged, r.first_token)),
+        "f01_context_words": Markdown(context_words(r.token_judged)),
         "f01_token_layer_reruns": Markdown(token_layer_reruns(r.main.n_layers, r.params.token_layer)),
         "f01_window_reruns": Markdown(
             tile_window_reruns(r.main.n_layers, len(r.params.tile_layers), r.params.last_block)
@@ -86,19 +87,37 @@ def level_reasons(model: str, named: str, n_layers: int, d_model: int) -> str:
     )
 
 
-def tokens_words(tok: Mapping[str, float], first_token: tuple[float, float]) -> str:
-    """The token-wise bullet's reading, from the trained model against its twin and the first
-    token's pairs against the others' (the mechanism offered is labelled as not measured)."""
-    trained, twin = tok["self_trained"], tok["self_twin"]
+def spread_words(d: Interval) -> str:
+    """A difference's interval in words: "95% interval over prompts 0.010 to 0.025" (", which
+    includes 0" where it does), or that one prompt gave none."""
+    if not d.resampled:
+        return "from one prompt, which gives no interval"
+    return f"95% interval over prompts {d.low:.3f} to {d.high:.3f}" + (
+        ", which includes 0" if _side(d) == "neither" else ""
+    )
+
+
+def _side(d: Interval) -> str:
+    """Which side of 0 a difference lies on over its whole interval: "above", "below" or "neither"."""
+    return "above" if d.low > 0 else "below" if d.high < 0 else "neither"
+
+
+def tokens_words(tok: Mapping[str, Any], first_token: tuple[float, float]) -> str:
+    """The token-wise bullet's reading, from the trained model against its twin (``self_excess``,
+    trained − twin, with its interval: a reading only where the interval lies on one side of 0)
+    and the first token's pairs against the others' (the mechanism offered is labelled as not
+    measured)."""
+    d = tok["self_excess"]
+    diff = f"trained − twin {d.estimate:+.3f}, {spread_words(d)}"
+    reading = {
+        "above": "so in this run token-wise coupling is higher after training than at random "
+        f"initialisation ({diff}).",
+        "below": f"so in this run token-wise coupling is not a sign of training ({diff}; a likely "
+        "reason, not measured here: at random initialisation attention is close to uniform, so every "
+        "token's Jacobian is nearly the same matrix).",
+        "neither": f"a difference this run does not tell from none ({diff}).",
+    }[_side(d)]
     first, other = first_token
-    if trained > twin:
-        reading = "so in this run token-wise coupling grows with training."
-    else:
-        reading = (
-            "so in this run token-wise coupling is not a sign of training (a likely reason, not "
-            "measured here: at random initialisation attention is close to uniform, so every "
-            "token's Jacobian is nearly the same matrix)."
-        )
     side = "less" if first < other else "more"
     return (
         f"{reading} Pairs involving the first token are {side} coupled than pairs of other tokens "
@@ -106,16 +125,23 @@ def tokens_words(tok: Mapping[str, float], first_token: tuple[float, float]) -> 
     )
 
 
-def context_words(tok: Mapping[str, float]) -> str:
-    """The context bullet's second sentence: the twin's context coupling against the trained model's."""
-    trained, twin = tok["context_trained"], tok["context_twin"]
-    if twin > trained:
+def context_words(tok: Mapping[str, Any]) -> str:
+    """The context bullet's second sentence: the twin's context coupling against the trained
+    model's, read from their difference's interval (``context_excess``, trained − twin)."""
+    twin, d = tok["context_twin"], tok["context_excess"]
+    diff = f"trained − twin {d.estimate:+.3f}, {spread_words(d)}"
+    if _side(d) == "below":
         return (
-            f"The twin's context coupling is higher ({twin:.3f}); a likely reason, not measured here: "
-            "with near-uniform attention the context Jacobians of one output token are nearly one "
+            f"The twin's context coupling is higher ({twin:.3f}; {diff}); a likely reason, not measured "
+            "here: with near-uniform attention the context Jacobians of one output token are nearly one "
             "matrix up to scale."
         )
-    return f"The twin's context coupling is {twin:.3f}, not higher than the trained model's."
+    if _side(d) == "above":
+        return f"The twin's context coupling, {twin:.3f}, is lower than the trained model's ({diff})."
+    return (
+        f"The twin's context coupling is {twin:.3f}; this run does not tell it from the trained "
+        f"model's ({diff})."
+    )
 
 
 def token_layer_reruns(n_layers: int, token_layer: int) -> str:

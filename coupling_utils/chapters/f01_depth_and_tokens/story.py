@@ -15,7 +15,7 @@ from coupling_utils.analysis import last_block as lb
 from coupling_utils.analysis import tile_grid
 from coupling_utils.analysis.prose_list import listed
 from coupling_utils.analysis.verdicts import Interval, claim, verdict_word
-from coupling_utils.chapters.f01_depth_and_tokens.findings import finding_words, named_model
+from coupling_utils.chapters.f01_depth_and_tokens.findings import finding_words, named_model, spread_words
 from coupling_utils.chapters.f01_depth_and_tokens.plan import (
     DRAWN_TILE_K,
     ENCODER,
@@ -366,12 +366,7 @@ def sd_comparison(d: Interval) -> str:
     """How much context coupling varies across token pairs against self coupling, in words chosen
     by the interval of the difference of their standard deviations (``sd_excess``), not its sign."""
     word = "more" if d.low > 0 else "less" if d.high < 0 else "neither clearly more nor less"
-    if not d.resampled:
-        spread = "from one prompt, which gives no interval"
-    else:
-        spread = f"95% interval over prompts {d.low:.3f} to {d.high:.3f}"
-        spread += ", which includes 0" if word.startswith("neither") else ""
-    return f"{word} than self coupling does (context − self s.d. {d.estimate:+.3f}, {spread})"
+    return f"{word} than self coupling does (context − self s.d. {d.estimate:+.3f}, {spread_words(d)})"
 
 
 def _reversed_k(r: Results) -> dict[str, list[int]]:
