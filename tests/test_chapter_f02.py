@@ -542,7 +542,7 @@ def test_the_scale_question_says_which_prompts_its_numbers_are_on():
     assert "demo prompt alone" in lines[2]
 
     results = SimpleNamespace(prompts={"val-1": "a b", "val-2": "c d"}, scale_prompts=f02.scale_prompts(p))
-    table = f02.prompt_table(p, results)
+    table = f02.prompts_by_part(p, results)
     assert list(table["prompt"]) == ["val-1", "val-2", "demo-france"]
     assert list(table["measured by"]) == [
         "the family (trained here) and the training family (trained here)",
@@ -550,7 +550,7 @@ def test_the_scale_question_says_which_prompts_its_numbers_are_on():
         "the scale question",
     ]
     assert list(table["tokens measured (at most)"]) == [32, 32, 12]
-    hub = f02.prompt_table(dataclasses.replace(p, hub_models=["org/m"]), results)
+    hub = f02.prompts_by_part(dataclasses.replace(p, hub_models=["org/m"]), results)
     assert hub["measured by"].iloc[0].endswith(", the training family (trained here) and the hub models")
 
     from pathlib import Path

@@ -27,8 +27,8 @@ from coupling_utils.chapters.f02_generalization.plan import (
     family_widths,
     jobs,
     member_models,
-    prompt_table,
     prompts,
+    prompts_by_part,
     rule_lines,
     run,
     scale_ks,
@@ -81,7 +81,7 @@ from coupling_utils.chapters.f02_generalization.within import (
 
 __all__ = [
     "CLAIMS", "NOTEBOOK", "RULE_WORDS", "RULES", "SHOW", "SIZES", "Params", "Results", "member_models",
-    "family_widths", "jobs", "prompt_table", "prompts", "rule_lines", "run", "scale_ks",
+    "family_widths", "jobs", "prompts_by_part", "prompts", "rule_lines", "run", "scale_ks",
     "scale_prompt_words", "scale_prompts",
     "AXIS_RULES", "HUB_SKIPPED", "Beyond", "Family", "FamilyFits", "Hub", "PaperFit", "ScaleAnswer",
     "Training",

@@ -422,7 +422,7 @@ class Results:
     scale_prompts: dict[str, str] = field(default_factory=dict)
 
 
-def prompt_table(p: Params, results: Results) -> pd.DataFrame:
+def prompts_by_part(p: Params, results: Results) -> pd.DataFrame:
     """Every prompt the chapter measures, one row per prompt and part: ``prompt``, ``measured by``
     (the family and the training family, with the hub models where there are any, on ``prompts``;
     the scale question on its own :func:`scale_prompts`), ``tokens measured (at most)`` (the
