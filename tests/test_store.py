@@ -249,6 +249,29 @@ def test_finished_is_today_s_code_only_unless_stale_is_allowed(tmp_path):
     assert store.finished("code-today", reuse_stale=True).stale is False
 
 
+@pytest.mark.parametrize("what", ["the measurement", "a prompt"])
+def test_a_finished_table_damaged_since_is_set_aside_and_said(what, tmp_path, capsys):
+    """A finished measurement's (or prompt's) table cut short later: its marker is moved aside and
+    the warning names the folder and the table's problem; the marker's place is free for a rerun."""
+    store = Store(tmp_path)
+    if what == "a prompt":
+        store.finish_prompt("p", "d1", tables(), keep_work=False)
+        folder, marker = store.done_dir("p"), "done.json"
+        said = f"a table of prompt 'p' stored in {folder} cannot be read ("
+    else:
+        store.finish(tables(), {"code": {"fingerprint": "code-today"}})
+        folder, marker = tmp_path, "provenance.json"
+        said = f"a table of the stored measurement {tmp_path} cannot be read ("
+    table = folder / "depthwise.parquet"
+    table.write_bytes(table.read_bytes()[:20])
+    capsys.readouterr()
+    found = store.finished_prompt("p", "d1") if what == "a prompt" else store.finished("code-today")
+    assert found is None
+    err = capsys.readouterr().err
+    assert err.startswith(f"warning: {said}") and f"moved it to {marker}.corrupt-" in err, err
+    assert not (folder / marker).exists() and len(list(folder.glob(f"{marker}.corrupt-*"))) == 1
+
+
 def test_a_measurement_stored_before_code_stamps_is_stale(tmp_path):
     store = Store(tmp_path)
     store.finish(tables(), {"model": "m"})
@@ -279,6 +302,7 @@ def test_stored_bases_and_arrays_by_token(tmp_path):
             save_npy(ldir / f"{prefix}basis_{name}.npy", arr * scale)
     full = store.basis("p", 1)
     assert all(torch.equal(a, b) for a, b in zip(full, (U, S, Vh), strict=True))
+    assert torch.equal(store.arrays("p").basis(1).S, S)  # the arrays' own default: no prefix
     one = store.basis("p", 1, index=1)
     assert all(torch.equal(a, b[1]) for a, b in zip(one, (U, S, Vh), strict=True))
     ctx = store.basis("p", 1, prefix="ctx_", index=0)
