@@ -94,7 +94,15 @@ def test_a_cache_folder_that_cannot_be_made_on_a_full_disk_names_where(tmp_path,
     monkeypatch.setattr(Path, "mkdir", _full)
     with pytest.raises(DiskFull) as raised:
         files.cache_dir("zoo")
-    assert raised.value.folder == tmp_path
+    assert raised.value.folder == tmp_path and raised.value.errno == errno.ENOSPC
+
+    def over_quota(*_a, **_k):
+        raise OSError(errno.EDQUOT, os.strerror(errno.EDQUOT))
+
+    monkeypatch.setattr(Path, "mkdir", over_quota)
+    with pytest.raises(DiskFull) as raised:
+        files.cache_dir("zoo")
+    assert raised.value.errno == errno.EDQUOT  # the quota is named as such
 
 
 def test_no_room_is_found_in_a_chain_and_in_a_library_s_text(tmp_path):
@@ -362,3 +370,35 @@ def test_measure_stops_on_a_full_store_and_names_the_cache_not_a_missing_model(t
     err = capsys.readouterr().err
     assert "the disk is full" in err and str(files.cache_root()) in err, err
     assert "likely a bug" not in err and not list(out.glob("*.csv")), err
+
+
+def test_the_no_room_code_and_the_message_of_each_kind_of_full(tmp_path, monkeypatch):
+    """ENOSPC or EDQUOT from an OSError's errno, else from the text (a library's message); the message
+    names the quota only for EDQUOT, and the fix by where the folders lie: the cache, an output, both."""
+    assert files.no_room_code(OSError(errno.ENOSPC, "x")) == errno.ENOSPC
+    assert files.no_room_code(OSError(errno.EDQUOT, "x")) == errno.EDQUOT
+    assert files.no_room_code(OSError(errno.EIO, os.strerror(errno.EDQUOT))) == errno.EDQUOT
+    assert files.no_room_code(RuntimeError(f"IoError: {os.strerror(errno.EDQUOT)}")) == errno.EDQUOT
+    assert files.no_room_code(RuntimeError(f"IoError: {FULL}")) == errno.ENOSPC
+    cache, out = tmp_path / "cache", tmp_path / "out"
+    monkeypatch.setenv("COUPLING_CACHE", str(cache))
+    quota = str(DiskFull(cache / "zoo", errno.EDQUOT))
+    assert quota.startswith(
+        f"the disk quota is used up ({os.strerror(errno.EDQUOT)}) while writing in {cache / 'zoo'};"
+    )
+    assert (
+        "shows the room left, `quota -s` your quota), or point $COUPLING_CACHE at a folder on a disk" in quota
+    )
+    other = str(DiskFull(out, errno.EIO))  # an errno not of a full disk (from a library's text)
+    assert other.startswith(f"there is no room ({os.strerror(errno.EIO)}) while writing in {out};")
+    full = str(DiskFull(out))
+    assert full.startswith(
+        f"the disk is full ({FULL}) while writing in {out}; the files being written were removed"
+    )
+    assert "quota" not in full and "give the output option (--out, --output-dir or --work) a folder" in full
+    both = str(DiskFull(cache, errno.ENOSPC, out))
+    assert (
+        f"while writing in {cache} or {out};" in both
+        and f"(`df -h {cache} {out}` shows the room left)" in both
+    )
+    assert "point $COUPLING_CACHE, or the output option (--out, --output-dir or --work), at a folder" in both

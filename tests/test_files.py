@@ -570,3 +570,38 @@ def test_a_read_only_cache_names_the_folder_and_the_fix(tmp_path, monkeypatch):
     assert message.startswith(f"$COUPLING_CACHE='{tmp_path / 'cache'}': {tmp_path / 'cache' / 'f03'} cannot ")
     assert "Permission denied" in message and "chmod -R u+w" in message and "point COUPLING_CACHE" in message
     assert isinstance(raised.value.__cause__, PermissionError)
+
+
+def test_yaml_problem_names_the_place_and_the_problem():
+    """A YAML error's place (1-based line and column) and problem, for the message that names the
+    file; a decoding error has no place and gives its first line."""
+    import yaml
+
+    from coupling_utils.files import yaml_problem
+
+    with pytest.raises(yaml.YAMLError) as bad:
+        yaml.safe_load("a: 1\nb: [2, 3\nc: 4\n")
+    where, what = yaml_problem(bad.value)
+    mark = bad.value.problem_mark
+    assert where == f" at line {mark.line + 1}, column {mark.column + 1}" and mark.line >= 1
+    assert what == bad.value.problem and what
+    undecodable = UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte")
+    assert yaml_problem(undecodable) == ("", str(undecodable).splitlines()[0])
+    placeless = yaml.YAMLError("first line\nsecond line")
+    assert yaml_problem(placeless) == ("", "first line")
+
+
+def test_the_error_chain_follows_causes_and_what_was_being_handled_and_a_missing_folder_has_room():
+    try:
+        try:
+            raise KeyError("first")
+        except KeyError:
+            raise ValueError("while handling it")  # noqa: B904 (the context, not a cause)
+    except ValueError as exc:
+        handled = exc
+    assert [type(e) for e in files.error_chain(handled)] == [ValueError, KeyError]
+    caused = RuntimeError("outer")
+    caused.__cause__ = handled
+    assert [type(e) for e in files.error_chain(caused)] == [RuntimeError, ValueError, KeyError]
+    assert files.error_chain(None) == []
+    assert files._room(Path("/no/such/folder/here")) == float("inf")  # unknown: never counted as full
