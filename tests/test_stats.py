@@ -580,3 +580,86 @@ def test_mean_ci_is_the_bootstrap_of_the_pandas_mean_to_the_bit(n):
                 want = S.bootstrap_ci(frame, lambda f: float(f["x"].mean()), **kw).iloc[0]
                 got = S.mean_ci(v, **kw)
                 assert got.drop("statistic").to_dict() == want.drop("statistic").to_dict(), (n, kw)
+
+
+def test_resampled_sums_add_in_the_order_asked_to_the_bit():
+    """Pairwise (the default) is numpy's sum over the last axis; left to right adds the columns one
+    by one, as pandas adds a column that shares its block; another order is refused by name. The
+    values are chosen so that the two orders give different bits."""
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((2, 3, 17)) * 10.0 ** rng.integers(-8, 9, (2, 3, 17))
+    assert np.array_equal(S.resampled_sums(a), a.sum(axis=-1))
+    by_hand = np.zeros((2, 3))
+    for j in range(17):
+        by_hand = by_hand + a[..., j]
+    assert np.array_equal(S.resampled_sums(a, "left_to_right"), by_hand)
+    assert not np.array_equal(by_hand, a.sum(axis=-1))  # the orders differ here: each is checked
+    with pytest.raises(ValueError, match=r"^order='rowwise': give 'pairwise' or 'left_to_right'$"):
+        S.resampled_sums(a, "rowwise")
+
+
+def test_resampled_means_skip_nans_in_the_order_asked_and_say_nothing_for_a_resample_of_nans():
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal((4, 3, 17)) * 10.0 ** rng.integers(-8, 9, (4, 3, 17))
+    a[0, 0, ::3] = np.nan
+    a[1, 2, :] = np.nan  # a resample with no value: NaN, without a warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = S.resampled_means(a, "left_to_right")
+    seen = ~np.isnan(a)
+    kept = np.ones((4, 3), dtype=bool)
+    kept[1, 2] = False
+    want = S.resampled_sums(np.where(seen, a, 0.0), "left_to_right")[kept] / seen.sum(-1)[kept]
+    assert np.array_equal(got[kept], want)
+    assert np.isnan(got[1, 2]) and np.isnan(got).sum() == 1
+    assert not np.array_equal(got, S.resampled_means(a))  # the order asked is the order used
+
+
+def test_mean_ci_of_integers_and_its_statistic_s_name():
+    """Integers are averaged as floats; the row is named as bootstrap_ci names a single statistic."""
+    ints, floats = S.mean_ci(np.arange(7)), S.mean_ci(np.arange(7.0))
+    assert ints.to_dict() == floats.to_dict()
+    assert (
+        floats["statistic"]
+        == S.bootstrap_ci(pd.DataFrame({"x": np.arange(7.0)}), lambda f: float(f["x"].mean())).iloc[0][
+            "statistic"
+        ]
+    )
+
+
+def test_vectorized_bootstrap_intervals_are_those_of_the_per_resample_statistic():
+    """The vectorized estimate (the statistic on the table as one resample) and intervals equal the
+    per-resample ones, a statistic that is not finite is left out, and one row gives unbounded intervals."""
+    rng = np.random.default_rng(8)
+    df = pd.DataFrame({"x": rng.standard_normal(9), "y": rng.random(9)}, index=[f"p{i}" for i in range(9)])
+
+    def each(f):
+        return {"mean_x": float(f["x"].mean()), "sum_y": float(f["y"].sum()), "never": float("nan")}
+
+    def every(c):
+        n = c["x"].shape[-1]
+        return {
+            "mean_x": S.resampled_sums(c["x"]) / n,
+            "sum_y": S.resampled_sums(c["y"]),
+            "never": np.full(c["x"].shape[0], np.nan),
+        }
+
+    slow = S.bootstrap_intervals(df, each, "prompt", n_resamples=200)
+    fast = S.bootstrap_intervals(df, every, "prompt", n_resamples=200, vectorized=True)
+    assert sorted(fast) == sorted(slow) == ["mean_x", "sum_y"]
+    for k in slow:
+        assert (fast[k].estimate, fast[k].low, fast[k].high, fast[k].over) == (
+            slow[k].estimate,
+            slow[k].low,
+            slow[k].high,
+            slow[k].over,
+        ), k
+    assert fast["mean_x"].estimate == float(df["x"].sum() / 9) and fast["sum_y"].estimate == float(
+        df["y"].sum()
+    )
+    one = S.bootstrap_intervals(df.iloc[:1], every, "prompt", vectorized=True)
+    assert (
+        one["sum_y"].estimate == float(df["y"].iloc[0])
+        and one["sum_y"].low == -np.inf
+        and one["sum_y"].over == "1 prompt"
+    )
