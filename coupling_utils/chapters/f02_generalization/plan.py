@@ -15,6 +15,7 @@ from coupling_utils.analysis.generalization import (
     family_jobs,
     family_summary,
 )
+from coupling_utils.analysis.prose_list import listed
 from coupling_utils.analysis.stats import Bootstrap
 from coupling_utils.analysis.verdicts import Rule
 from coupling_utils.chapters.checks import (
@@ -429,7 +430,7 @@ def prompts_by_part(p: Params, results: Results) -> pd.DataFrame:
     prompt is cut to that many tokens) and ``text``."""
     family = [PARTS["family"], PARTS["training"], *([PARTS["hub"]] if p.hub_models else [])]
     sets = [
-        (results.prompts, ", ".join(family[:-1]) + " and " + family[-1], p.prompt_tokens),
+        (results.prompts, listed(family), p.prompt_tokens),
         (results.scale_prompts, PARTS["scale"], p.scale_max_tokens),
     ]
     rows = [(pid, part, tokens, text) for given, part, tokens in sets for pid, text in given.items()]
