@@ -133,18 +133,37 @@ def test_claims_follow_the_rules(measured):
 def test_the_distance_trend_and_the_excluded_last_block_are_said_for_any_depth():
     """Two blocks (the smoke model) are one distance apart: no "Spearman ρ = nan", no "Up" answer,
     and no "gives nan" for the blocks without the last."""
+    from coupling_utils.analysis.verdicts import Interval
     from coupling_utils.chapters.f01_depth_and_tokens.story import distance_words, excluded_words
 
-    two = distance_words(float("nan"), 0.362, 0.362)
+    def iv(estimate, low, high):
+        return Interval(estimate, low, high, over="3 prompts")
+
+    two = distance_words(None, iv(0.0, -0.01, 0.01))
     assert "no Spearman ρ" in two["f01_distance_trend"] and "nan" not in str(two)
     assert two["f01_adjacent_answer"].startswith("Neither in this run")
-    deep = distance_words(-0.45, 0.5, 0.4)
+    deep = distance_words(iv(-0.45, -0.6, -0.3), iv(0.1, 0.05, 0.15))
     assert deep["f01_distance_trend"] == (
-        "coupling falls with the distance between blocks (Spearman ρ = -0.45), so the distant pairs "
-        "pull the mean over all pairs down"
+        "coupling falls with the distance between blocks (Spearman ρ = -0.45, 95% interval over prompts "
+        "-0.60 to -0.30), so the distant pairs pull the mean over all pairs down (neighbours − all pairs "
+        "+0.100, 95% interval over prompts 0.050 to 0.150)"
     )
     assert deep["f01_adjacent_answer"].startswith("Up, for trained models: coupling falls")
-    assert distance_words(0.2, 0.3, 0.4)["f01_adjacent_answer"].startswith("Not up in this run")
+    # the words follow the intervals, not the signs of the estimates (the audit's f01 distance trend)
+    unclear = distance_words(iv(-0.45, -0.7, 0.1), iv(0.1, -0.02, 0.15))
+    assert unclear["f01_distance_trend"].startswith(
+        "coupling shows no clear trend with the distance between blocks (Spearman ρ = -0.45, 95% interval "
+        "over prompts -0.70 to 0.10, which includes 0), and the neighbours are neither clearly more nor less "
+        "coupled than the mean over all pairs"
+    )
+    assert unclear["f01_adjacent_answer"].startswith("Neither clearly up nor down in this run")
+    rising = distance_words(iv(0.2, 0.1, 0.3), iv(-0.1, -0.2, -0.05))
+    assert rising["f01_distance_trend"].startswith("coupling rises with the distance")
+    assert "the neighbours are less coupled than" in rising["f01_distance_trend"]
+    assert rising["f01_adjacent_answer"].startswith("Down in this run")
+    flat_up = distance_words(iv(-0.2, -0.5, 0.1), iv(0.1, 0.05, 0.15))  # up, but no clear fall to say why
+    assert flat_up["f01_adjacent_answer"].startswith("Up in this run: coupling shows no clear trend")
+    assert "pull the mean" not in flat_up["f01_distance_trend"]
     nan = float("nan")
     none = excluded_words({"trained_excluded": nan, "twin_excluded": nan, "excluded_diff": nan}, 2)
     assert none == "Leaving the last block out leaves no pair of different blocks to average (2 blocks)"

@@ -359,6 +359,59 @@ def test_token_intervals_pool_token_pairs_and_resample_prompts(pair):
         assert iv.low <= iv.estimate <= iv.high and iv.over == f"{n} prompts"
 
 
+def test_distance_intervals_resample_prompts_with_all_their_rows():
+    """distance_intervals' ρ and neighbours − all pairs are distance_trend's and coupling_summary's
+    numbers, and its intervals those of the same statistics recomputed by pandas on each resample's
+    rows (a prompt drawn twice counts twice; prompts of different lengths weigh their tokens in the
+    profile, and count equally in the per-model coupling); two blocks give no ρ, one prompt no
+    bounds."""
+    from coupling_utils.analysis.stats import resample_rows
+    from coupling_utils.measurement import coupling_summary
+
+    rng = np.random.default_rng(3)
+    rows = []
+    for p, n_tokens in (("a", 3), ("b", 5), ("c", 1), ("d", 2), ("e", 4)):
+        slope = rng.uniform(-0.1, 0.05)  # some prompts rise with distance: a mixed sign
+        for w in tw.WEIGHTS:
+            for t in range(n_tokens):
+                rows += [
+                    {"prompt": p, "weights": w, "K": 3, "token": t, "layer_i": i, "layer_j": j,
+                     "coupling": 1.0 if i == j else 0.6 + slope * abs(i - j) + rng.normal(0, 0.05)}
+                    for i in range(5) for j in range(5)
+                ]  # fmt: skip
+    d = pd.DataFrame(rows)
+    d["m"] = np.sqrt(1 - d["coupling"].clip(upper=1))
+
+    def statistics(sample: pd.DataFrame) -> dict[str, float]:
+        trend = tw.distance_trend(tw.coupling_by_distance(sample))
+        row = trend[(trend.weights == "trained") & (trend.K == 3)].iloc[0]
+        trained = sample[sample.weights == "trained"]
+        per_prompt = coupling_summary(trained, how="offdiag", k=3, per_prompt=True)
+        return {"spearman": row.spearman, "adjacent_excess": row.adjacent - per_prompt.mean()}
+
+    got = tw.distance_intervals(d, 3, "offdiag", n_resamples=200)
+    whole = statistics(d)
+    prompts = sorted(d.prompt.unique())
+    draws = {k: [] for k in whole}
+    for drawn in resample_rows(len(prompts), 200, 0):
+        sample = pd.concat(
+            [d[d.prompt == prompts[i]].assign(prompt=f"{n}") for n, i in enumerate(drawn)], ignore_index=True
+        )
+        for k, v in statistics(sample).items():
+            draws[k].append(v)
+    for k, v in whole.items():
+        lo, hi = np.quantile(draws[k], [0.025, 0.975])
+        iv = got[k]
+        assert iv.estimate == pytest.approx(v, abs=1e-12) and iv.over == "5 prompts"
+        assert (iv.low, iv.high) == pytest.approx((min(lo, v), max(hi, v)), abs=1e-12)
+    assert got["spearman"].low < got["spearman"].high  # the prompts disagree: a real interval
+
+    two = tw.distance_intervals(d[(d.layer_i < 2) & (d.layer_j < 2)], 3, "offdiag", n_resamples=50)
+    assert set(two) == {"adjacent_excess"}  # one distance: no trend to rank
+    one = tw.distance_intervals(d[d.prompt == "a"], 3, "offdiag")
+    assert not one["spearman"].resampled and one["spearman"].over == "1 prompt"
+
+
 def test_the_report_counts_models_in_words():
     """'all 1 models measured' read wrongly: one model is named as one."""
     import pandas as pd

@@ -57,6 +57,7 @@ __all__ = [
     "token_contrast",
     "token_intervals",
     "distance_trend",
+    "distance_intervals",
     "mean_depthwise",
     "coupling_by_distance",
     "offdiag_mean",
@@ -597,3 +598,44 @@ def distance_trend(by_distance: pd.DataFrame) -> pd.DataFrame:
             {"weights": weights, "K": int(K), "spearman": float(rho), "adjacent": first, "farthest": last}
         )
     return pd.DataFrame(rows)
+
+
+def distance_intervals(depthwise: pd.DataFrame, k: int, how: str, *, n_resamples: int = 1000) -> dict:
+    """What the words on coupling against the distance between blocks compare, for the trained
+    weights at K = ``k``, with 95% intervals over prompts (a prompt resampled with all its tokens
+    and block pairs): ``spearman``, :func:`distance_trend`'s ρ of the mean coupling at each
+    distance with that distance (absent with one distance: two blocks have no trend), and
+    ``adjacent_excess``, its ``adjacent`` (the nearest pairs) minus the per-model coupling
+    (:func:`coupling_summary` over the ``how`` pairs, prompts counting equally). Values are
+    :class:`~coupling_utils.analysis.verdicts.Interval`; one prompt gives unbounded intervals."""
+    from scipy.stats import rankdata
+
+    from coupling_utils.analysis.stats import (
+        bootstrap_intervals,
+        resampled_means,
+        resampled_sums,
+        rowwise_pearson,
+    )
+
+    check_table(
+        depthwise, MEASURED["depthwise"].need("prompt", "weights", "K", "layer_i", "layer_j", "coupling")
+    )
+    trained = depthwise[(depthwise["weights"] == WEIGHTS[0]) & (depthwise["K"] == k)]
+    pairs = trained[trained["layer_i"] != trained["layer_j"]]
+    pairs = pairs.assign(distance=(pairs["layer_i"] - pairs["layer_j"]).abs())
+    g = pairs.groupby(["prompt", "distance"])["coupling"]
+    wide = pd.concat({"sum": g.sum().unstack(), "n": g.count().unstack()}, axis=1).fillna(0.0)
+    wide[("overall", -1)] = coupling_summary(trained, how=how, k=k, per_prompt=True)
+    distances = sorted(int(x) for x in pairs["distance"].unique())
+
+    def values(columns) -> dict[str, np.ndarray]:  # every resample at once: column -> [R, n prompts]
+        sums = np.stack([resampled_sums(columns[("sum", x)]) for x in distances], axis=-1)
+        counts = np.stack([resampled_sums(columns[("n", x)]) for x in distances], axis=-1)
+        profile = sums / counts  # [R, distances]: coupling_by_distance of each resample
+        out = {"adjacent_excess": profile[..., 0] - resampled_means(columns[("overall", -1)])}
+        if len(distances) > 1:
+            steps = np.broadcast_to(np.arange(len(distances), dtype=float), profile.shape)
+            out["spearman"] = rowwise_pearson(rankdata(profile, axis=-1), steps)
+        return out
+
+    return bootstrap_intervals(wide, values, "prompt", n_resamples=n_resamples, vectorized=True)

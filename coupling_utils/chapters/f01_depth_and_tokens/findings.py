@@ -87,17 +87,17 @@ def level_reasons(model: str, named: str, n_layers: int, d_model: int) -> str:
     )
 
 
-def spread_words(d: Interval) -> str:
+def spread_words(d: Interval, spec: str = ".3f") -> str:
     """A difference's interval in words: "95% interval over prompts 0.010 to 0.025" (", which
     includes 0" where it does), or that one prompt gave none."""
     if not d.resampled:
         return "from one prompt, which gives no interval"
-    return f"95% interval over prompts {d.low:.3f} to {d.high:.3f}" + (
-        ", which includes 0" if _side(d) == "neither" else ""
+    return f"95% interval over prompts {d.low:{spec}} to {d.high:{spec}}" + (
+        ", which includes 0" if interval_side(d) == "neither" else ""
     )
 
 
-def _side(d: Interval) -> str:
+def interval_side(d: Interval) -> str:
     """Which side of 0 a difference lies on over its whole interval: "above", "below" or "neither"."""
     return "above" if d.low > 0 else "below" if d.high < 0 else "neither"
 
@@ -116,7 +116,7 @@ def tokens_words(tok: Mapping[str, Any], first_token: tuple[float, float]) -> st
         "reason, not measured here: at random initialisation attention is close to uniform, so every "
         "token's Jacobian is nearly the same matrix).",
         "neither": f"a difference this run does not tell from none ({diff}).",
-    }[_side(d)]
+    }[interval_side(d)]
     first, other = first_token
     side = "less" if first < other else "more"
     return (
@@ -130,13 +130,13 @@ def context_words(tok: Mapping[str, Any]) -> str:
     model's, read from their difference's interval (``context_excess``, trained − twin)."""
     twin, d = tok["context_twin"], tok["context_excess"]
     diff = f"trained − twin {d.estimate:+.3f}, {spread_words(d)}"
-    if _side(d) == "below":
+    if interval_side(d) == "below":
         return (
             f"The twin's context coupling is higher ({twin:.3f}; {diff}); a likely reason, not measured "
             "here: with near-uniform attention the context Jacobians of one output token are nearly one "
             "matrix up to scale."
         )
-    if _side(d) == "above":
+    if interval_side(d) == "above":
         return f"The twin's context coupling, {twin:.3f}, is lower than the trained model's ({diff})."
     return (
         f"The twin's context coupling is {twin:.3f}; this run does not tell it from the trained "

@@ -222,6 +222,13 @@ class Results:
         return tw.distance_trend(self.by_distance)
 
     @functools.cached_property
+    def distance(self) -> dict:
+        """What the distance words compare, trained at K = max(k), with 95% intervals over prompts
+        (``distance_intervals``): ``spearman`` (absent with two blocks) and ``adjacent_excess``
+        (the nearest pairs' coupling minus the per-model coupling)."""
+        return tw.distance_intervals(self.main.depthwise, max(self.params.k), self.params.how)
+
+    @functools.cached_property
     def per_model(self) -> pd.DataFrame:
         """One row per (model, K): trained, random init, trained − random (``summary_table``)."""
         return tw.summary_table(self.twins)

@@ -15,7 +15,12 @@ from coupling_utils.analysis import last_block as lb
 from coupling_utils.analysis import tile_grid
 from coupling_utils.analysis.prose_list import listed
 from coupling_utils.analysis.verdicts import Interval, claim, verdict_word
-from coupling_utils.chapters.f01_depth_and_tokens.findings import finding_words, named_model, spread_words
+from coupling_utils.chapters.f01_depth_and_tokens.findings import (
+    finding_words,
+    interval_side,
+    named_model,
+    spread_words,
+)
 from coupling_utils.chapters.f01_depth_and_tokens.plan import (
     DRAWN_TILE_K,
     ENCODER,
@@ -247,36 +252,46 @@ def _distance_values(r: Results) -> dict[str, Any]:
         "f01_adjacent": float(tr.adjacent),
         "f01_farthest": float(tr.farthest),
         "f01_n_pairs": blocks * (blocks - 1),
-        **distance_words(float(tr.spearman), float(tr.adjacent), float(r.per_model_head["trained"])),
+        **distance_words(r.distance.get("spearman"), r.distance["adjacent_excess"]),
     }
 
 
-def distance_words(rho: float, adjacent: float, overall: float) -> dict[str, str]:
+def distance_words(rho: Interval | None, excess: Interval) -> dict[str, str]:
     """How the trained model's coupling varies with the distance between blocks, for the results
-    (``f01_distance_trend``) and exercise f01-ex-adjacent's answer (``f01_adjacent_answer``), from
-    Spearman's ρ with the distance and the neighbours' mean against all pairs' (``overall``).
-    With every pair at one distance (two blocks) there is no trend, and ρ is NaN."""
-    if np.isnan(rho):
+    (``f01_distance_trend``) and exercise f01-ex-adjacent's answer (``f01_adjacent_answer``).
+
+    ``rho``: Spearman's ρ of coupling with the distance (None with every pair at one distance: two
+    blocks have no trend); ``excess``: the neighbours' coupling minus the mean over all pairs. The
+    words follow their intervals over prompts: coupling "falls" (or "rises") only where ρ's whole
+    interval lies below (above) 0, and the neighbours are more (less) coupled than all pairs only
+    where the excess's does."""
+    gap = f"neighbours − all pairs {excess.estimate:+.3f}, {spread_words(excess)}"
+    side = interval_side(excess)
+    if rho is None:
         return {
             "f01_distance_trend": "all the blocks measured are neighbours, so coupling shows no trend with "
             "the distance between blocks (no Spearman ρ)",
             "f01_adjacent_answer": "Neither in this run: all its blocks are neighbours, so averaging over "
             "neighbours only takes the same pairs",
         }
-    word = "falls" if rho < 0 else "does not fall"
-    trend = f"coupling {word} with the distance between blocks (Spearman ρ = {rho:.2f})"
-    if adjacent > overall:
+    word = "falls" if rho.high < 0 else "rises" if rho.low > 0 else "shows no clear trend"
+    trend = (f"coupling {word} with the distance between blocks (Spearman ρ = {rho.estimate:.2f}, "
+             f"{spread_words(rho, '.2f')})")  # fmt: skip
+    if side == "above" and word == "falls":
         return {
-            "f01_distance_trend": f"{trend}, so the distant pairs pull the mean over all pairs down",
+            "f01_distance_trend": f"{trend}, so the distant pairs pull the mean over all pairs down ({gap})",
             "f01_adjacent_answer": f"Up, for trained models: {trend}, so averaging over neighbours only "
-            "leaves out the weakly coupled distant pairs (a likely reason, not measured here: each block "
-            "refines the representation the previous one wrote, in the same directions of the residual "
-            "stream)",
+            f"leaves out the weakly coupled distant pairs ({gap}; a likely reason, not measured here: each "
+            "block refines the representation the previous one wrote, in the same directions of the "
+            "residual stream)",
         }
+    neighbours = {"above": "more coupled than", "below": "less coupled than",
+                  "neither": "neither clearly more nor less coupled than"}[side]  # fmt: skip
+    answer = {"above": "Up", "below": "Down", "neither": "Neither clearly up nor down"}[side]
+    said = f"the neighbours are {neighbours} the mean over all pairs ({gap})"
     return {
-        "f01_distance_trend": f"{trend}, and the distant pairs do not pull the mean over all pairs down",
-        "f01_adjacent_answer": f"Not up in this run: {trend}, and the neighbours are no more coupled than "
-        "the mean over all pairs",
+        "f01_distance_trend": f"{trend}, and {said}",
+        "f01_adjacent_answer": f"{answer} in this run: {trend}, and {said}",
     }
 
 
