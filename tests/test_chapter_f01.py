@@ -137,7 +137,7 @@ def test_the_distance_trend_and_the_excluded_last_block_are_said_for_any_depth()
     from coupling_utils.chapters.f01_depth_and_tokens.story import distance_words, excluded_words
 
     def iv(estimate, low, high):
-        return Interval(estimate, low, high, over="3 prompts")
+        return Interval(estimate, low, high, over="8 prompts")
 
     two = distance_words(None, iv(0.0, -0.01, 0.01))
     assert "no Spearman ρ" in two["f01_distance_trend"] and "nan" not in str(two)

@@ -129,12 +129,14 @@ def test_comparison_words_follow_the_numbers():
     from coupling_utils.chapters.f04_vision_transformers import exercises as ex
 
     p = SimpleNamespace(n_resamples=200, seed=0)
-    above = ex._compared(p, pd.Series([0.2, 0.3, 0.25, 0.28]), "X")
-    below = ex._compared(p, pd.Series([-0.2, -0.3, -0.25, -0.28]), "X")
-    mixed = ex._compared(p, pd.Series([0.5, -0.4, 0.3, -0.3]), "X")
+    above = ex._compared(p, pd.Series([0.2, 0.3, 0.25, 0.28] * 2), "X")  # 8 images: 6 or more resample
+    below = ex._compared(p, pd.Series([-0.2, -0.3, -0.25, -0.28] * 2), "X")
+    mixed = ex._compared(p, pd.Series([0.5, -0.4, 0.3, -0.3] * 2), "X")
+    few = ex._compared(p, pd.Series([0.2, 0.3, 0.25, 0.28]), "X")  # 4 images: no 95% interval
     assert above.startswith("larger than X by 0.258") and "excludes 0" in above
     assert below.startswith("smaller than X by 0.258") and "excludes 0" in below
     assert "includes 0" in mixed
+    assert "no 95% interval: 4 images only, too few to resample" in few
 
 
 def test_the_gap_is_read_against_the_seed_spread_and_changes_by_their_sign():
@@ -175,8 +177,9 @@ def test_the_mean_token_solution_says_rises_only_of_a_curve_that_rises(monkeypat
 
     # images that disagree: their mean curve has a positive ρ, its interval includes 0
     noisy = _curve_of(
-        {"a": [0.1, 0.3, 0.2, 0.5, 0.1], "b": [0.5, 0.1, 0.4, 0.0, 0.3], "c": [0.2, 0.2, 0.1, 0.3, 0.4]}
-    )
+        {"a": [0.1, 0.3, 0.2, 0.5, 0.1], "b": [0.5, 0.1, 0.4, 0.0, 0.3], "c": [0.2, 0.2, 0.1, 0.3, 0.4],
+         "d": [0.1, 0.3, 0.2, 0.5, 0.1], "e": [0.5, 0.1, 0.4, 0.0, 0.3], "f": [0.2, 0.2, 0.1, 0.3, 0.4]}
+    )  # fmt: skip
     r = SimpleNamespace(
         exercises={"curve:mean": noisy},
         shape={"spearman": -0.64, "peak_fraction": 0.04, "max_drop": 0.48},
@@ -186,11 +189,14 @@ def test_the_mean_token_solution_says_rises_only_of_a_curve_that_rises(monkeypat
     assert "only the mean's rises" not in words and "ranks higher" not in words
     assert "the mean's curve shows no clear trend with the step (its interval includes 0)" in words
     assert "the CLS token's falls with the step (its interval lies below 0)" in words
-    assert "95% interval -0.80 to -0.45 over 64 images" in words and "over 3 images" in words
+    assert "95% interval -0.80 to -0.45 over 64 images" in words and "over 6 images" in words
 
     # images that all rise: the mean's curve rises, and ranks above the falling CLS curve
     rising = _curve_of(
-        {k: [0.1 + s, 0.2 + s, 0.3 + s, 0.4 + s, 0.5 + s] for k, s in zip("abc", (0, 0.05, 0.1))}
+        {
+            k: [0.1 + s, 0.2 + s, 0.3 + s, 0.4 + s, 0.5 + s]
+            for k, s in zip("abcdef", (0, 0.05, 0.1, 0.02, 0.07, 0.12))
+        }
     )
     r.exercises = {"curve:mean": rising}
     words = exercises.mean_sentence(SimpleNamespace(token="cls", n_images=64), r)

@@ -162,9 +162,14 @@ def test_an_interval_over_one_prompt_is_said_in_words_and_decides_nothing():
     assert f05.LINEAR.judge(one) == "partly"  # both estimates meet the yes-condition
     two = straightness(pd.concat([lss, lss.assign(prompt=1, lss=[1.1, 2.1])]),
                        model="trained", twin="random init", n_steps=9, d=64)  # fmt: skip
+    assert f05._straight_values(two)["f05_twin_ratio_interval"] == (
+        "no 95% interval: 2 prompts only, too few to resample (a 95% interval needs at least 6)"
+    )
+    six = straightness(pd.concat([lss.assign(prompt=i, lss=[1.0 + i / 10, 2.0 + i / 9]) for i in range(6)]),
+                       model="trained", twin="random init", n_steps=9, d=64)  # fmt: skip
     assert re.fullmatch(
-        r"95% interval \d\.\d\d to \d\.\d\d over 2 prompts",
-        f05._straight_values(two)["f05_twin_ratio_interval"],
+        r"95% interval \d\.\d\d to \d\.\d\d over 6 prompts",
+        f05._straight_values(six)["f05_twin_ratio_interval"],
     )
     assert (
         f05.interval_words(f05.Interval(np.nan, np.nan, np.nan))
@@ -218,12 +223,12 @@ def test_the_exponential_verdict_quotes_its_numbers_with_intervals():
         {"model": m, "prompt": pr, "token": t, "growth_log_linear_r2": g + 0.01 * pr,
          "expodistance_ratio_cv": cv + 0.01 * t, "expodistance_log_linear_r2": r2 - 0.01 * pr}
         for m, g, cv, r2 in (("trained", 1.08, 0.4, 0.3), ("random init", 1.0, 0.1, 0.8))
-        for pr in (0, 1, 2)
+        for pr in range(6)
         for t in (1, 2)
     ]  # fmt: skip
     words = f05.exponential_words(SimpleNamespace(metrics=pd.DataFrame(rows)))
     assert words.startswith("The rule read growth ") and words.count("95% interval") == 3
-    assert words.count("over 3 prompts") == 3 and "log-linear expodistance at" in words
+    assert words.count("over 6 prompts") == 3 and "log-linear expodistance at" in words
 
 
 def test_the_exponential_claim_states_what_its_rule_measures():

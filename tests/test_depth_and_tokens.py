@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 import torch
 
+from coupling_utils.analysis import block_distance as bd
 from coupling_utils.analysis import depth_and_tokens as tw
 from coupling_utils.analysis import tile_grid
 from coupling_utils.analysis.block_range import ParameterError
@@ -171,7 +172,7 @@ def test_coupling_by_distance():
         for i in range(4)
         for j in range(4)
     ]
-    d = tw.coupling_by_distance(pd.DataFrame(rows))
+    d = bd.coupling_by_distance(pd.DataFrame(rows))
     assert list(d.distance) == [1, 2, 3]
     np.testing.assert_allclose(d.coupling, [1, 0.5, 1 / 3])
 
@@ -299,7 +300,7 @@ def test_tile_and_token_contrast(pair):
         "context_twin",
         "context_sd",
     }
-    trend = tw.distance_trend(tw.coupling_by_distance(pair.m.depthwise))
+    trend = bd.distance_trend(bd.coupling_by_distance(pair.m.depthwise))
     assert set(trend.weights) == set(tw.WEIGHTS) and trend.spearman.between(-1, 1).all()
 
 
@@ -370,7 +371,7 @@ def test_distance_intervals_resample_prompts_with_all_their_rows():
 
     rng = np.random.default_rng(3)
     rows = []
-    for p, n_tokens in (("a", 3), ("b", 5), ("c", 1), ("d", 2), ("e", 4)):
+    for p, n_tokens in (("a", 3), ("b", 5), ("c", 1), ("d", 2), ("e", 4), ("f", 2), ("g", 3)):
         slope = rng.uniform(-0.1, 0.05)  # some prompts rise with distance: a mixed sign
         for w in tw.WEIGHTS:
             for t in range(n_tokens):
@@ -383,13 +384,13 @@ def test_distance_intervals_resample_prompts_with_all_their_rows():
     d["m"] = np.sqrt(1 - d["coupling"].clip(upper=1))
 
     def statistics(sample: pd.DataFrame) -> dict[str, float]:
-        trend = tw.distance_trend(tw.coupling_by_distance(sample))
+        trend = bd.distance_trend(bd.coupling_by_distance(sample))
         row = trend[(trend.weights == "trained") & (trend.K == 3)].iloc[0]
         trained = sample[sample.weights == "trained"]
         per_prompt = coupling_summary(trained, how="offdiag", k=3, per_prompt=True)
         return {"spearman": row.spearman, "adjacent_excess": row.adjacent - per_prompt.mean()}
 
-    got = tw.distance_intervals(d, 3, "offdiag", n_resamples=200)
+    got = bd.distance_intervals(d, 3, "offdiag", n_resamples=200)
     whole = statistics(d)
     prompts = sorted(d.prompt.unique())
     draws = {k: [] for k in whole}
@@ -402,14 +403,16 @@ def test_distance_intervals_resample_prompts_with_all_their_rows():
     for k, v in whole.items():
         lo, hi = np.quantile(draws[k], [0.025, 0.975])
         iv = got[k]
-        assert iv.estimate == pytest.approx(v, abs=1e-12) and iv.over == "5 prompts"
+        assert iv.estimate == pytest.approx(v, abs=1e-12) and iv.over == "7 prompts"
         assert (iv.low, iv.high) == pytest.approx((min(lo, v), max(hi, v)), abs=1e-12)
     assert got["spearman"].low < got["spearman"].high  # the prompts disagree: a real interval
 
-    two = tw.distance_intervals(d[(d.layer_i < 2) & (d.layer_j < 2)], 3, "offdiag", n_resamples=50)
+    two = bd.distance_intervals(d[(d.layer_i < 2) & (d.layer_j < 2)], 3, "offdiag", n_resamples=50)
     assert set(two) == {"adjacent_excess"}  # one distance: no trend to rank
-    one = tw.distance_intervals(d[d.prompt == "a"], 3, "offdiag")
+    one = bd.distance_intervals(d[d.prompt == "a"], 3, "offdiag")
     assert not one["spearman"].resampled and one["spearman"].over == "1 prompt"
+    few = bd.distance_intervals(d[d.prompt < "f"], 3, "offdiag", n_resamples=50)  # 5: no 95% interval
+    assert not few["spearman"].resampled and few["spearman"].over == "5 prompts"
 
 
 def test_the_report_counts_models_in_words():

@@ -33,16 +33,16 @@ def _table(trained: list[float], twin: list[float]) -> pd.DataFrame:
 
 def test_clearly_straighter_than_walk_and_twin_is_yes():
     walk = random_walk_lss(30, 64)
-    s = straightness(_table([1.5, 1.6, 1.4, 1.55], [5.4, 5.6, 5.5, 5.7]), model="trained",
-                     twin="random init", n_steps=30, d=64)  # fmt: skip
+    lss = _table([1.5, 1.6, 1.4, 1.55, 1.45, 1.5], [5.4, 5.6, 5.5, 5.7, 5.5, 5.6])  # 6 prompts
+    s = straightness(lss, model="trained", twin="random init", n_steps=30, d=64)
     assert s["walk"] == walk and s["walk_ratio"].high < 0.8
     assert STRAIGHTER.judge(s) == "yes"
 
 
 def test_a_little_lower_than_the_twin_but_near_a_walk_is_not_yes():
     # the case the issue names: LSS 4.6 against a twin of 5.6 and a walk of about 5.5
-    s = straightness(_table([4.5, 4.7, 4.6, 4.65], [5.5, 5.6, 5.7, 5.6]), model="trained",
-                     twin="random init", n_steps=30, d=64)  # fmt: skip
+    lss = _table([4.5, 4.7, 4.6, 4.65, 4.55, 4.6], [5.5, 5.6, 5.7, 5.6, 5.65, 5.55])
+    s = straightness(lss, model="trained", twin="random init", n_steps=30, d=64)
     assert 0.8 < s["walk_ratio"].estimate < 1
     assert STRAIGHTER.judge(s) == "partly"
 
@@ -52,12 +52,15 @@ def test_at_or_past_the_twin_is_no_and_one_prompt_is_never_yes():
     assert STRAIGHTER.judge(s) == "no"
     one = straightness(_table([1.2], [5.5]), model="trained", twin="random init", n_steps=30, d=64)
     assert STRAIGHTER.judge(one) == "partly"  # no interval over one prompt: cannot be clear
+    four = straightness(_table([1.5, 1.6, 1.4, 1.55], [5.4, 5.6, 5.5, 5.7]), model="trained",
+                        twin="random init", n_steps=30, d=64)  # fmt: skip
+    assert STRAIGHTER.judge(four) == "partly"  # 4 prompts: too few for a 95% interval, so never yes
     missing = straightness(_table([1.2, 1.3], [])[lambda d: d.model == "trained"], model="trained",
                            twin="random init", n_steps=30, d=64)  # fmt: skip
     assert STRAIGHTER.judge(missing) == "no"
 
 
-@pytest.mark.parametrize("n", [2, 9, 40])
+@pytest.mark.parametrize("n", [6, 9, 40])
 def test_the_ratios_of_every_resample_at_once_are_the_per_resample_pandas_ones_to_the_bit(n):
     """``straightness`` takes its ratios' resamples in one numpy pass: the intervals are those the
     per-resample pandas statistic gave (same resamples, same sums), a twin mean at or below 0

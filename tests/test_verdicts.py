@@ -275,7 +275,36 @@ def test_an_interval_over_too_few_to_resample_says_so_in_words():
         str(Interval(0.5, -math.inf, math.inf, over="1 prompt"))
         == "0.5 [no 95% interval: 1 prompt only, nothing to resample]"
     )
-    assert str(Interval(0.5, 0.4, 0.6, over="3 prompts")) == "0.5 [0.4, 0.6; 95% over 3 prompts]"
+    assert str(Interval(0.5, 0.4, 0.6, over="6 prompts")) == "0.5 [0.4, 0.6; 95% over 6 prompts]"
+
+
+def test_an_interval_over_fewer_than_six_units_is_no_95_percent_interval():
+    """The audit of the built book: an interval 'over 2 prompts' was the two prompts' values, shown as
+    a 95% interval and read by a rule as one (f01's only 'yes'). Of n units, the lowest and highest
+    both miss the median with probability 2·2⁻ⁿ (6.25% for 5), so below MIN_UNITS = 6 there is no
+    95% interval: the bounds are unbounded, the words say why, and no rule reads a yes from it."""
+    from coupling_utils.analysis.verdicts import MIN_UNITS, Interval, Rule
+
+    assert MIN_UNITS == 6 and 2 * 0.5**5 > 0.05 >= 2 * 0.5**6
+    two = Interval(0.0667, 0.0574, 0.0759, over="2 prompts")
+    assert (two.low, two.high, two.units, two.resampled) == (-math.inf, math.inf, 2, False)
+    assert str(two) == (
+        "0.0667 [no 95% interval: 2 prompts only, too few to resample (a 95% interval needs at least 6)]"
+    )
+    rule = Rule(yes="excess >= 0.05", partly="excess > 0")
+    assert rule.judge({"excess": two}) == "partly"
+    five = Interval(0.5, 0.4, 0.6, over="5 images, paired")
+    assert five.units == 5 and not five.resampled
+    six = Interval(0.0667, 0.0574, 0.0759, over="6 prompts")
+    assert (six.low, six.high, six.resampled) == (0.0574, 0.0759, True)
+    assert rule.judge({"excess": six}) == "yes"
+    named = Interval(0.5, 0.4, 0.6, over="members", units=3)  # a count the words do not start with
+    assert not named.resampled and named.words() == (
+        "no 95% interval: members only, too few to resample (a 95% interval needs at least 6)"
+    )
+    assert Interval(0.5, 0.4, 0.6, over="members").resampled  # no count known: taken as given
+    nan = Interval(float("nan"), float("nan"), float("nan"), over="2 prompts")
+    assert math.isnan(nan.low)  # a missing number stays missing
 
 
 def test_the_status_table_and_the_prose_say_a_missing_interval_in_the_same_words():
@@ -299,4 +328,4 @@ def test_an_interval_without_units_says_why_in_plain_words():
     assert none.words() == "no 95% interval: too few units to resample"
     one = Interval(0.5, float("-inf"), float("inf"), 0.95, "1 prompt")
     assert one.words() == "no 95% interval: 1 prompt only, nothing to resample"
-    assert Interval(0.5, 0.4, 0.6, 0.95, "3 prompts").words() == "95% interval 0.40 to 0.60 over 3 prompts"
+    assert Interval(0.5, 0.4, 0.6, 0.95, "7 prompts").words() == "95% interval 0.40 to 0.60 over 7 prompts"

@@ -36,6 +36,7 @@ import ast
 import html
 import math
 import operator
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -44,6 +45,7 @@ __all__ = [
     "Rule",
     "RuleError",
     "Interval",
+    "MIN_UNITS",
     "KINDS",
     "claim",
     "verdict_word",
@@ -71,16 +73,27 @@ class RuleError(ValueError):
     """A rule that cannot be read or evaluated; the message names the rule and the fix."""
 
 
+MIN_UNITS = 6
+"""The fewest units (prompts, images, models, windows ...) a 95% interval is resampled from. Of n
+units drawn at random, the lowest and highest both miss their population's median with probability
+2·2⁻ⁿ: 6.25% for 5 units, 3.1% for 6. A percentile bootstrap interval lies within the units' range,
+so from fewer than 6 units it cannot be a 95% interval (from 2, it is just their two values)."""
+
+
 @dataclass(frozen=True)
 class Interval:
     """A number with its confidence interval: ``estimate`` in ``[low, high]`` at ``level``,
-    resampled ``over`` something (prompts, models, seeds, pairs ...)."""
+    resampled ``over`` something (prompts, models, seeds, pairs ...) of which there are ``units``
+    (default: the number ``over`` starts with, as in "12 prompts"). An interval resampled from
+    fewer than :data:`MIN_UNITS` units is no 95% interval: its bounds are made unbounded, as one
+    unit's are, so no rule reads a "yes" from it and its words say why."""
 
     estimate: float
     low: float
     high: float
     level: float = 0.95
     over: str = ""
+    units: int | None = None
 
     def __post_init__(self):
         lo, est, hi = (float(v) for v in (self.low, self.estimate, self.high))
@@ -91,6 +104,12 @@ class Interval:
             )
         if not 0 < float(self.level) < 1:
             raise RuleError(f"an interval's level must lie in (0, 1), got {self.level!r}")
+        if self.units is None:
+            counted = re.match(r"\s*(\d+)\b", str(self.over))
+            object.__setattr__(self, "units", int(counted.group(1)) if counted else None)
+        if self.units is not None and self.units < MIN_UNITS and not math.isnan(est):
+            object.__setattr__(self, "low", -math.inf)  # too few to resample: no interval at all
+            object.__setattr__(self, "high", math.inf)
 
     @classmethod
     def from_bootstrap(cls, row: Mapping[str, Any], over: str = "") -> Interval:
@@ -101,17 +120,23 @@ class Interval:
 
     @property
     def resampled(self) -> bool:
-        """Whether there is an interval: False when too few units were there to resample (one
-        prompt, one window): the bounds are then unbounded and no rule can give a "yes"."""
+        """Whether there is an interval: False when too few units were there to resample (fewer than
+        :data:`MIN_UNITS` prompts, windows ...): the bounds are then unbounded and no rule can give a
+        "yes"."""
         return math.isfinite(float(self.low)) and math.isfinite(float(self.high))
 
     def words(self, spec: str = ".2f") -> str:
-        """The interval as prose says it ("95% interval 0.80 to 0.88 over 2 prompts"), or why there is
-        none ("no 95% interval: 1 prompt only, nothing to resample"); the status tables' brackets
-        (``str``) say the same."""
+        """The interval as prose says it ("95% interval 0.80 to 0.88 over 12 prompts"), or why there is
+        none ("no 95% interval: 1 prompt only, nothing to resample"; "… 2 prompts only, too few to
+        resample (a 95% interval needs at least 6)"); the status tables' brackets (``str``) say the
+        same."""
         over = f" over {self.over}" if self.over else ""
         if not self.resampled:
-            why = f"{self.over} only, nothing to resample" if self.over else "too few units to resample"
+            if self.units is not None and self.units > 1:
+                need = f"a {self.level:.0%} interval needs at least {MIN_UNITS}"
+                why = f"{self.over} only, too few to resample ({need})"
+            else:
+                why = f"{self.over} only, nothing to resample" if self.over else "too few units to resample"
             return f"no {self.level:.0%} interval: {why}"
         return f"{self.level:.0%} interval {self.low:{spec}} to {self.high:{spec}}{over}"
 

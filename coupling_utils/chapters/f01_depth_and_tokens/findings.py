@@ -12,7 +12,7 @@ import pandas as pd
 
 from coupling_utils.analysis.depth_and_tokens import TwinMeasurement
 from coupling_utils.analysis.model_names import measured, model_words
-from coupling_utils.analysis.verdicts import Interval
+from coupling_utils.analysis.verdicts import MIN_UNITS, Interval
 from coupling_utils.chapters.f01_depth_and_tokens.plan import Results
 from coupling_utils.chapters.reruns import deeper_model, reruns
 
@@ -91,6 +91,8 @@ def spread_words(d: Interval, spec: str = ".3f") -> str:
     """A difference's interval in words: "95% interval over prompts 0.010 to 0.025" (", which
     includes 0" where it does), or that one prompt gave none."""
     if not d.resampled:
+        if d.units is not None and d.units > 1:
+            return f"from {d.units} prompts, too few for a 95% interval (it needs at least {MIN_UNITS})"
         return "from one prompt, which gives no interval"
     return f"95% interval over prompts {d.low:{spec}} to {d.high:{spec}}" + (
         ", which includes 0" if interval_side(d) == "neither" else ""

@@ -13,6 +13,7 @@ from typing import Any
 
 import pandas as pd
 
+from coupling_utils.analysis import block_distance as bd
 from coupling_utils.analysis import depth_and_tokens as tw
 from coupling_utils.analysis import last_block as lb
 from coupling_utils.analysis import tile_grid
@@ -214,19 +215,19 @@ class Results:
     @functools.cached_property
     def by_distance(self) -> pd.DataFrame:
         """Mean coupling against the distance between blocks, per weights and K."""
-        return tw.coupling_by_distance(self.main.depthwise)
+        return bd.coupling_by_distance(self.main.depthwise)
 
     @functools.cached_property
     def trend(self) -> pd.DataFrame:
         """Spearman's ρ of coupling with block distance; coupling of neighbours and farthest pair."""
-        return tw.distance_trend(self.by_distance)
+        return bd.distance_trend(self.by_distance)
 
     @functools.cached_property
     def distance(self) -> dict:
         """What the distance words compare, trained at K = max(k), with 95% intervals over prompts
         (``distance_intervals``): ``spearman`` (absent with two blocks) and ``adjacent_excess``
         (the nearest pairs' coupling minus the per-model coupling)."""
-        return tw.distance_intervals(self.main.depthwise, max(self.params.k), self.params.how)
+        return bd.distance_intervals(self.main.depthwise, max(self.params.k), self.params.how)
 
     @functools.cached_property
     def per_model(self) -> pd.DataFrame:

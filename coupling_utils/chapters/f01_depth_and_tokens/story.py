@@ -181,12 +181,12 @@ def _share(v) -> str:
 
 
 def _tile_glue(tiles: dict) -> dict[str, float]:
-    """The tile values as glue: plain numbers, and an interval's estimate, low and high."""
+    """The tile values as glue: plain numbers, and an interval's estimate and words (which say when
+    there is no interval)."""
     out = {}
     for key, value in tiles.items():
         if isinstance(value, Interval):
-            out |= {f"f01_diag_{key}": value.estimate, f"f01_diag_{key}_low": value.low,
-                    f"f01_diag_{key}_high": value.high}  # fmt: skip
+            out |= {f"f01_diag_{key}": value.estimate, f"f01_diag_{key}_interval": value.words(".0%")}
         else:
             out[f"f01_diag_{key}"] = value
     return out
@@ -479,8 +479,7 @@ def glue_values(r: Results, status: pd.DataFrame) -> dict[str, Any]:
         **_last_block_glue(r),
         "f01_share_above": main["share_above"],
         "f01_excess": main["excess"].estimate,
-        "f01_excess_low": main["excess"].low,
-        "f01_excess_high": main["excess"].high,
+        "f01_excess_interval": main["excess"].words(".3f"),
         "f01_excess_k": main["excess_k"],
         "f01_depth_verdict": verdict_word(status.iloc[0]),
         "f01_tiles_verdict": verdict_word(status.iloc[n]),

@@ -66,7 +66,8 @@ def spearman_interval(fit: pd.Series) -> Interval:
     if np.isnan(est):
         return Interval(np.nan, np.nan, np.nan, over="members")
     low, high = float(fit["spearman_ci_low"]), float(fit["spearman_ci_high"])
-    return Interval(est, min(low, est), max(high, est), over="members")
+    over = f"{int(fit['n'])} members" if "n" in fit.index else "members"  # fewer than 6: no interval
+    return Interval(est, min(low, est), max(high, est), over=over)
 
 
 def within_table(w: Within) -> pd.DataFrame:
