@@ -281,3 +281,15 @@ def test_together_needs_every_part_over_its_interval():
     assert _failed(bent) == list(f03.TOGETHER_PARTS)[1:]
     flat = together_intervals(_windows(np.zeros(10), 3 - 0.2 * steps, noise=0.0))
     assert math.isnan(flat["coupling_step"]) and f03.RULES["together"].judge(flat) == "no"
+
+
+def test_the_monotony_note_says_in_how_many_steps_the_curve_rises():
+    """The status note read "rises between 47% of consecutive checkpoints"."""
+    import inspect
+
+    from coupling_utils.chapters.f03_training_emergence import story
+    from coupling_utils.chapters.f03_training_emergence.words import rises_words
+
+    assert rises_words(0.4706) == "rises in 47% of the steps between consecutive checkpoints"
+    source = inspect.getsource(story)
+    assert "rises between" not in source and "rises_words(first.rises)" in source

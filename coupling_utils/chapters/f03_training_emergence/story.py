@@ -21,6 +21,7 @@ from coupling_utils.chapters.f03_training_emergence.words import (
     first_checkpoint,
     interval_of,
     peak_words,
+    rises_words,
     together_words,
     versus_first,
     windows_words,
@@ -92,7 +93,7 @@ def _coupling_rows(r: Results) -> list[dict]:
             rule=RULES["monotone"],
             values=r.rise_values,
             ours=f"ρ = {first.spearman:.2f}, largest fall {first.max_drop:.0%} of the range",
-            note=f"rises between {first.rises:.0%} of consecutive checkpoints; {_convention(r, 'monotone')}",
+            note=f"{rises_words(first.rises)}; {_convention(r, 'monotone')}",
         ),
     ]
 

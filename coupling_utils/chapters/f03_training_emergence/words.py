@@ -53,6 +53,12 @@ def peak_words(row: pd.Series) -> str:
     )
 
 
+def rises_words(share: float) -> str:
+    """How often a curve rises, for the monotony row's note: "rises in 47% of the steps between
+    consecutive checkpoints" (``share``: the ``rises`` of a ``growth_summary`` row)."""
+    return f"rises in {share:.0%} of the steps between consecutive checkpoints"
+
+
 def steps_words(steps: list[int]) -> str:
     """Checkpoint steps as prose: "step 32", "steps 32 and 64", "steps 32, 64 and 128", or for many
     "9 checkpoints from step 32 to 4096"."""
