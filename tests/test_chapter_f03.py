@@ -293,3 +293,19 @@ def test_the_monotony_note_says_in_how_many_steps_the_curve_rises():
     assert rises_words(0.4706) == "rises in 47% of the steps between consecutive checkpoints"
     source = inspect.getsource(story)
     assert "rises between" not in source and "rises_words(first.rises)" in source
+
+
+def test_the_threshold_solution_names_every_densest_checkpoint():
+    """Exercise f03-ex-threshold said "densest at step 32 (0.17)" where steps 32, 64 and 128 tie, as
+    the body (density_peak_words) says."""
+    import pandas as pd
+
+    from coupling_utils.chapters.f03_training_emergence.exercises import _threshold_words
+
+    d = pd.DataFrame({"step": [1, 32, 64, 128, 4096], "density": [0, 1 / 6, 1 / 6, 1 / 6, 0]})
+    assert (
+        _threshold_words(0.4, d)
+        == "threshold 0.4: the density is highest (0.17) at steps 32, 64 and 128, final 0.00"
+    )
+    flat = _threshold_words(0.6, d.assign(density=0.0))
+    assert flat == "threshold 0.6: the density is 0.00 at every checkpoint"
