@@ -309,3 +309,38 @@ def test_the_threshold_solution_names_every_densest_checkpoint():
     )
     flat = _threshold_words(0.6, d.assign(density=0.0))
     assert flat == "threshold 0.6: the density is 0.00 at every checkpoint"
+
+
+def test_the_search_reads_single_runs_without_direction_words(monkeypatch):
+    """One run and one seed per setting, no interval: the search said "lower with more width" and
+    "training longer made the final coupling lower, so a longer local run is not the way"."""
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    from coupling_utils.analysis.emergence_search import one_factor_effects
+    from coupling_utils.chapters.f03_training_emergence import story
+
+    runs = pd.DataFrame(
+        {
+            "config": ["base", "long", "longer", "wide"],
+            "d_model": [64, 64, 64, 128],
+            "n_layers": [4] * 4,
+            "steps": [1024, 2048, 4096, 1024],
+            "lr": [3e-3] * 4,
+            "data_tokens": [0] * 4,
+            "final": [0.238, 0.188, 0.150, 0.131],
+        }
+    )
+    monkeypatch.setattr(story, "_search_found", lambda r: "")
+    out = story._search_effects(SimpleNamespace(effects=one_factor_effects(runs)))
+    effects, length = out["f03_search_effects"].data, out["f03_search_length"].data
+    assert "- width 64 → 128 (base, wide): final coupling 0.238 → 0.131." in effects
+    assert length == (
+        "the runs that differ in length only (1,024 → 2,048 → 4,096 steps) ended at a final coupling of "
+        "0.238 → 0.188 → 0.150: one run and one seed each, with no interval, so these values are not a "
+        "measured effect of training length"
+    )
+    for word in ("higher", "lower", "more", "made"):
+        assert word not in effects + length
+    assert "not the way" not in NOTEBOOK.read_text() and "one seed, per" in NOTEBOOK.read_text()
