@@ -344,3 +344,37 @@ def test_the_search_reads_single_runs_without_direction_words(monkeypatch):
     for word in ("higher", "lower", "more", "made"):
         assert word not in effects + length
     assert "not the way" not in NOTEBOOK.read_text() and "one seed, per" in NOTEBOOK.read_text()
+
+
+def test_the_wide_run_and_this_run_are_two_values_not_a_finding():
+    """The sentence said "starts at 0.023, higher: the level of unrelated blocks depends on K and the
+    width, not on their ratio alone" from one draw each under two last-block maps."""
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    from coupling_utils.chapters.f03_training_emergence.story import _wide_sentence
+
+    curves = pd.DataFrame(
+        {
+            "config": ["w128"] * 3,
+            "d_model": [128] * 3,
+            "K": [32] * 3,
+            "step": [0, 1, 2],
+            "coupling": [-0.008, -0.108, -0.05],
+            "share_m_above_1": [0.77, 0.95, 0.9],
+        }
+    )
+    big = pd.Series({"K": 16, "d_model": 64.0, "K_over_d": 0.25, "first": 0.023})
+    r = SimpleNamespace(
+        big=big, search=SimpleNamespace(curves=curves), params=SimpleNamespace(last_block="final_norm")
+    )
+    words = _wide_sentence(r)
+    assert '(w128, width 128, `last_block = "block"`)' in words
+    assert words.endswith(
+        'this run\'s K = 16 (width 64, `last_block = "final_norm"`) starts at 0.023. Each of the two values '
+        "is one set of weights measured once (no interval), under different last-block maps."
+    )
+    assert "higher" not in words and "ratio alone" not in words
+    r.params.last_block = "block"
+    assert _wide_sentence(r).endswith("under the same last-block map.")

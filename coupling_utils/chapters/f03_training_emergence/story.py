@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from coupling_utils.analysis import last_block as lb
+from coupling_utils.analysis.emergence_search import SEARCH_LAST_BLOCK
 from coupling_utils.analysis.straightness import STRAIGHTER, straighter_text
 from coupling_utils.analysis.verdicts import claim, verdict_word
 from coupling_utils.chapters.f03_training_emergence.exercises import exercise_k, exercise_lr, exercise_pairs
@@ -234,10 +235,11 @@ def _coupling_values(r: Results) -> dict[str, Any]:
 def _block_sentence(r: Results) -> str:
     """What the stored search (measured with the last block alone) says of this very run."""
     own = r.search_table[r.search_table.this_chapter]
-    if own.empty or r.params.last_block == "block":
+    if own.empty or r.params.last_block == SEARCH_LAST_BLOCK:
         return ""
     return (
-        f'The search below stored this very run with the last block alone (`last_block = "block"`, '
+        f"The search below stored this very run with the last block alone "
+        f'(`last_block = "{SEARCH_LAST_BLOCK}"`, '
         f"K = d/16): judged on its mean curve by the same rise rule (no intervals: the search kept no "
         f"per-window values), it gets {own['rises progressively'].iloc[0]}; measured here "
         f'(`last_block = "{r.params.last_block}"`, with intervals) it gets {r.coupling_verdicts["rises"]}.'
@@ -245,24 +247,31 @@ def _block_sentence(r: Results) -> str:
 
 
 def _wide_sentence(r: Results) -> str:
-    """The widest searched run at its largest K, beside this run's largest K at the same K/d."""
+    """The widest searched run at its largest K, beside this run's largest K at the same K/d: the
+    two values with the last-block map each was measured with, and no comparison (one set of
+    weights each, measured once: no interval)."""
     big, curves = r.big, r.search.curves
     wide = curves[curves.d_model == curves.d_model.max()]
     wide = wide[(wide["K"] == wide.K.max()) & (wide.config == wide.config.iloc[0])].sort_values("step")
     w_K, w_d = int(wide.K.iloc[0]), int(wide.d_model.iloc[0])
     w_low = float(wide.coupling.min())
     sentence = (
-        f"In the search below, the widest run ({wide.config.iloc[0]}, width {w_d}) at K = {w_K} "
-        f"(K/d = {w_K / w_d:.2f}) starts at {wide.coupling.iloc[0]:.3f} at step 0 with "
-        f"{wide.share_m_above_1.iloc[0]:.0%} of its layer pairs at m > 1, its lowest point is {w_low:.3f} "
-        f"({'below' if w_low < 0 else 'above'} zero), and at its worst checkpoint "
-        f"{wide.share_m_above_1.max():.0%} of the pairs have m > 1."
+        f"In the search below, the widest run ({wide.config.iloc[0]}, width {w_d}, "
+        f'`last_block = "{SEARCH_LAST_BLOCK}"`) at K = {w_K} (K/d = {w_K / w_d:.2f}) starts at '
+        f"{wide.coupling.iloc[0]:.3f} at step 0 with {wide.share_m_above_1.iloc[0]:.0%} of its layer pairs "
+        f"at m > 1, its lowest point is {w_low:.3f} ({'below' if w_low < 0 else 'above'} zero), and at its "
+        f"worst checkpoint {wide.share_m_above_1.max():.0%} of the pairs have m > 1."
     )
     if np.isfinite(big.d_model) and int(big.d_model) != w_d and np.isclose(big.K_over_d, w_K / w_d):
+        maps = (
+            "the same last-block map"
+            if r.params.last_block == SEARCH_LAST_BLOCK
+            else "different last-block maps"
+        )
         sentence += (
-            f" At the same K/d this run's K = {int(big.K)} (width {int(big.d_model)}) starts at "
-            f"{big.first:.3f}, {'higher' if big.first > wide.coupling.iloc[0] else 'lower'}: the level of "
-            "unrelated blocks depends on K and the width, not on their ratio alone."
+            f" At the same K/d this run's K = {int(big.K)} (width {int(big.d_model)}, "
+            f'`last_block = "{r.params.last_block}"`) starts at {big.first:.3f}. Each of the two values is '
+            f"one set of weights measured once (no interval), under {maps}."
         )
     return sentence
 
