@@ -71,7 +71,12 @@ def _stub_results(steps: list[int]):
     summary = pd.DataFrame(rows)
     levels = pd.DataFrame({"model": ["m", "m"], "K": [2, 4], "first": [0.1, 0.12]})
     return SimpleNamespace(
-        params=SimpleNamespace(early_step=1), summary=summary, showcase="m", levels=levels, k_main=2
+        params=SimpleNamespace(early_step=1),
+        summary=summary,
+        showcase="m",
+        levels=levels,
+        k_main=2,
+        first_step=0,
     )
 
 
@@ -181,7 +186,15 @@ def test_the_k_exercise_compares_another_k_even_when_k_main_is_the_largest():
     r.k_main = 4
     out = exercise_k(r)
     assert out["f03_ex_kbig"] == 2 and out["f03_ex_k_expect"] == "higher"
-    assert out["f03_ex_kbig_vs_main"] == "lower than"  # 0.1 at K = 2 against 0.12 at K = 4, as measured
+    # 0.1 at K = 2 against 0.12 at K = 4, as measured: one set of weights, so "lower" in this draw only
+    assert out["f03_ex_kbig_vs_main"].data == (
+        "both from one set of weights, the random initialisation (step 0), measured once (no interval), "
+        "so in this draw $K$ = 2 starts lower"
+    )
+    r.first_step = 1  # Pythia's first public checkpoint: trained weights, not a random draw
+    hub = exercise_k(r)["f03_ex_kbig_vs_main"].data
+    assert hub.startswith("both from one set of weights, the first checkpoint (step 1)")
+    assert hub.endswith("so in these weights $K$ = 2 starts lower")
 
 
 def test_the_quiz_panel_is_named_for_what_it_holds():

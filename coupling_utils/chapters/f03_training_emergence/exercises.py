@@ -12,7 +12,11 @@ import pandas as pd
 from coupling_utils.analysis import emergence
 from coupling_utils.chapters.f03_training_emergence.plan import MAIN, RULES
 from coupling_utils.chapters.f03_training_emergence.results import Results
-from coupling_utils.chapters.f03_training_emergence.words import density_peak_words, steps_words
+from coupling_utils.chapters.f03_training_emergence.words import (
+    density_peak_words,
+    first_checkpoint,
+    steps_words,
+)
 from coupling_utils.models import zoo
 
 
@@ -35,9 +39,7 @@ def exercise_k(r: Results) -> dict[str, Any]:
         "f03_ex_kmain_peak_step": int(by_k.loc[r.k_main, "peak_step"]),
         "f03_ex_kbig_step0": big0,
         "f03_ex_kmain_step0": main0,
-        "f03_ex_kbig_vs_main": "lower than"
-        if big0 < main0
-        else ("higher than" if big0 > main0 else "equal to"),
+        "f03_ex_kbig_vs_main": Markdown(_one_draw_words(kb, big0, main0, r.first_step)),
         "f03_ex_k_expect": "lower" if kb > r.k_main else ("higher" if kb < r.k_main else "the same level"),
     }
     late = [x for x in sorted(held_summary.step.unique()) if x >= 128]
@@ -55,6 +57,17 @@ def exercise_k(r: Results) -> dict[str, Any]:
             "there are too few checkpoints from step 128 on to say (the ratio needs two)"
         )
     return out
+
+
+def _one_draw_words(kb: int, big0: float, main0: float, step: int) -> str:
+    """Completes "K = 16 starts at 0.023 and k_main at 0.072: ...": both levels come from one set of
+    weights (the first checkpoint) measured once, so the comparison holds for this draw only."""
+    where = "in this draw" if int(step) == 0 else "in these weights"
+    order = "lower" if big0 < main0 else ("higher" if big0 > main0 else "at the same level")
+    return (
+        f"both from one set of weights, {first_checkpoint(step)}, measured once (no interval), so "
+        f"{where} $K$ = {kb} starts {order}"
+    )
 
 
 def exercise_pairs(r: Results) -> dict[str, Any]:
