@@ -391,3 +391,30 @@ def test_the_wide_run_and_this_run_are_two_values_not_a_finding():
     assert "higher" not in words and "ratio alone" not in words
     r.params.last_block = "block"
     assert _wide_sentence(r).endswith("under the same last-block map.")
+
+
+def test_the_panels_figure_is_one_chart_with_a_line_per_prompt_set():
+    """Its caption spoke of "(the main panel)" and "(a secondary panel ...)" for a chart of one panel
+    with two lines."""
+    import re
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    from coupling_utils.analysis.layout import shown_panels
+
+    main = pd.DataFrame(
+        [
+            {"panel": panel, "model": "embedded:m", "step": step, "coupling": 0.1 + 0.01 * step}
+            for panel in (f03.MAIN, f03.QUIZ)
+            for step in (0, 1, 2)
+        ]
+    )
+    growth = pd.DataFrame(
+        {"model": ["embedded:m"] * 2, "panel": [f03.MAIN, f03.QUIZ], "peak": [0.12, 0.12],
+         "peak_step": [2, 2], "final": [0.12, 0.12]}
+    )  # fmt: skip
+    chart, _ = f03.panels_figure(SimpleNamespace(main=main, growth=growth, showcase="embedded:m", k_main=2))
+    assert len(shown_panels(chart)) == 1
+    caption = re.search(r'name="fig-f03-panels",\s*caption="(.*?)",\s*alt', NOTEBOOK.read_text(), re.S)[1]
+    assert "panel" not in caption and "one line per run" in caption
