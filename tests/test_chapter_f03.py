@@ -418,3 +418,44 @@ def test_the_panels_figure_is_one_chart_with_a_line_per_prompt_set():
     assert len(shown_panels(chart)) == 1
     caption = re.search(r'name="fig-f03-panels",\s*caption="(.*?)",\s*alt', NOTEBOOK.read_text(), re.S)[1]
     assert "panel" not in caption and "one line per run" in caption
+
+
+def test_the_expodistance_row_names_its_reconstruction_and_reports_the_others():
+    """The row said "expodistance falls; our reconstruction" and reported only the log-linear 1 − R²,
+    while ratio_cv rose 0.127 → 0.407 and the fitted growth per block fell to 0.795."""
+    from coupling_utils.analysis.verdicts import Interval
+    from coupling_utils.chapters.f03_training_emergence import story
+    from coupling_utils.chapters.f03_training_emergence.words import reconstruction_words
+
+    assert "log-linear reconstruction of expodistance" in story.CLAIMS["expo"]
+    over = "8 windows"
+    others = {
+        "expodistance_ratio_cv": {
+            "early": 0.1274,
+            "final": 0.4067,
+            "ratio": Interval(3.19, 2.86, 3.54, over=over),
+        },
+        "growth_log_linear_r2": {
+            "early": 1.0191,
+            "final": Interval(0.795, 0.784, 0.808, over=over),
+            "ratio": Interval(0.78, 0.77, 0.79, over=over),
+        },
+    }
+    assert reconstruction_words(others) == (
+        "the other reconstruction, ratio_cv, rises: 0.127 → 0.407, final / early 3.19 (95% interval 2.86 to "
+        "3.54 over 8 windows); the fitted growth per block falls: 1.019 → 0.795, final / early 0.78 (95% "
+        "interval 0.77 to 0.79 over 8 windows), and ends below 1 (95% interval 0.784 to 0.808 over 8 "
+        "windows): at the end the step sizes shrink with depth"
+    )
+    unclear = {
+        "expodistance_ratio_cv": {"early": 0.2, "final": 0.21, "ratio": Interval(1.05, 0.9, 1.2, over=over)},
+        "growth_log_linear_r2": {
+            "early": 1.0,
+            "final": Interval(0.99, 0.95, 1.03, over=over),
+            "ratio": Interval(0.99, 0.9, 1.1, over=over),
+        },
+    }
+    words = reconstruction_words(unclear)
+    assert not {"rises", "falls", "below", "shrink"} & set(words.replace(",", " ").split())
+    assert "not told apart" in words and reconstruction_words({}) == ""
+    assert "log-linear reconstruction of expodistance, 1 − R²" in NOTEBOOK.read_text()

@@ -21,6 +21,7 @@ from coupling_utils.chapters.f03_training_emergence.words import (
     first_checkpoint,
     interval_of,
     peak_words,
+    reconstruction_words,
     rises_words,
     together_words,
     versus_first,
@@ -38,7 +39,8 @@ CLAIMS = {
     "dense": "almost no coupling early, dense at the end (layer graphs)",
     "together": "coupling develops together with trajectory linearity",
     "straight": "trajectories are straighter after training than at initialisation and than a random walk",
-    "expo": "layer-wise exponential growth develops (expodistance falls; our reconstruction)",
+    "expo": "layer-wise exponential growth develops (1 − R² of our log-linear reconstruction of expodistance "
+    "falls)",
 }
 """The status rows' claims, by key."""
 
@@ -162,7 +164,8 @@ def claims(r: Results) -> list[dict]:
                 rule=RULES["falls"],
                 values=r.exp_judged,
                 ours=f"1 − R² {exp.early:.3f} → {exp.final:.3f} (ρ = {exp.spearman:.2f})",
-                note="log-linear fit of step sizes over all blocks",
+                note="the rule reads 1 − R² of the log-linear fit of step sizes over all blocks only; "
+                + reconstruction_words(r.other_reconstructions),
             )
         )
     return rows
@@ -332,8 +335,8 @@ def _trajectory_values(r: Results) -> dict[str, Any]:
         "f03_expo_sentence": Markdown(
             "the expodistance reconstruction is not available (it needs at least three blocks)"
             if exp is None
-            else f"the expodistance reconstruction from {exp.early:.3f} to {exp.final:.3f} "
-            f"(ρ {exp.spearman:.2f})"
+            else f"the log-linear reconstruction of expodistance (1 − R²) from {exp.early:.3f} to "
+            f"{exp.final:.3f} (ρ {exp.spearman:.2f}; {reconstruction_words(r.other_reconstructions)})"
         ),
         "f03_rho_lss": r.rho_lss,
         "f03_together_sentence": Markdown(_together_sentence(r)),
@@ -497,9 +500,10 @@ def _matched(r: Results) -> str:
         + (
             "."
             if exp is None
-            else f"; **exponential growth** ({_verdict(r, 'expo').data}; expodistance {exp.early:.3f} "
-            f"→ {exp.final:.3f}, {with_interval('final / early', r.exp_judged['ratio'])}, "
-            f"{with_interval('ρ', r.exp_judged['spearman'])}"
+            else f"; **exponential growth** ({_verdict(r, 'expo').data}; the log-linear reconstruction of "
+            f"expodistance, 1 − R², {exp.early:.3f} → {exp.final:.3f}, "
+            f"{with_interval('final / early', r.exp_judged['ratio'])}, "
+            f"{with_interval('ρ', r.exp_judged['spearman'])}; {reconstruction_words(r.other_reconstructions)}"
             + (
                 f"; with only {n_steps} steps per trajectory a log-linear fit says little"
                 if n_steps < 8
