@@ -71,7 +71,12 @@ def _stub_results(steps: list[int]):
     summary = pd.DataFrame(rows)
     levels = pd.DataFrame({"model": ["m", "m"], "K": [2, 4], "first": [0.1, 0.12]})
     return SimpleNamespace(
-        params=SimpleNamespace(early_step=1), summary=summary, showcase="m", levels=levels, k_main=2
+        params=SimpleNamespace(early_step=1),
+        summary=summary,
+        showcase="m",
+        levels=levels,
+        k_main=2,
+        first_step=0,
     )
 
 
@@ -181,7 +186,15 @@ def test_the_k_exercise_compares_another_k_even_when_k_main_is_the_largest():
     r.k_main = 4
     out = exercise_k(r)
     assert out["f03_ex_kbig"] == 2 and out["f03_ex_k_expect"] == "higher"
-    assert out["f03_ex_kbig_vs_main"] == "lower than"  # 0.1 at K = 2 against 0.12 at K = 4, as measured
+    # 0.1 at K = 2 against 0.12 at K = 4, as measured: one set of weights, so "lower" in this draw only
+    assert out["f03_ex_kbig_vs_main"].data == (
+        "both from one set of weights, the random initialisation (step 0), measured once (no interval), "
+        "so in this draw $K$ = 2 starts lower"
+    )
+    r.first_step = 1  # Pythia's first public checkpoint: trained weights, not a random draw
+    hub = exercise_k(r)["f03_ex_kbig_vs_main"].data
+    assert hub.startswith("both from one set of weights, the first checkpoint (step 1)")
+    assert hub.endswith("so in these weights $K$ = 2 starts lower")
 
 
 def test_the_quiz_panel_is_named_for_what_it_holds():
@@ -281,3 +294,168 @@ def test_together_needs_every_part_over_its_interval():
     assert _failed(bent) == list(f03.TOGETHER_PARTS)[1:]
     flat = together_intervals(_windows(np.zeros(10), 3 - 0.2 * steps, noise=0.0))
     assert math.isnan(flat["coupling_step"]) and f03.RULES["together"].judge(flat) == "no"
+
+
+def test_the_monotony_note_says_in_how_many_steps_the_curve_rises():
+    """The status note read "rises between 47% of consecutive checkpoints"."""
+    import inspect
+
+    from coupling_utils.chapters.f03_training_emergence import story
+    from coupling_utils.chapters.f03_training_emergence.words import rises_words
+
+    assert rises_words(0.4706) == "rises in 47% of the steps between consecutive checkpoints"
+    source = inspect.getsource(story)
+    assert "rises between" not in source and "rises_words(first.rises)" in source
+
+
+def test_the_threshold_solution_names_every_densest_checkpoint():
+    """Exercise f03-ex-threshold said "densest at step 32 (0.17)" where steps 32, 64 and 128 tie, as
+    the body (density_peak_words) says."""
+    import pandas as pd
+
+    from coupling_utils.chapters.f03_training_emergence.exercises import _threshold_words
+
+    d = pd.DataFrame({"step": [1, 32, 64, 128, 4096], "density": [0, 1 / 6, 1 / 6, 1 / 6, 0]})
+    assert (
+        _threshold_words(0.4, d)
+        == "threshold 0.4: the density is highest (0.17) at steps 32, 64 and 128, final 0.00"
+    )
+    flat = _threshold_words(0.6, d.assign(density=0.0))
+    assert flat == "threshold 0.6: the density is 0.00 at every checkpoint"
+
+
+def test_the_search_reads_single_runs_without_direction_words(monkeypatch):
+    """One run and one seed per setting, no interval: the search said "lower with more width" and
+    "training longer made the final coupling lower, so a longer local run is not the way"."""
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    from coupling_utils.analysis.emergence_search import one_factor_effects
+    from coupling_utils.chapters.f03_training_emergence import story
+
+    runs = pd.DataFrame(
+        {
+            "config": ["base", "long", "longer", "wide"],
+            "d_model": [64, 64, 64, 128],
+            "n_layers": [4] * 4,
+            "steps": [1024, 2048, 4096, 1024],
+            "lr": [3e-3] * 4,
+            "data_tokens": [0] * 4,
+            "final": [0.238, 0.188, 0.150, 0.131],
+        }
+    )
+    monkeypatch.setattr(story, "_search_found", lambda r: "")
+    out = story._search_effects(SimpleNamespace(effects=one_factor_effects(runs)))
+    effects, length = out["f03_search_effects"].data, out["f03_search_length"].data
+    assert "- width 64 → 128 (base, wide): final coupling 0.238 → 0.131." in effects
+    assert length == (
+        "the runs that differ in length only (1,024 → 2,048 → 4,096 steps) ended at a final coupling of "
+        "0.238 → 0.188 → 0.150: one run and one seed each, with no interval, so these values are not a "
+        "measured effect of training length"
+    )
+    for word in ("higher", "lower", "more", "made"):
+        assert word not in effects + length
+    assert "not the way" not in NOTEBOOK.read_text() and "one seed, per" in NOTEBOOK.read_text()
+
+
+def test_the_wide_run_and_this_run_are_two_values_not_a_finding():
+    """The sentence said "starts at 0.023, higher: the level of unrelated blocks depends on K and the
+    width, not on their ratio alone" from one draw each under two last-block maps."""
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    from coupling_utils.chapters.f03_training_emergence.story import _wide_sentence
+
+    curves = pd.DataFrame(
+        {
+            "config": ["w128"] * 3,
+            "d_model": [128] * 3,
+            "K": [32] * 3,
+            "step": [0, 1, 2],
+            "coupling": [-0.008, -0.108, -0.05],
+            "share_m_above_1": [0.77, 0.95, 0.9],
+        }
+    )
+    big = pd.Series({"K": 16, "d_model": 64.0, "K_over_d": 0.25, "first": 0.023})
+    r = SimpleNamespace(
+        big=big, search=SimpleNamespace(curves=curves), params=SimpleNamespace(last_block="final_norm")
+    )
+    words = _wide_sentence(r)
+    assert '(w128, width 128, `last_block = "block"`)' in words
+    assert words.endswith(
+        'this run\'s K = 16 (width 64, `last_block = "final_norm"`) starts at 0.023. Each of the two values '
+        "is one set of weights measured once (no interval), under different last-block maps."
+    )
+    assert "higher" not in words and "ratio alone" not in words
+    r.params.last_block = "block"
+    assert _wide_sentence(r).endswith("under the same last-block map.")
+
+
+def test_the_panels_figure_is_one_chart_with_a_line_per_prompt_set():
+    """Its caption spoke of "(the main panel)" and "(a secondary panel ...)" for a chart of one panel
+    with two lines."""
+    import re
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    from coupling_utils.analysis.layout import shown_panels
+
+    main = pd.DataFrame(
+        [
+            {"panel": panel, "model": "embedded:m", "step": step, "coupling": 0.1 + 0.01 * step}
+            for panel in (f03.MAIN, f03.QUIZ)
+            for step in (0, 1, 2)
+        ]
+    )
+    growth = pd.DataFrame(
+        {"model": ["embedded:m"] * 2, "panel": [f03.MAIN, f03.QUIZ], "peak": [0.12, 0.12],
+         "peak_step": [2, 2], "final": [0.12, 0.12]}
+    )  # fmt: skip
+    chart, _ = f03.panels_figure(SimpleNamespace(main=main, growth=growth, showcase="embedded:m", k_main=2))
+    assert len(shown_panels(chart)) == 1
+    caption = re.search(r'name="fig-f03-panels",\s*caption="(.*?)",\s*alt', NOTEBOOK.read_text(), re.S)[1]
+    assert "panel" not in caption and "one line per run" in caption
+
+
+def test_the_expodistance_row_names_its_reconstruction_and_reports_the_others():
+    """The row said "expodistance falls; our reconstruction" and reported only the log-linear 1 − R²,
+    while ratio_cv rose 0.127 → 0.407 and the fitted growth per block fell to 0.795."""
+    from coupling_utils.analysis.verdicts import Interval
+    from coupling_utils.chapters.f03_training_emergence import story
+    from coupling_utils.chapters.f03_training_emergence.words import reconstruction_words
+
+    assert "log-linear reconstruction of expodistance" in story.CLAIMS["expo"]
+    over = "8 windows"
+    others = {
+        "expodistance_ratio_cv": {
+            "early": 0.1274,
+            "final": 0.4067,
+            "ratio": Interval(3.19, 2.86, 3.54, over=over),
+        },
+        "growth_log_linear_r2": {
+            "early": 1.0191,
+            "final": Interval(0.795, 0.784, 0.808, over=over),
+            "ratio": Interval(0.78, 0.77, 0.79, over=over),
+        },
+    }
+    assert reconstruction_words(others) == (
+        "the other reconstruction, ratio_cv, rises: 0.127 → 0.407, final / early 3.19 (95% interval 2.86 to "
+        "3.54 over 8 windows); the fitted growth per block falls: 1.019 → 0.795, final / early 0.78 (95% "
+        "interval 0.77 to 0.79 over 8 windows), and ends below 1 (95% interval 0.784 to 0.808 over 8 "
+        "windows): at the end the step sizes shrink with depth"
+    )
+    unclear = {
+        "expodistance_ratio_cv": {"early": 0.2, "final": 0.21, "ratio": Interval(1.05, 0.9, 1.2, over=over)},
+        "growth_log_linear_r2": {
+            "early": 1.0,
+            "final": Interval(0.99, 0.95, 1.03, over=over),
+            "ratio": Interval(0.99, 0.9, 1.1, over=over),
+        },
+    }
+    words = reconstruction_words(unclear)
+    assert not {"rises", "falls", "below", "shrink"} & set(words.replace(",", " ").split())
+    assert "not told apart" in words and reconstruction_words({}) == ""
+    assert "log-linear reconstruction of expodistance, 1 − R²" in NOTEBOOK.read_text()

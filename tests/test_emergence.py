@@ -431,11 +431,15 @@ def test_one_factor_effects_compare_runs_that_differ_in_one_factor_only():
     )
     fx = em.one_factor_effects(runs)
     steps = fx[fx.factor == "steps"]
-    assert list(steps.config) == ["base", "long", "longer"] and set(steps.direction) == {"lower"}
+    assert (
+        list(steps.config) == ["base", "long", "longer"]
+        and steps.change.tolist() == [pytest.approx(-0.09)] * 3
+    )
     depth = fx[fx.factor == "n_layers"]
-    assert list(depth.config) == ["base", "deep"] and set(depth.direction) == {"higher"}
+    assert list(depth.config) == ["base", "deep"] and depth.change.tolist() == [pytest.approx(0.06)] * 2
     width = fx[fx.factor == "d_model"]  # "long" and "wide-long" differ in width only
-    assert list(width.config) == ["long", "wide-long"] and set(width.direction) == {"higher"}
+    assert list(width.config) == ["long", "wide-long"] and width.change.tolist() == [pytest.approx(0.05)] * 2
+    assert "direction" not in fx  # single runs, one seed each: no "higher" or "lower" without an interval
     assert fx[fx.factor == "lr"].empty
     with pytest.raises(ValueError, match=r"runs: missing column\(s\) \['lr'\]"):
         em.one_factor_effects(runs.drop(columns="lr"))

@@ -154,6 +154,17 @@ def test_layer_coupling_graph_draws_edges_above_threshold(coupled):
         P.layer_coupling_graph(df, 0.5, symmetrize="sum")
 
 
+def test_layer_coupling_graph_counts_one_edge_in_the_singular():
+    """f03's Fig. 31 titled a panel "training step 64 (1 edges)"."""
+    M = torch.ones(3, 3)
+    M[0, 1] = M[1, 0] = 0.1  # one coupled pair (1 − m² = 0.99); every other pair 0
+    df = A.matrix_frame(M)
+    text = spec_text(P.layer_coupling_graph(df.assign(step=64), 0.5, facet="step"))
+    assert "(1 edge)" in text and "1 edges" not in text
+    assert "(1 edge)" in spec_text(P.layer_coupling_graph(df, 0.5))  # one panel: the subtitle
+    assert "(0 edges)" in spec_text(P.layer_coupling_graph(df, 2.0))
+
+
 # --------------------------------------------------------------------------- curves
 def test_training_curve_keeps_step_zero_on_log_axis():
     df = pd.DataFrame(

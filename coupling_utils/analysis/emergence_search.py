@@ -11,9 +11,20 @@ import pandas as pd
 
 from coupling_utils.schemas import Schema, check_table
 
-__all__ = ["SEARCH_FOLDER", "SEARCH_FACTORS", "Search", "load_search", "one_factor_effects"]
+__all__ = [
+    "SEARCH_FOLDER",
+    "SEARCH_FACTORS",
+    "SEARCH_LAST_BLOCK",
+    "Search",
+    "load_search",
+    "one_factor_effects",
+]
 
 SEARCH_FOLDER = "f03_search"
+SEARCH_LAST_BLOCK = "block"
+"""The last block's map the stored search measured (``last_block``): the block alone. The search
+was stored before the last block became a setting, so its values differ from a chapter's under
+another map in the pairs that hold the last block."""
 
 
 @dataclass
@@ -67,8 +78,9 @@ def one_factor_effects(
     ``runs``: one row per configuration (the search's ``runs`` at one K). For every factor, rows
     are grouped by all the other factors; a group with two or more values of the factor is a
     one-factor comparison. Columns: factor, group (the group's number), level (the factor's
-    value), config, ``value``, and direction ("higher" / "lower" / "flat": how ``value`` moves
-    from the lowest to the highest level of the factor in that group, by the sign of the change).
+    value), config, ``value``, and change (``value`` at the group's highest level minus at its
+    lowest). The search trained one run, with one seed, per setting: a change is the difference
+    between two single runs, with no interval, not a measured effect of the factor.
     """
     check_table(runs, Schema("runs", dict.fromkeys((*factors, "config", value), "any")))
     frames, n = [], 0
@@ -79,7 +91,6 @@ def one_factor_effects(
                 continue
             g = g.sort_values(factor)
             change = float(g[value].iloc[-1] - g[value].iloc[0])
-            direction = "higher" if change > 0 else ("lower" if change < 0 else "flat")
             frames.append(
                 pd.DataFrame(
                     {
@@ -88,10 +99,10 @@ def one_factor_effects(
                         "level": g[factor].to_numpy(),
                         "config": g["config"].to_numpy(),
                         value: g[value].to_numpy(),
-                        "direction": direction,
+                        "change": change,
                     }
                 )
             )
             n += 1
-    columns = ["factor", "group", "level", "config", value, "direction"]
+    columns = ["factor", "group", "level", "config", value, "change"]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=columns)

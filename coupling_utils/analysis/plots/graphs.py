@@ -53,12 +53,17 @@ def layer_coupling_graph(
         nodes, edges, pairs = _circle(g, pair, value, show, symmetrize, threshold)
         panel = _circle_chart(nodes, edges, pairs, legend, symmetrize, threshold, size)
         if key is not None:
-            panel = panel.properties(title=f"{title_of(facet)} {key} ({len(edges)} edges)")
+            panel = panel.properties(title=f"{title_of(facet)} {key} ({_edges(len(edges))})")
         panels.append((panel, len(edges)))
     subtitle = "; ".join(filter(None, [look.subtitle, f"edges where {legend} > {threshold:g}"]))
     if facet is None:
-        return Look(look.title, f"{subtitle} ({panels[0][1]} edges)").titled(panels[0][0])
+        return Look(look.title, f"{subtitle} ({_edges(panels[0][1])})").titled(panels[0][0])
     return Look(look.title, subtitle).titled(alt.hconcat(*(p for p, _ in panels)))
+
+
+def _edges(n: int) -> str:
+    """A count of edges as a title says it: "1 edge", "0 edges", "3 edges"."""
+    return f"{n} edge" if n == 1 else f"{n} edges"
 
 
 def _ordered(df: pd.DataFrame, facet: str, order: tuple | None) -> list:

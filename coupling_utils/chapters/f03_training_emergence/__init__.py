@@ -4,12 +4,12 @@ Its parameters and their checks (:class:`Params`), its measurement plan (:func:`
 checkpoint of every run, on the held-out windows and on the quiz prompts), the measurements read
 back (:func:`run` -> :class:`Results`, whose properties are the condensed numbers the story
 reads), the figures it draws (``*_figure``: a chart and its alt text), its status rows judged by
-the rules fixed before any number (:data:`RULES`, :func:`claims`), the assumption its prose
-makes about the search (:func:`assumptions`) and the values it glues (:func:`glue_values`).
+the rules fixed before any number (:data:`RULES`, :func:`claims`) and the values it glues
+(:func:`glue_values`).
 
 Four modules, as the notebook reads them: :mod:`.plan` (parameters, rules, panels, plan),
 :mod:`.results` (the run and the numbers it condenses), :mod:`.figures` (the charts with their
-alt texts) and :mod:`.story` (status rows, assumptions, glued values).
+alt texts) and :mod:`.story` (status rows, glued values).
 """
 
 from coupling_utils.chapters.f03_training_emergence.figures import (
@@ -47,7 +47,6 @@ from coupling_utils.chapters.f03_training_emergence.plan import (
 from coupling_utils.chapters.f03_training_emergence.results import Results, run
 from coupling_utils.chapters.f03_training_emergence.story import (
     FACTOR_NAMES,
-    assumptions,
     claims,
     glue_values,
 )
@@ -58,6 +57,6 @@ __all__ = [
     "panel_table", "checkpoint_settings", "checkpoint_runs", "runs_table", "panel_jobs", "jobs",
     "Results", "run", "loss_figure", "coupling_figure", "panels_figure", "paper_figure",
     "shapes_figure", "graphs_figure", "heatmaps_figure", "trajectories_figure", "steps_figure",
-    "search_figure", "SEARCH_COLUMNS", "TRAJECTORY_PANELS", "claims", "assumptions", "glue_values",
+    "search_figure", "SEARCH_COLUMNS", "TRAJECTORY_PANELS", "claims", "glue_values",
     "FACTOR_NAMES",
 ]  # fmt: skip

@@ -12,7 +12,11 @@ import pandas as pd
 from coupling_utils.analysis import emergence
 from coupling_utils.chapters.f03_training_emergence.plan import MAIN, RULES
 from coupling_utils.chapters.f03_training_emergence.results import Results
-from coupling_utils.chapters.f03_training_emergence.words import steps_words
+from coupling_utils.chapters.f03_training_emergence.words import (
+    density_peak_words,
+    first_checkpoint,
+    steps_words,
+)
 from coupling_utils.models import zoo
 
 
@@ -35,9 +39,7 @@ def exercise_k(r: Results) -> dict[str, Any]:
         "f03_ex_kmain_peak_step": int(by_k.loc[r.k_main, "peak_step"]),
         "f03_ex_kbig_step0": big0,
         "f03_ex_kmain_step0": main0,
-        "f03_ex_kbig_vs_main": "lower than"
-        if big0 < main0
-        else ("higher than" if big0 > main0 else "equal to"),
+        "f03_ex_kbig_vs_main": Markdown(_one_draw_words(kb, big0, main0, r.first_step)),
         "f03_ex_k_expect": "lower" if kb > r.k_main else ("higher" if kb < r.k_main else "the same level"),
     }
     late = [x for x in sorted(held_summary.step.unique()) if x >= 128]
@@ -57,6 +59,17 @@ def exercise_k(r: Results) -> dict[str, Any]:
     return out
 
 
+def _one_draw_words(kb: int, big0: float, main0: float, step: int) -> str:
+    """Completes "K = 16 starts at 0.023 and k_main at 0.072: ...": both levels come from one set of
+    weights (the first checkpoint) measured once, so the comparison holds for this draw only."""
+    where = "in this draw" if int(step) == 0 else "in these weights"
+    order = "lower" if big0 < main0 else ("higher" if big0 > main0 else "at the same level")
+    return (
+        f"both from one set of weights, {first_checkpoint(step)}, measured once (no interval), so "
+        f"{where} $K$ = {kb} starts {order}"
+    )
+
+
 def exercise_pairs(r: Results) -> dict[str, Any]:
     """Numbers for the worked solutions on adjacent pairs, the loss and the graphs' threshold."""
     from IPython.display import Markdown
@@ -71,11 +84,6 @@ def exercise_pairs(r: Results) -> dict[str, Any]:
         [emergence.edge_counts(r.all_matrices, t, by="step").assign(threshold=t) for t in thresholds]
     )
     dens = dens[dens.step >= p.early_step]
-    densest = (
-        dens.sort_values(["threshold", "density", "step"], ascending=[True, False, True])
-        .groupby("threshold")
-        .head(1)
-    )
     rho_val = float(r.together.set_index("y").statistic.get("val_loss", float("nan")))
     return {
         "f03_ex_adj_peak_step": int(g_adj.peak_step),
@@ -89,7 +97,8 @@ def exercise_pairs(r: Results) -> dict[str, Any]:
         ),
         "f03_ex_thresholds": Markdown(
             "; ".join(
-                _threshold_words(t, dens[dens.threshold == t.threshold].density) for t in densest.itertuples()
+                _threshold_words(t, dens[dens.threshold == t].sort_values("step"))
+                for t in sorted(set(thresholds))
             )
         ),
     }
@@ -106,15 +115,13 @@ def _heatmap_words(r: Results, peak_step: int) -> str:
     )
 
 
-def _threshold_words(t, density: pd.Series) -> str:
-    """One threshold's densest graph in words ("densest at step 4 (1.00), final 1.00"), or "the same
-    density (0.00) at every checkpoint" when no checkpoint is denser than another."""
-    if density.max() == density.min():
-        return f"threshold {t.threshold:g}: the same density ({t.density:.2f}) at every checkpoint"
-    return (
-        f"threshold {t.threshold:g}: densest at step {int(t.step)} ({t.density:.2f}), "
-        f"final {density.iloc[-1]:.2f}"
-    )
+def _threshold_words(threshold: float, density: pd.DataFrame) -> str:
+    """One threshold's layer graphs in words, every densest checkpoint named
+    (:func:`.words.density_peak_words`): "threshold 0.4: the density is highest (0.17) at steps 32, 64
+    and 128, final 0.00", or "threshold 0.6: the density is 0.00 at every checkpoint"."""
+    d = density.density
+    final = "" if d.max() == d.min() else f", final {d.iloc[-1]:.2f}"
+    return f"threshold {threshold:g}: the density {density_peak_words(density)}{final}"
 
 
 def exercise_lr(r: Results) -> dict[str, Any]:

@@ -434,11 +434,25 @@ class Results:
     @functools.cached_property
     def exp_judged(self) -> dict | None:
         """:attr:`exp_row` with 95% intervals over the held-out windows (``shape_intervals``)."""
-        from coupling_utils.analysis.training_curves import growth_summary, shape_intervals
-
         if self.exp_row is None:
             return None
-        q = "expodistance_log_linear_r2"
+        return self._trajectory_judged("expodistance_log_linear_r2", sorted(RULES["falls"].names))
+
+    @functools.cached_property
+    def other_reconstructions(self) -> dict[str, dict]:
+        """The trajectory measures beside the one the expodistance rule reads, by quantity: the other
+        reconstruction (``expodistance_ratio_cv``, its final / early with an interval) and the fitted
+        growth per block (``growth_log_linear_r2``, its final / early and its last value with
+        intervals); those not measured at every checkpoint are left out."""
+        rows_of = self.traj_growth[self.traj_growth.model == self.showcase].set_index("quantity")
+        wanted = {"expodistance_ratio_cv": ["ratio"], "growth_log_linear_r2": ["ratio", "final"]}
+        return {q: self._trajectory_judged(q, names) for q, names in wanted.items() if q in rows_of.index}
+
+    def _trajectory_judged(self, q: str, names: list[str]) -> dict:
+        """The showcase run's :attr:`traj_growth` row of ``q``, with 95% intervals of ``names`` over
+        the held-out windows (``shape_intervals``)."""
+        from coupling_utils.analysis.training_curves import growth_summary, shape_intervals
+
         t = self.trajectories
         t = t[(t.panel == MAIN) & (t.model == self.showcase)]
         per = t.groupby(["prompt", "step"])[q].mean().reset_index()
@@ -446,9 +460,9 @@ class Results:
         def shape(curve: pd.DataFrame) -> dict:
             return growth_summary(curve, q, early_step=self.params.early_step).iloc[0].to_dict()
 
-        names = sorted(RULES["falls"].names)
+        row = self.traj_growth[self.traj_growth.model == self.showcase].set_index("quantity").loc[q]
         per = per.rename(columns={"prompt": "window"})
-        return self.exp_row.to_dict() | shape_intervals(per, q, shape, names, n_resamples=500, unit="window")
+        return row.to_dict() | shape_intervals(per, q, shape, names, n_resamples=500, unit="window")
 
     @functools.cached_property
     def together_in(self) -> pd.DataFrame:

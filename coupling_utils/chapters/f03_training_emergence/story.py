@@ -1,6 +1,5 @@
-"""f03's status rows judged by the rules fixed before any number (:func:`claims`), the
-assumption its prose makes about the search (:func:`assumptions`) and the values it glues
-(:func:`glue_values`)."""
+"""f03's status rows judged by the rules fixed before any number (:func:`claims`) and the
+values it glues (:func:`glue_values`)."""
 
 from __future__ import annotations
 
@@ -10,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from coupling_utils.analysis import last_block as lb
+from coupling_utils.analysis.emergence_search import SEARCH_LAST_BLOCK
 from coupling_utils.analysis.straightness import STRAIGHTER, straighter_text
 from coupling_utils.analysis.verdicts import claim, verdict_word
 from coupling_utils.chapters.f03_training_emergence.exercises import exercise_k, exercise_lr, exercise_pairs
@@ -21,6 +21,8 @@ from coupling_utils.chapters.f03_training_emergence.words import (
     first_checkpoint,
     interval_of,
     peak_words,
+    reconstruction_words,
+    rises_words,
     together_words,
     versus_first,
     windows_words,
@@ -37,7 +39,8 @@ CLAIMS = {
     "dense": "almost no coupling early, dense at the end (layer graphs)",
     "together": "coupling develops together with trajectory linearity",
     "straight": "trajectories are straighter after training than at initialisation and than a random walk",
-    "expo": "layer-wise exponential growth develops (expodistance falls; our reconstruction)",
+    "expo": "layer-wise exponential growth develops (1 − R² of our log-linear reconstruction of expodistance "
+    "falls)",
 }
 """The status rows' claims, by key."""
 
@@ -92,7 +95,7 @@ def _coupling_rows(r: Results) -> list[dict]:
             rule=RULES["monotone"],
             values=r.rise_values,
             ours=f"ρ = {first.spearman:.2f}, largest fall {first.max_drop:.0%} of the range",
-            note=f"rises between {first.rises:.0%} of consecutive checkpoints; {_convention(r, 'monotone')}",
+            note=f"{rises_words(first.rises)}; {_convention(r, 'monotone')}",
         ),
     ]
 
@@ -161,22 +164,11 @@ def claims(r: Results) -> list[dict]:
                 rule=RULES["falls"],
                 values=r.exp_judged,
                 ours=f"1 − R² {exp.early:.3f} → {exp.final:.3f} (ρ = {exp.spearman:.2f})",
-                note="log-linear fit of step sizes over all blocks",
+                note="the rule reads 1 − R² of the log-linear fit of step sizes over all blocks only; "
+                + reconstruction_words(r.other_reconstructions),
             )
         )
     return rows
-
-
-def assumptions(r: Results) -> list[tuple[str, bool, str]]:
-    """What the prose on the search assumes: ``(key, holds, text)`` for ``analysis.verdicts.assume``."""
-    steps_fx = r.effects[r.effects.factor == "steps"]
-    return [
-        (
-            "f03_longer_lowers",
-            not steps_fx.empty and steps_fx.direction.iloc[0] == "lower",
-            "training longer lowered the final coupling in the search",
-        )
-    ]
 
 
 # --------------------------------------------------------------------------- glued values
@@ -246,10 +238,11 @@ def _coupling_values(r: Results) -> dict[str, Any]:
 def _block_sentence(r: Results) -> str:
     """What the stored search (measured with the last block alone) says of this very run."""
     own = r.search_table[r.search_table.this_chapter]
-    if own.empty or r.params.last_block == "block":
+    if own.empty or r.params.last_block == SEARCH_LAST_BLOCK:
         return ""
     return (
-        f'The search below stored this very run with the last block alone (`last_block = "block"`, '
+        f"The search below stored this very run with the last block alone "
+        f'(`last_block = "{SEARCH_LAST_BLOCK}"`, '
         f"K = d/16): judged on its mean curve by the same rise rule (no intervals: the search kept no "
         f"per-window values), it gets {own['rises progressively'].iloc[0]}; measured here "
         f'(`last_block = "{r.params.last_block}"`, with intervals) it gets {r.coupling_verdicts["rises"]}.'
@@ -257,24 +250,31 @@ def _block_sentence(r: Results) -> str:
 
 
 def _wide_sentence(r: Results) -> str:
-    """The widest searched run at its largest K, beside this run's largest K at the same K/d."""
+    """The widest searched run at its largest K, beside this run's largest K at the same K/d: the
+    two values with the last-block map each was measured with, and no comparison (one set of
+    weights each, measured once: no interval)."""
     big, curves = r.big, r.search.curves
     wide = curves[curves.d_model == curves.d_model.max()]
     wide = wide[(wide["K"] == wide.K.max()) & (wide.config == wide.config.iloc[0])].sort_values("step")
     w_K, w_d = int(wide.K.iloc[0]), int(wide.d_model.iloc[0])
     w_low = float(wide.coupling.min())
     sentence = (
-        f"In the search below, the widest run ({wide.config.iloc[0]}, width {w_d}) at K = {w_K} "
-        f"(K/d = {w_K / w_d:.2f}) starts at {wide.coupling.iloc[0]:.3f} at step 0 with "
-        f"{wide.share_m_above_1.iloc[0]:.0%} of its layer pairs at m > 1, its lowest point is {w_low:.3f} "
-        f"({'below' if w_low < 0 else 'above'} zero), and at its worst checkpoint "
-        f"{wide.share_m_above_1.max():.0%} of the pairs have m > 1."
+        f"In the search below, the widest run ({wide.config.iloc[0]}, width {w_d}, "
+        f'`last_block = "{SEARCH_LAST_BLOCK}"`) at K = {w_K} (K/d = {w_K / w_d:.2f}) starts at '
+        f"{wide.coupling.iloc[0]:.3f} at step 0 with {wide.share_m_above_1.iloc[0]:.0%} of its layer pairs "
+        f"at m > 1, its lowest point is {w_low:.3f} ({'below' if w_low < 0 else 'above'} zero), and at its "
+        f"worst checkpoint {wide.share_m_above_1.max():.0%} of the pairs have m > 1."
     )
     if np.isfinite(big.d_model) and int(big.d_model) != w_d and np.isclose(big.K_over_d, w_K / w_d):
+        maps = (
+            "the same last-block map"
+            if r.params.last_block == SEARCH_LAST_BLOCK
+            else "different last-block maps"
+        )
         sentence += (
-            f" At the same K/d this run's K = {int(big.K)} (width {int(big.d_model)}) starts at "
-            f"{big.first:.3f}, {'higher' if big.first > wide.coupling.iloc[0] else 'lower'}: the level of "
-            "unrelated blocks depends on K and the width, not on their ratio alone."
+            f" At the same K/d this run's K = {int(big.K)} (width {int(big.d_model)}, "
+            f'`last_block = "{r.params.last_block}"`) starts at {big.first:.3f}. Each of the two values is '
+            f"one set of weights measured once (no interval), under {maps}."
         )
     return sentence
 
@@ -335,8 +335,8 @@ def _trajectory_values(r: Results) -> dict[str, Any]:
         "f03_expo_sentence": Markdown(
             "the expodistance reconstruction is not available (it needs at least three blocks)"
             if exp is None
-            else f"the expodistance reconstruction from {exp.early:.3f} to {exp.final:.3f} "
-            f"(ρ {exp.spearman:.2f})"
+            else f"the log-linear reconstruction of expodistance (1 − R²) from {exp.early:.3f} to "
+            f"{exp.final:.3f} (ρ {exp.spearman:.2f}; {reconstruction_words(r.other_reconstructions)})"
         ),
         "f03_rho_lss": r.rho_lss,
         "f03_together_sentence": Markdown(_together_sentence(r)),
@@ -420,7 +420,9 @@ def _search_found(r: Results) -> str:
 
 
 def _search_effects(r: Results) -> dict[str, Any]:
-    """The search read one factor at a time, the run found, and what training longer did."""
+    """The search read one factor at a time, the run found, and what the runs of different length
+    ended at: the values alone, since the search trained one run, with one seed, per setting (no
+    interval, so no word says which way a factor moves coupling)."""
     from IPython.display import Markdown
 
     effects, lines = r.effects, []
@@ -428,22 +430,29 @@ def _search_effects(r: Results) -> dict[str, Any]:
         settings = " → ".join(_level(lv) for lv in grp.level)
         finals = " → ".join(f"{v:.3f}" for v in grp.final)
         lines.append(
-            f"- {FACTOR_NAMES[factor]} {settings} ({', '.join(grp.config)}): final coupling {finals}, "
-            f"{grp.direction.iloc[0]} with more {FACTOR_NAMES[factor].split(' (')[0]}."
+            f"- {FACTOR_NAMES[factor]} {settings} ({', '.join(grp.config)}): final coupling {finals}."
         )
-    steps_fx = effects[effects.factor == "steps"]
     return {
         "f03_search_effects": Markdown(
             "\n".join(lines) if lines else "- (no two runs differ in one factor only)"
         ),
         "f03_search_found": Markdown(_search_found(r)),
-        "f03_search_length": Markdown(
-            "no two runs differ in length only"
-            if steps_fx.empty
-            else f"training longer made the final coupling **{steps_fx.direction.iloc[0]}** "
-            f"({' → '.join(f'{v:.3f}' for v in steps_fx[steps_fx.group == steps_fx.group.iloc[0]].final)})"
-        ),
+        "f03_search_length": Markdown(_search_length(effects)),
     }
+
+
+def _search_length(effects) -> str:
+    """Completes "In this search, ...": the final coupling of the runs that differ in length only,
+    as values (one run and one seed each: no interval, so not an effect of training length)."""
+    steps_fx = effects[effects.factor == "steps"]
+    if steps_fx.empty:
+        return "no two runs differ in length only"
+    runs = steps_fx[steps_fx.group == steps_fx.group.iloc[0]]
+    return (
+        f"the runs that differ in length only ({' → '.join(_level(v) for v in runs.level)} steps) ended "
+        f"at a final coupling of {' → '.join(f'{v:.3f}' for v in runs.final)}: one run and one seed "
+        "each, with no interval, so these values are not a measured effect of training length"
+    )
 
 
 def _matched_rise(r: Results) -> list[str]:
@@ -491,9 +500,10 @@ def _matched(r: Results) -> str:
         + (
             "."
             if exp is None
-            else f"; **exponential growth** ({_verdict(r, 'expo').data}; expodistance {exp.early:.3f} "
-            f"→ {exp.final:.3f}, {with_interval('final / early', r.exp_judged['ratio'])}, "
-            f"{with_interval('ρ', r.exp_judged['spearman'])}"
+            else f"; **exponential growth** ({_verdict(r, 'expo').data}; the log-linear reconstruction of "
+            f"expodistance, 1 − R², {exp.early:.3f} → {exp.final:.3f}, "
+            f"{with_interval('final / early', r.exp_judged['ratio'])}, "
+            f"{with_interval('ρ', r.exp_judged['spearman'])}; {reconstruction_words(r.other_reconstructions)}"
             + (
                 f"; with only {n_steps} steps per trajectory a log-linear fit says little"
                 if n_steps < 8

@@ -53,6 +53,12 @@ def peak_words(row: pd.Series) -> str:
     )
 
 
+def rises_words(share: float) -> str:
+    """How often a curve rises, for the monotony row's note: "rises in 47% of the steps between
+    consecutive checkpoints" (``share``: the ``rises`` of a ``growth_summary`` row)."""
+    return f"rises in {share:.0%} of the steps between consecutive checkpoints"
+
+
 def steps_words(steps: list[int]) -> str:
     """Checkpoint steps as prose: "step 32", "steps 32 and 64", "steps 32, 64 and 128", or for many
     "9 checkpoints from step 32 to 4096"."""
@@ -127,3 +133,48 @@ def together_words(values: dict, failed: list[str]) -> str:
         f"{numbers}; not held over {'its interval' if len(failed) == 1 else 'their intervals'}: "
         + "; ".join(failed)
     )
+
+
+def _estimate(value: Interval | float) -> float:
+    return float(value.estimate) if isinstance(value, Interval) else float(value)
+
+
+def _moves(ratio: Interval | float) -> str | None:
+    """ "rises" / "falls" where the whole interval of final / early lies above / below 1, else None."""
+    if not isinstance(ratio, Interval) or not ratio.resampled:
+        return None
+    return "rises" if ratio.low > 1 else ("falls" if ratio.high < 1 else None)
+
+
+def reconstruction_words(others: dict[str, dict]) -> str:
+    """The trajectory measures beside the expodistance rule's (``Results.other_reconstructions``), in
+    words: "the other reconstruction, ratio_cv, rises: 0.127 → 0.407, final / early 3.19 (95% interval
+    …); the fitted growth per block falls: 1.019 → 0.795, final / early 0.78 (…), and ends below 1 (…):
+    at the end the step sizes shrink with depth". A direction is said only where the interval over the
+    windows lies on one side of 1; "" when neither was measured."""
+    parts = []
+    cv = others.get("expodistance_ratio_cv")
+    if cv is not None:
+        move = _moves(cv["ratio"])
+        parts.append(
+            f"the other reconstruction, ratio_cv, {move + ':' if move else 'goes'} {cv['early']:.3f} → "
+            f"{_estimate(cv['final']):.3f}, {with_interval('final / early', cv['ratio'])}"
+            + ("" if move else ", first and last not told apart over the windows")
+        )
+    g = others.get("growth_log_linear_r2")
+    if g is not None:
+        move, last = _moves(g["ratio"]), g["final"]
+        words = (
+            f"the fitted growth per block {move + ':' if move else 'goes'} {g['early']:.3f} → "
+            f"{_estimate(last):.3f}, {with_interval('final / early', g['ratio'])}"
+        )
+        if isinstance(last, Interval) and last.resampled and (last.high < 1 or last.low > 1):
+            side, steps = ("below", "shrink") if last.high < 1 else ("above", "grow")
+            words += (
+                f", and ends {side} 1 ({interval_of(last, '.3f')}): at the end the step sizes {steps} "
+                "with depth"
+            )
+        else:
+            words += f", its last value not told apart from 1 ({interval_of(last, '.3f')})"
+        parts.append(words)
+    return "; ".join(parts)
