@@ -172,12 +172,14 @@ def test_the_patch_ranking_orders_only_the_pairs_told_apart(monkeypatch):
     )
     assert "; centre > last (centre − last " in words
     assert "; not told apart (an interval that includes 0, or none): CLS and last (CLS − last " in words
-    assert words.endswith("; which contradicts the order CLS > centre > last.")
+    assert words.endswith("). That contradicts the order CLS > centre > last.")
     monkeypatch.setattr(ex, "token_excesses", lambda p, r, tokens: _excesses(0.3, 0.2, 0.1))
-    assert ex.patch_sentence(p, None).endswith("so the order CLS > centre > last holds for every pair.")
+    assert ex.patch_sentence(p, None).endswith("). So the order CLS > centre > last holds for every pair.")
     monkeypatch.setattr(ex, "token_excesses", lambda p, r, tokens: _excesses(0.0, 0.001, 0.0))
     words = ex.patch_sentence(p, None)
-    assert "no pair is told apart" in words and words.endswith("is neither shown nor contradicted.")
+    assert "no pair is told apart" in words and words.endswith(
+        ". So the order CLS > centre > last is neither shown nor contradicted."
+    )
 
 
 def test_the_r2_sentence_names_no_highest_predictor_unless_intervals_separate():

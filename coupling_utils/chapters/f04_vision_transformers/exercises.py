@@ -179,16 +179,16 @@ def patch_sentence(p, r) -> str:
     if together:
         told += f"; not told apart (an interval that includes 0, or none): {'; '.join(together)}"
     verdict = (
-        "so the order CLS > centre > last holds for every pair"
+        "So the order CLS > centre > last holds for every pair"
         if not together and not against
-        else "which contradicts the order CLS > centre > last"
+        else "That contradicts the order CLS > centre > last"
         if against
-        else "so the order CLS > centre > last is neither shown nor contradicted"
+        else "So the order CLS > centre > last is neither shown nor contradicted"
     )
     return (
         f"Measured here, the excess over the twin is {means['cls']:.3f} at the CLS token, {patches} at "
         f"the centre patches (their mean {centre}) and {means['last']:.3f} at the last patch. Of the three "
-        f"pairs, {told}; {verdict}."
+        f"pairs, {told}. {verdict}."
     )
 
 
