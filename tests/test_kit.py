@@ -311,6 +311,21 @@ def test_the_coupling_diagram_is_computed_when_the_book_is_built(tmp_path):
     assert diagrams.MARKER in (ROOT / "book" / "notation-and-method.md").read_text().splitlines()
 
 
+def test_the_coupling_diagram_caption_names_each_basis_once_before_its_position():
+    """The notation page's Fig. 3 read "In the basis of J1 (its own) (left)": the basis's name, with
+    its own parentheses, then the position. Each basis is now named in words before its position,
+    and every position is where the panel is."""
+    from coupling_utils.analysis.layout import caption_problems
+    from coupling_utils.analysis.rendering import chart_spec
+    from coupling_utils.pipeline import diagrams
+
+    chart, caption, _alt = diagrams._coupling_figure()
+    assert ") (" not in caption and "(its own)" not in caption
+    assert "In J1's own basis (left) the tile is diagonal" in caption
+    assert "in the basis of J2 = J1 + noise (middle)" in caption and "of the unrelated J3 (right)" in caption
+    assert caption_problems(caption, chart_spec(chart.to_dict())[0]) == []
+
+
 def test_the_jacobian_and_tile_diagrams_are_computed_on_a_tiny_model(tmp_path):
     """The two engine diagrams: a real block Jacobian of the tiny model (its norm and spectrum in
     the caption), and a tile matrix whose aligned blocks are coupled and independent ones are not;

@@ -145,3 +145,19 @@ def test_staging_writes_every_performance_finding(tmp_path):
     page.write_text("% gpu-check-run\n")
     assert stage_performance_findings(page, tmp_path)  # no CSV: how to make it
     assert "`python bench/gpu_check.py (on a CUDA machine)`" in page.read_text()
+
+
+def test_the_matrix_free_section_names_the_model_as_measured():
+    """The page read "The trained SmolLM2-135M-Instruct (embedded:smollm2-135m)", not saying that the
+    book's copy is dequantised from a Q4_1 GGUF file: it now says so as model_names words it (the
+    quantisation tag of the zoo's file, the file, its package) and the dtype the benchmark loads."""
+    from coupling_utils.analysis.model_names import gguf_quantisation
+    from coupling_utils.models.zoo.registry import _SMOLLM2
+
+    gguf = _SMOLLM2.relpath  # the zoo's GGUF file of embedded:smollm2-135m
+    section = " ".join(
+        PAGE.read_text().split("## Matrix-free on a trained model")[1].strip().split("\n\n")[0].split()
+    )
+    tag, package = gguf_quantisation(gguf), f"{_SMOLLM2.dist}==0.1.2"
+    said = f"dequantised from a {tag} GGUF file, {gguf} from {package}, in float32"
+    assert said in section and "SmolLM2-135M-Instruct (`embedded:smollm2-135m`)" not in section

@@ -52,6 +52,7 @@ __all__ = [
     "spectrum_chart",
     "tiles_chart",
     "noise_chart",
+    "noise_table",
     "random_pairs_chart",
     "glue_values",
     "diagonal_shares",
@@ -252,14 +253,17 @@ def spectrum_chart(r: Results, p: Params):
 
 
 def tiles_chart(r: Results):
-    """The K×K tiles of the three cases side by side."""
+    """The K×K tiles of the three cases side by side, left to right in the order the caption and
+    the alt text name them: J's own basis, the neighbouring block's, a random matrix's (the order
+    of ``r.cases``; unsorted, the panels would run alphabetically)."""
     import altair as alt
 
+    panels = alt.Column("case:N", title=None, sort=list(r.cases["case"]))
     return alt.Chart(r.tiles).mark_rect().encode(
         x=alt.X("col:O", title=None, axis=None), y=alt.Y("row:O", title=None, axis=None),
         color=alt.Color("value:Q", scale=alt.Scale(scheme="viridis"), title="|UᵀJV|"),
         tooltip=["case:N", "row:O", "col:O", alt.Tooltip("value:Q", format=".3g")],
-    ).properties(width=150, height=150).facet(column=alt.Column("case:N", title=None))  # fmt: skip
+    ).properties(width=150, height=150).facet(column=panels)  # fmt: skip
 
 
 def noise_chart(r: Results, p: Params):
@@ -272,6 +276,13 @@ def noise_chart(r: Results, p: Params):
         y=alt.Y("m_K:Q", title=f"m_K(J, J + εR), K = {p.k}"),
         tooltip=[alt.Tooltip("noise:Q", title="ε"), alt.Tooltip("m_K:Q", format=".3f")],
     ).properties(width=420, height=220, title="The metric under growing noise")  # fmt: skip
+
+
+def noise_table(r: Results) -> pd.DataFrame:
+    """The noise sweep as its table shows it: ``m_K`` of the one pair (J, J + εR) at each level and
+    its ``1 − m_K²``, headed as such (the book's ``coupling`` column title, "coupling (mean 1 − m²)",
+    names a mean over block pairs, which this is not)."""
+    return r.sweep.rename(columns={"coupling": "1 − m_K²"})
 
 
 def random_pairs_chart(r: Results, p: Params):
@@ -367,13 +378,13 @@ def _by_k_values(by_k: pd.DataFrame) -> dict[str, Any]:
     first, last = by_k.iloc[0], by_k.iloc[-1]
     steps = by_k["gap"].diff().iloc[1:]
     path = " → ".join(f"{g:.3f}" for g in by_k["gap"])
+    # the random basis is one draw of R (no interval): the words say what this draw's table does
     if (steps > 0).all():
-        trend = f"widens at every step of the table ({path})"
+        trend = f"widens at every step of the table in this draw of the random matrix ({path})"
     elif (steps < 0).all():
-        trend = f"shrinks at every step of the table ({path})"
+        trend = f"shrinks at every step of the table in this draw of the random matrix ({path})"
     else:
-        net = "wider" if last["gap"] > first["gap"] else "narrower"
-        trend = f"does not move one way at every step ({path}): it ends {net} than it starts"
+        trend = f"does not move one way at every step of the table in this draw of the random matrix ({path})"
     return {
         "f00_k_first": int(first["K"]),
         "f00_k_last": int(last["K"]),
@@ -385,15 +396,17 @@ def _by_k_values(by_k: pd.DataFrame) -> dict[str, Any]:
 
 
 def _moves_sentence(by_k: pd.DataFrame) -> str:
-    """Which basis's m_K moves more over the by-K table (its range, max − min), with both paths."""
+    """Both bases' m_K over the by-K table: their paths and their ranges (max − min), as values of
+    this one draw of the random matrix; with no interval, neither is said to move more."""
     cols = {"neighbour's basis": "the neighbour's basis", "random basis": "the random basis"}
     span = {c: float(by_k[c].max() - by_k[c].min()) for c in cols}
     paths = "; ".join(f"in {cols[c]} from {by_k[c].iloc[0]:.3f} to {by_k[c].iloc[-1]:.3f}" for c in cols)
     (a, sa), (b, sb) = sorted(span.items(), key=lambda kv: -kv[1])
     which = (
-        f"the value in {cols[a]} moves more (range {sa:.3f} against {sb:.3f})"
+        f"over the table's K it spans {sa:.3f} in {cols[a]} and {sb:.3f} in {cols[b]}, in this one draw "
+        "of the random matrix (no interval, so neither basis is said to move more)"
         if round(sa, 3) != round(sb, 3)
-        else f"both move by the same amount (range {sa:.3f})"
+        else f"over the table's K both span {sa:.3f}, in this one draw of the random matrix"
     )
     k0, k1 = int(by_k["K"].iloc[0]), int(by_k["K"].iloc[-1])
     return f"From K = {k0} to K = {k1}, m_K goes {paths}: {which}"

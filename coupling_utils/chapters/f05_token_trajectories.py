@@ -105,9 +105,11 @@ EXPONENTIAL = Rule(
 )
 # what that rule measures, as the status row states it: growth > 1 says the steps grow, not that
 # they grow exponentially; the ratios say closer to exponential spacing than the twin, not faster growth
+# The claim names the condition a "yes" needs, not a measured result: which reconstruction came out
+# lower and which higher is the row's note (:func:`_expodistance_note`, from the intervals).
 EXPONENTIAL_CLAIM = (
     "step sizes of the trained model grow with depth (fitted growth above 1 per block) and are closer to "
-    "exponential spacing than at random init (both expodistances lower)"
+    "exponential spacing than at random init (a yes needs both expodistances lower than the twin's)"
 )
 VERDICT_RULES = {"linear": LINEAR, "exponential": EXPONENTIAL}
 NOT_JUDGED = "not judged (no twin)"
@@ -322,7 +324,7 @@ def claims(p: Params, r: Results) -> list[dict[str, Any]]:
              f"{len(p.prompts)} prompt{'' if len(p.prompts) == 1 else 's'}, window x^{first}..x^{last}"
              + (", first token skipped" if p.skip_first_token else "")
              + "; last block: the block alone (x^L before the final norm)")  # fmt: skip
-    growth, s = r.growth, r.straight
+    growth, s, iv = r.growth, r.straight, growth_intervals(r.metrics)
     return [
         claim("token trajectories of the trained model are straighter (lower LSS) than a random walk "
               "and than at random init",
@@ -333,13 +335,43 @@ def claims(p: Params, r: Results) -> list[dict[str, Any]]:
               note=where + "; trained vs twin and walk, not along training"),
         claim(EXPONENTIAL_CLAIM,
               paper="layer-wise exponential growth emerges during training (formula unpublished)",
-              rule=EXPONENTIAL, values=growth | growth_intervals(r.metrics),
+              rule=EXPONENTIAL, values=growth | iv,
               ours=f"growth {growth['growth']:.3f}×/block; expodistance log-linear "
                    f"{growth['log_linear_r2_trained']:.3f} vs {growth['log_linear_r2_twin']:.3f}, "
                    f"ratio-cv {growth['ratio_cv_trained']:.3f} vs "
                    f"{growth['ratio_cv_twin']:.3f}",
-              note=where + "; both expodistances are this book's reconstructions"),
+              note=where + "; " + _expodistance_note(iv)
+                   + "; both expodistances are this book's reconstructions"),
     ]  # fmt: skip
+
+
+_EXPODISTANCE_NAMES = {"log_linear_r2_ratio": "log-linear expodistance", "ratio_cv_ratio": "ratio spread"}
+
+
+def _expodistance_note(iv: Mapping[str, Interval]) -> str:
+    """What each reconstruction's ratio trained / twin says, from its interval over prompts: "lower
+    than the twin's" only where the whole interval lies below 1, "higher" only where it lies above,
+    "not told apart from the twin's" where it holds 1, and the value alone where there is no
+    interval (one prompt)."""
+    parts = []
+    for key, name in _EXPODISTANCE_NAMES.items():
+        if key not in iv:
+            continue
+        ratio = iv[key]
+        value = f"ratio trained / twin {ratio.estimate:.2f}, {ratio.words()}"
+        if not ratio.resampled:
+            parts.append(f"{name}: {value}")
+        elif ratio.high < 1 or ratio.low > 1:
+            word, side = ("lower", "below") if ratio.high < 1 else ("higher", "above")
+            parts.append(
+                f"{name} {word} for the trained model than for the twin ({value}, {side} 1 throughout)"
+            )
+        else:
+            parts.append(
+                f"{name} not told apart between the trained model and the twin ({value}, an interval that "
+                "includes 1)"
+            )
+    return listed(parts) if parts else "no expodistance ratio measured"
 
 
 def interval_words(iv: Interval) -> str:
@@ -378,14 +410,13 @@ def _third_expodistance(r: Results) -> dict[str, Any]:
     means = per.groupby(level="model").mean()
     a, b = float(means.get(TRAINED, np.nan)), float(means.get(TWIN, np.nan))
     ra, rb = round(a, 3), round(b, 3)  # as the prose prints them: equal there reads as equal
+    # no interval is computed for this measure, so the two values are not ranked ("higher" needs one)
     word = (
-        "lower (closer to exponential)"
-        if ra < rb
-        else "higher (farther from exponential)"
-        if ra > rb
+        "not comparable"
+        if not (np.isfinite(ra) and np.isfinite(rb))
         else "the same to three decimals"
-        if np.isfinite(ra)
-        else "not comparable"
+        if ra == rb
+        else "two values of one run, with no interval for this measure, so they are not ranked here"
     )
     return {"f05_expo_residual_trained": a, "f05_expo_residual_twin": b, "f05_expo_residual_word": word}
 
@@ -401,10 +432,9 @@ def exponential_words(r: Results) -> str:
         if "growth" in iv
         else []
     )
-    names = {"log_linear_r2_ratio": "log-linear expodistance", "ratio_cv_ratio": "ratio spread"}
     parts += [
         f"the trained model's {name} at {iv[key].estimate:.2f} of the twin's ({iv[key].words()})"
-        for key, name in names.items()
+        for key, name in _EXPODISTANCE_NAMES.items()
         if key in iv
     ]
     if not parts:

@@ -239,13 +239,16 @@ def _coupling_figure() -> tuple[object, str, str]:
     chart, metrics = coupling_diagram()
     m = dict(zip(metrics.basis, metrics.m_K, strict=True))
     where = {name: layout.position(chart, f"J1, {name}") for name in (OWN, COPY, OTHER)}
+    # each basis named once, then its panel's position (the panels' titles hold these words)
+    said = {OWN: "J1's own basis", COPY: "the basis of J2 = J1 + noise",
+            OTHER: "the basis of the unrelated J3"}  # fmt: skip
     caption = (
         f"What coupling means, computed when this book was built: a random {SIZE}×{SIZE} matrix "
         f"$J_1$ seen in the leading {K} singular vectors of itself, of a copy with {NOISE:.0%} noise "
         f"and of an unrelated random matrix. Each tile is $|U_{{j,K}}^\\top J_1 V_{{j,K}}|$ over its "
-        f"largest entry. In the basis of {OWN} ({where[OWN]}) the tile is diagonal ($m_K$ = "
-        f"{m[OWN]:.1e}); in that of {COPY} ({where[COPY]}) it stays nearly so ($m_K$ = {m[COPY]:.2f}); "
-        f"in that of {OTHER} ({where[OTHER]}) it has no diagonal ($m_K$ = {m[OTHER]:.2f})."
+        f"largest entry. In {said[OWN]} ({where[OWN]}) the tile is diagonal ($m_K$ = "
+        f"{m[OWN]:.1e}); in {said[COPY]} ({where[COPY]}) it stays nearly so ($m_K$ = {m[COPY]:.2f}); "
+        f"in {said[OTHER]} ({where[OTHER]}) it has no diagonal ($m_K$ = {m[OTHER]:.2f})."
     )
     alt = (
         f"Three {K} by {K} heatmaps in a row. Own basis: only the diagonal is bright. Noisy copy: "

@@ -42,6 +42,7 @@ TITLES = {
     "m": "m_K",
     "m_K": "m_K",
     "1 − m²": "1 − m²",
+    "1 − m_K²": "1 − m_K²",  # one pair's value (f00's tables); without it the "_" would read as a space
     "coupling": "coupling (mean 1 − m²)",
     "paper_coupling": "the paper's coupling",
     "normalized_coupling": "normalised coupling",

@@ -394,7 +394,8 @@ def axis_lines(p: Params) -> str:
 class ScaleAnswer:
     """The scale question judged: every candidate (``judged``), those ``compatible`` with each
     axis, this book's number at the largest K (``book``), the counts of compatible candidates,
-    and the candidate that comes closest to Fig. 1a without separating trained from twin."""
+    and the candidate that comes closest to Fig. 1a without separating trained from twin;
+    ``named``: the reference's trained weights named as measured (:func:`_reference_words`)."""
 
     measured: scale.ScaleMeasurement
     judged: pd.DataFrame
@@ -404,6 +405,17 @@ class ScaleAnswer:
     n_1b: int
     miss: pd.Series | None
     n_miss: int
+    named: str = ""
+
+
+def _reference_words(p: Params, named: pd.DataFrame) -> str:
+    """``scale_reference``'s trained weights as :func:`~.plan.named` lists them (model_names'
+    words: ``embedded:smollm2-135m, dequantised from a Q4_1 GGUF file (...), in float32``); the
+    reference itself where that table does not hold it."""
+    ref = p.scale_reference
+    models = named["model"].astype(str) if "model" in named else pd.Series(dtype=str)
+    mine = [m for m in models if (m == ref or m.startswith(f"{ref},")) and "with random weights" not in m]
+    return mine[0] if mine else ref
 
 
 def scale_answer(p: Params, results: Results) -> ScaleAnswer:
@@ -414,14 +426,15 @@ def scale_answer(p: Params, results: Results) -> ScaleAnswer:
     n_1a, n_1b = int((judged["Fig. 1a"] == "yes").sum()), int((judged["Fig. 1b"] == "yes").sum())
     miss = scale.closest_miss(judged, "Fig. 1a")
     n_miss = int((judged["Fig. 1a on scale"] & (judged["Fig. 1a"] != "yes")).sum())
-    return ScaleAnswer(results.scale, judged, compatible, book, n_1a, n_1b, miss, n_miss)
+    named = _reference_words(p, results.named)
+    return ScaleAnswer(results.scale, judged, compatible, book, n_1a, n_1b, miss, n_miss, named)
 
 
 def scale_section(p: Params, s: ScaleAnswer):
     """Every candidate for the reference model (filled) and its twin (hollow)."""
     return scale.scale_chart(
         s.judged,
-        reference=p.scale_reference.removeprefix("embedded:"),
+        reference=p.scale_reference,  # the book's reference: "embedded:" says it is the book's own copy
         title="Every candidate per-model number: trained vs twin",
     )
 

@@ -110,16 +110,26 @@ def token_excesses(p, r, tokens) -> pd.DataFrame:
     return pd.concat({t: _excess_by_image(token_coupling(p, r, t)) for t in tokens}, axis=1).dropna()
 
 
+def _difference(p, diff: pd.Series) -> Interval:
+    """The mean of paired differences with its bootstrap interval over the images."""
+    return _mean(p, diff, f"{len(diff)} images")
+
+
+def _told_apart(d: Interval) -> bool:
+    """Whether a difference's interval lies on one side of 0 (no interval: not told apart)."""
+    return d.resampled and (d.low > 0 or d.high < 0)
+
+
 def _compared(p, diff: pd.Series, what: str) -> str:
-    """The words "larger/smaller than <what> by d [lo, hi]" with whether the interval excludes 0."""
-    over = f"{len(diff)} images"
-    d = _mean(p, diff, over)
-    word = "larger" if d.estimate > 0 else "smaller" if d.estimate < 0 else "no different"
-    clear = (
-        "an interval that excludes 0" if d.low > 0 or d.high < 0
-        else "an interval that includes 0, so the two are not told apart on these images"
-    )  # fmt: skip
-    return f"{word} than {what} by {abs(d.estimate):.3f} (difference {d}: {clear})"
+    """ "larger/smaller than <what> by d (difference d [lo, hi]: an interval that excludes 0)" where
+    the paired interval lies on one side of 0; otherwise "not told apart from <what>" with the
+    difference and its interval, and no direction word."""
+    d = _difference(p, diff)
+    if _told_apart(d):
+        word = "larger" if d.estimate > 0 else "smaller"
+        return f"{word} than {what} by {abs(d.estimate):.3f} (difference {d}: an interval that excludes 0)"
+    why = ": an interval that includes 0" if d.resampled else ""  # str(d) says why there is none
+    return f"not told apart from {what} on these images (difference {d}{why})"
 
 
 def token_sentence(p, r) -> str:
@@ -135,28 +145,50 @@ def token_sentence(p, r) -> str:
     )
 
 
+_PATCH_ORDER = ("cls", "centre", "last")  # the order f04-ex-patch asks about: CLS > centre > last
+_PATCH_NAMES = {"cls": "CLS", "centre": "centre", "last": "last"}
+
+
 def patch_sentence(p, r) -> str:
-    """f04-ex-patch's expected result: the centre patches between the CLS token and the last patch?"""
+    """f04-ex-patch's expected result: the centre patches between the CLS token and the last patch?
+    Each pair of the three is ordered only where its paired difference over the images has an
+    interval on one side of 0; the pairs that are not told apart are said so, and the order
+    CLS > centre > last is said to hold only when all three pairs are told apart that way."""
     per = token_excesses(p, r, ("cls", *CENTRE, "last"))
     per["centre"] = per[list(CENTRE)].mean(axis=1)
     over = f"{len(per)} images"
     centre = _mean(p, per["centre"], over)
     means = per.mean()
     patches = ", ".join(f"{t.removeprefix('patch')}: {means[t]:.3f}" for t in CENTRE)
-    names = {"cls": "CLS", "centre": "centre", "last": "last"}
-    order = sorted(names, key=lambda t: -means[t])
-    ranking = " > ".join(names[t] for t in order)
+    apart, together, against = [], [], False
+    for i, a in enumerate(_PATCH_ORDER):
+        for b in _PATCH_ORDER[i + 1 :]:
+            d = _difference(p, per[a] - per[b])  # a before b in the asked order
+            diff = f"{_PATCH_NAMES[a]} − {_PATCH_NAMES[b]} {d}"
+            if _told_apart(d):
+                hi, lo = (a, b) if d.estimate > 0 else (b, a)
+                against = against or d.estimate < 0
+                apart.append(f"{_PATCH_NAMES[hi]} > {_PATCH_NAMES[lo]} ({diff})")
+            else:
+                together.append(f"{_PATCH_NAMES[a]} and {_PATCH_NAMES[b]} ({diff})")
+    told = (
+        f"told apart (paired intervals over the images that exclude 0): {'; '.join(apart)}"
+        if apart
+        else "no pair is told apart by a paired interval over the images"
+    )
+    if together:
+        told += f"; not told apart (an interval that includes 0, or none): {'; '.join(together)}"
     verdict = (
-        "the order that would say so"
-        if order == ["cls", "centre", "last"]
-        else "not the order CLS > centre > last"
+        "So the order CLS > centre > last holds for every pair"
+        if not together and not against
+        else "That contradicts the order CLS > centre > last"
+        if against
+        else "So the order CLS > centre > last is neither shown nor contradicted"
     )
     return (
         f"Measured here, the excess over the twin is {means['cls']:.3f} at the CLS token, {patches} at "
-        f"the centre patches (their mean {centre}) and {means['last']:.3f} at the last patch: the ranking "
-        f"by these estimates is {ranking}, {verdict}. The centre's mean is "
-        + _compared(p, per["centre"] - per["last"], "the last patch's")
-        + "."
+        f"the centre patches (their mean {centre}) and {means['last']:.3f} at the last patch. Of the three "
+        f"pairs, {told}. {verdict}."
     )
 
 
@@ -198,9 +230,9 @@ def mean_sentence(p, r) -> str:
     rho = {t: _curve_rho(r, t, p.token) for t in ("mean", ref)}
     which = "the CLS token's" if ref == "cls" else f"{r.token_words}'s"
     rank = (
-        f"ranks higher with the step than {which}" if rho["mean"].low > rho[ref].high else
-        f"ranks lower with the step than {which}" if rho["mean"].high < rho[ref].low else
-        f"is not told apart from {which} by ρ"
+        f"ρ is higher than {which}" if rho["mean"].low > rho[ref].high else
+        f"ρ is lower than {which}" if rho["mean"].high < rho[ref].low else
+        f"ρ is not told apart from {which}"
     )  # fmt: skip
     later = (
         "later" if mean["peak_fraction"] > cls["peak_fraction"] else
@@ -215,8 +247,8 @@ def mean_sentence(p, r) -> str:
         f"{rho['mean'].estimate:.2f} with the step ({rho['mean'].words()}) and its peak at "
         f"{mean['peak_fraction']:.2f} of training, against {which} ρ = {rho[ref].estimate:.2f} "
         f"({rho[ref].words()}) and {cls['peak_fraction']:.2f}. By ρ, the mean's curve "
-        f"{trend_words(rho['mean'])} and {which} {trend_words(rho[ref])}; the mean's {rank} (a rank is "
-        f"said only where the two intervals do not overlap). It peaks {later}; its largest fall is "
+        f"{trend_words(rho['mean'])} and {which} {trend_words(rho[ref])}; the mean's {rank} (higher or "
+        f"lower is said only where the two intervals do not overlap). It peaks {later}; its largest fall is "
         f"{mean['max_drop']:.2f} of its range (against {cls['max_drop']:.2f})."
     )
 

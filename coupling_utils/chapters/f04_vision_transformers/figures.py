@@ -81,18 +81,25 @@ def twins_figure(p: Params, r: Results) -> dict[str, Any]:
     )  # fmt: skip
 
 
-def depthwise_twins_figure(p: Params, r: Results) -> dict[str, Any]:
-    """The depth-wise coupling matrix of the run, trained and its twin."""
-    from coupling_utils.analysis import plots
+_TWIN_PANELS = ("trained", "random init")  # the panels left to right, as the caption names them
 
+
+def depthwise_twins_figure(p: Params, r: Results) -> dict[str, Any]:
+    """The depth-wise coupling matrix of the run, trained and its twin, in the caption's
+    order (unsorted, the facet would put "random init" first), the run named as measured."""
+    from coupling_utils.analysis import plots
+    from coupling_utils.analysis.layout import where
+
+    look = plots.Look(title="Depth-wise coupling 1 − m², trained and random init", width=200, columns=2,
+                      order=_TWIN_PANELS)  # fmt: skip
+    chart = plots.coupling_heatmap(r.twins.depthwise, "layer_j", "layer_i", "m", facet="weights", look=look)
+    trained, twin = (where(chart, panel) for panel in _TWIN_PANELS)
+    named = r.named["twins"]
     return dict(
-        chart=plots.coupling_heatmap(r.twins.depthwise, "layer_j", "layer_i", "m", facet="weights",
-                                     look=plots.Look(
-                                         title="Depth-wise coupling 1 − m², trained and random init",
-                                         width=200, columns=2)),
-        name="fig-f04-depthwise-twins",
-        caption=f"Depth-wise coupling of {r.run_name} trained and of its untrained twin (mean over images).",
-        alt=f"Two heatmaps of block-pair coupling for {r.run_name}: trained and random init.",
+        chart=chart, name="fig-f04-depthwise-twins",
+        caption=f"Depth-wise coupling of {named}: {trained} and its untrained twin, {twin}; mean over "
+                "images.",
+        alt=f"Two heatmaps of block-pair coupling for {named}: {trained} and {twin}.",
     )  # fmt: skip
 
 

@@ -339,10 +339,14 @@ def run(p: Params, options: Options | None = None) -> Results:
 
 def _named(by: Mapping[str, list]) -> dict[str, str]:
     """The models named as measured (:mod:`~coupling_utils.analysis.model_names`): the run over
-    its checkpoints (key ``"run"``) and each hub ViT measured, by its reference."""
+    its checkpoints (key ``"run"``), the trained weights its twin is set against (key ``"twins"``)
+    and each hub ViT measured, by its reference."""
     trained = [r for r in by["training"] if r.ok]
     trained.sort(key=lambda r: step_of(r.job.revision))
     named = {"run": checkpoints_words([of_result(r) for r in trained])}
+    for r in by["twins"]:
+        if r.ok and r.job.weights == "trained":
+            named["twins"] = model_words(of_result(r))
     for r in by["hub"]:
         if r.ok and r.job.weights == "trained":
             named[str(r.job.model)] = model_words(of_result(r))

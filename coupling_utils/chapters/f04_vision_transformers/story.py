@@ -56,11 +56,11 @@ def claims(p: Params, r: Results) -> list[dict[str, Any]]:
               rule=EMERGES, values=r.emerges_values,
               ours=f"{shape['init']:.3f} → {shape['final']:.3f}, peak {shape['peak']:.3f} at step "
                    f"{shape['peak_step']}, ρ(step) {shape['spearman']:.2f}",
-              note=f"{r.run_name}, {len(r.curve)} checkpoints; {note}"),
+              note=f"{r.named['run']}; {note}"),
         claim("a trained ViT is more coupled than its untrained twin",
               paper="coupling absent at initialisation", rule=ABOVE_TWIN, values=twin_values(r),
               ours=f"{gap.trained:.3f} vs twin {gap.twin:.3f} (step 0: {r.step0.coupling.mean():.3f})",
-              note=f"{r.run_name}; paired over {int(gap.n_images)} images, excess interval "
+              note=f"{r.named['twins']}; paired over {int(gap.n_images)} images, excess interval "
                    f"[{gap.excess_ci_low:.3f}, {gap.excess_ci_high:.3f}]; twin seed {p.init_seed}; {note}"),
     ]  # fmt: skip
     for h in r.hub_gaps.itertuples() if r.hub_gaps is not None else ():
@@ -232,9 +232,34 @@ def _family_glue(r: Results) -> dict[str, Any]:
         "disagree in sign, and the excess decides, as stated before the result" if signs < 0
         else "do not both have a sign (one is 0), and the excess decides"
     )  # fmt: skip
-    fitted = fits.dropna(subset=["r2"])
-    values["f04_best"] = Markdown(f"{fitted.r2.idxmax()!s} (R² = {fitted.r2.max():.2f})")
+    values["f04_r2_words"] = Markdown(_r2_words(fits, len(vits)))
     return values
+
+
+def _r2_words(fits, n: int) -> str:
+    """Each predictor's R² of test accuracy with its bootstrap interval over the ``n`` members, in the
+    table's order. No rule names a best predictor here: one is called the highest only where its
+    whole interval lies above every other predictor's interval; otherwise the sentence says that the
+    intervals overlap and names none."""
+    fitted = fits.dropna(subset=["r2"])
+    if fitted.empty:
+        return "no predictor varies over the members, so none has an R²"
+    bounds = {"estimate": "r2", "ci_low": "r2_ci_low", "ci_high": "r2_ci_high"}
+    over = f"{n} ViTs"
+    iv = {
+        str(name): Interval.from_bootstrap(
+            {key: row[col] for key, col in bounds.items()} | {"level": row.get("level", 0.95)}, over=over
+        )
+        for name, row in fitted.iterrows()
+    }
+    listed_r2 = "; ".join(f"{name} {i.estimate:.2f} ({i.words()})" for name, i in iv.items())
+    top = max(iv, key=lambda name: iv[name].estimate)
+    others = [i for name, i in iv.items() if name != top]
+    if others and iv[top].resampled and all(o.resampled and iv[top].low > o.high for o in others):
+        return f"{listed_r2}. The R² of {top} is the highest: its interval lies above every other's"
+    if not others:
+        return listed_r2
+    return f"{listed_r2}. Their intervals overlap, so no predictor is named the one with the highest R²"
 
 
 KD_EXERCISE = (1 / 8, 1 / 2)  # the two K/d the f04-ex-kd solution reads from the stored curve
