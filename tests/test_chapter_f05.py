@@ -253,17 +253,19 @@ def test_the_exponential_row_says_which_expodistance_is_lower_from_its_interval(
     from coupling_utils.analysis.verdicts import Interval
 
     iv = {
-        "log_linear_r2_ratio": Interval(0.38, 0.35, 0.407, over="2 prompts"),
-        "ratio_cv_ratio": Interval(3.6, 3.49, 3.69, over="2 prompts"),
+        "log_linear_r2_ratio": Interval(0.38, 0.35, 0.407, over="8 prompts"),
+        "ratio_cv_ratio": Interval(3.6, 3.49, 3.69, over="8 prompts"),
     }
     note = f05._expodistance_note(iv)
     assert note == (
         "log-linear expodistance lower for the trained model than for the twin (ratio trained / twin "
-        "0.38, 95% interval 0.35 to 0.41 over 2 prompts, below 1 throughout) and ratio spread higher for "
+        "0.38, 95% interval 0.35 to 0.41 over 8 prompts, below 1 throughout) and ratio spread higher for "
         "the trained model than for the twin (ratio trained / twin 3.60, 95% interval 3.49 to 3.69 over "
-        "2 prompts, above 1 throughout)"
+        "8 prompts, above 1 throughout)"
     )
-    apart = f05._expodistance_note({"ratio_cv_ratio": Interval(0.9, 0.8, 1.1, over="3 prompts")})
+    few = f05._expodistance_note({"ratio_cv_ratio": Interval(3.6, 3.49, 3.69, over="2 prompts")})
+    assert few.startswith("ratio spread: ratio trained / twin 3.60, no 95% interval: 2 prompts only")
+    apart = f05._expodistance_note({"ratio_cv_ratio": Interval(0.9, 0.8, 1.1, over="7 prompts")})
     assert "not told apart" in apart and "lower" not in apart and "higher" not in apart
     alone = f05._expodistance_note({"ratio_cv_ratio": Interval(0.9, -np.inf, np.inf, over="1 prompt")})
     assert alone.startswith("ratio spread: ratio trained / twin 0.90, no 95% interval: 1 prompt only")
@@ -272,7 +274,7 @@ def test_the_exponential_row_says_which_expodistance_is_lower_from_its_interval(
             {"model": m, "prompt": pr, "token": t, "growth_log_linear_r2": 1.08 + 0.001 * t,
              "expodistance_ratio_cv": cv + 0.01 * t, "expodistance_log_linear_r2": r2 + 0.01 * pr}
             for m, cv, r2 in (("trained", 0.4, 0.3), ("random init", 0.1, 0.8))
-            for pr in (0, 1, 2)
+            for pr in range(6)
             for t in (1, 2)
         ]
     )  # fmt: skip
