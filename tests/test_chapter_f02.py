@@ -559,3 +559,16 @@ def test_the_scale_question_says_which_prompts_its_numbers_are_on():
     assert "The prompts every model is measured on" not in text and "mean over prompts)" not in text
     book = text.index("This book's number")
     assert "{glue:md}`f02_scale_prompts`" in text[book : text.index("**The book's choice.**")]
+
+
+def test_the_book_s_own_questions_are_labelled_as_not_the_paper_s_claims():
+    """The scale question (is Fig. 1a's axis the scale of an aggregation that separates trained from
+    twin?) is this book's, like the v2 extension: their claims say so, and the intro's tally keeps
+    them apart from the paper's claims (chapters.is_own_claim); the paper's claims do not."""
+    from coupling_utils.chapters import is_own_claim
+
+    own = {key for key, text in f02.CLAIMS.items() if is_own_claim(text)}
+    assert own == {"v2", "scale"}
+    assert f02.CLAIMS["scale"].startswith(
+        "Extension (this book's, not the paper's claim): the paper's Fig. 1a"
+    )

@@ -18,6 +18,7 @@ from coupling_utils.analysis.generalization import (
 from coupling_utils.analysis.prose_list import listed
 from coupling_utils.analysis.stats import Bootstrap
 from coupling_utils.analysis.verdicts import Rule
+from coupling_utils.chapters import own_claim
 from coupling_utils.chapters.checks import (
     DTYPES,
     HOWS,
@@ -275,13 +276,11 @@ CLAIMS = {
         "more coupled models generalise better, size fixed (our training family: one architecture, "
         "only training varies)"
     ),
-    "v2": (
-        "Extension (this book's, not the paper's claim): the paper's coupling predicts the leaderboard "
-        "v2 average"
-    ),
-    "scale": (
-        "the paper's Fig. 1a axis (0.89–0.955) is the scale of an aggregation that separates "
-        "trained from twin"
+    "v2": own_claim("Extension", "the paper's coupling predicts the leaderboard v2 average"),
+    "scale": own_claim(
+        "Extension",
+        "the paper's Fig. 1a axis (0.89–0.955) is the scale of an aggregation that separates trained "
+        "from twin",
     ),
     "hub": "coupling measured here predicts the leaderboard (hub models)",
 }
