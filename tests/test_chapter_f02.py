@@ -147,10 +147,38 @@ def test_the_training_family_varies_only_training():
         assert all(s.min_lr_ratio == 1.0 and s.checkpoints == "curve" for s in specs)
 
 
-def _training(rows):
+def _training(rows, points=None):
     stage = pd.DataFrame(rows, columns=["run", "tail_drop", "tail_drop_rel"])
-    stage["flat"] = [f02.plan.FLAT.judge({"tail_drop_rel": v}) == "yes" for v in stage.tail_drop_rel]
+    stage["tail_points"] = points or [2] * len(stage)
+    stage["judged"] = stage["tail_points"] >= f02.plan.MIN_TAIL_POINTS
+    flat = [f02.plan.FLAT.judge({"tail_drop_rel": v}) == "yes" for v in stage.tail_drop_rel]
+    stage["flat"] = stage["judged"] & pd.Series(flat, index=stage.index)
     return f02.Training(pd.DataFrame(), stage, pd.DataFrame())
+
+
+def test_a_curve_too_short_for_the_flat_rule_is_not_called_flat():
+    """s2 (evaluated at steps 0, 1 and 2) moved 0.1% over its one last step, while the same run's
+    longer members fall far below it (s8 7.308, s32 5.932): one evaluation in the last stretch
+    cannot tell a flat end from a pause, so the curve is too short to judge, as the rule says."""
+    from coupling_utils.chapters.f02_generalization.sections import stage_words
+    from coupling_utils.chapters.f02_generalization.within import _flat_sentence
+
+    assert (
+        "fewer than 2 times after that stretch's start is too short to judge" in f02.RULE_WORDS["flat curve"]
+    )
+    rows = [("s2", 0.006, 0.0008), ("s32", 0.215, 0.036), ("s2048", 0.03, 0.007)]
+    t = _training(rows, points=[1, 2, 2])
+    assert list(t.stage.flat) == [False, False, True] and (t.n_flat, t.n_judged) == (1, 2)
+    text = _flat_sentence(t).data
+    assert text.startswith("1 of 2 curves long enough to judge are not flat at their end (`s32`)")
+    assert text.endswith("; `s2` is too short to judge (evaluated fewer than 2 times in its last stretch)")
+    assert t.flat_note() == "1 of 2 learning curves flat, 1 too short to judge"
+    assert stage_words(t.stage, t.n_flat).startswith(
+        "1 of 2 curves is flat at its end (1 too short to judge)"
+    )
+    only = _training([("s2", 0.006, 0.0008), ("s2048", 0.03, 0.007)], points=[1, 2])
+    assert _flat_sentence(only).data.startswith("every curve long enough to judge is flat at its end; `s2`")
+    assert t.flat_note() != "2 of 3 learning curves flat"  # what the old rule said of s2 and s2048
 
 
 def test_the_flat_rule_can_fail_and_says_where():
@@ -256,7 +284,9 @@ def test_the_scale_and_training_family_words_read_as_sentences():
     assert close == "Every member saw about 2 tokens per parameter (2.001 to 2.003)"  # not "(2 to 2)"
     from coupling_utils.chapters.f02_generalization.sections import stage_words as _stage_words
 
-    stage = pd.DataFrame({"flat": [True] + [False] * 7, "tail_drop_rel": [0.001] + [0.02] * 7})
+    stage = pd.DataFrame(
+        {"flat": [True] + [False] * 7, "tail_drop_rel": [0.001] + [0.02] * 7, "judged": [True] * 8}
+    )
     # the prose reads "by the flat rule stated above, <sentence>": said once, not "... by that rule"
     assert _stage_words(stage, 1).startswith("1 of 8 curves is flat at its end: the others were still")
     assert _stage_words(stage.assign(flat=True), 8) == "every member's curve is flat at its end"

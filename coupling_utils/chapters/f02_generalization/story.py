@@ -160,7 +160,7 @@ def _paper_claims(p: Params, paper: PaperFit) -> list[dict[str, Any]]:
 
 
 def _family_claims(p: Params, story: Story) -> list[dict[str, Any]]:
-    ours, fits, stage = story.family.ours, story.fits, story.training.stage
+    ours, fits = story.family.ours, story.fits
     ex, rho, size = fits.acc.loc["excess"], fits.rho, fits.size
     return [
         claim(
@@ -172,8 +172,7 @@ def _family_claims(p: Params, story: Story) -> list[dict[str, Any]]:
             f"{ex['spearman_ci_high']:.2f}]",
             note=f"{len(ours)} models trained here, K/d = {p.k_over_d}; raw coupling ρ "
             f"{rho['raw coupling']:.2f}, "
-            f"twins ρ {rho['twin coupling']:.2f}; {story.training.n_flat} of {len(stage)} learning "
-            f"curves flat",
+            f"twins ρ {rho['twin coupling']:.2f}; {story.training.flat_note()}",
         ),
         claim(
             CLAIMS["family_size"],
