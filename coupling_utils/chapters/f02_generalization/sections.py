@@ -451,10 +451,11 @@ def scale_section(p: Params, s: ScaleAnswer):
     )
 
 
-def choice_words(s: ScaleAnswer) -> dict[str, str]:
+def choice_words(s: ScaleAnswer, prompts: str = "") -> dict[str, str]:
     """The words of "The book's choice", each from this run's candidates: whether the book's number
     separates trained from twin (by the axis rule's gap for Fig. 1b: a third of its width), what
-    the candidates on Fig. 1a's scale do, and how the token-wise candidates' twins compare."""
+    the candidates on Fig. 1a's scale do, and how the token-wise candidates' twins compare, counted
+    on the scale question's prompts (``prompts``: :func:`scale_prompt_words`), with no interval."""
     lo, hi = scale.AXES["Fig. 1b"]
     book = s.book
     separates = book is not None and float(book.trained - book.twin) >= (hi - lo) / 3
@@ -463,11 +464,17 @@ def choice_words(s: ScaleAnswer) -> dict[str, str]:
     if tokens.empty:
         tokenwise = "This run computed no token-wise candidate"
     elif above == len(tokens):
-        tokenwise = (f"Token-wise candidates are no alternative: in all {len(tokens)} of them the twin is "
-                     "more coupled than the trained model (f01 measures the token-wise view)")  # fmt: skip
+        gap = float((tokens["twin"] - tokens["trained"]).min())
+        tokenwise = (
+            f"Token-wise candidates are no alternative here: in all {len(tokens)} of them the twin's value "
+            f"is above the trained model's, counted {prompts} with no interval (the smallest gap is "
+            f"{gap:.4f}; f01 measures the token-wise view over prompts)"
+        )
     else:
-        tokenwise = (f"In {above} of the {len(tokens)} token-wise candidates the twin is more coupled "
-                     "than the trained model; the table above judges each of them")  # fmt: skip
+        tokenwise = (
+            f"In {above} of the {len(tokens)} token-wise candidates the twin's value is above the trained "
+            f"model's, counted {prompts} with no interval; the table above judges each of them"
+        )
     return {
         "f02_scale_separates": (
             "it separates the trained reference model from its twin by at least a third of Fig. 1b's "

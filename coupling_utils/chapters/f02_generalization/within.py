@@ -18,6 +18,7 @@ from IPython.display import Markdown
 
 from coupling_utils.analysis import plots
 from coupling_utils.analysis.predictors import predictor_comparison
+from coupling_utils.analysis.prose_list import listed
 from coupling_utils.analysis.verdicts import Interval, claim
 from coupling_utils.chapters.f02_generalization.plan import CLAIMS, MIN_TAIL_POINTS, WITHIN, Params, Results
 from coupling_utils.chapters.f02_generalization.sections import Family, Training, join_family, training
@@ -186,16 +187,39 @@ def _flat_sentence(t: Training) -> Markdown:
 
 
 def _peak_sentence(ours: pd.DataFrame) -> Markdown:
-    """Where the excess peaks against where training went furthest."""
-    top, longest = ours.loc[ours["excess"].idxmax()], ours.loc[ours["steps"].idxmax()]
+    """Where the excess peaks against where training went furthest. A member is named the largest
+    only where its excess exceeds every other's by more than two standard errors of the gap
+    (√(se₁² + se₂²), each over prompts); otherwise the members within that of it are named as not
+    told apart."""
+    order = ours.sort_values("excess", ascending=False, kind="stable")
+    top, longest = order.iloc[0], ours.loc[ours["steps"].idxmax()]
+    within = ~((top.excess - order["excess"]) > 2 * np.sqrt(top.excess_se**2 + order["excess_se"] ** 2))
+    tied = order[within]
+    most = (
+        f"the most trained member, `{longest.run}`, has {longest.excess:.3f} at accuracy "
+        f"{longest.val_acc:.3f}"
+    )
+    if len(tied) > 1:
+        others = tied.iloc[1:]
+        names = (
+            "any other member's"
+            if len(others) == len(order) - 1
+            else listed([f"`{r.run}`'s ({r.excess:.3f})" for r in others.itertuples()])
+        )
+        return Markdown(
+            f"`{top.run}`'s excess ({top.excess:.3f}, after {int(top.steps)} steps) is the highest estimate "
+            f"but is not told apart from {names} (within two standard errors of the gap, over prompts); "
+            f"{most}."
+        )
     if top.run == longest.run:
         return Markdown(
-            f"The most trained member, `{top.run}`, also has the largest excess ({top.excess:.3f})."
+            f"The most trained member, `{top.run}`, also has the largest excess ({top.excess:.3f}, more than "
+            "two standard errors of the gap above every other member's)."
         )
     return Markdown(
         f"The largest excess is `{top.run}`'s ({top.excess:.3f}, after {int(top.steps)} steps, held-out "
-        f"accuracy {top.val_acc:.3f}); the most trained member, `{longest.run}`, has {longest.excess:.3f} "
-        f"at accuracy {longest.val_acc:.3f}."
+        f"accuracy {top.val_acc:.3f}; more than two standard errors of the gap above every other member's); "
+        f"{most}."
     )
 
 
