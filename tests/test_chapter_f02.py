@@ -178,6 +178,8 @@ def test_a_curve_too_short_for_the_flat_rule_is_not_called_flat():
     )
     only = _training([("s2", 0.006, 0.0008), ("s2048", 0.03, 0.007)], points=[1, 2])
     assert _flat_sentence(only).data.startswith("every curve long enough to judge is flat at its end; `s2`")
+    none = _flat_sentence(_training(rows, points=[1, 1, 0])).data  # the book's one "A, B and C" join
+    assert none.startswith("no member's curve is long enough to judge; `s2`, `s32` and `s2048` are too short")
     assert t.flat_note() != "2 of 3 learning curves flat"  # what the old rule said of s2 and s2048
 
 

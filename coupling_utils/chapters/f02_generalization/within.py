@@ -151,7 +151,7 @@ def _flat_sentence(t: Training) -> Markdown:
     stage = t.stage[t.stage["judged"].astype(bool)]
     falling = stage[~stage["flat"]]
     too_short = (
-        f"; {', '.join(f'`{r}`' for r in short['run'])} {'is' if len(short) == 1 else 'are'} too short to "
+        f"; {listed([f'`{r}`' for r in short['run']])} {'is' if len(short) == 1 else 'are'} too short to "
         f"judge (evaluated fewer than {MIN_TAIL_POINTS} times in {'its' if len(short) == 1 else 'their'} "
         "last stretch)"
         if len(short)
