@@ -63,6 +63,34 @@ def test_a_row_of_an_older_run_is_quoted_without_its_old_note():
     assert f"- **family** (f02): this run measured -0.87; {quoted}.\n" in summary.bottom_line(df) + "\n"
 
 
+def test_the_book_s_own_questions_are_not_counted_as_the_paper_s_claims():
+    """A measured row that asks this book's own question (a contrast model the paper did not
+    measure, an extension: chapters.own_claim) is not one of "the paper's claims" the bottom line
+    counts, nor among the claims not reproduced; it is named apart with its verdict, and drawn
+    as a circle, which the alt text and the caption say."""
+    from coupling_utils.chapters import own_claim
+
+    df = _rows()
+    extra = {"notebook": "f01_x", "title": "f01 · Depth", "claim": own_claim("Contrast", "depth: minilm"),
+             "paper": "no claim", "ours": "0.3", "agree": "no", "kind": "measured", "rule": "", "note": "",
+             "profile": "default"}  # fmt: skip
+    df = pd.concat([df, pd.DataFrame([extra])], ignore_index=True)
+    text = summary.bottom_line(df)
+    assert "judged 3 of the paper's claims" in text and "1 reproduced (yes), 1 partly and 1 not (no)" in text
+    assert (
+        "; 1 more row asks this book's own question, not the paper's claim, and is not counted among them "
+        "(contrast: depth: minilm (f01), no)" in text
+    )
+    assert "- **Contrast" not in text  # not listed as a claim of the paper's not reproduced
+    t = summary.tally(df)
+    assert (t.judged, t.own, t.replots, t.squares) == (3, 1, 1, 5)
+    assert "1 circle for this book's own questions, not the paper's claims" in summary.status_alt(t)
+    assert "circles this book's own questions" in summary.status_caption(df)
+    assert "circles" not in summary.status_caption(_rows())
+    data = next(iter(summary.status_chart(df).to_dict()["datasets"].values()))
+    assert [d["what"] for d in data if d["claim"] == extra["claim"]] == [summary.OWN_NAME]
+
+
 def test_status_chart_draws_one_mark_per_claim_with_its_story():
     spec = summary.status_chart(_rows()).to_dict()
     data = next(iter(spec["datasets"].values()))
@@ -214,13 +242,25 @@ def test_the_first_screen_names_the_models_measured_and_what_the_paper_profile_t
     }  # fmt: skip
     costs = tmp_path / "costs.csv"
     table = {"profile": ["paper", "paper", "laptop"], "TFLOP": [1000.0, 500.0, 1.0],
-             "GPU memory (GB)": [30.2, 17.0, 3.0], "download (GB)": [300.0, 16.0, 1.0]}  # fmt: skip
+             "GPU memory (GB)": [30.5, 17.0, 3.0], "download (GB)": [300.0, 316.0, 1.0],
+             "download not in an earlier notebook (GB)": [300.0, 16.0, 1.0]}  # fmt: skip
     pd.DataFrame(table).to_csv(costs)
     text = summary.what_was_measured(tmp_path, costs)
     # named as measured: the quantisation and dtype of the embedded SmolLM2
     assert "SmolLM2-135M-Instruct" in text and "Q4_1" in text and "dequantised to float32" in text
     assert "`x/y` (f01)" in text and "1 hub model(s)" in text
-    assert "about 1,500 TFLOP over 2 chapters, up to 30 GB of GPU memory and 316 GB of downloads" in text
+    # a model two chapters download is counted once (f01 and f02 share the paper's 28 models), and
+    # 30.5 GB of GPU memory is not shown as 30
+    assert (
+        "about 1,500 TFLOP over 2 chapters, up to 30.5 GB of GPU memory and 316 GB of downloads (each model "
+        "and checkpoint counted once)" in text
+    )
+    pd.DataFrame(table).drop(columns="download not in an earlier notebook (GB)").to_csv(
+        costs
+    )  # an older table
+    assert "616 GB of downloads summed over the chapters (a model several chapters use counted in each)" in (
+        summary.what_was_measured(tmp_path, costs)
+    )
     # the paper's ViTs are not published (nor said to come from the hub)
     assert (
         "Pythia checkpoints from the Hugging Face hub, and vision transformers it does not identify" in text

@@ -355,6 +355,11 @@ def test_the_intro_chart_alt_text_states_the_prose_counts():
     prose, alt_text = summary.bottom_line(rows), summary.status_alt(t)
     assert f"judged {t.judged} of" in prose and f"{t.yes} reproduced (yes), {t.partly} partly" in prose
     assert (t.judged, t.yes, t.partly, t.no, t.replots, t.squares) == (3, 1, 1, 1, 1, 4)
-    assert "3 of this book's measurements (1 yes, 1 partly, 1 no) and 1 replot" in alt_text
+    # the marks named by the shapes the chart draws: squares and a diamond, not "a row of squares"
+    assert (
+        alt_text
+        == "A row of marks per chapter, one per claim, 4 in all: 3 squares for this book's measurements of "
+        "the paper's claims (1 yes, 1 partly, 1 no) and 1 diamond for replots of the paper's own points."
+    )
     spec = summary.status_chart(rows).to_dict()
     assert not display.repr_problems(alt_text + json.dumps(spec, default=str), "intro")

@@ -107,8 +107,12 @@ def test_the_drawn_model_must_be_measured(tmp_path, monkeypatch):
 def test_claims_follow_the_rules(measured):
     r = measured.results
     rows = f01.claims(r)
-    depth = "depth-wise coupling in the trained model, absent in its random twin"
+    depth = (
+        "more coupled across depth than its random twin (on average by at least 0.05 at every K, and in "
+        "nearly every block pair)"
+    )  # what the depth rule reads (excess >= 0.05, share_above >= 0.9), not "absent in the twin"
     assert [row["claim"] for row in rows[:2]] == [f"{depth}: tiny", f"{depth}: tiny-b"]
+    assert "every tile" not in rows[0]["paper"] and "every tile" in rows[2]["paper"]  # the tiles row's
     assert rows[0]["agree"] == f01.RULES["depth"].judge(tw.depth_contrast(r.main, r.params.k, r.params.how))
     # the tiles judged are every prompt's, at every K they hold
     assert rows[2]["agree"] == f01.RULES["tiles"].judge(tile_grid.tile_contrast(r.main.tiles, 3))
@@ -128,6 +132,21 @@ def test_claims_follow_the_rules(measured):
     holds = {key: h for key, h, _ in f01.assumptions(r)}
     first, other = r.first_token
     assert holds["f01-first-token-decouples"] == (first < other)
+
+
+def test_a_model_of_the_book_s_own_is_a_contrast_not_the_paper_s_claim():
+    """The paper made no claim about a model it did not measure (the embedded MiniLM encoder): its
+    depth row is this book's contrast, which the intro's tally keeps apart from the paper's claims."""
+    from coupling_utils.chapters import is_own_claim
+    from coupling_utils.chapters.f01_depth_and_tokens.story import _depth_claim
+
+    drawn, paper = _depth_claim("embedded:smollm2-135m", "embedded:smollm2-135m")
+    assert not is_own_claim(drawn) and "Llama-3-8B" in paper and "every tile" not in paper
+    contrast, paper = _depth_claim("embedded:minilm-l6", "embedded:smollm2-135m")
+    assert is_own_claim(contrast) and contrast.startswith("Contrast (this book's, not the paper's claim): ")
+    assert contrast.endswith(": embedded:minilm-l6") and paper.startswith("no claim")
+    hub, paper = _depth_claim("openai-community/gpt2", "meta-llama/Meta-Llama-3-8B")
+    assert not is_own_claim(hub) and paper == "coupling in a multitude of LLMs"
 
 
 def test_the_distance_trend_and_the_excluded_last_block_are_said_for_any_depth():

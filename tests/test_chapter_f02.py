@@ -147,10 +147,40 @@ def test_the_training_family_varies_only_training():
         assert all(s.min_lr_ratio == 1.0 and s.checkpoints == "curve" for s in specs)
 
 
-def _training(rows):
+def _training(rows, points=None):
     stage = pd.DataFrame(rows, columns=["run", "tail_drop", "tail_drop_rel"])
-    stage["flat"] = [f02.plan.FLAT.judge({"tail_drop_rel": v}) == "yes" for v in stage.tail_drop_rel]
+    stage["tail_points"] = points or [2] * len(stage)
+    stage["judged"] = stage["tail_points"] >= f02.plan.MIN_TAIL_POINTS
+    flat = [f02.plan.FLAT.judge({"tail_drop_rel": v}) == "yes" for v in stage.tail_drop_rel]
+    stage["flat"] = stage["judged"] & pd.Series(flat, index=stage.index)
     return f02.Training(pd.DataFrame(), stage, pd.DataFrame())
+
+
+def test_a_curve_too_short_for_the_flat_rule_is_not_called_flat():
+    """s2 (evaluated at steps 0, 1 and 2) moved 0.1% over its one last step, while the same run's
+    longer members fall far below it (s8 7.308, s32 5.932): one evaluation in the last stretch
+    cannot tell a flat end from a pause, so the curve is too short to judge, as the rule says."""
+    from coupling_utils.chapters.f02_generalization.sections import stage_words
+    from coupling_utils.chapters.f02_generalization.within import _flat_sentence
+
+    assert (
+        "fewer than 2 times after that stretch's start is too short to judge" in f02.RULE_WORDS["flat curve"]
+    )
+    rows = [("s2", 0.006, 0.0008), ("s32", 0.215, 0.036), ("s2048", 0.03, 0.007)]
+    t = _training(rows, points=[1, 2, 2])
+    assert list(t.stage.flat) == [False, False, True] and (t.n_flat, t.n_judged) == (1, 2)
+    text = _flat_sentence(t).data
+    assert text.startswith("1 of 2 curves long enough to judge are not flat at their end (`s32`)")
+    assert text.endswith("; `s2` is too short to judge (evaluated fewer than 2 times in its last stretch)")
+    assert t.flat_note() == "1 of 2 learning curves flat, 1 too short to judge"
+    assert stage_words(t.stage, t.n_flat).startswith(
+        "1 of 2 curves is flat at its end (1 too short to judge)"
+    )
+    only = _training([("s2", 0.006, 0.0008), ("s2048", 0.03, 0.007)], points=[1, 2])
+    assert _flat_sentence(only).data.startswith("every curve long enough to judge is flat at its end; `s2`")
+    none = _flat_sentence(_training(rows, points=[1, 1, 0])).data  # the book's one "A, B and C" join
+    assert none.startswith("no member's curve is long enough to judge; `s2`, `s32` and `s2048` are too short")
+    assert t.flat_note() != "2 of 3 learning curves flat"  # what the old rule said of s2 and s2048
 
 
 def test_the_flat_rule_can_fail_and_says_where():
@@ -193,12 +223,23 @@ def test_every_rule_is_printed_in_code_and_in_words():
 
 
 def test_the_sign_sentence_says_when_the_twins_carry_the_order():
+    from coupling_utils.analysis.verdicts import Interval
     from coupling_utils.chapters.f02_generalization.story import _near_zero, _sign_carrier
 
-    confounded = _sign_carrier({"twin coupling": -0.78, "excess": -0.79})
+    def twins(estimate, low, high):
+        return Interval(estimate, low, high, over="members")
+
+    confounded = _sign_carrier(twins(-0.78, -0.95, -0.3), -0.79)
     assert "cannot say what training added" in confounded and "-0.78" in confounded
-    assert "cannot say" not in _sign_carrier({"twin coupling": 0.1, "excess": 0.8})
-    assert "opposite" in _sign_carrier({"twin coupling": -0.6, "excess": 0.8})
+    assert "cannot say" not in _sign_carrier(twins(0.1, 0.05, 0.3), 0.8)
+    assert "opposite" in _sign_carrier(twins(-0.6, -0.9, -0.2), 0.8)
+    # the default book's family: ρ = -0.59 [-0.81, 0.19] does not show the twins setting the order
+    open_ = _sign_carrier(twins(-0.59, -0.81, 0.19), -0.74)
+    assert "close to their order" not in open_ and "cannot say" not in open_
+    assert open_.startswith(
+        "The twins alone, which no training touched, give ρ = -0.59 (95% interval -0.81 to 0.19"
+    )
+    assert "the twins' interval includes 0, so these members do not show whether" in open_
     ours = pd.DataFrame(
         {"d_model": [32, 32, 64, 64], "excess": [0.2, 0.01, 0.0, 0.3], "excess_se": [0.01] * 4}
     )
@@ -256,7 +297,9 @@ def test_the_scale_and_training_family_words_read_as_sentences():
     assert close == "Every member saw about 2 tokens per parameter (2.001 to 2.003)"  # not "(2 to 2)"
     from coupling_utils.chapters.f02_generalization.sections import stage_words as _stage_words
 
-    stage = pd.DataFrame({"flat": [True] + [False] * 7, "tail_drop_rel": [0.001] + [0.02] * 7})
+    stage = pd.DataFrame(
+        {"flat": [True] + [False] * 7, "tail_drop_rel": [0.001] + [0.02] * 7, "judged": [True] * 8}
+    )
     # the prose reads "by the flat rule stated above, <sentence>": said once, not "... by that rule"
     assert _stage_words(stage, 1).startswith("1 of 8 curves is flat at its end: the others were still")
     assert _stage_words(stage.assign(flat=True), 8) == "every member's curve is flat at its end"
@@ -295,15 +338,26 @@ def test_the_books_choice_is_worded_from_the_candidates_and_no_exercise_overreac
         book_row = pd.Series({"trained": book[0], "twin": book[1]})
         return f02.ScaleAnswer(None, judged, judged, book_row, n_1a, 0, None, 0)
 
-    words = f02.choice_words(answer([("tokens", 0.2, 0.5), ("tokens", 0.1, 0.3), ("depth", 0.1, 0.0)]))
-    assert words["f02_scale_tokenwise"].startswith("Token-wise candidates are no alternative: in all 2")
+    one = "on the demo prompt alone (cut to at most 12 tokens)"
+    words = f02.choice_words(answer([("tokens", 0.2, 0.5), ("tokens", 0.1, 0.3), ("depth", 0.1, 0.0)]), one)
+    # a count on one prompt, with no interval, not a general comparison ("in all 96 the twin is more coupled")
+    assert words["f02_scale_tokenwise"] == (
+        "Token-wise candidates are no alternative here: in all 2 of them the twin's value is above the "
+        f"trained model's, counted {one} with no interval (the smallest gap is 0.2000; f01 measures the "
+        "token-wise view over prompts)"
+    )
     assert (
         words["f02_scale_separates"].startswith("it separates")
         and "no candidate on Fig. 1a" in (words["f02_scale_trace_clause"])
     )
-    mixed = f02.choice_words(answer([("tokens", 0.6, 0.5), ("tokens", 0.1, 0.3)], n_1a=2, book=(0.02, 0.01)))
+    mixed = f02.choice_words(
+        answer([("tokens", 0.6, 0.5), ("tokens", 0.1, 0.3)], n_1a=2, book=(0.02, 0.01)), one
+    )
     # glued as text: no Markdown emphasis, whose asterisks the page would show
-    assert mixed["f02_scale_tokenwise"].startswith("In 1 of the 2 token-wise candidates the twin is more")
+    assert mixed["f02_scale_tokenwise"].startswith(
+        f"In 1 of the 2 token-wise candidates the twin's value is above the trained model's, counted {one} "
+        "with no interval"
+    )
     assert not any("*" in w for w in [*words.values(), *mixed.values()])
     assert mixed["f02_scale_separates"].startswith("it does not separate")
     assert mixed["f02_scale_trace_clause"].startswith("as 2 candidate(s) compatible")
@@ -588,3 +642,80 @@ def test_the_scale_figure_names_its_reference_as_measured(monkeypatch):
     text = (Path(__file__).resolve().parents[1] / "notebooks" / "f02_generalization.md").read_text()
     assert 'caption=f"Every candidate aggregation for {answer.named} (filled circles) "' in text
     assert "removeprefix('embedded:')} (filled circles)" not in text
+
+
+def test_the_book_s_own_questions_are_labelled_as_not_the_paper_s_claims():
+    """The scale question (is Fig. 1a's axis the scale of an aggregation that separates trained from
+    twin?) is this book's, like the v2 extension: their claims say so, and the intro's tally keeps
+    them apart from the paper's claims (chapters.is_own_claim); the paper's claims do not."""
+    from coupling_utils.chapters import is_own_claim
+
+    own = {key for key, text in f02.CLAIMS.items() if is_own_claim(text)}
+    assert own == {"v2", "scale"}
+    assert f02.CLAIMS["scale"].startswith(
+        "Extension (this book's, not the paper's claim): the paper's Fig. 1a"
+    )
+
+
+def test_the_largest_excess_is_named_only_where_two_standard_errors_separate_it():
+    """s32's 0.1107 (se 0.064) and s512's 0.1076 (se 0.042) were 'the largest excess is s32's'."""
+    from coupling_utils.chapters.f02_generalization.within import _peak_sentence
+
+    ours = pd.DataFrame({
+        "run": ["s8", "s32", "s128", "s512", "s2048"], "steps": [8, 32, 128, 512, 2048],
+        "excess": [0.03, 0.1107, 0.0802, 0.1076, 0.0855], "excess_se": [0.01, 0.0644, 0.0159, 0.0423, 0.0307],
+        "val_acc": [0.05, 0.123, 0.151, 0.189, 0.225],
+    })  # fmt: skip
+    text = _peak_sentence(ours).data
+    assert "The largest excess is" not in text
+    assert text.startswith(
+        "`s32`'s excess (0.111, after 32 steps) is the highest estimate but is not told apart"
+    )
+    assert (
+        "not told apart from any other member's (within two standard errors of the gap, over prompts)" in text
+    )
+    some = _peak_sentence(ours.assign(excess_se=[0.001, 0.02, 0.0159, 0.0423, 0.0307])).data
+    assert "not told apart from `s512`'s (0.108), `s2048`'s (0.086) and `s128`'s (0.080) (within" in some
+    clear = ours.assign(excess_se=0.001)
+    assert _peak_sentence(clear).data.startswith("The largest excess is `s32`'s (0.111, after 32 steps")
+
+
+def test_the_task_the_v1_fit_leans_on_is_named_only_where_the_intervals_separate_it():
+    """'Leaving HellaSwag out lowers the fit most (by 0.069): the task the fit leans on most' read two
+    overlapping drop-one intervals (0.713 [0.567, 0.841] against Winogrande's 0.755 [0.615, 0.869])."""
+    from coupling_utils.chapters.f02_generalization.compare import carrier_words
+
+    drop = pd.DataFrame({
+        "left_out": ["none", "hellaswag", "winogrande", "gsm8k"],
+        "name": ["none", "HellaSwag", "Winogrande", "GSM8K"],
+        "n": 26, "r2": [0.781, 0.713, 0.755, 0.79], "r2_ci_low": [0.6, 0.567, 0.615, 0.65],
+        "r2_ci_high": [0.9, 0.841, 0.869, 0.9],
+    })  # fmt: skip
+    text = carrier_words(drop)
+    assert "lowers the fit" not in text and "leans on most" not in text
+    assert (
+        "HellaSwag leaves the lowest R² estimate (0.713, 95% interval 0.567 to 0.841 over 26 models" in text
+    )
+    assert text.endswith(
+        "(Winogrande, 0.755, 95% interval 0.615 to 0.869 over 26 models): no one task is told apart as the "
+        "one the fit leans on"
+    )
+    apart = drop.assign(r2=[0.781, 0.4, 0.755, 0.79], r2_ci_low=[0.6, 0.3, 0.615, 0.65],
+                        r2_ci_high=[0.9, 0.5, 0.869, 0.9])  # fmt: skip
+    assert carrier_words(apart).endswith("so it is the task the fit leans on most")
+
+
+def test_the_fig1a_replot_row_says_it_judges_the_digitisation_not_the_fit_s_interval():
+    """'judged on r2 = 0.801' gave a yes beside a table whose interval runs 0.681 to 0.899: the row's
+    note says the rule judges the digitisation against the paper's printed number, and names the
+    interval it does not judge."""
+    from coupling_utils.chapters.f02_generalization.sections import paper_fit
+    from coupling_utils.chapters.f02_generalization.story import _paper_claims
+
+    p = f02.Params()
+    paper = paper_fit(p)
+    row = next(r for r in _paper_claims(p, paper) if r["claim"] == f02.CLAIMS["fig1a"])
+    fit = paper.by_predictor.loc["coupling"]
+    assert "the rule judges whether our digitisation reproduces the paper's printed R²" in row["note"]
+    assert f"95% interval {fit['r2_ci_low']:.3f} to {fit['r2_ci_high']:.3f} over 28 models" in row["note"]
+    assert "is not what this row judges" in row["note"]

@@ -185,6 +185,19 @@ def test_the_generated_table_is_up_to_date():
     pd.testing.assert_frame_equal(stored, fresh, check_dtype=False, rtol=1e-3)
 
 
+def test_a_checkpoint_several_notebooks_download_is_counted_once():
+    """The table's NEW_DOWNLOAD column counts a checkpoint in the first notebook that downloads it:
+    f02's paper profile measures f01's 28 models (nothing new), f01 holds f00's Llama-3-8B."""
+    stored = pd.read_csv(ROOT / "data" / "benchmarks" / "profile_costs.csv").set_index(
+        ["notebook", "profile"]
+    )
+    new, every = stored[C.NEW_DOWNLOAD], stored["download (GB)"]
+    assert new[("f02_generalization", "paper")] == 0 and every[("f02_generalization", "paper")] > 300
+    assert new[("f00_coupling_metric", "paper")] == every[("f00_coupling_metric", "paper")]
+    assert new[("f01_depth_and_tokens", "paper")] < every[("f01_depth_and_tokens", "paper")]
+    assert (new <= every).all()
+
+
 def test_the_gpu_time_is_named_a_prediction_from_the_gpu_measured():
     """The cost table's GPU column is a prediction at the rates one GPU run measured: its name says
     so, and which GPU (never "measured" alone, which reads as a run of the profile on that GPU)."""

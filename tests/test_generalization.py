@@ -286,6 +286,9 @@ def test_training_stage_measures_the_drop_over_the_last_stretch(tmp_path):
     # the drop as a share of the final loss: small for a flat end, large for a still-falling one
     assert stage.loc["flat", "tail_drop_rel"] == pytest.approx(0.01 / 4.4)
     assert stage.loc["falling", "tail_drop_rel"] == pytest.approx(0.25)
+    assert stage.loc["flat", "tail_points"] == 1  # the evaluations after the stretch's start (75: one, 100)
+    short = pd.DataFrame([_member(tmp_path, "s2", [0, 1, 2], [7.62, 7.60, 7.594])])
+    assert training_stage(short, tail=0.25)["tail_points"].tolist() == [1]  # steps 1 -> 2
     assert np.isnan(stage.loc["end-only", "tail_drop"]) and "only at its end" in stage.loc["end-only", "note"]
     # a tail that starts between evaluations starts at the last evaluation before it
     assert training_stage(members, tail=0.3).set_index("run").loc["flat", "tail_start_loss"] == 4.5

@@ -349,6 +349,7 @@ STAGE_COLUMNS = [
     "tail_drop",
     "tail_share",
     "tail_drop_rel",
+    "tail_points",
     "note",
 ]
 
@@ -363,7 +364,9 @@ def training_stage(members: pd.DataFrame, *, tail: float = 0.25) -> pd.DataFrame
     ``tail_drop`` = tail_start_loss − val_loss (nats: how much the loss still fell over the last
     ``tail`` of training), ``tail_share`` = tail_drop / (initial_loss − val_loss), the share
     of the whole descent that came in that stretch, and ``tail_drop_rel`` = tail_drop /
-    val_loss, the drop as a fraction of the final loss. A flat end has a small drop. The share
+    val_loss, the drop as a fraction of the final loss, and ``tail_points``, the evaluations after the
+    stretch's start (a run of 2 steps evaluated at steps 0, 1 and 2 has one: too few to tell a flat
+    end from a pause). A flat end has a small drop. The share
     is small for almost any run, since the first steps (from the uniform guess to the unigram
     statistics) make most of the descent; the relative drop is not. A run evaluated only at its
     end (``checkpoints="final"``) gets NaN and a note.
@@ -385,6 +388,7 @@ def training_stage(members: pd.DataFrame, *, tail: float = 0.25) -> pd.DataFrame
             rows.append({**row, "note": "evaluated only at its end: no learning curve"})
             continue
         initial, at = float(start["val_loss"].iloc[0]), float(before["val_loss"].iloc[-1])
+        points = int((curve["step"] > before["step"].iloc[-1]).sum())
         drop = at - row["val_loss"]
         total = initial - row["val_loss"]
         rows.append(
@@ -395,6 +399,7 @@ def training_stage(members: pd.DataFrame, *, tail: float = 0.25) -> pd.DataFrame
                 "tail_drop": drop,
                 "tail_share": drop / total if total > 0 else float("nan"),
                 "tail_drop_rel": drop / row["val_loss"],
+                "tail_points": points,
                 "note": "",
             }
         )

@@ -25,7 +25,10 @@ from typing import Any
 from coupling_utils.chapters.checks import ParameterError
 from coupling_utils.chapters.params import ChapterParams
 
-__all__ = ["NAMES", "chapter", "check_parameters", "build_quietly", "ChapterParams", "ParameterError"]
+__all__ = [
+    "NAMES", "NOT_THE_PAPERS", "chapter", "own_claim", "is_own_claim", "check_parameters", "build_quietly",
+    "ChapterParams", "ParameterError",
+]  # fmt: skip
 
 NAMES = (
     "f00_coupling_metric",
@@ -35,6 +38,22 @@ NAMES = (
     "f04_vision_transformers",
     "f05_token_trajectories",
 )
+
+NOT_THE_PAPERS = "(this book's, not the paper's claim)"
+"""What a status row's claim says when the row asks this book's own question (a contrast the book
+measures beside the paper's models, an extension of the paper's analysis): the intro's tally
+(``pipeline.summary.tally``) counts such rows apart from the paper's claims."""
+
+
+def own_claim(label: str, text: str) -> str:
+    """A status row's claim for this book's own question: ``"Contrast (this book's, not the
+    paper's claim): text"`` (``label``: "Contrast", "Extension")."""
+    return f"{label} {NOT_THE_PAPERS}: {text}"
+
+
+def is_own_claim(claim: str) -> bool:
+    """Whether a status row's claim is this book's own question (:func:`own_claim`), not the paper's."""
+    return NOT_THE_PAPERS in str(claim)
 
 
 def chapter(name: str) -> ModuleType:

@@ -54,7 +54,7 @@ import functools
 import json
 import math
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -76,6 +76,7 @@ __all__ = [
     "notebook_costs",
     "gpu_fit",
     "profile_costs_table",
+    "NEW_DOWNLOAD",
     "duration",
     "cpu_seconds",
     "BYTES",
@@ -399,6 +400,11 @@ def gpu_fit(cost: Cost, gpu_gb: float) -> str:
     return "no"
 
 
+NEW_DOWNLOAD = "download not in an earlier notebook (GB)"
+"""The cost table's column of what a notebook downloads that no notebook above it (at the same
+profile) does: its sum is the profile's download with each checkpoint counted once."""
+
+
 @dataclass
 class NotebookCost:
     """One notebook at one profile: its measurements' costs and the totals."""
@@ -409,10 +415,22 @@ class NotebookCost:
     embedded: list[str] = field(default_factory=list)  # embedded models: the zoo's cost, not counted here
     unknown: list[str] = field(default_factory=list)  # hub models without a model_configs.csv row
 
-    def totals(self, rates: Rates | None = None, gpu: Rates | None = None) -> dict[str, Any]:
+    def downloads(self) -> dict[tuple[str, str | None], float]:
+        """``{(model, revision): GB}`` of every checkpoint this notebook downloads (each once)."""
+        out: dict[tuple[str, str | None], float] = {}
+        for c in self.costs:
+            if c.size is not None and c.work.download:
+                key = (c.work.model, c.work.revision)
+                out[key] = max(out.get(key, 0.0), c.download_gb)
+        return out
+
+    def totals(
+        self, rates: Rates | None = None, gpu: Rates | None = None, seen: Collection[tuple] = ()
+    ) -> dict[str, Any]:
+        """The table's row (``seen``: the checkpoints notebooks above it download, for NEW_DOWNLOAD)."""
         known = [c for c in self.costs if c.size is not None]
         on_gpu = [size_cost(c.work, c.size, "cuda") for c in known]  # the GPU's path rule and chunks
-        loads = {(c.work.model, c.work.revision) for c in known if c.work.download}
+        loads = self.downloads()
         big = max(on_gpu, key=lambda c: c.device_gb, default=None)
         row: dict[str, Any] = {
             "notebook": self.notebook,
@@ -423,9 +441,8 @@ class NotebookCost:
             "GPU memory (GB)": None if big is None else big.device_gb,
             "largest": None if big is None else big.work.model,
             "host memory (GB)": max((c.host_gb for c in known), default=0.0),
-            "download (GB)": sum(
-                max(c.download_gb for c in known if (c.work.model, c.work.revision) == key) for key in loads
-            ),
+            "download (GB)": sum(loads.values()),
+            NEW_DOWNLOAD: sum(gb for key, gb in loads.items() if key not in seen),
         }
         for gb in GPU_SIZES_GB:
             worst = [c for c in on_gpu if gpu_fit(c, gb) != "yes"]
@@ -496,10 +513,13 @@ def profile_costs_table(
     names = [p.stem for p in notebook_paths()] if notebooks is None else list(notebooks)
     rows = []
     for profile in profiles:
+        seen: set[tuple[str, str | None]] = set()  # the checkpoints an earlier notebook downloads
         for nb in names:
-            row = notebook_costs(nb, profile).totals(rates, gpu)
+            cost = notebook_costs(nb, profile)
+            row = cost.totals(rates, gpu, seen)
+            seen |= set(cost.downloads())
             seconds = row.pop("one-core seconds")
-            for key in ("TFLOP", "GPU memory (GB)", "host memory (GB)", "download (GB)"):
+            for key in ("TFLOP", "GPU memory (GB)", "host memory (GB)", "download (GB)", NEW_DOWNLOAD):
                 row[key] = _sig(row[key]) if row[key] is not None else None
             row[f"{cores}-core CPU time"] = duration(seconds / cores)
             row["1-core CPU time"] = duration(seconds)

@@ -19,10 +19,13 @@ from pathlib import Path
 
 import pandas as pd
 
+from coupling_utils.chapters import NOT_THE_PAPERS, is_own_claim
+from coupling_utils.pipeline.costs import NEW_DOWNLOAD
 from coupling_utils.pipeline.status import AGREE
 
 __all__ = [
-    "MARKER", "CHART_FILE", "VERDICT_COLOURS", "Tally", "tally", "status_alt", "status_chart", "bottom_line",
+    "MARKER", "CHART_FILE", "VERDICT_COLOURS", "Tally", "tally", "status_alt", "status_caption",
+    "status_chart", "bottom_line",
     "measured_models", "what_was_measured", "stage_summary",
 ]  # fmt: skip
 
@@ -31,6 +34,8 @@ CHART_FILE = "_generated/reproduction-summary.html"  # next to the page, in the 
 CHART_NAME = "fig-intro-status"
 VERDICT_COLOURS = {"yes": "#009E73", "partly": "#E69F00", "no": "#D55E00"}  # Okabe-Ito
 KIND_NAMES = {"measured": "this book's measurement", "replot": "replot of the paper's own points"}
+OWN_NAME = "this book's own question (not the paper's claim)"  # a measured row of chapters.own_claim
+SHAPES = {KIND_NAMES["measured"]: "square", OWN_NAME: "circle", KIND_NAMES["replot"]: "diamond"}
 _CELL = 18  # px per claim
 
 
@@ -46,8 +51,9 @@ def _claims(df: pd.DataFrame) -> pd.DataFrame:
     data["kind"] = data["kind"].fillna("measured") if "kind" in data else "measured"
     data["chapter"] = [_chapter(r) for r in data.to_dict("records")]
     data["what"] = data["kind"].map(KIND_NAMES).fillna(data["kind"])
+    data.loc[(data["kind"] == "measured") & data["claim"].map(is_own_claim), "what"] = OWN_NAME
     order = {a: i for i, a in enumerate(AGREE)}
-    data["_k"] = (data["kind"] != "measured").astype(int)
+    data["_k"] = data["what"].map({w: i for i, w in enumerate(SHAPES)}).fillna(len(SHAPES))
     data["_a"] = data["agree"].map(order)
     data["_n"] = data["notebook"].map({n: i for i, n in enumerate(dict.fromkeys(data["notebook"]))})
     data = data.sort_values(["_n", "_k", "_a"], kind="stable")
@@ -64,11 +70,11 @@ def _text(value) -> str:
 
 
 def status_chart(df: pd.DataFrame):
-    """One square per claim: a row per chapter, coloured by verdict, shaped by kind.
+    """One mark per claim: a row per chapter, coloured by verdict, shaped by kind (:data:`SHAPES`).
 
     ``df`` is :func:`coupling_utils.pipeline.status.read_statuses`'s table (at least ``notebook``,
     ``claim``, ``paper``, ``ours``, ``agree``; ``title``, ``kind`` and ``rule`` when present).
-    Hovering a square shows the chapter, the claim, the paper's and this run's numbers, the
+    Hovering a mark shows the chapter, the claim, the paper's and this run's numbers, the
     verdict and its rule. Returns an Altair chart.
     """
     import altair as alt
@@ -79,7 +85,7 @@ def status_chart(df: pd.DataFrame):
     if "rule" not in data:
         data["rule"] = ""
     chapters = list(dict.fromkeys(data["chapter"]))
-    kinds = [k for k in KIND_NAMES.values() if k in set(data["what"])]
+    kinds = [k for k in SHAPES if k in set(data["what"])]
     slots = int(data["slot"].max())
     return (
         alt.Chart(data[["chapter", "slot", "claim", "paper", "ours", "agree", "what", "rule"]])
@@ -87,7 +93,7 @@ def status_chart(df: pd.DataFrame):
         .encode(
             x=alt.X(
                 "slot:O",
-                title="claims, one square each (grouped by verdict)",
+                title="claims, one mark each (grouped by verdict)",
                 axis=alt.Axis(labels=False, ticks=False, domain=False),
                 scale=alt.Scale(domain=list(range(1, slots + 1))),
             ),
@@ -101,7 +107,7 @@ def status_chart(df: pd.DataFrame):
             shape=alt.Shape(
                 "what:N",
                 title="kind",
-                scale=alt.Scale(domain=kinds, range=["square", "diamond"][: len(kinds)]),
+                scale=alt.Scale(domain=kinds, range=[SHAPES[k] for k in kinds]),
             ),
             tooltip=[
                 alt.Tooltip("chapter:N", title="chapter"),
@@ -149,13 +155,16 @@ def _depends_on_the_last_block(rows: pd.DataFrame) -> str:
 @dataclass(frozen=True)
 class Tally:
     """The counts the bottom line and the status chart's alt text both state: this build's
-    measured claims by verdict, the replots of the paper's points, and every square drawn."""
+    measurements of the paper's claims by verdict, the replots of the paper's points, every mark
+    drawn, and the measured rows that ask this book's own questions (``own``: a contrast or an
+    extension, :func:`coupling_utils.chapters.own_claim`), which are not the paper's claims."""
 
     yes: int
     partly: int
     no: int
     replots: int
     squares: int
+    own: int = 0
 
     @property
     def judged(self) -> int:
@@ -166,19 +175,49 @@ def _kinds(df: pd.DataFrame) -> pd.Series:
     return df["kind"].fillna("measured") if "kind" in df else pd.Series("measured", index=df.index)
 
 
+def _own(df: pd.DataFrame) -> pd.Series:
+    """Which rows are this book's own measured questions, not the paper's claims."""
+    return (_kinds(df) == "measured") & df["claim"].map(is_own_claim).astype(bool)
+
+
 def tally(df: pd.DataFrame) -> Tally:
     """The :class:`Tally` of the status rows ``df`` (one computation, so prose and chart agree)."""
-    kinds = _kinds(df)
-    counts = df[kinds == "measured"]["agree"].value_counts()
-    return Tally(*(int(counts.get(a, 0)) for a in AGREE), int((kinds == "replot").sum()), len(df))
+    kinds, own = _kinds(df), _own(df)
+    counts = df[(kinds == "measured") & ~own]["agree"].value_counts()
+    return Tally(
+        *(int(counts.get(a, 0)) for a in AGREE), int((kinds == "replot").sum()), len(df), int(own.sum())
+    )
+
+
+def _marks(n: int, shape: str, what: str) -> str:
+    return f"{n} {shape}{'' if n == 1 else 's'} for {what}"
 
 
 def status_alt(t: Tally) -> str:
-    """The status chart's alt text, from the same counts as the bottom line."""
-    replots = f" and {t.replots} {'replot' if t.replots == 1 else 'replots'} of the paper's own points"
+    """The status chart's alt text, from the same counts as the bottom line, naming each mark's shape
+    as the chart draws it (:data:`SHAPES`)."""
+    parts = [_marks(t.judged, "square", f"this book's measurements of the paper's claims ({t.yes} yes, "
+                                        f"{t.partly} partly, {t.no} no)")]  # fmt: skip
+    if t.own:
+        parts.append(_marks(t.own, "circle", "this book's own questions, not the paper's claims"))
+    if t.replots:
+        parts.append(_marks(t.replots, "diamond", "replots of the paper's own points"))
+    listed = parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
+    return f"A row of marks per chapter, one per claim, {t.squares} in all: {listed}."
+
+
+def status_caption(df: pd.DataFrame) -> str:
+    """The status chart's caption, naming the shapes the chart draws for ``df``'s rows (:data:`SHAPES`)."""
+    words = {
+        KIND_NAMES["measured"]: "squares are this book's measurements of the paper's claims",
+        OWN_NAME: "circles this book's own questions, not the paper's claims",
+        KIND_NAMES["replot"]: "diamonds replots of the paper's own points",
+    }
+    drawn = set(_claims(df)["what"])
+    shapes = [words[w] for w in SHAPES if w in drawn]
     return (
-        f"A row of squares per chapter, one per claim, {t.squares} in all: {t.judged} of this book's "
-        f"measurements ({t.yes} yes, {t.partly} partly, {t.no} no)" + (replots if t.replots else "") + "."
+        "The reproduction status of this build, one mark per claim: green reproduced, orange partly, red "
+        f"not; {', '.join(shapes)}. Hover a mark for the claim, the numbers and the rule."
     )
 
 
@@ -195,6 +234,24 @@ def _judged(rule: str) -> str:
     return "; judged on " + (judged[:-1] if judged.endswith(")") else judged)
 
 
+def _own_words(rows: pd.DataFrame) -> str:
+    """The bottom line's clause on this book's own questions (measured rows that are not the paper's
+    claims), each with its verdict: "; 1 more row asks … (contrast: more coupled …: minilm (f01), no)"."""
+    if rows.empty:
+        return ""
+    items = []
+    for r in rows.to_dict("records"):
+        label, _, text = str(r["claim"]).partition(f" {NOT_THE_PAPERS}: ")
+        items.append(f"{label.lower()}: {text} ({_chapter(r).split(' · ')[0]}), {r['agree']}")
+    said = (
+        "1 more row asks this book's own question, not the paper's claim, and is not counted"
+        if len(rows) == 1
+        else f"{len(rows)} more rows ask this book's own questions, not the paper's claims, and are not "
+        "counted"
+    )
+    return f"; {said} among them ({'; '.join(items)})"
+
+
 def bottom_line(df: pd.DataFrame) -> str:
     """The generated sentences of the summary (MyST markdown): counts by verdict of this
     build's measured claims, the replots apart, the profiles the runs used, and the claims that
@@ -204,12 +261,14 @@ def bottom_line(df: pd.DataFrame) -> str:
             "**Bottom line.** No executed notebook has reported a reproduction status yet: run "
             "`coupling-book run --profile default` and rebuild the book.\n"
         )
-    measured, t = df[_kinds(df) == "measured"], tally(df)
+    own, t = df[_own(df)], tally(df)
+    measured = df[(_kinds(df) == "measured") & ~_own(df)]  # the paper's claims, as this book measured them
     lines = [
         f"**Bottom line.** This build's runs (profile {_profiles(df)}; {{numref}}`Fig. %s <{CHART_NAME}>`) "
         f"judged {t.judged} of the paper's "
         f"claims on this book's own measurements: {t.yes} reproduced (yes), "
         f"{t.partly} partly and {t.no} not (no)"
+        + _own_words(own)
         + (
             f"; {t.replots} more {'row redraws' if t.replots == 1 else 'rows redraw'} the paper's "
             "own digitised points, which checks how this book reads the paper, not the finding"
@@ -278,12 +337,16 @@ def _paper_cost(costs_csv: Path | None) -> str:
     paper = costs[costs["profile"] == "paper"]
     if paper.empty:
         return "the `paper` profile (its predicted cost is on {doc}`performance`)"
-    tflop, download = float(paper["TFLOP"].sum()), float(paper["download (GB)"].sum())
-    memory = float(paper["GPU memory (GB)"].max())
+    tflop, memory = float(paper["TFLOP"].sum()), float(paper["GPU memory (GB)"].max())
+    if NEW_DOWNLOAD in paper:  # a checkpoint two chapters use (f01's and f02's 28 models) counted once
+        once = float(paper[NEW_DOWNLOAD].sum())
+        download = f"{once:,.0f} GB of downloads (each model and checkpoint counted once)"
+    else:
+        download = (f"{float(paper['download (GB)'].sum()):,.0f} GB of downloads summed over the chapters "
+                    "(a model several chapters use counted in each)")  # fmt: skip
     return (
-        f"the `paper` profile: about {tflop:,.0f} TFLOP over {len(paper)} chapters, up to {memory:.0f} GB "
-        f"of GPU memory and {download:,.0f} GB of downloads, as the cost model predicts "
-        "({doc}`performance`)"
+        f"the `paper` profile: about {tflop:,.0f} TFLOP over {len(paper)} chapters, up to {memory:.3g} GB "
+        f"of GPU memory and {download}, as the cost model predicts ({{doc}}`performance`)"
     )
 
 
@@ -332,11 +395,7 @@ def stage_summary(
         return False
     parts = [what_was_measured(executed, costs) if executed is not None else "", bottom_line(df)]
     if not df.empty:
-        caption = (
-            "The reproduction status of this build, one square per claim: green reproduced, "
-            "orange partly, red not; squares are this book's measurements, diamonds replots of "
-            "the paper's own points. Hover a square for the claim, the numbers and the rule."
-        )
+        caption = status_caption(df)
         alt_text = status_alt(tally(df))
         bundle, _ = chart_bundle(status_chart(df), caption=caption, alt=alt_text, name=CHART_NAME)
         target = page.parent / CHART_FILE

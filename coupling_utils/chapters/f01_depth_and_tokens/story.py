@@ -15,6 +15,7 @@ from coupling_utils.analysis import last_block as lb
 from coupling_utils.analysis import tile_grid
 from coupling_utils.analysis.prose_list import listed
 from coupling_utils.analysis.verdicts import Interval, claim, verdict_word
+from coupling_utils.chapters import own_claim
 from coupling_utils.chapters.f01_depth_and_tokens.findings import (
     finding_words,
     interval_side,
@@ -155,16 +156,38 @@ def _convention_note(r: Results, row: str, name: str | None = None) -> str:
     return lb.convention_note(r.params.last_block, r.main_verdicts()[row], others)
 
 
+# what RULES["depth"] reads: the smallest mean gap over K (excess) >= 0.05, share_above >= 0.9 of block pairs
+DEPTH_CLAIM = (
+    "more coupled across depth than its random twin (on average by at least 0.05 at every K, and in "
+    "nearly every block pair)"
+)
+
+
+def _depth_claim(name: str, drawn: str) -> tuple[str, str]:
+    """A depth row's claim and the paper's column: the drawn model against the project page's
+    Llama-3-8B grid; another model of the book's own (embedded) as this book's contrast, which the
+    paper made no claim about; a hub model against the paper's many LLMs."""
+    claim_text = f"{DEPTH_CLAIM}: {name}"
+    if name == drawn:
+        return claim_text, (
+            "coupled across depth when trained; no coupling off the diagonal of the depth-wise grid at "
+            "random init (Llama-3-8B, project page)"
+        )
+    if name.startswith("embedded:"):
+        contrast = own_claim("Contrast", claim_text)
+        return contrast, "no claim: a model the paper did not measure, here for contrast"
+    return claim_text, "coupling in a multitude of LLMs"
+
+
 def _depth_rows(r: Results) -> list[dict]:
-    """One status row per measured model: coupled across depth, its twin not."""
+    """One status row per measured model: more coupled across depth than its twin, as the rule
+    reads it (:func:`_depth_claim`)."""
     p, wide, rows = r.params, r.per_model, []
     for name, v in r.depth.items():
         per_k = wide[wide.model == name]
+        claim_text, paper = _depth_claim(name, p.model)
         rows.append(claim(
-            f"depth-wise coupling in the trained model, absent in its random twin: {name}",
-            paper="clear diagonal in every tile (Llama-3-8B, layers 9–16); none off-diagonal at random init"
-                  if name == p.model else "coupling in a multitude of LLMs",
-            rule=RULES["depth"], values=v,
+            claim_text, paper=paper, rule=RULES["depth"], values=v,
             ours="; ".join(f"K = {K}: {a:.3f} vs {b:.3f}"
                            for K, a, b in zip(per_k["K"], per_k["trained"], per_k["random init"])),
             note=f"mean 1 − m² over {p.how} block pairs, last token, {len(r.prompts)} prompts; "

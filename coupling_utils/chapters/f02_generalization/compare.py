@@ -314,3 +314,35 @@ def versions_sentence(v2: Mapping[str, Any], v1: Mapping[str, Any]) -> str:
         f"against {float(v1['r2']):.3f} on v1 ({interval}); the two intervals overlap, so these fits do "
         "not settle on which leaderboard coupling does better"
     )
+
+
+def carrier_words(drop: pd.DataFrame) -> str:
+    """Which task the v1 fit leans on (``drop``: :func:`~coupling_utils.analysis.leaderboards.drop_one`
+    of one version), in words that follow the intervals: the task whose leaving out gives the lowest R²
+    is named the one the fit leans on most only where its 95% interval lies below every other task's
+    (the intervals are each over the models, not paired: no interval of a change is computed)."""
+    left = drop[drop.left_out != "none"].sort_values("r2")
+    every = float(drop.loc[drop.left_out == "none", "r2"].iloc[0])
+    low, nxt = left.iloc[0], left.iloc[1] if len(left) > 1 else None
+
+    def said(r) -> str:
+        iv = Interval(
+            r["r2"], min(r["r2_ci_low"], r["r2"]), max(r["r2_ci_high"], r["r2"]), over=f"{r['n']} models"
+        )
+        return f"{r['r2']:.3f}, {iv.words('.3f')}"
+
+    if low["r2"] >= every:
+        return (
+            f"No task left out of the v1 average gives an R² estimate below the {every:.3f} of every task: "
+            "no one task carries it"
+        )
+    head = (
+        f"Left out of the v1 average, {low['name']} leaves the lowest R² estimate ({said(low)}; "
+        f"{every:.3f} with every task, no interval of the change computed)"
+    )
+    if nxt is None or low["r2_ci_high"] < left.iloc[1:]["r2_ci_low"].min():
+        return head + ": its interval lies below every other task's, so it is the task the fit leans on most"
+    return (
+        f"{head}, but its interval overlaps the next's ({nxt['name']}, {said(nxt)}): no one task is told "
+        "apart as the one the fit leans on"
+    )

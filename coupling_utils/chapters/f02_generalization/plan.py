@@ -18,6 +18,7 @@ from coupling_utils.analysis.generalization import (
 from coupling_utils.analysis.prose_list import listed
 from coupling_utils.analysis.stats import Bootstrap
 from coupling_utils.analysis.verdicts import Rule
+from coupling_utils.chapters import own_claim
 from coupling_utils.chapters.checks import (
     DTYPES,
     HOWS,
@@ -198,8 +199,10 @@ BEST_PREDICTOR = Rule(yes="lead > 0", partly="lead > 0")
 TASK_RANK = Rule(yes="lead > 0", partly="lead > 0")
 # a family member counts as trained to the flat part of its learning curve when the last
 # `tail` of its training moved its held-out loss (down, or up by overfitting) by at most 1% of
-# the final loss
+# the final loss; a curve with fewer than MIN_TAIL_POINTS evaluations after the stretch's start
+# (a run of 2 steps, evaluated at steps 0, 1 and 2) is too short to judge, neither flat nor not
 FLAT = Rule(yes="abs(tail_drop_rel) <= 0.01")
+MIN_TAIL_POINTS = 2
 RULES = {
     "Fig. 1a fit": FIG1A_FIT,
     "beats size": BEATS_SIZE,
@@ -259,7 +262,8 @@ RULE_WORDS = {
     ),
     "flat curve": (
         "a member's learning curve is flat at its end if, over the last `tail` of its training, its "
-        "held-out loss fell (or rose) by at most 1% of its final value"
+        "held-out loss fell (or rose) by at most 1% of its final value; a curve evaluated fewer than "
+        f"{MIN_TAIL_POINTS} times after that stretch's start is too short to judge, neither flat nor not"
     ),
 }
 """What each rule of :data:`RULES` reads, in plain words (printed below its code form, which says
@@ -275,13 +279,11 @@ CLAIMS = {
         "more coupled models generalise better, size fixed (our training family: one architecture, "
         "only training varies)"
     ),
-    "v2": (
-        "Extension (this book's, not the paper's claim): the paper's coupling predicts the leaderboard "
-        "v2 average"
-    ),
-    "scale": (
-        "the paper's Fig. 1a axis (0.89–0.955) is the scale of an aggregation that separates "
-        "trained from twin"
+    "v2": own_claim("Extension", "the paper's coupling predicts the leaderboard v2 average"),
+    "scale": own_claim(
+        "Extension",
+        "the paper's Fig. 1a axis (0.89–0.955) is the scale of an aggregation that separates trained "
+        "from twin",
     ),
     "hub": "coupling measured here predicts the leaderboard (hub models)",
 }

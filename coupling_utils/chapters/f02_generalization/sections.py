@@ -22,6 +22,7 @@ from coupling_utils.chapters.f02_generalization.compare import (
 from coupling_utils.chapters.f02_generalization.plan import (
     FAMILY_PREDICTORS,
     FLAT,
+    MIN_TAIL_POINTS,
     PAPER_PREDICTORS,
     SIZES,
     Params,
@@ -88,6 +89,19 @@ class Training:
     def n_flat(self) -> int:
         return int(self.stage["flat"].sum())
 
+    @property
+    def n_judged(self) -> int:
+        """The curves long enough for the flat rule (``judged``: ``MIN_TAIL_POINTS`` evaluations in
+        the last stretch); the others are too short to judge."""
+        return int(self.stage["judged"].sum())
+
+    def flat_note(self) -> str:
+        """The status notes' count: "1 of 6 learning curves flat, 1 too short to judge"."""
+        short = len(self.stage) - self.n_judged
+        return f"{self.n_flat} of {self.n_judged} learning curves flat" + (
+            f", {short} too short to judge" if short else ""
+        )
+
 
 def training(p: Params, which: str = "family") -> Training:
     """The members of the family ``which`` names ("family" or "training_family";
@@ -99,7 +113,9 @@ def training(p: Params, which: str = "family") -> Training:
     members["tokens per parameter"] = members["tokens"] / members["n_params"]
     stage = training_stage(members, tail=p.tail)
     curves = learning_curves(members)
-    stage["flat"] = [FLAT.judge({"tail_drop_rel": v}) == "yes" for v in stage["tail_drop_rel"]]
+    stage["judged"] = stage["tail_points"].fillna(0) >= MIN_TAIL_POINTS
+    passes = [FLAT.judge({"tail_drop_rel": v}) == "yes" for v in stage["tail_drop_rel"]]
+    stage["flat"] = stage["judged"] & pd.Series(passes, index=stage.index, dtype=bool)
     return Training(members, stage, curves)
 
 
@@ -126,16 +142,25 @@ def tpp_words(tpp: pd.Series) -> dict[str, Markdown]:
 
 def stage_words(stage: pd.DataFrame, n_flat: int) -> str:
     """How many of the family's learning curves are flat at their end, and which way the others
-    were still moving (``tail_drop_rel`` > 0: the held-out loss still fell). The prose names the
-    rule before it ("by the flat rule stated above, ..."), so the sentence does not name it again."""
-    n = len(stage)
+    were still moving (``tail_drop_rel`` > 0: the held-out loss still fell); a curve too short to
+    judge (``judged`` False) is counted apart. The prose names the rule before it ("by the flat rule
+    stated above, ..."), so the sentence does not name it again."""
+    judged = stage["judged"].astype(bool)
+    n, short = int(judged.sum()), int((~judged).sum())
+    too_short = f" ({short} too short to judge)" if short else ""
+    if n == 0:
+        return "no member's curve is long enough to judge"
     if n_flat == n:
-        return "every member's curve is flat at its end"
-    moving = stage.loc[~stage["flat"].astype(bool), "tail_drop_rel"]
+        return (
+            f"every curve long enough to judge is flat at its end{too_short}"
+            if short
+            else ("every member's curve is flat at its end")
+        )
+    moving = stage.loc[judged & ~stage["flat"].astype(bool), "tail_drop_rel"]
     how = "still descending" if (moving > 0).all() else "rising" if (moving < 0).all() else "still moving"
     verb = "is flat at its" if n_flat == 1 else "are flat at their"
     return (
-        f"{n_flat} of {n} curves {verb} end: the others were {how}, so the "
+        f"{n_flat} of {n} curves {verb} end{too_short}: the others were {how}, so the "
         "comparison below is partly one of how far training got"
     )
 
@@ -439,10 +464,11 @@ def scale_section(p: Params, s: ScaleAnswer):
     )
 
 
-def choice_words(s: ScaleAnswer) -> dict[str, str]:
+def choice_words(s: ScaleAnswer, prompts: str = "") -> dict[str, str]:
     """The words of "The book's choice", each from this run's candidates: whether the book's number
     separates trained from twin (by the axis rule's gap for Fig. 1b: a third of its width), what
-    the candidates on Fig. 1a's scale do, and how the token-wise candidates' twins compare."""
+    the candidates on Fig. 1a's scale do, and how the token-wise candidates' twins compare, counted
+    on the scale question's prompts (``prompts``: :func:`scale_prompt_words`), with no interval."""
     lo, hi = scale.AXES["Fig. 1b"]
     book = s.book
     separates = book is not None and float(book.trained - book.twin) >= (hi - lo) / 3
@@ -451,11 +477,17 @@ def choice_words(s: ScaleAnswer) -> dict[str, str]:
     if tokens.empty:
         tokenwise = "This run computed no token-wise candidate"
     elif above == len(tokens):
-        tokenwise = (f"Token-wise candidates are no alternative: in all {len(tokens)} of them the twin is "
-                     "more coupled than the trained model (f01 measures the token-wise view)")  # fmt: skip
+        gap = float((tokens["twin"] - tokens["trained"]).min())
+        tokenwise = (
+            f"Token-wise candidates are no alternative here: in all {len(tokens)} of them the twin's value "
+            f"is above the trained model's, counted {prompts} with no interval (the smallest gap is "
+            f"{gap:.4f}; f01 measures the token-wise view over prompts)"
+        )
     else:
-        tokenwise = (f"In {above} of the {len(tokens)} token-wise candidates the twin is more coupled "
-                     "than the trained model; the table above judges each of them")  # fmt: skip
+        tokenwise = (
+            f"In {above} of the {len(tokens)} token-wise candidates the twin's value is above the trained "
+            f"model's, counted {prompts} with no interval; the table above judges each of them"
+        )
     return {
         "f02_scale_separates": (
             "it separates the trained reference model from its twin by at least a third of Fig. 1b's "

@@ -14,9 +14,10 @@ from IPython.display import Markdown
 
 from coupling_utils.analysis import k_policy, scale
 from coupling_utils.analysis import last_block as lb
-from coupling_utils.analysis.verdicts import Rule, claim, verdict_word
+from coupling_utils.analysis.verdicts import Interval, Rule, claim, verdict_word
 from coupling_utils.chapters.f02_generalization.compare import (
     SIDES,
+    carrier_words,
     compare_glue,
     gap_interval,
     size_glue,
@@ -137,6 +138,10 @@ def claims(p: Params, story: Story) -> list[dict[str, Any]]:
 
 def _paper_claims(p: Params, paper: PaperFit) -> list[dict[str, Any]]:
     fig_r2, size, r2 = paper.r2, paper.size, paper.by_predictor["r2"]
+    fit = paper.by_predictor.loc["coupling"]
+    spread = Interval(
+        fig_r2, min(fit["r2_ci_low"], fig_r2), max(fit["r2_ci_high"], fig_r2), over=f"{int(fit['n'])} models"
+    )
     return [
         claim(
             CLAIMS["fig1a"],
@@ -145,7 +150,9 @@ def _paper_claims(p: Params, paper: PaperFit) -> list[dict[str, Any]]:
             values={"r2": fig_r2},
             ours=round(fig_r2, 3),
             kind="replot",
-            note=f"the paper's digitised points replotted (y = {p.fig1a_y}); not a measurement",
+            note=f"the paper's digitised points replotted (y = {p.fig1a_y}); not a measurement: the rule "
+            "judges whether our digitisation reproduces the paper's printed R², not the fit's uncertainty "
+            f"(its {spread.words('.3f')}, is not what this row judges)",
         ),
         claim(
             CLAIMS["size"],
@@ -160,7 +167,7 @@ def _paper_claims(p: Params, paper: PaperFit) -> list[dict[str, Any]]:
 
 
 def _family_claims(p: Params, story: Story) -> list[dict[str, Any]]:
-    ours, fits, stage = story.family.ours, story.fits, story.training.stage
+    ours, fits = story.family.ours, story.fits
     ex, rho, size = fits.acc.loc["excess"], fits.rho, fits.size
     return [
         claim(
@@ -172,8 +179,7 @@ def _family_claims(p: Params, story: Story) -> list[dict[str, Any]]:
             f"{ex['spearman_ci_high']:.2f}]",
             note=f"{len(ours)} models trained here, K/d = {p.k_over_d}; raw coupling ρ "
             f"{rho['raw coupling']:.2f}, "
-            f"twins ρ {rho['twin coupling']:.2f}; {story.training.n_flat} of {len(stage)} learning "
-            f"curves flat",
+            f"twins ρ {rho['twin coupling']:.2f}; {story.training.flat_note()}",
         ),
         claim(
             CLAIMS["family_size"],
@@ -222,7 +228,7 @@ def glue_values(p: Params, story: Story, status: pd.DataFrame) -> dict[str, Any]
         **_fits_glue(story.family, story.fits),
         **_width_glue(story.family, story.fits),
         **_scale_glue(p, story.scale),
-        **choice_words(story.scale),
+        **choice_words(story.scale, scale_prompt_words(p)),
         **_beyond_glue(story.paper, story.beyond),
         **compare_glue(story.fits.lead, story.fits.acc, b.tasks, b.fit("v2"), b.fit("v1"), b.ranks),
         **_verdict_glue(story, verdict),
@@ -314,7 +320,9 @@ def _fits_glue(f: Family, fits: FamilyFits) -> dict[str, Any]:
         "f02_joint_r2": _r2(ours, ["excess", "log10 params"]),
         "f02_size_r2": _r2(ours, ["log10 params"]),
         **size_glue("family", fits.size, acc["r2"]),
-        "f02_sign_carrier": Markdown(_sign_carrier(rho)),
+        "f02_sign_carrier": Markdown(
+            _sign_carrier(spearman_interval(acc.loc["twin coupling"]), rho["excess"])
+        ),
         "f02_near_zero": Markdown(_near_zero(ours)),
         "f02_above_twin": Markdown(
             "Every trained member is more coupled than its twin"
@@ -325,21 +333,31 @@ def _fits_glue(f: Family, fits: FamilyFits) -> dict[str, Any]:
     }
 
 
-def _sign_carrier(rho: Mapping[str, float]) -> str:
-    """Whether the twins alone (no training) order the members as the excess does."""
-    twin, excess = rho["twin coupling"], rho["excess"]
-    said = f"The twins alone, which no training touched, give ρ = {twin:.2f}"
-    if np.sign(twin) == np.sign(excess) and abs(twin) >= 0.5 * abs(excess):
+def _sign_carrier(twin: Interval, excess: float) -> str:
+    """Whether the twins alone (no training) order the members as the excess does, read with the
+    twins' ρ interval over members (``twin``) against the excess's ρ estimate: the twins are said to
+    set the order only where their whole interval has the excess's sign and their estimate is at
+    least half the excess's."""
+    if np.isnan(twin.estimate):
+        return "The twins alone give no ρ: their coupling does not vary over these members"
+    said = f"The twins alone, which no training touched, give ρ = {twin.estimate:.2f} ({twin.words('.2f')})"
+    if not (twin.low > 0 or twin.high < 0):
+        return (
+            f"{said} against the excess's {excess:.2f}: the twins' interval includes 0, so these members "
+            "do not show whether the twins' coupling, which only size sets, orders them; the training family "
+            "below holds the architecture fixed"
+        )
+    if np.sign(twin.estimate) == np.sign(excess) and abs(twin.estimate) >= 0.5 * abs(excess):
         return (
             f"{said} against the excess's {excess:.2f}: the members' order by accuracy is close to their "
             "order by the twins' coupling, which only size sets. So this family cannot say what training "
             "added; the training family below holds the architecture fixed"
         )
-    if np.sign(twin) != np.sign(excess):
+    if np.sign(twin.estimate) != np.sign(excess):
         return (
             f"{said}, of the opposite sign to the excess's {excess:.2f}: the excess's order is not the twins'"
         )
-    return f"{said}, less than half the excess's {excess:.2f}: the excess's order is not mainly the twins'"
+    return f"{said}, an estimate under half the excess's {excess:.2f} (no interval compares the two)"
 
 
 def _near_zero(ours: pd.DataFrame) -> str:
@@ -488,7 +506,6 @@ def _beyond_glue(paper: PaperFit, b: Beyond) -> dict[str, Any]:
         f"{len(moved)} models with both moved by more than 1 point"
     )
     drop = b.drop_one[b.drop_one.version == "v1"]
-    carrier = drop[drop.left_out != "none"].sort_values("r2_change").iloc[0]
     out.update(
         {
             "f02_snapshot_word": Markdown(
@@ -496,14 +513,7 @@ def _beyond_glue(paper: PaperFit, b: Beyond) -> dict[str, Any]:
                 f"({int(paper.by_predictor.loc['coupling', 'n'])} and {int(v1.n)}); no interval of the "
                 "change is computed"
             ),
-            "f02_v1_carrier_sentence": Markdown(
-                f"Leaving {carrier['name']} out of the v1 average lowers the fit most (by "
-                f"{-carrier['r2_change']:.3f}, from {carrier['r2'] - carrier['r2_change']:.3f} with every "
-                "task): the task the fit leans on most"
-                if carrier["r2_change"] < 0
-                else "Leaving any single task out of the v1 average does not lower the fit: no one task "
-                "carries it"
-            ),
+            "f02_v1_carrier_sentence": Markdown(carrier_words(drop)),
         }
     )
     return out

@@ -18,8 +18,9 @@ from IPython.display import Markdown
 
 from coupling_utils.analysis import plots
 from coupling_utils.analysis.predictors import predictor_comparison
+from coupling_utils.analysis.prose_list import listed
 from coupling_utils.analysis.verdicts import Interval, claim
-from coupling_utils.chapters.f02_generalization.plan import CLAIMS, WITHIN, Params, Results
+from coupling_utils.chapters.f02_generalization.plan import CLAIMS, MIN_TAIL_POINTS, WITHIN, Params, Results
 from coupling_utils.chapters.f02_generalization.sections import Family, Training, join_family, training
 
 WITHIN_PREDICTORS = {
@@ -73,7 +74,8 @@ def spearman_interval(fit: pd.Series) -> Interval:
 def within_table(w: Within) -> pd.DataFrame:
     """The training family's table the chapter shows: training, coupling and held-out scores."""
     columns = ["run", "steps", "tokens", "K", "coupling", "twin_coupling", "excess", "excess_se"]
-    stage = w.training.stage[["run", "tail_drop_rel", "flat"]]
+    stage = w.training.stage[["run", "tail_drop_rel", "tail_points", "flat"]].astype({"flat": object})
+    stage.loc[~w.training.stage["judged"].astype(bool), "flat"] = "too short to judge"
     return w.family.ours[[*columns, "val_loss", "val_acc"]].merge(stage, on="run").round(4)
 
 
@@ -107,8 +109,7 @@ def within_claims(p: Params, w: Within) -> list[dict[str, Any]]:
             ours=f"Spearman ρ {w.rho.estimate:.2f} [{w.rho.low:.2f}, {w.rho.high:.2f}]",
             note=f"{len(ours)} models of one architecture trained here, K/d = {p.k_over_d}; held-out "
             f"accuracy {ours.val_acc.min():.3f} to {ours.val_acc.max():.3f}; twin coupling "
-            f"{twin.min():.3f} to {twin.max():.3f}; {w.training.n_flat} of {len(w.training.stage)} "
-            "learning curves flat",
+            f"{twin.min():.3f} to {twin.max():.3f}; {w.training.flat_note()}",
         )
     ]
 
@@ -147,10 +148,21 @@ def _data_sentence(ours: pd.DataFrame) -> Markdown:
 def _flat_sentence(t: Training) -> Markdown:
     """How many of the training family's curves are not flat at their end, and how each moved;
     it follows "By the flat rule," in the prose, so it does not name the rule again."""
-    stage = t.stage.dropna(subset=["tail_drop_rel"])
+    short = t.stage[~t.stage["judged"].astype(bool)]
+    stage = t.stage[t.stage["judged"].astype(bool)]
     falling = stage[~stage["flat"]]
+    too_short = (
+        f"; {listed([f'`{r}`' for r in short['run']])} {'is' if len(short) == 1 else 'are'} too short to "
+        f"judge (evaluated fewer than {MIN_TAIL_POINTS} times in {'its' if len(short) == 1 else 'their'} "
+        "last stretch)"
+        if len(short)
+        else ""
+    )
+    if stage.empty:
+        return Markdown(f"no member's curve is long enough to judge{too_short}")
     if falling.empty:
-        return Markdown("every member's curve is flat at its end")
+        every = "every curve long enough to judge" if len(short) else "every member's curve"
+        return Markdown(f"{every} is flat at its end{too_short}")
     names = ", ".join(f"`{r}`" for r in falling["run"])
     parts = []
     down, up = falling[falling["tail_drop"] > 0], falling[falling["tail_drop"] < 0]
@@ -167,22 +179,48 @@ def _flat_sentence(t: Training) -> Markdown:
             f"`{worst.run}`'s rose by {-worst.tail_drop:.3f} nats ({-worst.tail_drop_rel:.1%}): it was "
             "overfitting its training data"
         )
+    judged = " long enough to judge" if len(short) else ""
     return Markdown(
-        f"{len(falling)} of {len(stage)} curves are not flat at their end ({names}): " + "; ".join(parts)
+        f"{len(falling)} of {len(stage)} curves{judged} are not flat at their end ({names}): "
+        + "; ".join(parts)
+        + too_short
     )
 
 
 def _peak_sentence(ours: pd.DataFrame) -> Markdown:
-    """Where the excess peaks against where training went furthest."""
-    top, longest = ours.loc[ours["excess"].idxmax()], ours.loc[ours["steps"].idxmax()]
+    """Where the excess peaks against where training went furthest. A member is named the largest
+    only where its excess exceeds every other's by more than two standard errors of the gap
+    (√(se₁² + se₂²), each over prompts); otherwise the members within that of it are named as not
+    told apart."""
+    order = ours.sort_values("excess", ascending=False, kind="stable")
+    top, longest = order.iloc[0], ours.loc[ours["steps"].idxmax()]
+    within = ~((top.excess - order["excess"]) > 2 * np.sqrt(top.excess_se**2 + order["excess_se"] ** 2))
+    tied = order[within]
+    most = (
+        f"the most trained member, `{longest.run}`, has {longest.excess:.3f} at accuracy "
+        f"{longest.val_acc:.3f}"
+    )
+    if len(tied) > 1:
+        others = tied.iloc[1:]
+        names = (
+            "any other member's"
+            if len(others) == len(order) - 1
+            else listed([f"`{r.run}`'s ({r.excess:.3f})" for r in others.itertuples()])
+        )
+        return Markdown(
+            f"`{top.run}`'s excess ({top.excess:.3f}, after {int(top.steps)} steps) is the highest estimate "
+            f"but is not told apart from {names} (within two standard errors of the gap, over prompts); "
+            f"{most}."
+        )
     if top.run == longest.run:
         return Markdown(
-            f"The most trained member, `{top.run}`, also has the largest excess ({top.excess:.3f})."
+            f"The most trained member, `{top.run}`, also has the largest excess ({top.excess:.3f}, more than "
+            "two standard errors of the gap above every other member's)."
         )
     return Markdown(
         f"The largest excess is `{top.run}`'s ({top.excess:.3f}, after {int(top.steps)} steps, held-out "
-        f"accuracy {top.val_acc:.3f}); the most trained member, `{longest.run}`, has {longest.excess:.3f} "
-        f"at accuracy {longest.val_acc:.3f}."
+        f"accuracy {top.val_acc:.3f}; more than two standard errors of the gap above every other member's); "
+        f"{most}."
     )
 
 
