@@ -140,6 +140,11 @@ class Interval:
             return f"no {self.level:.0%} interval: {why}"
         return f"{self.level:.0%} interval {self.low:{spec}} to {self.high:{spec}}{over}"
 
+    def bracketed(self, spec: str = ".2f") -> str:
+        """The bounds in brackets for a table cell ("[0.40, 0.60]"), or the words of why there are
+        none ("[no 95% interval: 2 prompts only, …]"): never "[-inf, inf]"."""
+        return f"[{self.low:{spec}}, {self.high:{spec}}]" if self.resampled else f"[{self.words(spec)}]"
+
     def __str__(self) -> str:
         if not self.resampled:
             return f"{_fmt(self.estimate)} [{self.words()}]"

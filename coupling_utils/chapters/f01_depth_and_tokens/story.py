@@ -199,7 +199,7 @@ def _depth_rows(r: Results) -> list[dict]:
 def _share(v) -> str:
     """A share, with its interval when it has one: "62% [50%, 75%]"."""
     if isinstance(v, Interval):
-        return f"{v.estimate:.0%} [{v.low:.0%}, {v.high:.0%}]"
+        return f"{v.estimate:.0%} {v.bracketed('.0%')}"
     return f"{v:.0%}"
 
 

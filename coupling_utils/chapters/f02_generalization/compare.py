@@ -152,8 +152,7 @@ def size_glue(prefix: str, a: AgainstSize, r2: pd.Series) -> dict[str, Any]:
     return {
         f"f02_{prefix}_sizes": Markdown(sizes_words(a, r2)),
         f"f02_{prefix}_gap": gap.estimate,
-        f"f02_{prefix}_gap_low": gap.low,
-        f"f02_{prefix}_gap_high": gap.high,
+        f"f02_{prefix}_gap_interval": gap.words(".3f"),
         f"f02_{prefix}_separates": Markdown(separates_words(a)),
         f"f02_{prefix}_pairs": Markdown(pairs_words(a)),
     }
@@ -277,8 +276,7 @@ def compare_glue(
         "f02_family_best": Markdown(best),
         "f02_family_best_r2": float(r2[best]),
         "f02_family_best_lead": interval.estimate,
-        "f02_family_best_lead_low": interval.low,
-        "f02_family_best_lead_high": interval.high,
+        "f02_family_best_lead_interval": interval.words(".3f"),
         "f02_family_best_sentence": Markdown(best_sentence(lead, r2, "accuracy", "members")),
         "f02_family_best_verdict": Markdown(
             f"by the best-predictor rule {best} is the best single predictor"

@@ -175,8 +175,7 @@ def _family_claims(p: Params, story: Story) -> list[dict[str, Any]]:
             paper="positive correlation with performance",
             rule=GENERALISES,
             values={"rho": spearman_interval(ex), "n": len(ours)},
-            ours=f"Spearman ρ {ex['spearman']:.2f} [{ex['spearman_ci_low']:.2f}, "
-            f"{ex['spearman_ci_high']:.2f}]",
+            ours=f"Spearman ρ {ex['spearman']:.2f} {spearman_interval(ex).bracketed()}",
             note=f"{len(ours)} models trained here, K/d = {p.k_over_d}; raw coupling ρ "
             f"{rho['raw coupling']:.2f}, "
             f"twins ρ {rho['twin coupling']:.2f}; {story.training.flat_note()}",
@@ -312,8 +311,7 @@ def _fits_glue(f: Family, fits: FamilyFits) -> dict[str, Any]:
     return {
         "f02_family_n": len(ours),
         "f02_excess_rho": rho["excess"],
-        "f02_excess_rho_low": float(acc.loc["excess", "spearman_ci_low"]),
-        "f02_excess_rho_high": float(acc.loc["excess", "spearman_ci_high"]),
+        "f02_excess_rho_interval": spearman_interval(acc.loc["excess"]).words(".2f"),
         "f02_excess_r2": float(acc.loc["excess", "r2"]),
         "f02_raw_rho": rho["raw coupling"],
         "f02_twin_rho": rho["twin coupling"],

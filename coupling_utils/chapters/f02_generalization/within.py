@@ -106,7 +106,7 @@ def within_claims(p: Params, w: Within) -> list[dict[str, Any]]:
             paper="positive correlation with performance",
             rule=WITHIN,
             values={"rho": w.rho, "n": len(ours), "span": w.span},
-            ours=f"Spearman ρ {w.rho.estimate:.2f} [{w.rho.low:.2f}, {w.rho.high:.2f}]",
+            ours=f"Spearman ρ {w.rho.estimate:.2f} {w.rho.bracketed()}",
             note=f"{len(ours)} models of one architecture trained here, K/d = {p.k_over_d}; held-out "
             f"accuracy {ours.val_acc.min():.3f} to {ours.val_acc.max():.3f}; twin coupling "
             f"{twin.min():.3f} to {twin.max():.3f}; {w.training.flat_note()}",
@@ -243,8 +243,7 @@ def within_glue(w: Within | None) -> dict[str, Any]:
         ),
         "f02_within_steps": Markdown(f"{int(steps.min())} to {int(steps.max())}"),
         "f02_within_rho": w.rho.estimate,
-        "f02_within_rho_low": w.rho.low,
-        "f02_within_rho_high": w.rho.high,
+        "f02_within_rho_interval": w.rho.words(".2f"),
         "f02_within_r2": float(fits.loc["excess", "r2"]),
         "f02_within_steps_rho": float(fits.loc["log10 steps", "spearman"]),
         "f02_within_acc_low": float(ours.val_acc.min()),

@@ -215,7 +215,7 @@ def _coupling_values(r: Results) -> dict[str, Any]:
         out[f"f03_{name}"] = int(first[name])
     for name in ("ratio", "spearman", "peak_position"):
         iv = r.rise_values[name]
-        out[f"f03_{name}_low"], out[f"f03_{name}_high"] = float(iv.low), float(iv.high)
+        out[f"f03_{name}_interval"] = iv.words(".2f")
     out["f03_n_windows"] = int(r.per_prompt.prompt.nunique())
     out["f03_k"] = r.k_main
     out["f03_step0"] = float(r.step0)

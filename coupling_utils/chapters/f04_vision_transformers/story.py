@@ -61,7 +61,7 @@ def claims(p: Params, r: Results) -> list[dict[str, Any]]:
               paper="coupling absent at initialisation", rule=ABOVE_TWIN, values=twin_values(r),
               ours=f"{gap.trained:.3f} vs twin {gap.twin:.3f} (step 0: {r.step0.coupling.mean():.3f})",
               note=f"{r.named['twins']}; paired over {int(gap.n_images)} images, excess interval "
-                   f"[{gap.excess_ci_low:.3f}, {gap.excess_ci_high:.3f}]; twin seed {p.init_seed}; {note}"),
+                   f"{twin_values(r)['excess'].bracketed('.3f')}; twin seed {p.init_seed}; {note}"),
     ]  # fmt: skip
     for h in r.hub_gaps.itertuples() if r.hub_gaps is not None else ():
         rows.append(claim(f"pretrained {h.model} is more coupled than its untrained twin",
@@ -160,8 +160,7 @@ def _twin_glue(r: Results) -> dict[str, Any]:
         "f04_twin": float(gap.twin),
         "f04_step0": float(r.step0.coupling.mean()),
         "f04_excess": float(gap.excess),
-        "f04_excess_low": float(gap.excess_ci_low),
-        "f04_excess_high": float(gap.excess_ci_high),
+        "f04_excess_interval": twin_values(r)["excess"].words(".3f"),
         "f04_init_gap": init_gap,
         "f04_twin_word": Markdown("above" if gap.excess > 0 else "below"),
         "f04_sign_sentence": Markdown(_sign_sentence(float(gap.trained))),
@@ -224,8 +223,10 @@ def _family_glue(r: Results) -> dict[str, Any]:
     }
     for label, key in (("excess coupling", "excess"), ("coupling", "raw")):
         values[f"f04_rho_{key}"] = float(fits.loc[label, "spearman"])
-        values[f"f04_rho_{key}_low"] = float(fits.loc[label, "spearman_ci_low"])
-        values[f"f04_rho_{key}_high"] = float(fits.loc[label, "spearman_ci_high"])
+        row = fits.loc[label]
+        est, low, high = float(row["spearman"]), float(row["spearman_ci_low"]), float(row["spearman_ci_high"])
+        rho = Interval(est, min(low, est), max(high, est), over=f"{len(vits)} ViTs")
+        values[f"f04_rho_{key}_interval"] = rho.words(".2f")
     signs = np.sign(fits.loc["excess coupling", "spearman"]) * np.sign(fits.loc["coupling", "spearman"])
     values["f04_sign_words"] = Markdown(
         "agree in sign" if signs > 0 else
