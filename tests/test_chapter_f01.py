@@ -167,7 +167,15 @@ def test_the_distance_trend_and_the_excluded_last_block_are_said_for_any_depth()
         "-0.60 to -0.30), so the distant pairs pull the mean over all pairs down (neighbours − all pairs "
         "+0.100, 95% interval over prompts 0.050 to 0.150)"
     )
-    assert deep["f01_adjacent_answer"].startswith("Up, for trained models: coupling falls")
+    assert deep["f01_adjacent_answer"].startswith("Up in this run: coupling falls")  # one model, not all
+    from coupling_utils.chapters.f01_depth_and_tokens.findings import tokens_words
+
+    said = tokens_words({"self_excess": iv(0.02, 0.01, 0.03)}, (0.066, 0.575))
+    assert said.endswith(
+        "On the drawn prompt, pairs involving the first token average 0.066 and pairs of other tokens "
+        "0.575 (one prompt: no interval, so no comparison is judged)."
+    )
+    assert "less coupled" not in said  # the demo prompt alone: no interval, no comparison word
     # the words follow the intervals, not the signs of the estimates (the audit's f01 distance trend)
     unclear = distance_words(iv(-0.45, -0.7, 0.1), iv(0.1, -0.02, 0.15))
     assert unclear["f01_distance_trend"].startswith(
@@ -357,11 +365,11 @@ def test_what_matched_says_what_the_run_showed_not_a_mechanism_it_did_not_measur
             "so in this run token-wise coupling is higher after training than at random initialisation "
             "(trained − twin +0.400, 95% interval over prompts 0.300 to 0.500)."
         )
-        and "more coupled" in up
+        and "pairs involving the first token average 0.800 and pairs of other tokens 0.700" in up
     )
     down = story.tokens_words({"self_excess": excess(-0.4, -0.5, -0.3)}, (0.1, 0.6))
     assert "not a sign of training (trained − twin -0.400" in down and "not measured here" in down
-    assert "are less coupled" in down
+    assert "are less coupled" not in down and "(one prompt: no interval, so no comparison is judged)" in down
     unclear = story.tokens_words({"self_excess": excess(0.02, -0.01, 0.05)}, (0.1, 0.6))
     assert unclear.startswith("a difference this run does not tell from none (trained − twin +0.020, ")
     one = story.tokens_words({"self_excess": Interval(0.4, float("-inf"), float("inf"))}, (0.1, 0.6))

@@ -107,8 +107,8 @@ def interval_side(d: Interval) -> str:
 def tokens_words(tok: Mapping[str, Any], first_token: tuple[float, float]) -> str:
     """The token-wise bullet's reading, from the trained model against its twin (``self_excess``,
     trained − twin, with its interval: a reading only where the interval lies on one side of 0)
-    and the first token's pairs against the others' (the mechanism offered is labelled as not
-    measured)."""
+    and the first token's pairs and the others' on the drawn prompt (values only: one prompt gives no
+    interval)."""
     d = tok["self_excess"]
     diff = f"trained − twin {d.estimate:+.3f}, {spread_words(d)}"
     reading = {
@@ -120,10 +120,9 @@ def tokens_words(tok: Mapping[str, Any], first_token: tuple[float, float]) -> st
         "neither": f"a difference this run does not tell from none ({diff}).",
     }[interval_side(d)]
     first, other = first_token
-    side = "less" if first < other else "more"
     return (
-        f"{reading} Pairs involving the first token are {side} coupled than pairs of other tokens "
-        f"({first:.3f} against {other:.3f})."
+        f"{reading} On the drawn prompt, pairs involving the first token average {first:.3f} and pairs "
+        f"of other tokens {other:.3f} (one prompt: no interval, so no comparison is judged)."
     )
 
 

@@ -303,7 +303,7 @@ def distance_words(rho: Interval | None, excess: Interval) -> dict[str, str]:
     if side == "above" and word == "falls":
         return {
             "f01_distance_trend": f"{trend}, so the distant pairs pull the mean over all pairs down ({gap})",
-            "f01_adjacent_answer": f"Up, for trained models: {trend}, so averaging over neighbours only "
+            "f01_adjacent_answer": f"Up in this run: {trend}, so averaging over neighbours only "
             f"leaves out the weakly coupled distant pairs ({gap}; a likely reason, not measured here: each "
             "block refines the representation the previous one wrote, in the same directions of the "
             "residual stream)",
