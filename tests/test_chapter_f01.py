@@ -169,6 +169,15 @@ def test_the_distance_trend_and_the_excluded_last_block_are_said_for_any_depth()
     )
     assert deep["f01_adjacent_answer"].startswith("Up in this run: coupling falls")  # one model, not all
     from coupling_utils.chapters.f01_depth_and_tokens.findings import tokens_words
+    from coupling_utils.chapters.f01_depth_and_tokens.story import self_vs_twin
+
+    # the default book read "0.479, lower than its twin's 0.910" beside "a difference this run does not
+    # tell from none": the word follows the difference's interval
+    assert self_vs_twin(Interval(-0.431, -0.5, -0.3, over="2 prompts")) == "not told apart from"
+    assert (
+        self_vs_twin(iv(-0.431, -0.5, -0.3)) == "lower than"
+        and self_vs_twin(iv(0.2, 0.1, 0.3)) == "higher than"
+    )
 
     said = tokens_words({"self_excess": iv(0.02, 0.01, 0.03)}, (0.066, 0.575))
     assert said.endswith(

@@ -395,9 +395,15 @@ def _token_values(r: Results) -> dict[str, Any]:
         **{f"f01_{key}": value for key, value in tok.items()},
         "f01_first_token": first,
         "f01_other_tokens": other,
-        "f01_self_vs_twin": "higher" if tok["self_trained"] > tok["self_twin"] else "lower",
+        "f01_self_vs_twin": self_vs_twin(r.token_judged["self_excess"]),
         "f01_context_vs_self_sd": sd_comparison(r.token_judged["sd_excess"]),
     }
+
+
+def self_vs_twin(d: Interval) -> str:
+    """The trained model's token-wise self coupling against its twin's, by the interval of their
+    difference (``self_excess``), not the sign of the estimates."""
+    return {"above": "higher than", "below": "lower than", "neither": "not told apart from"}[interval_side(d)]
 
 
 def sd_comparison(d: Interval) -> str:
