@@ -398,3 +398,22 @@ def test_what_matched_says_what_the_run_showed_not_a_mechanism_it_did_not_measur
     assert story.token_layer_reruns(2, 1) == "Rerun with `-p token_layer=0`"
     assert "no other block" in story.token_layer_reruns(1, 0)
     assert "not measured here" in f01.ENCODER_NOTE and "norm dominates" not in f01.ENCODER_NOTE
+
+
+def test_the_thirds_of_the_network_are_values_not_a_ranking():
+    """Exercise f01-ex-window's answer said "highest in the middle third" of an argmax with no interval,
+    and "blocks 0–10, 10–20" read as overlapping thirds: it names the pairs each third averages and the
+    highest as an estimate only."""
+    from coupling_utils.chapters.f01_depth_and_tokens.findings import adjacent_thirds
+
+    rows = [
+        {"weights": w, "K": 4, "prompt": "a", "layer_i": i, "layer_j": j, "coupling": 0.1 * (1 + (i + j) % 3)}
+        for w in ("trained", "random init") for i in range(7) for j in range(7)
+    ]  # fmt: skip
+    words = adjacent_thirds(pd.DataFrame(rows), 4)
+    assert "(the pairs of blocks 0 to 2)" in words and "(the pairs of blocks 4 to 6)" in words
+    assert (
+        "third's is the highest estimate (no interval is drawn for the thirds, so they are not told apart)"
+        in words
+    )
+    assert "highest in the" not in words

@@ -329,3 +329,28 @@ def test_the_third_expodistance_earns_no_direction_word_without_an_interval():
 )
 def test_typed_prose_asserts_nothing_unmeasured(typed):
     assert typed not in NOTEBOOK.read_text()
+
+
+def test_the_body_s_expodistance_words_follow_the_ratios_intervals():
+    """The body said "lower (closer to exponential)" and "the two reconstructions agree" from the
+    ratios' estimates alone: the words now follow each ratio's interval over prompts (below or above 1),
+    and two prompts (no 95% interval) tell neither model apart."""
+
+    def metrics(n_prompts):
+        return pd.DataFrame(
+            [{"model": m, "prompt": pr, "token": t, "growth_log_linear_r2": g + 0.01 * pr,
+              "expodistance_ratio_cv": cv + 0.01 * t + 0.002 * pr,
+              "expodistance_log_linear_r2": r2 - 0.01 * pr}
+             for m, g, cv, r2 in (("trained", 1.08, 0.4, 0.3), ("random init", 1.0, 0.1, 0.8))
+             for pr in range(n_prompts) for t in (1, 2)]
+        )  # fmt: skip
+
+    six = f05.expodistance_sides(SimpleNamespace(metrics=metrics(6)))
+    assert six == {
+        "f05_expo_direction": "lower than the twin's (closer to exponential)",
+        "f05_expo_cv_direction": "higher than the twin's (farther from exponential)",
+        "f05_expo_agree": "disagree",
+    }
+    two = f05.expodistance_sides(SimpleNamespace(metrics=metrics(2)))
+    assert two["f05_expo_direction"].startswith("not told apart from the twin's")
+    assert two["f05_expo_agree"] == "do not both tell the two models apart"

@@ -421,6 +421,36 @@ def _third_expodistance(r: Results) -> dict[str, Any]:
     return {"f05_expo_residual_trained": a, "f05_expo_residual_twin": b, "f05_expo_residual_word": word}
 
 
+def expodistance_sides(r: Results) -> dict[str, str]:
+    """The trained model's expodistance against its twin's under each reconstruction, by the
+    interval over prompts of their ratio (lower or higher only where it lies below or above 1), and
+    whether the two reconstructions agree on which model is closer to exponential spacing."""
+    from coupling_utils.analysis.trajectories import growth_intervals
+
+    iv = growth_intervals(r.metrics)
+
+    def side(key: str) -> str:
+        d = iv.get(key)
+        if d is None or not d.resampled or d.low <= 1 <= d.high:
+            return "neither"
+        return "lower" if d.high < 1 else "higher"
+
+    words = {"lower": "lower than the twin's (closer to exponential)",
+             "higher": "higher than the twin's (farther from exponential)",
+             "neither": "not told apart from the twin's (no interval of the ratio clear of 1)"}  # fmt: skip
+    a, b = side("log_linear_r2_ratio"), side("ratio_cv_ratio")
+    agree = "neither" if "neither" in (a, b) else ("agree" if a == b else "disagree")
+    return {
+        "f05_expo_direction": words[a],
+        "f05_expo_cv_direction": words[b],
+        "f05_expo_agree": {
+            "agree": "agree",
+            "disagree": "disagree",
+            "neither": "do not both tell the two models apart",
+        }[agree],  # fmt: skip
+    }
+
+
 def exponential_words(r: Results) -> str:
     """The numbers the exponential-growth rule judged, each with its interval over prompts, as a
     sentence for the verdict's bullet ("" without the twin: nothing is judged)."""
@@ -450,7 +480,6 @@ def glue_values(p: Params, r: Results, status: pd.DataFrame | None) -> dict[str,
     linear, growth = r.linear, r.growth
     means = mean_lss(r.metrics)  # over prompts, as the status row's (r.straight)
     a, b = float(means.get(TRAINED, np.nan)), float(means.get(TWIN, np.nan))
-    word = {True: "lower (closer to exponential)", False: "higher (farther from exponential)"}
     values = {
         "f05_model_words": r.facts["named"],
         "f05_lss_trained": a,
@@ -462,11 +491,7 @@ def glue_values(p: Params, r: Results, status: pd.DataFrame | None) -> dict[str,
         "f05_sqrt_L": float(np.sqrt(r.window[1] - r.window[0])),
         **_straight_values(r.straight),
         **{f"f05_{key}": value for key, value in growth.items()},
-        "f05_expo_direction": word[growth["log_linear_r2_ratio"] < 1],
-        "f05_expo_cv_direction": word[growth["ratio_cv_ratio"] < 1],
-        "f05_expo_agree": "agree"
-        if (growth["log_linear_r2_ratio"] < 1) == (growth["ratio_cv_ratio"] < 1)
-        else "disagree",
+        **expodistance_sides(r),
         **_third_expodistance(r),
         "f05_exponential_values": Markdown(exponential_words(r)),
         "f05_lincos_trained": float(r.linearization_means.get(TRAINED, np.nan)),

@@ -169,7 +169,8 @@ def tile_window_reruns(n_layers: int, width: int, last_block: str) -> str:
 def adjacent_thirds(depthwise: pd.DataFrame, k: int) -> str:
     """Exercise f01-ex-window's answer from this run: the trained model's mean coupling 1 − m² of
     neighbouring measured blocks (both orders, all prompts) at K = ``k``, in the early, middle and
-    late third of the neighbouring pairs; or why there are too few pairs to split."""
+    late third of the neighbouring pairs (values: the highest is named as an estimate, with no interval
+    to tell the thirds apart); or why there are too few pairs to split."""
     d = depthwise[(depthwise["weights"] == "trained") & (depthwise["K"] == k)]
     blocks = sorted(set(d["layer_i"]) | set(d["layer_j"]))
     if len(blocks) < 4:
@@ -182,9 +183,10 @@ def adjacent_thirds(depthwise: pd.DataFrame, k: int) -> str:
     thirds = np.array_split(np.arange(len(blocks) - 1), 3)
     means = [float(near["coupling"][start.isin(t)].mean()) for t in thirds]
     parts = [
-        f"{m:.3f} in the {name} third (blocks {blocks[t[0]]}–{blocks[t[-1] + 1]})"
+        f"{m:.3f} in the {name} third (the pairs of blocks {blocks[t[0]]} to {blocks[t[-1] + 1]})"
         for m, name, t in zip(means, ("early", "middle", "late"), thirds)
     ]
     best = ("early", "middle", "late")[int(np.argmax(means))]
     return (f"by thirds of the network the trained model's neighbouring blocks average {', '.join(parts)} "
-            f"at K = {k}: highest in the {best} third")  # fmt: skip
+            f"at K = {k}: the {best} third's is the highest estimate (no interval is drawn for the thirds, "
+            "so they are not told apart)")  # fmt: skip
