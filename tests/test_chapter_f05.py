@@ -226,7 +226,7 @@ def test_the_exponential_verdict_quotes_its_numbers_with_intervals():
         for pr in range(6)
         for t in (1, 2)
     ]  # fmt: skip
-    words = f05.exponential_words(SimpleNamespace(metrics=pd.DataFrame(rows)))
+    words = f05.exponential_words(tr.growth_intervals(pd.DataFrame(rows)))
     assert words.startswith("The rule read growth ") and words.count("95% interval") == 3
     assert words.count("over 6 prompts") == 3 and "log-linear expodistance at" in words
 
@@ -279,7 +279,8 @@ def test_the_exponential_row_says_which_expodistance_is_lower_from_its_interval(
         ]
     )  # fmt: skip
     straight = {"walk_ratio": 0.8, "twin_ratio": 0.8, "lss": 1, "lss_twin": 1, "walk": 1}
-    r = SimpleNamespace(window=(0, 5), growth=tr.growth_contrast(metrics), metrics=metrics, straight=straight)
+    r = SimpleNamespace(window=(0, 5), growth=tr.growth_contrast(metrics), metrics=metrics, straight=straight,
+                        growth_judged=tr.growth_intervals(metrics))  # fmt: skip
     p = SimpleNamespace(compare_random_init=True, model="m", revision="", prompts=["a", "b", "c"],
                         skip_first_token=True)  # fmt: skip
     row = f05.claims(p, r)[1]
@@ -345,12 +346,12 @@ def test_the_body_s_expodistance_words_follow_the_ratios_intervals():
              for pr in range(n_prompts) for t in (1, 2)]
         )  # fmt: skip
 
-    six = f05.expodistance_sides(SimpleNamespace(metrics=metrics(6)))
+    six = f05.expodistance_sides(tr.growth_intervals(metrics(6)))
     assert six == {
         "f05_expo_direction": "lower than the twin's (closer to exponential)",
         "f05_expo_cv_direction": "higher than the twin's (farther from exponential)",
         "f05_expo_agree": "disagree",
     }
-    two = f05.expodistance_sides(SimpleNamespace(metrics=metrics(2)))
+    two = f05.expodistance_sides(tr.growth_intervals(metrics(2)))
     assert two["f05_expo_direction"].startswith("not told apart from the twin's")
     assert two["f05_expo_agree"] == "do not both tell the two models apart"

@@ -56,6 +56,7 @@ __all__ = [
     "run_revisions",
     "family_recipes",
     "twin_gap",
+    "excess_interval",
     "curve_shape",
     "describe_curve",
     "plateau",
@@ -337,6 +338,16 @@ def _echo_line(r: Result, row: dict | None) -> str:
         f"{name}: coupling {row['coupling']:.4f} at K = {row['K']} over {row['n_prompts']} "
         f"image{'' if row['n_prompts'] == 1 else 's'}, {took}"
     )
+
+
+def excess_interval(gap: Any):
+    """A :func:`twin_gap` row's excess (trained − twin) as the rules and words read it: a
+    :class:`~coupling_utils.analysis.verdicts.Interval` over its images, widened to hold the estimate
+    as a percentile interval may not (none from fewer than ``MIN_UNITS`` images)."""
+    from coupling_utils.analysis.verdicts import Interval
+
+    low, high = min(gap.excess_ci_low, gap.excess), max(gap.excess_ci_high, gap.excess)
+    return Interval(gap.excess, low, high, over=f"{int(gap.n_images)} images")
 
 
 def twin_gap(

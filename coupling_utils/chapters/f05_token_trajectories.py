@@ -6,6 +6,7 @@ tables), its verdict rules and claims, and the values its prose glues."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -230,6 +231,14 @@ class Results:
     def window(self) -> tuple[int, int]:
         return int(self.facts["first"]), int(self.facts["last"])
 
+    @functools.cached_property
+    def growth_judged(self) -> dict[str, Interval]:
+        """What the exponential-growth rule and the words on it read: ``growth`` and the
+        expodistance ratios with 95% intervals over prompts (``growth_intervals``), resampled once."""
+        from coupling_utils.analysis.trajectories import growth_intervals
+
+        return growth_intervals(self.metrics)
+
     def headline(self) -> str:
         """One line: the model, its size, the prompts' lengths and the window."""
         f = self.facts
@@ -315,8 +324,6 @@ def _results(p: Params, t: dict, facts: dict, tokens: pd.DataFrame, failures: pd
 # --------------------------------------------------------------------------- claims and glue
 def claims(p: Params, r: Results) -> list[dict[str, Any]]:
     """The reproduction-status rows (for ``pipeline.status.report``); none without the twin."""
-    from coupling_utils.analysis.trajectories import growth_intervals
-
     if not p.compare_random_init:
         return []
     first, last = r.window
@@ -324,7 +331,7 @@ def claims(p: Params, r: Results) -> list[dict[str, Any]]:
              f"{len(p.prompts)} prompt{'' if len(p.prompts) == 1 else 's'}, window x^{first}..x^{last}"
              + (", first token skipped" if p.skip_first_token else "")
              + "; last block: the block alone (x^L before the final norm)")  # fmt: skip
-    growth, s, iv = r.growth, r.straight, growth_intervals(r.metrics)
+    growth, s, iv = r.growth, r.straight, r.growth_judged
     return [
         claim("token trajectories of the trained model are straighter (lower LSS) than a random walk "
               "and than at random init",
@@ -421,13 +428,11 @@ def _third_expodistance(r: Results) -> dict[str, Any]:
     return {"f05_expo_residual_trained": a, "f05_expo_residual_twin": b, "f05_expo_residual_word": word}
 
 
-def expodistance_sides(r: Results) -> dict[str, str]:
+def expodistance_sides(iv: Mapping[str, Interval]) -> dict[str, str]:
     """The trained model's expodistance against its twin's under each reconstruction, by the
-    interval over prompts of their ratio (lower or higher only where it lies below or above 1), and
-    whether the two reconstructions agree on which model is closer to exponential spacing."""
-    from coupling_utils.analysis.trajectories import growth_intervals
-
-    iv = growth_intervals(r.metrics)
+    interval over prompts of their ratio (``iv``: :attr:`Results.growth_judged`; lower or higher
+    only where it lies below or above 1), and whether the two reconstructions agree on which model
+    is closer to exponential spacing."""
 
     def side(key: str) -> str:
         d = iv.get(key)
@@ -451,12 +456,10 @@ def expodistance_sides(r: Results) -> dict[str, str]:
     }
 
 
-def exponential_words(r: Results) -> str:
-    """The numbers the exponential-growth rule judged, each with its interval over prompts, as a
-    sentence for the verdict's bullet ("" without the twin: nothing is judged)."""
-    from coupling_utils.analysis.trajectories import growth_intervals
-
-    iv = growth_intervals(r.metrics)
+def exponential_words(iv: Mapping[str, Interval]) -> str:
+    """The numbers the exponential-growth rule judged (``iv``: :attr:`Results.growth_judged`), each
+    with its interval over prompts, as a sentence for the verdict's bullet ("" without the twin:
+    nothing is judged)."""
     parts = (
         [f"growth {iv['growth'].estimate:.3f}× per block ({iv['growth'].words('.3f')})"]
         if "growth" in iv
@@ -491,9 +494,9 @@ def glue_values(p: Params, r: Results, status: pd.DataFrame | None) -> dict[str,
         "f05_sqrt_L": float(np.sqrt(r.window[1] - r.window[0])),
         **_straight_values(r.straight),
         **{f"f05_{key}": value for key, value in growth.items()},
-        **expodistance_sides(r),
+        **expodistance_sides(r.growth_judged),
         **_third_expodistance(r),
-        "f05_exponential_values": Markdown(exponential_words(r)),
+        "f05_exponential_values": Markdown(exponential_words(r.growth_judged)),
         "f05_lincos_trained": float(r.linearization_means.get(TRAINED, np.nan)),
         "f05_lincos_random": float(r.linearization_means.get(TWIN, np.nan)),
         "f05_lincos_note": Markdown(_lincos_note(p, r)),

@@ -132,19 +132,13 @@ def _compared(p, diff: pd.Series, what: str) -> str:
     return f"not told apart from {what} on these images (difference {d}{why})"
 
 
-def _excess_interval(gap) -> Interval:
-    """A ``twin_gap`` row's excess with its interval over the images (none from fewer than 6)."""
-    low, high = min(gap.excess_ci_low, gap.excess), max(gap.excess_ci_high, gap.excess)
-    return Interval(gap.excess, low, high, over=f"{int(gap.n_images)} images")
-
-
 def token_sentence(p, r) -> str:
     """f04-ex-token's expected result: the last patch against the CLS token."""
     last = vt.twin_gap(token_coupling(p, r, "last"), n_resamples=p.n_resamples, seed=p.seed).iloc[0]
     both = token_excesses(p, r, ("last", "cls"))
     return (
         f"Measured here at the last patch token: trained {last.trained:.3f} against twin {last.twin:.3f}, "
-        f"an excess of {last.excess:.3f} ({_excess_interval(last).words('.3f')}), "
+        f"an excess of {last.excess:.3f} ({vt.excess_interval(last).words('.3f')}), "
         + _compared(p, both["last"] - both["cls"], "the CLS token's excess")
         + "."
     )

@@ -27,13 +27,12 @@ def twin_values(r: Results) -> dict[str, Any]:
     """What :data:`ABOVE_TWIN` judges: the run's excess over its twin with its interval (paired
     bootstrap over the test images), the init gap."""
     gap = r.gap
-    excess = Interval(gap.excess, gap.excess_ci_low, gap.excess_ci_high, over=f"{int(gap.n_images)} images")
-    return {"excess": excess, "init_gap": r.init_gap}
+    return {"excess": vt.excess_interval(gap), "init_gap": r.init_gap}
 
 
 def hub_values(h) -> dict[str, Any]:
     """What :data:`HUB_ABOVE_TWIN` judges for one hub ViT (a row of ``hub_gaps``)."""
-    return {"excess": Interval(h.excess, h.excess_ci_low, h.excess_ci_high, over=f"{int(h.n_images)} images")}
+    return {"excess": vt.excess_interval(h)}
 
 
 def family_values(r: Results) -> dict[str, Any]:
