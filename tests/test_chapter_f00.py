@@ -7,6 +7,7 @@ import pickle
 import re
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -101,6 +102,10 @@ def test_run_reads_back_what_the_model_gives(standin_hub, tmp_path, monkeypatch)
     assert values["f00_layer_reruns"].data == f00.layer_reruns(lm.n_layers, p.layer)
     assert values["f00_d"] == lm.d_model and type(values["f00_d"]) is int
     assert values["f00_m_adjacent"] == coupling(J, J_next, 10)
+    null = [coupling(J, cm.random_reference(J, seed=p.seed + i), 10) for i in range(f00.N_RANDOM_BASES)]
+    assert r.m_random_bases == pytest.approx(null, rel=1e-6) and r.m_random_bases[0] == pytest.approx(
+        r.m_case(f00.RANDOM), rel=1e-6)  # the figure's random basis is the first draw  # fmt: skip
+    assert values["f00_adjacent_vs_random"] == f00.adjacent_vs_random(r.m_forward, r.m_random_bases)
     assert values["f00_energy_top_k"] == cm.energy_share(svd(J).S, 10)
     assert set(r.assumed) == {"f00-random-basis-near-one", "f00-random-near-one", "f00-trace-smaller"}
 
@@ -268,3 +273,15 @@ def test_the_toy_and_tile_words_follow_this_runs_values():
     assert f00.energy_words(0.3, 0.5).startswith("less concentrated")
     assert f00.k_reruns(576) == "`coupling-book run f00 -p k=1` and `-p k=50`"
     assert f00.k_reruns(32) == "`coupling-book run f00 -p k=1` and `-p k=32`"  # the smoke model's width
+
+
+def test_the_neighbour_is_lower_than_random_bases_only_below_every_one_of_them():
+    null = np.linspace(0.95, 0.99, 39)
+    below = f00.adjacent_vs_random(0.9, null)
+    assert below.startswith("lower (more coupled) than in every one of 39 random bases")
+    assert "0.950 to 0.990" in below and "1 in 40" in below
+    # below the figure's one draw (0.99) but not below every draw: no direction word
+    inside = f00.adjacent_vs_random(0.96, null)
+    assert inside.startswith("not lower than in every one of 39") and "not told apart" in inside
+    assert "10 of them give m_K at or below it" in inside  # 0.95 ... 0.959: ten draws
+    assert f00.adjacent_vs_random(0.95, null).startswith("not lower")  # a tie is not lower

@@ -140,7 +140,7 @@ def test_comparison_words_follow_the_numbers():
     few = ex._compared(p, pd.Series([0.2, 0.3, 0.25, 0.28]), "X")  # 4 images: no 95% interval
     assert above.startswith("larger than X by 0.258") and "excludes 0" in above
     assert below.startswith("smaller than X by 0.258") and "excludes 0" in below
-    assert "no 95% interval: 4 images only, too few to resample" in few and not few.startswith("larger")
+    assert "no 95% interval: only 4 images, too few to resample" in few and not few.startswith("larger")
     # the default book read "larger than the CLS token's excess by 0.003 (... an interval that includes
     # 0, so the two are not told apart)": no direction word where the interval includes 0
     assert mixed.startswith("not told apart from X on these images (difference ") and "includes 0" in mixed

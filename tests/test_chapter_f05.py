@@ -158,12 +158,12 @@ def test_an_interval_over_one_prompt_is_said_in_words_and_decides_nothing():
     values = f05._straight_values(one)
     for name in ("walk_ratio", "twin_ratio"):
         words = values[f"f05_{name}_interval"]
-        assert words == "no 95% interval: 1 prompt only, nothing to resample" and "inf" not in words
+        assert words == "no 95% interval: only 1 prompt, nothing to resample" and "inf" not in words
     assert f05.LINEAR.judge(one) == "partly"  # both estimates meet the yes-condition
     two = straightness(pd.concat([lss, lss.assign(prompt=1, lss=[1.1, 2.1])]),
                        model="trained", twin="random init", n_steps=9, d=64)  # fmt: skip
     assert f05._straight_values(two)["f05_twin_ratio_interval"] == (
-        "no 95% interval: 2 prompts only, too few to resample (a 95% interval needs at least 6)"
+        "no 95% interval: only 2 prompts, too few to resample (a 95% interval needs at least 6)"
     )
     six = straightness(pd.concat([lss.assign(prompt=i, lss=[1.0 + i / 10, 2.0 + i / 9]) for i in range(6)]),
                        model="trained", twin="random init", n_steps=9, d=64)  # fmt: skip
@@ -264,11 +264,11 @@ def test_the_exponential_row_says_which_expodistance_is_lower_from_its_interval(
         "8 prompts, above 1 throughout)"
     )
     few = f05._expodistance_note({"ratio_cv_ratio": Interval(3.6, 3.49, 3.69, over="2 prompts")})
-    assert few.startswith("ratio spread: ratio trained / twin 3.60, no 95% interval: 2 prompts only")
+    assert few.startswith("ratio spread: ratio trained / twin 3.60, no 95% interval: only 2 prompts")
     apart = f05._expodistance_note({"ratio_cv_ratio": Interval(0.9, 0.8, 1.1, over="7 prompts")})
     assert "not told apart" in apart and "lower" not in apart and "higher" not in apart
     alone = f05._expodistance_note({"ratio_cv_ratio": Interval(0.9, -np.inf, np.inf, over="1 prompt")})
-    assert alone.startswith("ratio spread: ratio trained / twin 0.90, no 95% interval: 1 prompt only")
+    assert alone.startswith("ratio spread: ratio trained / twin 0.90, no 95% interval: only 1 prompt")
     metrics = pd.DataFrame(
         [
             {"model": m, "prompt": pr, "token": t, "growth_log_linear_r2": 1.08 + 0.001 * t,

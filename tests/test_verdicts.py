@@ -273,7 +273,7 @@ def test_an_interval_over_too_few_to_resample_says_so_in_words():
 
     assert (
         str(Interval(0.5, -math.inf, math.inf, over="1 prompt"))
-        == "0.5 [no 95% interval: 1 prompt only, nothing to resample]"
+        == "0.5 [no 95% interval: only 1 prompt, nothing to resample]"
     )
     assert str(Interval(0.5, 0.4, 0.6, over="6 prompts")) == "0.5 [0.4, 0.6; 95% over 6 prompts]"
 
@@ -289,7 +289,7 @@ def test_an_interval_over_fewer_than_six_units_is_no_95_percent_interval():
     two = Interval(0.0667, 0.0574, 0.0759, over="2 prompts")
     assert (two.low, two.high, two.units, two.resampled) == (-math.inf, math.inf, 2, False)
     assert str(two) == (
-        "0.0667 [no 95% interval: 2 prompts only, too few to resample (a 95% interval needs at least 6)]"
+        "0.0667 [no 95% interval: only 2 prompts, too few to resample (a 95% interval needs at least 6)]"
     )
     rule = Rule(yes="excess >= 0.05", partly="excess > 0")
     assert rule.judge({"excess": two}) == "partly"
@@ -300,7 +300,7 @@ def test_an_interval_over_fewer_than_six_units_is_no_95_percent_interval():
     assert rule.judge({"excess": six}) == "yes"
     named = Interval(0.5, 0.4, 0.6, over="members", units=3)  # a count the words do not start with
     assert not named.resampled and named.words() == (
-        "no 95% interval: members only, too few to resample (a 95% interval needs at least 6)"
+        "no 95% interval: only 3 members, too few to resample (a 95% interval needs at least 6)"
     )
     assert Interval(0.5, 0.4, 0.6, over="members").resampled  # no count known: taken as given
     nan = Interval(float("nan"), float("nan"), float("nan"), over="2 prompts")
@@ -313,7 +313,7 @@ def test_the_status_table_and_the_prose_say_a_missing_interval_in_the_same_words
     from coupling_utils.analysis.verdicts import Interval
 
     one = Interval(0.5, -math.inf, math.inf, over="1 window")
-    assert one.words() == "no 95% interval: 1 window only, nothing to resample"
+    assert one.words() == "no 95% interval: only 1 window, nothing to resample"
     assert one.words() in str(one)
     assert Interval(0.5, 0.4, 0.6, over="8 windows").words() == "95% interval 0.40 to 0.60 over 8 windows"
     eight = Interval(0.5, 0.4, 0.6, over="8 windows")
@@ -327,5 +327,5 @@ def test_an_interval_without_units_says_why_in_plain_words():
     none = Interval(0.5, float("-inf"), float("inf"), 0.95, None)
     assert none.words() == "no 95% interval: too few units to resample"
     one = Interval(0.5, float("-inf"), float("inf"), 0.95, "1 prompt")
-    assert one.words() == "no 95% interval: 1 prompt only, nothing to resample"
+    assert one.words() == "no 95% interval: only 1 prompt, nothing to resample"
     assert Interval(0.5, 0.4, 0.6, 0.95, "7 prompts").words() == "95% interval 0.40 to 0.60 over 7 prompts"

@@ -154,6 +154,15 @@ def random_reference(J, *, seed: int = 0) -> torch.Tensor:
     return (G * scale).to(J.device)
 
 
+def random_bases(J, k: int, n: int, *, seed: int = 0) -> np.ndarray:
+    """``m_K(J, R_i)`` for ``n`` random references ``R_i`` (:func:`random_reference` drawn from
+    seeds ``seed, seed + 1, ...``; the first is the one f00's figure draws): how coupled J is to
+    bases unrelated to it, the null against which one neighbour's ``m_K`` is read."""
+    J = torch.as_tensor(J).detach()
+    s = svd(J.to(torch.promote_types(J.dtype, torch.float32)))
+    return np.array([coupling(s, random_reference(J, seed=seed + i), k) for i in range(int(n))])
+
+
 def tile_cases(cases: Mapping[str, tuple], k: int) -> tuple[pd.DataFrame, pd.Series]:
     """Tiles ``|U_{B,K}ᵀ A V_{B,K}|`` and ``m_K(A, B)`` of named pairs ``{case: (A, B)}``, on the host.
 

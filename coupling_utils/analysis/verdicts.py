@@ -127,22 +127,31 @@ class Interval:
 
     def words(self, spec: str = ".2f") -> str:
         """The interval as prose says it ("95% interval 0.80 to 0.88 over 12 prompts"), or why there is
-        none ("no 95% interval: 1 prompt only, nothing to resample"; "… 2 prompts only, too few to
-        resample (a 95% interval needs at least 6)"); the status tables' brackets (``str``) say the
-        same."""
+        none ("no 95% interval: only 1 prompt, nothing to resample"; "… only 2 prompts (K = 3–72),
+        too few to resample (a 95% interval needs at least 6)"); the status tables' brackets
+        (``str``) say the same."""
         over = f" over {self.over}" if self.over else ""
         if not self.resampled:
+            if not self.over:
+                return f"no {self.level:.0%} interval: too few units to resample"
             if self.units is not None and self.units > 1:
                 need = f"a {self.level:.0%} interval needs at least {MIN_UNITS}"
-                why = f"{self.over} only, too few to resample ({need})"
-            else:
-                why = f"{self.over} only, nothing to resample" if self.over else "too few units to resample"
-            return f"no {self.level:.0%} interval: {why}"
+                return f"no {self.level:.0%} interval: {self._only()}, too few to resample ({need})"
+            return f"no {self.level:.0%} interval: {self._only()}, nothing to resample"
         return f"{self.level:.0%} interval {self.low:{spec}} to {self.high:{spec}}{over}"
+
+    def _only(self) -> str:
+        """The units there were, for words of why there is no interval: "only 2 prompts", with
+        ``over``'s detail in brackets ("only 2 prompts (K = 3–72)") and a count given apart from
+        ``over`` put before it ("only 3 members")."""
+        head, _, detail = str(self.over).partition(", ")
+        if self.units is not None and not re.match(r"\s*\d+\b", head):
+            head = f"{self.units} {head}"
+        return f"only {head}" + (f" ({detail})" if detail else "")
 
     def bracketed(self, spec: str = ".2f") -> str:
         """The bounds in brackets for a table cell ("[0.40, 0.60]"), or the words of why there are
-        none ("[no 95% interval: 2 prompts only, …]"): never "[-inf, inf]"."""
+        none ("[no 95% interval: only 2 prompts, …]"): never "[-inf, inf]"."""
         return f"[{self.low:{spec}}, {self.high:{spec}}]" if self.resampled else f"[{self.words(spec)}]"
 
     def __str__(self) -> str:

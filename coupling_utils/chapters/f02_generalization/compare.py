@@ -298,18 +298,26 @@ def compare_glue(
     }  # fmt: skip
 
 
+def r2_interval(fit: Mapping[str, Any]) -> Interval:
+    """A fit's R² with its 95% interval over the ``n`` models it covers (a row of
+    :func:`~coupling_utils.analysis.predictors.predictor_comparison`: rows resampled, the
+    default bootstrap's level)."""
+    row = {"estimate": fit["r2"], "ci_low": fit["r2_ci_low"], "ci_high": fit["r2_ci_high"], "level": 0.95}
+    return Interval.from_bootstrap(row, over=f"{int(fit['n'])} models")
+
+
 def versions_sentence(v2: Mapping[str, Any], v1: Mapping[str, Any]) -> str:
     """The v2 average's fit against the v1 average's, each with its R² interval: "weaker" or
     "stronger" only where the two intervals do not overlap (the fits cover different sets of
     models; no paired difference is computed)."""
-    low, high, n = float(v1["r2_ci_low"]), float(v1["r2_ci_high"]), int(v1["n"])
-    interval = f"95% interval {low:.3f} to {high:.3f} over {n} models"
-    if v2["r2_ci_high"] < low:
-        return f"weaker than on v1 ({float(v1['r2']):.3f}, {interval}): the two intervals do not overlap"
-    if v2["r2_ci_low"] > high:
-        return f"stronger than on v1 ({float(v1['r2']):.3f}, {interval}): the two intervals do not overlap"
+    two, one = r2_interval(v2), r2_interval(v1)
+    said = f"{one.estimate:.3f}, {one.words('.3f')}"
+    if two.high < one.low:
+        return f"weaker than on v1 ({said}): the two intervals do not overlap"
+    if two.low > one.high:
+        return f"stronger than on v1 ({said}): the two intervals do not overlap"
     return (
-        f"against {float(v1['r2']):.3f} on v1 ({interval}); the two intervals overlap, so these fits do "
+        f"against {one.estimate:.3f} on v1 ({one.words('.3f')}); the two intervals overlap, so these fits do "
         "not settle on which leaderboard coupling does better"
     )
 

@@ -20,6 +20,7 @@ from coupling_utils.chapters.f02_generalization.compare import (
     carrier_words,
     compare_glue,
     gap_interval,
+    r2_interval,
     size_glue,
     size_note,
     sizes_words,
@@ -481,8 +482,7 @@ def _beyond_glue(paper: PaperFit, b: Beyond) -> dict[str, Any]:
     v2, v1, tasks = b.fit("v2"), b.fit("v1"), b.tasks
     out = {
         "f02_v2_r2": float(v2.r2),
-        "f02_v2_r2_low": float(v2.r2_ci_low),
-        "f02_v2_r2_high": float(v2.r2_ci_high),
+        "f02_v2_r2_interval": r2_interval(v2).words(".3f"),
         "f02_v2_size_r2": float(v2.size_r2),
         "f02_v2_n": int(v2.n),
         "f02_v1_r2": float(v1.r2),
