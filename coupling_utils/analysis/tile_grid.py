@@ -43,23 +43,35 @@ def nested_tile_ks(k: int) -> list[int]:
 
 def _corner_shares(tiles: pd.DataFrame, ks: Sequence[int]) -> pd.DataFrame:
     """Per prompt (rows) the diagonal share of every off-diagonal tile's K' × K' corner, for each
-    K' in ``ks`` (columns: weights, K', layer_i, layer_j); tokens averaged."""
+    K' in ``ks`` (columns: weights, K', layer_i, layer_j); tokens averaged.
+
+    Every corner of every tile at once: the squared entries laid out as ``[tile, row, col]`` and
+    summed over rows and columns cumulatively, so the corner K' of a tile is one element of the
+    running sums (the diagonal's likewise), where grouping the table again for each K' took seconds
+    per K'. A sum is the same as adding the corner's entries, up to rounding (the last bits)."""
     off = tiles[tiles["layer_i"] != tiles["layer_j"]]
     keys = [c for c in ("weights", "prompt", "token") if c in off.columns] + ["layer_i", "layer_j"]
-    # each tile numbered once, in the sorted order of its keys (grouping by the text keys again for
-    # every K' cost seconds); the sums below add the same rows in the same order as grouping by them
-    tile = off.groupby(keys, sort=True).ngroup().to_numpy()
+    tile = off.groupby(keys, sort=True).ngroup().to_numpy()  # each tile numbered once
     firsts = np.unique(tile, return_index=True)[1]
     named = off[keys].iloc[firsts].reset_index(drop=True)  # each tile's keys, by its number
-    row, col = off["row"].to_numpy(), off["col"].to_numpy()
-    squares = pd.DataFrame({"sq": off["value"].to_numpy(dtype=float) ** 2})
-    squares.insert(0, "diag_sq", squares["sq"].where(row == col, 0.0))
+    row, col = off["row"].to_numpy(dtype=np.int64), off["col"].to_numpy(dtype=np.int64)
+    n, size = len(firsts), int(max(row.max(), col.max())) + 1 if len(off) else 0
+    flat = (tile * size + row) * size + col
+
+    def laid_out(weights: np.ndarray | None) -> np.ndarray:  # [tile, row, col], entries added
+        return np.bincount(flat, weights=weights, minlength=n * size * size).reshape(n, size, size)
+
+    squares = laid_out(off["value"].to_numpy(dtype=float) ** 2)
+    total = squares.cumsum(axis=1).cumsum(axis=2)  # total[t, r, c]: the rows <= r, columns <= c
+    diagonal = np.diagonal(squares, axis1=1, axis2=2).cumsum(axis=1)  # [tile, K' - 1]
+    present = laid_out(None).cumsum(axis=1).cumsum(axis=2) > 0  # a measured entry in the corner
     frames = []
     for kk in ks:
-        inside = (row < kk) & (col < kk)
-        sums = squares[inside].groupby(tile[inside], sort=True)[["diag_sq", "sq"]].sum()
-        share = sums["diag_sq"] / sums["sq"].where(sums["sq"] > 0)
-        frames.append(named.iloc[sums.index].assign(share=share.to_numpy(), K=kk))
+        last = min(int(kk), size) - 1
+        sq, inside = total[:, last, last], present[:, last, last]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            share = np.where(sq > 0, diagonal[:, last] / sq, np.nan)
+        frames.append(named[inside].assign(share=share[inside], K=kk))
     per = pd.concat(frames, ignore_index=True)
     if "prompt" not in per:
         per = per.assign(prompt="")
@@ -70,15 +82,19 @@ def _visible_extremes(shares: Mapping[tuple, np.ndarray]) -> dict[str, np.ndarra
     """From per-prompt corner shares, every resample at once (``shares``: column (weights, K',
     layer_i, layer_j) of :func:`_corner_shares` -> ``[n_resamples, n]``): the smallest (over K')
     share of the trained model's tiles with a visible diagonal (prompt-mean share ≥ 2/K'), and the
-    largest of the twin's (NaN for a model without tiles)."""
+    largest of the twin's (NaN for a model without tiles). The tiles of one (weights, K') are
+    averaged as one stack (each row summed left to right, as column by column)."""
     from coupling_utils.analysis.stats import resampled_means
 
-    visible: dict[tuple, list[np.ndarray]] = {}
+    columns: dict[tuple, list[np.ndarray]] = {}
     for (weights, k, *_), a in shares.items():
-        mean = resampled_means(a, "left_to_right")  # a column of the pivot table's block
-        visible.setdefault((weights, k), []).append(mean >= 2 / k)
+        columns.setdefault((weights, k), []).append(a)
+    visible = {
+        (weights, k): np.mean(resampled_means(np.stack(a), "left_to_right") >= 2 / k, axis=0)
+        for (weights, k), a in columns.items()
+    }
     n = len(next(iter(shares.values())))
-    by = {w: [np.mean(v, axis=0) for (ww, _), v in visible.items() if ww == w] for w in WEIGHTS}
+    by = {w: [v for (ww, _), v in visible.items() if ww == w] for w in WEIGHTS}
     extreme = {"diagonal_trained": (WEIGHTS[0], np.min), "diagonal_twin": (WEIGHTS[1], np.max)}
     return {
         name: fn(np.stack(by[w]), axis=0) if by[w] else np.full(n, np.nan)

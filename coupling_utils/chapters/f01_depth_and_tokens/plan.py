@@ -311,6 +311,8 @@ class Results:
             if convention != p.last_block:
                 twins = tw.TwinSet({p.model: pair}, self.twins.failures.iloc[:0])
                 other = Results(dataclasses.replace(p, last_block=convention), twins, self.prompts)
+                if other.main.tiles.equals(self.main.tiles):  # a tile window short of the last block
+                    other.__dict__["tile_values"] = self.tile_values  # the same tiles: resampled once
                 out[convention] = other.main_verdicts()
         return out
 
