@@ -163,7 +163,9 @@ def provenance(command: str, *, threads: int | None = None, device: str | None =
 
 def commit(repo: Path = REPO) -> str:
     """The commit of the code a benchmark ran (12 hex digits), with ``+changes`` when tracked files
-    differ from it; ``unknown`` outside a git checkout (e.g. a copied tree without ``.git``)."""
+    differ from it, the benchmarks' own results (``data/benchmarks/``) apart: a benchmark run after
+    another has rewritten its CSV runs the same code; ``unknown`` outside a git checkout (e.g. a
+    copied tree without ``.git``)."""
 
     def git(*args: str) -> str:
         return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True,
@@ -171,7 +173,7 @@ def commit(repo: Path = REPO) -> str:
 
     try:
         head = git("rev-parse", "--short=12", "HEAD")
-        changed = git("status", "--porcelain", "--untracked-files=no")
+        changed = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!data/benchmarks")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return f"{head}+changes" if changed else head
