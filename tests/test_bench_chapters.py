@@ -148,7 +148,8 @@ def test_a_quiet_row_of_an_earlier_plan_is_replaced(bench, fake, tmp_path, monke
 
 
 def test_every_benchmark_row_records_the_commit_it_ran(common, tmp_path):
-    """``commit``: the checkout's HEAD, marked when tracked files differ from it; ``unknown``
+    """``commit``: the checkout's HEAD, marked when tracked files other than the benchmarks' results
+    differ from it; ``unknown``
     outside a git checkout (a copied tree, as on a lent GPU machine without ``.git``)."""
     import subprocess
 
@@ -156,11 +157,15 @@ def test_every_benchmark_row_records_the_commit_it_ran(common, tmp_path):
     git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]
     subprocess.run([*git, "init", "-q"], check=True)
     (tmp_path / "a.txt").write_text("one\n")
-    subprocess.run([*git, "add", "a.txt"], check=True)
+    (tmp_path / "data" / "benchmarks").mkdir(parents=True)
+    (tmp_path / "data" / "benchmarks" / "costs.csv").write_text("a\n1\n")
+    subprocess.run([*git, "add", "a.txt", "data"], check=True)
     subprocess.run([*git, "commit", "-qm", "one"], check=True)
     head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout
     assert common.commit(tmp_path) == head[:12]
     (tmp_path / "new.txt").write_text("untracked files do not count\n")
+    assert common.commit(tmp_path) == head[:12]
+    (tmp_path / "data" / "benchmarks" / "costs.csv").write_text("a\n2\n")  # an earlier benchmark's rows
     assert common.commit(tmp_path) == head[:12]
     (tmp_path / "a.txt").write_text("two\n")
     assert common.commit(tmp_path) == head[:12] + "+changes"
