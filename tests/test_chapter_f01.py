@@ -357,13 +357,30 @@ def test_what_matched_says_what_the_run_showed_not_a_mechanism_it_did_not_measur
 
     assert story.twin_level_words(0.01).startswith("The twin stays within 0.05 of 0")
     assert story.twin_level_words(-0.47).startswith("The twin is not within 0.05 of 0")
-    assert "not in every tile" in story.tiles_words("partly")
+    assert "not in every tile" in story.tiles_words("partly")  # no values: the generic reason
+    from coupling_utils.analysis.verdicts import Interval
+
+    def tiles(trained, twin, units=6):
+        over = f"{units} prompts, K = 3–72"
+        return {"diagonal_trained": Interval(*trained, over=over),
+                "diagonal_twin": Interval(*twin, over=over)}  # fmt: skip
+
+    # the default book's partly: both estimates pass, the trained share's interval does not
+    wide = story.tiles_words("partly", tiles((0.982, 0.661, 0.982), (0.0, 0.0, 0.0357)))
+    assert "the estimates meet the rule's yes" in wide
+    assert wide.endswith("the trained share's reaches down to 66%")
+    assert "not in every tile" not in wide and "twin's reaches" not in wide
+    short = story.tiles_words("partly", tiles((0.5, 0.4, 0.6), (0.3, 0.2, 0.4)))
+    assert "in 50% of the trained tiles, short of the 90% a yes needs" in short
+    assert "in 30% of the twin's, above the 10% a yes allows" in short and "meet" not in short
+    few = story.tiles_words("partly", tiles((0.95, 0.9, 0.96), (0.0, 0.0, 0.0), units=2))
+    assert few.endswith("there is no 95% interval: only 2 prompts (K = 3–72), too few to resample "
+                        "(a 95% interval needs at least 6)")  # fmt: skip
     assert story.tiles_words("no").startswith("This run's tiles do not show")
     named = "meta-llama/Meta-Llama-3-8B (default revision), commit 0123456789ab, in float32 (bfloat16 asked"
     paper = story.level_reasons("meta-llama/Meta-Llama-3-8B", named, 32, 4096)
     assert "is the paper's" in paper and "below" not in paper and "4-bit" in paper and named in paper
     assert "differs from the paper's Llama-3-8B" in story.level_reasons("embedded:smollm2-135m", "x", 30, 576)
-    from coupling_utils.analysis.verdicts import Interval
 
     def excess(est, low, high):
         return Interval(est, low, high, over="prompts")

@@ -137,7 +137,7 @@ def test_without_the_twin_nothing_is_judged(standin_hub, tmp_path, monkeypatch):
     values = f05.glue_values(p, r, None)
     assert f05.claims(p, r) == [] and values["f05_linear_verdict"] == f05.NOT_JUDGED
     assert np.isnan(values["f05_lss_random"]) and np.isnan(values["f05_lincos_trained"])
-    assert values["f05_lss_direction"] == "not comparable (no twin)"
+    assert values["f05_lss_compared"] == "a line-shape score with no twin to compare it with"
     assert "linearisation was switched off" in values["f05_lincos_note"].data
 
 
@@ -355,3 +355,19 @@ def test_the_body_s_expodistance_words_follow_the_ratios_intervals():
     two = f05.expodistance_sides(tr.growth_intervals(metrics(2)))
     assert two["f05_expo_direction"].startswith("not told apart from the twin's")
     assert two["f05_expo_agree"] == "do not both tell the two models apart"
+
+
+def test_the_line_shape_scores_are_lower_or_higher_only_where_their_ratios_interval_says_so():
+    """The trained model's mean LSS against its twin's follows the ratio's interval over prompts (the
+    prose said "lower" from the two means alone)."""
+    from coupling_utils.analysis.verdicts import Interval
+
+    six = "6 prompts"
+    lower = f05.lss_compared(Interval(0.79, 0.77, 0.82, over=six))
+    assert lower == "a lower line-shape score than its twin's"
+    assert f05.lss_compared(Interval(1.2, 1.1, 1.3, over=six)) == "a higher line-shape score than its twin's"
+    apart = f05.lss_compared(Interval(0.95, 0.85, 1.02, over=six))
+    assert apart == ("a line-shape score not told apart from its twin's (ratio 0.95, 95% interval 0.85 to "
+                     "1.02 over 6 prompts)")  # fmt: skip
+    few = f05.lss_compared(Interval(0.5, 0.4, 0.6, over="2 prompts"))  # two prompts: no interval
+    assert few.startswith("a line-shape score not told apart") and "only 2 prompts" in few

@@ -51,6 +51,7 @@ __all__ = [
     "run",
     "claims",
     "interval_words",
+    "lss_compared",
     "glue_values",
 ]
 
@@ -475,6 +476,22 @@ def exponential_words(iv: Mapping[str, Interval]) -> str:
     return f"The rule read {listed(parts)}."
 
 
+def lss_compared(twin_ratio: Interval) -> str:
+    """The trained model's mean line-shape score against its twin's, from their ratio's interval
+    over prompts: "a lower (higher) line-shape score than its twin's" only where the whole
+    interval lies below (above) 1, else the ratio not told apart from 1, with why."""
+    if np.isnan(twin_ratio.estimate):
+        return "a line-shape score with no twin to compare it with"
+    if twin_ratio.resampled and twin_ratio.high < 1:
+        return "a lower line-shape score than its twin's"
+    if twin_ratio.resampled and twin_ratio.low > 1:
+        return "a higher line-shape score than its twin's"
+    return (
+        f"a line-shape score not told apart from its twin's (ratio {twin_ratio.estimate:.2f}, "
+        f"{interval_words(twin_ratio)})"
+    )
+
+
 def glue_values(p: Params, r: Results, status: pd.DataFrame | None) -> dict[str, Any]:
     """Every value the prose glues, by name; ``status``: the reported rows of :func:`claims`
     (None without the twin: the verdicts are then "not judged")."""
@@ -488,7 +505,7 @@ def glue_values(p: Params, r: Results, status: pd.DataFrame | None) -> dict[str,
         "f05_lss_trained": a,
         "f05_lss_random": b,
         "f05_lss_share_lower": linear["share_lower"],
-        "f05_lss_direction": "lower" if a < b else ("higher" if a > b else "not comparable (no twin)"),
+        "f05_lss_compared": lss_compared(r.straight["twin_ratio"]),
         "f05_first_token_kept": "skipped" if p.skip_first_token else "kept",
         **first_token_values(p, r),
         "f05_sqrt_L": float(np.sqrt(r.window[1] - r.window[0])),

@@ -13,7 +13,7 @@ import pandas as pd
 from coupling_utils.analysis.depth_and_tokens import TwinMeasurement
 from coupling_utils.analysis.model_names import measured, model_words
 from coupling_utils.analysis.verdicts import MIN_UNITS, Interval
-from coupling_utils.chapters.f01_depth_and_tokens.plan import Results
+from coupling_utils.chapters.f01_depth_and_tokens.plan import TILES_TRAINED, TILES_TWIN, Results
 from coupling_utils.chapters.reruns import deeper_model, reruns
 
 PAPER_MODEL = "meta-llama/Meta-Llama-3-8B"  # the model of the paper's tile figure (project page)
@@ -29,7 +29,7 @@ def finding_words(r: Results, status: pd.DataFrame) -> dict[str, Any]:
     n = len(r.depth)
     return {
         "f01_twin_level": twin_level_words(float(r.per_model_head["random init"])),
-        "f01_tiles_words": tiles_words(str(status.iloc[n].agree)),
+        "f01_tiles_words": tiles_words(str(status.iloc[n].agree), r.tile_values),
         "f01_level_reasons": Markdown(
             level_reasons(r.params.model, named_model(r.main), r.main.n_layers, r.main.d_model)
         ),
@@ -53,14 +53,38 @@ def twin_level_words(twin: float) -> str:
             "shows no coupling off the diagonal")  # fmt: skip
 
 
-def tiles_words(verdict: str) -> str:
-    """What the tiles' verdict says about the paper's figure (a diagonal in every tile)."""
-    return {
-        "yes": "The top singular directions are shared across depth, as in the paper's figure",
-        "partly": ("The trained model's tiles are more diagonal than the twin's, but not in every tile "
-                   "as in the paper's figure"),
-        "no": "This run's tiles do not show the shared top directions of the paper's figure",
-    }[verdict]  # fmt: skip
+def tiles_words(verdict: str, values: Mapping[str, Interval] | None = None) -> str:
+    """What the tiles' verdict says about the paper's figure (a diagonal in every tile); for a
+    "partly", why not a yes, from ``values`` (``diagonal_trained`` and ``diagonal_twin``, the
+    rule's intervals): an estimate short of the rule's threshold, or else an interval that
+    reaches past it (or no interval at all)."""
+    if verdict != "partly":
+        return {
+            "yes": "The top singular directions are shared across depth, as in the paper's figure",
+            "no": "This run's tiles do not show the shared top directions of the paper's figure",
+        }[verdict]
+    start = "The trained model's tiles are more diagonal than the twin's"
+    trained, twin = (values or {}).get("diagonal_trained"), (values or {}).get("diagonal_twin")
+    if trained is None or twin is None:
+        return f"{start}, but not in every tile as in the paper's figure"
+    short = []
+    if trained.estimate < TILES_TRAINED:
+        short.append(f"at the worst K a visible diagonal shows in {trained.estimate:.0%} of the trained "
+                     f"tiles, short of the {TILES_TRAINED:.0%} a yes needs")  # fmt: skip
+    if twin.estimate > TILES_TWIN:
+        short.append(f"in {twin.estimate:.0%} of the twin's, above the {TILES_TWIN:.0%} a yes allows")
+    if short:
+        return f"{start}, but {'; and '.join(short)} (the paper's figure shows a diagonal in every tile)"
+    meet = (
+        f"{start}, and the estimates meet the rule's yes (a visible diagonal in at least "
+        f"{TILES_TRAINED:.0%} of the trained tiles and at most {TILES_TWIN:.0%} of the twin's)"
+    )
+    missing = next((iv for iv in (trained, twin) if not iv.resampled), None)
+    if missing is not None:
+        return f"{meet}, but a yes needs their 95% intervals, and there is {missing.words()}"
+    wide = [f"the trained share's reaches down to {trained.low:.0%}"] if trained.low < TILES_TRAINED else []
+    wide += [f"the twin's reaches up to {twin.high:.0%}"] if twin.high > TILES_TWIN else []
+    return f"{meet}, but not over their whole 95% intervals: {' and '.join(wide)}"
 
 
 def named_model(pair: TwinMeasurement) -> str:

@@ -85,6 +85,7 @@ class Params(ChapterParams):
 
 
 # --------------------------------------------------------------------------- the rules, fixed first
+TILES_TRAINED, TILES_TWIN = 0.9, 0.1  # the tiles' yes: shares of tiles with a visible diagonal
 RULES = {
     # depth: more coupled than the twin in (nearly) every block pair, at every K, by a clear margin
     # (the margin's 95% interval over prompts must clear 0.05 for a yes)
@@ -92,7 +93,8 @@ RULES = {
     # tiles: a visible diagonal (at least twice the chance share) in (nearly) every off-diagonal
     # tile, and in (almost) none of the twin's
     "tiles": Rule(
-        yes="diagonal_trained >= 0.9 and diagonal_twin <= 0.1", partly="diagonal_trained > diagonal_twin"
+        yes=f"diagonal_trained >= {TILES_TRAINED} and diagonal_twin <= {TILES_TWIN}",
+        partly="diagonal_trained > diagonal_twin",
     ),
     # token-wise self coupling: strong (>= 0.5) and beyond what random weights give; never even
     # partly when the trained model is at or below its twin
