@@ -124,13 +124,32 @@ def test_collect_reads_executed_notebooks_in_order_with_their_runs(tmp_path):
     assert "profile `smoke`" in md and "profile `default`" in md  # f04 has no run record: the fallback
     assert "| coupling predicts the leaderboard | 0.8 | 0.612 | partly |  | digitised \\| replotted |" in md
     assert "`f03_train` failed" in md and "`f01_plain`" in md
-    # overview: one row per notebook with its measured yes / partly / no, and its replots apart
-    assert "| {ref}`f02_gen · A title <status-f02_gen>` | smoke | 1 | 1 | 0 | 1 |" in md
+    # overview: one row per notebook with its measured yes / partly / no, its own questions and
+    # its replots apart
+    assert "| notebook | profile | paper's claims: yes | paper's claims: partly | paper's claims: no |" in md
+    assert "| {ref}`f02_gen · A title <status-f02_gen>` | smoke | 1 | 1 | 0 | 0 | 1 |" in md
     # the replot is listed after the measured claims, under its own heading, never counted as "yes"
     section = md[md.index("## f02_gen") : md.index("## f04_vit")]
     assert section.index("Replots of the paper's own") > section.index("coupling predicts the leaderboard")
     assert section.index("Replots of the paper's own") < section.index("the paper's Fig. 1a fit")
     assert "| the paper's Fig. 1a fit | 0.8 | 0.801 | yes | yes if r2 ≥ 0.7 |  |" in section
+
+
+def test_the_overview_counts_this_books_own_questions_apart_from_the_papers_claims():
+    """The default book's overview counted f01's MiniLM contrast among its measured "no" (3, where
+    the bottom line counts 2 of the paper's claims not reproduced and the contrast apart)."""
+    from coupling_utils.chapters import own_claim
+
+    contrast = own_claim("Contrast", "more coupled across depth: minilm")
+    rows = [{"claim": "more coupled across depth: smollm2", "ours": "0.08", "agree": "yes"},
+            {"claim": contrast, "ours": "-0.26", "agree": "no"},
+            {"claim": "token-wise self coupling is strong", "ours": "0.51", "agree": "no"}]  # fmt: skip
+    df = status_table([r | {"paper": "coupled"} for r in rows]).assign(
+        notebook="f01_depth", title="f01 · Depth", profile="default"
+    )
+    md = status_markdown(df)
+    assert "| {ref}`f01 · Depth <status-f01_depth>` | default | 1 | 0 | 1 | 1 | 0 |" in md
+    assert "own questions | replots |" in md
 
 
 def test_collect_and_markdown_when_nothing_ran(tmp_path):

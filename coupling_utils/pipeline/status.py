@@ -330,11 +330,17 @@ def _run_line(group: pd.DataFrame, profile: str | None) -> str:
 
 
 def _overview(df: pd.DataFrame, kinds: pd.Series, profile: str | None) -> list[str]:
-    """The overview table: per notebook, its profile and its measured claims by verdict, and replots."""
+    """The overview table: per notebook, its profile, its measurements of the paper's claims by
+    verdict, the measured rows that ask this book's own questions (a contrast, an extension:
+    :func:`coupling_utils.chapters.own_claim`), counted apart as the bottom line counts them, and
+    its replots."""
+    from coupling_utils.chapters import is_own_claim
+
     overview = []
     for name, group in df.groupby("notebook", sort=False):
         measured = group[kinds[group.index] == "measured"]
-        counts = measured["agree"].value_counts()
+        own = measured["claim"].map(is_own_claim)
+        counts = measured[~own]["agree"].value_counts()
         used = (
             group["profile"].iloc[0]
             if "profile" in group and isinstance(group["profile"].iloc[0], str)
@@ -346,10 +352,12 @@ def _overview(df: pd.DataFrame, kinds: pd.Series, profile: str | None) -> list[s
                 f"{{ref}}`{title} <status-{name}>`",
                 used or "",
                 *(int(counts.get(a, 0)) for a in AGREE),
+                int(own.sum()),
                 int((kinds[group.index] == "replot").sum()),
             ]
         )
-    return _table(["notebook", "profile", *(f"measured: {a}" for a in AGREE), "replots"], overview)
+    heads = ["notebook", "profile", *(f"paper's claims: {a}" for a in AGREE), "own questions", "replots"]
+    return _table(heads, overview)
 
 
 def _sections(df: pd.DataFrame, kinds: pd.Series, profile: str | None) -> list[str]:
@@ -408,8 +416,9 @@ def _notes(df: pd.DataFrame) -> list[str]:
 def status_markdown(df: pd.DataFrame, profile: str | None = None) -> str:
     """The reproduction-status page body (MyST markdown) from :func:`read_statuses`'s table.
 
-    An overview table (this book's measured claims per notebook that agree / partly / do not,
-    and how many replots of the paper's own points it shows), then one section per notebook:
+    An overview table (per notebook, its measurements of the paper's claims that agree / partly /
+    do not, its rows that ask this book's own questions, and how many replots of the paper's own
+    points it shows), then one section per notebook:
     the profile and time of the run that produced it, its measured claims with the rule each
     verdict was reached by, and, apart, its replots (``profile`` is the fallback when ``df`` has
     no run information).
