@@ -97,7 +97,8 @@ def test_toy_properties_and_variants():
 
 
 def test_f00_helpers_on_an_emulated_device():
-    """f00's noise sweep, spectrum share and variants with J on a (CPU-emulated) accelerator."""
+    """f00's noise sweep, spectrum share, variants and random bases with J on a (CPU-emulated)
+    accelerator."""
     from emulated_device import DEVICE
 
     g = torch.Generator().manual_seed(4)
@@ -109,9 +110,11 @@ def test_f00_helpers_on_an_emulated_device():
         from coupling_utils.engine.metric import svd
 
         share = A.energy_share(svd(J).S, 3)
+        null = A.random_bases(J, 3, 4, seed=2)  # frames drawn on the host, moved to J's device
     for a, b in zip(got, ref):
         assert np.allclose(a.select_dtypes("number"), b.select_dtypes("number"), atol=1e-5)
     assert share == pytest.approx(A.energy_share(torch.linalg.svdvals(J_cpu), 3), rel=1e-5)
+    assert null == pytest.approx(A.random_bases(J_cpu, 3, 4, seed=2), rel=1e-5)
 
 
 def test_block_jacobians_are_stored_exactly_and_read_back(standin_hub, tmp_path):
@@ -163,3 +166,38 @@ def test_block_jacobians_cut_a_prompt_longer_than_the_context(standin_hub, capsy
     assert f"has {ids.shape[1]} tokens, more than this model's context of {context}" in err
     J, _ = A.jacobian_matrices(tables)
     assert torch.equal(J, token_jacobians(lm, ids[:, :context], 1, tokens=[-1])[0])
+
+
+def test_random_bases_are_the_metric_in_random_orthonormal_frames():
+    """random_bases: m_K of J in frames drawn from seed, seed + 1, ... (QR of Gaussian [d, K]),
+    the engine's metric on those frames; a longer run keeps the first draws."""
+    from coupling_utils.analysis.coupling_metric import random_bases
+    from coupling_utils.engine.metric import SVD
+
+    J = torch.randn(20, 16, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    got = random_bases(J, 4, 5, seed=7)
+
+    def frame(rows, seed):
+        g = torch.Generator().manual_seed(seed)
+        return torch.linalg.qr(torch.randn(rows, 4, generator=g, dtype=torch.float64)).Q
+
+    want = [coupling(J, SVD(frame(20, 7 + i), torch.ones(4, dtype=torch.float64), frame(16, 7 + i).T), 4)
+            for i in range(5)]  # fmt: skip
+    assert got == pytest.approx(want, rel=1e-12)
+    assert random_bases(J, 4, 2, seed=7) == pytest.approx(got[:2], rel=1e-12)
+    known = torch.linalg.svdvals(J)
+    assert random_bases(J, 4, 5, seed=7, singular_values=known) == pytest.approx(got, rel=1e-12)
+
+
+def test_random_bases_follow_the_random_references_distribution():
+    """The top-K singular vectors of random_reference's Gaussian matrix are Haar-distributed frames,
+    so m_K in random_bases' frames has the distribution m_K in random references has (compared
+    over 300 draws each: means within 4 standard errors, spreads within 25%)."""
+    from coupling_utils.analysis.coupling_metric import random_bases, random_reference
+
+    J = torch.randn(24, 24, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    frames = random_bases(J, 4, 300, seed=0)
+    references = np.array([coupling(J, random_reference(J, seed=1000 + i), 4) for i in range(300)])
+    se = np.sqrt(frames.var() / 300 + references.var() / 300)
+    assert abs(frames.mean() - references.mean()) < 4 * se
+    assert 0.75 < frames.std() / references.std() < 1.25

@@ -70,9 +70,10 @@ __all__ = [
 NOTEBOOK = "f00_coupling_metric"
 OWN, RANDOM = "J in its own basis", "J in a random matrix's basis"  # two of the tile cases
 # the rule for "the neighbour's basis gives a lower m_K than a random basis", fixed first: lower
-# than in every one of N_RANDOM_BASES random bases of J's shape (seeds seed, seed + 1, ...; the
-# figure's is the first); a value drawn from the random bases' own spread is below all of them
-# with probability 1 / (N + 1) = 2.5%
+# than in every one of N_RANDOM_BASES random bases of J's shape (coupling_metric.random_bases:
+# drawn as the figure's random matrix's singular vectors are distributed, seeds seed, seed + 1,
+# ...); a value drawn from the random bases' own spread is below all of them with probability
+# 1 / (N + 1) = 2.5%
 N_RANDOM_BASES = 39
 
 
@@ -164,7 +165,7 @@ class Results:
     variants: pd.DataFrame
     assumed: dict[str, bool]
     failures: pd.DataFrame
-    m_random_bases: np.ndarray  # m_K of J in N_RANDOM_BASES random bases, the first R's
+    m_random_bases: np.ndarray  # m_K of J in N_RANDOM_BASES random bases (coupling_metric.random_bases)
 
     @property
     def d_model(self) -> int:
@@ -229,7 +230,7 @@ def _results(p: Params, facts: dict, J: torch.Tensor, J_next: torch.Tensor, fail
     toy = cm.toy_properties(p.d_toy, k_for_width(p.d_toy, k / d), p.n_random, seed=p.seed)  # at J's K/d
     variants = cm.metric_variants(J, J_next, _ks(k, d))
     assumed = _assumptions(by_k, toy, variants)
-    null = cm.random_bases(J, k, N_RANDOM_BASES, seed=p.seed)
+    null = cm.random_bases(J, k, N_RANDOM_BASES, seed=p.seed, singular_values=s.S)
     return Results(
         facts, J, J_next, R, s, s_next, spectrum, energy_J, energy_R, tiles, m_cases, case_table, by_k,
         m_forward, m_backward, sweep, eps, toy, toy.table.round({"value": 6}), variants, assumed, failures,
