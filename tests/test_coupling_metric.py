@@ -169,20 +169,24 @@ def test_block_jacobians_cut_a_prompt_longer_than_the_context(standin_hub, capsy
 
 
 def test_random_bases_are_the_metric_in_random_orthonormal_frames():
-    """random_bases: m_K of J in frames drawn from seed, seed + 1, ... (QR of Gaussian [d, K]),
-    the engine's metric on those frames; a longer run keeps the first draws."""
+    """random_bases: m_K of J in frames drawn from seed, seed + 1, ... (QR of Gaussian [d, K], the
+    left frame then the right from one stream), the engine's metric on those frames; a longer run
+    keeps the first draws."""
     from coupling_utils.analysis.coupling_metric import random_bases
     from coupling_utils.engine.metric import SVD
 
     J = torch.randn(20, 16, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
     got = random_bases(J, 4, 5, seed=7)
 
-    def frame(rows, seed):
+    def frames(seed):
         g = torch.Generator().manual_seed(seed)
-        return torch.linalg.qr(torch.randn(rows, 4, generator=g, dtype=torch.float64)).Q
+        a, b = (torch.randn(rows, 4, generator=g, dtype=torch.float64) for rows in (20, 16))
+        return torch.linalg.qr(a).Q, torch.linalg.qr(b).Q
 
-    want = [coupling(J, SVD(frame(20, 7 + i), torch.ones(4, dtype=torch.float64), frame(16, 7 + i).T), 4)
-            for i in range(5)]  # fmt: skip
+    want = []
+    for i in range(5):
+        left, right = frames(7 + i)
+        want.append(coupling(J, SVD(left, torch.ones(4, dtype=torch.float64), right.T), 4))
     assert got == pytest.approx(want, rel=1e-12)
     assert random_bases(J, 4, 2, seed=7) == pytest.approx(got[:2], rel=1e-12)
     known = torch.linalg.svdvals(J)
@@ -190,12 +194,18 @@ def test_random_bases_are_the_metric_in_random_orthonormal_frames():
 
 
 def test_random_bases_follow_the_random_references_distribution():
-    """The top-K singular vectors of random_reference's Gaussian matrix are Haar-distributed frames,
-    so m_K in random_bases' frames has the distribution m_K in random references has (compared
-    over 300 draws each: means within 4 standard errors, spreads within 25%)."""
+    """The top-K singular vectors of random_reference's Gaussian matrix are independent Haar frames,
+    left and right, so m_K in random_bases' frames has the distribution m_K in random references
+    has (over 300 draws each: means within 4 standard errors, spreads within 25%), on a Jacobian
+    near the identity as a block's is: one frame on both sides would make it look coupled (the
+    default book read m_K 0.77 so, against 0.998 in the figure's random matrix)."""
     from coupling_utils.analysis.coupling_metric import random_bases, random_reference
 
-    J = torch.randn(24, 24, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    g = torch.Generator().manual_seed(1)
+    J = (
+        torch.eye(24, dtype=torch.float64)
+        + 0.3 * torch.randn(24, 24, generator=g, dtype=torch.float64) / 24**0.5
+    )
     frames = random_bases(J, 4, 300, seed=0)
     references = np.array([coupling(J, random_reference(J, seed=1000 + i), 4) for i in range(300)])
     se = np.sqrt(frames.var() / 300 + references.var() / 300)

@@ -158,8 +158,10 @@ def random_bases(J, k: int, n: int, *, seed: int = 0, singular_values=None) -> n
     """``m_K(J, ·)`` in ``n`` random bases unrelated to J: the null against which one neighbour's
     ``m_K`` is read (f00).
 
-    Each basis is a pair of random orthonormal K-frames (the Q of a Gaussian ``[d, K]`` matrix's QR,
-    drawn on the CPU from seeds ``seed, seed + 1, ...``, for each side). The top-K singular vectors
+    Each basis is a pair of independent random orthonormal K-frames, left and right (the Q of a
+    Gaussian ``[d, K]`` matrix's QR; draw ``i`` on the CPU from seed ``seed + i``, the left frame
+    first, then the right from the same stream: one frame on both sides would compress J
+    symmetrically, and a Jacobian near the identity would look coupled to it). The top-K singular vectors
     of a Gaussian matrix, as :func:`random_reference` draws it, are distributed so (Haar, whatever
     its singular values), and the metric reads only those vectors, up to their signs, which the
     tile's absolute value drops; so this is the reference's distribution at ``O(d² K)`` a draw
@@ -175,12 +177,14 @@ def random_bases(J, k: int, n: int, *, seed: int = 0, singular_values=None) -> n
     known = singular_values is not None
     top = (torch.as_tensor(singular_values) if known else torch.linalg.svdvals(J))[:k].to(J.device, dtype)
 
-    def frames(rows: int) -> torch.Tensor:  # [n, rows, K], orthonormal columns
-        drawn = [torch.randn(rows, k, generator=torch.Generator().manual_seed(int(seed) + i), dtype=dtype)
-                 for i in range(int(n))]  # fmt: skip
-        return torch.linalg.qr(torch.stack(drawn)).Q.to(J.device)
+    def frames(seed_i: int) -> tuple[torch.Tensor, torch.Tensor]:  # one draw: left then right
+        g = torch.Generator().manual_seed(seed_i)
+        return (torch.randn(J.shape[0], k, generator=g, dtype=dtype),
+                torch.randn(J.shape[1], k, generator=g, dtype=dtype))  # fmt: skip
 
-    left, right = frames(J.shape[0]), frames(J.shape[1])
+    drawn = [frames(int(seed) + i) for i in range(int(n))]
+    left = torch.linalg.qr(torch.stack([a for a, _ in drawn])).Q.to(J.device)  # [n, d_out, K]
+    right = torch.linalg.qr(torch.stack([b for _, b in drawn])).Q.to(J.device)  # [n, d_in, K]
     tile = (left.transpose(-1, -2) @ J @ right).abs()  # [n, K, K]
     return tile_metric(tile, top.expand(int(n), k), 2, "norm").cpu().double().numpy()
 
