@@ -18,7 +18,7 @@ from IPython.display import Markdown
 from coupling_utils.analysis import leaderboards
 from coupling_utils.analysis.predictors import predictor_lead, r2_difference
 from coupling_utils.analysis.prose_list import listed
-from coupling_utils.analysis.stats import Bootstrap
+from coupling_utils.analysis.stats import DEFAULT_BOOTSTRAP, Bootstrap
 from coupling_utils.analysis.verdicts import Interval, Rule
 from coupling_utils.chapters.f02_generalization.plan import (
     BEATS_SIZE,
@@ -300,9 +300,10 @@ def compare_glue(
 
 def r2_interval(fit: Mapping[str, Any]) -> Interval:
     """A fit's R² with its 95% interval over the ``n`` models it covers (a row of
-    :func:`~coupling_utils.analysis.predictors.predictor_comparison`: rows resampled, the
-    default bootstrap's level)."""
-    row = {"estimate": fit["r2"], "ci_low": fit["r2_ci_low"], "ci_high": fit["r2_ci_high"], "level": 0.95}
+    :func:`~coupling_utils.analysis.predictors.predictor_comparison`: rows resampled, at the level
+    of the chapter's bootstrap, ``Params.boot``, which keeps the default's)."""
+    level = DEFAULT_BOOTSTRAP.level
+    row = {"estimate": fit["r2"], "ci_low": fit["r2_ci_low"], "ci_high": fit["r2_ci_high"], "level": level}
     return Interval.from_bootstrap(row, over=f"{int(fit['n'])} models")
 
 
