@@ -274,7 +274,26 @@ def test_flat_coupling_with_straighter_trajectories_is_not_together():
     assert Rule(yes="rho_lss <= -0.5", partly="rho_lss <= -0.2").judge(v) == "yes"  # the old rule
     assert f03.RULES["together"].judge(v) == "no"
     assert _failed(v) == ["coupling rises with the step"]
-    assert together_words(v, _failed(v)).endswith("not held over its interval: coupling rises with the step")
+    words = together_words(v, _failed(v))
+    assert words.startswith("held over their whole intervals: “the line-shape score falls"), words
+    assert "; not held: “coupling rises with the step”, ρ " in words, words
+    assert words.endswith("needs ρ ≥ 0.3"), words
+
+
+def test_together_words_say_which_bound_a_failed_part_missed():
+    """Over 2 windows nothing can be resampled, so no part is a yes though every estimate meets its
+    bound: the words must not read "not held: … ρ 0.90, needs ρ ≥ 0.3" (which it meets)."""
+    import numpy as np
+
+    from coupling_utils.chapters.f03_training_emergence.results import together_intervals
+    from coupling_utils.chapters.f03_training_emergence.words import together_words
+
+    steps = np.arange(10)
+    few = together_intervals(_windows(0.1 * steps, 3 - 0.2 * steps, n_windows=2))
+    assert _failed(few) == list(f03.TOGETHER_PARTS)
+    words = together_words(few, _failed(few))
+    assert words.startswith("not held: “coupling rises with the step”, ρ "), words
+    assert words.count("at the estimate only") == 3 and ", needs ρ" not in words, words
 
 
 def test_together_needs_every_part_over_its_interval():

@@ -47,6 +47,23 @@ def test_smoke_run(nb, smoke_runs):
     )
 
 
+@pytest.mark.parametrize("nb", notebook_paths(ROOT), ids=lambda p: p.stem)
+def test_glued_words_carry_math_only_where_myst_renders_it(nb, smoke_runs):
+    """A value glued with {glue:md}`name` is read as CommonMark, where `$K$` or `\\(K\\)` reaches
+    the page as those characters; only {glue:md}`name:myst` renders math. The f03 page printed
+    "in this draw $K$ = 16 starts lower" so."""
+    import re
+
+    plain = set(re.findall(r"\{glue:md\}`([^`:]+)`", nb.read_text()))
+    glued = pinned.notebook_values(Path(smoke_runs.results[nb.stem].output))["glue"]
+    marked = [
+        f"{name}: {glued[name]!r}"
+        for name in sorted(plain & glued.keys())
+        if isinstance(glued[name], str) and re.search(r"\$[^$\s]|\\\(", glued[name])
+    ]
+    assert not marked, f"{nb.stem}: math in values glued without :myst (add :myst):\n  " + "\n  ".join(marked)
+
+
 def test_smoke_runs_write_only_their_own_cache(smoke_runs):
     """The shared models are only read; the notebooks' tables land in the temporary cache."""
     for name in SHARED:

@@ -108,10 +108,17 @@ def within_claims(p: Params, w: Within) -> list[dict[str, Any]]:
             values={"rho": w.rho, "n": len(ours), "span": w.span},
             ours=f"Spearman ρ {w.rho.estimate:.2f} {w.rho.bracketed()}",
             note=f"{len(ours)} models of one architecture trained here, K/d = {p.k_over_d}; held-out "
-            f"accuracy {ours.val_acc.min():.3f} to {ours.val_acc.max():.3f}; twin coupling "
-            f"{twin.min():.3f} to {twin.max():.3f}; {w.training.flat_note()}",
+            f"accuracy {ours.val_acc.min():.4f} to {ours.val_acc.max():.4f} (span {w.span:.4f}); "
+            f"{_twin_words(twin)}; {w.training.flat_note()}",
         )
     ]
+
+
+def _twin_words(twin: pd.Series) -> str:
+    """The twins' coupling in the status note: one value where every member shares one twin (the
+    note read "twin coupling 0.065 to 0.065"), else its range."""
+    low, high = f"{twin.min():.3f}", f"{twin.max():.3f}"
+    return f"twin coupling {low} for every member" if low == high else f"twin coupling {low} to {high}"
 
 
 def on_slice(ours: pd.DataFrame) -> pd.Series:

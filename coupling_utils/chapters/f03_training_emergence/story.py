@@ -112,7 +112,11 @@ def _together_ours(v: dict) -> str:
 
 def _failed_words(failed: list[str]) -> str:
     """Which parts of claim 3 did not hold over their intervals, in words."""
-    return "every part holds over its interval" if not failed else "not held: " + "; ".join(failed)
+    return (
+        "every part holds over its interval"
+        if not failed
+        else "not held over the whole interval: " + "; ".join(f"“{part}”" for part in failed)
+    )
 
 
 def _straight_ours(s: dict, spearman: float) -> str:
@@ -345,17 +349,10 @@ def _trajectory_values(r: Results) -> dict[str, Any]:
 
 def _together_sentence(r: Results) -> str:
     """Claim 3's verdict after ρ(coupling, LSS): moving together counts only with both trends."""
-    failed = r.together_failed
-    why = (
-        "every part holds over its 95% interval"
-        if not failed
-        else f"not held over {'its 95% interval' if len(failed) == 1 else 'their 95% intervals'}: "
-        + "; ".join(failed)
-    )
     return (
         "Moving together is not by itself developing together: the rule stated above also asks that "
         "coupling rise with the step and the line-shape score fall with it, and gives "
-        f"{_verdict(r, 'together').data} ({why})."
+        f"{_verdict(r, 'together').data} ({together_words(r.together_values, r.together_failed)})."
     )
 
 

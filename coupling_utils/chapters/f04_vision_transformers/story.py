@@ -4,6 +4,7 @@ assumptions its prose makes about the run's numbers (:func:`assumption`) and the
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -161,10 +162,20 @@ def _twin_glue(r: Results) -> dict[str, Any]:
         "f04_excess": float(gap.excess),
         "f04_excess_interval": twin_values(r)["excess"].words(".3f"),
         "f04_init_gap": init_gap,
+        "f04_init_gap_words": _two_digits(abs(init_gap)),
         "f04_twin_word": Markdown("above" if gap.excess > 0 else "below"),
         "f04_sign_sentence": Markdown(_sign_sentence(float(gap.trained))),
         "f04_excess_abs": abs(float(gap.excess)),
     }
+
+
+def _two_digits(x: float) -> str:
+    """``x`` with at least three decimals and as many more as two significant digits need: the gap
+    between two random draws read "0.000" at three decimals, where it was 0.000024."""
+    x = float(x)
+    if not math.isfinite(x) or x == 0:
+        return f"{x:.3f}"
+    return f"{x:.{max(3, 1 - math.floor(math.log10(abs(x))))}f}"
 
 
 def _change_words(points: float) -> str:
