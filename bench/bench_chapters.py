@@ -150,13 +150,14 @@ def _children_cpu() -> float:
     return u.ru_utime + u.ru_stime
 
 
-def timed_run(cmd: list[str], env: dict, stat=read_cpu_jiffies) -> dict:
-    """Run ``cmd`` under :data:`WRAPPER`: its wall and CPU time, peak RSS, status, and the CPU time
-    other processes used meanwhile (``stat``: a ``/proc/stat`` snapshot, see the module docstring)."""
+def timed_run(cmd: list[str], env: dict, stat=read_cpu_jiffies, cwd: Path = ROOT) -> dict:
+    """Run ``cmd`` in ``cwd`` under :data:`WRAPPER`: its wall and CPU time, peak RSS, status, and the
+    CPU time other processes used meanwhile (``stat``: a ``/proc/stat`` snapshot, see the module
+    docstring)."""
     own_before = _children_cpu()  # the wrapper and all it reaps, as this process sees them
     before = stat()
     done = subprocess.run(
-        [sys.executable, "-c", WRAPPER, *cmd], env=env, cwd=ROOT, capture_output=True, text=True
+        [sys.executable, "-c", WRAPPER, *cmd], env=env, cwd=cwd, capture_output=True, text=True
     )
     after = stat()
     own = _children_cpu() - own_before

@@ -219,6 +219,8 @@ def test_staging_keeps_what_exists_and_prunes_the_toc(tmp_path):
     running = (src / "book" / "running.md").read_text()  # the default profile's time, from the costs
     assert "% profile-times" not in running.splitlines()
     assert "Measured time per notebook at the `default` profile: from " in running
+    assert "% book-times" not in running.splitlines()  # the whole book's time, from bench_book's table
+    assert "The first `make book` on a clean clone took " in running
     for part in staged["parts"]:
         assert part["chapters"], f"empty part kept: {part['caption']}"
 
