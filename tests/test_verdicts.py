@@ -329,3 +329,29 @@ def test_an_interval_without_units_says_why_in_plain_words():
     one = Interval(0.5, float("-inf"), float("inf"), 0.95, "1 prompt")
     assert one.words() == "no 95% interval: only 1 prompt, nothing to resample"
     assert Interval(0.5, 0.4, 0.6, 0.95, "7 prompts").words() == "95% interval 0.40 to 0.60 over 7 prompts"
+
+
+def test_short_of_yes_names_each_part_that_kept_a_verdict_from_yes():
+    """A "partly" or "no" in prose said which threshold failed only where a chapter wrote its own
+    words (f01's tiles, f03's together): Rule.short_of_yes says it for any rule, from the rule's
+    own parts, at the estimate or over the interval, with the values and their intervals."""
+    from coupling_utils.analysis.verdicts import Interval, Rule
+
+    rule = Rule(yes="walk_ratio <= 0.8 and twin_ratio <= 0.9", partly="walk_ratio < 1 and twin_ratio < 1")
+    clear = {"walk_ratio": Interval(0.7, 0.65, 0.75, over="8 prompts"), "twin_ratio": 0.5}
+    assert rule.judge(clear) == "yes" and rule.short_of_yes(clear) == ""
+    wide = {"walk_ratio": Interval(0.79, 0.77, 0.82, over="6 prompts"), "twin_ratio": 0.5}
+    assert rule.judge(wide) == "partly"
+    assert rule.short_of_yes(wide) == (
+        "walk_ratio ≤ 0.8 does not hold over its whole interval "
+        "(walk_ratio 0.79, 95% interval 0.77 to 0.82 over 6 prompts)"
+    )
+    both = {"walk_ratio": Interval(0.9, 0.85, 0.95, over="8 windows"), "twin_ratio": 0.95}
+    said = rule.short_of_yes(both)
+    assert said.startswith("walk_ratio ≤ 0.8 does not hold at the estimate (walk_ratio 0.90, 95% interval")
+    assert said.endswith("; twin_ratio ≤ 0.9 does not hold at the estimate (twin_ratio 0.95)")
+    few = {"walk_ratio": Interval(0.5, 0.4, 0.6, over="2 prompts"), "twin_ratio": 0.5}  # no interval
+    said = rule.short_of_yes(few)
+    assert said.startswith("walk_ratio ≤ 0.8 holds at the estimate only (walk_ratio 0.50, no 95%"), said
+    kept = Rule(yes="abs(r2 - 0.80) <= 0.02")  # the rule's own text, not Python's reprint of it
+    assert kept.short_of_yes({"r2": 0.85}) == "abs(r2 - 0.80) ≤ 0.02 does not hold at the estimate (r2 0.85)"

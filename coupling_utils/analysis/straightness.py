@@ -28,7 +28,7 @@ import pandas as pd
 from coupling_utils.analysis.stats import bootstrap_ci, resampled_means
 from coupling_utils.analysis.verdicts import Interval, Rule
 
-__all__ = ["STRAIGHTER", "straighter_text", "random_walk_lss", "straightness"]
+__all__ = ["STRAIGHTER", "straighter_text", "short_of_straighter", "random_walk_lss", "straightness"]
 
 STRAIGHTER = Rule(yes="walk_ratio <= 0.8 and twin_ratio <= 0.9", partly="walk_ratio < 1 and twin_ratio < 1")
 
@@ -40,6 +40,19 @@ def straighter_text(unit: str = "prompts", twin: str = "the random-init model's"
         "straighter trajectories: a mean line-shape score at most 0.8 of a random walk's with the same "
         f"number of steps and at most 0.9 of {twin}, both over the whole 95% interval (bootstrap over "
         f"{unit}); partly if both estimates are merely below 1; otherwise no"
+    )
+
+
+def short_of_straighter(values: dict) -> str:
+    """Why :data:`STRAIGHTER` gives ``values`` (:func:`straightness`'s) no yes, as a sentence in the
+    rule's own terms (walk_ratio: the score over the walk's; twin_ratio: over the twin's), from
+    :meth:`Rule.short_of_yes`; "" for a yes."""
+    short = STRAIGHTER.short_of_yes(values)
+    if not short:
+        return ""
+    return (
+        "Not a yes: in the rule's terms (walk_ratio, the score over the walk's; twin_ratio, over the "
+        f"twin's), {short}."
     )
 
 

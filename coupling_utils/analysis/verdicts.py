@@ -411,10 +411,8 @@ class Rule:
         partly = f"; partly if {_pretty(self.partly)}" if self.partly and self.partly != self.yes else ""
         return f"yes if {_pretty(self.yes)}{partly}; otherwise no"
 
-    def judge(self, values: Mapping[str, Any]) -> str:
-        """``"yes"``, ``"partly"`` or ``"no"`` for these values (numbers or :class:`Interval`, a
-        number being its own interval and estimate): yes when the yes-condition holds over every
-        interval; partly when the partly-condition, or the yes-condition, holds at the estimates."""
+    def _points(self, values: Mapping[str, Any]) -> tuple[dict[str, float], dict[str, tuple[float, float]]]:
+        """``(estimates, bounds)`` of the values the rule names (a number is its own interval)."""
         missing = sorted(self.names - set(values))
         if missing:
             raise RuleError(
@@ -435,6 +433,44 @@ class Rule:
                     bounds[name] = (estimates[name], estimates[name])
             except (TypeError, ValueError) as exc:
                 raise RuleError(f"value {name!r} = {value!r} is not a number") from exc
+        return estimates, bounds
+
+    def short_of_yes(self, values: Mapping[str, Any], spec: str = ".2f") -> str:
+        """Why ``values`` are not a yes, in words: each part of the yes-condition (joined by ``and``
+        at its top) that does not hold over the whole of its values' intervals, with those values:
+        "walk_ratio ≤ 0.8 does not hold over its whole interval (walk_ratio 0.79, 95% interval 0.77
+        to 0.82 over 6 prompts)", or "… holds at the estimate only" where too few units left no
+        interval, or "… does not hold at the estimate"; "" where :meth:`judge` gives a yes."""
+        estimates, bounds = self._points(values)
+        short = []
+        for part in _conjuncts(_parse(self.yes, "yes").body):
+            if _eval(part, estimates) and _surely(part, bounds):
+                continue
+            shown = []
+            for name in sorted(_names(part)):
+                value = values[name]
+                shown.append(
+                    f"{name} {value.estimate:{spec}}, {value.words(spec)}"
+                    if isinstance(value, Interval)
+                    else f"{name} {float(value):{spec}}"
+                )
+            bare = [values[n] for n in _names(part) if isinstance(values[n], Interval)]
+            unresampled = any(not v.resampled for v in bare)
+            if not _eval(part, estimates):
+                said = "does not hold at the estimate"
+            elif unresampled:  # an interval of too few units: nothing for a yes to hold over
+                said = "holds at the estimate only"
+            else:
+                said = "does not hold over its whole interval"
+            text = ast.get_source_segment(self.yes.strip(), part) or ast.unparse(part)
+            short.append(f"{_pretty(text)} {said} ({'; '.join(shown)})")
+        return "; ".join(short)
+
+    def judge(self, values: Mapping[str, Any]) -> str:
+        """``"yes"``, ``"partly"`` or ``"no"`` for these values (numbers or :class:`Interval`, a
+        number being its own interval and estimate): yes when the yes-condition holds over every
+        interval; partly when the partly-condition, or the yes-condition, holds at the estimates."""
+        estimates, bounds = self._points(values)
         if _eval(_parse(self.yes, "yes"), estimates) and _surely(_parse(self.yes, "yes"), bounds):
             return "yes"
         if self.partly and _eval(_parse(self.partly, "partly"), estimates):

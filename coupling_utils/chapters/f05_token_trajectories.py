@@ -17,7 +17,12 @@ import pandas as pd
 from coupling_utils.analysis.depth_and_tokens import token_label
 from coupling_utils.analysis.model_names import model_words, of_result
 from coupling_utils.analysis.prose_list import listed
-from coupling_utils.analysis.straightness import STRAIGHTER, straighter_text, straightness
+from coupling_utils.analysis.straightness import (
+    STRAIGHTER,
+    short_of_straighter,
+    straighter_text,
+    straightness,
+)
 from coupling_utils.analysis.verdicts import Interval, Rule, claim, verdict_word
 from coupling_utils.chapters.checks import (
     DTYPES,
@@ -392,7 +397,13 @@ def interval_words(iv: Interval) -> str:
 
 def _straight_values(s: Mapping[str, Any]) -> dict[str, Any]:
     """The straightness rule's numbers: the walk's score and both ratios with their intervals."""
-    out = {"f05_lss_walk": s["walk"], "f05_straight_rule": straighter_text()}
+    from IPython.display import Markdown
+
+    out = {
+        "f05_lss_walk": s["walk"],
+        "f05_straight_rule": straighter_text(),
+        "f05_straight_short": Markdown(short_of_straighter(s)),
+    }
     for name in ("walk_ratio", "twin_ratio"):
         iv = s[name]
         out |= {f"f05_{name}": iv.estimate, f"f05_{name}_low": iv.low, f"f05_{name}_high": iv.high,

@@ -10,7 +10,7 @@ import numpy as np
 
 from coupling_utils.analysis import last_block as lb
 from coupling_utils.analysis.emergence_search import SEARCH_LAST_BLOCK
-from coupling_utils.analysis.straightness import STRAIGHTER, straighter_text
+from coupling_utils.analysis.straightness import STRAIGHTER, short_of_straighter, straighter_text
 from coupling_utils.analysis.verdicts import claim, verdict_word
 from coupling_utils.chapters.f03_training_emergence.exercises import exercise_k, exercise_lr, exercise_pairs
 from coupling_utils.chapters.f03_training_emergence.plan import MAIN, RULES, quiz_prompts
@@ -332,6 +332,7 @@ def _trajectory_values(r: Results) -> dict[str, Any]:
         "f03_lss_walk": float(r.straight["walk"]),
         "f03_straight_rule": STRAIGHT_RULE,
         "f03_straight_verdict": _verdict(r, "straight"),
+        "f03_straight_short": Markdown(short_of_straighter(r.straight)),
         "f03_walk_ratio": float(r.straight["walk_ratio"].estimate),
         "f03_walk_ratio_interval": r.straight["walk_ratio"].words(),
         "f03_init_ratio": float(r.straight["twin_ratio"].estimate),
