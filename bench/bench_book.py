@@ -109,13 +109,12 @@ def write_rows(target: Path, new: list[dict]) -> None:
     states = {r["state"] for r in new}
     rows = [r for r in old if r.get("state") not in states] + new
     rows.sort(key=lambda r: STATES.index(r["state"]) if r["state"] in STATES else len(STATES))
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_suffix(".tmp")
-    with tmp.open("w", newline="", encoding="utf-8") as fh:
+    from coupling_utils.files import atomic_path
+
+    with atomic_path(target) as tmp, tmp.open("w", newline="", encoding="utf-8") as fh:
         writer = csv.DictWriter(fh, fieldnames=COLUMNS, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(rows)
-    tmp.replace(target)
     print(f"wrote {target}")
 
 

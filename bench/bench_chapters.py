@@ -253,13 +253,12 @@ def write_rows(target: Path, new: list[dict], force: bool) -> list[dict]:
             f"({r['seconds']} s wall, not written); rerun on a quiet machine, or --force to replace it",
             file=sys.stderr,
         )
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp_target = target.with_suffix(".tmp")
-    with tmp_target.open("w", newline="", encoding="utf-8") as fh:
+    from coupling_utils.files import atomic_path
+
+    with atomic_path(target) as tmp, tmp.open("w", newline="", encoding="utf-8") as fh:
         writer = csv.DictWriter(fh, fieldnames=COLUMNS)  # old rows lack the new columns: "" (not recorded)
         writer.writeheader()
         writer.writerows(rows)
-    tmp_target.replace(target)
     print(f"wrote {target}")
     return refused
 
