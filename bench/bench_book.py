@@ -16,7 +16,7 @@ other processes used meanwhile):
   built or trained and every notebook measures (a reader's first run);
 - ``warm``: ``make book`` again in the same clone, everything cached (a rebuild).
 
-Each row also records the chapters' plans (``plans``: ``teaching.book_plans``, a hash of every
+Each row also records the chapters' plans (``plans``: ``book_times.book_plans``, a hash of every
 chapter's plan), so the page can say when the chapters' default parameters changed
 after the measurement. A state's new row replaces its old one, whatever its load: the page says
 when a run was contended.
@@ -80,7 +80,7 @@ def make_book(checkout: Path, cache: Path) -> dict:
 def measure(states: list[str], workdir: Path, command: str) -> list[dict]:
     """The rows of ``states``, run one after the other in one clone under ``workdir``."""
     checkout, cache = clone(workdir), workdir / "cache"
-    from coupling_utils.pipeline.teaching import book_plans
+    from coupling_utils.pipeline.book_times import book_plans
 
     facts = machine() | {"jobs": JOBS, "plans": book_plans(), "commit": commit(checkout)}
     rows = []

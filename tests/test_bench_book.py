@@ -27,7 +27,7 @@ def bench():
 def fake(bench, monkeypatch, tmp_path):
     """bench_book.main with its clone and runs faked; ``calls`` records each run's checkout and cache,
     ``results`` the run results in order (one per ``make book``)."""
-    from coupling_utils.pipeline import teaching
+    from coupling_utils.pipeline import book_times
 
     calls, results = [], []
 
@@ -44,7 +44,7 @@ def fake(bench, monkeypatch, tmp_path):
     monkeypatch.setattr(bench, "commit", lambda repo: "abc123def456")
     monkeypatch.setattr(bench, "machine", lambda: {"machine": "2 CPU (X), no GPU", "memory_gib": 8})
     monkeypatch.setattr(bench, "load_at_start", lambda: 0.1)
-    monkeypatch.setattr(teaching, "book_plans", lambda: "plans-a")
+    monkeypatch.setattr(book_times, "book_plans", lambda: "plans-a")
     return calls, results
 
 
@@ -105,12 +105,12 @@ def test_the_shipped_table_is_one_the_page_can_read():
     """data/benchmarks/book_builds.csv holds a successful cold run with the columns the page reads."""
     import pandas as pd
 
-    from coupling_utils.pipeline import teaching
+    from coupling_utils.pipeline import book_times
 
     shipped = pd.read_csv(ROOT / "data" / "benchmarks" / "book_builds.csv", dtype={"plans": str})
     assert set(shipped.columns) >= {"state", "seconds", "status", "jobs", "plans", "commit", "machine"}
     assert (shipped[shipped.state == "cold"].status == "ok").any()
-    assert teaching.book_times(shipped).startswith("The first `make book` on a clean clone took ")
+    assert book_times.book_times(shipped).startswith("The first `make book` on a clean clone took ")
 
 
 def test_the_readme_quotes_the_shipped_table():

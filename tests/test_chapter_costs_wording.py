@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from coupling_utils.pipeline import teaching
+from coupling_utils.pipeline import book_times, teaching
 
 MACHINE = "2 CPU (Xeon), no GPU"
 
@@ -159,16 +159,16 @@ def test_the_whole_book_s_time_comes_from_the_benchmark_and_says_when_the_chapte
     """The running page typed "23 minutes (1384 s at 14a7a7d …; the chapters have grown since that
     commit)": the sentence is now made from ``bench/bench_book.py``'s table, and says so itself
     when the chapters' plans changed after the run."""
-    text = teaching.book_times(builds(), plans="p")
+    text = book_times.book_times(builds(), plans="p")
     assert text.startswith("The first `make book` on a clean clone took about 25 min (1513 s: a fresh `git")
     assert "2 at a time); a second one, with everything cached, took about 3 min (177 s)." in text
     assert "Measured on a 2-core CPU (Xeon, no GPU) on 2026-12-07, in one run, at commit `abc`" in text
     assert "2 of the 2 runs were quiet" in text and "changed since" not in text
-    assert "default parameters have changed since, so" in teaching.book_times(builds(), plans="q")
-    busy = teaching.book_times(builds(other_cpu_share=[0.3, 0.01]), plans="p")
+    assert "default parameters have changed since, so" in book_times.book_times(builds(), plans="q")
+    busy = book_times.book_times(builds(other_cpu_share=[0.3, 0.01]), plans="p")
     assert "while `make book` cold (30%) ran, so that time is likely too long" in busy
-    cold_only = teaching.book_times(builds(status=["ok", "failed (exit 2)"]), plans="p")
+    cold_only = book_times.book_times(builds(status=["ok", "failed (exit 2)"]), plans="p")
     assert "second one" not in cold_only and "1 of the 1 runs were quiet" in cold_only
     for missing in (pd.DataFrame(), builds(status=["failed (exit 2)", "ok"])):
-        text = teaching.book_times(missing)
+        text = book_times.book_times(missing)
         assert text.startswith("The time of a whole `make book` has not been measured"), text

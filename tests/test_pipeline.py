@@ -69,6 +69,18 @@ def test_every_parameter_is_a_checked_field_of_its_chapter(nb):
     check_parameters(nb.stem, {n: p.default for n, p in declared.items()})  # the defaults pass
 
 
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.stem)
+def test_a_notebook_run_without_papermill_is_the_default_profile_s(nb):
+    """Jupyter's Run All, Colab and the lab kit run the parameters cell as written, with no profile
+    injected: its values must be the `default` profile's, the book's run, which the pages, the
+    solutions and the chapter's time describe. f01's cell measured 2 prompts and f05's 2 after the
+    default profile had gone to 6 (each verdict then had no interval)."""
+    declared = notebook_parameters(nb)
+    profile = profile_values(nb, "default")
+    differ = {n: (declared[n].default, v) for n, v in profile.items() if declared[n].default != v}
+    assert not differ, f"{nb.stem}: the cell (left) is not the default profile (right): {differ}"
+
+
 def test_bad_values_fail_before_a_kernel_starts(tmp_path):
     nb = next(p for p in NOTEBOOKS if p.stem.startswith("f01"))
     result = run_notebook(nb, "smoke", {"dtype": "float64", "tile_k": 4}, tmp_path)

@@ -44,21 +44,9 @@ from coupling_utils.files import cache_dir
 from coupling_utils.measurement import Extra, Job, Options, collect
 
 __all__ = [
-    "Params",
-    "LINEAR",
-    "EXPONENTIAL",
-    "EXPONENTIAL_CLAIM",
-    "VERDICT_RULES",
-    "weights",
-    "jobs",
-    "NotMeasured",
-    "Results",
-    "run",
-    "claims",
-    "interval_words",
-    "lss_compared",
-    "glue_values",
-]
+    "Params", "LINEAR", "EXPONENTIAL", "EXPONENTIAL_CLAIM", "VERDICT_RULES", "weights", "jobs", "NotMeasured",
+    "Results", "run", "claims", "interval_words", "lss_compared", "glue_values",
+]  # fmt: skip
 
 NOTEBOOK = "f05_token_trajectories"
 TRAINED, TWIN = "trained", "random init"  # the tables' ``model`` column
@@ -83,9 +71,14 @@ class Params(ChapterParams):
     compare_random_init: bool = param(True, boolean)
     init_seed: int = param(0, integer(min=0))
     prompts: list = param(
-        [
+        [  # f01's six (the demo and one of each category of data/prompts.csv): a 95% interval needs 6
             "What is the capital of France? The capital is",
-            "The quick brown fox jumps over the lazy dog because it",
+            "Question: Maya has 12 apples. She gives 5 to her brother and then buys 8 more. "
+            "How many apples does she have now? Answer:",
+            "Question: Which gas do plants take in from the air to make their food? Answer:",
+            "A man pours pancake batter into a hot pan. After a minute, he",
+            "Question: What is the derivative of x^2 with respect to x? A) x B) 2x C) x^3 D) 2 Answer:",
+            "Q: What happens if you swallow a piece of chewing gum? A:",
         ],
         list_of(text()),
     )
@@ -399,11 +392,8 @@ def _straight_values(s: Mapping[str, Any]) -> dict[str, Any]:
     """The straightness rule's numbers: the walk's score and both ratios with their intervals."""
     from IPython.display import Markdown
 
-    out = {
-        "f05_lss_walk": s["walk"],
-        "f05_straight_rule": straighter_text(),
-        "f05_straight_short": Markdown(short_of_straighter(s)),
-    }
+    out = {"f05_lss_walk": s["walk"], "f05_straight_rule": straighter_text()}
+    out["f05_straight_short"] = Markdown(short_of_straighter(s))
     for name in ("walk_ratio", "twin_ratio"):
         iv = s[name]
         out |= {f"f05_{name}": iv.estimate, f"f05_{name}_low": iv.low, f"f05_{name}_high": iv.high,

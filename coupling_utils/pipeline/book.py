@@ -266,7 +266,8 @@ def _stage_generated_pages(
         stage_costs(page[TEACHING_PAGE], root / "data" / "benchmarks" / "chapter_costs.csv")
         stage_plans(page[TEACHING_PAGE], root / "data" / "benchmarks" / "chapter_costs.csv")
     if (src / PROSE_DIR / f"{RUNNING_PAGE}.md").is_file():
-        from coupling_utils.pipeline.teaching import stage_book_times, stage_profile_times
+        from coupling_utils.pipeline.book_times import stage_book_times
+        from coupling_utils.pipeline.teaching import stage_profile_times
 
         running = src / PROSE_DIR / f"{RUNNING_PAGE}.md"
         stage_profile_times(running, root / DATA_DIR / "benchmarks" / "chapter_costs.csv")

@@ -57,10 +57,6 @@ __all__ = [
     "PROFILE_TIMES_MARKER",
     "profile_times",
     "stage_profile_times",
-    "BOOK_TIMES_MARKER",
-    "book_plans",
-    "book_times",
-    "stage_book_times",
 ]
 
 MARKER = "% exercise-table"
@@ -69,7 +65,6 @@ KIT_MARKER = "% lab-kit"
 TIME_MARKER = "% chapter-time"  # in each chapter's objectives block
 PLANS_MARKER = "% plan-costs"
 PROFILE_TIMES_MARKER = "% profile-times"  # below the profiles table of the running page
-BOOK_TIMES_MARKER = "% book-times"  # the running page's whole `make book`, first and second time
 LAB_CHAPTERS = ("f00", "f01", "f05")  # the 90-minute session of the course plans
 LAB_COMPUTE_MINUTES = 30  # at most this much of the lab's 90 minutes may be spent waiting for runs
 # the teaching page's course plans and the chapters each runs (their compute time is generated)
@@ -574,50 +569,3 @@ def stage_profile_times(page: Path, costs_csv: Path) -> bool:
     """Replace the :data:`PROFILE_TIMES_MARKER` line of a staged page with :func:`profile_times`."""
     costs = pd.read_csv(costs_csv) if Path(costs_csv).is_file() else pd.DataFrame()
     return replace_marker(page, PROFILE_TIMES_MARKER, profile_times(costs))
-
-
-def book_plans() -> str:
-    """One hash of every chapter's plan today (:func:`current_plans`): what ``bench/bench_book.py``
-    records with a whole book's time, so the page can tell when the chapters changed after it."""
-    from coupling_utils.provenance import stable_hash
-
-    return stable_hash(current_plans())
-
-
-def book_times(builds: pd.DataFrame, plans: str | None = None) -> str:
-    """How long a whole ``make book`` took on a clean clone, the first time (``cold``) and the
-    second (``warm``), from ``bench/bench_book.py``'s table: where, when and at which commit
-    (:func:`measured_how`), and, with ``plans`` (today's hash of every chapter's plan, as the
-    benchmark records it), whether the chapters' default parameters changed after the run."""
-    need = {"state", "seconds", "status"}
-    rows = builds[builds.status == "ok"] if need <= set(builds.columns) else builds[:0]
-    said = {r.state: r for r in rows.itertuples()}
-    if "cold" not in said:
-        return "The time of a whole `make book` has not been measured yet (`python bench/bench_book.py`).\n"
-    cold = said["cold"]
-    jobs = int(cold.jobs) if "jobs" in rows.columns and pd.notna(cold.jobs) else None
-    text = (
-        f"The first `make book` on a clean clone took {_about(cold.seconds / 60)} ({cold.seconds:.0f} s: a "
-        "fresh `git clone` with its own `make venv` and an empty model cache, `COUPLING_CACHE`"
-        + (f"; the notebooks {jobs} at a time" if jobs else "")
-        + ")"
-    )
-    if "warm" in said:
-        warm = said["warm"].seconds
-        text += f"; a second one, with everything cached, took {_about(warm / 60)} ({warm:.0f} s)"
-    shown = rows[rows.state.isin(["cold", "warm"])].assign(chapter="`make book`")
-    text += f". Measured {measured_how(shown)}."
-    recorded = {str(p) for p in shown.get("plans", pd.Series(dtype=str)).dropna()}
-    if plans and recorded != {plans}:
-        text += (
-            " The chapters' default parameters have changed since"
-            + (" (or were not recorded)" if not recorded else "")
-            + ", so today's book may take longer or less: `python bench/bench_book.py` measures it again."
-        )
-    return text + "\n"
-
-
-def stage_book_times(page: Path, builds_csv: Path) -> bool:
-    """Replace the :data:`BOOK_TIMES_MARKER` line of a staged page with :func:`book_times`."""
-    builds = pd.read_csv(builds_csv, dtype={"plans": str}) if Path(builds_csv).is_file() else pd.DataFrame()
-    return replace_marker(page, BOOK_TIMES_MARKER, book_times(builds, plans=book_plans()))
