@@ -43,18 +43,19 @@ def straighter_text(unit: str = "prompts", twin: str = "the random-init model's"
     )
 
 
-def short_of_straighter(values: dict) -> str:
+def short_of_straighter(values: dict, twin: str = "the twin's") -> str:
     """Why :data:`STRAIGHTER` gives ``values`` (:func:`straightness`'s) no yes, as a sentence in the
-    rule's own terms (walk_ratio: the score over the walk's; twin_ratio: over the twin's), from
-    :meth:`Rule.short_of_yes`; "" for a yes, and where nothing was judged (no twin: NaN ratios)."""
+    rule's own terms (walk_ratio: the score over the walk's; twin_ratio: over ``twin``, f03's first
+    checkpoint's), from :meth:`Rule.short_of_yes`; "" for a yes, and where nothing was judged (no
+    twin: NaN ratios)."""
     if any(np.isnan(float(getattr(values[n], "estimate", values[n]))) for n in STRAIGHTER.names):
         return ""
     short = STRAIGHTER.short_of_yes(values)
     if not short:
         return ""
     return (
-        "Not a yes: in the rule's terms (walk_ratio, the score over the walk's; twin_ratio, over the "
-        f"twin's), {short}."
+        "Not a yes: in the rule's terms (walk_ratio, the score over the walk's; twin_ratio, over "
+        f"{twin}), {short}."
     )
 
 

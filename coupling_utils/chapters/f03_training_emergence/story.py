@@ -332,7 +332,7 @@ def _trajectory_values(r: Results) -> dict[str, Any]:
         "f03_lss_walk": float(r.straight["walk"]),
         "f03_straight_rule": STRAIGHT_RULE,
         "f03_straight_verdict": _verdict(r, "straight"),
-        "f03_straight_short": Markdown(short_of_straighter(r.straight)),
+        "f03_straight_short": Markdown(short_of_straighter(r.straight, twin="the first checkpoint's")),
         "f03_walk_ratio": float(r.straight["walk_ratio"].estimate),
         "f03_walk_ratio_interval": r.straight["walk_ratio"].words(),
         "f03_init_ratio": float(r.straight["twin_ratio"].estimate),
