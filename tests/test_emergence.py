@@ -483,3 +483,36 @@ def test_shape_intervals_resample_the_units_of_the_mean_curve():
     assert one["ratio"].low == -np.inf and one["ratio"].over == "1 prompt"
     with pytest.raises(ValueError, match="every prompt must be measured at every step"):
         shape_intervals(df.iloc[1:], "coupling", shape, names)
+
+
+@pytest.mark.parametrize("early_step", [None, 2, 0])
+def test_growth_intervals_give_shape_intervals_of_growth_summary_every_resample_at_once(early_step):
+    """f03 reran growth_summary (pandas, a Spearman ρ from scipy) on each of 500 resampled curves,
+    most of a warm rerun's time: growth_shape_intervals judges them all at once and must give the same
+    intervals, on curves with tied values, a flat stretch and a step 0."""
+    from coupling_utils.analysis.training_curves import growth_shape_intervals, shape_intervals
+
+    steps = [0, 1, 2, 4, 8, 16, 32]
+    rng = np.random.default_rng(1)
+    rows = [
+        {"prompt": p, "step": s, "coupling": round(0.1 * np.log2(s + 1) + 0.05 * rng.standard_normal(), 2)}
+        for p in "abcdefgh"
+        for s in steps
+    ]
+    df = pd.DataFrame(rows)
+
+    def shape(curve):
+        return em.growth_summary(curve, "coupling", early_step=early_step).iloc[0].to_dict()
+
+    names = ["early", "final", "ratio", "spearman", "rises", "max_drop", "peak", "final_vs_peak"]
+    names += [] if early_step == 0 else ["peak_position"]  # no log axis from step 0
+    old = shape_intervals(df, "coupling", shape, names, n_resamples=300)
+    new = growth_shape_intervals(df, "coupling", names, early_step=early_step, n_resamples=300)
+    assert set(new) == set(old) == set(names)
+    for name in names:
+        a, b = old[name], new[name]
+        assert (b.estimate, b.low, b.high) == pytest.approx((a.estimate, a.low, a.high), abs=1e-12), name
+        assert b.over == a.over == "8 prompts"
+    still = df.assign(coupling=0.5)
+    flat = growth_shape_intervals(still, "coupling", ["spearman", "max_drop"], n_resamples=20)
+    assert flat["max_drop"].high == 0 and "spearman" not in flat  # a flat curve has no ρ (NaN)

@@ -235,17 +235,14 @@ class Results:
     def rise_values(self) -> dict:
         """The headline curve's shape (:attr:`first`) with 95% intervals over the held-out windows
         (bootstrap: windows resampled, their mean curve's descriptors recomputed)."""
-        from coupling_utils.analysis.training_curves import growth_summary, shape_intervals
-
-        def shape(curve: pd.DataFrame) -> dict:
-            return growth_summary(curve, "coupling", early_step=self.params.early_step).iloc[0].to_dict()
+        from coupling_utils.analysis.training_curves import growth_shape_intervals
 
         names = sorted(RULES["rises"].names | RULES["monotone"].names)
-        return self.first.to_dict() | shape_intervals(
+        return self.first.to_dict() | growth_shape_intervals(
             self.per_prompt.rename(columns={"prompt": "window"}),
             "coupling",
-            shape,
             names,
+            early_step=self.params.early_step,
             n_resamples=500,
             unit="window",
         )
@@ -450,19 +447,17 @@ class Results:
 
     def _trajectory_judged(self, q: str, names: list[str]) -> dict:
         """The showcase run's :attr:`traj_growth` row of ``q``, with 95% intervals of ``names`` over
-        the held-out windows (``shape_intervals``)."""
-        from coupling_utils.analysis.training_curves import growth_summary, shape_intervals
+        the held-out windows (``growth_shape_intervals``)."""
+        from coupling_utils.analysis.training_curves import growth_shape_intervals
 
-        t = self.trajectories
+        t = self.trajectories.rename(columns={"prompt": "window"})
         t = t[(t.panel == MAIN) & (t.model == self.showcase)]
-        per = t.groupby(["prompt", "step"])[q].mean().reset_index()
-
-        def shape(curve: pd.DataFrame) -> dict:
-            return growth_summary(curve, q, early_step=self.params.early_step).iloc[0].to_dict()
-
+        per = t.groupby(["window", "step"])[q].mean().reset_index()
         row = self.traj_growth[self.traj_growth.model == self.showcase].set_index("quantity").loc[q]
-        per = per.rename(columns={"prompt": "window"})
-        return row.to_dict() | shape_intervals(per, q, shape, names, n_resamples=500, unit="window")
+        judged = growth_shape_intervals(
+            per, q, names, early_step=self.params.early_step, n_resamples=500, unit="window"
+        )
+        return row.to_dict() | judged
 
     @functools.cached_property
     def together_in(self) -> pd.DataFrame:
