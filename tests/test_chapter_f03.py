@@ -478,3 +478,28 @@ def test_the_expodistance_row_names_its_reconstruction_and_reports_the_others():
     assert not {"rises", "falls", "below", "shrink"} & set(words.replace(",", " ").split())
     assert "not told apart" in words and reconstruction_words({}) == ""
     assert "log-linear reconstruction of expodistance, 1 − R²" in NOTEBOOK.read_text()
+
+
+def test_together_intervals_match_scipy_on_every_resample():
+    """together_intervals judges every resampled set of windows at once; each of its intervals
+    must be the percentile interval of scipy's Spearman ρ on the same resamples' mean curves (the
+    loop it replaced), ties included."""
+    import numpy as np
+    from scipy import stats as sps
+
+    from coupling_utils.analysis.stats import resample_rows
+    from coupling_utils.chapters.f03_training_emergence.results import together_intervals
+
+    steps = np.arange(10)
+    per = _windows(0.1 * steps, 3 - 0.2 * steps, noise=0.3, seed=4).round(1)  # rounding makes ties
+    got = together_intervals(per, n_resamples=200)
+    wide = per.pivot_table(index="prompt", columns="step", values=["coupling", "lss"])
+    draws = {"coupling_step": [], "lss_step": [], "rho_lss": []}
+    for rows in resample_rows(len(wide), 200, 0):
+        sample = wide.iloc[rows]
+        c, s = sample["coupling"].mean().to_numpy(), sample["lss"].mean().to_numpy()
+        for name, (x, y) in {"coupling_step": (steps, c), "lss_step": (steps, s), "rho_lss": (c, s)}.items():
+            draws[name].append(sps.spearmanr(x, y).statistic)
+    for name, values in draws.items():
+        low, high = np.quantile(np.array(values)[np.isfinite(values)], [0.025, 0.975])
+        assert (got[name].low, got[name].high) == pytest.approx((low, high), abs=1e-12), name

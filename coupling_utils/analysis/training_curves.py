@@ -109,7 +109,9 @@ def _shapes(steps: np.ndarray, v: np.ndarray) -> dict[str, np.ndarray]:
     :func:`_shape` says of one curve, for a bootstrap's resampled curves at once. Spearman's ρ is the
     Pearson correlation of the values' ranks (ties averaged) with the steps' (NaN for a flat curve;
     with two checkpoints, the sign of the change)."""
-    from scipy import stats
+    from scipy.stats import rankdata
+
+    from coupling_utils.analysis.stats import rowwise_pearson
 
     v = np.asarray(v, dtype=float)
     steps = np.asarray(steps)
@@ -118,11 +120,9 @@ def _shapes(steps: np.ndarray, v: np.ndarray) -> dict[str, np.ndarray]:
     span = np.ptp(v, axis=1)
     flat = ~(span > 0)
     with np.errstate(invalid="ignore", divide="ignore"):
-        if v.shape[1] >= 3:
-            ranks = stats.rankdata(v, axis=1)
-            x = np.arange(1, v.shape[1] + 1, dtype=float) - (v.shape[1] + 1) / 2
-            y = ranks - ranks.mean(axis=1, keepdims=True)
-            rho = (y @ x) / np.sqrt((y * y).sum(axis=1) * (x @ x))
+        if v.shape[1] >= 3:  # the steps increase: their ranks are 1, 2, …
+            order = np.broadcast_to(np.arange(1.0, v.shape[1] + 1), v.shape)
+            rho = rowwise_pearson(rankdata(v, axis=1), order)
         else:
             rho = np.sign(final - early)
         peak = np.argmax(v, axis=1)
@@ -132,7 +132,7 @@ def _shapes(steps: np.ndarray, v: np.ndarray) -> dict[str, np.ndarray]:
             "early": early,
             "final": final,
             "ratio": np.where(early != 0, final / early, np.nan),
-            "spearman": np.where(flat, np.nan, np.clip(rho, -1.0, 1.0)),
+            "spearman": np.where(flat, np.nan, rho),
             "rises": np.mean(diffs > 0, axis=1),
             "max_drop": np.where(flat, 0.0, np.maximum(0.0, -diffs.min(axis=1)) / span),
             "peak_step": steps[peak],

@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -73,32 +72,34 @@ def together_intervals(per_window: pd.DataFrame, n_resamples: int = 500) -> dict
     the mean line-shape score with the step (``lss_step``) and of the two with each other
     (``rho_lss``), each with a 95% interval over the windows (all three from the same resampled
     windows). A value that cannot be computed (a constant curve) is NaN, which no rule passes."""
-    from scipy import stats as sps
+    from scipy.stats import rankdata
 
-    from coupling_utils.analysis.stats import bootstrap_intervals
+    from coupling_utils.analysis.stats import bootstrap_intervals, resampled_means, rowwise_pearson
 
     wide = per_window.pivot_table(index="prompt", columns="step", values=["coupling", "lss"], dropna=False)
     steps = wide["coupling"].columns.to_numpy()
 
-    def rho(x, y) -> float:
-        with np.errstate(all="ignore"), warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # a constant curve: ρ is NaN, said as such
-            return float(sps.spearmanr(x, y).statistic)
-
-    def values(sample: pd.DataFrame) -> dict[str, float]:
-        coupling, lss = sample["coupling"].mean().to_numpy(), sample["lss"].mean().to_numpy()
-        return {
-            "coupling_step": rho(steps, coupling),
-            "lss_step": rho(steps, lss),
-            "rho_lss": rho(coupling, lss),
+    def values(columns: dict) -> dict[str, np.ndarray]:  # every resample at once
+        # each checkpoint's mean over the windows, added left to right as the pivoted table's rows
+        coupling, lss = (
+            np.stack([resampled_means(columns[(name, s)], "left_to_right") for s in steps], axis=-1)
+            for name in ("coupling", "lss")
+        )
+        order = np.broadcast_to(rankdata(steps), coupling.shape)
+        ranked_coupling, ranked_lss = rankdata(coupling, axis=-1), rankdata(lss, axis=-1)
+        return {  # Spearman's ρ: the Pearson r of the ranks (ties averaged); NaN for a constant curve
+            "coupling_step": rowwise_pearson(ranked_coupling, order),
+            "lss_step": rowwise_pearson(ranked_lss, order),
+            "rho_lss": rowwise_pearson(ranked_coupling, ranked_lss),
         }
 
     names = ("coupling_step", "lss_step", "rho_lss")
     if wide.isna().to_numpy().any():  # a window missing at some checkpoint: nothing to resample
-        est = values(wide)
+        means = {c: np.nanmean(wide[c].to_numpy(dtype=float))[None, None] for c in wide.columns}
+        est = {k: float(v[0]) for k, v in values(means).items()}
         over = "windows not at every checkpoint"
         return {k: Interval(est[k], -np.inf, np.inf, over=over) for k in names}
-    out = bootstrap_intervals(wide, values, "window", n_resamples=n_resamples)
+    out = bootstrap_intervals(wide, values, "window", n_resamples=n_resamples, vectorized=True)
     return {k: out.get(k, math.nan) for k in names}
 
 
