@@ -127,7 +127,9 @@ def _shapes(steps: np.ndarray, v: np.ndarray) -> dict[str, np.ndarray]:
             rho = np.sign(final - early)
         peak = np.argmax(v, axis=1)
         first, last = steps[0], steps[-1]
-        position = np.log(steps[peak] / first) / np.log(last / first) if first > 0 else np.nan + early
+        position = np.full_like(early, np.nan)  # no log axis from step 0
+        if first > 0:
+            position = np.log(steps[peak] / first) / np.log(last / first)
         return {
             "early": early,
             "final": final,
