@@ -37,28 +37,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 from _common import commit  # noqa: E402
-from bench_chapters import load_at_start, machine, timed_run  # noqa: E402
+from bench_chapters import FACTS, TIMED, load_at_start, machine, timed_run, timed_words  # noqa: E402
 
 STATES = ("cold", "warm")  # in the order they run: warm reuses the cold run's clone and cache
-COLUMNS = [
-    "state",
-    "seconds",
-    "cpu_seconds",
-    "peak_rss_mib",
-    "other_cpu_seconds",
-    "other_cpu_share",
-    "status",
-    "jobs",
-    "plans",
-    "machine",
-    "load_at_start",
-    "memory_gib",
-    "torch",
-    "coupling_utils",
-    "commit",
-    "date_utc",
-    "command",
-]
+COLUMNS = ["state", *TIMED, "jobs", "plans", *FACTS]
 TARGET = ROOT / "data" / "benchmarks" / "book_builds.csv"
 JOBS = 2  # make book's default (the Makefile's JOBS)
 
@@ -89,12 +71,7 @@ def measure(states: list[str], workdir: Path, command: str) -> list[dict]:
         row = {"state": state, **make_book(checkout, cache)}
         now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M")
         rows.append(row | facts | {"date_utc": now, "command": command})
-        other = "?" if row["other_cpu_seconds"] == "" else row["other_cpu_seconds"]
-        print(
-            f"make book, {state}: {row['seconds']} s wall, {row['cpu_seconds']} s CPU, "
-            f"{row['peak_rss_mib']} MiB peak, other processes {other} s CPU, {row['status']}",
-            flush=True,
-        )
+        print(f"make book, {state}: {timed_words(row)}", flush=True)
         if row["status"] != "ok":
             break  # a warm run after a failed cold one would measure a half-built book
     return rows

@@ -66,26 +66,11 @@ from _common import commit, other_cpu, read_cpu_jiffies  # noqa: E402
 
 CHAPTERS = ("f00", "f01", "f02", "f03", "f04", "f05")
 STATES = ("cold", "models", "warm")  # in the order they run: warm reuses the cold run's cache
-COLUMNS = [
-    "chapter",
-    "state",
-    "seconds",
-    "cpu_seconds",
-    "peak_rss_mib",
-    "other_cpu_seconds",
-    "other_cpu_share",
-    "status",
-    "profile",
-    "plan",
-    "machine",
-    "load_at_start",
-    "memory_gib",
-    "torch",
-    "coupling_utils",
-    "commit",
-    "date_utc",
-    "command",
-]
+TIMED = ["seconds", "cpu_seconds", "peak_rss_mib", "other_cpu_seconds", "other_cpu_share", "status"]
+"""The columns :func:`timed_run` fills."""
+FACTS = ["machine", "load_at_start", "memory_gib", "torch", "coupling_utils", "commit", "date_utc", "command"]
+"""The columns that say where, when and with what code a row was measured (:func:`machine` and the rest)."""
+COLUMNS = ["chapter", "state", *TIMED, "profile", "plan", *FACTS]
 
 
 def load_at_start() -> float | str:
@@ -175,6 +160,15 @@ def timed_run(cmd: list[str], env: dict, stat=read_cpu_jiffies, cwd: Path = ROOT
     }
 
 
+def timed_words(row: dict) -> str:
+    """One :func:`timed_run` result as the benchmarks print it while they run."""
+    other = "?" if row["other_cpu_seconds"] == "" else row["other_cpu_seconds"]  # 0.0 is recorded
+    return (
+        f"{row['seconds']} s wall, {row['cpu_seconds']} s CPU, {row['peak_rss_mib']} MiB peak, "
+        f"other processes {other} s CPU, {row['status']}"
+    )
+
+
 def run(chapter: str, cache: Path, out: Path) -> dict:
     """One ``coupling-book run`` of ``chapter`` in a subprocess (:func:`timed_run`)."""
     env = _env(cache)
@@ -226,12 +220,7 @@ def measure_chapter(chapter: str, states: list[str], tmp: Path, command: str) ->
         row = {"chapter": chapter, "state": state, **run(chapter, cache, out), "profile": "default"}
         now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M")
         rows.append(row | {"plan": plan, **facts, "date_utc": now, "command": command})
-        other = "?" if row["other_cpu_seconds"] == "" else row["other_cpu_seconds"]  # 0.0 is recorded
-        print(
-            f"{chapter} {state}: {row['seconds']} s wall, {row['cpu_seconds']} s CPU, "
-            f"{row['peak_rss_mib']} MiB peak, other processes {other} s CPU, {row['status']}",
-            flush=True,
-        )
+        print(f"{chapter} {state}: {timed_words(row)}", flush=True)
     for name in ("cold", "models"):
         shutil.rmtree(tmp / f"cache-{chapter}-{name}", ignore_errors=True)
     return rows
