@@ -273,3 +273,28 @@ def test_the_measure_command_takes_last_block():
         measurement_settings(last_block="nope")
     args = build_parser().parse_args(["measure", "org/model", "--last-block", "final_norm", "--out", "x"])
     assert args.last_block == "final_norm"
+
+
+def test_a_verdict_changed_under_two_conventions_is_said_once():
+    from coupling_utils.analysis.last_block import changed_verdicts
+
+    names = {"depth": "depth-wise", "tiles": "tiles"}
+    both = changed_verdicts(
+        {"depth": "yes", "tiles": "no"},
+        {"block": {"depth": "partly", "tiles": "no"}, "excluded": {"depth": "partly", "tiles": "yes"}},
+        names,
+    )
+    assert both == (
+        "The depth-wise row would be *partly* (here *yes*) under 'block' and under 'excluded'; "
+        "the tiles row would be *yes* (here *no*) under 'excluded': "
+        "the status table says so in each row's note."
+    )
+    others = {"block": {"depth": "partly"}, "excluded": {"depth": "no"}}
+    apart = changed_verdicts({"depth": "yes"}, others, names)
+    assert apart.count("depth-wise row") == 2 and "*partly* (here *yes*) under 'block';" in apart
+    alike = changed_verdicts(
+        {"depth": "yes", "tiles": "yes"}, {"block": {"depth": "no", "tiles": "no"}}, names
+    )
+    assert alike.startswith("The depth-wise and tiles rows would be *no* (here *yes*) under 'block':")
+    same = changed_verdicts({"depth": "yes"}, {"block": {"depth": "yes"}}, names)
+    assert same == "No verdict changes under 'block'."

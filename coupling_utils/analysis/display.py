@@ -51,9 +51,12 @@ import base64
 import dataclasses
 import html
 import json
+import math
 import re
 from collections.abc import Mapping
 from typing import Any
+
+import numpy as np
 
 from coupling_utils.analysis.layout import caption_problems
 from coupling_utils.analysis.rendering import (
@@ -223,9 +226,14 @@ def chart_parts(page: str) -> ChartParts:
 
 
 def _cell_text(value: Any) -> Any:
-    """Table cell text with line breaks shown as ↵ (never a literal backslash-n)."""
+    """Table cell text with line breaks shown as ↵ (never a literal backslash-n), and a number to
+    four significant digits ("0.08599", "7.653e-07"; a whole number whole: "143000"), where pandas
+    would print six decimals, or switch a whole column to "8.507584e-01" for one small value in it.
+    The CSV download keeps every digit."""
     if isinstance(value, str):
         return re.sub(r"\s*\n\s*", " ↵ ", value.strip())
+    if isinstance(value, (float, np.floating)) and math.isfinite(value):
+        return f"{value:.0f}" if value == round(value) and abs(value) < 1e15 else f"{value:.4g}"
     return value
 
 

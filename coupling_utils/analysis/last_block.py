@@ -270,11 +270,18 @@ def changed_verdicts(
 ) -> str:
     """One sentence: which rows (``names``: row -> words) get another verdict under which other
     convention (``others``: convention -> row -> verdict), or that none does."""
+    under: dict[tuple[str, str], list[str]] = {}  # (row, verdict) -> the conventions giving it
+    for convention, verdicts in others.items():
+        for row, v in verdicts.items():
+            if v is not None and v != own[row]:
+                under.setdefault((row, v), []).append(f"'{convention}'")
+    rows: dict[tuple[str, str, tuple[str, ...]], list[str]] = {}  # rows that change alike, said once
+    for (row, v), conventions in under.items():
+        rows.setdefault((v, str(own[row]), tuple(conventions)), []).append(names[row])
     changed = [
-        f"the {names[row]} row would be *{v}* (here *{own[row]}*) under '{convention}'"
-        for convention, verdicts in others.items()
-        for row, v in verdicts.items()
-        if v is not None and v != own[row]
+        f"the {' and '.join(which)} {'row' if len(which) == 1 else 'rows'} would be *{v}* (here *{was}*) "
+        f"under {' and under '.join(conventions)}"
+        for (v, was, conventions), which in rows.items()
     ]
     unjudged = [c for c, verdicts in others.items() if all(v is None for v in verdicts.values())]
     tail = (
@@ -287,9 +294,8 @@ def changed_verdicts(
         if not judged:
             return tail.strip() or "No other convention was judged."
         return f"No verdict changes under {' and '.join(repr(c) for c in judged)}." + tail
-    return (
-        "Under another convention " + "; ".join(changed) + ": the status table says so in each row's note."
-    ) + tail
+    said = "; ".join(changed)
+    return said[0].upper() + said[1:] + ": the status table says so in each row's note." + tail
 
 
 def last_lines_chart(pairs: Mapping[str, TwinMeasurement], k: int):

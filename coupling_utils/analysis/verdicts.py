@@ -158,7 +158,8 @@ class Interval:
         if not self.resampled:
             return f"{_fmt(self.estimate)} [{self.words()}]"
         over = f" over {self.over}" if self.over else ""
-        return f"{_fmt(self.estimate)} [{_fmt(self.low)}, {_fmt(self.high)}; {self.level:.0%}{over}]"
+        estimate, low, high = _told_apart(self.estimate, self.low, self.high)
+        return f"{estimate} [{low}, {high}; {self.level:.0%}{over}]"
 
 
 def _names(tree: ast.AST) -> set[str]:
@@ -485,6 +486,16 @@ def _fmt(value: Any) -> str:
         return str(value)
     v = float(value)
     return "NaN" if math.isnan(v) else f"{v:.3g}"
+
+
+def _told_apart(*values: float) -> list[str]:
+    """``values`` to three significant digits, or to as many more (up to six) as it takes for
+    values that differ to read differently: "1.083 [1.081, 1.084]", never "1.08 [1.08, 1.08]"."""
+    for digits in range(3, 7):
+        words = ["NaN" if math.isnan(v) else f"{v:.{digits}g}" for v in map(float, values)]
+        if all(words[i] != words[j] for i in range(len(words)) for j in range(i) if values[i] != values[j]):
+            break
+    return words
 
 
 def claim(

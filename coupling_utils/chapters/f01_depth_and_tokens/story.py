@@ -212,7 +212,16 @@ def _tile_glue(tiles: dict) -> dict[str, float]:
             out |= {f"f01_diag_{key}": value.estimate, f"f01_diag_{key}_interval": value.words(".0%")}
         else:
             out[f"f01_diag_{key}"] = value
+    if "f01_diag_diagonal_twin" in out:  # "in at most 0% of the twin's" says "none" in a roundabout way
+        out["f01_diag_twin_share_words"] = _at_most(float(out.pop("f01_diag_diagonal_twin")))
     return out
+
+
+def _at_most(share: float) -> str:
+    """An upper share in words: "none", "under 1%" or "at most 4%"."""
+    if share == 0:
+        return "none"
+    return "under 1%" if share < 0.005 else f"at most {share:.0%}"
 
 
 def claims(r: Results) -> list[dict]:
@@ -467,13 +476,14 @@ def _last_block_glue(r: Results) -> dict[str, Any]:
     v, p = r.last_block_values, r.params
     keys = ("trained_block", "trained_final_norm", "twin_block", "twin_final_norm",
             "trained_change", "twin_change", "trained_line_diff", "twin_line_diff",
-            "rest_diff", "trained_s1_block", "trained_s1_final_norm")  # fmt: skip
+            "trained_s1_block", "trained_s1_final_norm")  # fmt: skip
     return {
         "f01_last_block": Markdown(f'`last_block = "{p.last_block}"`'),
         "f01_last_block_words": lb.CONVENTION_WORDS[p.last_block],
         "f01_lb_last": int(r.main.n_layers - 1),
         **{f"f01_lb_{key}": float(v[key]) for key in keys},
         "f01_lb_excluded_words": excluded_words(v, int(r.main.n_layers)),
+        "f01_lb_rest_words": f"every pair without the last block agrees {_agreement(v['rest_diff'])}",
         "f01_lb_verdicts": Markdown(lb.changed_verdicts(r.main_verdicts(), r.other_verdicts, ROW_NAMES)),
     }
 
@@ -485,8 +495,16 @@ def excluded_words(v: Mapping[str, float], n_layers: int) -> str:
         return f"Leaving the last block out leaves no pair of different blocks to average ({n_layers} blocks)"
     return (
         f"Leaving the last block out gives {v['trained_excluded']:.4f} (twin {v['twin_excluded']:.4f}), the "
-        f"same from either measurement (they differ by {v['excluded_diff']:.1e})"
+        f"same from either measurement ({_agreement(v['excluded_diff'], 'they ')})"
     )
+
+
+def _agreement(diff: float, subject: str = "") -> str:
+    """How closely two measurements of the same values agree: "exactly" where their largest
+    difference is 0, else "to within 3.1e-08" (with ``subject``: "they differ by 3.1e-08")."""
+    if diff == 0:
+        return "exactly" if not subject else f"{subject}agree exactly"
+    return f"to within {diff:.1e}" if not subject else f"{subject}differ by {diff:.1e}"
 
 
 def glue_values(r: Results, status: pd.DataFrame) -> dict[str, Any]:

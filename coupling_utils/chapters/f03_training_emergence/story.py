@@ -13,7 +13,7 @@ from coupling_utils.analysis.emergence_search import SEARCH_LAST_BLOCK
 from coupling_utils.analysis.straightness import STRAIGHTER, short_of_straighter, straighter_text
 from coupling_utils.analysis.verdicts import claim, verdict_word
 from coupling_utils.chapters.f03_training_emergence.exercises import exercise_k, exercise_lr, exercise_pairs
-from coupling_utils.chapters.f03_training_emergence.plan import MAIN, RULES, quiz_prompts
+from coupling_utils.chapters.f03_training_emergence.plan import MAIN, RULES, TOGETHER_PARTS, quiz_prompts
 from coupling_utils.chapters.f03_training_emergence.results import Results
 from coupling_utils.chapters.f03_training_emergence.words import (
     at_first_checkpoint,
@@ -23,6 +23,7 @@ from coupling_utils.chapters.f03_training_emergence.words import (
     peak_words,
     reconstruction_words,
     rises_words,
+    shortfall,
     together_words,
     versus_first,
     windows_words,
@@ -110,12 +111,15 @@ def _together_ours(v: dict) -> str:
     return f"ρ with the step: coupling {c:.2f}, LSS {lss:.2f}; ρ(coupling, LSS) = {both:.2f}"
 
 
-def _failed_words(failed: list[str]) -> str:
-    """Which parts of claim 3 did not hold over their intervals, in words."""
-    return (
-        "every part holds over its interval"
-        if not failed
-        else "not held over the whole interval: " + "; ".join(f"“{part}”" for part in failed)
+def _failed_words(values: dict, failed: list[str]) -> str:
+    """Which parts of claim 3 did not hold over their intervals, and why, in words: "not held:
+    “coupling rises with the step” (ρ 0.11, needs ρ ≥ 0.3); …"."""
+    if not failed:
+        return "every part holds over its interval"
+    rhos = {part: values[TOGETHER_PARTS[part].split()[0]] for part in failed}
+    return "not held: " + "; ".join(
+        f"“{part}” (ρ {float(getattr(rho, 'estimate', rho)):.2f}, {shortfall(values, part)})"
+        for part, rho in rhos.items()
     )
 
 
@@ -149,7 +153,8 @@ def claims(r: Results) -> list[dict]:
             values=r.together_values,
             ours=_together_ours(r.together_values),
             note=f"Spearman ρ over the {len(r.together_in)} checkpoints from step {p.early_step} on "
-            f"(LSS: lower = straighter); {_failed_words(r.together_failed)}; {_convention(r, 'together')}",
+            f"(LSS: lower = straighter); {_failed_words(r.together_values, r.together_failed)}; "
+            f"{_convention(r, 'together')}",
         ),
         claim(
             CLAIMS["straight"],

@@ -129,13 +129,8 @@ def together_words(values: dict, failed: list[str]) -> str:
     from coupling_utils.chapters.f03_training_emergence.plan import TOGETHER_PARTS
 
     def part_words(part: str, bound: bool) -> str:
-        name, op, limit = TOGETHER_PARTS[part].split()
-        need = ""
-        if bound:  # a failed part: its estimate misses the bound, or meets it without its interval
-            meets = _COMPARE[op](_estimate(values[name]), float(limit))
-            need = f", {'meets' if meets else 'needs'} ρ {_SIGNS[op]} {limit}" + (
-                " at the estimate only" if meets else ""
-            )
+        name = TOGETHER_PARTS[part].split()[0]
+        need = f", {shortfall(values, part)}" if bound else ""
         return f"“{part}”, {with_interval('ρ', values[name])}{need}"
 
     held = [part_words(part, False) for part in TOGETHER_PARTS if part not in failed]
@@ -145,6 +140,17 @@ def together_words(values: dict, failed: list[str]) -> str:
         ([f"held over {whole}: " + "; ".join(held)] if held else [])
         + (["not held: " + "; ".join(lost)] if lost else [])
     )
+
+
+def shortfall(values: dict, part: str) -> str:
+    """Why a part of ``TOGETHER_PARTS`` that failed is not held: its estimate misses the bound
+    ("needs ρ ≥ 0.3"), or meets it without its interval ("meets ρ ≥ 0.3 at the estimate only")."""
+    from coupling_utils.chapters.f03_training_emergence.plan import TOGETHER_PARTS
+
+    name, op, limit = TOGETHER_PARTS[part].split()
+    if _COMPARE[op](_estimate(values[name]), float(limit)):
+        return f"meets ρ {_SIGNS[op]} {limit} at the estimate only"
+    return f"needs ρ {_SIGNS[op]} {limit}"
 
 
 _SIGNS = {">=": "≥", "<=": "≤"}
