@@ -216,7 +216,7 @@ def test_glue_values_are_the_names_the_prose_uses(measured):
     assert set(values) - used == {"f01_kmin"}  # glued as before, though no sentence quotes it yet
     assert used <= set(values)
     assert values["f01_trained"] == float(r.per_model.query("model == 'tiny' and K == 4").trained.iloc[0])
-    assert values["f01_kmax"] == 4 and values["f01_kmin"] == 2 and values["f01_n_pairs"] == 4 * 3
+    assert values["f01_kmax"] == 4 and values["f01_kmin"] == 2 and values["f01_farthest_distance"] == 3
     gaps = r.per_model[r.per_model.model == "tiny"].set_index("K")["trained − random"]
     assert values["f01_excess_k"] == gaps.idxmin() and values["f01_excess"] == pytest.approx(gaps.min())
     assert values["f01_diag_chance"] == pytest.approx(1 / 3)

@@ -37,9 +37,9 @@ def straighter_text(unit: str = "prompts", twin: str = "the random-init model's"
     """:data:`STRAIGHTER` in words, naming what the interval resamples (``unit``: f05's prompts,
     f03's windows) and what stands in for the twin (f03: its first checkpoint)."""
     return (
-        "straighter trajectories: a mean line-shape score at most 0.8 of a random walk's with the same "
-        f"number of steps and at most 0.9 of {twin}, both over the whole 95% interval (bootstrap over "
-        f"{unit}); partly if both estimates are merely below 1; otherwise no"
+        "yes (straighter trajectories) for a mean line-shape score at most 0.8 of a random walk's with "
+        f"the same number of steps and at most 0.9 of {twin}, both over the whole 95% interval "
+        f"(bootstrap over {unit}); partly if both estimates are merely below 1; otherwise no"
     )
 
 

@@ -276,14 +276,13 @@ def assumptions(r: Results) -> list[tuple[str, bool, str]]:
 
 def _distance_values(r: Results) -> dict[str, Any]:
     """How far along depth the drawn model's coupling reaches (trained, K = max(k))."""
-    p, n, trend = r.params, r.main.n_layers, r.trend
+    p, trend = r.params, r.trend
     kmax = max(p.k)
     tr = trend[(trend.weights == "trained") & (trend["K"] == kmax)].iloc[0]
-    blocks = len(set(p.layers)) if p.layers else n
     return {
         "f01_adjacent": float(tr.adjacent),
         "f01_farthest": float(tr.farthest),
-        "f01_n_pairs": blocks * (blocks - 1),
+        "f01_farthest_distance": int(r.by_distance["distance"].max()),
         **distance_words(r.distance.get("spearman"), r.distance["adjacent_excess"]),
     }
 
