@@ -352,26 +352,61 @@ def test_randomized_method_uses_the_lanczos_solver(deep_model, deep_ids, deep_ex
     assert res.provenance["settings"]["solver"] == "lanczos"
 
 
+@pytest.mark.parametrize("checkpoint", [0, 600])
 def test_the_assembly_maps_each_stored_file_once_and_reads_back_no_table_this_run_stored(
-    model, prompts, full, tmp_path, monkeypatch
+    model, prompts, full, tmp_path, monkeypatch, checkpoint
 ):
     """A prompt's tables are assembled from the layer tables this run stored, kept in memory, and
     from its stored arrays, each file mapped once (not once per token and layer): the same tables
-    as ever, to the bit (a layer resumed from its files gives them too: test_measurement_crash)."""
+    as ever, to the bit (a layer resumed from its files gives them too: test_measurement_crash).
+    Layers held in memory (a checkpoint interval longer than the run) get no file at all, and
+    their arrays are read from memory: the same tables again."""
+    from coupling_utils.measurement import Options
     from coupling_utils.measurement import store as stored
 
-    maps, reads = [], []
-    load, read = stored.load_npy, pd.read_parquet
+    maps, reads, saved = [], [], []
+    load, read, save = stored.load_npy, pd.read_parquet, stored.save_npy
     monkeypatch.setattr(stored, "load_npy", lambda path, mmap=True: maps.append(path) or load(path, mmap))
     monkeypatch.setattr(pd, "read_parquet", lambda path, *a, **kw: reads.append(path) or read(path, *a, **kw))
-    res = measure(model, prompts, tokens="all", k=KS, context="last", tiles=3, out=tmp_path)
-    assert maps and len(maps) == len(set(maps)), sorted(maps)
+    monkeypatch.setattr(stored, "save_npy", lambda path, arr: saved.append(path) or save(path, arr))
+    options = Options(checkpoint_seconds=checkpoint)
+    res = measure(model, prompts, tokens="all", k=KS, context="last", tiles=3, out=tmp_path, options=options)
+    if checkpoint:
+        assert maps == [] and saved == [] and not list((tmp_path / "_work").rglob("*.*"))
+    else:
+        assert maps and len(maps) == len(set(maps)), sorted(maps)
+        assert saved and all("/_work/" in str(path) for path in saved)
     assert reads == []
     for name in TABLES:
         got, want = getattr(res, name), getattr(full, name)
         if name == "timings":
             got, want = got.drop(columns="seconds"), want.drop(columns="seconds")
         pd.testing.assert_frame_equal(got, want, check_exact=True, obj=name)
+
+
+def test_held_layers_are_written_once_they_reach_the_byte_cap(model, prompts, tmp_path, monkeypatch):
+    """However long the checkpoint interval, layers are not held past ``HELD_BYTES`` (a GPU can
+    finish many large layers in seconds): here every layer is over a one-byte cap, so each is
+    written when done, and the tables are the same."""
+    from coupling_utils.measurement import Options
+    from coupling_utils.measurement import store as stored
+
+    saved, save = [], stored.save_npy
+    monkeypatch.setattr(stored, "HELD_BYTES", 1)
+    spy = lambda path, arr: saved.append(path.parent.name) or save(path, arr)  # noqa: E731
+    monkeypatch.setattr(stored, "save_npy", spy)
+    res = measure(model, prompts, tokens="all", k=KS, out=tmp_path, options=Options(checkpoint_seconds=600))
+    layers = sorted(res.depthwise.layer_i.unique())
+    assert sorted(set(saved)) == [f"layer_{layer:04d}" for layer in layers]
+    pd.testing.assert_frame_equal(res.depthwise, measure(model, prompts, tokens="all", k=KS).depthwise)
+
+
+@pytest.mark.parametrize("bad", [-1, float("inf"), float("nan"), True, "10"])
+def test_a_checkpoint_interval_is_seconds_zero_or_more(bad):
+    from coupling_utils.measurement import Options
+
+    with pytest.raises(ValueError, match="checkpoint_seconds must be a number of seconds, 0 or more"):
+        Options(checkpoint_seconds=bad)
 
 
 def test_tables_without_rows_get_no_file_and_a_resumed_run_reads_them_as_empty(model, prompts, tmp_path):

@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from coupling_utils.engine.architectures import tiny_model
-from coupling_utils.measurement import TABLES, Measurement, measure
+from coupling_utils.measurement import TABLES, Measurement, Options, measure
 
 WORKER = r"""
 import fnmatch, os, signal, sys, time
@@ -36,9 +36,10 @@ import torch
 torch.set_num_threads(1)
 import coupling_utils.engine.jacobians as jac
 from coupling_utils.engine.architectures import tiny_model
-from coupling_utils.measurement import measure
+from coupling_utils.measurement import Options, measure
 
 out, kill_at, result, sync = Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+options = Options(checkpoint_seconds=float(sys.argv[5]))  # 0: every layer written when done
 kind, _, target = kill_at.partition(":")
 
 
@@ -101,12 +102,15 @@ model = tiny_model("llama")
 g = torch.Generator().manual_seed(7)
 prompts = {"a": torch.randint(0, 64, (1, 5), generator=g), "b": torch.randint(0, 64, (1, 4), generator=g)}
 cb = callback or (lambda info: computed.append(info["computed"]))
-res = measure(model, prompts, tokens="all", k=(3, 8), context="last", tiles=3, out=out, callback=cb)
+res = measure(
+    model, prompts, tokens="all", k=(3, 8), context="last", tiles=3, out=out, callback=cb, options=options
+)
 pd.to_pickle({"tables": res.tables, "computed": computed}, result)
 print("finished", flush=True)
 """
 
-KW = dict(tokens="all", k=(3, 8), context="last", tiles=3)
+KW = dict(tokens="all", k=(3, 8), context="last", tiles=3, options=Options(checkpoint_seconds=0))
+"""Every layer written as soon as it is done: the layer files these tests kill, damage and resume."""
 
 
 def _inputs():
@@ -128,8 +132,9 @@ def worker(tmp_path):
     script.write_text(WORKER)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
 
-    def start(out: Path, kill_at: str = "none", name: str = "result") -> subprocess.Popen:
-        cmd = [sys.executable, str(script), str(out), kill_at, str(tmp_path / f"{name}.pkl"), str(tmp_path)]
+    def start(out: Path, kill_at: str = "none", name: str = "result", checkpoint: float = 0):
+        result = str(tmp_path / f"{name}.pkl")
+        cmd = [sys.executable, str(script), str(out), kill_at, result, str(tmp_path), str(checkpoint)]
         return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
     return start
@@ -184,6 +189,25 @@ def test_killed_inside_a_layer_and_mid_write_then_resumed_gives_the_same_tables(
     _same_tables(Measurement.load(out).tables, reference)
     assert not list(out.rglob("*.tmp"))
     assert not (out / "_work").exists() or not any((out / "_work").iterdir())
+
+
+@pytest.mark.slow
+def test_killed_with_its_layers_held_loses_only_them_and_resumes_to_the_same_tables(
+    tmp_path, worker, reference
+):
+    """At a checkpoint interval longer than the run, finished layers are held in memory: a process
+    killed inside prompt b's layer 1 has written prompt a (a finished prompt is always written) and
+    none of b's layers; a resumed run measures b's layers again, to the reference tables."""
+    out = tmp_path / "m"
+    _killed(worker(out, "jacobian:4", checkpoint=600))
+    assert (out / "prompts" / "a" / "done.json").exists()
+    assert not list((out / "_work").rglob("done.json"))
+    proc = worker(out, "none", checkpoint=600)
+    stdout, stderr = proc.communicate(timeout=600)
+    assert proc.returncode == 0 and "finished" in stdout, stderr[-3000:]
+    got = pd.read_pickle(tmp_path / "result.pkl")
+    assert got["computed"] == [True, True]  # b's two layers, measured again; a was read back
+    _same_tables(got["tables"], reference)
 
 
 @pytest.mark.slow

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import numpy as np
 import pandas as pd
 import torch
 
@@ -33,17 +34,19 @@ def prompt_tables(
     metas: list[dict],
     cross: list[dict] | None,
     own: Mapping[int, Mapping[str, list[Piece | pd.DataFrame]]],
+    held: Mapping[tuple[int, str], np.ndarray] | None = None,
 ) -> dict[str, pd.DataFrame]:
     """Every table of prompt ``p`` from its stored layers (``metas``: their markers; ``cross``:
     the matrix-free cross-product markers, None for formed Jacobians; ``own``: each layer's own
     tables (``Settings.layer_tables``), by layer and table: the pieces this run made them of, or
-    the table read back from a resumed layer)."""
+    the table read back from a resumed layer; ``held``: the arrays of layers finished but not
+    yet written, by (layer, name), read from memory instead of their files)."""
     layers = list(s.layers)
     tables: dict[str, list[Piece | pd.DataFrame]] = {name: [] for name in TABLES}
     for meta in metas:
         for name in s.layer_tables:
             tables[name] += own[meta["layer"]][name]
-    arrays = store.arrays(p.pid)
+    arrays = store.arrays(p.pid, held)
     tile_layers = [l for l in layers if l in set(s.tile_layers)] if s.tiles else []
     if len(layers) >= 2 or tile_layers:
         for a, t in enumerate(metas[0]["tokens"]):

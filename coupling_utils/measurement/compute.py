@@ -27,10 +27,9 @@ from coupling_utils.engine.spectra import (
     operator_topk,
     topk_svd,
 )
-from coupling_utils.files import atomic_write_parquet
 from coupling_utils.measurement.inputs import ModelInfo, Prompt, token_positions
 from coupling_utils.measurement.settings import Settings
-from coupling_utils.measurement.store import Store, save_npy, write_json
+from coupling_utils.measurement.store import HeldLayers, Store, save_npy, write_json
 from coupling_utils.measurement.tables import (
     Piece,
     concat,
@@ -148,13 +147,17 @@ def spectra(
 
 
 class LayerWork:
-    """The per-(prompt, layer) computations of one run, stored under ``store``."""
+    """The per-(prompt, layer) computations of one run, stored under ``store``: each finished
+    layer through ``held`` (:class:`~coupling_utils.measurement.store.HeldLayers`), which writes
+    it at most every ``checkpoint_seconds``. Matrix-free layers are written at once: their cross
+    products read the partners' vectors from their files."""
 
-    def __init__(self, info: ModelInfo, settings: Settings, store: Store):
+    def __init__(self, info: ModelInfo, settings: Settings, store: Store, checkpoint_seconds: float = 0.0):
         self.model = info.model
         self.s = settings
         self.store = store
         self.kmax = settings.kmax
+        self.held = HeldLayers(store, 0.0 if settings.method == "matrix_free" else checkpoint_seconds)
         self.paths: dict[tuple[str, int], tuple[str, str]] = {}  # (prompt, layer) -> (path, why)
         self._one_token: tuple[str | None, dict] = (None, {})  # (prompt, {token: OneTokenCalls})
         # the layer tables stored by this run, as their pieces, for the prompt's assembly:
@@ -180,8 +183,7 @@ class LayerWork:
     def compute_layer(self, p: Prompt, layer: int) -> dict:
         """Spectra of the selected tokens' J_tt, token-wise and context tables; marker last."""
         s, t0 = self.s, time.perf_counter()
-        ldir = self.store.layer_dir(p.pid, layer)
-        ldir.mkdir(parents=True, exist_ok=True)
+        self.held.start(p.pid, layer)
         if s.method == "matrix_free":
             T, sel, basis, S_top, tw_tiles, passes = self._matrix_free_layer(p, layer)
         else:
@@ -210,12 +212,12 @@ class LayerWork:
             "empty_tables": sorted(self._empty.pop((p.pid, layer), [])),
             "arrays": self._arrays.pop((p.pid, layer)),
         }
-        write_json(ldir / "done.json", meta)  # written last: the layer is complete
+        self.held.done(p.pid, layer, meta)  # the layer is complete: written now, or held
         return meta
 
     def store_array(self, pid: str, layer: int, name: str, arr: torch.Tensor) -> None:
         """Store a layer's array ``name``; its shape goes into the layer's marker, which vouches for it."""
-        save_npy(self.store.layer_dir(pid, layer) / f"{name}.npy", arr)
+        self.held.array(pid, layer, name, arr)
         self._arrays.setdefault((pid, layer), {})[name] = list(arr.shape)
 
     def store_table(self, pid: str, layer: int, name: str, pieces: list[Piece]) -> None:
@@ -223,7 +225,7 @@ class LayerWork:
         marker, ``empty_tables``), and keep its pieces for the prompt's assembly."""
         table = concat(name, pieces)
         if len(table):
-            atomic_write_parquet(table, self.store.layer_dir(pid, layer) / f"{name}.parquet")
+            self.held.table(pid, layer, name, table)
         else:
             self._empty.setdefault((pid, layer), []).append(name)
         self._tables.setdefault(pid, {}).setdefault(layer, {})[name] = pieces

@@ -19,11 +19,14 @@ Every table is long ("tidy", one row per observation) with ``coupling = 1 âˆ’ mÂ
 dtype, prompts, settings, what the last block was (``last_block``), the fingerprint of the code
 that made the numbers, package and library versions, UTC time).
 
-Memory and resuming: work goes layer by layer. After each (prompt, layer) the layer's
-Jacobians of the selected tokens (or, matrix-free, their low-rank factors) and per-layer
-tables are written atomically under ``out/_work/<prompt>/`` with a completion marker; when a
+Memory and resuming: work goes layer by layer. A finished (prompt, layer)'s Jacobians of the
+selected tokens (or, matrix-free, their low-rank factors) and per-layer tables are written
+atomically under ``out/_work/<prompt>/`` with a completion marker, at most every
+``Options.checkpoint_seconds`` (held in memory meanwhile, :class:`~.store.HeldLayers`; written
+at once when they reach 256 MiB, and when an error or Ctrl-C stops the run); when a
 prompt's layers are all done, its depth-wise tables are computed one token at a time from
-memory-mapped files, written to ``out/prompts/<prompt>/``, and the work files removed. An
+memory-mapped files (held arrays from memory), written to ``out/prompts/<prompt>/``, and the
+work files removed. An
 interrupted run started again with the same ``out`` (``resume=True``) recomputes nothing that
 is stored, as long as the same code stored it: work stored by other code (another
 :func:`~coupling_utils.provenance.code_fingerprint`) is measured again, or, with
@@ -167,9 +170,13 @@ def measure_with(
         with file_lock(out_path / ".lock", f"measure into {out_path}"):
             store = Store(out_path)
             made_by = store.open(resolved, code_fingerprint(), resume=resume, reuse_stale=reuse_stale)
-            run = _Run(info, resolved, store, callback, progress)
+            run = _Run(info, resolved, store, callback, progress, options.checkpoint_seconds)
             with frozen(info.model):
-                tables = run.all_prompts(plist, keep_work)
+                try:
+                    tables = run.all_prompts(plist, keep_work)
+                except BaseException:  # an error or Ctrl-C: the finished layers held are kept
+                    run.work.held.write()
+                    raise
             provenance = run.provenance(plist, tables, made_by)
             if tmp_out is None:
                 store.finish(tables, provenance)
@@ -182,9 +189,11 @@ def measure_with(
 class _Run:
     """The loop of one measure() call: prompts, then their layers, then their tables."""
 
-    def __init__(self, info: ModelInfo, settings: Settings, store: Store, callback, progress: bool):
+    def __init__(
+        self, info: ModelInfo, settings: Settings, store: Store, callback, progress: bool, checkpoint: float
+    ):
         self.info, self.s, self.store, self.callback = info, settings, store, callback
-        self.work = LayerWork(info, settings, store)
+        self.work = LayerWork(info, settings, store, checkpoint)
         self.progress = progress
         self.paths: dict[str, int] = {}  # how the token Jacobians were formed: path -> layers
         self.started = _dt.datetime.now(_dt.timezone.utc)
@@ -197,7 +206,10 @@ class _Run:
             tables = self.store.finished_prompt(p.pid, p.digest)
             if tables is None:
                 tables = self.one_prompt(p, bar)
+                if keep_work:  # its work files are kept: every layer's, held ones written first
+                    self.work.held.write()
                 self.store.finish_prompt(p.pid, p.digest, tables, keep_work)
+                self.work.held.drop(p.pid)
             else:
                 bar.update(n_layers)
             results.append(tables)
@@ -234,7 +246,7 @@ class _Run:
                 self._report(p, layer, computed, "cross", cmeta)
         own = {layer: {name: [df] for name, df in tables.items()} for layer, tables in read.items()}
         own.update(self.work.stored_tables(p.pid))
-        return prompt_tables(self.store, self.s, p, metas, cross, own)
+        return prompt_tables(self.store, self.s, p, metas, cross, own, self.work.held.arrays(p.pid))
 
     def _report(self, p: Prompt, layer: int, computed: bool, stage: str, meta: dict) -> None:
         if self.callback is not None:

@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Sequence
+import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -34,10 +35,11 @@ import torch
 
 from coupling_utils.engine.metric import SVD
 from coupling_utils.files import atomic_path, atomic_write_parquet, atomic_write_text, read_json, set_aside
+from coupling_utils.measurement.options import HELD_BYTES
 from coupling_utils.measurement.settings import Settings
 from coupling_utils.measurement.tables import TABLES, Measurement, concat, frame
 
-__all__ = ["Store", "PromptArrays", "write_json", "save_npy", "load_npy", "empty_tables"]
+__all__ = ["Store", "HeldLayers", "PromptArrays", "write_json", "save_npy", "load_npy", "empty_tables"]
 
 MARKERS = ("done.json", "cross.json", "provenance.json")
 
@@ -271,9 +273,10 @@ class Store:
         return m
 
     # -- stored arrays
-    def arrays(self, pid: str) -> PromptArrays:
-        """Prompt ``pid``'s stored arrays, each file mapped once for as long as the result lives."""
-        return PromptArrays(self, pid)
+    def arrays(self, pid: str, held: Mapping[tuple[int, str], np.ndarray] | None = None) -> PromptArrays:
+        """Prompt ``pid``'s stored arrays, each file mapped once for as long as the result lives
+        (``held``: arrays not yet written, by (layer, name), taken from memory instead)."""
+        return PromptArrays(self, pid, held)
 
     def basis(self, pid: str, layer: int, prefix: str = "", index=None) -> SVD:
         """A layer's stored top singular triplets (all tokens, or token ``index``), on the host."""
@@ -284,15 +287,82 @@ class Store:
         return self.arrays(pid).array(layer, name, index)
 
 
+class HeldLayers:
+    """A run's finished layers, held in memory until they are written to their folders.
+
+    Each layer's arrays and tables, then its marker (``done.json``, which vouches for them), are
+    written once ``checkpoint_seconds`` have passed since the last write (0: at once), once
+    :data:`~coupling_utils.measurement.options.HELD_BYTES` are held, or when :meth:`write` is
+    called (an error or Ctrl-C, a prompt whose work is kept). A process killed outright loses the
+    layers held, at most that many seconds of work, and a resumed run measures them again; a small
+    model's layers, which take milliseconds, do not each pay for their own files."""
+
+    def __init__(self, store: Store, checkpoint_seconds: float = 0.0):
+        self.store, self.checkpoint_seconds = store, float(checkpoint_seconds)
+        self._held: dict[tuple[str, int], dict] = {}  # (prompt, layer) -> arrays, tables, marker
+        self._bytes = 0
+        self._written = time.perf_counter()  # when held layers were last written
+
+    def start(self, pid: str, layer: int) -> None:
+        self._held[(pid, layer)] = {"arrays": {}, "tables": {}, "meta": None}
+
+    def array(self, pid: str, layer: int, name: str, arr: torch.Tensor | np.ndarray) -> None:
+        """Hold a layer's array, on the host."""
+        held = np.ascontiguousarray(arr.detach().cpu().numpy() if isinstance(arr, torch.Tensor) else arr)
+        self._held[(pid, layer)]["arrays"][name] = held
+        self._bytes += held.nbytes
+
+    def table(self, pid: str, layer: int, name: str, table: pd.DataFrame) -> None:
+        self._held[(pid, layer)]["tables"][name] = table
+
+    def done(self, pid: str, layer: int, meta: dict) -> None:
+        """The layer is complete (``meta``: its marker): write the held layers if they are due."""
+        self._held[(pid, layer)]["meta"] = meta
+        due = time.perf_counter() - self._written >= self.checkpoint_seconds
+        if self.checkpoint_seconds <= 0 or due or self._bytes >= HELD_BYTES:
+            self.write()
+
+    def write(self) -> None:
+        """Write every complete layer held, in the order they were finished, each marker last. A
+        layer still being computed (no marker yet) is dropped: it is measured again."""
+        for key, held in list(self._held.items()):
+            del self._held[key]
+            if held["meta"] is None:
+                continue
+            ldir = self.store.layer_dir(*key)
+            ldir.mkdir(parents=True, exist_ok=True)
+            for name, arr in held["arrays"].items():
+                save_npy(ldir / f"{name}.npy", arr)
+            for name, table in held["tables"].items():
+                atomic_write_parquet(table, ldir / f"{name}.parquet")
+            write_json(ldir / "done.json", held["meta"])  # written last: the layer is complete
+        self._bytes = 0
+        self._written = time.perf_counter()
+
+    def arrays(self, pid: str) -> dict[tuple[int, str], np.ndarray]:
+        """Prompt ``pid``'s complete layers' arrays still held, by (layer, name)."""
+        return {
+            (layer, name): arr
+            for (held_pid, layer), held in self._held.items()
+            if held_pid == pid and held["meta"] is not None
+            for name, arr in held["arrays"].items()
+        }
+
+    def drop(self, pid: str) -> None:
+        """Forget prompt ``pid``'s held layers: its tables are stored, its work is not needed."""
+        self._held = {key: held for key, held in self._held.items() if key[0] != pid}
+        self._bytes = sum(a.nbytes for held in self._held.values() for a in held["arrays"].values())
+
+
 class PromptArrays:
     """The stored arrays of one prompt's layers, each file memory-mapped at its first read and
     kept while this object lives (one assembly of a prompt whose layers are all stored): reading
     them a token at a time then maps each file once, not once per token (on a small model,
     mapping a file cost more than the arithmetic on what it holds)."""
 
-    def __init__(self, store: Store, pid: str):
+    def __init__(self, store: Store, pid: str, held: Mapping[tuple[int, str], np.ndarray] | None = None):
         self.store, self.pid = store, pid
-        self._maps: dict[tuple[int, str], np.ndarray] = {}
+        self._maps: dict[tuple[int, str], np.ndarray] = dict(held or {})
 
     def _mapped(self, layer: int, name: str) -> np.ndarray:
         key = (layer, name)

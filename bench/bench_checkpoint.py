@@ -1,0 +1,116 @@
+"""Every finished layer written at once, against layers held in memory between checkpoints: a
+chapter's measurements timed both ways, side by side, in one run.
+
+A measurement writes each finished (prompt, layer) to disk so that a killed run resumes from it
+(``measurement.store``). For a small model a layer takes milliseconds and its files (arrays,
+Parquet tables, marker) cost as much again, so the default :class:`Options` holds finished
+layers in memory and writes them at most every ``checkpoint_seconds`` (10 s;
+``measurement.store.HeldLayers``). For each chapter (default: f04 and f03, whose models are
+small), its embedded models are built first (untimed, ``coupling-book zoo prepare``); then its
+measurements, ``<chapter>.run(Params())`` at the default profile from a cache holding only the
+models, run in a subprocess ``--repeats`` times each way, alternating:
+``Options(checkpoint_seconds=0)`` (every layer written when done, as before) and ``Options()``.
+The tables are the same either way (``tests/test_measure.py``); only the time differs. Rows go to
+``data/benchmarks/checkpoint.csv``; the ratio printed is the median time written-at-once over the
+median time held. Offline: only the embedded models are used.
+
+    python bench/bench_checkpoint.py                      # f04 and f03, twice each way
+    python bench/bench_checkpoint.py --chapters f01 --repeats 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime as dt
+import shutil
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+from _common import commit  # noqa: E402
+from bench_chapters import (  # noqa: E402
+    FACTS,
+    TIMED,
+    _env,
+    load_at_start,
+    machine,
+    prepare_models,
+    timed_run,
+    timed_words,
+)
+
+from coupling_utils.chapters import NAMES  # noqa: E402
+
+CHAPTERS = {name[:3]: name for name in NAMES}  # "f04" -> "f04_vision_transformers"
+WAYS = {"every layer written (checkpoint_seconds=0)": 0.0, "held (checkpoint_seconds=10, the default)": 10.0}
+COLUMNS = ["chapter", "way", "checkpoint_seconds", "repeat", *TIMED, "ratio", *FACTS]
+MEASURE = (
+    "import sys\nfrom coupling_utils.chapters import chapter\n"
+    "from coupling_utils.measurement import Options\n"
+    "m = chapter(sys.argv[1]); m.run(m.Params(), Options(checkpoint_seconds=float(sys.argv[2])))"
+)
+
+
+def measure_chapter(short: str, repeats: int, tmp: Path) -> list[dict]:
+    """The rows of one chapter: its measurements timed each way ``repeats`` times, alternating,
+    each from a copy of a cache that holds only the chapter's models."""
+    models = tmp / f"models-{short}"
+    prepare_models(short, models)
+    rows = []
+    for repeat in range(1, repeats + 1):
+        for way, seconds in WAYS.items():
+            cache = tmp / "cache"
+            shutil.rmtree(cache, ignore_errors=True)
+            shutil.copytree(models, cache, symlinks=True)
+            row = timed_run([sys.executable, "-c", MEASURE, CHAPTERS[short], str(seconds)], _env(cache))
+            rows.append({"chapter": short, "way": way, "checkpoint_seconds": seconds, "repeat": repeat} | row)
+            print(f"{short} {way}, run {repeat}: {timed_words(row)}", flush=True)
+    shutil.rmtree(tmp / "cache", ignore_errors=True)
+    shutil.rmtree(models, ignore_errors=True)
+    written, held = (statistics.median(r["seconds"] for r in rows if r["way"] == way) for way in WAYS)
+    for r in rows:
+        r["ratio"] = round(written / held, 2)
+    ratio = f"{written / held:.2f}×"
+    print(f"{short}: every layer written {written} s, held {held} s (medians of {repeats}): {ratio}")
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--chapters", nargs="*", default=["f04", "f03"], help=f"from {sorted(CHAPTERS)}")
+    ap.add_argument("--repeats", type=int, default=2, help="runs each way, alternating (default 2)")
+    ap.add_argument("--out", default=str(ROOT / "data" / "benchmarks" / "checkpoint.csv"))
+    args = ap.parse_args(argv)
+    unknown = [c for c in args.chapters if c not in CHAPTERS]
+    if unknown:
+        ap.error(f"unknown chapters {unknown}: choose from {sorted(CHAPTERS)}")
+    if args.repeats < 1:
+        ap.error(f"--repeats must be 1 or more, got {args.repeats}")
+    command = (
+        "python bench/bench_checkpoint.py"
+        + ("" if args.chapters == ["f04", "f03"] else " --chapters " + " ".join(args.chapters))
+        + ("" if args.repeats == 2 else f" --repeats {args.repeats}")
+    )
+    facts = machine() | {"load_at_start": load_at_start(), "commit": commit(), "command": command}
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="checkpoint-") as tmp:
+        for short in args.chapters:
+            rows += measure_chapter(short, args.repeats, Path(tmp))
+    now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M")
+    from coupling_utils.files import atomic_path
+
+    target = Path(args.out)
+    with atomic_path(target) as out, out.open("w", newline="", encoding="utf-8") as fh:
+        writer = csv.DictWriter(fh, fieldnames=COLUMNS)
+        writer.writeheader()
+        writer.writerows(r | facts | {"date_utc": now} for r in rows)
+    print(f"wrote {target}")
+    return 0 if all(r["status"] == "ok" for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
