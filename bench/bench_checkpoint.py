@@ -75,7 +75,7 @@ def measure_chapter(short: str, repeats: int, tmp: Path) -> list[dict]:
     for r in rows:
         r["ratio"] = round(written / held, 2)
     ratio = f"{written / held:.2f}×"
-    print(f"{short}: every layer written {written} s, held {held} s (medians of {repeats}): {ratio}")
+    print(f"{short}: every layer written {written:.1f} s, held {held:.1f} s (medians of {repeats}): {ratio}")
     return rows
 
 
