@@ -98,7 +98,17 @@ def machine() -> dict:
 
 
 def _env(cache: Path) -> dict:
-    return dict(os.environ, COUPLING_CACHE=str(cache), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    """The environment of a timed run: the notebook kernels' own (``execution.KERNEL_ENV``, so that a
+    run outside a kernel is timed as the book's are; values already set win), offline, on ``cache``."""
+    from coupling_utils.pipeline.execution import KERNEL_ENV
+
+    return {
+        **KERNEL_ENV,
+        **os.environ,
+        "COUPLING_CACHE": str(cache),
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+    }
 
 
 def prepare_models(chapter: str, cache: Path) -> None:
@@ -172,7 +182,6 @@ def timed_words(row: dict) -> str:
 def run(chapter: str, cache: Path, out: Path) -> dict:
     """One ``coupling-book run`` of ``chapter`` in a subprocess (:func:`timed_run`)."""
     env = _env(cache)
-    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     cmd = [str(Path(sys.executable).parent / "coupling-book"), "run", chapter, "--profile", "default"]
     return timed_run(cmd + ["--jobs", "1", "--output-dir", str(out)], env)
 

@@ -6,24 +6,20 @@ run: the real bench takes an hour."""
 from __future__ import annotations
 
 import csv
-import importlib.util
 import math
 import os
 import sys
 from pathlib import Path
 
 import pytest
+from support.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 HZ = os.sysconf("SC_CLK_TCK")
 
 
 def _load(name: str):
-    sys.path.insert(0, str(ROOT / "bench"))
-    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(f"bench/{name}.py")
 
 
 @pytest.fixture(scope="module")
@@ -170,3 +166,24 @@ def test_every_benchmark_row_records_the_commit_it_ran(common, tmp_path):
     (tmp_path / "a.txt").write_text("two\n")
     assert common.commit(tmp_path) == head[:12] + "+changes"
     assert common.provenance("python bench/x.py")["commit"] == common.commit()
+
+
+def test_a_timed_run_has_the_notebook_kernels_environment_offline_on_its_cache(bench, monkeypatch, tmp_path):
+    """Both benchmarks time their runs in ``_env``: the kernels' settings (no spinning OpenMP threads)
+    so that a run outside a kernel is timed as the book's are, a value the user set winning."""
+    from coupling_utils.pipeline.execution import KERNEL_ENV
+
+    for key in KERNEL_ENV:
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("TQDM_DISABLE", "0")
+    env = bench._env(tmp_path)
+    assert env["OMP_WAIT_POLICY"] == "PASSIVE"
+    assert env["TQDM_DISABLE"] == "0"
+    assert {k: env[k] for k in KERNEL_ENV if k != "TQDM_DISABLE"} == {
+        k: v for k, v in KERNEL_ENV.items() if k != "TQDM_DISABLE"
+    }
+    assert (env["COUPLING_CACHE"], env["HF_HUB_OFFLINE"], env["TRANSFORMERS_OFFLINE"]) == (
+        str(tmp_path),
+        "1",
+        "1",
+    )

@@ -5,22 +5,17 @@ Tested with a fake run: the real bench takes half an hour."""
 from __future__ import annotations
 
 import csv
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
+from support.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def bench():
-    sys.path.insert(0, str(ROOT / "bench"))
-    spec = importlib.util.spec_from_file_location("bench_checkpoint", ROOT / "bench" / "bench_checkpoint.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bench/bench_checkpoint.py")
 
 
 def test_both_ways_alternate_from_fresh_caches_and_the_ratio_is_of_the_medians(bench, tmp_path, monkeypatch):

@@ -3,13 +3,13 @@ so a failed or killed training never leaves a half run that a rerun would take f
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import tempfile
 from pathlib import Path
 
 import pytest
+from support.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -19,10 +19,7 @@ def script(monkeypatch):
     """The script as a module (its environment defaults undone after the test)."""
     monkeypatch.setenv("TQDM_DISABLE", "1")
     monkeypatch.setenv("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    spec = importlib.util.spec_from_file_location("f03_search", ROOT / "scripts" / "f03_emergence_search.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("scripts/f03_emergence_search.py")
 
 
 def _hidden(folder: Path) -> list[str]:

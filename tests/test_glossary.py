@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from pathlib import Path
 
 import pytest
+from support.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("glossary_links", ROOT / "scripts" / "glossary_links.py")
-glossary_links = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(glossary_links)
+glossary_links = load_script("scripts/glossary_links.py")
 
 
 def test_the_glossary_defines_at_least_twenty_terms():

@@ -3,23 +3,20 @@ on a CPU with --dry-run (tiny sizes, the notebooks listed, every engine method t
 
 from __future__ import annotations
 
-import importlib.util
 import math
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import torch
+from support.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def gpu_check():
-    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "bench" / "gpu_check.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bench/gpu_check.py")
 
 
 def test_without_a_gpu_it_says_what_to_do(gpu_check, capsys, monkeypatch):
