@@ -464,8 +464,13 @@ def test_coupling_is_set_against_the_best_size_measure_in_each_resample_not_one_
     tied = against_size(df, "y", ("c", "c"), {"a": "a", "b": "b", "flat": "flat"}, Bootstrap(200), "models",
                         "coupling")  # fmt: skip
     assert separates_words(tied).startswith(
-        "includes 0: these 12 models do not separate coupling from the best"
+        "includes 0, so these 12 models do not separate coupling from the best"
     )
+    noise = df.assign(c=rng.normal(size=12))
+    beaten = against_size(noise, "y", ("c", "c"), {"a": "a", "b": "b"}, Bootstrap(200), "models", "coupling")
+    assert separates_words(beaten) == (
+        "lies below 0: the best of the size measures explains the score better than coupling"
+    )  # it read "includes 0" whenever coupling did not win
     assert pairs_words(tied) == (
         "Against each size measure alone the paired 95% interval of the difference "
         "includes 0 as well: these 12 models separate coupling from none of them"

@@ -167,6 +167,24 @@ def test_every_densest_checkpoint_is_named():
     assert density_peak_words(d.assign(density=0.0)) == "is 0.00 at every checkpoint"
 
 
+def test_an_edge_density_equal_at_both_ends_is_not_said_to_go_anywhere():
+    """The body read "the share of layer pairs with an edge goes from 0.00 at the early checkpoint to
+    0.00 at the end"."""
+    import pandas as pd
+
+    from coupling_utils.chapters.f03_training_emergence.words import density_words
+
+    d = pd.DataFrame({"step": [1, 32, 64, 128, 4096], "density": [0, 1 / 6, 1 / 6, 1 / 6, 0]})
+    assert density_words(d, 0.0, 0.0) == (
+        "is 0.00 at the early checkpoint and at the end, and highest (0.17) at steps 32, 64 and 128"
+    )
+    rising = d.assign(density=[0.02, 0.1, 0.1, 0.2, 0.31])
+    assert density_words(rising, 0.02, 0.31) == (
+        "goes from 0.02 at the early checkpoint to 0.31 at the end, and is highest (0.31) at step 4096"
+    )
+    assert density_words(d.assign(density=0.0), 0.0, 0.0) == "is 0.00 at every checkpoint"
+
+
 def test_the_heatmap_solution_says_whether_the_heatmaps_show_the_peak():
     from types import SimpleNamespace
 

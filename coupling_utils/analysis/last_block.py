@@ -45,13 +45,12 @@ MEASURED_MAPS = ("block", "final_norm")
 """The two conventions that are different maps; "excluded" is either one without its last block."""
 
 CONVENTION_WORDS = {
-    "block": "the last block alone, the paper's definition (last_block = 'block')",
+    "block": "the last block alone, the paper's definition",
     "final_norm": "the last block with the model's final norm folded in, hidden_states[L-1] → "
-    "hidden_states[L], as the authors' code measured it (last_block = 'final_norm')",
-    "excluded": "the last block left out, as older helpers of the authors' code did "
-    "(last_block = 'excluded')",
+    "hidden_states[L], as the authors' code measured it",
+    "excluded": "the last block left out, as older helpers of the authors' code did",
 }
-"""Each convention in words, for prose and status notes."""
+"""Each convention in words, for prose that names it in code form just before (``last_block = "…"``)."""
 
 
 def companions(last_block: str) -> list[str]:

@@ -106,10 +106,13 @@ def sizes_words(a: AgainstSize, r2: Mapping[str, float]) -> str:
 
 def separates_words(a: AgainstSize) -> str:
     """What :data:`~.plan.BEATS_SIZE` reads off the lead's interval, after "the interval"."""
-    if BEATS_SIZE.judge({"gap": a.gap}) == "yes":
+    side = _side(a.gap, BEATS_SIZE)
+    if side == 1:
         return f"lies above 0: {a.name} explains the score better than every size measure"
+    if side == -1:
+        return f"lies below 0: the best of the size measures explains the score better than {a.name}"
     return (
-        f"includes 0: these {a.lead['n']} {a.unit} do not separate {a.name} from the best of the size "
+        f"includes 0, so these {a.lead['n']} {a.unit} do not separate {a.name} from the best of the size "
         "measures"
     )
 

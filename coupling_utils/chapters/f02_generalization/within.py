@@ -294,11 +294,11 @@ def sign_words(
         side = "positive" if low > 0 else "negative"
         return (
             f"{side} over its whole interval, but {n} members are fewer than the {min_n} the family rules "
-            "ask for: these members do not settle the sign"
+            "ask for, so these members do not settle the sign"
         )
     if low > 0:
         return "positive, the direction the paper reports"
     if high < 0:
         return against
     side = "positive" if rho > 0 else "not positive"
-    return f"{side} in its estimate, but its interval includes 0: these members do not settle the sign"
+    return f"{side} in its estimate, but its interval includes 0, so these members do not settle the sign"

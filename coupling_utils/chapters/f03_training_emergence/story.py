@@ -17,7 +17,7 @@ from coupling_utils.chapters.f03_training_emergence.plan import MAIN, RULES, TOG
 from coupling_utils.chapters.f03_training_emergence.results import Results
 from coupling_utils.chapters.f03_training_emergence.words import (
     at_first_checkpoint,
-    density_peak_words,
+    density_words,
     first_checkpoint,
     interval_of,
     peak_words,
@@ -134,15 +134,14 @@ def claims(r: Results) -> list[dict]:
     """The status rows, each judged by its rule in :data:`RULES`: the rise (ours, the paper's
     curves), its monotony, the graphs, linearity, and expodistance when measured. Pass them to
     ``pipeline.status.report``."""
-    p, dense, lss, exp = r.params, r.dense_values, r.lss_row, r.exp_row
+    p, lss, exp = r.params, r.lss_row, r.exp_row
     rows = _coupling_rows(r) + [
         claim(
             CLAIMS["dense"],
             paper="step 1: almost none; step 143000: dense (Fig. 1c–e)",
             rule=RULES["dense"],
             values=r.dense_judged,
-            ours=f"edge density {dense['density_early']:.2f} → {dense['density_final']:.2f}, "
-            f"{_density_peak_words(r).removeprefix('is ')}",
+            ours=f"edge density {_density_words(r)}",
             note=f"threshold 1 − m² > {p.graph_threshold}, K = {r.k_main}, "
             f"every checkpoint from step {p.early_step}; {_convention(r, 'dense')}",
         ),
@@ -316,13 +315,16 @@ def _graph_values(r: Results) -> dict[str, Any]:
         "f03_density_final": r.dense_values["density_final"],
         "f03_density_peak_step": r.d_peak,
         "f03_density_peak": float(dense.density.max()),
-        "f03_density_peak_words": _density_peak_words(r),
+        "f03_density_words": _density_words(r),
     }
 
 
-def _density_peak_words(r: Results) -> str:
-    """Where the layer graph is densest from ``early_step`` on (:func:`.words.density_peak_words`)."""
-    return density_peak_words(r.density[r.density.step >= r.params.early_step])
+def _density_words(r: Results) -> str:
+    """How the layer graph's edge density moves from ``early_step`` on (:func:`.words.density_words`)."""
+    dense = r.dense_values
+    return density_words(
+        r.density[r.density.step >= r.params.early_step], dense["density_early"], dense["density_final"]
+    )
 
 
 def _trajectory_values(r: Results) -> dict[str, Any]:
@@ -484,12 +486,11 @@ def _matched_rise(r: Results) -> list[str]:
 def _matched(r: Results) -> str:
     """What matched and what did not, one bullet per claim (and the quiz panel's); each verdict
     with the numbers its rule judged and their intervals."""
-    first, dense, lss, exp = r.first, r.dense_values, r.lss_row, r.exp_row
+    first, lss, exp = r.first, r.lss_row, r.exp_row
     bullets = _matched_rise(r)
     bullets.append(
         f"**Almost none early, dense at the end** ({_verdict(r, 'dense').data}). The layer graph's edge "
-        f"density goes {dense['density_early']:.2f} → {dense['density_final']:.2f} and "
-        f"{_density_peak_words(r)} (threshold {r.params.graph_threshold})."
+        f"density {_density_words(r)} (threshold {r.params.graph_threshold})."
     )
     straight, n_steps = r.straight, r.held.layer_i.nunique()
     walk, init = straight["walk_ratio"], straight["twin_ratio"]

@@ -81,6 +81,21 @@ def density_peak_words(density: pd.DataFrame) -> str:
     return f"is highest ({d.max():.2f}) at {steps_words(list(density.step[d == d.max()]))}"
 
 
+def density_words(density: pd.DataFrame, early: float, final: float) -> str:
+    """How the layer graph's edge density moves, from ``density`` (``step``, ``density``) and its early
+    and final values: "goes from 0.02 at the early checkpoint to 0.31 at the end, and is highest (0.31)
+    at step 4096"; "is 0.00 at the early checkpoint and at the end, and highest (0.17) at steps 32, 64
+    and 128" where the two read alike (it read "goes from 0.00 … to 0.00"); "is 0.00 at every
+    checkpoint"."""
+    peak = density_peak_words(density)
+    if density.density.max() == density.density.min():
+        return peak
+    a, b = f"{early:.2f}", f"{final:.2f}"
+    if a == b:
+        return f"is {a} at the early checkpoint and at the end, and {peak.removeprefix('is ')}"
+    return f"goes from {a} at the early checkpoint to {b} at the end, and {peak}"
+
+
 def with_interval(name: str, value: Interval | float, spec: str = ".2f") -> str:
     """A judged number with its interval for a verdict's bullet: "ρ -0.84 (95% interval -0.87 to -0.78
     over 8 windows)"; a plain number when it carries none."""
