@@ -3,6 +3,7 @@ values are the numbers the notebook's prose names, on tiny Llama models loaded b
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import re
 from pathlib import Path
@@ -74,22 +75,37 @@ def measured(tmp_path_factory):
 def test_run_measures_exactly_the_plan(measured):
     planned = {job.out(part) for job in measured.planned for part in job.settings}
     stored = {path.parent for path in Path(measured.cache).rglob("provenance.json")}
-    assert stored == {p for p in planned if "gated" not in str(p)}
-    assert len(measured.planned) == 8 and [j.labels["model"] for j in measured.planned[::2]] == [
-        "tiny", "gated", "tiny-b", "tiny"
+    beside = {
+        path for path in stored if path.name == "last_block-block"
+    }  # the other map, in its run's folder
+    assert stored - beside == {p for p in planned if "gated" not in str(p)}
+    assert {path.parent for path in beside} == {
+        job.out(part) for job in measured.planned[:2] for part in job.settings
+    }
+    assert len(measured.planned) == 6 and [j.labels["model"] for j in measured.planned[::2]] == [
+        "tiny", "gated", "tiny-b"
     ]  # fmt: skip
     assert sorted(measured.planned[0].settings) == ["depth", "tokens"]  # the drawn model
     assert sorted(measured.planned[4].settings) == ["depth"]  # the others: depth only
-    # the drawn model and its twin again, under the paper's map of the last block (the chapter
-    # measures the authors' by default), with the same tiles and token block
-    assert {part: s.last_block for part, s in measured.planned[0].settings.items()} == {
-        "depth": "final_norm", "tokens": "final_norm"
+    # the drawn model and its twin measure the authors' map of the last block (the chapter's
+    # default) and, in the same jobs, the paper's: the last block once more; the others do not
+    assert {part: (s.last_block, s.last_block_also) for part, s in measured.planned[0].settings.items()} == {
+        "depth": ("final_norm", "block"), "tokens": ("final_norm", "block")
     }  # fmt: skip
-    assert {s.last_block for job in measured.planned[6:] for s in job.settings.values()} == {"block"}
-    assert sorted(measured.planned[6].settings) == ["depth", "tokens"]
+    assert measured.planned[4].settings["depth"].last_block_also is None
     assert [c for c in measured.load.calls if c[0] != "gated"] == [
-        ("tiny", False), ("tiny", True), ("tiny-b", False), ("tiny-b", True), ("tiny", False), ("tiny", True)
+        ("tiny", False), ("tiny", True), ("tiny-b", False), ("tiny-b", True)
     ]  # fmt: skip
+    under = measured.results.companions["block"]  # read from the same run: the last block's rows differ
+    last = int(under.n_layers) - 1
+
+    def rows(m, outside: bool) -> pd.DataFrame:
+        d = m.depthwise
+        hit = (d.layer_i == last) | (d.layer_j == last)
+        return d[~hit if outside else d.layer_i == last].reset_index(drop=True)
+
+    pd.testing.assert_frame_equal(rows(measured.results.main, True), rows(under, True))
+    assert not rows(measured.results.main, False).coupling.equals(rows(under, False).coupling)
     r, again = measured.results, measured.again
     assert list(r.twins.results) == ["tiny", "tiny-b"] and set(r.failures.model) == {"gated"}
     for name in ("depthwise", "tiles", "tokenwise", "context", "summary"):
@@ -205,6 +221,8 @@ def test_the_distance_trend_and_the_excluded_last_block_are_said_for_any_depth()
     assert none == "Leaving the last block out leaves no pair of different blocks to average (2 blocks)"
     some = excluded_words({"trained_excluded": 0.41, "twin_excluded": 0.07, "excluded_diff": 0.0}, 30)
     assert some.startswith("Leaving the last block out gives 0.4100 (twin 0.0700)")
+    shared = excluded_words({"trained_excluded": 0.41, "twin_excluded": 0.07, "excluded_diff": 0.0}, 30, True)
+    assert shared == "Leaving the last block out gives 0.4100 (twin 0.0700), under either map"  # one run
 
 
 def test_glue_values_are_the_names_the_prose_uses(measured):
@@ -328,8 +346,15 @@ def test_the_paper_definition_measures_the_authors_map_beside_it(tmp_path, monke
     monkeypatch.setenv("COUPLING_CACHE", str(tmp_path))
     p = _params(more_models=[], last_block="block")
     planned = f01.jobs(p)
-    conventions = [{s.last_block for s in j.settings.values()} for j in planned]
-    assert conventions == [{"block"}] * 2 + [{"final_norm"}] * 2
+    conventions = [{(s.last_block, s.last_block_also) for s in j.settings.values()} for j in planned]
+    assert conventions == [{("block", "final_norm")}] * 2  # one run: the last block under both maps
+    excluded = [
+        {s.last_block for s in j.settings.values()}
+        for j in f01.jobs(dataclasses.replace(p, last_block="excluded"))
+    ]
+    assert (
+        excluded == [{"excluded"}] * 2 + [{"block"}] * 2 + [{"final_norm"}] * 2
+    )  # no last block: two more runs
     from coupling_utils.chapters import ParameterError
 
     with pytest.raises(ParameterError, match="last_block"):

@@ -101,11 +101,13 @@ def test_run_collects_exactly_the_plan_and_condenses_each_part(tmp_path, monkeyp
     assert list(got.failures.job) == ["model=org/hub-b"] and list(got.failures.error) == ["OSError"]
     assert list(got.prompts) == list(f02.prompts(p))
     # every measurement with the authors' last block; the family and the scale reference also
-    # with the paper's, for the status rows' notes
+    # with the paper's, in the same jobs (the last block once more), for the status rows' notes
     conventions = [j.settings["measure"].last_block for j in planned]
     n_family, n_scale = 2 * len(members), 2 * len(f02.scale_ks(p))
     n_training = 2 * len(f02.member_models(p, "training_family"))
-    assert conventions == ["final_norm"] * (n_family + n_training + 2 + n_scale) + ["block"] * (n_family + 2)
+    assert conventions == ["final_norm"] * (n_family + n_training + 2 + n_scale)
+    beside = [j for j in planned if j.settings["measure"].last_block_also == "block"]
+    assert len(beside) == n_family + 2 and {j.model for j in beside[n_family:]} == {p.scale_reference}
     # the training family: every member with its twin, at K from k_over_d, under the chapter's map only
     assert list(got.training.summary.model) == list(f02.member_models(p, "training_family"))
     assert got.training.summary.excess.notna().all() and got.others["block"].training is None

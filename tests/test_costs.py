@@ -12,6 +12,7 @@ import pytest
 
 from coupling_utils.analysis.data import read_table
 from coupling_utils.pipeline import costs as C
+from coupling_utils.pipeline import model_sizes
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -23,7 +24,7 @@ def test_configs_rebuild_the_documented_parameter_counts():
     meta = read_table("model_metadata.csv").set_index("model_id")
     checked = 0
     for model, row in configs.iterrows():
-        size = C.model_size(model)
+        size = model_sizes.model_size(model)
         if model not in meta.index:
             assert row["model_type"] == "vit", f"{model} has no model_metadata.csv row to check against"
             assert abs(size.n_params - 86.6e6) / 86.6e6 < 0.01  # ViT-Base/16 with its 1000-class head
@@ -45,7 +46,7 @@ def test_every_hub_profile_model_has_a_config():
 
 
 def test_gpt2_by_hand():
-    size = C.model_size("openai-community/gpt2")
+    size = model_sizes.model_size("openai-community/gpt2")
     d, L = 768, 12
     assert size.block_params == 12 * d * d + 13 * d  # qkv, proj, mlp weights and biases, two layer norms
     assert size.n_params == 124_439_808
@@ -84,7 +85,7 @@ def test_gpt2_by_hand():
 def test_a_bidirectional_model_keeps_the_sweep_for_one_token():
     """The one-token path needs a causal model (engine.one_token.choose_path): a ViT's CLS token
     is formed by the all-token sweep, as measure() forms it."""
-    size = C.ModelSize("vit", "vit", 12, 768, 0, 7_087_872, "float32")
+    size = model_sizes.ModelSize("vit", "vit", 12, 768, 0, 7_087_872, "float32")
     cost = C.size_cost(C.Work("vit", None, "float32", 1, 197, None, 1), size)
     assert cost.passes == 12 * 769 and cost.one_token_passes == 0
 
@@ -92,7 +93,7 @@ def test_a_bidirectional_model_keeps_the_sweep_for_one_token():
 def test_one_token_passes_take_their_own_rate():
     """cpu_seconds prices one-token passes at the one-token rate (NaN where it is not measured:
     the time is then unknown, not priced at the sweep's rate)."""
-    size = C.model_size("openai-community/gpt2")
+    size = model_sizes.model_size("openai-community/gpt2")
     cost = C.work_cost(C.Work("openai-community/gpt2", None, "float32", 1, 16, None, 1))
     rates = C.Rates(1e11, 1e10, 0.0, "m", 1e10)
     one = cost.one_token_passes * (2 * size.block_params + 4 * 16 * 768) / 1e10
@@ -169,7 +170,7 @@ def test_the_benchmark_validates_the_cost_model():
     run's throughput: within a factor of two (the model leaves out loading and the tables)."""
     bench = pd.read_csv(ROOT / "data" / "benchmarks" / "costs.csv")
     v = bench[(bench.what == "validate") & (bench.torch_threads == 1)].iloc[0]
-    size = C.ModelSize("bench", "gpt2", int(v.layers), int(v.d), 0, int(v.block_params), "float32")
+    size = model_sizes.ModelSize("bench", "gpt2", int(v.layers), int(v.d), 0, int(v.block_params), "float32")
     cost = C.size_cost(C.Work("bench", None, "float32", 1, int(v["T"]), None, 1), size)
     assert cost.one_token_passes == int(v.layers) * int(v.d)  # the last token: the one-token path
     predicted = C.cpu_seconds(cost, C.cpu_rates(bench))

@@ -228,7 +228,7 @@ def _config(name: str):
     from coupling_utils.analysis.data import read_table
     from coupling_utils.models.vit_training import VitSpec, vit_config
     from coupling_utils.models.zoo.registry import PREFIX, _split
-    from coupling_utils.pipeline.costs import build_config
+    from coupling_utils.pipeline.model_sizes import build_config
 
     if not name.startswith(PREFIX):
         rows = read_table("model_configs.csv").set_index("model_id")

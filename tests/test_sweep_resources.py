@@ -8,7 +8,7 @@ import pytest
 
 from coupling_utils.measurement import Job, Settings
 from coupling_utils.pipeline import sweep_resources as R
-from coupling_utils.pipeline.costs import ModelSize
+from coupling_utils.pipeline.model_sizes import ModelSize
 from coupling_utils.pipeline.sweep import Resources, Sweep, Task
 
 SIZES = {  # parameters, block parameters, width, depth: a Llama-7B shape and a small model

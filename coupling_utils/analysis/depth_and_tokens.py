@@ -97,7 +97,8 @@ class TwinSettings:
     tokens) and context coupling (output token: the last), None for none; ``how``: the block
     pairs of the per-model summary ("offdiag" or "adjacent"); ``dtype``, ``seed`` (the twin's
     random init), ``method``, ``max_tokens``, ``last_block`` (what the last block is: "block",
-    "final_norm" or "excluded"): as ``load_model`` and ``measure`` take them.
+    "final_norm" or "excluded"), ``last_block_also`` (the last block once more under the other
+    map, in the same run; ``Result.under`` reads it): as ``load_model`` and ``measure`` take them.
     """
 
     k: int | Sequence[int] = (10, 30, 50)
@@ -111,6 +112,7 @@ class TwinSettings:
     method: str = "exact"
     max_tokens: int | None = None
     last_block: str = "block"
+    last_block_also: str | None = None
 
     @property
     def ks(self) -> list[int]:
@@ -134,8 +136,9 @@ class TwinSettings:
         return dataclasses.replace(self, **changes)
 
     def depth_only(self) -> TwinSettings:
-        """Without the tile window and the token block: what the models not drawn get."""
-        return self.but(tile_layers=None, token_layer=None)
+        """Without the tile window, the token block and the second map of the last block: what the
+        models not drawn get."""
+        return self.but(tile_layers=None, token_layer=None, last_block_also=None)
 
 
 def _twin_settings(settings: TwinSettings | None, fields: dict[str, Any], where: str) -> TwinSettings:
@@ -182,7 +185,13 @@ def twin_jobs(
     block_list = None if layers is None or not len(layers) else [int(l) for l in layers] + (window or [])
     # tiles are stored at K = max(k); a smaller tile_k is their top-left corner (the bases are
     # nested), so changing tile_k needs no new measurement
-    common = dict(k=ks, method=s.method, max_tokens=s.max_tokens, last_block=s.last_block)
+    common = dict(
+        k=ks,
+        method=s.method,
+        max_tokens=s.max_tokens,
+        last_block=s.last_block,
+        last_block_also=s.last_block_also,
+    )
     parts = {
         "depth": Settings(
             layers=block_list, tokens="last", tiles=max(ks) if window else None, tile_layers=window, **common

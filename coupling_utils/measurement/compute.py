@@ -176,7 +176,8 @@ class LayerWork:
         """The one-token block calls of the selected tokens for every measured block, made once
         per prompt (two forward passes per token, shared by all blocks)."""
         if self._one_token[0] != p.pid:
-            calls = {t: OneTokenCalls(self.model, p.inputs, t, self.s.layers) for t in sel}
+            blocks = sorted({self.s.block_of(layer)[0] for layer in self.s.layers})
+            calls = {t: OneTokenCalls(self.model, p.inputs, t, blocks) for t in sel}
             self._one_token = (p.pid, calls)
         return self._one_token[1]
 
@@ -238,6 +239,7 @@ class LayerWork:
         all T tokens (d VJPs). ``self.paths`` records the choice per (prompt, layer).
         """
         s = self.s
+        block, last_block = s.block_of(layer)  # the last block's second map has a label of its own
         path, why = "all_tokens", "the inputs are not token ids"
         if p.input_ids:
             T = len(p.input_ids)
@@ -247,12 +249,12 @@ class LayerWork:
         if path == "one_token":
             J = as_float(
                 one_token_jacobians(
-                    self.model, p.inputs, layer, sel, last_block=s.last_block, calls=self._calls(p, sel)
+                    self.model, p.inputs, block, sel, last_block=last_block, calls=self._calls(p, sel)
                 )
             )
         else:
             J_all = as_float(
-                jacobians.token_jacobians(self.model, p.inputs, layer, last_block=s.last_block)
+                jacobians.token_jacobians(self.model, p.inputs, block, last_block=last_block)
             )  # [T, d, d]
             T = J_all.shape[0]
             sel = token_positions(s.tokens, T)
@@ -266,7 +268,8 @@ class LayerWork:
         return T, sel, basis, S_top, tw_tiles, passes
 
     def operator(self, p: Prompt, layer: int) -> TokenOperator:
-        f, X = block_function(self.model, p.inputs, layer, token_diagonal=True, last_block=self.s.last_block)
+        block, last_block = self.s.block_of(layer)
+        f, X = block_function(self.model, p.inputs, block, token_diagonal=True, last_block=last_block)
         return TokenOperator(f, X, chunk_size=self.s.chunk_size)
 
     def _matrix_free_layer(self, p: Prompt, layer: int):
@@ -346,9 +349,10 @@ class LayerWork:
     def _context_layer(self, p: Prompt, layer: int, T: int) -> tuple[list[int], int]:
         """Context Jacobians J_{t1 t2} [n, d, d] for the fixed output token (formed: d VJPs)."""
         s = self.s
+        block, last_block = s.block_of(layer)
         t2 = token_positions(s.context, T, "context")[0]
         Jc = as_float(
-            jacobians.context_jacobians(self.model, p.inputs, layer, t2, last_block=s.last_block)
+            jacobians.context_jacobians(self.model, p.inputs, block, t2, last_block=last_block)
         )  # [T, d, d]
         nonzero = host(Jc.abs().amax(dim=(-2, -1)) > 0)
         ctx_tokens = [int(t) for t in nonzero.nonzero().flatten().tolist()]

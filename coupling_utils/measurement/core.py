@@ -79,7 +79,7 @@ from coupling_utils.measurement.inputs import prompts as normalise_prompts
 from coupling_utils.measurement.options import Options
 from coupling_utils.measurement.settings import Settings
 from coupling_utils.measurement.store import Store
-from coupling_utils.measurement.tables import TABLES, Measurement, concat
+from coupling_utils.measurement.tables import TABLES, Measurement, concat, other_map_folder
 from coupling_utils.provenance import code_fingerprint, versions
 
 __all__ = ["measure", "measure_with"]
@@ -122,8 +122,9 @@ def measure(
     ``orientation``: metric options (see ``metric.coupling``). ``last_block``: what the last
     block is: "block" (alone, the paper's definition; default), "final_norm" (with the final norm,
     ``hidden_states[L-1] -> hidden_states[L]`` as the authors' code measured it) or "excluded"
-    (not measured; the default layers then stop before it). ``out``: a directory for the
-    Parquet tables, provenance and resumable work (default: a temporary one, removed).
+    (not measured; the default layers then stop before it); ``last_block_also``: the other map,
+    the last block once more in the same run (``Measurement.under`` gives each map's tables).
+    ``out``: a folder for the tables, provenance and resumable work (default: a temporary one).
     ``callback(info)`` runs after each stored (prompt, layer) (``info["stage"]`` is "layer", or
     "cross" for matrix-free depth-wise products); an exception there interrupts the run, and a
     rerun with the same ``out`` continues from what is stored. ``chunk_size``: columns per
@@ -178,12 +179,38 @@ def measure_with(
                     run.work.held.write()
                     raise
             provenance = run.provenance(plist, tables, made_by)
+            tables, other = _by_map(resolved, info, tables, provenance, None if tmp_out else out_path)
             if tmp_out is None:
-                store.finish(tables, provenance)
+                store.finish(tables, provenance, other)
     finally:
         if tmp_out is not None:
             shutil.rmtree(tmp_out, ignore_errors=True)
-    return Measurement(**tables, provenance=provenance, out=None if tmp_out else out_path)
+    out = None if tmp_out else out_path
+    return Measurement(**tables, provenance=provenance, out=out, other_map=other)
+
+
+def _by_map(
+    s: Settings, info: ModelInfo, tables: dict[str, pd.DataFrame], provenance: dict, out: Path | None
+) -> tuple[dict[str, pd.DataFrame], Measurement | None]:
+    """A run's tables under ``last_block``, and (with ``last_block_also``) the Measurement under the
+    second map: its rows are those without the last block's own label, ``also_layer`` relabelled as
+    the last block; every other block's rows are shared by both."""
+    if s.last_block_also is None:
+        return tables, None
+    main, other = dict(tables), dict(tables)  # the last block not measured: the same tables
+    if s.also_layer is not None:
+        last = s.also_layer - 1
+        for name, df in tables.items():
+            cols = [c for c in ("layer", "layer_i", "layer_j") if c in df.columns]
+            if cols:
+                main[name] = df[~df[cols].eq(s.also_layer).any(axis=1)].reset_index(drop=True)
+                kept = df[~df[cols].eq(last).any(axis=1)].reset_index(drop=True)
+                other[name] = kept.assign(**{c: kept[c].mask(kept[c] == s.also_layer, last) for c in cols})
+    settings = {**provenance["settings"], "last_block": s.last_block_also, "last_block_also": None}
+    facts = last_block_facts(info.model, s.last_block_also)
+    prov = {**provenance, "settings": settings, "last_block": facts, "measured_beside": s.last_block}
+    folder = None if out is None else out / other_map_folder(s.last_block_also)
+    return main, Measurement(**other, provenance=prov, out=folder)
 
 
 class _Run:

@@ -10,6 +10,7 @@ a job that fails is recorded with its reason and the others still run.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as _dt
 import gc
 import json
@@ -82,6 +83,13 @@ class Result:
         """The measured model's facts (name, n_layers, d_model, n_params, ...)."""
         m = next(iter(self.measurements.values()), None)
         return dict(m.provenance.get("model", {})) if m is not None else {}
+
+    def under(self, last_block: str) -> Result:
+        """This result with every measurement's last block under ``last_block`` (``Measurement.under``:
+        the job's own map, or the second map it measured beside it with ``last_block_also``)."""
+        return dataclasses.replace(
+            self, measurements={part: m.under(last_block) for part, m in self.measurements.items()}
+        )
 
     def labelled(self, table: str, part: str | None = None) -> pd.DataFrame:
         """Table ``table`` of measurement ``part`` (or an extra table, part None) with the job's

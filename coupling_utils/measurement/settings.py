@@ -28,10 +28,12 @@ FORMAT = 1  # bump when the stored layout changes
 # fields that change how a run goes, not its numbers: never stored, never part of a key
 RUNTIME = ("chunk_size",)
 # fields a resolved Settings takes from the model
-MODEL_FIELDS = ("model", "revision", "dtype")
+MODEL_FIELDS = ("model", "revision", "dtype", "also_layer")
 # fields added after results were stored, with the value those results were measured with: a
 # field at that value is left out of to_dict(runtime=False), so stored keys stay what they were
-LATER_DEFAULTS = {"last_block": "block"}
+LATER_DEFAULTS = {"last_block": "block", "last_block_also": None, "also_layer": None}
+# the maps of the last block that are measured (``"excluded"`` is either one without it)
+LAST_BLOCK_MAPS = ("block", "final_norm")
 
 
 def _is_int(x) -> bool:
@@ -54,6 +56,12 @@ class Settings:
     ``"excluded"`` (not measured). It keys a stored measurement only when it is not "block", so
     results stored before it existed keep their keys; ``settings.json`` and the provenance
     always name it.
+
+    ``last_block_also`` (the other of "block" and "final_norm", or None) measures the last block
+    once more under that map in the same run, so that both maps stand side by side at the cost of
+    one block, not of a second measurement: every other block's map is the same under both.
+    :meth:`resolve` gives it a layer label of its own, ``also_layer`` (= the number of blocks),
+    and ``Measurement.under`` splits the tables into one measurement per map.
     """
 
     method: str = "exact"
@@ -75,11 +83,13 @@ class Settings:
     normalize: str = "norm"
     orientation: str = "ujv"
     last_block: str = "block"
+    last_block_also: str | None = None
     max_tokens: int | None = None
     chunk_size: int | None = 64
     model: str | None = None
     revision: str | None = None
     dtype: str | None = None
+    also_layer: int | None = None
 
     # measure()'s keyword arguments that are settings (all fields but the model's)
     ARGUMENTS: ClassVar[tuple[str, ...]] = ()
@@ -90,6 +100,7 @@ class Settings:
             raise ValueError(f"method must be one of {MEASURE_METHODS}, got {self.method!r}")
         check_options(self.p, self.normalize, self.orientation)
         check_last_block(self.last_block)
+        self._check_also()
         ks = tuple(sorted(set(_ints(self.k))))
         if not ks:
             raise ValueError("k must name at least one K, e.g. k=(10, 30, 50)")
@@ -115,6 +126,33 @@ class Settings:
             v = getattr(self, name)
             if v is not None and (not _is_int(v) or v < 1):
                 raise ValueError(f"{name} must be a positive integer or None, got {v!r}")
+
+    def _check_also(self) -> None:
+        """``last_block_also``: None, or the measured map of the last block that ``last_block`` is not."""
+        also = self.last_block_also
+        if also is None:
+            return
+        if also not in LAST_BLOCK_MAPS or self.last_block not in LAST_BLOCK_MAPS or also == self.last_block:
+            raise ValueError(
+                f"last_block_also measures the last block once more under the other of {LAST_BLOCK_MAPS}; "
+                f"got last_block_also={also!r} with last_block={self.last_block!r}: pass "
+                f"last_block_also={next(m for m in LAST_BLOCK_MAPS if m != self.last_block)!r} with "
+                f"last_block={self.last_block if self.last_block in LAST_BLOCK_MAPS else 'final_norm'!r}, "
+                "or None"
+            )
+        if self.depth_window is not None:
+            raise ValueError(
+                f"last_block_also cannot be combined with depth_window={self.depth_window!r}: the second "
+                "map's layer label is not the last block's depth; measure the other map in its own run "
+                f"(last_block={also!r}), or leave depth_window None"
+            )
+
+    def block_of(self, layer: int) -> tuple[int, str]:
+        """The block a measured layer label stands for, and its map: ``also_layer`` is the last block
+        under ``last_block_also``; every other label is its own block under ``last_block``."""
+        if self.also_layer is not None and layer == self.also_layer:
+            return layer - 1, self.last_block_also
+        return layer, self.last_block
 
     def _set(self, name: str, value) -> None:
         object.__setattr__(self, name, value)  # normalising a frozen instance while it is made
@@ -204,6 +242,12 @@ class Settings:
             if not set(tile_layers) <= set(layers):
                 missing = sorted(set(tile_layers) - set(layers))
                 raise ValueError(f"tile_layers {missing} are not measured; add them to layers")
+        also_layer = None
+        if self.last_block_also is not None and L - 1 in layers:  # the last block's second map: label L
+            also_layer = L
+            layers = [*layers, L]
+            if tile_layers is not None and L - 1 in tile_layers:
+                tile_layers = [*tile_layers, L]
         exact = self.method == "exact"
         return dataclasses.replace(
             self,
@@ -219,6 +263,7 @@ class Settings:
             model=info.name,
             revision=info.revision,
             dtype=info.dtype,
+            also_layer=also_layer,
         )
 
     def _resolved_layers(self, L: int) -> list[int]:

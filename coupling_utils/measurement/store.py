@@ -37,7 +37,7 @@ from coupling_utils.engine.metric import SVD
 from coupling_utils.files import atomic_path, atomic_write_parquet, atomic_write_text, read_json, set_aside
 from coupling_utils.measurement.options import HELD_BYTES
 from coupling_utils.measurement.settings import Settings
-from coupling_utils.measurement.tables import TABLES, Measurement, concat, frame
+from coupling_utils.measurement.tables import TABLES, Measurement, concat, frame, other_map_folder
 
 __all__ = ["Store", "HeldLayers", "PromptArrays", "write_json", "save_npy", "load_npy", "empty_tables"]
 
@@ -161,6 +161,8 @@ class Store:
             (self.out / f"{name}.{'json' if name == 'provenance' else 'parquet'}").unlink(missing_ok=True)
         for name in ("_work", "prompts"):
             shutil.rmtree(self.out / name, ignore_errors=True)
+        for folder in self.out.glob(other_map_folder("*")):  # the tables under a second map
+            shutil.rmtree(folder, ignore_errors=True)
         (self.out / "code.json").unlink(missing_ok=True)
 
     # -- markers
@@ -246,8 +248,13 @@ class Store:
         if not keep_work:
             shutil.rmtree(self.work(pid), ignore_errors=True)
 
-    def finish(self, tables: dict[str, pd.DataFrame], provenance: dict) -> None:
-        """Store the final tables, then ``provenance.json``: the measurement is complete."""
+    def finish(
+        self, tables: dict[str, pd.DataFrame], provenance: dict, other: Measurement | None = None
+    ) -> None:
+        """Store the final tables, then ``provenance.json``: the measurement is complete. ``other``:
+        the tables under the run's second map of the last block, stored first in their own folder."""
+        if other is not None:
+            Store(self.out / other_map_folder(other.last_block)).finish(other.tables, other.provenance)
         for name, df in tables.items():
             atomic_write_parquet(df, self.out / f"{name}.parquet")
         write_json(self.out / "provenance.json", provenance)

@@ -20,7 +20,15 @@ import torch
 
 from coupling_utils.schemas import Schema, check_table
 
-__all__ = ["TABLES", "COLUMNS", "SCHEMAS", "Measurement", "coupling_summary", "SUMMARY_HOWS"]
+__all__ = [
+    "TABLES",
+    "COLUMNS",
+    "SCHEMAS",
+    "Measurement",
+    "coupling_summary",
+    "SUMMARY_HOWS",
+    "other_map_folder",
+]
 
 TABLES = ("depthwise", "tokenwise", "context", "singular_values", "tiles", "prompts", "timings")
 SUMMARY_HOWS = ("offdiag", "adjacent")
@@ -254,6 +262,24 @@ class Measurement:
     timings: pd.DataFrame
     provenance: dict = field(default_factory=dict)
     out: Path | None = None
+    other_map: Measurement | None = None  # the last block under ``last_block_also``, from the same run
+
+    @property
+    def last_block(self) -> str | None:
+        """The map of the last block these tables hold (None: not recorded)."""
+        return (self.provenance.get("last_block") or {}).get("convention")
+
+    def under(self, last_block: str) -> Measurement:
+        """These tables with the last block under ``last_block``: this measurement, or the second map
+        the same run measured (``Settings.last_block_also``); a ValueError names the maps held."""
+        for m in (self, self.other_map):
+            if m is not None and m.last_block == last_block:
+                return m
+        held = [m.last_block for m in (self, self.other_map) if m is not None]
+        raise ValueError(
+            f"this measurement holds the last block under {held}, not {last_block!r}; measure it with "
+            f"last_block={last_block!r}, or last_block_also={last_block!r} beside another map"
+        )
 
     @property
     def tables(self) -> dict[str, pd.DataFrame]:
@@ -284,7 +310,15 @@ class Measurement:
                 "run measure(..., out=...) to completion first"
             )
         tables = {name: concat(name, [pd.read_parquet(out / f"{name}.parquet")]) for name in TABLES}
-        return cls(**tables, provenance=json.loads(prov_path.read_text()), out=out)
+        provenance = json.loads(prov_path.read_text())
+        also = (provenance.get("settings") or {}).get("last_block_also")
+        other = cls.load(out / other_map_folder(also)) if also else None
+        return cls(**tables, provenance=provenance, out=out, other_map=other)
+
+
+def other_map_folder(last_block: str) -> str:
+    """Where a finished measurement keeps its tables under its second map of the last block."""
+    return f"last_block-{last_block}"
 
 
 def coupling_summary(

@@ -50,8 +50,6 @@ here) are listed apart: their cost is the zoo's (``coupling-book zoo list``).
 
 from __future__ import annotations
 
-import functools
-import json
 import math
 import re
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -61,13 +59,12 @@ from typing import Any
 
 import pandas as pd
 
+from coupling_utils.pipeline.model_sizes import GB, ModelSize, model_size
 from coupling_utils.pipeline.rates import Rates, cpu_rates, gpu_rates
 
 __all__ = [
     "pass_flops",
     "svd_flops",
-    "ModelSize",
-    "model_size",
     "Work",
     "work_cost",
     "size_cost",
@@ -79,19 +76,16 @@ __all__ = [
     "NEW_DOWNLOAD",
     "duration",
     "cpu_seconds",
-    "BYTES",
     "GPU_SIZES_GB",
     "DEVICE_ALLOWANCE_GB",
     "CHUNK",
     "gpu_time_column",
 ]
 
-BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "8bit": 1, "4bit": 0.5}
 GPU_SIZES_GB = (24, 40, 80)
 DEVICE_ALLOWANCE_GB = 1.0  # CUDA context, kernels and allocator slack: an allowance, not a measurement
 CHUNK = 64  # products per batch of the matrix-free path (measure()'s chunk_size default)
 SVD_FLOPS_PER_D3 = 21  # full SVD (U, S, V) of a square matrix: 4n³ + 8n³ + 9n³ (Golub & Van Loan)
-GB = 1e9
 
 
 def pass_flops(block_params: int, T: int, d: int) -> float:
@@ -111,101 +105,6 @@ def svd_flops(d: int) -> float:
     return SVD_FLOPS_PER_D3 * float(d) ** 3
 
 
-# --------------------------------------------------------------------------- model sizes
-@dataclass(frozen=True)
-class ModelSize:
-    """A model's size as its configuration gives it (exact parameter counts)."""
-
-    model: str
-    model_type: str
-    n_layers: int
-    d_model: int
-    n_params: int
-    block_params: int  # parameters of one transformer block
-    stored_dtype: str  # the dtype the repo stores its weights in
-
-    def weights_gb(self, dtype: str) -> float:
-        return self.n_params * BYTES[dtype] / GB
-
-
-def _configs() -> pd.DataFrame:
-    from coupling_utils.analysis.data import read_table
-
-    return read_table("model_configs.csv").set_index("model_id")
-
-
-def build_config(row: Mapping[str, Any]):
-    """The transformers config of a ``model_configs.csv`` row."""
-    import transformers
-
-    mt = row["model_type"]
-    L, d, h, kv = (int(row[c]) for c in ("n_layers", "d_model", "n_heads", "n_kv_heads"))
-    ffn, V = int(row["intermediate_size"]), int(row["vocab_size"])
-    if mt == "gpt2":
-        kw = dict(n_embd=d, n_layer=L, n_head=h, n_inner=ffn, vocab_size=V)
-    elif mt == "vit":
-        kw = dict(hidden_size=d, num_hidden_layers=L, num_attention_heads=h, intermediate_size=ffn)
-    elif mt == "falcon":
-        kw = dict(
-            hidden_size=d, num_hidden_layers=L, num_attention_heads=h, num_kv_heads=kv, ffn_hidden_size=ffn,
-            vocab_size=V,
-        )  # fmt: skip
-    else:
-        kw = dict(
-            hidden_size=d, num_hidden_layers=L, num_attention_heads=h, intermediate_size=ffn, vocab_size=V
-        )
-        if mt != "gpt_neox":
-            kw["num_key_value_heads"] = kv
-    kw.update(json.loads(row["extra"] or "{}"))
-    if mt != "vit":
-        kw["tie_word_embeddings"] = bool(row["tie_word_embeddings"])
-    return transformers.AutoConfig.for_model(mt, **kw)
-
-
-@functools.cache
-def model_size(model: str) -> ModelSize | None:
-    """The size of hub model ``model`` from ``data/model_configs.csv`` (None if it has no row):
-    the model is built on the meta device and its parameters counted."""
-    import transformers
-
-    table = _configs()
-    if model not in table.index:
-        return None
-    row = table.loc[model].to_dict()
-    config = build_config(row)
-    vit = row["model_type"] == "vit"
-    n_params, block, _ = meta_counts(
-        lambda: (
-            transformers.ViTForImageClassification(config)
-            if vit
-            else transformers.AutoModelForCausalLM.from_config(config)
-        )
-    )
-    return ModelSize(
-        model,
-        row["model_type"],
-        int(row["n_layers"]),
-        int(row["d_model"]),
-        n_params,
-        block,
-        row["torch_dtype"],
-    )
-
-
-def meta_counts(build) -> tuple[int, int, int]:
-    """The model ``build()`` makes, made on PyTorch's meta device (no memory, no weights): its
-    parameters, its first transformer block's, and its number of blocks."""
-    import torch
-
-    from coupling_utils.engine.architectures import transformer_blocks
-
-    with torch.device("meta"):
-        net = build()
-    blocks = transformer_blocks(net)
-    block_params = sum(p.numel() for p in blocks[0].parameters())
-    return sum(p.numel() for p in net.parameters()), block_params, len(blocks)
-
-
 # --------------------------------------------------------------------------- one measurement
 @dataclass(frozen=True)
 class Work:
@@ -213,7 +112,8 @@ class Work:
     ``n_tokens`` measured tokens per prompt and block (1: the last), with ``method`` and ``k``.
     ``download``: whether its weights are downloaded (a random-init twin needs none);
     ``revision``: the checkpoint (each one a download of its own); ``extra_passes``: further
-    block passes per prompt (trajectories, linearisation)."""
+    block passes per prompt (trajectories, linearisation); ``last_blocks``: ``layers`` as given (()
+    for all) where the last block is measured twice (``Settings.last_block_also``), else None."""
 
     model: str
     revision: str | None
@@ -228,6 +128,13 @@ class Work:
     extra_passes: int = 0
     extra_cost: Callable[[int, int], int] | None = None  # block passes per prompt from (n_layers, d)
     what: str = ""
+    last_blocks: tuple[int, ...] | None = None
+
+    def blocks(self, n_layers: int) -> int:
+        """Blocks measured per prompt on a model of ``n_layers``: ``layers``, the last one twice."""
+        seen = {b % n_layers for b in self.last_blocks or range(n_layers)}
+        twice = self.last_blocks is not None and n_layers - 1 in seen
+        return (n_layers if self.layers is None else int(self.layers)) + int(twice)
 
 
 @dataclass
@@ -265,7 +172,7 @@ def size_cost(work: Work, size: ModelSize, device: str = "cpu") -> Cost:
     from coupling_utils.engine.spectra import solver_passes
 
     d, P, T = size.d_model, size.block_params, work.T
-    L = size.n_layers if work.layers is None else int(work.layers)
+    L = work.blocks(size.n_layers)
     causal = find_architecture(types.SimpleNamespace(model_type=size.model_type)).causal == "causal"
     one = 0
     if work.method == "matrix_free":
@@ -360,6 +267,7 @@ def works(jobs) -> list[Work]:
                     extra_passes=0 if job.extra is None else 1,
                     extra_cost=None if job.extra is None else job.extra.passes,
                     what=part,
+                    last_blocks=None if s.last_block_also is None else tuple(s.layers or ()),
                 )
             )
         if not job.settings and job.extra is not None:  # a job that only computes extra tables

@@ -7,7 +7,7 @@ measured one after the other in one process, so it needs what its largest job ne
 
 - **memory** (host, GB) = ``weights × MEMORY_HEADROOM + PROCESS_GB``, rounded up to a power of
   two (:data:`MEMORY_CLASSES_GB`) so that tasks of similar size share an array. ``weights`` =
-  parameters × bytes per parameter of the job's dtype (``costs.BYTES``: 2 for bfloat16, so a 7B
+  parameters × bytes per parameter of the job's dtype (``model_sizes.BYTES``: 2 for bfloat16, so a 7B
   model's weights are 14 GB); without ``--gpus-per-job`` the measurement runs in host memory, and
   ``weights`` is the cost model's whole device memory (weights, one chunk of products, the
   Jacobians: ``costs.size_cost``). ``MEMORY_HEADROOM`` (1.5) covers what loading copies and the
@@ -20,7 +20,7 @@ measured one after the other in one process, so it needs what its largest job ne
   matrix-free method on a GPU), the time is not sized.
 - **parameters**: counted on PyTorch's meta device from the ``config.json`` the worker will load
   (``models.model_config.offline_config``: a built embedded model, a local folder, a hub model in
-  the Hugging Face cache), else from the project's table (``costs.model_size``,
+  the Hugging Face cache), else from the project's table (``model_sizes.model_size``,
   ``data/model_configs.csv``). Neither at hand: the size is unknown offline, and the task gets the
   user's ``--mem-gb``/``--time`` (or SLURM's default memory and 60 minutes), which ``--dry-run`` says.
 
@@ -86,9 +86,9 @@ def _round_up(value: float, classes: Sequence[int]) -> int:
 
 @functools.cache
 def task_size(model: str, revision: str | None):
-    """``costs.ModelSize`` of ``model`` at ``revision`` as the module doc says (offline), or None."""
+    """``model_sizes.ModelSize`` of ``model`` at ``revision`` as the module doc says (offline), or None."""
     from coupling_utils.models.model_config import offline_config
-    from coupling_utils.pipeline.costs import model_size
+    from coupling_utils.pipeline.model_sizes import model_size
 
     config = offline_config(model, revision)
     counted = _counted(model, config) if config is not None else None
@@ -102,7 +102,7 @@ def _counted(model: str, config: dict):
     cannot build it without remote code, or it has no blocks the engine finds)."""
     import transformers
 
-    from coupling_utils.pipeline.costs import ModelSize, meta_counts
+    from coupling_utils.pipeline.model_sizes import ModelSize, meta_counts
 
     try:
         fields = {k: v for k, v in config.items() if k != "model_type"}
@@ -132,7 +132,7 @@ def _counted(model: str, config: dict):
 
 def task_needs(task: Task, resources: Resources) -> Needs:
     """The memory and time ``task`` needs on SLURM under ``resources`` (the module doc's formulas)."""
-    from coupling_utils.pipeline import costs
+    from coupling_utils.pipeline import costs, model_sizes
 
     size = task_size(task.model, task.revision)
     if size is None:
@@ -146,7 +146,7 @@ def task_needs(task: Task, resources: Resources) -> Needs:
     if not sized:
         return Needs(None, None, "not sized: its jobs measure nothing the cost model prices")
     held = max((c.host_gb if gpu else c.device_gb) for c in sized)
-    dtype = max((c.work.dtype for c in sized), key=lambda d: costs.BYTES.get(d, 4))
+    dtype = max((c.work.dtype for c in sized), key=lambda d: model_sizes.BYTES.get(d, 4))
     raw_gb = held * MEMORY_HEADROOM + PROCESS_GB
     mem = _round_up(raw_gb, MEMORY_CLASSES_GB)
     what = "weights" if gpu else "weights and buffers"

@@ -473,6 +473,8 @@ def _last_block_glue(r: Results) -> dict[str, Any]:
     from IPython.display import Markdown
 
     v, p = r.last_block_values, r.params
+    shared = p.last_block in lb.MEASURED_MAPS  # one run measured the last block under both maps
+    rest = f"agrees {_agreement(v['rest_diff'])}" if not shared else "is shared by both, measured once"
     keys = ("trained_block", "trained_final_norm", "twin_block", "twin_final_norm",
             "trained_change", "twin_change", "trained_line_diff", "twin_line_diff",
             "trained_s1_block", "trained_s1_final_norm")  # fmt: skip
@@ -481,21 +483,22 @@ def _last_block_glue(r: Results) -> dict[str, Any]:
         "f01_last_block_words": lb.CONVENTION_WORDS[p.last_block],
         "f01_lb_last": int(r.main.n_layers - 1),
         **{f"f01_lb_{key}": float(v[key]) for key in keys},
-        "f01_lb_excluded_words": excluded_words(v, int(r.main.n_layers)),
-        "f01_lb_rest_words": f"every pair without the last block agrees {_agreement(v['rest_diff'])}",
+        "f01_lb_excluded_words": excluded_words(v, int(r.main.n_layers), shared),
+        "f01_lb_rest_words": f"every pair without the last block {rest}",
         "f01_lb_verdicts": Markdown(lb.changed_verdicts(r.main_verdicts(), r.other_verdicts, ROW_NAMES)),
     }
 
 
-def excluded_words(v: Mapping[str, float], n_layers: int) -> str:
+def excluded_words(v: Mapping[str, float], n_layers: int, shared: bool = False) -> str:
     """What leaving the last block out gives (``last_block_values``), or why it gives nothing: with
-    two blocks no pair of different blocks is left."""
+    two blocks no pair of different blocks is left. ``shared``: both maps from one run, which
+    measured every other block once."""
     if np.isnan([v["trained_excluded"], v["twin_excluded"]]).any():
         return f"Leaving the last block out leaves no pair of different blocks to average ({n_layers} blocks)"
-    return (
-        f"Leaving the last block out gives {v['trained_excluded']:.4f} (twin {v['twin_excluded']:.4f}), the "
-        f"same from either measurement ({_agreement(v['excluded_diff'], 'they ')})"
-    )
+    said = f"Leaving the last block out gives {v['trained_excluded']:.4f} (twin {v['twin_excluded']:.4f})"
+    if shared:
+        return f"{said}, under either map"
+    return f"{said}, the same from either measurement ({_agreement(v['excluded_diff'], 'they ')})"
 
 
 def _agreement(diff: float, subject: str = "") -> str:

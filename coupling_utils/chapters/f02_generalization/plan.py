@@ -331,18 +331,33 @@ def rule_lines(*names: str) -> str:
 
 
 # --------------------------------------------------------------------------- the plan and the run
-def _family(p: Params, last_block: str, cache, which: str = "family") -> list[Job]:
+def _beside(p: Params) -> str | None:
+    """The other map of the last block, measured beside the chapter's in the same jobs (the last
+    block once more; every other block is the same map under both): None under "excluded"."""
+    return lb.companions(p.last_block)[0] if p.last_block in lb.MEASURED_MAPS else None
+
+
+def _family(p: Params, last_block: str, cache, which: str = "family", also: str | None = None) -> list[Job]:
     """The members and twins (K per width) of the family ``which`` names, with the last block as
-    ``last_block``."""
-    settings = Settings(tokens=p.tokens, method=p.method, max_tokens=p.prompt_tokens, last_block=last_block)
+    ``last_block`` (and once more as ``also``)."""
+    settings = Settings(
+        tokens=p.tokens,
+        method=p.method,
+        max_tokens=p.prompt_tokens,
+        last_block=last_block,
+        last_block_also=also,
+    )
     family_k = {run: k_for_width(d, p.k_over_d) for run, d in family_widths(p, which).items()}
     return family_jobs(member_models(p, which), prompts(p), settings, k=family_k, loads=_twins(p), root=cache)
 
 
-def _scale(p: Params, last_block: str, names: list[str], root) -> list[Job]:
-    """The scale question's jobs of the models ``names`` with the last block as ``last_block``."""
+def _scale(p: Params, last_block: str, names: list[str], root, also: str | None = None) -> list[Job]:
+    """The scale question's jobs of the models ``names`` with the last block as ``last_block`` (and
+    once more as ``also``)."""
     ks = {name: k for name, k in scale_ks(p).items() if name in names}
-    settings = Settings(method=p.method, max_tokens=p.scale_max_tokens, last_block=last_block)
+    settings = Settings(
+        method=p.method, max_tokens=p.scale_max_tokens, last_block=last_block, last_block_also=also
+    )
     planned = scale.scale_jobs(
         list(ks), scale_prompts(p), k=ks, loads=_twins(p), root=root, settings=settings
     )
@@ -371,9 +386,10 @@ def _twins(p: Params) -> Loads:
 def _parts(p: Params, *, store: bool) -> dict[str, list[Job]]:
     """The plan by part: "family" (members and twins, K per width), "training" (the training
     family's, likewise), "hub" (``hub_models`` at ``k``; empty without them) and "scale" (the
-    scale question), all with the last block as
-    ``last_block``; then, for each other map of the last block, "family@<map>" and "scale@<map>"
-    (the scale reference only), whose verdicts the status rows compare. ``store``: under the cache."""
+    scale question), all with the last block as ``last_block``; the family and the scale reference
+    also with the other map of the last block, measured beside it (:func:`_beside`), whose verdicts
+    the status rows compare; under "excluded", which measures no last block, "family@<map>" and
+    "scale@<map>" (the scale reference only) for each measured map. ``store``: under the cache."""
     cache = cache_dir("f02") if store else None
     root = cache_dir("f02", "scale") if store else None
     settings = Settings(tokens=p.tokens, method=p.method, max_tokens=p.prompt_tokens, last_block=p.last_block)
@@ -383,15 +399,21 @@ def _parts(p: Params, *, store: bool) -> dict[str, list[Job]]:
         else []
     )
     hub = _checked(hub, "k", dict.fromkeys(p.hub_models, p.k))
+    beside = _beside(p)  # the family and the scale reference: the other map in the same jobs
+    scale_parts = [
+        _scale(p, p.last_block, [name], root, beside if name == p.scale_reference else None)
+        for name in scale_ks(p)
+    ]
     parts = {
-        "family": _family(p, p.last_block, cache),
+        "family": _family(p, p.last_block, cache, also=beside),
         "training": _family(p, p.last_block, cache, "training_family"),
         "hub": hub,
-        "scale": _scale(p, p.last_block, list(scale_ks(p)), root),
+        "scale": [job for part in scale_parts for job in part],
     }
-    for other in lb.companions(p.last_block):
-        parts[f"family@{other}"] = _family(p, other, cache)
-        parts[f"scale@{other}"] = _scale(p, other, [p.scale_reference], root)
+    if beside is None:  # "excluded" measures no last block: each measured map in jobs of its own
+        for other in lb.companions(p.last_block):
+            parts[f"family@{other}"] = _family(p, other, cache)
+            parts[f"scale@{other}"] = _scale(p, other, [p.scale_reference], root)
     return parts
 
 
@@ -471,6 +493,11 @@ def run(p: Params, options: Options | None = None) -> Results:
     refuse_misfits(got.results, NOTEBOOK)  # a K wider than its model: bad input, not a missing model
     done = iter(got.results)
     results: dict[str, list[Result]] = {name: [next(done) for _ in part] for name, part in parts.items()}
+    beside = _beside(p)
+    if beside is not None:  # the other map, from the same jobs: the family and the scale reference
+        results[f"family@{beside}"] = [r.under(beside) for r in results["family"]]
+        ref = [r for r in results["scale"] if r.job.labels["model"] == p.scale_reference]
+        results[f"scale@{beside}"] = [r.under(beside) for r in ref]
     others = {
         other: Results(
             prompts=parts["family"][0].prompts,
