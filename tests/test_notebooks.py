@@ -98,8 +98,10 @@ def test_embedded_models_are_found_in_parameter_values():
 
 def _stored_measurements(cache: Path) -> set[str]:
     """Every finished measurement under ``cache`` (relative paths): ``measure()`` folders (their
-    ``provenance.json``) and extra-table folders (a ``done.json`` that lists tables)."""
+    ``provenance.json``) and extra-table folders (a ``done.json`` that lists tables). The tables of a
+    measurement's second map of the last block (``last_block-<map>/`` in its folder) are part of it."""
     found = {p.parent for p in cache.rglob("provenance.json")}
+    found = {p for p in found if not (p.name.startswith("last_block-") and p.parent in found)}
     for marker in cache.rglob("done.json"):
         with contextlib.suppress(ValueError):
             if "tables" in json.loads(marker.read_text()):

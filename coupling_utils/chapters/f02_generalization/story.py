@@ -240,6 +240,17 @@ def glue_values(p: Params, story: Story, status: pd.DataFrame) -> dict[str, Any]
 CONVENTION_ROWS = {"family": "family", "family_size": "family-versus-size", "scale": "scale"}
 
 
+def _other_runs(last_block: str) -> str:
+    """How the family and the scale reference get the other map(s) of the last block (``plan._beside``)."""
+    if last_block in lb.MEASURED_MAPS:
+        other = lb.companions(last_block)[0]
+        return (
+            f'the same runs measure the last block once more, with `last_block = "{other}"` (every other '
+            "block is the same map under both)"
+        )
+    return 'runs of their own measure the last block under each map, `"block"` and `"final_norm"`'
+
+
 def _convention_glue(p: Params, story: Story, verdict: Mapping[str, str]) -> dict[str, Any]:
     """The chapter's last block, the verdicts it changes, and the book's scale number under it
     and under the first other map."""
@@ -252,6 +263,7 @@ def _convention_glue(p: Params, story: Story, verdict: Mapping[str, str]) -> dic
         "f02_last_block_words": lb.CONVENTION_WORDS[p.last_block],
         "f02_convention_sentence": Markdown(lb.changed_verdicts(own, others, CONVENTION_ROWS)),
         "f02_other_block": Markdown(f'`last_block = "{other}"`' if other else "no other map"),
+        "f02_other_runs": Markdown(_other_runs(p.last_block)),
         "f02_scale_other_trained": float(book.trained) if book is not None else float("nan"),
         "f02_scale_other_twin": float(book.twin) if book is not None else float("nan"),
     }
