@@ -27,6 +27,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,7 +47,23 @@ from bench_chapters import (  # noqa: E402
 from coupling_utils.chapters import NAMES  # noqa: E402
 
 CHAPTERS = {name[:3]: name for name in NAMES}  # "f04" -> "f04_vision_transformers"
-WAYS = {"every layer written (checkpoint_seconds=0)": 0.0, "held (checkpoint_seconds=10, the default)": 10.0}
+
+
+@dataclass(frozen=True)
+class Way:
+    """One way of running a chapter's measurements: ``Options(checkpoint_seconds=...)`` and
+    environment variables set (a value) or unset (None) on top of the kernels' (``_env``);
+    ``columns``: what its CSV rows say of it."""
+
+    columns: dict
+    checkpoint_seconds: float = 10.0
+    env: dict = field(default_factory=dict)
+
+
+WAYS = {
+    "every layer written (checkpoint_seconds=0)": Way({"checkpoint_seconds": 0.0}, 0.0),
+    "held (checkpoint_seconds=10, the default)": Way({"checkpoint_seconds": 10.0}, 10.0),
+}
 COLUMNS = ["chapter", "way", "checkpoint_seconds", "repeat", *TIMED, "ratio", *FACTS]
 MEASURE = (
     "import sys\nfrom coupling_utils.chapters import chapter\n"
@@ -55,27 +72,39 @@ MEASURE = (
 )
 
 
-def measure_chapter(short: str, repeats: int, tmp: Path) -> list[dict]:
+def measure_chapter(
+    short: str, repeats: int, tmp: Path, ways: dict[str, Way] = WAYS, models_from: Path | None = None
+) -> list[dict]:
     """The rows of one chapter: its measurements timed each way ``repeats`` times, alternating,
-    each from a copy of a cache that holds only the chapter's models."""
+    each from a copy of a cache that holds only the chapter's models (built here, or the ``zoo``
+    and ``corpus`` of the cache ``models_from``, linked); ``ratio``: the first way's median over
+    the second's."""
     models = tmp / f"models-{short}"
-    prepare_models(short, models)
+    if models_from is None:
+        prepare_models(short, models)
+    else:  # the built models and the corpus they tokenise with, not a chapter's measurements
+        models.mkdir(parents=True)
+        for name in ("zoo", "corpus"):
+            if (Path(models_from) / name).exists():
+                (models / name).symlink_to(Path(models_from).resolve() / name)
     rows = []
     for repeat in range(1, repeats + 1):
-        for way, seconds in WAYS.items():
+        for name, way in ways.items():
             cache = tmp / "cache"
             shutil.rmtree(cache, ignore_errors=True)
             shutil.copytree(models, cache, symlinks=True)
-            row = timed_run([sys.executable, "-c", MEASURE, CHAPTERS[short], str(seconds)], _env(cache))
-            rows.append({"chapter": short, "way": way, "checkpoint_seconds": seconds, "repeat": repeat} | row)
-            print(f"{short} {way}, run {repeat}: {timed_words(row)}", flush=True)
+            env = {k: v for k, v in (_env(cache) | way.env).items() if v is not None}
+            cmd = [sys.executable, "-c", MEASURE, CHAPTERS[short], str(way.checkpoint_seconds)]
+            row = timed_run(cmd, env)
+            rows.append({"chapter": short, "way": name, **way.columns, "repeat": repeat} | row)
+            print(f"{short} {name}, run {repeat}: {timed_words(row)}", flush=True)
     shutil.rmtree(tmp / "cache", ignore_errors=True)
     shutil.rmtree(models, ignore_errors=True)
-    written, held = (statistics.median(r["seconds"] for r in rows if r["way"] == way) for way in WAYS)
+    first, second = (statistics.median(r["seconds"] for r in rows if r["way"] == name) for name in ways)
     for r in rows:
-        r["ratio"] = round(written / held, 2)
-    ratio = f"{written / held:.2f}×"
-    print(f"{short}: every layer written {written:.1f} s, held {held:.1f} s (medians of {repeats}): {ratio}")
+        r["ratio"] = round(first / second, 2)
+    said = ", ".join(f"{name} {t:.1f} s" for name, t in zip(ways, (first, second)))
+    print(f"{short}: {said} (medians of {repeats}): {first / second:.2f}×")
     return rows
 
 
