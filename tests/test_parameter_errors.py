@@ -128,11 +128,13 @@ F01_CASES = [
 
 @pytest.mark.parametrize("change, said", F01_CASES, ids=_ids(F01_CASES))
 def test_f01_plans_jobs_that_refuse_a_block_or_k_their_model_lacks(change, said, f01_load):
-    """Every job of the drawn model (its twin and companions too) refuses before measuring, in the
-    chapter's terms (``twin_jobs``' own check would offer blocks counted from the end, which f01's
-    parameters do not take)."""
+    """Every job of the drawn model (its twin too, each measuring both maps of the last block, and
+    under "excluded" the runs of each map) refuses before measuring, in the chapter's terms
+    (``twin_jobs``' own check would offer blocks counted from the end, which f01's parameters do
+    not take)."""
     planned = f01.jobs(_params(more_models=[], **change))
-    assert len(planned) >= 4 and set(_refusals(planned, f01_load)) == {said}
+    excluded = change.get("last_block") == "excluded"
+    assert len(planned) == (6 if excluded else 2) and set(_refusals(planned, f01_load)) == {said}
 
 
 def test_f01_stops_at_a_block_its_model_lacks_as_bad_input(tmp_path, monkeypatch):
