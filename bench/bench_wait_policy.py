@@ -2,17 +2,18 @@
 default (spin a while, then sleep): a chapter's measurements timed both ways, side by side, in
 one run.
 
-The notebook kernels' environment (``pipeline.execution.KERNEL_ENV``) and the Makefile set
-PASSIVE, so that threads waiting for work do not take a small or shared CPU from the threads
-that have it. A measurement of a small model is a long chain of small operations, each one a
-parallel region: a thread that sleeps between them has to be woken for the next. For each chapter
-(default: f04, f03 and f01), its embedded models are built first (untimed, or linked from the
-cache ``--models``); then its measurements, ``<chapter>.run(Params())`` at the default profile
-from a cache holding only the models, run in a subprocess ``--repeats`` times each way,
-alternating, each in the kernels' environment with ``OMP_WAIT_POLICY`` set to PASSIVE or unset.
-The tables are the same either way; only the time differs. Rows go to
-``data/benchmarks/wait_policy.csv``; the ratio printed is the median time with PASSIVE over the
-median time with OpenMP's default. Offline: only the embedded models are used.
+The notebook kernels' environment (``pipeline.execution.KERNEL_ENV``) and the Makefile set PASSIVE
+until this benchmark (rows of ``fa0fb64``), so that threads waiting for work would not take a
+small or shared CPU from the threads that have it; they now leave it unset. A measurement of a
+small model is a long chain of small operations, each one a parallel region: a thread that sleeps
+between them has to be woken for the next. For each chapter (default: f04, f03 and f01), its
+embedded models are built first (untimed, or linked from the cache ``--models``); then its
+measurements, ``<chapter>.run(Params())`` at the default profile from a cache holding only the
+models, run in a subprocess ``--repeats`` times each way, alternating, each in the kernels'
+environment with ``OMP_WAIT_POLICY`` set to PASSIVE or unset. The tables are the same either way;
+only the time differs. Rows go to ``data/benchmarks/wait_policy.csv``; the ratio printed is the
+median time with PASSIVE over the median time with OpenMP's default. Offline: only the embedded
+models are used.
 
     python bench/bench_wait_policy.py                     # f04, f03 and f01, twice each way
     python bench/bench_wait_policy.py --chapters f03 --repeats 1 --models ~/.cache/coupling
@@ -34,7 +35,7 @@ from bench_chapters import FACTS, TIMED, load_at_start, machine  # noqa: E402
 from bench_checkpoint import CHAPTERS, Way, measure_chapter  # noqa: E402
 
 WAYS = {
-    "OMP_WAIT_POLICY=PASSIVE (the kernels' setting)": Way(
+    "OMP_WAIT_POLICY=PASSIVE (the kernels' setting until 2026-12-07)": Way(
         {"omp_wait_policy": "PASSIVE"}, env={"OMP_WAIT_POLICY": "PASSIVE"}
     ),
     "OpenMP's default (unset)": Way({"omp_wait_policy": ""}, env={"OMP_WAIT_POLICY": None}),

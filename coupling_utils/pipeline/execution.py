@@ -57,13 +57,14 @@ __all__ = [
 
 NOTEBOOK_PATTERN = re.compile(r"f\d\d_[a-z0-9_]+\.md")
 
-# The kernel's environment: no progress bars or widget warnings in the book's outputs.
+# The kernel's environment: no progress bars or widget warnings in the book's outputs. OpenMP's
+# wait policy is left at its default: OMP_WAIT_POLICY=PASSIVE, set here before, made the chapters'
+# measurements 1.1 to 1.5 times slower (bench/bench_wait_policy.py, data/benchmarks/wait_policy.csv).
 KERNEL_ENV = {
     "TQDM_DISABLE": "1",
     "HF_HUB_DISABLE_PROGRESS_BARS": "1",
     "TRANSFORMERS_VERBOSITY": "error",
     "TOKENIZERS_PARALLELISM": "false",
-    "OMP_WAIT_POLICY": "PASSIVE",  # no busy-waiting threads: far faster on a shared or small CPU
     "PYTHONWARNINGS": "ignore:IProgress not found",
 }
 
