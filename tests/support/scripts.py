@@ -20,5 +20,6 @@ def load_script(relative: str) -> ModuleType:
         sys.path.insert(0, str(path.parent))
     spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[path.stem] = module  # registered as an import would (a dataclass looks its module up)
     spec.loader.exec_module(module)
     return module
