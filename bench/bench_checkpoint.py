@@ -108,37 +108,53 @@ def measure_chapter(
     return rows
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--chapters", nargs="*", default=["f04", "f03"], help=f"from {sorted(CHAPTERS)}")
+def bench_main(
+    argv, *, name: str, doc: str, ways: dict[str, Way], columns: list[str], default: list[str]
+) -> int:
+    """The command line of a bench that times chapters' measurements in ``ways`` (this one's and
+    ``bench_wait_policy.py``'s): check the arguments (exit 2 naming a bad one), time each chapter,
+    write the rows to ``data/benchmarks/<name>.csv`` (or ``--out``) as one file."""
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
+    ap.add_argument("--chapters", nargs="*", default=default, help=f"from {sorted(CHAPTERS)}")
     ap.add_argument("--repeats", type=int, default=2, help="runs each way, alternating (default 2)")
-    ap.add_argument("--out", default=str(ROOT / "data" / "benchmarks" / "checkpoint.csv"))
+    ap.add_argument("--models", default=None, help="a cache whose zoo holds the models already built")
+    ap.add_argument("--out", default=str(ROOT / "data" / "benchmarks" / f"{name}.csv"))
     args = ap.parse_args(argv)
     unknown = [c for c in args.chapters if c not in CHAPTERS]
     if unknown:
         ap.error(f"unknown chapters {unknown}: choose from {sorted(CHAPTERS)}")
     if args.repeats < 1:
         ap.error(f"--repeats must be 1 or more, got {args.repeats}")
+    if args.models is not None and not (Path(args.models) / "zoo").is_dir():
+        ap.error(
+            f"--models {args.models} holds no zoo/ folder: give a cache whose models are built, "
+            "or leave it out"
+        )
     command = (
-        "python bench/bench_checkpoint.py"
-        + ("" if args.chapters == ["f04", "f03"] else " --chapters " + " ".join(args.chapters))
+        f"python bench/bench_{name}.py"
+        + ("" if args.chapters == default else " --chapters " + " ".join(args.chapters))
         + ("" if args.repeats == 2 else f" --repeats {args.repeats}")
     )
     facts = machine() | {"load_at_start": load_at_start(), "commit": commit(), "command": command}
     rows = []
-    with tempfile.TemporaryDirectory(prefix="checkpoint-") as tmp:
+    with tempfile.TemporaryDirectory(prefix=f"{name}-") as tmp:
         for short in args.chapters:
-            rows += measure_chapter(short, args.repeats, Path(tmp))
+            rows += measure_chapter(short, args.repeats, Path(tmp), ways, args.models and Path(args.models))
     now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M")
     from coupling_utils.files import atomic_path
 
     target = Path(args.out)
     with atomic_path(target) as out, out.open("w", newline="", encoding="utf-8") as fh:
-        writer = csv.DictWriter(fh, fieldnames=COLUMNS)
+        writer = csv.DictWriter(fh, fieldnames=columns)
         writer.writeheader()
         writer.writerows(r | facts | {"date_utc": now} for r in rows)
     print(f"wrote {target}")
     return 0 if all(r["status"] == "ok" for r in rows) else 1
+
+
+def main(argv=None) -> int:
+    default = ["f04", "f03"]
+    return bench_main(argv, name="checkpoint", doc=__doc__, ways=WAYS, columns=COLUMNS, default=default)
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ def test_both_policies_alternate_in_the_kernels_environment_and_the_ratio_is_of_
         return {"seconds": took, "cpu_seconds": took, "peak_rss_mib": 100, "other_cpu_seconds": 0.0,
                 "other_cpu_share": 0.0, "status": "ok"}  # fmt: skip
 
-    monkeypatch.setitem(bench.measure_chapter.__globals__, "timed_run", timed)  # bench_checkpoint's runs
+    monkeypatch.setitem(bench.bench_main.__globals__, "timed_run", timed)  # bench_checkpoint's runs
     out = tmp_path / "wait_policy.csv"
     assert bench.main(["--chapters", "f03", "--models", str(built), "--out", str(out)]) == 0
     assert runs == ["PASSIVE", None, "PASSIVE", None]
