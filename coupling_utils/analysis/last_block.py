@@ -24,11 +24,13 @@ import pandas as pd
 from coupling_utils.analysis.depth_and_tokens import WEIGHTS, TwinMeasurement, mean_depthwise
 from coupling_utils.engine.blocks import LAST_BLOCKS, check_last_block
 from coupling_utils.measurement import coupling_summary
+from coupling_utils.measurement.settings import LAST_BLOCK_MAPS
 
 __all__ = [
     "MEASURED_MAPS",
     "CONVENTION_WORDS",
     "companions",
+    "beside",
     "without_last_block",
     "checkpoints_without_last_block",
     "last_lines",
@@ -41,7 +43,7 @@ __all__ = [
     "last_lines_chart",
 ]
 
-MEASURED_MAPS = ("block", "final_norm")
+MEASURED_MAPS = LAST_BLOCK_MAPS
 """The two conventions that are different maps; "excluded" is either one without its last block."""
 
 CONVENTION_WORDS = {
@@ -57,6 +59,13 @@ def companions(last_block: str) -> list[str]:
     """The maps to measure besides ``last_block`` so that both stand side by side."""
     check_last_block(last_block)
     return [c for c in MEASURED_MAPS if c != last_block]
+
+
+def beside(last_block: str) -> str | None:
+    """The other measured map, which a run under ``last_block`` measures beside its own on the last
+    block (``Settings.last_block_also``: one more block, not a second run); None under "excluded",
+    which measures no last block."""
+    return companions(last_block)[0] if last_block in MEASURED_MAPS else None
 
 
 def _drop_last(df: pd.DataFrame, columns: tuple[str, ...], last: int) -> pd.DataFrame:

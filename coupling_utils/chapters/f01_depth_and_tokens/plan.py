@@ -137,23 +137,16 @@ def twin_settings(p: Params) -> tw.TwinSettings:
     return tw.TwinSettings(
         k=p.k, layers=p.layers or None, tile_layers=p.tile_layers, tile_k=p.tile_k, token_layer=p.token_layer,
         how=p.how, dtype=p.dtype, seed=p.init_seed, method=p.method, max_tokens=p.max_tokens,
-        last_block=p.last_block, last_block_also=_beside(p),
+        last_block=p.last_block, last_block_also=lb.beside(p.last_block),
     )  # fmt: skip
-
-
-def _beside(p: Params) -> str | None:
-    """The other map of the last block, measured beside the chapter's in the same jobs (the last
-    block once more; every other block is the same map under both): None under "excluded"."""
-    others = lb.companions(p.last_block)
-    return others[0] if p.last_block in lb.MEASURED_MAPS else None
 
 
 def _companion_jobs(p: Params) -> dict[str, list[Job]]:
     """The drawn model and its twin under each map of the last block that the chapter's own jobs
     do not hold (with the same tiles and token block): what "The last block" sets side by side.
     None under "block" or "final_norm", whose jobs measure the other map beside theirs
-    (:func:`_beside`); both measured maps under "excluded", which measures no last block."""
-    if _beside(p) is not None:
+    (``lb.beside``); both measured maps under "excluded", which measures no last block."""
+    if lb.beside(p.last_block) is not None:
         return {}
     s, texts, out = twin_settings(p), prompts(p), cache_dir("f01", p.method)
     return {
@@ -183,7 +176,7 @@ def _check_fits(lm, *, p: Params, job: Job) -> None:
 def jobs(p: Params) -> list[Job]:
     """The measurement plan: each model and its random-init twin (``twin_jobs``), the first model
     with its tiles, its token block and the other map of its last block measured beside (one more
-    block, :func:`_beside`), the others without; under ``last_block="excluded"``, then the first
+    block, ``lb.beside``), the others without; under ``last_block="excluded"``, then the first
     model and its twin under each measured map. Each job checks the parameters against its loaded
     model (:func:`_check_fits`) before measuring."""
     s, texts = twin_settings(p), prompts(p)
@@ -372,7 +365,7 @@ def run(p: Params, options: Options | None = None) -> Results:
     n_own = len(planned) - sum(len(part) for part in extra.values())
     twins = tw.twin_set(Collected(done[:n_own]), twin_settings(p), main=p.model)
     companions, at = {}, n_own
-    beside = _beside(p)
+    beside = lb.beside(p.last_block)
     if beside is not None:  # the drawn model's own jobs hold the other map too
         mine = Collected([r.under(beside) for r in done[:n_own] if r.job.labels["model"] == p.model])
         s = twin_settings(p).but(last_block=beside, last_block_also=None)

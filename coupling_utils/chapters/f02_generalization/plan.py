@@ -331,12 +331,6 @@ def rule_lines(*names: str) -> str:
 
 
 # --------------------------------------------------------------------------- the plan and the run
-def _beside(p: Params) -> str | None:
-    """The other map of the last block, measured beside the chapter's in the same jobs (the last
-    block once more; every other block is the same map under both): None under "excluded"."""
-    return lb.companions(p.last_block)[0] if p.last_block in lb.MEASURED_MAPS else None
-
-
 def _family(p: Params, last_block: str, cache, which: str = "family", also: str | None = None) -> list[Job]:
     """The members and twins (K per width) of the family ``which`` names, with the last block as
     ``last_block`` (and once more as ``also``)."""
@@ -387,7 +381,7 @@ def _parts(p: Params, *, store: bool) -> dict[str, list[Job]]:
     """The plan by part: "family" (members and twins, K per width), "training" (the training
     family's, likewise), "hub" (``hub_models`` at ``k``; empty without them) and "scale" (the
     scale question), all with the last block as ``last_block``; the family and the scale reference
-    also with the other map of the last block, measured beside it (:func:`_beside`), whose verdicts
+    also with the other map of the last block, measured beside it (``lb.beside``), whose verdicts
     the status rows compare; under "excluded", which measures no last block, "family@<map>" and
     "scale@<map>" (the scale reference only) for each measured map. ``store``: under the cache."""
     cache = cache_dir("f02") if store else None
@@ -399,7 +393,7 @@ def _parts(p: Params, *, store: bool) -> dict[str, list[Job]]:
         else []
     )
     hub = _checked(hub, "k", dict.fromkeys(p.hub_models, p.k))
-    beside = _beside(p)  # the family and the scale reference: the other map in the same jobs
+    beside = lb.beside(p.last_block)  # the family and the scale reference: the other map, same jobs
     scale_parts = [
         _scale(p, p.last_block, [name], root, beside if name == p.scale_reference else None)
         for name in scale_ks(p)
@@ -493,7 +487,7 @@ def run(p: Params, options: Options | None = None) -> Results:
     refuse_misfits(got.results, NOTEBOOK)  # a K wider than its model: bad input, not a missing model
     done = iter(got.results)
     results: dict[str, list[Result]] = {name: [next(done) for _ in part] for name, part in parts.items()}
-    beside = _beside(p)
+    beside = lb.beside(p.last_block)
     if beside is not None:  # the other map, from the same jobs: the family and the scale reference
         results[f"family@{beside}"] = [r.under(beside) for r in results["family"]]
         ref = [r for r in results["scale"] if r.job.labels["model"] == p.scale_reference]

@@ -241,9 +241,9 @@ CONVENTION_ROWS = {"family": "family", "family_size": "family-versus-size", "sca
 
 
 def _other_runs(last_block: str) -> str:
-    """How the family and the scale reference get the other map(s) of the last block (``plan._beside``)."""
-    if last_block in lb.MEASURED_MAPS:
-        other = lb.companions(last_block)[0]
+    """How the family and the scale reference get the other map(s) of the last block (``lb.beside``)."""
+    other = lb.beside(last_block)
+    if other is not None:
         return (
             f'the same runs measure the last block once more, with `last_block = "{other}"` (every other '
             "block is the same map under both)"
