@@ -27,6 +27,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -109,11 +110,19 @@ def measure_chapter(
 
 
 def bench_main(
-    argv, *, name: str, doc: str, ways: dict[str, Way], columns: list[str], default: list[str]
+    argv,
+    *,
+    name: str,
+    doc: str,
+    ways: dict[str, Way],
+    columns: list[str],
+    default: list[str],
+    report: Callable[[Path], str] | None = None,
 ) -> int:
     """The command line of a bench that times chapters' measurements in ``ways`` (this one's and
     ``bench_wait_policy.py``'s): check the arguments (exit 2 naming a bad one), time each chapter,
-    write the rows to ``data/benchmarks/<name>.csv`` (or ``--out``) as one file."""
+    write the rows to ``data/benchmarks/<name>.csv`` (or ``--out``) as one file, then print
+    ``report`` of that file (the bench's verdict, where it has a rule)."""
     ap = argparse.ArgumentParser(description=doc.split("\n")[0])
     ap.add_argument("--chapters", nargs="*", default=default, help=f"from {sorted(CHAPTERS)}")
     ap.add_argument("--repeats", type=int, default=2, help="runs each way, alternating (default 2)")
@@ -149,6 +158,8 @@ def bench_main(
         writer.writeheader()
         writer.writerows(r | facts | {"date_utc": now} for r in rows)
     print(f"wrote {target}")
+    if report is not None:
+        print(report(target))
     return 0 if all(r["status"] == "ok" for r in rows) else 1
 
 

@@ -21,7 +21,9 @@ models are used.
 
 from __future__ import annotations
 
+import csv
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,10 +39,36 @@ WAYS = {
 }
 COLUMNS = ["chapter", "way", "omp_wait_policy", "repeat", *TIMED, "ratio", *FACTS]
 DEFAULT = ["f04", "f03", "f01"]
+RULE = (
+    "the kernels stop setting PASSIVE if the ratio is at least 1.05 for one chapter and at least 0.95 "
+    "for every chapter"
+)
+
+
+def ratios(path: Path) -> dict[str, float]:
+    """Each chapter's ratio (median with PASSIVE over median with OpenMP's default) in a CSV of this
+    bench's rows."""
+    with Path(path).open(encoding="utf-8", newline="") as fh:
+        return {row["chapter"]: float(row["ratio"]) for row in csv.DictReader(fh)}
+
+
+def rule_met(by_chapter: Mapping[str, float]) -> bool:
+    """Whether the ratios meet :data:`RULE` (fixed before the rows of ``fa0fb64`` were all seen)."""
+    values = list(by_chapter.values())
+    return bool(values) and max(values) >= 1.05 and min(values) >= 0.95
+
+
+def verdict(by_chapter: Mapping[str, float]) -> str:
+    """The rule, the ratios it read and whether they meet it, as a line."""
+    read = ", ".join(f"{chapter} {ratio:.2f}" for chapter, ratio in by_chapter.items())
+    return f"rule ({RULE}): {'met' if rule_met(by_chapter) else 'not met'} by the ratios {read}"
 
 
 def main(argv=None) -> int:
-    return bench_main(argv, name="wait_policy", doc=__doc__, ways=WAYS, columns=COLUMNS, default=DEFAULT)
+    return bench_main(
+        argv, name="wait_policy", doc=__doc__, ways=WAYS, columns=COLUMNS, default=DEFAULT,
+        report=lambda path: verdict(ratios(path)),
+    )  # fmt: skip
 
 
 if __name__ == "__main__":

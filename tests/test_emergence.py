@@ -13,7 +13,7 @@ import torch
 from coupling_utils.analysis import emergence as em
 from coupling_utils.analysis.last_block import checkpoints_without_last_block
 from coupling_utils.engine.metric import coupling
-from coupling_utils.measurement import Options
+from coupling_utils.measurement import Options, collect
 
 
 # --------------------------------------------------------------------------- checkpoints
@@ -202,6 +202,23 @@ def test_the_last_block_setting_reaches_the_measurement():
     assert {
         s.last_block for j in em.checkpoint_jobs("tiny", ["step0"], {"a": "x"}) for s in j.settings.values()
     } == {"block"}
+
+
+def test_one_sweep_measures_the_last_block_under_both_maps(tiny_sweep, tmp_path):
+    """``last_block_also``: the checkpoints' last block once more under the other map, in the same
+    jobs; read under that map (``Collected.under``) the sweep is the one measured with it alone."""
+    both = em.SweepSettings(k=(2, 4), last_block="final_norm", last_block_also="block")
+    jobs = em.checkpoint_jobs("tiny", ["step16", "step0", "step4"], tiny_sweep.prompts, both, root=tmp_path)
+    assert {s.last_block_also for j in jobs for s in j.settings.values()} == {"block"}
+    done = collect(jobs, Options(load=tiny_sweep.load, on_error="raise"))
+    alone = em.sweep_of(done.under("block"), "tiny")
+    pd.testing.assert_frame_equal(alone.summary, tiny_sweep.sweep.summary, atol=1e-6)
+    pd.testing.assert_frame_equal(alone.depthwise, tiny_sweep.sweep.depthwise, atol=1e-6)
+    folded = em.sweep_of(done, "tiny")
+    last = folded.depthwise.query("layer_j == 3 and layer_i != 3")
+    assert not np.allclose(last.m, alone.depthwise.query("layer_j == 3 and layer_i != 3").m)
+    inner = "layer_i < 3 and layer_j < 3"
+    pd.testing.assert_frame_equal(folded.depthwise.query(inner), alone.depthwise.query(inner))
 
 
 def test_sweep_reuses_stored_measurements(tiny_sweep, monkeypatch):

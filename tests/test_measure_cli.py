@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -42,11 +43,13 @@ def test_a_hub_id_a_directory_and_a_gguf_file_into_tidy_tables(standin_hub, tmp_
     args = [HUB, str(local), str(gguf), "--prompts", str(prompts), "--k", "2", "4", "--out", str(out)]
     assert main(["measure", *args]) == 0, capsys.readouterr()
     summary = pd.read_csv(out / "summary.csv")
-    assert list(summary.columns[:4]) == ["model", "revision", "K", "how"]
+    assert list(summary.columns[:5]) == ["model", "revision", "last_block", "K", "how"]
     assert set(summary.model) == {HUB, str(local), str(gguf)} and set(summary.K) == {2, 4}
+    assert set(summary.last_block) == {"block"}
     assert summary.coupling.between(0, 1).all() and (summary.n_prompts == 2).all()
     depth = pd.read_csv(out / "depthwise.csv")
-    assert list(depth.columns[:2]) == ["model", "revision"] and set(depth.prompt) == {"a", "b"}
+    assert list(depth.columns[:3]) == ["model", "revision", "last_block"] and set(depth.prompt) == {"a", "b"}
+    assert "last_block" not in pd.read_csv(out / "prompts.csv").columns  # its rows are not about blocks
     assert not (out / "failures.csv").exists()
     prov = json.loads((out / "provenance.json").read_text())
     assert prov["prompts"]["a"] == "<5 token ids>" and len(prov["measurements"]) == 3
@@ -72,6 +75,67 @@ def test_revisions_and_a_missing_model(standin_hub, tmp_path, capsys):
     failures = pd.read_csv(out / "failures.csv")
     assert len(failures) == 2 and set(failures.error) == {"ModelNotFoundError"}
     assert failures.message.str.contains("hf download someorg/not-in-the-cache").all()
+
+
+def test_the_last_block_under_both_maps_in_one_run(tmp_path, counted, capsys):
+    """--last-block-also measures the last block once more in the same run: the tables hold both
+    maps (their last_block column), each equal to its own run's; the rows without the last block
+    are the same under both; a map named twice, or beside 'excluded', is refused."""
+    local = tmp_path / "m"
+    tiny_model("llama", seed=5).save_pretrained(local)
+    (tmp_path / "ids.json").write_text(json.dumps({"a": [1, 5, 9, 3, 7], "b": [2, 4, 6, 8]}))
+    common = [str(local), "--prompts", str(tmp_path / "ids.json"), "--k", "2", "4"]
+    both, alone = tmp_path / "both", tmp_path / "alone"
+    assert (
+        main(
+            [
+                "measure",
+                *common,
+                "--last-block",
+                "final_norm",
+                "--last-block-also",
+                "block",
+                "--out",
+                str(both),
+            ]
+        )
+        == 0
+    )
+    assert main(["measure", *common, "--out", str(alone)]) == 0, capsys.readouterr()
+    summary = pd.read_csv(both / "summary.csv")
+    assert sorted(set(summary.last_block)) == ["block", "final_norm"] and len(summary) == 4
+    keys = ["model", "revision", "last_block", "prompt", "token", "K", "layer_i", "layer_j"]
+    depth = pd.read_csv(both / "depthwise.csv").sort_values(keys).reset_index(drop=True)
+    one = pd.read_csv(alone / "depthwise.csv")
+    got = depth[depth.last_block == "block"].reset_index(drop=True)
+    pd.testing.assert_frame_equal(got, one.sort_values(keys).reset_index(drop=True), atol=1e-6)
+    pd.testing.assert_frame_equal(
+        pd.read_csv(both / "summary.csv").query("last_block == 'block'").reset_index(drop=True),
+        pd.read_csv(alone / "summary.csv"),
+        atol=1e-6,
+    )
+    last = int(pd.read_csv(both / "summary.csv").n_layers.iloc[0]) - 1
+    inner = depth[(depth.layer_i != last) & (depth.layer_j != last)]
+    a, b = (
+        inner[inner.last_block == m].drop(columns="last_block").reset_index(drop=True)
+        for m in ("block", "final_norm")
+    )
+    pd.testing.assert_frame_equal(a, b)
+    at_last = depth[depth.layer_j == last]
+    under = {m: at_last[at_last.last_block == m].coupling.to_numpy() for m in ("block", "final_norm")}
+    assert len(under["block"]) and not np.allclose(under["block"], under["final_norm"])
+    prov = json.loads((both / "provenance.json").read_text())
+    assert prov["settings"]["last_block"] == "final_norm" and prov["settings"]["last_block_also"] == "block"
+    assert len(pd.read_csv(both / "prompts.csv")) == 2  # not about blocks: written once
+    capsys.readouterr()
+    for last_block, also, says in (
+        ("block", "block", "pass --last-block-also final_norm"),
+        ("excluded", "final_norm", "pass --last-block block --last-block-also final_norm"),
+    ):
+        args = [*common, "--last-block", last_block, "--last-block-also", also, "--out", str(tmp_path / "x")]
+        assert main(["measure", *args]) == 2
+        assert says in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
 
 
 def test_prompt_files(tmp_path):

@@ -229,10 +229,8 @@ class SweepSettings:
     ``trajectory_layers`` (a residual-state window (first, last), default all): the tokens and
     window of the line-shape score and expodistance (expodistance needs three steps and is NaN
     for shallower windows); ``max_tokens`` cuts prompts to their first tokens; ``dtype``: the
-    weights'; ``last_block``: what the last block's Jacobian is (``Settings.last_block``: "block",
-    "final_norm" or "excluded"); ``how``: the pairs of :func:`checkpoint_summary` (not part of
-    what is stored).
-    """
+    weights'; ``last_block`` and ``last_block_also``: what the last block's Jacobian is, as in
+    ``Settings``; ``how``: the pairs of :func:`checkpoint_summary` (not part of what is stored)."""
 
     k: int | Sequence[int] = (10,)
     layers: Sequence[int] | None = None
@@ -243,6 +241,7 @@ class SweepSettings:
     method: str = "exact"
     max_tokens: int | None = None
     last_block: str = "block"
+    last_block_also: str | None = None
 
     def __post_init__(self):
         if self.trajectory_tokens not in ("all", "last"):
@@ -310,6 +309,7 @@ def checkpoint_jobs(
         method=s.method,
         max_tokens=s.max_tokens,
         last_block=s.last_block,
+        last_block_also=s.last_block_also,
     )
     from coupling_utils.analysis.trajectories import checkpoint_trajectories
 

@@ -135,6 +135,11 @@ class Collected:
         ]
         return pd.DataFrame(rows, columns=None if rows else ["job", "key", "error", "message"])
 
+    def under(self, last_block: str) -> Collected:
+        """These results with the last block under ``last_block`` (:meth:`Result.under`: the jobs'
+        own map, or the second one their ``last_block_also`` measured)."""
+        return Collected([r.under(last_block) if r.ok else r for r in self.results])
+
     def table(self, table: str, part: str | None = "measure") -> pd.DataFrame:
         """A table of every successful job, labelled and concatenated (``part=None``: an extra table)."""
         frames = [r.labelled(table, part) for r in self.ok]

@@ -21,6 +21,7 @@ import torch
 from coupling_utils.schemas import Schema, check_table
 
 __all__ = [
+    "BLOCK_COLUMNS",
     "TABLES",
     "COLUMNS",
     "SCHEMAS",
@@ -42,6 +43,7 @@ COLUMNS = {
     "prompts": ["prompt", "text", "n_tokens", "input_ids"],
     "timings": ["prompt", "layer", "seconds", "block_passes"],
 }
+BLOCK_COLUMNS = ("layer", "layer_i", "layer_j")  # the columns that name a block (its layer label)
 _INT = ("token", "K", "layer", "layer_i", "layer_j", "token_i", "token_j", "row", "col", "rank")
 DTYPES = {
     **dict.fromkeys(_INT, "int64"),

@@ -199,7 +199,13 @@ def _cmd_measure(args) -> int:
         resources = _measure_resources(args)
         prompts = read_prompts(args.prompts, n=args.n_prompts)
         settings = measurement_settings(
-            args.k or DEFAULT_K, args.tokens, args.method, args.max_tokens, args.layers, args.last_block
+            args.k or DEFAULT_K,
+            args.tokens,
+            args.method,
+            args.max_tokens,
+            args.layers,
+            args.last_block,
+            args.last_block_also,
         )
         loads = Loads(revisions=args.revision or None, dtype=args.dtype)
         run = MeasureRun(
@@ -271,6 +277,7 @@ def add_sweep_commands(subparsers) -> None:
 def _measure_settings_options(p: argparse.ArgumentParser) -> None:
     """The options of ``measure`` that make its :class:`~coupling_utils.measurement.Settings`."""
     from coupling_utils.engine.blocks import LAST_BLOCKS
+    from coupling_utils.measurement.settings import LAST_BLOCK_MAPS
     from coupling_utils.pipeline.measure_models import HOWS, METHODS
 
     p.add_argument(
@@ -306,6 +313,13 @@ def _measure_settings_options(p: argparse.ArgumentParser) -> None:
         help="what the last block is: 'block' (alone, the paper's definition; default), 'final_norm' "
         "(with the model's final norm, hidden_states[L-1] -> hidden_states[L], as the authors' code "
         "measured it) or 'excluded' (left out)",
+    )
+    p.add_argument(
+        "--last-block-also",
+        choices=LAST_BLOCK_MAPS,
+        help="measure the last block once more, in the same run, under this other map ('block' or "
+        "'final_norm'): one more block, not a second measurement; the tables then hold both maps, told "
+        "apart by their last_block column",
     )
     p.add_argument(
         "--how", default="offdiag", choices=HOWS, help="one number per model: offdiag or adjacent pairs"

@@ -7,11 +7,14 @@ For models the book never heard of (hub ids, ``save_pretrained`` directories, ``
 ``OUT/store/`` (resumable: a rerun measures only what is missing), then written as tidy CSV
 tables in ``OUT/``:
 
-- ``summary.csv``: one row per (model, revision, K): the coupling number (mean ``1 − m_K²``
-  over block pairs, ``how``), its spread over prompts, and the model's size;
+- ``summary.csv``: one row per (model, revision, last block's map, K): the coupling number (mean
+  ``1 − m_K²`` over block pairs, ``how``), its spread over prompts, and the model's size;
 - ``depthwise.csv``, ``singular_values.csv``, ``prompts.csv``, ``timings.csv`` (and
   ``tokenwise``/``context``/``tiles`` when measured): :func:`~coupling_utils.measurement.measure`'s
-  tables with ``model`` and ``revision`` columns first;
+  tables with ``model`` and ``revision`` columns first, and ``last_block`` after them in those
+  whose rows are about blocks (the map of the last block the row's numbers hold; with
+  ``--last-block-also`` those tables hold both maps, measured in one run: every row without
+  the last block is the same under both);
 - ``failures.csv``: the models that could not be measured, with the reason;
 - ``provenance.json``: the settings, how the models were asked to be loaded (``--dtype``,
   ``--revision``; each measurement's provenance says the dtype it got), the prompts,
@@ -51,7 +54,7 @@ from coupling_utils.measurement import (
     coupling_summary,
     plan,
 )
-from coupling_utils.measurement.tables import SUMMARY_HOWS
+from coupling_utils.measurement.tables import BLOCK_COLUMNS, SUMMARY_HOWS
 from coupling_utils.models.identity import model_identity
 from coupling_utils.pipeline.measure_inputs import (
     DEFAULT_K,
@@ -133,23 +136,43 @@ def measurement_settings(
     max_tokens: int | None = None,
     layers: Sequence[int] | None = None,
     last_block: str = "block",
+    last_block_also: str | None = None,
 ) -> Settings:
     """The :class:`Settings` of a ``coupling-book measure`` run; a bad one is a MeasureError.
 
     ``layers``: block indices, 0-based, negative from the end (as measure() reads them); at least
     two, since coupling compares blocks (a model whose blocks they name resolve to one is
-    measured, and the report says why it has no coupling)."""
+    measured, and the report says why it has no coupling). ``last_block_also``: the last block
+    measured once more, in the same run, under the other of "block" and "final_norm"."""
     named = None if layers is None else [layers] if isinstance(layers, int) else list(layers)
     if named is not None and len(set(named)) < 2:
         raise MeasureError(
             f"--layers {' '.join(map(str, named))} names one block, and coupling compares blocks: name "
             "at least two (e.g. --layers 0 1; negative counts from the end), or leave --layers out"
         )
+    if last_block_also is not None and (last_block_also == last_block or last_block == "excluded"):
+        raise MeasureError(_also_refusal(last_block, last_block_also))
     try:
         chosen = dict(tokens=tokens, layers=layers, method=method, max_tokens=max_tokens)
-        return Settings(k=tuple(k), last_block=last_block, **chosen)
+        return Settings(k=tuple(k), last_block=last_block, last_block_also=last_block_also, **chosen)
     except (TypeError, ValueError) as exc:
         raise MeasureError(f"bad measurement settings: {exc}") from exc
+
+
+def _also_refusal(last_block: str, also: str) -> str:
+    """Why ``--last-block-also`` cannot go with ``--last-block`` as given, and what to pass."""
+    other = {"block": "final_norm", "final_norm": "block"}
+    if last_block == "excluded":
+        return (
+            f"--last-block-also {also} measures the last block once more, and --last-block excluded leaves "
+            f"it out; pass --last-block {other.get(also, 'block')} --last-block-also {also}, or drop "
+            "--last-block-also"
+        )
+    return (
+        f"--last-block-also {also} names the map --last-block already measures; it measures the last "
+        f"block once more under the other map: pass --last-block-also {other.get(last_block, 'block')}, "
+        "or drop it"
+    )
 
 
 @dataclass(frozen=True)
@@ -279,9 +302,12 @@ def measure_dry_run(run: MeasureRun) -> str:
     done = collect(jobs, Options(compute=False))  # reads what is stored, loads nothing
     settings = run.settings
     chosen = {
-        n: getattr(settings, n) for n in ("k", "tokens", "method", "layers", "max_tokens", "last_block")
+        n: getattr(settings, n)
+        for n in ("k", "tokens", "method", "layers", "max_tokens", "last_block", "last_block_also")
     }
     chosen.update(k=list(settings.k), layers=list(settings.layers or []) or "all", dtype=run.loads.dtype)
+    if settings.last_block_also is None:
+        del chosen["last_block_also"]
     lines = [
         f"dry run: nothing is measured, submitted or written; {len(done.missing)} of {len(jobs)} "
         f"(model, revision) pair(s) to measure, on {len(run.prompts)} prompt(s), into {run.out}",
@@ -380,13 +406,14 @@ def _size(r, key):
     return None if v is None else int(v)
 
 
-def _summary_rows(done, how: str, report: MeasureReport) -> list[dict]:
-    """One row per (model, revision, K); a model measured at fewer than two blocks has none, and
-    the report says so (its depth-wise table is empty: coupling compares blocks)."""
+def _summary_rows(done, how: str, last_block: str, report: MeasureReport | None) -> list[dict]:
+    """One row per (model, revision, K), of the last block under ``last_block``; a model measured
+    at fewer than two blocks has none, and the report (if given) says so (its depth-wise table is
+    empty: coupling compares blocks)."""
     rows = []
     for r in done.ok:
         m = r.measurements["measure"]
-        if m.depthwise.empty:
+        if m.depthwise.empty and report is not None:
             blocks = (m.provenance.get("settings") or {}).get("layers")
             report.notes.append(
                 f"{r.job.describe()}: no coupling, so no rows in summary.csv and depthwise.csv (not "
@@ -400,6 +427,7 @@ def _summary_rows(done, how: str, report: MeasureReport) -> list[dict]:
                 {
                     "model": r.job.labels["model"],
                     "revision": r.job.revision or "main",
+                    "last_block": last_block,
                     "K": int(K),
                     "how": how,
                     "coupling": float(per.mean()),
@@ -413,21 +441,35 @@ def _summary_rows(done, how: str, report: MeasureReport) -> list[dict]:
     return rows
 
 
+def _maps(settings: Settings) -> list[str]:
+    """The maps of the last block the run measured: its own, then ``last_block_also``'s."""
+    return [settings.last_block] + ([settings.last_block_also] if settings.last_block_also else [])
+
+
 def _write_tables(done, report: MeasureReport, run: MeasureRun) -> None:
     out, how, settings, prompts = report.out, run.how, run.settings, run.prompts
-    lead = ["model", "revision"]
+    lead = ["model", "revision", "last_block"]
+    maps = _maps(settings)
+    each = [done] + [done.under(lb) for lb in maps[1:]]
 
-    def tidy(df: pd.DataFrame) -> pd.DataFrame:
+    def tidy(df: pd.DataFrame, last_block: str) -> pd.DataFrame:
         if "revision" not in df.columns:
             df = df.assign(revision="main")
-        return _ids_as_lists(df[[*lead, *[c for c in df.columns if c not in lead]]])
+        if any(c in df.columns for c in BLOCK_COLUMNS):  # rows about blocks: say the last block's map
+            df = df.assign(last_block=last_block)
+        first = [c for c in lead if c in df.columns]
+        return _ids_as_lists(df[[*first, *[c for c in df.columns if c not in first]]])
 
     frames = {}
     for name in TABLES:
-        df = done.table(name, "measure")
-        if not df.empty:
-            frames[name] = tidy(df)
-    rows = _summary_rows(done, how, report)
+        parts = [tidy(df, lb) for c, lb in zip(each, maps) if not (df := c.table(name, "measure")).empty]
+        if parts and "last_block" not in parts[0].columns:  # not about blocks: the same under each map
+            parts = parts[:1]
+        if parts:
+            frames[name] = pd.concat(parts, ignore_index=True)
+    rows = [
+        row for i, c in enumerate(each) for row in _summary_rows(c, how, maps[i], report if i == 0 else None)
+    ]
     if rows:
         frames = {"summary": pd.DataFrame(rows), **frames}
     failures = done.failures
@@ -438,7 +480,11 @@ def _write_tables(done, report: MeasureReport, run: MeasureRun) -> None:
         "what": "coupling-book measure: block-coupling measurements of these models (measure())",
         "command": " ".join(sys.argv) if sys.argv and sys.argv[0].endswith("coupling-book") else None,
         "models": run.references(),
-        "settings": {**settings.to_dict(runtime=False), "last_block": settings.last_block},
+        "settings": {
+            **settings.to_dict(runtime=False),
+            "last_block": settings.last_block,
+            "last_block_also": settings.last_block_also,
+        },
         "load": {"dtype": run.loads.dtype, "revisions": list(run.loads.revisions or []) or None},
         "identities": {r.job.describe(): model_identity(r.job.model, r.job.revision) for r in done.ok},
         "summary": {"how": how, "definition": "mean over prompts of the mean of 1 - m_K^2 over block pairs"},

@@ -474,7 +474,7 @@ def _last_block_glue(r: Results) -> dict[str, Any]:
 
     v, p = r.last_block_values, r.params
     shared = p.last_block in lb.MEASURED_MAPS  # one run measured the last block under both maps
-    rest = f"agrees {_agreement(v['rest_diff'])}" if not shared else "is shared by both, measured once"
+    rest = "is the same under both maps (measured once)" if shared else f"agrees {_agreement(v['rest_diff'])}"
     keys = ("trained_block", "trained_final_norm", "twin_block", "twin_final_norm",
             "trained_change", "twin_change", "trained_line_diff", "twin_line_diff",
             "trained_s1_block", "trained_s1_final_norm")  # fmt: skip
@@ -497,7 +497,7 @@ def excluded_words(v: Mapping[str, float], n_layers: int, shared: bool = False) 
         return f"Leaving the last block out leaves no pair of different blocks to average ({n_layers} blocks)"
     said = f"Leaving the last block out gives {v['trained_excluded']:.4f} (twin {v['twin_excluded']:.4f})"
     if shared:
-        return f"{said}, under either map"
+        return said
     return f"{said}, the same from either measurement ({_agreement(v['excluded_diff'], 'they ')})"
 
 

@@ -11,6 +11,7 @@ from typing import Any
 import pandas as pd
 
 from coupling_utils.analysis import emergence
+from coupling_utils.analysis import last_block as lb
 from coupling_utils.analysis.verdicts import Rule
 from coupling_utils.chapters.checks import (
     DTYPES,
@@ -169,6 +170,7 @@ def checkpoint_settings(p: Params, panel: str) -> emergence.SweepSettings:
         trajectory_tokens=p.trajectory_tokens,
         max_tokens=p.window_tokens if panel == MAIN else p.max_tokens,
         last_block=p.last_block,
+        last_block_also=lb.beside(p.last_block),  # the last block once more, under the other map
     )
 
 

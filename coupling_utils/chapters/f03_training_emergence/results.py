@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from coupling_utils.analysis import emergence
+from coupling_utils.analysis import last_block as lb
 from coupling_utils.analysis.last_block import checkpoints_without_last_block
 from coupling_utils.analysis.model_names import checkpoints_words, of_result
 from coupling_utils.analysis.straightness import straightness
@@ -39,14 +40,18 @@ def run(p: Params, options: Options | None = None) -> Results:
     planned = panel_jobs(p, runs)
     options = options or Options()
     done = iter(collect([j for js in planned.values() for j in js], options, desc="checkpoints").results)
-    sweeps, named = {}, {}
+    sweeps, named, beside = {}, {}, {}
+    also = lb.beside(p.last_block)
     for panel, js in planned.items():
         part = Collected([next(done) for _ in js])
-        sweeps[panel] = emergence.runs_sweep(
-            part, runs, checkpoint_settings(p, panel), panel=panel, on_error=options.on_error
-        )
+        settings = checkpoint_settings(p, panel)
+        sweeps[panel] = emergence.runs_sweep(part, runs, settings, panel=panel, on_error=options.on_error)
+        if also is not None:  # the same runs' last block under the other map
+            beside[panel] = emergence.runs_sweep(
+                part.under(also), runs, settings, panel=panel, on_error=options.on_error
+            )
         named = named or _named(part, runs)  # the main panel's: every checkpoint it measured
-    return Results(p, runs, sweeps, named)
+    return Results(p, runs, sweeps, named, beside)
 
 
 def _named(done: Collected, runs: list) -> dict[str, str]:
@@ -113,6 +118,7 @@ class Results:
     runs: list
     sweeps: dict
     named: dict = dataclasses.field(default_factory=dict)  # model -> named as measured (:func:`_named`)
+    beside: dict = dataclasses.field(default_factory=dict)  # sweeps with the last block's other map
 
     # ----------------------------------------------------------------- the tables of both panels
     @functools.cached_property
@@ -525,13 +531,19 @@ class Results:
 
     @functools.cached_property
     def other_conventions(self) -> dict[str, dict[str, str | None]]:
-        """:attr:`coupling_verdicts` under each other convention of the last block: "excluded"
-        from this very measurement (its tables without the last block), the other map not judged
-        (None: that is another measurement of every checkpoint)."""
+        """:attr:`coupling_verdicts` under each other convention of the last block, all from this
+        very measurement: "excluded" from its tables without the last block, the other map from
+        :attr:`beside` (None where it was not measured: under "excluded", which measures no last
+        block)."""
         out = {}
         for other in (c for c in LAST_BLOCKS if c != self.params.last_block):
             verdicts = dict.fromkeys(self.coupling_verdicts)
-            if other == "excluded":
+            if other == lb.beside(self.params.last_block) and self.beside:
+                cut = Results(
+                    dataclasses.replace(self.params, last_block=other), self.runs, self.beside, self.named
+                )
+                verdicts = cut.coupling_verdicts
+            elif other == "excluded":
                 try:
                     sweeps = {
                         panel: checkpoints_without_last_block(t, self.params.how)

@@ -244,16 +244,20 @@ def _coupling_values(r: Results) -> dict[str, Any]:
 
 
 def _block_sentence(r: Results) -> str:
-    """What the stored search (measured with the last block alone) says of this very run."""
+    """What the stored search (measured with the last block alone) says of this very run, beside
+    this chapter's verdicts under both maps."""
     own = r.search_table[r.search_table.this_chapter]
     if own.empty or r.params.last_block == SEARCH_LAST_BLOCK:
         return ""
+    here = f'(`last_block = "{r.params.last_block}"`, with intervals) it gets {r.coupling_verdicts["rises"]}'
+    alone = r.other_conventions.get(SEARCH_LAST_BLOCK, {}).get("rises")
+    if alone is not None:
+        here += f", and {alone} with the last block alone, measured in the same run"
     return (
         f"The search below stored this very run with the last block alone "
         f'(`last_block = "{SEARCH_LAST_BLOCK}"`, '
         f"K = d/16): judged on its mean curve by the same rise rule (no intervals: the search kept no "
-        f"per-window values), it gets {own['rises progressively'].iloc[0]}; measured here "
-        f'(`last_block = "{r.params.last_block}"`, with intervals) it gets {r.coupling_verdicts["rises"]}.'
+        f"per-window values), it gets {own['rises progressively'].iloc[0]}; measured here {here}."
     )
 
 
