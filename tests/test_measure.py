@@ -141,7 +141,8 @@ def test_interrupted_run_resumes_and_only_computes_the_rest(model, prompts, full
             callback=stop_at_second_prompt,
         )
     assert seen == [("a", 0, True), ("a", 1, True), ("b", 0, True)]
-    assert (tmp_path / "prompts" / "a" / "done.json").exists()
+    marker = json.loads((tmp_path / "prompts" / "batch-1" / "done.json").read_text())
+    assert list(marker["prompts"]) == ["a"]  # the finished prompt held, written when the run stopped
     layer_dir = tmp_path / "_work" / "b" / "layer_0000"
     assert (layer_dir / "done.json").exists() and (layer_dir / "J.npy").exists()
     assert not (tmp_path / "provenance.json").exists()
@@ -430,8 +431,9 @@ def test_tables_without_rows_get_no_file_and_a_resumed_run_reads_them_as_empty(m
     layer = out / "_work" / "b" / "layer_0000"
     assert json.loads((layer / "done.json").read_text())["empty_tables"] == ["tokenwise"]
     assert sorted(p.name for p in layer.glob("*.parquet")) == ["singular_values.parquet"]
-    finished = out / "prompts" / "a"
+    finished = out / "prompts" / "batch-1"
     marker = json.loads((finished / "done.json").read_text())
+    assert list(marker["prompts"]) == ["a"]
     assert marker["empty_tables"] == ["context", "tiles", "tokenwise"]
     assert not (finished / "tiles.parquet").exists() and (finished / "depthwise.parquet").exists()
     resumed = measure(model, prompts, **kw, out=out)

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from unittest.mock import ANY
 
 import numpy as np
 import pandas as pd
@@ -150,6 +151,11 @@ def _same_tables(got: dict, ref: dict) -> None:
         pd.testing.assert_frame_equal(a, b, check_exact=True, obj=name)
 
 
+def _batch(out: Path, n: int) -> dict:
+    """The marker of the n-th batch of finished prompts written into ``out``."""
+    return json.loads((out / "prompts" / f"batch-{n}" / "done.json").read_text())
+
+
 def _killed(proc: subprocess.Popen) -> None:
     out, err = proc.communicate(timeout=600)
     assert proc.returncode == -9, f"expected SIGKILL, got {proc.returncode}:\n{out}\n{err[-3000:]}"
@@ -160,7 +166,7 @@ def test_killed_inside_a_layer_and_mid_write_then_resumed_gives_the_same_tables(
     out = tmp_path / "m"
     # 1. inside prompt b's layer 1 (the 4th Jacobian sweep): a is done, b's layer 0 is stored
     _killed(worker(out, "jacobian:4"))
-    assert (out / "prompts" / "a" / "done.json").exists()
+    assert _batch(out, 1) == {"prompts": {"a": ANY}, "empty_tables": ANY}  # each prompt, at once
     assert (out / "_work" / "b" / "layer_0000" / "done.json").exists()
     assert not (out / "_work" / "b" / "layer_0001" / "done.json").exists()
     # 2. half-way through writing b's layer-1 marker: the half file is a temporary, not the marker
@@ -172,14 +178,14 @@ def test_killed_inside_a_layer_and_mid_write_then_resumed_gives_the_same_tables(
     #    before its data would be found here with its data missing)
     for target in (
         "_work/b/layer_0001/J.npy",
-        "prompts/b/depthwise.parquet",
-        "prompts/b/done.json",
+        "prompts/batch-2/depthwise.parquet",
+        "prompts/batch-2/done.json",
         "context.parquet",
         "provenance.json",
     ):
         _killed(worker(out, f"write:{target}"))
         assert not (out / "provenance.json").exists(), target
-    assert (out / "prompts" / "b" / "done.json").exists() and (out / "depthwise.parquet").exists()
+    assert "b" in _batch(out, 2)["prompts"] and (out / "depthwise.parquet").exists()
     # 4. an uninterrupted resume finishes with the reference tables, and nothing half-written
     computed = []
     model, prompts = _inputs()
@@ -195,18 +201,18 @@ def test_killed_inside_a_layer_and_mid_write_then_resumed_gives_the_same_tables(
 def test_killed_with_its_layers_held_loses_only_them_and_resumes_to_the_same_tables(
     tmp_path, worker, reference
 ):
-    """At a checkpoint interval longer than the run, finished layers are held in memory: a process
-    killed inside prompt b's layer 1 has written prompt a (a finished prompt is always written) and
-    none of b's layers; a resumed run measures b's layers again, to the reference tables."""
+    """At a checkpoint interval longer than the run, finished layers and prompts are held in memory:
+    a process killed inside prompt b's layer 1 has written neither prompt a nor any of b's layers;
+    a resumed run measures them again, to the reference tables."""
     out = tmp_path / "m"
     _killed(worker(out, "jacobian:4", checkpoint=600))
-    assert (out / "prompts" / "a" / "done.json").exists()
+    assert not (out / "prompts").exists()
     assert not list((out / "_work").rglob("done.json"))
     proc = worker(out, "none", checkpoint=600)
     stdout, stderr = proc.communicate(timeout=600)
     assert proc.returncode == 0 and "finished" in stdout, stderr[-3000:]
     got = pd.read_pickle(tmp_path / "result.pkl")
-    assert got["computed"] == [True, True]  # b's two layers, measured again; a was read back
+    assert got["computed"] == [True] * 4  # a's and b's two layers each, measured again
     _same_tables(got["tables"], reference)
 
 

@@ -51,7 +51,6 @@ def test_paths_of_a_prompt_and_a_layer(tmp_path):
     assert store.work("p") == tmp_path / "_work" / "p"
     assert store.layer_dir("p", 3) == tmp_path / "_work" / "p" / "layer_0003"
     assert store.layer_dir("p", 12345) == tmp_path / "_work" / "p" / "layer_12345"
-    assert store.done_dir("p") == tmp_path / "prompts" / "p"
 
 
 # --------------------------------------------------------------------------- open
@@ -147,7 +146,7 @@ def test_clear_removes_every_computed_file_and_keeps_the_rest(tmp_path):
     for name in computed:
         (tmp_path / name).write_text("x")
     with_work(store)
-    (store.done_dir("p")).mkdir(parents=True)
+    (tmp_path / "prompts" / "batch-1").mkdir(parents=True)
     for name in ("settings.json", "notes.txt", "provenance.parquet"):
         (tmp_path / name).write_text("kept")
     store.clear()
@@ -184,57 +183,6 @@ def test_a_prompt_keeps_its_work_for_the_same_inputs_and_drops_it_for_others(tmp
     assert json.loads((store.work("p") / "prompt.json").read_text())["digest"] == "d2"
 
 
-def test_a_finished_prompt_is_read_back_and_its_inputs_checked(tmp_path):
-    store = Store(tmp_path)
-    assert store.finished_prompt("p", "d1") is None
-    store.start_prompt("p", "d1", "hello")
-    with_work(store)
-    store.finish_prompt("p", "d1", tables(), keep_work=False)
-    assert not store.work("p").exists()
-    empty = sorted(set(TABLES) - {"depthwise"})  # tables without rows: named, no file
-    marker = {"prompt": "p", "digest": "d1", "empty_tables": empty}
-    assert json.loads((store.done_dir("p") / "done.json").read_text()) == marker
-    assert [p.name for p in store.done_dir("p").glob("*.parquet")] == ["depthwise.parquet"]
-    back = store.finished_prompt("p", "d1")
-    assert sorted(back) == sorted(TABLES)
-    for name in TABLES:
-        pd.testing.assert_frame_equal(back[name], tables()[name])
-    message = (
-        r"prompt 'p' was measured with other inputs; use another out directory, "
-        r"other prompt ids, or resume=False$"
-    )
-    with pytest.raises(ValueError, match=message):
-        store.finished_prompt("p", "d2")
-
-
-def test_a_marker_that_names_its_empty_tables_otherwise_than_as_a_list_names_none(tmp_path, capsys):
-    """A damaged marker (valid JSON, the names as one string) never lets a table pass as empty: each
-    is read from its file, and a missing one sends the prompt to be measured again."""
-    store = Store(tmp_path)
-    store.finish_prompt("p", "d1", tables(), keep_work=False)
-    marker = store.done_dir("p") / "done.json"
-    empty = json.loads(marker.read_text())["empty_tables"]
-    marker.write_text(json.dumps({"prompt": "p", "digest": "d1", "empty_tables": " ".join(empty)}))
-    assert store.finished_prompt("p", "d1") is None
-    assert "cannot be read" in capsys.readouterr().err
-
-
-def test_finish_prompt_can_keep_the_work_files(tmp_path):
-    store = with_work(Store(tmp_path))
-    store.finish_prompt("p", "d1", tables(), keep_work=True)
-    assert (store.layer_dir("p", 0) / "J.npy").exists()
-
-
-def test_a_prompt_without_its_marker_is_not_finished(tmp_path):
-    """The marker is written after the tables: tables alone (a writer killed between) do not count."""
-    store = Store(tmp_path)
-    store.finish_prompt("p", "d1", tables(), keep_work=False)  # no work folder to drop: fine
-    (store.done_dir("p") / "done.json").unlink()
-    assert store.finished_prompt("p", "d1") is None
-    store.finish_prompt("p", "d1", tables(), keep_work=False)  # the resumed run finishes it again
-    assert store.finished_prompt("p", "d1") is not None
-
-
 # --------------------------------------------------------------------------- the finished measurement
 def test_finished_is_today_s_code_only_unless_stale_is_allowed(tmp_path):
     store = Store(tmp_path)
@@ -249,27 +197,21 @@ def test_finished_is_today_s_code_only_unless_stale_is_allowed(tmp_path):
     assert store.finished("code-today", reuse_stale=True).stale is False
 
 
-@pytest.mark.parametrize("what", ["the measurement", "a prompt"])
-def test_a_finished_table_damaged_since_is_set_aside_and_said(what, tmp_path, capsys):
-    """A finished measurement's (or prompt's) table cut short later: its marker is moved aside and
-    the warning names the folder and the table's problem; the marker's place is free for a rerun."""
+def test_a_finished_table_damaged_since_is_set_aside_and_said(tmp_path, capsys):
+    """A finished measurement's table cut short later: its marker is moved aside and the warning
+    names the folder and the table's problem; the marker's place is free for a rerun (a finished
+    prompt's: tests/test_finished_prompts.py)."""
     store = Store(tmp_path)
-    if what == "a prompt":
-        store.finish_prompt("p", "d1", tables(), keep_work=False)
-        folder, marker = store.done_dir("p"), "done.json"
-        said = f"a table of prompt 'p' stored in {folder} cannot be read ("
-    else:
-        store.finish(tables(), {"code": {"fingerprint": "code-today"}})
-        folder, marker = tmp_path, "provenance.json"
-        said = f"a table of the stored measurement {tmp_path} cannot be read ("
-    table = folder / "depthwise.parquet"
+    store.finish(tables(), {"code": {"fingerprint": "code-today"}})
+    table = tmp_path / "depthwise.parquet"
     table.write_bytes(table.read_bytes()[:20])
     capsys.readouterr()
-    found = store.finished_prompt("p", "d1") if what == "a prompt" else store.finished("code-today")
-    assert found is None
+    assert store.finished("code-today") is None
     err = capsys.readouterr().err
-    assert err.startswith(f"warning: {said}") and f"moved it to {marker}.corrupt-" in err, err
-    assert not (folder / marker).exists() and len(list(folder.glob(f"{marker}.corrupt-*"))) == 1
+    said = f"a table of the stored measurement {tmp_path} cannot be read ("
+    assert err.startswith(f"warning: {said}") and "moved it to provenance.json.corrupt-" in err, err
+    assert not (tmp_path / "provenance.json").exists()
+    assert len(list(tmp_path.glob("provenance.json.corrupt-*"))) == 1
 
 
 def test_a_measurement_stored_before_code_stamps_is_stale(tmp_path):

@@ -25,8 +25,9 @@ atomically under ``out/_work/<prompt>/`` with a completion marker, at most every
 ``Options.checkpoint_seconds`` (held in memory meanwhile, :class:`~.store.HeldLayers`; written
 at once when they reach 256 MiB, and when an error or Ctrl-C stops the run); when a
 prompt's layers are all done, its depth-wise tables are computed one token at a time from
-memory-mapped files (held arrays from memory), written to ``out/prompts/<prompt>/``, and the
-work files removed. An
+memory-mapped files (held arrays from memory) and held; finished prompts are written together,
+on the same clock and at the end of the run, to ``out/prompts/<batch>/``
+(:class:`~.finished.FinishedPrompts`), and their work files removed. An
 interrupted run started again with the same ``out`` (``resume=True``) recomputes nothing that
 is stored, as long as the same code stored it: work stored by other code (another
 :func:`~coupling_utils.provenance.code_fingerprint`) is measured again, or, with
@@ -74,12 +75,13 @@ from coupling_utils.engine.jacobians import frozen
 from coupling_utils.files import file_lock
 from coupling_utils.measurement.assemble import prompt_tables
 from coupling_utils.measurement.compute import LayerWork
+from coupling_utils.measurement.finished import FinishedPrompts
 from coupling_utils.measurement.inputs import ModelInfo, Prompt, model_info, model_limits
 from coupling_utils.measurement.inputs import prompts as normalise_prompts
 from coupling_utils.measurement.options import Options
 from coupling_utils.measurement.settings import Settings
 from coupling_utils.measurement.store import Store
-from coupling_utils.measurement.tables import TABLES, Measurement, concat, other_map_folder
+from coupling_utils.measurement.tables import BLOCK_COLUMNS, TABLES, Measurement, concat, other_map_folder
 from coupling_utils.provenance import code_fingerprint, versions
 
 __all__ = ["measure", "measure_with"]
@@ -175,8 +177,9 @@ def measure_with(
             with frozen(info.model):
                 try:
                     tables = run.all_prompts(plist, keep_work)
-                except BaseException:  # an error or Ctrl-C: the finished layers held are kept
+                except BaseException:  # an error or Ctrl-C: the finished layers and prompts held are kept
                     run.work.held.write()
+                    run.finished.write()
                     raise
             provenance = run.provenance(plist, tables, made_by)
             tables, other = _by_map(resolved, info, tables, provenance, None if tmp_out else out_path)
@@ -201,7 +204,7 @@ def _by_map(
     if s.also_layer is not None:
         last = s.also_layer - 1
         for name, df in tables.items():
-            cols = [c for c in ("layer", "layer_i", "layer_j") if c in df.columns]
+            cols = [c for c in BLOCK_COLUMNS if c in df.columns]
             if cols:
                 main[name] = df[~df[cols].eq(s.also_layer).any(axis=1)].reset_index(drop=True)
                 kept = df[~df[cols].eq(last).any(axis=1)].reset_index(drop=True)
@@ -221,6 +224,7 @@ class _Run:
     ):
         self.info, self.s, self.store, self.callback = info, settings, store, callback
         self.work = LayerWork(info, settings, store, checkpoint)
+        self.finished = FinishedPrompts(store, checkpoint)
         self.progress = progress
         self.paths: dict[str, int] = {}  # how the token Jacobians were formed: path -> layers
         self.started = _dt.datetime.now(_dt.timezone.utc)
@@ -230,16 +234,17 @@ class _Run:
         bar = _progress(len(plist) * n_layers, self.progress)
         results = []
         for p in plist:
-            tables = self.store.finished_prompt(p.pid, p.digest)
+            tables = self.finished.tables(p.pid, p.digest)
             if tables is None:
                 tables = self.one_prompt(p, bar)
                 if keep_work:  # its work files are kept: every layer's, held ones written first
                     self.work.held.write()
-                self.store.finish_prompt(p.pid, p.digest, tables, keep_work)
+                self.finished.add(p.pid, p.digest, tables, keep_work)
                 self.work.held.drop(p.pid)
             else:
                 bar.update(n_layers)
             results.append(tables)
+        self.finished.write()  # every finished prompt stored, before the measurement's tables
         bar.close()
         return {name: concat(name, [r[name] for r in results]) for name in TABLES}
 

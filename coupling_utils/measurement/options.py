@@ -33,10 +33,11 @@ class Options:
     other code (then marked stale in their provenance) instead of measuring again; ``compute``:
     False only reads what is stored (nothing is loaded or measured); ``progress``: a progress
     bar over the jobs; ``checkpoint_seconds``: how often a measurement writes its finished layers
-    to disk, the files a resumed run starts from (0: after every layer). Between writes they are
-    held in memory, and written early when they reach :data:`HELD_BYTES` or an error or Ctrl-C
-    stops the run: a run killed outright loses at most this many seconds of work, and a small
-    model's layers, which take milliseconds, do not each pay for their own files.
+    and prompts to disk, the files a resumed run starts from (0: after every layer and prompt).
+    Between writes they are held in memory, and written early when they reach :data:`HELD_BYTES`
+    or an error or Ctrl-C stops the run (finished prompts also at its end): a run killed outright
+    loses at most this many seconds of work, and a small model's layers and prompts, which take
+    milliseconds, do not each pay for their own files.
     """
 
     load: Callable[..., Any] | None = None

@@ -5,7 +5,7 @@ Layout of ``out/``::
     settings.json            the resolved settings (a resumed run must match them)
     code.json                the fingerprint of the code that made what is stored
     _work/<prompt>/prompt.json, layer_<l>/{J.npy, basis_*.npy, *.parquet, done.json, cross.json}
-    prompts/<prompt>/{<table>.parquet, done.json}
+    prompts/<batch>/{<table>.parquet, done.json}   finished prompts (:mod:`.finished`)
     <table>.parquet ..., provenance.json
 
 A prompt's or a layer's table without rows gets no file: its marker names it (``empty_tables``;
@@ -37,7 +37,7 @@ from coupling_utils.engine.metric import SVD
 from coupling_utils.files import atomic_path, atomic_write_parquet, atomic_write_text, read_json, set_aside
 from coupling_utils.measurement.options import HELD_BYTES
 from coupling_utils.measurement.settings import Settings
-from coupling_utils.measurement.tables import TABLES, Measurement, concat, frame, other_map_folder
+from coupling_utils.measurement.tables import TABLES, Measurement, concat, other_map_folder
 
 __all__ = ["Store", "HeldLayers", "PromptArrays", "write_json", "save_npy", "load_npy", "empty_tables"]
 
@@ -111,9 +111,6 @@ class Store:
 
     def layer_dir(self, pid: str, layer: int) -> Path:
         return self.work(pid) / f"layer_{layer:04d}"
-
-    def done_dir(self, pid: str) -> Path:
-        return self.out / "prompts" / pid
 
     # -- opening a folder for a run
     def open(self, settings: Settings, code: dict, *, resume: bool, reuse_stale: bool) -> dict:
@@ -208,45 +205,6 @@ class Store:
             shutil.rmtree(work)  # work for other inputs under this id, or of unknown inputs
         work.mkdir(parents=True, exist_ok=True)
         write_json(work / "prompt.json", {"prompt": pid, "digest": digest, "text": text})
-
-    def finished_prompt(self, pid: str, digest: str) -> dict[str, pd.DataFrame] | None:
-        """The stored tables of a finished prompt (None if not finished)."""
-        ddir = self.done_dir(pid)
-        marker = _read_json(ddir / "done.json")
-        if marker is None:
-            return None
-        if marker.get("digest") != digest:
-            raise ValueError(
-                f"{self.out}: prompt {pid!r} was measured with other inputs; use another "
-                "out directory, other prompt ids, or resume=False"
-            )
-        empty = empty_tables(marker)
-        try:
-            return {
-                name: frame(name)
-                if name in empty
-                else concat(name, [pd.read_parquet(ddir / f"{name}.parquet")])
-                for name in TABLES
-            }
-        except (OSError, ValueError) as exc:  # a table damaged since it was stored: measure it again
-            set_aside(
-                ddir / "done.json", f"a table of prompt {pid!r} stored in {ddir} cannot be read ({exc})"
-            )
-            return None
-
-    def finish_prompt(self, pid: str, digest: str, tables: dict[str, pd.DataFrame], keep_work: bool) -> None:
-        """Store a prompt's tables, then its marker (naming the tables without rows, which get no
-        file); then drop its work files."""
-        ddir = self.done_dir(pid)
-        ddir.mkdir(parents=True, exist_ok=True)
-        empty = sorted(name for name, df in tables.items() if df.empty)
-        for name, df in tables.items():
-            if name not in empty:
-                atomic_write_parquet(df, ddir / f"{name}.parquet")
-        marker = {"prompt": pid, "digest": digest, "empty_tables": empty}
-        write_json(ddir / "done.json", marker)  # after the tables
-        if not keep_work:
-            shutil.rmtree(self.work(pid), ignore_errors=True)
 
     def finish(
         self, tables: dict[str, pd.DataFrame], provenance: dict, other: Measurement | None = None

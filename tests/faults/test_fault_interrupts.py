@@ -32,7 +32,18 @@ def _args(model_dir, prompts, out):
 
 
 def _finished(out):
-    return sorted(out.glob("store/**/prompts/*/done.json"))
+    """The markers of the finished prompts' batches (written at most every checkpoint interval)."""
+    return sorted(out.glob("store/*/*/*/*/*/prompts/*/done.json"))  # no ** walk through work being removed
+
+
+def _prompts_in(markers) -> int:
+    return sum(len(json.loads(p.read_text())["prompts"]) for p in markers)
+
+
+def _under_way(out) -> bool:
+    """Whether the measure has started several prompts (finished ones are held in memory, and
+    written at the checkpoint interval, on a signal it can catch, or at the end)."""
+    return len(list(out.glob("store/*/*/*/*/*/_work/*/prompt.json"))) >= 3 or bool(_finished(out))
 
 
 @pytest.mark.parametrize(
@@ -43,7 +54,7 @@ def test_an_interrupted_measure_resumes(sig, cli, model_dir, many_prompts, tmp_p
     proc = cli(*_args(model_dir, many_prompts, out), background=True)
     deadline = time.monotonic() + 600
     reniced = False
-    while not _finished(out) and proc.poll() is None and time.monotonic() < deadline:
+    while not _under_way(out) and proc.poll() is None and time.monotonic() < deadline:
         if not reniced and list(out.glob("store/**/settings.json")):
             # measuring has begun (its start-up ran at normal priority, so a saturated machine
             # cannot starve it): from now on at the lowest priority, so that on a busy machine the
@@ -51,14 +62,16 @@ def test_an_interrupted_measure_resumes(sig, cli, model_dir, many_prompts, tmp_p
             os.setpriority(os.PRIO_PROCESS, proc.pid, 19)
             reniced = True
         time.sleep(0.005)
-    if proc.poll() is None and not _finished(out):
+    if proc.poll() is None and not _under_way(out):
         proc.kill()
-        pytest.fail("no prompt finished within 600 s: the machine is too busy for this test")
+        pytest.fail("no prompt was measured within 600 s: the machine is too busy for this test")
     proc.send_signal(sig)
     rc = proc.wait(timeout=120)
     err = proc.stderr.read()
     done = {p: p.stat().st_mtime_ns for p in _finished(out)}
-    assert 0 < len(done) < N_PROMPTS, "the measure ended before the signal; give it more prompts"
+    assert _prompts_in(done) < N_PROMPTS, "the measure ended before the signal; give it more prompts"
+    if sig != signal.SIGKILL:  # the finished prompts held were written as it stopped
+        assert _prompts_in(done) > 0
     if sig == signal.SIGINT:
         assert rc == 130 and "interrupted" in err and "Traceback" not in err, err
     if sig == signal.SIGTERM:  # was: killed at once, silently (rc -15)
@@ -76,7 +89,7 @@ def test_two_measures_into_one_folder_at_once(cli, model_dir, ids_file, tmp_path
     out = tmp_path / "o"
     procs = [cli(*_args(model_dir, ids_file, out), background=True) for _ in range(2)]
     assert [p.wait(timeout=240) for p in procs] == [0, 0], [p.stderr.read() for p in procs]
-    assert len(list(out.glob("store/**/provenance.json"))) == 1 and len(_finished(out)) == 2
+    assert len(list(out.glob("store/**/provenance.json"))) == 1 and _prompts_in(_finished(out)) == 2
     depth = pd.read_csv(out / "depthwise.csv")
     assert sorted(depth.prompt.unique()) == ["a", "b"] and depth.notna().all().all()
 
