@@ -1,16 +1,18 @@
-"""Every finished layer written at once, against layers held in memory between checkpoints: a
-chapter's measurements timed both ways, side by side, in one run.
+"""Every finished layer and prompt written at once, against both held in memory between
+checkpoints: a chapter's measurements timed both ways, side by side, in one run.
 
-A measurement writes each finished (prompt, layer) to disk so that a killed run resumes from it
-(``measurement.store``). For a small model a layer takes milliseconds and its files (arrays,
-Parquet tables, marker) cost as much again, so the default :class:`Options` holds finished
-layers in memory and writes them at most every ``checkpoint_seconds`` (10 s;
-``measurement.store.HeldLayers``). For each chapter (default: f04 and f03, whose models are
-small), its embedded models are built first (untimed, ``coupling-book zoo prepare``); then its
-measurements, ``<chapter>.run(Params())`` at the default profile from a cache holding only the
-models, run in a subprocess ``--repeats`` times each way, alternating:
-``Options(checkpoint_seconds=0)`` (every layer written when done, as before) and ``Options()``.
-The tables are the same either way (``tests/test_measure.py``); only the time differs. Rows go to
+A measurement writes each finished (prompt, layer), and each finished prompt's tables, to disk so
+that a killed run resumes from them (``measurement.store``, ``measurement.finished``). For a small
+model a layer takes milliseconds and its files (arrays, Parquet tables, marker) cost as much
+again, and so do a prompt's tables; so the default :class:`Options` holds finished layers and
+prompts in memory and writes them at most every ``checkpoint_seconds`` (10 s;
+``measurement.store.HeldLayers``, ``measurement.finished.FinishedPrompts``, finished prompts as one
+batch). For each chapter (default: f04 and f03, whose models are small), its embedded models are
+built first (untimed, ``coupling-book zoo prepare``); then its measurements,
+``<chapter>.run(Params())`` at the default profile from a cache holding only the models, run in a
+subprocess ``--repeats`` times each way, alternating: ``Options(checkpoint_seconds=0)`` (every
+layer and every prompt written when done, each prompt as its own batch) and ``Options()``. The
+tables are the same either way (``tests/test_measure.py``); only the time differs. Rows go to
 ``data/benchmarks/checkpoint.csv``; the ratio printed is the median time written-at-once over the
 median time held. Offline: only the embedded models are used.
 
@@ -62,7 +64,7 @@ class Way:
 
 
 WAYS = {
-    "every layer written (checkpoint_seconds=0)": Way({"checkpoint_seconds": 0.0}, 0.0),
+    "every layer and prompt written (checkpoint_seconds=0)": Way({"checkpoint_seconds": 0.0}, 0.0),
     "held (checkpoint_seconds=10, the default)": Way({"checkpoint_seconds": 10.0}, 10.0),
 }
 COLUMNS = ["chapter", "way", "checkpoint_seconds", "repeat", *TIMED, "ratio", *FACTS]
