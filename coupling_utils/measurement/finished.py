@@ -49,6 +49,7 @@ class FinishedPrompts:
         self._written = time.perf_counter()
         self._index: dict[str, tuple[Path, str]] | None = None  # pid -> (batch folder, digest)
         self._read: dict[Path, dict[str, dict[str, pd.DataFrame]] | None] = {}  # folder -> pid -> tables
+        self._number = 0  # the next batch's number (0: not yet looked up)
 
     @property
     def root(self) -> Path:
@@ -124,7 +125,9 @@ class FinishedPrompts:
         if not self._held:
             return
         held, self._held, self._bytes = self._held, {}, 0
-        folder = self.root / f"batch-{self._next_batch()}"
+        self._number = self._number or self._next_batch()  # scanned once per run, then counted on
+        folder = self.root / f"batch-{self._number}"
+        self._number += 1
         shutil.rmtree(folder, ignore_errors=True)  # a batch a killed writer left without its marker
         folder.mkdir(parents=True)
         empty = []
