@@ -430,6 +430,32 @@ def test_the_wide_run_and_this_run_are_two_values_not_a_finding():
     assert _wide_sentence(r).endswith("under the same last-block map.")
 
 
+def test_the_search_s_verdict_of_this_run_is_set_beside_this_run_s_under_both_maps():
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    from coupling_utils.chapters.f03_training_emergence.story import _block_sentence
+
+    table = pd.DataFrame({"this_chapter": [False, True], "rises progressively": ["yes", "no"]})
+    r = SimpleNamespace(
+        search_table=table,
+        params=SimpleNamespace(last_block="final_norm"),
+        coupling_verdicts={"rises": "partly"},
+        other_conventions={"block": {"rises": "no"}, "excluded": {"rises": None}},
+    )
+    assert _block_sentence(r).endswith(
+        'it gets no; measured here with intervals it gets partly with `last_block = "final_norm"` and no '
+        "with the last block alone (one run measures both)."
+    )
+    r.other_conventions = {"block": {"rises": None}}  # the other map not measured
+    assert _block_sentence(r).endswith(
+        'measured here (`last_block = "final_norm"`, with intervals) it gets partly.'
+    )
+    r.params.last_block = "block"  # the search's own map: the search table says it
+    assert _block_sentence(r) == ""
+
+
 def test_the_panels_figure_is_one_chart_with_a_line_per_prompt_set():
     """Its caption spoke of "(the main panel)" and "(a secondary panel ...)" for a chart of one panel
     with two lines."""

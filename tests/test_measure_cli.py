@@ -172,7 +172,9 @@ def test_a_dry_run_loads_measures_and_writes_nothing(standin_hub, tmp_path, coun
     assert main(["measure", *args]) == 0
     text = capsys.readouterr().out
     assert "dry run" in text and f"would measure  model={HUB}, revision=step1" in text, text
-    assert "k=[2]" in text and str(out) in text
+    assert "k=[2]" in text and str(out) in text and "last_block_also" not in text  # said only when asked
+    assert main(["measure", *args, "--last-block", "final_norm", "--last-block-also", "block"]) == 0
+    assert "last_block=final_norm, last_block_also=block" in capsys.readouterr().out
     assert main(["measure", *args, "--executor", "local"]) == 0
     assert f"would run  {HUB}@step1" in capsys.readouterr().out
     assert main(["measure", *args, "--executor", "slurm", "--partition", "gpu", "--time", "30"]) == 0

@@ -246,18 +246,20 @@ def _coupling_values(r: Results) -> dict[str, Any]:
 def _block_sentence(r: Results) -> str:
     """What the stored search (measured with the last block alone) says of this very run, beside
     this chapter's verdicts under both maps."""
-    own = r.search_table[r.search_table.this_chapter]
-    if own.empty or r.params.last_block == SEARCH_LAST_BLOCK:
+    stored = r.search_table[r.search_table.this_chapter]
+    if stored.empty or r.params.last_block == SEARCH_LAST_BLOCK:
         return ""
-    here = f'(`last_block = "{r.params.last_block}"`, with intervals) it gets {r.coupling_verdicts["rises"]}'
+    mine, verdict = f'`last_block = "{r.params.last_block}"`', r.coupling_verdicts["rises"]
+    here = f"({mine}, with intervals) it gets {verdict}"
     alone = r.other_conventions.get(SEARCH_LAST_BLOCK, {}).get("rises")
-    if alone is not None:
-        here += f", and {alone} with the last block alone, measured in the same run"
+    if alone is not None:  # the same run measured the last block alone too
+        both = f"{verdict} with {mine} and {alone} with the last block alone (one run measures both)"
+        here = f"with intervals it gets {both}"
     return (
         f"The search below stored this very run with the last block alone "
         f'(`last_block = "{SEARCH_LAST_BLOCK}"`, '
         f"K = d/16): judged on its mean curve by the same rise rule (no intervals: the search kept no "
-        f"per-window values), it gets {own['rises progressively'].iloc[0]}; measured here {here}."
+        f"per-window values), it gets {stored['rises progressively'].iloc[0]}; measured here {here}."
     )
 
 
