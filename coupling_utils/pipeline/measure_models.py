@@ -161,17 +161,16 @@ def measurement_settings(
 
 def _also_refusal(last_block: str, also: str) -> str:
     """Why ``--last-block-also`` cannot go with ``--last-block`` as given, and what to pass."""
-    other = {"block": "final_norm", "final_norm": "block"}
+    from coupling_utils.analysis.last_block import beside
+
     if last_block == "excluded":
         return (
             f"--last-block-also {also} measures the last block once more, and --last-block excluded leaves "
-            f"it out; pass --last-block {other.get(also, 'block')} --last-block-also {also}, or drop "
-            "--last-block-also"
+            f"it out; pass --last-block {beside(also)} --last-block-also {also}, or drop --last-block-also"
         )
     return (
         f"--last-block-also {also} names the map --last-block already measures; it measures the last "
-        f"block once more under the other map: pass --last-block-also {other.get(last_block, 'block')}, "
-        "or drop it"
+        f"block once more under the other map: pass --last-block-also {beside(last_block)}, or drop it"
     )
 
 
