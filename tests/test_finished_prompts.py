@@ -9,7 +9,7 @@ import json
 import pandas as pd
 import pytest
 
-from coupling_utils.measurement import finished as fin
+from coupling_utils.measurement import store as store_module
 from coupling_utils.measurement.finished import FinishedPrompts
 from coupling_utils.measurement.store import Store
 from coupling_utils.measurement.tables import TABLES, frame
@@ -74,7 +74,7 @@ def test_prompts_held_until_due_are_written_as_one_batch_and_read_back_split(tmp
 
 
 def test_held_prompts_past_the_held_bytes_are_written(tmp_path, monkeypatch):
-    monkeypatch.setattr(fin, "HELD_BYTES", 1)
+    monkeypatch.setattr(store_module, "HELD_BYTES", 1)
     done = FinishedPrompts(Store(tmp_path), checkpoint_seconds=600)
     done.add("p", "d1", tables(), keep_work=False)
     assert (tmp_path / "prompts" / "batch-1" / "done.json").exists()

@@ -20,14 +20,12 @@ from __future__ import annotations
 
 import re
 import shutil
-import time
 from pathlib import Path
 
 import pandas as pd
 
 from coupling_utils.files import atomic_write_parquet, read_json, set_aside
-from coupling_utils.measurement.options import HELD_BYTES
-from coupling_utils.measurement.store import Store, empty_tables, write_json
+from coupling_utils.measurement.store import Checkpoint, Store, empty_tables, write_json
 from coupling_utils.measurement.tables import TABLES, concat
 
 __all__ = ["FinishedPrompts"]
@@ -43,10 +41,9 @@ class FinishedPrompts:
     resumed run measures again."""
 
     def __init__(self, store: Store, checkpoint_seconds: float = 0.0):
-        self.store, self.checkpoint_seconds = store, float(checkpoint_seconds)
+        self.store, self.clock = store, Checkpoint(checkpoint_seconds)
         self._held: dict[str, tuple[str, dict[str, pd.DataFrame], bool]] = {}  # pid -> digest, tables, keep
         self._bytes = 0
-        self._written = time.perf_counter()
         self._index: dict[str, tuple[Path, str]] | None = None  # pid -> (batch folder, digest)
         self._read: dict[Path, dict[str, dict[str, pd.DataFrame]] | None] = {}  # folder -> pid -> tables
         self._number = 0  # the next batch's number (0: not yet looked up)
@@ -115,8 +112,7 @@ class FinishedPrompts:
         """Hold a finished prompt's tables; write the held prompts if they are due."""
         self._held[pid] = (digest, tables, keep_work)
         self._bytes += sum(int(df.memory_usage(index=False).sum()) for df in tables.values())
-        due = time.perf_counter() - self._written >= self.checkpoint_seconds
-        if self.checkpoint_seconds <= 0 or due or self._bytes >= HELD_BYTES:
+        if self.clock.due(self._bytes):
             self.write()
 
     def write(self) -> None:
@@ -148,7 +144,7 @@ class FinishedPrompts:
         for pid, (_, _, keep) in held.items():
             if not keep:
                 shutil.rmtree(self.store.work(pid), ignore_errors=True)
-        self._written = time.perf_counter()
+        self.clock.wrote()
 
     def _next_batch(self) -> int:
         """The number after the last batch written: one with its marker, or with the marker set aside

@@ -39,7 +39,16 @@ from coupling_utils.measurement.options import HELD_BYTES
 from coupling_utils.measurement.settings import Settings
 from coupling_utils.measurement.tables import TABLES, Measurement, concat, other_map_folder
 
-__all__ = ["Store", "HeldLayers", "PromptArrays", "write_json", "save_npy", "load_npy", "empty_tables"]
+__all__ = [
+    "Store",
+    "Checkpoint",
+    "HeldLayers",
+    "PromptArrays",
+    "write_json",
+    "save_npy",
+    "load_npy",
+    "empty_tables",
+]
 
 MARKERS = ("done.json", "cross.json", "provenance.json")
 
@@ -252,6 +261,23 @@ class Store:
         return self.arrays(pid).array(layer, name, index)
 
 
+class Checkpoint:
+    """When held work is due to be written: ``seconds`` after the last write (0: at once), or once
+    :data:`~coupling_utils.measurement.options.HELD_BYTES` are held. The one clock of the held
+    layers (:class:`HeldLayers`) and the held finished prompts (``finished.FinishedPrompts``)."""
+
+    def __init__(self, seconds: float = 0.0):
+        self.seconds = float(seconds)
+        self.written = time.perf_counter()  # when held work was last written
+
+    def due(self, held_bytes: int) -> bool:
+        late = time.perf_counter() - self.written >= self.seconds
+        return self.seconds <= 0 or late or held_bytes >= HELD_BYTES
+
+    def wrote(self) -> None:
+        self.written = time.perf_counter()
+
+
 class HeldLayers:
     """A run's finished layers, held in memory until they are written to their folders.
 
@@ -263,10 +289,9 @@ class HeldLayers:
     model's layers, which take milliseconds, do not each pay for their own files."""
 
     def __init__(self, store: Store, checkpoint_seconds: float = 0.0):
-        self.store, self.checkpoint_seconds = store, float(checkpoint_seconds)
+        self.store, self.clock = store, Checkpoint(checkpoint_seconds)
         self._held: dict[tuple[str, int], dict] = {}  # (prompt, layer) -> arrays, tables, marker
         self._bytes = 0
-        self._written = time.perf_counter()  # when held layers were last written
 
     def start(self, pid: str, layer: int) -> None:
         self._held[(pid, layer)] = {"arrays": {}, "tables": {}, "meta": None}
@@ -283,8 +308,7 @@ class HeldLayers:
     def done(self, pid: str, layer: int, meta: dict) -> None:
         """The layer is complete (``meta``: its marker): write the held layers if they are due."""
         self._held[(pid, layer)]["meta"] = meta
-        due = time.perf_counter() - self._written >= self.checkpoint_seconds
-        if self.checkpoint_seconds <= 0 or due or self._bytes >= HELD_BYTES:
+        if self.clock.due(self._bytes):
             self.write()
 
     def write(self) -> None:
@@ -302,7 +326,7 @@ class HeldLayers:
                 atomic_write_parquet(table, ldir / f"{name}.parquet")
             write_json(ldir / "done.json", held["meta"])  # written last: the layer is complete
         self._bytes = 0
-        self._written = time.perf_counter()
+        self.clock.wrote()
 
     def arrays(self, pid: str) -> dict[tuple[int, str], np.ndarray]:
         """Prompt ``pid``'s complete layers' arrays still held, by (layer, name)."""
