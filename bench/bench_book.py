@@ -17,9 +17,9 @@ other processes used meanwhile):
 - ``warm``: ``make book`` again in the same clone, everything cached (a rebuild).
 
 Each row also records the chapters' plans (``plans``: ``book_times.book_plans``, a hash of every
-chapter's plan), so the page can say when the chapters' default parameters changed
-after the measurement. A state's new row replaces its old one, whatever its load: the page says
-when a run was contended.
+chapter's plan), so the page can say when the chapters' default parameters, or what they
+measure, changed after the measurement. A state's new row replaces its old one, whatever its
+load: the page says when a run was contended.
 """
 
 from __future__ import annotations

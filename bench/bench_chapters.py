@@ -15,8 +15,9 @@ subprocess; its wall time, the CPU time of the process and its children (user + 
 sensitive than wall time to other load on a shared machine) and the largest resident memory of
 any of its processes are written to ``data/benchmarks/chapter_costs.csv`` with the machine's
 description, the command, the commit of the code that ran (``_common.commit``) and the chapter's
-plan (``teaching.chapter_plan``: a hash of its parameter values at the default profile, so the
-book can tell times measured on an earlier plan).
+plan (``teaching.chapter_plan``: a hash of its parameter values at the default profile and
+of the keys of the measurement jobs they plan, so the book can tell times measured on an
+earlier plan).
 Offline: only the embedded models are used.
 
 **Contention, per state.** The load average at a chapter's start (the ``load_at_start`` column:

@@ -286,6 +286,35 @@ def test_costs_measured_on_another_plan_are_named_as_such():
     assert teaching.replanned(costs.drop(columns="plan"), plans) == ["f00", "f01"]  # no column: unrecorded
 
 
+def test_a_chapter_that_measures_more_for_the_same_parameters_is_another_plan(monkeypatch):
+    """The plan hashes the measurement jobs the parameters plan, not only the values: f01 with
+    the last block measured once more in every measurement (same parameter values) is another plan."""
+    import dataclasses
+
+    from coupling_utils.pipeline import sweep, teaching
+
+    teaching.chapter_plan.cache_clear()
+    today = teaching.chapter_plan("f01")
+    planned = sweep.notebook_jobs
+
+    def more(notebook, profile, overrides=None):
+        def also(s):
+            other = "final_norm" if s.last_block == "block" else "block"
+            return dataclasses.replace(s, last_block_also=other)
+
+        return [
+            dataclasses.replace(job, settings={k: also(s) for k, s in job.settings.items()})
+            for job in planned(notebook, profile, overrides)
+        ]
+
+    monkeypatch.setattr(sweep, "notebook_jobs", more)
+    teaching.chapter_plan.cache_clear()
+    try:
+        assert teaching.chapter_plan("f01") != today
+    finally:
+        teaching.chapter_plan.cache_clear()
+
+
 def test_the_bottom_line_names_the_verdicts_another_last_block_would_change():
     """A verdict that holds under the chapter's convention of the last block but not under another
     (the row's note says so) is named as depending on it, with both verdicts."""

@@ -1,8 +1,8 @@
 """How long a whole ``make book`` takes on a clean clone, in words for the running page, from
 ``bench/bench_book.py``'s table (``data/benchmarks/book_builds.csv``): the first time (``cold``:
 its own venv, an empty model cache) and the second (``warm``), where and when they were measured,
-and whether the chapters' default parameters changed after the run. Each chapter's own time is
-:mod:`coupling_utils.pipeline.teaching`'s."""
+and whether the chapters' default parameters, or what they measure, changed after the run.
+Each chapter's own time is :mod:`coupling_utils.pipeline.teaching`'s."""
 
 from __future__ import annotations
 
@@ -29,7 +29,8 @@ def book_times(builds: pd.DataFrame, plans: str | None = None) -> str:
     """How long a whole ``make book`` took on a clean clone, the first time (``cold``) and the
     second (``warm``), from ``bench/bench_book.py``'s table: where, when and at which commit
     (:func:`measured_how`), and, with ``plans`` (today's hash of every chapter's plan, as the
-    benchmark records it), whether the chapters' default parameters changed after the run."""
+    benchmark records it), whether the chapters' default parameters, or what they measure,
+    changed after the run."""
     need = {"state", "seconds", "status"}
     rows = builds[builds.status == "ok"] if need <= set(builds.columns) else builds[:0]
     said = {r.state: r for r in rows.itertuples()}
@@ -51,7 +52,7 @@ def book_times(builds: pd.DataFrame, plans: str | None = None) -> str:
     recorded = {str(p) for p in shown.get("plans", pd.Series(dtype=str)).dropna()}
     if plans and recorded != {plans}:
         text += (
-            " The chapters' default parameters have changed since"
+            " The chapters' default parameters or what they measure have changed since"
             + (" (or were not recorded)" if not recorded else "")
             + ", so today's book may take longer or less: `python bench/bench_book.py` measures it again."
         )

@@ -21,6 +21,7 @@ and runs they come from, and which were measured while other processes competed 
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -213,14 +214,19 @@ def replace_marker(page: Path, marker: str, section: str) -> bool:
     return True
 
 
+@functools.cache
 def chapter_plan(chapter: str) -> str:
     """A chapter's plan at the ``default`` profile today (``chapter``: ``fNN`` or the notebook's
-    stem): a hash of its checked parameter values (``sweep.planned_values``), what a measured
-    cost's ``plan`` column is compared with (``bench/bench_chapters.py`` records it)."""
-    from coupling_utils.pipeline.sweep import planned_values
+    stem): a hash of its checked parameter values (``sweep.planned_values``) and of the keys of
+    the measurement jobs they plan (``sweep.notebook_jobs``), so that code which measures more
+    or otherwise for the same values (a second map of the last block) is another plan too. What
+    a measured cost's ``plan`` column is compared with (``bench/bench_chapters.py`` records it)."""
+    from coupling_utils.pipeline.sweep import notebook_jobs, planned_values
     from coupling_utils.provenance import stable_hash
 
-    return stable_hash(planned_values(chapter.split("_", 1)[0], "default"))
+    name = chapter.split("_", 1)[0]
+    jobs = sorted(job.key for job in notebook_jobs(name, "default"))
+    return stable_hash({"values": planned_values(name, "default"), "jobs": jobs})
 
 
 def current_plans() -> dict[str, str]:
@@ -232,7 +238,8 @@ def current_plans() -> dict[str, str]:
 
 def replanned(costs: pd.DataFrame, plans: Mapping[str, str] | None) -> list[str]:
     """The chapters whose costs were measured on another plan than ``plans`` says they have today
-    (their default parameters changed since), or on a plan that was not recorded."""
+    (their default parameters, or what those parameters measure, changed since), or on a plan
+    that was not recorded."""
     if not plans or costs.empty or "chapter" not in costs.columns:
         return []
     recorded = costs["plan"] if "plan" in costs.columns else pd.Series("", index=costs.index)
@@ -246,7 +253,7 @@ def _replanned_note(costs: pd.DataFrame, plans: Mapping[str, str] | None) -> str
         return ""
     return (
         f" The times of {', '.join(stale)} were measured on an earlier plan of the chapter (its "
-        "default parameters have changed since, or the plan was not recorded): "
+        "default parameters or what they measure have changed since, or the plan was not recorded): "
         f"`python bench/bench_chapters.py --chapters {' '.join(stale)}` measures them again."
     )
 
@@ -469,7 +476,8 @@ def chapter_time(costs: pd.DataFrame, chapter: str, plan: str | None = None) -> 
     text += f"; measured {measured_how(rows)}"
     if plan is not None and replanned(rows, {short: plan}):
         return text + (
-            "; the chapter's parameters have changed since or were not recorded "
+            "; the chapter's parameters or what they measure have changed since, or its plan was "
+            "not recorded "
             f"(`python bench/bench_chapters.py --chapters {short}` measures it again; "
             "the teaching page has the table)."
         )
