@@ -211,34 +211,60 @@ def bundle(opts: Options, dry_run: bool = False) -> dict[str, str]:
     need = to_pack(installed(), have, opts.carry)
     print(f"{len(need)} packages to pack for Python {opts.python}: "
           + ", ".join(f"{n}=={v}" for n, v in need.items()))  # fmt: skip
+    if not need:
+        print("nothing to pack: the GPU machine has every package; run bench/gpu_check.py there as it is")
     if dry_run or not need:
         return need
-    opts.out.parent.mkdir(parents=True, exist_ok=True)
-    new = Path(tempfile.mkdtemp(prefix=f".{opts.out.name}-new-", dir=opts.out.parent))
     try:
-        new.chmod(0o777 & ~_umask())  # mkdtemp's folder is private; the bundle follows the umask
-        wheels = fetch(need, opts.python, new / "wheels")
-        listed = "".join(f"{w.name}\t{w.stat().st_size}\n" for w in wheels)
-        digest, parts = pack(wheels, new, int(opts.part_mib * 2**20))
-        shutil.rmtree(new / "wheels")
-        (new / "wheels.txt").write_text(
-            f"# wheel\tbytes; wheels.tar sha256 {digest}\n{listed}", encoding="utf-8"
-        )
-        script = new / "run.sh"
-        script.write_text(run_script(digest, len(parts), opts), encoding="utf-8")
-        script.chmod(script.stat().st_mode | 0o111)
-        old = opts.out.with_name(f"{new.name}-old")
-        if opts.out.exists():
-            opts.out.rename(old)  # the old bundle stays whole until the new one is in its place
-        new.rename(opts.out)
-        shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
+        opts.out.parent.mkdir(parents=True, exist_ok=True)
+        new = Path(tempfile.mkdtemp(prefix=f".{opts.out.name}-new-", dir=opts.out.parent))
+    except OSError as exc:
+        raise BundleError(f"--out {opts.out}: cannot write there ({exc}); choose a writable folder") from exc
+    try:
+        digest, parts = _write(new, need, opts)
+        _replace(new, opts.out)
+    except BaseException as exc:
         shutil.rmtree(new, ignore_errors=True)
+        if isinstance(exc, OSError):
+            raise BundleError(
+                f"--out {opts.out}: writing the bundle failed ({exc}); the previous bundle, if any, "
+                "is unchanged",
+                1,
+            ) from exc
         raise
     run = f"bash {shlex.quote(str(opts.out))}/run.sh RESULTS"
     print(f"wrote {opts.out}: {len(parts)} parts of at most {opts.part_mib:g} MiB and run.sh "
           f"(sha256 {digest[:12]}…); on the GPU machine, from the repository root: {run}")  # fmt: skip
     return need
+
+
+def _write(new: Path, need: dict[str, str], opts: Options) -> tuple[str, list[Path]]:
+    """The bundle's files in the folder ``new``: the parts, ``wheels.txt`` and ``run.sh``."""
+    new.chmod(0o777 & ~_umask())  # mkdtemp's folder is private; the bundle follows the umask
+    wheels = fetch(need, opts.python, new / "wheels")
+    listed = "".join(f"{w.name}\t{w.stat().st_size}\n" for w in wheels)
+    digest, parts = pack(wheels, new, int(opts.part_mib * 2**20))
+    shutil.rmtree(new / "wheels")
+    (new / "wheels.txt").write_text(f"# wheel\tbytes; wheels.tar sha256 {digest}\n{listed}", encoding="utf-8")
+    script = new / "run.sh"
+    script.write_text(run_script(digest, len(parts), opts), encoding="utf-8")
+    script.chmod(script.stat().st_mode | 0o111)
+    return digest, parts
+
+
+def _replace(new: Path, out: Path) -> None:
+    """``new`` in the place of ``out``; the old bundle stays whole until then (put back if the
+    new one cannot take its place)."""
+    old = out.with_name(f"{new.name}-old")
+    if out.exists():
+        out.rename(old)
+    try:
+        new.rename(out)
+    except OSError:
+        if old.exists():
+            old.rename(out)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def _umask() -> int:

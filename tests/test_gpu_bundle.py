@@ -209,3 +209,29 @@ def test_ctrl_c_while_fetching_keeps_the_old_bundle_and_leaves_nothing(tmp_path,
     assert gb.main(["--out", str(old)]) == 130
     assert "interrupted; the previous bundle, if any, is unchanged" in capsys.readouterr().err
     assert (old / "run.sh").read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["b"]
+
+
+def test_an_unwritable_out_is_named_with_the_fix(tmp_path, monkeypatch, capsys):
+    (tmp_path / "file").write_text("not a folder", encoding="utf-8")
+    monkeypatch.setattr(gb, "installed", lambda: {"gguf": "0.17"})
+    assert gb.main(["--out", str(tmp_path / "file" / "b")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"gpu_bundle: --out {tmp_path / 'file' / 'b'}: cannot write there (")
+    assert "choose a writable folder" in err and "Traceback" not in err
+
+
+def test_a_full_disk_is_a_failed_run_that_keeps_the_old_bundle(tmp_path, monkeypatch, capsys):
+    old = tmp_path / "b"
+    old.mkdir()
+    (old / "run.sh").write_text("old", encoding="utf-8")
+
+    def full(wheels, folder, part_bytes):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(gb, "fetch", lambda packages, python, dest: _wheels(dest))
+    monkeypatch.setattr(gb, "pack", full)
+    monkeypatch.setattr(gb, "installed", lambda: {"gguf": "0.17"})
+    assert gb.main(["--out", str(old)]) == 1
+    err = capsys.readouterr().err
+    assert "writing the bundle failed ([Errno 28] No space left on device)" in err and "Traceback" not in err
+    assert (old / "run.sh").read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["b"]
