@@ -43,8 +43,6 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-
 # the GPU machine's own: its torch is the CUDA build, and these came with it
 THEIRS = re.compile(r"^(torch|torchvision|torchaudio|triton|nvidia-.*|cuda-.*|coupling-utils)$")
 # used by the tests, the lint and the book's HTML build only, never by a measurement or a notebook run
