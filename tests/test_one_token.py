@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 from test_gram import _with_spectrum  # n matrices U diag(sigma) Vᵀ, float32 by default
+from test_jacobians import SDPA_FALLBACK  # torch's note on SDPA's backward under vmap
 
 from coupling_utils.engine.architectures import ARCHITECTURES, tiny_model
 from coupling_utils.engine.jacobians import token_jacobians
@@ -42,6 +43,7 @@ def test_one_token_equals_the_all_token_sweep(model_type, variant):
         assert rel(O, J) <= 1e-5, (model_type, variant, layer, last_block)
 
 
+@pytest.mark.filterwarnings(SDPA_FALLBACK)
 def test_sdpa_models_and_the_cache_left_as_captured():
     """SDPA-loaded models (reverse mode passes fused attention); calling the one-token function
     twice gives the same value (the captured cache is copied per call, never extended)."""
