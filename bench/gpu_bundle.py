@@ -32,16 +32,16 @@ from __future__ import annotations
 import argparse
 import hashlib
 import importlib.metadata
-import os
 import re
 import shlex
 import shutil
 import subprocess
 import sys
 import tarfile
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from coupling_utils.files import DiskFull, atomic_dir
 
 # the GPU machine's own: its torch is the CUDA build, and these came with it
 THEIRS = re.compile(r"^(torch|torchvision|torchaudio|triton|nvidia-.*|cuda-.*|coupling-utils)$")
@@ -215,21 +215,17 @@ def bundle(opts: Options, dry_run: bool = False) -> dict[str, str]:
         return need
     try:
         opts.out.parent.mkdir(parents=True, exist_ok=True)
-        new = Path(tempfile.mkdtemp(prefix=f".{opts.out.name}-new-", dir=opts.out.parent))
-    except OSError as exc:
+        with atomic_dir(opts.out) as new:  # replaced as a whole, the umask followed
+            digest, parts = _write(new, need, opts)
+    except (PermissionError, NotADirectoryError, FileExistsError) as exc:
         raise BundleError(f"--out {opts.out}: cannot write there ({exc}); choose a writable folder") from exc
-    try:
-        digest, parts = _write(new, need, opts)
-        _replace(new, opts.out)
-    except BaseException as exc:
-        shutil.rmtree(new, ignore_errors=True)
-        if isinstance(exc, OSError):
-            raise BundleError(
-                f"--out {opts.out}: writing the bundle failed ({exc}); the previous bundle, if any, "
-                "is unchanged",
-                1,
-            ) from exc
-        raise
+    except DiskFull as exc:  # the project's words for it: the folder, how to see the room, the fix
+        raise BundleError(f"--out {opts.out}: {exc}; the previous bundle, if any, is unchanged", 1) from exc
+    except OSError as exc:
+        raise BundleError(
+            f"--out {opts.out}: writing the bundle failed ({exc}); the previous bundle, if any, is unchanged",
+            1,
+        ) from exc
     run = f"bash {shlex.quote(str(opts.out))}/run.sh RESULTS"
     print(f"wrote {opts.out}: {len(parts)} parts of at most {opts.part_mib:g} MiB and run.sh "
           f"(sha256 {digest[:12]}…); on the GPU machine, from the repository root: {run}")  # fmt: skip
@@ -238,7 +234,6 @@ def bundle(opts: Options, dry_run: bool = False) -> dict[str, str]:
 
 def _write(new: Path, need: dict[str, str], opts: Options) -> tuple[str, list[Path]]:
     """The bundle's files in the folder ``new``: the parts, ``wheels.txt`` and ``run.sh``."""
-    new.chmod(0o777 & ~_umask())  # mkdtemp's folder is private; the bundle follows the umask
     wheels = fetch(need, opts.python, new / "wheels")
     listed = "".join(f"{w.name}\t{w.stat().st_size}\n" for w in wheels)
     digest, parts = pack(wheels, new, int(opts.part_mib * 2**20))
@@ -248,27 +243,6 @@ def _write(new: Path, need: dict[str, str], opts: Options) -> tuple[str, list[Pa
     script.write_text(run_script(digest, len(parts), opts), encoding="utf-8")
     script.chmod(script.stat().st_mode | 0o111)
     return digest, parts
-
-
-def _replace(new: Path, out: Path) -> None:
-    """``new`` in the place of ``out``; the old bundle stays whole until then (put back if the
-    new one cannot take its place)."""
-    old = out.with_name(f"{new.name}-old")
-    if out.exists():
-        out.rename(old)
-    try:
-        new.rename(out)
-    except OSError:
-        if old.exists():
-            old.rename(out)
-        raise
-    shutil.rmtree(old, ignore_errors=True)
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def main(argv=None) -> int:

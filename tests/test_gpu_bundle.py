@@ -233,5 +233,7 @@ def test_a_full_disk_is_a_failed_run_that_keeps_the_old_bundle(tmp_path, monkeyp
     monkeypatch.setattr(gb, "installed", lambda: {"gguf": "0.17"})
     assert gb.main(["--out", str(old)]) == 1
     err = capsys.readouterr().err
-    assert "writing the bundle failed ([Errno 28] No space left on device)" in err and "Traceback" not in err
+    # the project's words for a full disk (files.DiskFull): the cause, the folder, how to see the room
+    assert f"--out {old}: the disk is full (No space left on device) while writing in {tmp_path}" in err
+    assert "df -h" in err and "the previous bundle, if any, is unchanged" in err and "Traceback" not in err
     assert (old / "run.sh").read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["b"]
