@@ -27,8 +27,8 @@ def costs(**changes) -> pd.DataFrame:
 
 def test_one_quiet_run_on_one_machine_is_said_to_be_so():
     text = teaching.costs_summary(costs())
-    assert "measured on a 2-core CPU (Xeon, no GPU) on 2026-12-04, in one run" in text
-    assert "9 of the 9 runs were quiet (others used under 10% of the CPU)" in text
+    assert "measured on a 2-core CPU (Xeon, no GPU) on 2026-12-04, in one run of the benchmark" in text
+    assert "9 of the 9 timed chapter runs were quiet (others used under 10% of the CPU)" in text
     assert "different machines" not in text and "likely too long" not in text
 
 
@@ -42,7 +42,8 @@ def test_rows_of_different_machines_and_runs_are_said_to_be():
     plans = teaching.plans_summary(costs(machine=four, date_utc=dates))
     assert "These sums add up rows measured on 2 different machines" in plans
     line = teaching.chapter_time(costs(machine=four, date_utc=dates), "f00")
-    assert "measured on a 4-core CPU (Epyc, no GPU) on 2026-12-05, in one run" in line  # f00's rows only
+    # f00's rows only
+    assert "measured on a 4-core CPU (Epyc, no GPU) on 2026-12-05, in one run of the benchmark" in line
     assert "2-core" not in line
 
 
@@ -50,7 +51,7 @@ def test_contended_rows_are_named_with_the_share_others_used():
     share = [0.01] * 4 + [0.35] + [0.01] * 4  # f01 models
     text = teaching.costs_summary(costs(other_cpu_share=share))
     assert "other processes used at least 10% of the CPU while f01 models (35%) ran" in text
-    assert "that time is likely too long" in text and "8 of the 9 runs were quiet" in text
+    assert "that time is likely too long" in text and "8 of the 9 timed chapter runs were quiet" in text
     line = teaching.chapter_time(costs(other_cpu_share=share), "f01_depth_and_tokens")
     assert "while f01 models (35%) ran, so that time is likely too long" in line
     assert "likely too long" not in teaching.chapter_time(costs(other_cpu_share=share), "f00")
@@ -70,7 +71,7 @@ def test_rows_without_a_record_of_contention_say_so():
     assert "for f00 cold, f00 models, f00 warm the competition for the CPU was not recorded" in (
         teaching.costs_summary(partly)
     )
-    assert "6 of the 9 runs were quiet" in teaching.costs_summary(partly)
+    assert "6 of the 9 timed chapter runs were quiet" in teaching.costs_summary(partly)
 
 
 def test_the_shipped_costs_name_the_machine_and_read_the_load_from_its_column():
@@ -89,7 +90,7 @@ def test_the_shipped_costs_name_the_machine_and_read_the_load_from_its_column():
     commits = sorted(shipped["commit"].unique())  # a chapter rerun alone later adds its own
     assert f"at commit{'s' if len(commits) > 1 else ''} {', '.join(f'`{c}`' for c in commits)}" in text
     quiet = int((shipped["other_cpu_share"] < teaching.CONTENDED_SHARE).sum())
-    assert f"{quiet} of the {len(shipped)} runs were quiet" in text
+    assert f"{quiet} of the {len(shipped)} timed chapter runs were quiet" in text
 
 
 def test_a_load_not_recorded_is_not_said():
@@ -102,7 +103,7 @@ def test_the_code_the_rows_ran_is_named_by_its_commit_where_recorded():
     """Rows that record their commit name it (identity by content, not a date); rows of two commits
     name both; rows written before the column existed name none."""
     one = teaching.costs_summary(costs(commit="9980053a1b2c"))
-    assert "on 2026-12-04, in one run, at commit `9980053a1b2c`;" in one
+    assert "on 2026-12-04, in one run of the benchmark, at commit `9980053a1b2c`;" in one
     two = teaching.chapter_time(costs(commit=["aaaa"] * 2 + ["bbbb+changes"] + ["aaaa"] * 6), "f00")
     assert "at commits `aaaa`, `bbbb+changes`" in two
     assert "at commit" not in teaching.costs_summary(costs())
@@ -121,7 +122,7 @@ def test_the_running_page_says_the_default_profile_s_time_per_notebook_from_the_
     assert "from under a minute (f00) to about 5 min (f01) with its models built beforehand" in text
     assert "from under a minute (f00) to about 10 min (f01) from an empty cache, building its models" in text
     assert "under a minute rerun, its measurements cached." in text
-    assert "measured on a 2-core CPU (Xeon, no GPU) on 2026-12-04, in one run" in text
+    assert "measured on a 2-core CPU (Xeon, no GPU) on 2026-12-04, in one run of the benchmark" in text
     failed = teaching.profile_times(costs(status=["ok"] * 6 + ["failed"] * 3))
     assert "f05: no successful run at the `default` profile measured" in failed
 
@@ -162,14 +163,15 @@ def test_the_whole_book_s_time_comes_from_the_benchmark_and_says_when_the_chapte
     text = book_times.book_times(builds(), plans="p")
     assert text.startswith("The first `make book` on a clean clone took about 25 min (1513 s: a fresh `git")
     assert "2 at a time); a second one, with everything cached, took about 3 min (177 s)." in text
-    assert "Measured on a 2-core CPU (Xeon, no GPU) on 2026-12-07, in one run, at commit `abc`" in text
-    assert "2 of the 2 runs were quiet" in text and "changed since" not in text
+    said = "Measured on a 2-core CPU (Xeon, no GPU) on 2026-12-07, in one run of the benchmark, at commit"
+    assert said + " `abc`" in text
+    assert "2 of the 2 timed chapter runs were quiet" in text and "changed since" not in text
     replanned = book_times.book_times(builds(), plans="q")
     assert "default parameters or what they measure have changed since, so" in replanned
     busy = book_times.book_times(builds(other_cpu_share=[0.3, 0.01]), plans="p")
     assert "while `make book` cold (30%) ran, so that time is likely too long" in busy
     cold_only = book_times.book_times(builds(status=["ok", "failed (exit 2)"]), plans="p")
-    assert "second one" not in cold_only and "1 of the 1 runs were quiet" in cold_only
+    assert "second one" not in cold_only and "1 of the 1 timed chapter runs were quiet" in cold_only
     for missing in (pd.DataFrame(), builds(status=["failed (exit 2)", "ok"])):
         text = book_times.book_times(missing)
         assert text.startswith("The time of a whole `make book` has not been measured"), text

@@ -159,8 +159,12 @@ def architectures_section() -> str:
     """The supported-architectures table, generated from ``architectures.ARCHITECTURES``."""
     from coupling_utils.engine.architectures import supported_architectures
 
-    df = supported_architectures()[
-        ["name", "model_types", "examples", "attention", "modality", "token_diagonal", "notes"]
+    df = supported_architectures()
+    # where transformers' hidden_states[L] stands relative to the final norm ("" without one)
+    df["in_hidden_states"] = df["in_hidden_states"].map({True: "after", False: "before"}).fillna("")
+    df = df[
+        ["name", "model_types", "examples", "attention", "modality", "token_diagonal", "final_norm"]
+        + ["in_hidden_states", "notes"]
     ]
     header = "| " + " | ".join(df.columns) + " |\n|" + "---|" * len(df.columns) + "\n"
     rows = "".join(

@@ -294,7 +294,7 @@ def _where_when(rows: pd.DataFrame) -> str:
     runs = rows.assign(day=rows["date_utc"].astype(str).str[:10])
     keys = ["day", "command"] if "command" in rows.columns else ["day"]
     n = len(runs.drop_duplicates(keys))
-    runs_said = f", in {n} separate runs of the benchmark" if n > 1 else ", in one run"
+    runs_said = f", in {n} separate runs of the benchmark" if n > 1 else ", in one run of the benchmark"
     return where + when + runs_said + _code(rows)
 
 
@@ -337,7 +337,8 @@ def _contention(rows: pd.DataFrame) -> str:
     quiet = int((share < CONTENDED_SHARE).sum())
     if quiet:
         out.append(
-            f"{quiet} of the {len(rows)} runs were quiet (others used under {CONTENDED_SHARE:.0%} of the CPU)"
+            f"{quiet} of the {len(rows)} timed chapter runs were quiet "
+            f"(others used under {CONTENDED_SHARE:.0%} of the CPU)"
         )
     if unrecorded.any():
         gone = ", ".join(f"{r.chapter} {r.state}" for r in rows[unrecorded].itertuples())
