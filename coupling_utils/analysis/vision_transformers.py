@@ -19,8 +19,9 @@ test digits through the one measurement loop (:mod:`coupling_utils.measurement`)
   with the step, where the peak lies, the largest fall), for verdicts judged on the shape;
   :func:`describe_curve` puts them into words for the prose.
 - :func:`plateau` and :func:`family_members`: whether a run's accuracy had flattened when it
-  stopped, and a family's members with ``K`` fixed as a fraction of the width (``K/d``), so
-  that the chance level of ``1 − m²`` is the same for every width; :func:`family_recipes` and
+  stopped, and a family's members with ``K`` fixed as a fraction of the width (``K/d``: one rule
+  for K; the chance level of ``1 − m²`` still differs by width, so the family is judged on the
+  excess over each member's twin); :func:`family_recipes` and
   :func:`run_revisions` plan the same members and checkpoints from the zoo's recipes, before
   anything is trained.
 """

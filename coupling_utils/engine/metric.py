@@ -83,8 +83,9 @@ def check_k(k: int, d: int) -> int:
 def k_for_width(d_model: int, k_over_d: float) -> int:
     """K for a model of width ``d_model`` at a fixed ``K/d = k_over_d`` (at least 1, at most d).
 
-    The chance level of ``1 − m_K²`` depends on K/d (``analysis.k_policy`` measures how), so models
-    of different widths are compared at one K/d.
+    One rule for K at every width (``analysis.k_policy`` chooses the K/d). It does not equalise
+    the chance level of ``1 − m_K²``, which still varies with the width at one K/d (even for
+    Gaussian matrices): compare widths through the excess over each model's random-init twin.
     """
     if isinstance(d_model, bool) or int(d_model) != d_model or d_model < 1:
         raise ValueError(f"d_model must be a positive integer, got {d_model!r}")
