@@ -200,11 +200,81 @@ def test_the_r2_sentence_names_no_highest_predictor_unless_intervals_separate():
     assert "highest R² is" not in words and "is the highest" not in words
     assert words.startswith("excess coupling 0.26 (95% interval 0.05 to 0.76 over 8 ViTs); coupling 0.51 (")
     assert "log10 params 0.94 (95% interval 0.86 to 1.00 over 8 ViTs)" in words
-    assert words.endswith("Their intervals overlap, so no predictor is named the one with the highest R²")
+    assert words.endswith(
+        "The interval of log10 params overlaps those of coupling and width, so no predictor is named the one "
+        "with the highest R²; every other pair's intervals overlap"
+    )
     for name in ("coupling", "width"):
         fits.loc[name, ["r2", "r2_ci_low", "r2_ci_high"]] = [0.5, 0.4, 0.8]
     separated = _r2_words(fits, 8)
-    assert separated.endswith("The R² of log10 params is the highest: its interval lies above every other's")
+    assert separated.endswith(
+        "over 8 ViTs). The R² of log10 params is the highest: its interval lies above every other's; every "
+        "other pair's intervals overlap"
+    )
+
+
+def test_the_r2_sentence_names_every_pair_whose_intervals_do_not_overlap():
+    """The default book said "Their intervals overlap, so no predictor is named the one with the
+    highest R²", though log10 params' interval (0.65 to 0.97) lay wholly above excess coupling's
+    (0.01 to 0.62): size explained test accuracy better than coupling, and the page never said so."""
+    import pandas as pd
+
+    from coupling_utils.chapters.f04_vision_transformers.story import _r2_words, _size_words
+
+    fits = pd.DataFrame(
+        {"r2": [0.170, 0.328, 0.860, 0.241, 0.630], "r2_ci_low": [0.008, 0.055, 0.651, 0.002, 0.290],
+         "r2_ci_high": [0.625, 0.751, 0.974, 0.789, 0.900], "level": 0.95},
+        index=pd.Index(["excess coupling", "coupling", "log10 params", "depth", "width"], name="predictor"),
+    )  # fmt: skip
+    words = _r2_words(fits, 8)
+    assert "Their intervals overlap" not in words
+    assert words.endswith(
+        "width 0.63 (95% interval 0.29 to 0.90 over 8 ViTs). The R² of log10 params is above that of excess "
+        "coupling: their intervals do not overlap. The interval of log10 params overlaps those of coupling, "
+        "depth and width, so no predictor is named the one with the highest R²; every other pair's "
+        "intervals overlap"
+    )
+    size = _size_words(fits, 8)
+    assert (
+        "size explains test accuracy better (log10 params better than excess coupling), the reverse" in size
+    )
+    fits.loc["depth", ["r2", "r2_ci_low", "r2_ci_high"]] = [0.03, 0.0, 0.05]  # now below three others
+    words = _r2_words(fits, 8)
+    assert (
+        "The R² of log10 params is above those of excess coupling and depth: its interval lies above each"
+        in words
+    )
+    assert (
+        "The R² of coupling is above that of depth" in words
+        and "The R² of width is above that of depth" in words
+    )
+    assert "coupling better than depth" in _size_words(fits, 8)  # both ways now: neither shown
+    assert "the pairs go both ways" in _size_words(fits, 8)
+    fits.loc[["coupling", "log10 params", "width"], ["r2", "r2_ci_low", "r2_ci_high"]] = [
+        [0.3, 0.06, 0.6]
+    ] * 3
+    assert _size_words(fits, 8).startswith(
+        "Comparing intervals (no claim here is judged on it): where a size "
+        "measure and a coupling measure are told apart, coupling explains"
+    )
+
+
+def test_the_r2_sentence_says_no_pair_is_told_apart_without_intervals():
+    """Too few members to resample: no interval, so the words say no two are told apart (they said
+    the intervals overlap, though there were none)."""
+    import pandas as pd
+
+    from coupling_utils.chapters.f04_vision_transformers.story import _r2_words, _size_words
+
+    fits = pd.DataFrame(
+        {"r2": [0.04, 0.93], "r2_ci_low": [0.0, 0.9], "r2_ci_high": [0.1, 0.95], "level": 0.95},
+        index=pd.Index(["excess coupling", "log10 params"], name="predictor"),
+    )
+    words = _r2_words(fits, 3)
+    assert words.endswith(
+        "With no intervals, no two are told apart and none is named the one with the highest R²"
+    )
+    assert _size_words(fits, 3).startswith("Comparing intervals: no size measure is told apart")
 
 
 def test_the_twins_heatmaps_run_in_the_captions_order_and_name_the_model_as_measured():

@@ -11,6 +11,7 @@ import numpy as np
 
 from coupling_utils.analysis import k_policy
 from coupling_utils.analysis import vision_transformers as vt
+from coupling_utils.analysis.prose_list import listed
 from coupling_utils.analysis.verdicts import Interval, claim, verdict_word
 from coupling_utils.chapters.f04_vision_transformers.exercises import exercise_glue
 from coupling_utils.chapters.f04_vision_transformers.plan import (
@@ -83,7 +84,7 @@ def claims(p: Params, r: Results) -> list[dict[str, Any]]:
 ASSUMPTIONS = {
     "f04_twin_above_zero": "the untrained twin's coupling is clearly above 0",
     "f04_family_plateau": "every family member's validation accuracy rose by less than 5% of its whole rise "
-    "over its last third of training (each was trained to its plateau)",
+    "over its last third of training (the book's plateau test)",
 }
 
 
@@ -207,14 +208,40 @@ def _plateau_words(r: Results) -> tuple[str, str]:
             + " no share to test"
         )
     _, held, _ = assumption("f04_family_plateau", r)
+    if not held:
+        return shown[0].upper() + shown[1:], (
+            "not every member passed the 5% plateau test, so the family compares in part how far training got"
+        )
     conclusion = (
-        "every member passed the 5% plateau test, so the members are compared at their plateau, not "
-        "at how far their training got"
-        if held
-        else "not every member passed the 5% plateau test, so the family compares in part how far "
-        "training got"
+        "every member passed the 5% plateau test, so by that test the members are compared at their plateau"
     )
+    if gain > 0:
+        spread = 100 * float(m.test_acc.max() - m.test_acc.min())
+        conclusion += (
+            f", though validation accuracy still rose by up to {gain:.1f} points over a member's last "
+            f"third, against a spread of {spread:.1f} points in test accuracy across the family"
+        )
     return shown[0].upper() + shown[1:], conclusion
+
+
+def _steps_words(m) -> str:
+    """How long the family's members trained, from their table: "a fixed 800 steps (4.1 epochs)"
+    when all ran the same number of steps, else the range."""
+    steps, epochs = m.steps.astype(int), m.epochs.astype(float)
+    if steps.nunique() == 1:
+        return f"the same fixed {steps.iloc[0]} steps ({epochs.iloc[0]:.1f} epochs)"
+    return f"{steps.min()} to {steps.max()} steps ({epochs.min():.1f} to {epochs.max():.1f} epochs)"
+
+
+def _twin_levels(vits) -> str:
+    """The twins' coupling (each configuration's chance level) by depth and width, as words:
+    "0.080 (width 32) and 0.120 (width 48) at depth 2; ..."."""
+    levels = vits.groupby(["n_layers", "d_model"])["twin"].mean()
+    return "; ".join(
+        listed([f"{level:.3f} (width {width})" for (_, width), level in by_width.items()])
+        + f" at depth {depth}"
+        for depth, by_width in levels.groupby(level="n_layers")
+    )
 
 
 def _family_glue(r: Results) -> dict[str, Any]:
@@ -227,6 +254,8 @@ def _family_glue(r: Results) -> dict[str, Any]:
         "f04_plateau_conclusion": Markdown(conclusion),
         "f04_plateau_share_max": 100 * float(r.members.plateau_share.max()),
         "f04_plateau_gain_max": 100 * float(r.members.plateau_gain.max()),
+        "f04_family_steps": Markdown(_steps_words(r.members)),
+        "f04_twin_levels": Markdown(_twin_levels(vits)),
         "f04_family_n": len(vits),
         "f04_acc_low": float(vits.test_acc.min()),
         "f04_acc_high": float(vits.test_acc.max()),
@@ -244,33 +273,105 @@ def _family_glue(r: Results) -> dict[str, Any]:
         else "do not both have a sign (one is 0), and the excess decides"
     )  # fmt: skip
     values["f04_r2_words"] = Markdown(_r2_words(fits, len(vits)))
+    values["f04_r2_size"] = Markdown(_size_words(fits, len(vits)))
     return values
 
 
-def _r2_words(fits, n: int) -> str:
-    """Each predictor's R² of test accuracy with its bootstrap interval over the ``n`` members, in the
-    table's order. No rule names a best predictor here: one is called the highest only where its
-    whole interval lies above every other predictor's interval; otherwise the sentence says that the
-    intervals overlap and names none."""
-    fitted = fits.dropna(subset=["r2"])
-    if fitted.empty:
-        return "no predictor varies over the members, so none has an R²"
+SIZES = ("log10 params", "depth", "width")  # the size measures the paper sets coupling against
+COUPLINGS = ("excess coupling", "coupling")
+
+
+def _r2_intervals(fits, n: int) -> dict[str, Interval]:
+    """Each fitted predictor's R² of test accuracy with its bootstrap interval over the ``n``
+    members, in the table's order."""
     bounds = {"estimate": "r2", "ci_low": "r2_ci_low", "ci_high": "r2_ci_high"}
-    over = f"{n} ViTs"
-    iv = {
+    return {
         str(name): Interval.from_bootstrap(
-            {key: row[col] for key, col in bounds.items()} | {"level": row.get("level", 0.95)}, over=over
+            {key: row[col] for key, col in bounds.items()} | {"level": row.get("level", 0.95)},
+            over=f"{n} ViTs",
         )
-        for name, row in fitted.iterrows()
+        for name, row in fits.dropna(subset=["r2"]).iterrows()
     }
+
+
+def _r2_above(iv: dict[str, Interval]) -> dict[str, list[str]]:
+    """For each predictor, those it explains more than: whose R² interval lies wholly below its own
+    (both resampled). Only such pairs are told apart; every other pair's intervals overlap."""
+
+    def clear(a: Interval, b: Interval) -> bool:
+        return a.resampled and b.resampled and a.low > b.high
+
+    return {a: [b for b in iv if b != a and clear(iv[a], iv[b])] for a in iv}
+
+
+def _r2_words(fits, n: int) -> str:
+    """Each predictor's R² of test accuracy with its bootstrap interval over the ``n`` members, then
+    every pair told apart (one's interval wholly above the other's) and whether the highest is named:
+    only where its interval lies above every other's. No rule names a best predictor here."""
+    iv = _r2_intervals(fits, n)
+    if not iv:
+        return "no predictor varies over the members, so none has an R²"
     listed_r2 = "; ".join(f"{name} {i.estimate:.2f} ({i.words()})" for name, i in iv.items())
-    top = max(iv, key=lambda name: iv[name].estimate)
-    others = [i for name, i in iv.items() if name != top]
-    if others and iv[top].resampled and all(o.resampled and iv[top].low > o.high for o in others):
-        return f"{listed_r2}. The R² of {top} is the highest: its interval lies above every other's"
-    if not others:
+    if len(iv) == 1:
         return listed_r2
-    return f"{listed_r2}. Their intervals overlap, so no predictor is named the one with the highest R²"
+    if not any(i.resampled for i in iv.values()):
+        none = "With no intervals, no two are told apart and none is named the one with the highest R²"
+        return f"{listed_r2}. {none}"
+    above = _r2_above(iv)
+    top = max(iv, key=lambda name: iv[name].estimate)
+    rivals = [b for b in iv if b != top and b not in above[top]]
+    told = [
+        f"The R² of {a} is above that of {below[0]}: their intervals do not overlap"
+        if len(below) == 1
+        else f"The R² of {a} is above those of {listed(below)}: its interval lies above each of theirs"
+        for a, below in above.items()
+        if below and (a != top or rivals)  # a top above all is said once, below
+    ]
+    if not rivals:
+        told.append(f"The R² of {top} is the highest: its interval lies above every other's")
+    else:
+        those = f"that of {rivals[0]}" if len(rivals) == 1 else f"those of {listed(rivals)}"
+        told.append(
+            f"The interval of {top} overlaps {those}, so no predictor is named the one with the highest R²"
+        )
+    pairs = len(iv) * (len(iv) - 1) // 2
+    if sum(map(len, above.values())) + len(rivals) < pairs:
+        unresampled = not all(i.resampled for i in iv.values())
+        told[-1] += (
+            "; no other pair is told apart" if unresampled else "; every other pair's intervals overlap"
+        )
+    return f"{listed_r2}. " + ". ".join(told)
+
+
+def _size_words(fits, n: int) -> str:
+    """Whether size or coupling explains test accuracy better, where the two are told apart
+    (:func:`_r2_above`), set against the paper's finding for its LLMs; a comparison of
+    intervals, not a judged claim."""
+    iv = _r2_intervals(fits, n)
+    above = _r2_above(iv) if iv else {}
+    sizes, couplings = [s for s in SIZES if s in iv], [c for c in COUPLINGS if c in iv]
+    size_first = [f"{s} better than {c}" for s in sizes for c in couplings if c in above[s]]
+    coupling_first = [f"{c} better than {s}" for c in couplings for s in sizes if s in above[c]]
+    paper = (
+        "the paper finds for its LLMs (coupling explains the leaderboard score better than parameter "
+        "count, depth and embedding dimension)"
+    )
+    if not size_first and not coupling_first:
+        return (
+            "Comparing intervals: no size measure is told apart from a coupling measure, so this family "
+            f"neither shows nor reverses what {paper}"
+        )
+    if size_first and coupling_first:
+        said = (
+            f"the pairs go both ways ({listed(size_first + coupling_first)}), so this family neither "
+            f"shows nor reverses what {paper}"
+        )
+    elif size_first:
+        said = f"size explains test accuracy better ({listed(size_first)}), the reverse of what {paper}"
+    else:
+        said = f"coupling explains test accuracy better ({listed(coupling_first)}), as {paper}"
+    head = "Comparing intervals (no claim here is judged on it): where a size measure and a coupling measure"
+    return f"{head} are told apart, {said}"
 
 
 KD_EXERCISE = (1 / 8, 1 / 2)  # the two K/d the f04-ex-kd solution reads from the stored curve
