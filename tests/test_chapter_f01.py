@@ -183,7 +183,8 @@ def test_the_distance_trend_and_the_excluded_last_block_are_said_for_any_depth()
         "-0.60 to -0.30), so the distant pairs pull the mean over all pairs down (neighbours − all pairs "
         "+0.100, 95% interval over prompts 0.050 to 0.150)"
     )
-    assert deep["f01_adjacent_answer"].startswith("Up in this run: coupling falls")  # one model, not all
+    drawn = "for the drawn model's trained weights"  # one model and weights, not all
+    assert deep["f01_adjacent_answer"].startswith(f"Up {drawn}: coupling falls")
     from coupling_utils.chapters.f01_depth_and_tokens.findings import tokens_words
     from coupling_utils.chapters.f01_depth_and_tokens.story import self_vs_twin
 
@@ -208,13 +209,13 @@ def test_the_distance_trend_and_the_excluded_last_block_are_said_for_any_depth()
         "over prompts -0.70 to 0.10, which includes 0), and the neighbours are neither clearly more nor less "
         "coupled than the mean over all pairs"
     )
-    assert unclear["f01_adjacent_answer"].startswith("Neither clearly up nor down in this run")
+    assert unclear["f01_adjacent_answer"].startswith(f"Neither clearly up nor down {drawn}")
     rising = distance_words(iv(0.2, 0.1, 0.3), iv(-0.1, -0.2, -0.05))
     assert rising["f01_distance_trend"].startswith("coupling rises with the distance")
     assert "the neighbours are less coupled than" in rising["f01_distance_trend"]
-    assert rising["f01_adjacent_answer"].startswith("Down in this run")
+    assert rising["f01_adjacent_answer"].startswith(f"Down {drawn}")
     flat_up = distance_words(iv(-0.2, -0.5, 0.1), iv(0.1, 0.05, 0.15))  # up, but no clear fall to say why
-    assert flat_up["f01_adjacent_answer"].startswith("Up in this run: coupling shows no clear trend")
+    assert flat_up["f01_adjacent_answer"].startswith(f"Up {drawn}: coupling shows no clear trend")
     assert "pull the mean" not in flat_up["f01_distance_trend"]
     nan = float("nan")
     none = excluded_words({"trained_excluded": nan, "twin_excluded": nan, "excluded_diff": nan}, 2)
@@ -459,3 +460,50 @@ def test_the_thirds_of_the_network_are_values_not_a_ranking():
         in words
     )
     assert "highest in the" not in words
+
+
+def test_the_answers_that_quote_every_model_and_the_tile_interval_note():
+    """Exercise f01-ex-adjacent answers "for which model most" from every model and weights of the run
+    (the default book's twin fell, 0.00230 to 0.00229, where the answer said "Up" and "rerun"); a
+    verdict decided at one K says the gap at the other K; the tile share at its interval's top says why."""
+    from coupling_utils.analysis.verdicts import Interval
+    from coupling_utils.chapters.f01_depth_and_tokens import findings
+
+    def run(trained, twin):  # (level, fall per block of distance) of each: neighbours the highest
+        level = {"trained": trained, "random init": twin}
+        return SimpleNamespace(depthwise=pd.DataFrame(
+            [{"weights": w, "K": 4, "prompt": "a", "layer_i": i, "layer_j": j, "m": 0.5,
+              "coupling": 1.0 if i == j else level[w][0] - level[w][1] * abs(i - j)}
+             for w in tw.WEIGHTS for i in range(4) for j in range(4)]
+        ))  # fmt: skip
+
+    runs = {"a": run((0.5, 0.1), (0.1, -0.01)), "b": run((0.8, 0.2), (0.2, 0.0))}
+    words = findings.adjacent_models(runs, 4)
+    # all pairs: distances 1, 2, 3 in 6, 4, 2 of the 12 ordered pairs: mean distance 5/3
+    assert "a, trained 0.333 to 0.400 (+0.067) and its twin 0.117 to 0.110 (-0.0067)" in words
+    assert "b, trained 0.467 to 0.600 (+0.13) and its twin 0.200 to 0.200 (+0)" in words
+    assert "the largest rise is b's trained weights (+0.13) (estimates" in words
+    flat = {"a": run((0.5, 0.0), (0.1, 0.0))}
+    assert "none rises" in findings.adjacent_models(flat, 4)
+    two = {"a": SimpleNamespace(depthwise=runs["a"].depthwise.query("layer_i < 2 and layer_j < 2"))}
+    assert findings.adjacent_models(two, 4).startswith("Every model's measured blocks are neighbours")
+
+    per_model = pd.DataFrame(
+        {"model": ["d"] * 3 + ["e"] * 3 + ["f"] * 3, "K": [10, 30, 50] * 3,
+         "trained − random": [0.06, 0.07, 0.08, -0.26, 0.08, 0.2, 0.1, 0.2, 0.3]}
+    )  # fmt: skip
+    depth = {"d": {"excess_k": 10}, "e": {"excess_k": 10}, "f": {"excess_k": 10}}
+    assert findings.k_gap_words(per_model, "d", depth) == (
+        "The sign of e's trained − twin gap depends on K: -0.260 at K = 10, where the smallest gap, which "
+        "the rule reads, falls, against +0.080 (K = 30) and +0.200 (K = 50) at the other K measured (the "
+        "drawn model's there: +0.070 and +0.080)."
+    )  # f keeps its sign at every K: nothing to say
+    without_e = {name: v for name, v in depth.items() if name != "e"}
+    assert findings.k_gap_words(per_model[per_model.model != "e"], "d", without_e) == ""
+
+    top = Interval(0.982, 0.661, 0.982, over="6 prompts, K = 3–72")
+    note = findings.tile_interval_note(top, 70)
+    assert note.startswith("The trained share's estimate, 98%, is also its interval's upper end")
+    assert "smallest over the 70 values of K" in note and "at most 2.5% of the resamples do" in note
+    assert findings.tile_interval_note(Interval(0.9, 0.8, 0.95, over="6 prompts"), 70) == ""
+    assert findings.tile_interval_note(Interval(0.9, 0.8, 0.95, over="1 prompt"), 70) == ""

@@ -348,6 +348,40 @@ def test_tile_rule_reads_every_k_the_tiles_hold_and_every_prompt():
     assert one.over == "1 prompt" and one.low == -np.inf  # one prompt: nothing to resample, no yes
 
 
+def test_context_coupling_leaves_out_the_output_token_s_own_jacobian():
+    """The context table holds the output token's own (self) Jacobian J_{t2 t2} beside its context
+    Jacobians J_{t1 t2}; context coupling compares context Jacobians only (t1, t1' != t2): here
+    0.2 between the two earlier tokens, where counting the pairs with token 2 gave 0.6."""
+
+    def coupling(n, w, i, j):  # 1 on the diagonal, 0.8 with the output token, else about 0.2 or 0.7
+        return 1.0 if i == j else 0.8 if 2 in (i, j) else 0.2 + 0.01 * n + 0.5 * (w != "trained")
+
+    ctx = pd.DataFrame(
+        [{"prompt": p, "weights": w, "output_token": 2, "K": 2, "layer_i": 5, "layer_j": 5, "token_i": i,
+          "token_j": j, "coupling": coupling(n, w, i, j)}
+         for n, p in enumerate("abcdef") for w in tw.WEIGHTS for i in range(3) for j in range(3)]
+    )  # fmt: skip
+    tok = ctx.drop(columns=["output_token", "layer_j"]).rename(columns={"layer_i": "layer"})
+    pair = SimpleNamespace(model="m", tokenwise=tok, context=ctx)
+    with_self = ctx[(ctx.token_i != ctx.token_j) & (ctx.weights == "trained")].coupling.mean()
+    assert with_self == pytest.approx((2 * 0.225 + 4 * 0.8) / 6)  # what the old mean mixed in
+    got = tw.token_contrast(pair, 2)
+    assert got["context_trained"] == pytest.approx(0.225) and got["context_twin"] == pytest.approx(0.725)
+    assert got["context_sd"] == pytest.approx(
+        np.std([0.2 + 0.01 * n for n in range(6) for _ in "ij"], ddof=1)
+    )
+    iv = tw.token_intervals(pair, 2, n_resamples=100)
+    assert iv["context_trained"].estimate == pytest.approx(0.225)
+    assert iv["context_excess"].estimate == pytest.approx(-0.5)
+    drawn = tw.context_pairs(ctx[ctx.prompt == "a"], 2, diagonal=True)  # what the heatmap draws
+    assert set(drawn.token_i) == set(drawn.token_j) == {0, 1} and len(drawn) == 2 * 4
+    assert len(tw.context_pairs(ctx[ctx.prompt == "a"], 2)) == 2 * 2  # (0, 1) and (1, 0), each weights
+    two = ctx[ctx.token_i.isin([1, 2]) & ctx.token_j.isin([1, 2])]  # one token before the output token
+    short = SimpleNamespace(model="m", tokenwise=tok, context=two)
+    with pytest.raises(ValueError, match="two input tokens before the output token"):
+        tw.token_contrast(short, 2)
+
+
 def test_token_intervals_pool_token_pairs_and_resample_prompts(pair):
     point = tw.token_contrast(pair.m, 2)
     out = tw.token_intervals(pair.m, 2, n_resamples=200)
@@ -443,8 +477,8 @@ def test_vectorized_intervals_give_the_bits_of_a_pandas_statistic_per_resample()
          for p in prompts for w in W for i, j in pairs]
     )  # fmt: skip
     ctx = pd.DataFrame(
-        [{"prompt": p, "weights": w, "K": 2, "layer_i": 0, "layer_j": 0, "token_i": i, "token_j": j,
-          "coupling": rng.random()} for p in prompts for w in W for i, j in pairs]
+        [{"prompt": p, "weights": w, "output_token": 3, "K": 2, "layer_i": 0, "layer_j": 0, "token_i": i,
+          "token_j": j, "coupling": rng.random()} for p in prompts for w in W for i, j in pairs]
     )  # fmt: skip
 
     def old_values(sample):

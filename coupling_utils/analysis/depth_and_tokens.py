@@ -54,6 +54,7 @@ __all__ = [
     "twin_set",
     "summary_table",
     "depth_contrast",
+    "context_pairs",
     "token_contrast",
     "token_intervals",
     "mean_depthwise",
@@ -502,18 +503,40 @@ def _excess_interval(depthwise: pd.DataFrame, ks: Sequence[int], how: str, exces
     return Interval(excess, lo, hi, over=f"{len(diff)} prompts")
 
 
+def context_pairs(context: pd.DataFrame, k: int, *, diagonal: bool = False) -> pd.DataFrame:
+    """The rows of a ``context`` table that compare two context Jacobians at K = ``k``: the same
+    block, two different input tokens, neither of them the output token (with ``diagonal``, also
+    each of those input tokens with itself, m = 0, which a heatmap greys).
+
+    The measured table holds every input token t1 whose Jacobian ``J_{t1 t2}`` is not zero, the
+    output token t2 itself included; ``J_{t2 t2}`` is that token's own (self) Jacobian, so a pair
+    with t1 = t2 or t1' = t2 compares self with context, not context with context (the paper's
+    context coupling compares ``J_{t1 t2}`` with ``J_{t1' t2}``, t1, t1' ≠ t2)."""
+    need = ("output_token", "K", "layer_i", "layer_j", "token_i", "token_j")
+    c = check_table(context, MEASURED["context"].need(*need))
+    keep = (c["K"] == k) & (c["layer_i"] == c["layer_j"]) & (c["token_i"] != c["output_token"])
+    keep &= c["token_j"] != c["output_token"]
+    return c[keep if diagonal else keep & (c["token_i"] != c["token_j"])]
+
+
 def token_contrast(pair: TwinMeasurement, k: int) -> dict:
     """Token-wise self and context coupling at block ``pair.token_layer``, K = ``k``.
 
     Means and standard deviations of 1 − m² over pairs of different tokens (all prompts), for
     the trained model (``self_trained``, ``self_sd``, ``context_trained``, ``context_sd``) and
     its twin (``self_twin``, ``context_twin``). Context coupling compares the Jacobians of the
-    last output token with respect to different input tokens, at the same block.
+    last output token with respect to two different earlier input tokens, at the same block
+    (:func:`context_pairs`: its own Jacobian left out).
     """
     if pair.tokenwise.empty:
         raise ValueError(f"{pair.model} was measured without token_layer: no token-wise tables")
     tok = pair.tokenwise[pair.tokenwise["K"] == k]
-    ctx = pair.context[(pair.context["K"] == k) & (pair.context["layer_i"] == pair.context["layer_j"])]
+    ctx = context_pairs(pair.context, k)
+    if ctx.empty:
+        raise ValueError(
+            f"{pair.model}: no two context Jacobians to compare at K = {k}: context coupling needs two "
+            "input tokens before the output token (prompts of at least 3 tokens)"
+        )
     self_mean = offdiag_mean(tok, "token_i", "token_j")
     self_sd = offdiag_mean(tok, "token_i", "token_j", how="std")
     ctx_mean = offdiag_mean(ctx, "token_i", "token_j")
@@ -540,13 +563,13 @@ def _pooled(df: pd.DataFrame) -> pd.DataFrame:
 def token_intervals(pair: TwinMeasurement, k: int, *, n_resamples: int = 1000) -> dict[str, Interval]:
     """What the token rules compare, with 95% intervals over prompts (a prompt resampled with all
     its token pairs, trained and twin together): ``self_trained`` and ``context_trained`` (as
-    :func:`token_contrast`), the paired differences ``self_excess`` and ``context_excess``
-    (trained − twin) and ``sd_excess`` (context s.d. − self s.d., trained). One prompt gives
-    unbounded intervals (nothing to resample)."""
+    :func:`token_contrast`; context: :func:`context_pairs`), the paired differences
+    ``self_excess`` and ``context_excess`` (trained − twin) and ``sd_excess`` (context s.d. − self
+    s.d., trained). One prompt gives unbounded intervals (nothing to resample)."""
     from coupling_utils.analysis.stats import bootstrap_intervals, resampled_sums
 
     tok = pair.tokenwise[pair.tokenwise["K"] == k]
-    ctx = pair.context[(pair.context["K"] == k) & (pair.context["layer_i"] == pair.context["layer_j"])]
+    ctx = context_pairs(pair.context, k)
     wide = pd.concat({"self": _pooled(tok), "context": _pooled(ctx)}, axis=1).fillna(0.0)
 
     def values(columns) -> dict[str, np.ndarray]:  # every resample at once: column -> [R, n]

@@ -10,8 +10,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from coupling_utils.analysis.depth_and_tokens import TwinMeasurement
+from coupling_utils.analysis import tile_grid
+from coupling_utils.analysis.depth_and_tokens import WEIGHTS, TwinMeasurement
 from coupling_utils.analysis.model_names import measured, model_words
+from coupling_utils.analysis.prose_list import listed
 from coupling_utils.analysis.verdicts import MIN_UNITS, Interval
 from coupling_utils.chapters.f01_depth_and_tokens.plan import TILES_TRAINED, TILES_TWIN, Results
 from coupling_utils.chapters.reruns import deeper_model, reruns
@@ -26,7 +28,7 @@ def finding_words(r: Results, status: pd.DataFrame) -> dict[str, Any]:
     drawn model differs from the paper's, token-wise and context coupling."""
     from IPython.display import Markdown
 
-    n = len(r.depth)
+    n, n_k = len(r.depth), len(tile_grid.nested_tile_ks(r.params.tile_k))
     return {
         "f01_twin_level": twin_level_words(float(r.per_model_head["random init"])),
         "f01_tiles_words": tiles_words(str(status.iloc[n].agree), r.tile_values),
@@ -40,6 +42,9 @@ def finding_words(r: Results, status: pd.DataFrame) -> dict[str, Any]:
             tile_window_reruns(r.main.n_layers, len(r.params.tile_layers), r.params.last_block)
         ),
         "f01_adjacent_thirds": adjacent_thirds(r.main.depthwise, max(r.params.k)),
+        "f01_adjacent_models": adjacent_models(r.twins.results, max(r.params.k)),
+        "f01_others_by_k": Markdown(k_gap_words(r.per_model, r.params.model, r.depth)),
+        "f01_diag_interval_note": Markdown(tile_interval_note(r.tile_values.get("diagonal_trained"), n_k)),
     }
 
 
@@ -214,3 +219,106 @@ def adjacent_thirds(depthwise: pd.DataFrame, k: int) -> str:
     return (f"by thirds of the network the trained model's neighbouring blocks average {', '.join(parts)} "
             f"at K = {k}: the {best} third's is the highest estimate (no interval is drawn for the thirds, "
             "so they are not told apart)")  # fmt: skip
+
+
+def adjacent_models(results: Mapping[str, TwinMeasurement], k: int) -> str:
+    """Exercise f01-ex-adjacent's answer for every model and weights of this run: the per-model
+    coupling at K = ``k`` over all pairs of different blocks and over neighbours only (what a
+    rerun with ``how="adjacent"`` reads, from the same measurements), the change, and which rises
+    most (estimates: no interval is drawn for these changes)."""
+    from coupling_utils.measurement import coupling_summary
+
+    changes, parts = {}, []
+    for name, pair in results.items():
+        said = []
+        for w in WEIGHTS:
+            d = pair.depthwise[pair.depthwise["weights"] == w]
+            everywhere, near = (coupling_summary(d, how=how, k=k) for how in ("offdiag", "adjacent"))
+            change = near - everywhere if abs(near - everywhere) > 1e-12 else 0.0  # not rounding's bits
+            changes[f"{name}'s {'twin' if w != 'trained' else 'trained weights'}"] = change
+            said.append(f"{'its twin' if w != 'trained' else 'trained'} {everywhere:#.3g} to {near:#.3g} "
+                        f"({change:+.2g})")  # fmt: skip
+        parts.append(f"{name}, {' and '.join(said)}")
+    if max(len(set(p.depthwise["layer_i"]) | set(p.depthwise["layer_j"])) for p in results.values()) < 3:
+        return "Every model's measured blocks are neighbours, so the rerun's per-model table is this run's"
+    top = max(changes, key=changes.get)
+    most = f"the largest rise is {top} ({changes[top]:+.2g})" if changes[top] > 0 else "none rises"
+    return (f"At K = {k}, from all pairs of blocks to neighbours only, the per-model coupling goes: "
+            f"{'; '.join(parts)}. So {most} (estimates: no interval is drawn for them)")  # fmt: skip
+
+
+def k_gap_words(per_model: pd.DataFrame, drawn: str, depth: Mapping[str, Mapping]) -> str:
+    """For each model other than ``drawn`` whose trained − twin gap (``per_model``) changes sign
+    across the K measured: the K at which the depth rule's smallest gap falls (``depth``), and the
+    gap at every other K beside the drawn model's at the same K, so a reader sees the verdict
+    depend on K; "" where no such model was measured."""
+    gaps = per_model.pivot_table(index="K", columns="model", values="trained − random")
+    out = []
+    for name, v in depth.items():
+        g = gaps[name].dropna() if name != drawn else pd.Series(dtype=float)
+        if g.empty or not g.min() < 0 < g.max():
+            continue
+        at, rest = int(v["excess_k"]), g.drop(int(v["excess_k"]))
+        mine = gaps[drawn].reindex(rest.index)
+        out.append(
+            f"The sign of {name}'s trained − twin gap depends on K: {g[at]:+.3f} at K = {at}, where the "
+            f"smallest gap, which the rule reads, falls, against "
+            f"{listed(f'{x:+.3f} (K = {K})' for K, x in rest.items())} at the other K measured (the "
+            f"drawn model's there: {listed(f'{x:+.3f}' for x in mine)})."
+        )
+    return " ".join(out)
+
+
+def tile_interval_note(trained: Interval | None, n_k: int) -> str:
+    """Why the trained share's estimate is its interval's upper end, where it is: the interval is a
+    percentile bootstrap over prompts, and the share the smallest over ``n_k`` values of K, which a
+    resample's shifted prompt means seldom raise; "" where the estimate lies below the upper end."""
+    if trained is None or not trained.resampled or trained.estimate < trained.high:
+        return ""
+    return (
+        f"The trained share's estimate, {trained.estimate:.0%}, is also its interval's upper end: the "
+        "interval is a percentile bootstrap over prompts, and the share is the smallest over the "
+        f"{n_k} values of K, so resampled prompts, whose means move tiles near the 2/K line to one "
+        "side or the other at some K, seldom give more (at most "
+        f"{(1 - trained.level) / 2:.1%} of the resamples do)."
+    )
+
+
+def distance_words(rho: Interval | None, excess: Interval) -> dict[str, str]:
+    """How the trained model's coupling varies with the distance between blocks, for the results
+    (``f01_distance_trend``) and exercise f01-ex-adjacent's answer (``f01_adjacent_answer``).
+
+    ``rho``: Spearman's ρ of coupling with the distance (None with every pair at one distance: two
+    blocks have no trend); ``excess``: the neighbours' coupling minus the mean over all pairs. The
+    words follow their intervals over prompts: coupling "falls" (or "rises") only where ρ's whole
+    interval lies below (above) 0, and the neighbours are more (less) coupled than all pairs only
+    where the excess's does."""
+    gap = f"neighbours − all pairs {excess.estimate:+.3f}, {spread_words(excess)}"
+    side = interval_side(excess)
+    if rho is None:
+        return {
+            "f01_distance_trend": "all the blocks measured are neighbours, so coupling shows no trend with "
+            "the distance between blocks (no Spearman ρ)",
+            "f01_adjacent_answer": "Neither in this run: all its blocks are neighbours, so averaging over "
+            "neighbours only takes the same pairs",
+        }
+    word = "falls" if rho.high < 0 else "rises" if rho.low > 0 else "shows no clear trend"
+    trend = (f"coupling {word} with the distance between blocks (Spearman ρ = {rho.estimate:.2f}, "
+             f"{spread_words(rho, '.2f')})")  # fmt: skip
+    if side == "above" and word == "falls":
+        return {
+            "f01_distance_trend": f"{trend}, so the distant pairs pull the mean over all pairs down ({gap})",
+            "f01_adjacent_answer": f"Up for the drawn model's trained weights: {trend}, so averaging over "
+            "neighbours only "
+            f"leaves out the weakly coupled distant pairs ({gap}; a likely reason, not measured here: each "
+            "block refines the representation the previous one wrote, in the same directions of the "
+            "residual stream)",
+        }
+    neighbours = {"above": "more coupled than", "below": "less coupled than",
+                  "neither": "neither clearly more nor less coupled than"}[side]  # fmt: skip
+    answer = {"above": "Up", "below": "Down", "neither": "Neither clearly up nor down"}[side]
+    said = f"the neighbours are {neighbours} the mean over all pairs ({gap})"
+    return {
+        "f01_distance_trend": f"{trend}, and {said}",
+        "f01_adjacent_answer": f"{answer} for the drawn model's trained weights: {trend}, and {said}",
+    }

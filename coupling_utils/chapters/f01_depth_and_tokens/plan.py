@@ -72,7 +72,7 @@ class Params(ChapterParams):
     dtype: str = param("float32", choice(*DTYPES))
     n_prompts: int = param(5, integer(min=0))
     include_demo: bool = param(True, boolean)
-    max_tokens: int = param(12, integer(min=2))
+    max_tokens: int = param(12, integer(min=3))  # context coupling: two tokens before the last
     k: list = param([10, 30, 50, 72], k_values)
     layers: list = param([], list_of(block, min_len=0))
     tile_layers: list = param([11, 12, 13, 14, 15, 16, 17, 18], list_of(block, min_len=2, max_len=12))
@@ -345,9 +345,11 @@ class Results:
         return tok[(tok.prompt == self.focus) & (tok["K"] == self.k_verdict)]
 
     def _context(self) -> pd.DataFrame:
-        """The drawn prompt's context coupling at :attr:`k_verdict`, within the token block."""
+        """The drawn prompt's context coupling at :attr:`k_verdict`, within the token block: the
+        pairs of context Jacobians the context rule reads (``tw.context_pairs``; the output token's
+        own Jacobian left out), with each input token against itself for the heatmap's grey diagonal."""
         ctx = self.main.context
-        return ctx[(ctx.prompt == self.focus) & (ctx["K"] == self.k_verdict) & (ctx.layer_i == ctx.layer_j)]
+        return tw.context_pairs(ctx[ctx.prompt == self.focus], self.k_verdict, diagonal=True)
 
 
 def run(p: Params, options: Options | None = None) -> Results:

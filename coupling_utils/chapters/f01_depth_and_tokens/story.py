@@ -17,6 +17,7 @@ from coupling_utils.analysis.prose_list import listed
 from coupling_utils.analysis.verdicts import Interval, claim, verdict_word
 from coupling_utils.chapters import own_claim
 from coupling_utils.chapters.f01_depth_and_tokens.findings import (
+    distance_words,
     finding_words,
     interval_side,
     named_model,
@@ -122,8 +123,10 @@ def token_chart(r: Results):
 
 
 def context_chart(r: Results):
-    """Context coupling (the last output token, input tokens against each other), trained and twin."""
-    title = f"Context coupling: ∂f(X)_last / ∂x_t at block {r.main.token_layer}, K = {r.k_verdict}"
+    """Context coupling (the last output token; the earlier input tokens against each other, the
+    last token's own Jacobian left out as the context rule leaves it out), trained and twin."""
+    block = r.main.token_layer
+    title = f"Context coupling: ∂f(X)_last / ∂x_t, t before the last, block {block}, K = {r.k_verdict}"
     return _token_heatmap(r, r._context(), title)
 
 
@@ -238,17 +241,23 @@ def claims(r: Results) -> list[dict]:
                    f"{tile_grid.nested_tile_ks(p.tile_k)[0]} to {p.tile_k}; visible diagonal: ≥ 2/K of a "
                    "tile's squared mass; "
                    f"{_convention_note(r, 'tiles')}"),
-        claim("token-wise self coupling is strong in the trained model",
-              paper="strong coupling of the tokens' own Jacobians (project page)", rule=RULES["tokens"],
+        claim("token-wise self coupling is strong in the trained model and stronger than in its "
+              "random-init twin",
+              paper="strong coupling of the tokens' own Jacobians (project page); the comparison with "
+                    "the twin is this book's test", rule=RULES["tokens"],
               values=r.token_judged, ours=f"{tokens['self_trained']:.3f} (twin {tokens['self_twin']:.3f})",
               note=f"mean 1 − m² over token pairs, block {block}, K = {kv}; "
                    f"{_convention_note(r, 'tokens')}"),
-        claim("context coupling exists but varies across token pairs",
-              paper="context coupling present, less uniform than self coupling", rule=RULES["context"],
+        claim("context coupling exists, is stronger than in its random-init twin, and varies across token "
+              "pairs more than self coupling does",
+              paper="context coupling exists but varies across token pairs (project page); the "
+                    "comparisons with the twin and with self coupling's spread are this book's tests",
+              rule=RULES["context"],
               values=r.token_judged,
               ours=f"mean {tokens['context_trained']:.3f}, s.d. {tokens['context_sd']:.3f} "
                    f"(self: s.d. {tokens['self_sd']:.3f})",
-              note=f"fixed output token (the last), block {block}, K = {kv}; twin mean "
+              note=f"fixed output token (the last), pairs of earlier input tokens (its own Jacobian left "
+                   f"out), block {block}, K = {kv}; twin mean "
                    f"{tokens['context_twin']:.3f}; {_convention_note(r, 'context')}"),
     ]  # fmt: skip
 
@@ -284,45 +293,6 @@ def _distance_values(r: Results) -> dict[str, Any]:
         "f01_farthest": float(tr.farthest),
         "f01_farthest_distance": int(r.by_distance["distance"].max()),
         **distance_words(r.distance.get("spearman"), r.distance["adjacent_excess"]),
-    }
-
-
-def distance_words(rho: Interval | None, excess: Interval) -> dict[str, str]:
-    """How the trained model's coupling varies with the distance between blocks, for the results
-    (``f01_distance_trend``) and exercise f01-ex-adjacent's answer (``f01_adjacent_answer``).
-
-    ``rho``: Spearman's ρ of coupling with the distance (None with every pair at one distance: two
-    blocks have no trend); ``excess``: the neighbours' coupling minus the mean over all pairs. The
-    words follow their intervals over prompts: coupling "falls" (or "rises") only where ρ's whole
-    interval lies below (above) 0, and the neighbours are more (less) coupled than all pairs only
-    where the excess's does."""
-    gap = f"neighbours − all pairs {excess.estimate:+.3f}, {spread_words(excess)}"
-    side = interval_side(excess)
-    if rho is None:
-        return {
-            "f01_distance_trend": "all the blocks measured are neighbours, so coupling shows no trend with "
-            "the distance between blocks (no Spearman ρ)",
-            "f01_adjacent_answer": "Neither in this run: all its blocks are neighbours, so averaging over "
-            "neighbours only takes the same pairs",
-        }
-    word = "falls" if rho.high < 0 else "rises" if rho.low > 0 else "shows no clear trend"
-    trend = (f"coupling {word} with the distance between blocks (Spearman ρ = {rho.estimate:.2f}, "
-             f"{spread_words(rho, '.2f')})")  # fmt: skip
-    if side == "above" and word == "falls":
-        return {
-            "f01_distance_trend": f"{trend}, so the distant pairs pull the mean over all pairs down ({gap})",
-            "f01_adjacent_answer": f"Up in this run: {trend}, so averaging over neighbours only "
-            f"leaves out the weakly coupled distant pairs ({gap}; a likely reason, not measured here: each "
-            "block refines the representation the previous one wrote, in the same directions of the "
-            "residual stream)",
-        }
-    neighbours = {"above": "more coupled than", "below": "less coupled than",
-                  "neither": "neither clearly more nor less coupled than"}[side]  # fmt: skip
-    answer = {"above": "Up", "below": "Down", "neither": "Neither clearly up nor down"}[side]
-    said = f"the neighbours are {neighbours} the mean over all pairs ({gap})"
-    return {
-        "f01_distance_trend": f"{trend}, and {said}",
-        "f01_adjacent_answer": f"{answer} in this run: {trend}, and {said}",
     }
 
 
