@@ -726,3 +726,70 @@ def test_the_fig1a_replot_row_says_it_judges_the_digitisation_not_the_fit_s_inte
     assert "the rule judges whether our digitisation reproduces the paper's printed R²" in row["note"]
     assert f"95% interval {fit['r2_ci_low']:.3f} to {fit['r2_ci_high']:.3f} over 28 models" in row["note"]
     assert "is not what this row judges" in row["note"]
+
+
+def test_tokens_per_parameter_read_the_same_in_the_members_table_and_the_prose():
+    """The table rounded to four decimals before showing four significant digits: w32-l4's
+    2.003517 showed as 2.003 beside the prose's "2.001 to 2.004"."""
+    from types import SimpleNamespace
+
+    from coupling_utils.analysis.display import _cell_text
+    from coupling_utils.chapters.f02_generalization.sections import members_table, tpp_words
+
+    tpp = [2.001597, 2.003517, 2.000623]  # the default family's w32-l2, w32-l4, w64-l4
+    members = pd.DataFrame({
+        "run": ["a", "b", "c"], "n_params": [1, 1, 1], "n_layers": [2, 4, 4], "d_model": [32, 32, 64],
+        "steps": [1, 1, 1], "tokens": [1, 1, 1], "tokens per parameter": tpp, "seed": [0, 0, 0],
+        "val_loss": [4.0, 4.0, 4.0], "val_acc": [0.1, 0.1, 0.1],
+    })  # fmt: skip
+    shown = [_cell_text(v) for v in members_table(SimpleNamespace(members=members))["tokens per parameter"]]
+    prose = tpp_words(pd.Series(tpp))["f02_tpp_sentence"].data
+    assert shown == ["2.002", "2.004", "2.001"]
+    assert prose.endswith(f"({min(shown)} to {max(shown)})")
+
+
+def test_the_training_family_verdict_says_what_its_rho_rests_on():
+    """The default run's training family: ρ 0.71 over all 7 members rests on the least trained;
+    over the 4 on all the data from 32 steps on it is -0.40, and the caveat says so."""
+    from types import SimpleNamespace
+
+    from coupling_utils.chapters.f02_generalization.within import _rests_sentence, least_trained_out
+
+    ours = pd.DataFrame({
+        "run": ["s2", "s8", "s32", "s128", "s512", "s2048", "s512-data16k"],
+        "steps": [2, 8, 32, 128, 512, 2048, 512],
+        "excess": [0.0002, 0.0192, 0.1107, 0.0802, 0.1076, 0.0855, 0.0081],
+        "val_acc": [0.0002, 0.1077, 0.123, 0.1514, 0.1887, 0.2246, 0.1086],
+    })  # fmt: skip
+    trimmed = least_trained_out(ours)
+    assert trimmed[["n", "from_steps"]].values.tolist() == [[6, 2], [5, 8], [4, 32]]
+    assert trimmed["rho"].round(2).tolist() == [0.6, 0.3, -0.4]
+    w = SimpleNamespace(family=SimpleNamespace(ours=ours), rho=SimpleNamespace(estimate=0.71))
+    text = _rests_sentence(w, 0.85)
+    assert "ρ = 0.60 (6 members, from 2 steps), 0.30 (5, from 8 steps) and -0.40 (4, from 32 steps)" in text
+    assert "rests on those trained least" in text and "ρ = 0.85" in text
+    rising = ours.assign(excess=ours["val_acc"])  # excess in accuracy's order: nothing to caveat
+    assert _rests_sentence(SimpleNamespace(family=SimpleNamespace(ours=rising), rho=w.rho), 0.85).endswith(
+        "it stays positive as the least trained are left out."
+    )
+    few = ours[ours["steps"] >= 128]
+    assert _rests_sentence(SimpleNamespace(family=SimpleNamespace(ours=few), rho=w.rho), 0.85).startswith(
+        "Too few members on all the data to leave any out"
+    )
+
+
+def test_the_scale_table_caption_says_what_its_ranges_run_over():
+    """trained range and twin range are min–max over every model measured at the candidate's K
+    (d = 32 members at K = 30 included), not the reference model's spread."""
+    from types import SimpleNamespace
+
+    from coupling_utils.chapters.f02_generalization.sections import compatible_caption
+
+    values = pd.DataFrame(
+        [(m, K) for m in ("small", "big", "ref") for K in (10, 30)] + [("big", 50), ("ref", 50)],
+        columns=["model", "K"],
+    )
+    models = pd.DataFrame({"model": ["small", "big", "ref"], "d_model": [32, 64, 576]})
+    caption = compatible_caption(SimpleNamespace(measured=SimpleNamespace(values=values, models=models)))
+    assert "over every model of the scale question measured at its K" in caption
+    assert "(3 models at K = 10 and 30, 2 at K = 50; K/d 0.017 to 0.94)" in caption

@@ -285,16 +285,41 @@ def test_a_verdict_changed_under_two_conventions_is_said_once():
         names,
     )
     assert both == (
-        "The depth-wise row would be *partly* (here *yes*) under 'block' and under 'excluded'; "
-        "the tiles row would be *yes* (here *no*) under 'excluded': "
+        "The depth-wise row, *yes* here, would be *partly* under 'block' and under 'excluded'; "
+        "the tiles row, *no* here, would be *yes* under 'excluded': "
         "the status table says so in each row's note."
     )
     others = {"block": {"depth": "partly"}, "excluded": {"depth": "no"}}
     apart = changed_verdicts({"depth": "yes"}, others, names)
-    assert apart.count("depth-wise row") == 2 and "*partly* (here *yes*) under 'block';" in apart
+    assert apart.count("depth-wise row") == 2 and "*yes* here, would be *partly* under 'block';" in apart
     alike = changed_verdicts(
         {"depth": "yes", "tiles": "yes"}, {"block": {"depth": "no", "tiles": "no"}}, names
     )
-    assert alike.startswith("The depth-wise and tiles rows would be *no* (here *yes*) under 'block':")
+    assert alike.startswith("The depth-wise and tiles rows, *yes* here, would be *no* under 'block':")
     same = changed_verdicts({"depth": "yes"}, {"block": {"depth": "yes"}}, names)
-    assert same == "No verdict changes under 'block'."
+    assert same == "No verdict judged under 'block' changes."
+    one_still = changed_verdicts(
+        {"depth": "yes"}, {"block": {"depth": "no"}, "excluded": {"depth": "yes"}}, names
+    )
+    assert one_still.endswith("row's note. No verdict judged under 'excluded' changes.")
+
+
+def test_rows_not_judged_under_a_convention_are_named():
+    """A sentence that says no verdict changes says under which convention, and names the rows
+    that were not judged there (None or missing), rather than counting them as unchanged."""
+    from coupling_utils.analysis.last_block import changed_verdicts, convention_note
+
+    names = {"family": "family", "within": "training-family", "hub": "hub-models"}
+    own = {"family": "no", "within": "partly", "hub": None}  # hub: no such row in this run
+    said = changed_verdicts(own, {"block": {"family": "no", "within": None}, "excluded": {}}, names)
+    assert said == (
+        "No verdict judged under 'block' changes. "
+        "Not judged: the training-family row under 'block'; every row under 'excluded'."
+    )
+    assert "hub" not in said
+    assert changed_verdicts(own, {"block": {}}, names) == "Not judged: every row under 'block'."
+    assert changed_verdicts(own, {}, names) == "No other convention was judged."
+    note = convention_note("final_norm", "partly", {"block": None, "excluded": None})
+    assert note == "last block: 'final_norm'; not judged under 'block' or 'excluded'"
+    note = convention_note("final_norm", "no", {"block": "no", "excluded": None})
+    assert note == "last block: 'final_norm'; not judged under 'excluded'; the same under 'block'"

@@ -252,12 +252,13 @@ def convention_note(convention: str, own: str | None, others: Mapping[str, str |
     """A status row's note on the last block: the convention its verdict ``own`` uses, and what
     the verdict is under each other convention in ``others`` (None: not judged there)."""
     parts, same = [f"last block: '{convention}'"], []
+    unjudged = [f"'{other}'" for other, verdict in others.items() if verdict is None]
+    if unjudged:
+        parts.append(f"not judged under {' or '.join(unjudged)}")
     for other, verdict in others.items():
-        if verdict is None:
-            parts.append(f"not judged under '{other}'")
-        elif verdict != own:
+        if verdict is not None and verdict != own:
             parts.append(f"under '{other}' the verdict would be {verdict}")
-        else:
+        elif verdict is not None:
             same.append(f"'{other}'")
     if same:
         parts.append(f"the same under {' and '.join(same)}")
@@ -273,37 +274,57 @@ def verdicts_elsewhere(note: str) -> dict[str, str]:
     return {m["convention"]: m["verdict"] for m in _ELSEWHERE.finditer(note or "")}
 
 
+def _rows_words(which: list[str]) -> str:
+    """Rows named in prose: "the depth-wise row", "the depth-wise and tiles rows"."""
+    return f"the {' and '.join(which)} {'row' if len(which) == 1 else 'rows'}"
+
+
+def _quoted(conventions) -> str:
+    return " and ".join(f"'{c}'" for c in conventions)
+
+
 def changed_verdicts(
     own: Mapping[str, str | None], others: Mapping[str, Mapping[str, str | None]], names: Mapping[str, str]
 ) -> str:
-    """One sentence: which rows (``names``: row -> words) get another verdict under which other
-    convention (``others``: convention -> row -> verdict), or that none does."""
+    """What the other conventions do to the rows ``own`` judges (row -> verdict; None: not judged
+    here, left out), in sentences: which rows (``names``: row -> words) would get another verdict
+    under which convention (``others``: convention -> row -> verdict), or that no verdict judged
+    there changes; and which rows were not judged under which convention (a row missing from or
+    None in ``others[convention]``), so the sentence says exactly what was compared."""
+    rows = [row for row, v in own.items() if v is not None]
     under: dict[tuple[str, str], list[str]] = {}  # (row, verdict) -> the conventions giving it
+    unjudged: dict[tuple[str, ...], list[str]] = {}  # the rows not judged -> the conventions
     for convention, verdicts in others.items():
-        for row, v in verdicts.items():
+        for row in rows:
+            v = verdicts.get(row)
             if v is not None and v != own[row]:
-                under.setdefault((row, v), []).append(f"'{convention}'")
-    rows: dict[tuple[str, str, tuple[str, ...]], list[str]] = {}  # rows that change alike, said once
+                under.setdefault((row, v), []).append(convention)
+        missing = tuple(row for row in rows if verdicts.get(row) is None)
+        if missing:
+            unjudged.setdefault(missing, []).append(convention)
+    alike: dict[tuple[str, str, tuple[str, ...]], list[str]] = {}  # rows that change alike, said once
     for (row, v), conventions in under.items():
-        rows.setdefault((v, str(own[row]), tuple(conventions)), []).append(names[row])
-    changed = [
-        f"the {' and '.join(which)} {'row' if len(which) == 1 else 'rows'} would be *{v}* (here *{was}*) "
-        f"under {' and under '.join(conventions)}"
-        for (v, was, conventions), which in rows.items()
-    ]
-    unjudged = [c for c, verdicts in others.items() if all(v is None for v in verdicts.values())]
-    tail = (
-        f" Under {' and '.join(repr(c) for c in unjudged)} the verdicts were not judged here."
-        if unjudged
-        else ""
-    )
-    if not changed:
-        judged = [c for c in others if c not in unjudged]
-        if not judged:
-            return tail.strip() or "No other convention was judged."
-        return f"No verdict changes under {' and '.join(repr(c) for c in judged)}." + tail
-    said = "; ".join(changed)
-    return said[0].upper() + said[1:] + ": the status table says so in each row's note." + tail
+        alike.setdefault((v, str(own[row]), tuple(conventions)), []).append(names[row])
+    changing = {c for conventions in under.values() for c in conventions}
+    unchanged = [c for c in others if c not in changing and any(others[c].get(r) is not None for r in rows)]
+    sentences = []
+    if alike:
+        said = "; ".join(
+            f"{_rows_words(which)}, *{was}* here, would be *{v}* under "
+            + " and under ".join(f"'{c}'" for c in conventions)
+            for (v, was, conventions), which in alike.items()
+        )
+        sentences.append(said[0].upper() + said[1:] + ": the status table says so in each row's note.")
+    if unchanged:
+        sentences.append(f"No verdict judged under {_quoted(unchanged)} changes.")
+    if unjudged:
+        said = "; ".join(
+            f"{'every row' if len(missing) == len(rows) else _rows_words([names[r] for r in missing])} under "
+            f"{_quoted(conventions)}"
+            for missing, conventions in unjudged.items()
+        )
+        sentences.append(f"Not judged: {said}.")
+    return " ".join(sentences) or "No other convention was judged."
 
 
 def last_lines_chart(pairs: Mapping[str, TwinMeasurement], k: int):

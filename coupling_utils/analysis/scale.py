@@ -385,7 +385,8 @@ def judge(
     gap: float = 1 / 3,
 ) -> pd.DataFrame:
     """One row per candidate: the reference model's ``trained`` and ``twin`` values, the ranges
-    over all trained models and all twins (``trained_min`` ... ``twin_max``), and per figure
+    over all trained models and all twins of ``values`` measured at the candidate's K
+    (``trained_min`` ... ``twin_max``; not the reference's spread), and per figure
     ``<figure>`` ("yes" / "no" by :func:`axis_rule`) and ``<figure> on scale`` (the trained value
     alone lies in the widened range, whether or not it separates from the twin)."""
     ref = values[values["model"] == reference]
@@ -418,7 +419,9 @@ def book_choice(judged: pd.DataFrame, k: int) -> pd.Series | None:
 
 def compatible(judged: pd.DataFrame, axes: Mapping[str, tuple[float, float]] = AXES) -> pd.DataFrame:
     """The candidates compatible with each figure's axis: ``figure``, ``candidate`` (its label),
-    denominator, form, the reference model's trained and twin values and the ranges."""
+    denominator, form, the reference model's trained and twin values and the ranges (min–max of
+    the candidate over every model of ``judged``'s values measured at its K, trained and twins
+    apart: :func:`judge`)."""
     rows = []
     for name in axes:
         for row in judged[judged[name] == "yes"].to_dict("records"):

@@ -13,6 +13,7 @@ from coupling_utils.analysis import leaderboards, plots, scale
 from coupling_utils.analysis.data import fig1a_table, join_scores
 from coupling_utils.analysis.generalization import FamilyCoupling, learning_curves, training_stage
 from coupling_utils.analysis.predictors import predictor_comparison, predictor_lead
+from coupling_utils.analysis.prose_list import listed
 from coupling_utils.chapters.f02_generalization.compare import (
     AgainstSize,
     against_size,
@@ -123,7 +124,9 @@ def tpp_words(tpp: pd.Series) -> dict[str, Markdown]:
     """Tokens per parameter in words that follow the members' values: "about" one number only
     when every member is within 10% of the median, else their range."""
     lo, hi, med = float(tpp.min()), float(tpp.max()), float(tpp.median())
-    digits = next((g for g in range(3, 8) if f"{lo:.{g}g}" != f"{hi:.{g}g}"), 8)  # "2 to 2" says nothing
+    # at least the four significant digits the members table shows (display._cell_text), more only
+    # where four do not tell the lowest from the highest ("2 to 2" says nothing)
+    digits = next((g for g in range(4, 8) if f"{lo:.{g}g}" != f"{hi:.{g}g}"), 8)
     if 0.9 * med <= lo and hi <= 1.1 * med:
         return {
             "f02_tpp_sentence": Markdown(
@@ -179,7 +182,10 @@ def members_table(t: Training) -> pd.DataFrame:
         "val_loss",
         "val_acc",
     ]
-    return t.members[columns].round(4)
+    table = t.members[columns].round(4)
+    # unrounded, so the table shows four significant digits of the exact value, as tpp_words does
+    # (rounded to four decimals first, 2.00352 showed as 2.003 beside the prose's 2.004)
+    return table.assign(**{"tokens per parameter": t.members["tokens per parameter"]})
 
 
 def curves_chart(t: Training):
@@ -453,6 +459,27 @@ def scale_answer(p: Params, results: Results) -> ScaleAnswer:
     n_miss = int((judged["Fig. 1a on scale"] & (judged["Fig. 1a"] != "yes")).sum())
     named = _reference_words(p, results.named)
     return ScaleAnswer(results.scale, judged, compatible, book, n_1a, n_1b, miss, n_miss, named)
+
+
+def compatible_caption(s: ScaleAnswer) -> str:
+    """The ``scale_compatible`` table's caption: what ``trained`` and ``twin`` are, and over which
+    models ``trained range`` and ``twin range`` (``scale.judge``) run: every model of the scale
+    question measured at the candidate's K, counted per K, with the K/d they span."""
+    at = s.measured.values[["model", "K"]].drop_duplicates()
+    widths = s.measured.models.drop_duplicates("model").set_index("model")["d_model"]
+    ratio = at["K"] / at["model"].map(widths).astype(float)
+    by_n: dict[int, list[int]] = {}  # how many models -> the K measured on that many
+    for K, n in at.groupby("K")["model"].nunique().items():
+        by_n.setdefault(int(n), []).append(int(K))
+    counts = ", ".join(
+        f"{n}{' models' if i == 0 else ''} at K = {listed(ks)}" for i, (n, ks) in enumerate(by_n.items())
+    )
+    return (
+        "Candidates compatible with each figure's axis (by the rule above). trained, twin: the reference "
+        f"model's values; trained range, twin range: the lowest and highest value of that candidate over "
+        f"every model of the scale question measured at its K, trained weights and twins apart ({counts}; "
+        f"K/d {ratio.min():.2g} to {ratio.max():.2g}), not a spread of the reference model"
+    )
 
 
 def scale_section(p: Params, s: ScaleAnswer):

@@ -12,19 +12,18 @@ import numpy as np
 import pandas as pd
 from IPython.display import Markdown
 
-from coupling_utils.analysis import k_policy, scale
 from coupling_utils.analysis import last_block as lb
+from coupling_utils.analysis import scale
 from coupling_utils.analysis.verdicts import Interval, Rule, claim, verdict_word
 from coupling_utils.chapters.f02_generalization.compare import (
-    SIDES,
     carrier_words,
     compare_glue,
-    gap_interval,
     r2_interval,
     size_glue,
     size_note,
     sizes_words,
 )
+from coupling_utils.chapters.f02_generalization.exercises import solutions_glue
 from coupling_utils.chapters.f02_generalization.plan import (
     BEATS_SIZE,
     CLAIMS,
@@ -62,6 +61,7 @@ from coupling_utils.chapters.f02_generalization.within import (
     within_claims,
     within_glue,
 )
+from coupling_utils.engine.blocks import LAST_BLOCKS
 
 
 # --------------------------------------------------------------------------- status and glue
@@ -103,16 +103,25 @@ def convention_verdicts(p: Params, results: Results, story: Story) -> Story:
     return dataclasses.replace(story, conventions=verdicts, other_scale=answers)
 
 
+MEASURED_APART = {"hub": "the hub models are", "within": "the training family is"}
+"""The rows whose models only the chapter's own last block measures (none under the other maps)."""
+
+
+def _others(p: Params, story: Story) -> dict[str, dict[str, str]]:
+    """``{convention: {claim: verdict}}`` for every convention but the chapter's: those judged
+    (``story.conventions``) and, empty, those that were not."""
+    return {c: story.conventions.get(c, {}) for c in LAST_BLOCKS if c != p.last_block}
+
+
 def _convention_note(p: Params, story: Story, row: Mapping[str, Any]) -> str:
-    """Which last block a row's verdict uses, and its verdict under the other maps."""
+    """Which last block a row's verdict uses, and its verdict under each other convention (or that
+    it was not judged there, and why where only this map measures its models)."""
     if row["kind"] == "replot":
         return "the paper's own points: no last-block convention of this book enters"
-    if row["claim"] == CLAIMS["hub"]:
-        return f"last block: '{p.last_block}'; the other map is not measured for the hub models"
-    if row["claim"] == CLAIMS["within"]:
-        return f"last block: '{p.last_block}'; the other maps are not measured for the training family"
-    others = {c: v.get(row["claim"]) for c, v in story.conventions.items()}
-    return lb.convention_note(p.last_block, row["agree"], others)
+    others = {c: v.get(row["claim"]) for c, v in _others(p, story).items()}
+    note = lb.convention_note(p.last_block, row["agree"], others)
+    apart = next((who for key, who in MEASURED_APART.items() if row["claim"] == CLAIMS[key]), None)
+    return f"{note} ({apart} measured under '{p.last_block}' only)" if apart else note
 
 
 def claims(p: Params, story: Story) -> list[dict[str, Any]]:
@@ -229,7 +238,8 @@ def glue_values(p: Params, story: Story, status: pd.DataFrame) -> dict[str, Any]
         **_width_glue(story.family, story.fits),
         **_scale_glue(p, story.scale),
         **choice_words(story.scale, scale_prompt_words(p)),
-        **_beyond_glue(story.paper, story.beyond),
+        **_beyond_glue(story.beyond),
+        **solutions_glue(p, story.paper, story.family, story.beyond),
         **compare_glue(story.fits.lead, story.fits.acc, b.tasks, b.fit("v2"), b.fit("v1"), b.ranks),
         **_verdict_glue(story, verdict),
         **_convention_glue(p, story, verdict),
@@ -237,7 +247,14 @@ def glue_values(p: Params, story: Story, status: pd.DataFrame) -> dict[str, Any]
     }
 
 
-CONVENTION_ROWS = {"family": "family", "family_size": "family-versus-size", "scale": "scale"}
+CONVENTION_ROWS = {
+    "family": "family",
+    "family_size": "family-versus-size",
+    "scale": "scale",
+    "within": "training-family",
+    "hub": "hub-models",
+}
+"""The measured rows, whose verdicts depend on the last block, in words."""
 
 
 def _other_runs(last_block: str) -> str:
@@ -254,8 +271,8 @@ def _other_runs(last_block: str) -> str:
 def _convention_glue(p: Params, story: Story, verdict: Mapping[str, str]) -> dict[str, Any]:
     """The chapter's last block, the verdicts it changes, and the book's scale number under it
     and under the first other map."""
-    own = {key: verdict[CLAIMS[key]] for key in CONVENTION_ROWS}
-    others = {c: {key: v.get(CLAIMS[key]) for key in CONVENTION_ROWS} for c, v in story.conventions.items()}
+    own = {key: verdict.get(CLAIMS[key]) for key in CONVENTION_ROWS}  # None: no such row in this run
+    others = {c: {key: v.get(CLAIMS[key]) for key in CONVENTION_ROWS} for c, v in _others(p, story).items()}
     other = next(iter(story.other_scale), None)
     book = story.other_scale[other].book if other is not None else None
     return {
@@ -302,19 +319,7 @@ def _family_ks_glue(p: Params, t: Training, f: Family) -> dict[str, Any]:
     return {
         "f02_k_over_d": p.k_over_d,
         "f02_family_ks": Markdown(", ".join(f"{K} at d = {d}" for d, K in sorted(by_width.items()))),
-        # exercise f02-ex-kd (twice the K/d): what the stored K/d sensitivity curve says of the family
-        "f02_ex_kd_curve": Markdown(k_policy.family_sentence(p.family, (p.k_over_d, 2 * p.k_over_d))),
     }
-
-
-def _r2(ours: pd.DataFrame, columns: list[str]) -> float:
-    """R² of the least-squares fit of ``val_acc`` on an intercept and ``columns`` (exercise
-    f02-ex-partial: the excess and size together); NaN when accuracy does not vary."""
-    X = np.column_stack([np.ones(len(ours)), *(ours[c].to_numpy(float) for c in columns)])
-    y = ours["val_acc"].to_numpy(float)
-    beta, *_ = np.linalg.lstsq(X, y, rcond=None)
-    total = float(((y - y.mean()) ** 2).sum())
-    return 1 - float(((y - X @ beta) ** 2).sum()) / total if total > 0 else float("nan")
 
 
 def _fits_glue(f: Family, fits: FamilyFits) -> dict[str, Any]:
@@ -328,8 +333,6 @@ def _fits_glue(f: Family, fits: FamilyFits) -> dict[str, Any]:
         "f02_excess_r2": float(acc.loc["excess", "r2"]),
         "f02_raw_rho": rho["raw coupling"],
         "f02_twin_rho": rho["twin coupling"],
-        "f02_joint_r2": _r2(ours, ["excess", "log10 params"]),
-        "f02_size_r2": _r2(ours, ["log10 params"]),
         **size_glue("family", fits.size, acc["r2"]),
         "f02_sign_carrier": Markdown(
             _sign_carrier(spearman_interval(acc.loc["twin coupling"]), rho["excess"])
@@ -490,43 +493,17 @@ def _compatible(n: int) -> str:
     return "none is compatible" if n == 0 else f"{n} {'is' if n == 1 else 'are'} compatible"
 
 
-def _beyond_glue(paper: PaperFit, b: Beyond) -> dict[str, Any]:
-    v2, v1, tasks = b.fit("v2"), b.fit("v1"), b.tasks
-    out = {
+def _beyond_glue(b: Beyond) -> dict[str, Any]:
+    v2, v1 = b.fit("v2"), b.fit("v1")
+    return {
         "f02_v2_r2": float(v2.r2),
         "f02_v2_r2_interval": r2_interval(v2).words(".3f"),
         "f02_v2_size_r2": float(v2.size_r2),
         "f02_v2_n": int(v2.n),
         "f02_v1_r2": float(v1.r2),
         "f02_v1_n": int(v1.n),
+        "f02_v1_carrier_sentence": Markdown(carrier_words(b.drop_one[b.drop_one.version == "v1"])),
     }
-    lowest = tasks[tasks.version == "v2"].sort_values("r2").iloc[0]  # exercise f02-ex-v2
-    out["f02_v2_worst_size"] = Markdown(
-        f"For {lowest['name']}, the v2 task with the lowest estimate (R² = {lowest['r2']:.3f}), log "
-        f"parameter count gives R² = {lowest['size_r2']:.3f}; the difference, {lowest['gap']:.3f} "
-        f"({gap_interval(lowest).words('.3f')}), "
-        + {SIDES[0]: "counts it for coupling", SIDES[1]: "counts it for parameter count",
-           SIDES[2]: "does not separate the two there"}[lowest["side"]]
-    )  # fmt: skip
-    moved = (paper.points["score"] - paper.points["average"]).dropna()  # exercise f02-ex-y
-    top = paper.points.loc[moved.abs().idxmax()]
-    out["f02_snapshot_moves"] = Markdown(
-        f"the largest change is that of {top['label']} ({float(top['score']):.1f} in the paper, "
-        f"{float(top['average']):.2f} in the final snapshot); {int((moved.abs() > 1).sum())} of the "
-        f"{len(moved)} models with both moved by more than 1 point"
-    )
-    drop = b.drop_one[b.drop_one.version == "v1"]
-    out.update(
-        {
-            "f02_snapshot_word": Markdown(
-                f"the two differ by {abs(v1.r2 - paper.r2):.3f}, over different sets of models "
-                f"({int(paper.by_predictor.loc['coupling', 'n'])} and {int(v1.n)}); no interval of the "
-                "change is computed"
-            ),
-            "f02_v1_carrier_sentence": Markdown(carrier_words(drop)),
-        }
-    )
-    return out
 
 
 def _verdict_glue(story: Story, verdict: Mapping[str, str]) -> dict[str, Any]:
