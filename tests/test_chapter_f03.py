@@ -50,7 +50,7 @@ def test_run_collects_exactly_the_plan(monkeypatch, tmp_path):
 
 
 def test_search_levels_read_for_people():
-    from coupling_utils.chapters.f03_training_emergence.story import _level
+    from coupling_utils.chapters.f03_training_emergence.search import _level
 
     assert [_level(v) for v in (163840.0, 1635840.0, 64.0, 0.003)] == ["163,840", "1,635,840", "64", "0.003"]
 
@@ -77,6 +77,7 @@ def _stub_results(steps: list[int]):
         levels=levels,
         k_main=2,
         first_step=0,
+        from_paper_early=None,  # no two checkpoints from step 128 on
     )
 
 
@@ -369,7 +370,7 @@ def test_the_search_reads_single_runs_without_direction_words(monkeypatch):
     import pandas as pd
 
     from coupling_utils.analysis.emergence_search import one_factor_effects
-    from coupling_utils.chapters.f03_training_emergence import story
+    from coupling_utils.chapters.f03_training_emergence import search
 
     runs = pd.DataFrame(
         {
@@ -382,8 +383,8 @@ def test_the_search_reads_single_runs_without_direction_words(monkeypatch):
             "final": [0.238, 0.188, 0.150, 0.131],
         }
     )
-    monkeypatch.setattr(story, "_search_found", lambda r: "")
-    out = story._search_effects(SimpleNamespace(effects=one_factor_effects(runs)))
+    monkeypatch.setattr(search, "_search_found", lambda r: "")
+    out = search._search_effects(SimpleNamespace(effects=one_factor_effects(runs)))
     effects, length = out["f03_search_effects"].data, out["f03_search_length"].data
     assert "- width 64 → 128 (base, wide): final coupling 0.238 → 0.131." in effects
     assert length == (
@@ -505,10 +506,11 @@ def test_the_expodistance_row_names_its_reconstruction_and_reports_the_others():
         },
     }
     assert reconstruction_words(others) == (
-        "the other reconstruction, ratio_cv, rises: 0.127 → 0.407, final / early 3.19 (95% interval 2.86 to "
-        "3.54 over 8 windows); the fitted growth per block falls: 1.019 → 0.795, final / early 0.78 (95% "
-        "interval 0.77 to 0.79 over 8 windows), and ends below 1 (95% interval 0.784 to 0.808 over 8 "
-        "windows): at the end the step sizes shrink with depth"
+        "the other reconstruction, ratio_cv, goes 0.127 → 0.407 and ends higher than it starts: final / "
+        "early 3.19 (95% interval 2.86 to 3.54 over 8 windows); the fitted growth per block goes 1.019 → "
+        "0.795 and ends lower than it starts: final / early 0.78 (95% interval 0.77 to 0.79 over 8 windows), "
+        "its last value below 1 (95% interval 0.784 to 0.808 over 8 windows): at the end the step sizes "
+        "shrink with depth"
     )
     unclear = {
         "expodistance_ratio_cv": {"early": 0.2, "final": 0.21, "ratio": Interval(1.05, 0.9, 1.2, over=over)},
@@ -519,9 +521,37 @@ def test_the_expodistance_row_names_its_reconstruction_and_reports_the_others():
         },
     }
     words = reconstruction_words(unclear)
-    assert not {"rises", "falls", "below", "shrink"} & set(words.replace(",", " ").split())
+    assert not {"higher", "lower", "below", "shrink"} & set(words.replace(",", " ").split())
     assert "not told apart" in words and reconstruction_words({}) == ""
     assert "log-linear reconstruction of expodistance, 1 − R²" in NOTEBOOK.read_text()
+
+
+def test_trajectory_words_say_where_the_curve_turns_not_only_its_ends():
+    """The LSS went 2.012 → 1.830 ("straighter", partly) but was lowest at step 64 and higher at every
+    later checkpoint; the growth per block "fell 1.019 → 0.795" through 1.73 at step 32 and 0.58 at
+    step 128. The words name the turns and count the moves after the later one."""
+    import pandas as pd
+
+    from coupling_utils.chapters.f03_training_emergence.words import reconstruction_words, turn_words
+
+    steps = [1, 8, 32, 64, 128, 512, 4096]
+    lss = pd.Series([2.01, 1.46, 1.20, 1.16, 1.29, 1.58, 1.83], index=steps)
+    assert turn_words(lss, {"higher": "less straight"}) == (
+        "lowest (1.160) at step 64, then higher (less straight) at each of the 3 later checkpoints than at "
+        "the one before"
+    )
+    growth = pd.Series([1.02, 1.28, 1.73, 0.91, 0.58, 0.67, 0.60], index=steps)
+    assert turn_words(growth) == (
+        "highest (1.730) at step 32, lowest (0.580) at step 128, then higher at 1 of the 2 later checkpoints "
+        "than at the one before"
+    )
+    assert turn_words(pd.Series([3.0, 2.0, 2.5, 1.0], index=[1, 2, 4, 8])) == (
+        "lowest at the last checkpoint, lower at 2 of the 3 checkpoints after the first than at the one "
+        "before"
+    )
+    assert turn_words(pd.Series([1.0, 1.0], index=[1, 2])) == "the same (1.000) at every checkpoint"
+    others = {"growth_log_linear_r2": {"early": 1.02, "final": 0.60, "ratio": 0.59, "curve": growth}}
+    assert "(highest (1.730) at step 32, lowest (0.580) at step 128, then" in reconstruction_words(others)
 
 
 def test_together_intervals_match_scipy_on_every_resample():

@@ -161,7 +161,7 @@ def test_val_loss_plateau():
     steps = [0, 1, 2, 4, 512, 640, 768, 896, 1024]
     still_falling = pd.DataFrame({"step": steps, "val_loss": [7.6, 7.5, 7.4, 7.0, 5.0, 4.8, 4.6, 4.4, 4.2]})
     p = training.val_loss_plateau(still_falling)
-    assert (p["from_step"], p["to_step"]) == (768, 1024)  # the checkpoint nearest 3/4 of training
+    assert (p["from_step"], p["to_step"]) == (768, 1024)  # 3/4 of training is a checkpoint
     assert p["drop"] == pytest.approx(0.4) and p["relative_drop"] == pytest.approx(0.4 / 4.6)
     flat = still_falling.assign(val_loss=[7.6, 7.5, 7.4, 7.0, 4.3, 4.25, 4.21, 4.2, 4.205])
     assert training.val_loss_plateau(flat)["relative_drop"] == pytest.approx(
@@ -172,8 +172,25 @@ def test_val_loss_plateau():
         training.val_loss_plateau(flat, last=1.5)
     with pytest.raises(ValueError, match=r"losses: missing column\(s\) \['val_loss'\]; it has"):
         training.val_loss_plateau(flat.rename(columns={"val_loss": "loss"}))
-    with pytest.raises(ValueError, match="no checkpoint before the final one"):
-        training.val_loss_plateau(flat[flat.step >= 896], last=0.01)
+    with pytest.raises(ValueError, match=r"first checkpoint \(step 896\) comes after the start"):
+        training.val_loss_plateau(flat[flat.step >= 896], last=0.5)
+
+
+def test_val_loss_plateau_covers_exactly_the_stated_fraction():
+    """The window is the last 25% of training, not the stretch from the checkpoint nearest its start:
+    here that checkpoint (step 760) lies inside the window, and the loss fell fastest just before it.
+    Rounding to it gave a drop of 0.7% ("flattened" at a 1% threshold) for a true drop of 1.9%."""
+    import pandas as pd
+
+    losses = pd.DataFrame({"step": [0, 600, 760, 1000], "val_loss": [7.0, 5.0, 4.2, 4.17]})
+    p = training.val_loss_plateau(losses)
+    assert (p["from_step"], p["to_step"], p["between"]) == (750, 1000, (600, 760))
+    assert p["from_loss"] == pytest.approx(5.0 - 0.8 * 150 / 160)  # interpolated at step 750
+    assert p["relative_drop"] == pytest.approx(0.08 / 4.25) and p["relative_drop"] > 0.01
+    on_a_checkpoint = training.val_loss_plateau(losses, last=0.4)  # step 600 is a checkpoint
+    assert on_a_checkpoint["between"] == (600, 600) and on_a_checkpoint["from_loss"] == 5.0
+    rising = losses.assign(val_loss=[7.0, 5.0, 5.1, 5.2])  # nothing after the start is lower
+    assert training.val_loss_plateau(rising)["drop"] == 0.0
 
 
 def test_mnist_is_pinned_and_preprocessed():

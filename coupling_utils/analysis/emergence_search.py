@@ -18,6 +18,7 @@ __all__ = [
     "Search",
     "load_search",
     "one_factor_effects",
+    "plateau_drops",
 ]
 
 SEARCH_FOLDER = "f03_search"
@@ -106,3 +107,16 @@ def one_factor_effects(
             n += 1
     columns = ["factor", "group", "level", "config", value, "change"]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=columns)
+
+
+def plateau_drops(losses: pd.DataFrame, last: float) -> pd.Series:
+    """Each searched run's relative drop of validation loss over the last ``last`` of its training
+    (``training.val_loss_plateau``), by config: the stored ``plateau_drop`` judged again by today's
+    rule (the search stored it from the checkpoint nearest the window's start)."""
+    from coupling_utils.models.training import val_loss_plateau
+
+    check_table(losses, Schema("losses", dict.fromkeys(("config", "step", "val_loss"), "any")))
+    return pd.Series(
+        {c: val_loss_plateau(g, last=last)["relative_drop"] for c, g in losses.groupby("config", sort=False)},
+        name="plateau_drop",
+    )

@@ -423,30 +423,39 @@ def _lm_metrics(final: dict, model, spec: LMSpec, unigram: float, started: tuple
 
 
 def val_loss_plateau(losses: pd.DataFrame, *, last: float = 0.25, column: str = "val_loss") -> dict:
-    """How much the loss still fell over the last ``last`` fraction of training (has it flattened?).
+    """How much the loss still fell over exactly the last ``last`` fraction of training (has it
+    flattened?).
 
-    ``losses``: a run's per-checkpoint table (:func:`load_losses`). Compares the loss at the
-    checkpoint closest to ``(1 - last) * final_step`` with the lowest loss from there to the end:
-    ``drop`` (nats) and ``relative_drop`` (drop / the earlier loss). A run whose validation loss
-    still falls steeply at the end was stopped mid-descent; one that flattened has a small
-    relative drop (chapter f03 states its threshold). Returns {from_step, to_step, from_loss,
-    best_loss, drop, relative_drop}.
+    ``losses``: a run's per-checkpoint table (:func:`load_losses`). The window starts at step
+    ``(1 - last) * final_step``, its loss there interpolated linearly between the checkpoints on
+    either side, so that it is the stated fraction whatever the checkpoints' spacing (the nearest
+    checkpoint would shorten or lengthen it, and a verdict near a threshold would hang on that
+    rounding). Compared with the lowest loss measured after it: ``drop`` (nats) and
+    ``relative_drop`` (drop / the loss at the start); chapter f03 states the threshold. Returns
+    {from_step, to_step, between, from_loss, best_loss, drop, relative_drop}, ``between`` the two
+    checkpoints interpolated between (the same step twice where one lies at the start).
     """
     if not 0 < last < 1:
         raise ValueError(f"last must be a fraction of training in (0, 1), got {last}")
     check_table(losses, LOSSES.need("step", column))
     curve = losses.sort_values("step")
-    final_step = int(curve["step"].iloc[-1])
+    steps, values = curve["step"].to_numpy(dtype=float), curve[column].to_numpy(dtype=float)
+    final_step = int(steps[-1])
     if final_step <= 0 or len(curve) < 2:
         raise ValueError("need at least two checkpoints, the last after step 0, to judge a plateau")
-    start = int(curve["step"].iloc[(curve["step"] - (1 - last) * final_step).abs().argmin()])
-    if start == final_step:
-        raise ValueError(f"no checkpoint before the final one within the last {last:.0%} of training")
-    before = float(curve.loc[curve["step"] == start, column].iloc[0])
-    best = float(curve.loc[curve["step"] >= start, column].min())
+    start = (1 - last) * final_step
+    if start < steps[0]:
+        raise ValueError(
+            f"the first checkpoint (step {int(steps[0])}) comes after the start of the last {last:.0%} of "
+            f"training (step {start:g}): no loss to interpolate there"
+        )
+    below, above = steps[steps <= start].max(), steps[steps >= start].min()
+    before = float(np.interp(start, steps, values))
+    best = min(before, float(values[steps > start].min()))
     return {
-        "from_step": start,
+        "from_step": int(start) if float(start).is_integer() else start,
         "to_step": final_step,
+        "between": (int(below), int(above)),
         "from_loss": before,
         "best_loss": best,
         "drop": before - best,

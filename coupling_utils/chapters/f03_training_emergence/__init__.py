@@ -9,7 +9,9 @@ the rules fixed before any number (:data:`RULES`, :func:`claims`) and the values
 
 Four modules, as the notebook reads them: :mod:`.plan` (parameters, rules, panels, plan),
 :mod:`.results` (the run and the numbers it condenses), :mod:`.figures` (the charts with their
-alt texts) and :mod:`.story` (status rows, glued values).
+alt texts) and :mod:`.story` (status rows, glued values), which reads its words from
+:mod:`.words`, the stored search's from :mod:`.search` and the worked solutions' from
+:mod:`.exercises`.
 """
 
 from coupling_utils.chapters.f03_training_emergence.figures import (
@@ -45,11 +47,8 @@ from coupling_utils.chapters.f03_training_emergence.plan import (
     windows,
 )
 from coupling_utils.chapters.f03_training_emergence.results import Results, run
-from coupling_utils.chapters.f03_training_emergence.story import (
-    FACTOR_NAMES,
-    claims,
-    glue_values,
-)
+from coupling_utils.chapters.f03_training_emergence.search import FACTOR_NAMES
+from coupling_utils.chapters.f03_training_emergence.story import claims, glue_values
 
 __all__ = [
     "NOTEBOOK", "Params", "RULES", "TOGETHER_PARTS", "MAIN", "QUIZ", "prompts", "quiz_prompts", "windows",

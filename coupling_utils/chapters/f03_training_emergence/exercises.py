@@ -10,8 +10,11 @@ import numpy as np
 import pandas as pd
 
 from coupling_utils.analysis import emergence
-from coupling_utils.chapters.f03_training_emergence.plan import MAIN, RULES
+from coupling_utils.analysis.emergence_search import SEARCH_LAST_BLOCK
+from coupling_utils.analysis.prose_list import listed
+from coupling_utils.chapters.f03_training_emergence.plan import MAIN, PAPER_EARLY_STEP, RULES
 from coupling_utils.chapters.f03_training_emergence.results import Results
+from coupling_utils.chapters.f03_training_emergence.search import recipe_cost_words
 from coupling_utils.chapters.f03_training_emergence.words import (
     density_peak_words,
     first_checkpoint,
@@ -42,20 +45,14 @@ def exercise_k(r: Results) -> dict[str, Any]:
         "f03_ex_kbig_vs_main": Markdown(_one_draw_words(kb, big0, main0, r.first_step)),
         "f03_ex_k_expect": "lower" if kb > r.k_main else ("higher" if kb < r.k_main else "the same level"),
     }
-    late = [x for x in sorted(held_summary.step.unique()) if x >= 128]
-    if len(late) >= 2:
-        g128 = emergence.growth_summary(
-            held_summary[held_summary["K"] == r.k_main], "coupling", early_step=128
-        ).iloc[0]
-        out["f03_ex_128"] = Markdown(
-            f"from step {int(g128.early_step)} the ratio final / early is {g128.ratio:.2f} "
-            f"(ρ = {g128.spearman:.2f}), and the rule, judged on the mean curve alone (no "
-            f"intervals), gives {RULES['rises'].judge(g128.to_dict())}"
-        )
-    else:
-        out["f03_ex_128"] = Markdown(
-            "there are too few checkpoints from step 128 on to say (the ratio needs two)"
-        )
+    g128 = r.from_paper_early
+    out["f03_ex_128"] = Markdown(
+        f"from step {int(g128.early_step)} the ratio final / early is {g128.ratio:.2f} "
+        f"(ρ = {g128.spearman:.2f}), and the rule, judged on the mean curve alone (no "
+        f"intervals), gives {RULES['rises'].judge(g128.to_dict())}"
+        if g128 is not None
+        else f"there are too few checkpoints from step {PAPER_EARLY_STEP} on to say (the ratio needs two)"
+    )
     return out
 
 
@@ -125,30 +122,46 @@ def _threshold_words(threshold: float, density: pd.DataFrame) -> str:
 
 
 def exercise_lr(r: Results) -> dict[str, Any]:
-    """Numbers for the worked solution on the learning rate, from the search."""
+    """Numbers for the worked solution on the learning rate: the search's runs at two learning
+    rates, said as what they are (their length against pythia-tiny's recipe, one seed each, the
+    search's K and last block), and what training the recipe cost (:func:`.search.recipe_cost_words`)."""
     from IPython.display import Markdown
 
-    table = r.search_table
-    lr_runs = table[table.lr != table.lr.max()]
-    base_lr = table[
-        (table.lr == table.lr.max()) & table.config.isin(lr_runs.config.str.replace(r"-lr.*", "", regex=True))
-    ]
+    tiny = zoo.training_spec("pythia-tiny")
+    cost = recipe_cost_words(r, tiny.to_dict())
+    estimate = f"the zoo's estimate for pythia-tiny's build: {zoo.REGISTRY['pythia-tiny'].expected_cost}"
     return {
-        "f03_ex_lr": Markdown(
-            "the search has no run at another learning rate"
-            if lr_runs.empty
-            else "; ".join(
-                f"{x.config} (lr {x.lr:g}) peaks at step {int(x.peak_step)} and ends at {x.final:.3f}"
-                for x in lr_runs.itertuples()
-            )
-        ),
-        "f03_ex_lr_base": Markdown(
-            "; ".join(
-                f"{x.config} (lr {x.lr:g}) peaks at step {int(x.peak_step)} and ends at {x.final:.3f}"
-                for x in base_lr.itertuples()
-            )
-            or "—"
-        ),
-        # the exercise's training call: its cost as the zoo lists pythia-tiny's build (measured there)
-        "f03_ex_lr_cost": Markdown(zoo.REGISTRY["pythia-tiny"].expected_cost),
+        "f03_ex_lr": Markdown(_lr_words(r, tiny.steps)),
+        "f03_ex_lr_cost": Markdown(f"{cost}; {estimate}" if cost else estimate),
     }
+
+
+def _lr_words(r: Results, recipe_steps: int) -> str:
+    """The searched runs that differ in learning rate only, with what they can tell of a run of
+    ``recipe_steps`` steps at a third of the learning rate: values of single runs, no direction."""
+    table = r.search_table
+    lower = table[table.lr != table.lr.max()]
+    if lower.empty:
+        return "The search has no run at another learning rate."
+    base = table[
+        (table.lr == table.lr.max()) & table.config.isin(lower.config.str.replace(r"-lr.*", "", regex=True))
+    ]
+    runs = pd.concat([lower, base])
+    steps = sorted(int(x) for x in runs.steps.unique())
+    seeds = sorted({int(r.search.provenance[c]["spec"]["seed"]) for c in runs.config})
+    length = (
+        f"runs of {listed([f'{x:,}' for x in steps])} steps, not the recipe's {recipe_steps:,}"
+        if steps != [recipe_steps]
+        else f"runs of the recipe's {recipe_steps:,} steps"
+    )
+    values = "; ".join(
+        f"{x.config} (lr {x.lr:g}) peaks at step {int(x.peak_step)} and ends at {x.final:.3f}"
+        for x in runs.itertuples()
+    )
+    return (
+        f"The search answers only in part: its runs at these learning rates are {length}, one run each "
+        f"(seed {listed(seeds)}), measured at K = d/16 with the last block alone "
+        f'(`last_block = "{SEARCH_LAST_BLOCK}"`): {values}. These are values of single runs with no '
+        "interval: they say what one seed did in those runs, not which way a smaller learning rate moves "
+        "the peak or the end of coupling, in those runs or in pythia-tiny's recipe"
+    )

@@ -37,6 +37,7 @@ NOTEBOOK = "f03_training_emergence"
 MAIN = "Shakespeare windows"  # the main panel: windows of the corpus's validation plays (held out
 # from the training of a run trained here; words.windows_words says which)
 QUIZ = "quiz prompts"  # the secondary panel (out of distribution for a model trained only on Shakespeare)
+PAPER_EARLY_STEP = 128  # the paper's early checkpoint: Fig. 1b's ratio is taken from step 128
 
 
 def _k_main_in_k(v: Mapping[str, Any]) -> str | None:

@@ -20,6 +20,7 @@ from coupling_utils.analysis.straightness import straightness
 from coupling_utils.analysis.verdicts import Interval, Rule
 from coupling_utils.chapters.f03_training_emergence.plan import (
     MAIN,
+    PAPER_EARLY_STEP,
     RULES,
     TOGETHER_PARTS,
     Params,
@@ -225,6 +226,15 @@ class Results:
         return self.growth.set_index(["panel", "model"]).loc[(MAIN, self.showcase)]
 
     @functools.cached_property
+    def from_paper_early(self) -> pd.Series | None:
+        """The headline curve's shape from ``PAPER_EARLY_STEP`` on, as Fig. 1b's (None: too few)."""
+        m = self.main
+        curve = m[(m.panel == MAIN) & (m.model == self.showcase) & (m.step >= PAPER_EARLY_STEP)]
+        if curve.step.nunique() < 2:
+            return None
+        return emergence.growth_summary(curve, "coupling", early_step=PAPER_EARLY_STEP).iloc[0]
+
+    @functools.cached_property
     def per_prompt(self) -> pd.DataFrame:
         """The headline curve per held-out window: step, prompt, coupling (K = :attr:`k_main`)."""
         from coupling_utils.measurement import coupling_summary
@@ -288,7 +298,9 @@ class Results:
 
     @functools.cached_property
     def paper_growth(self) -> pd.DataFrame:
-        return emergence.growth_summary(self.paper, "normalized_coupling", by="model_id", early_step=128)
+        return emergence.growth_summary(
+            self.paper, "normalized_coupling", by="model_id", early_step=PAPER_EARLY_STEP
+        )
 
     # ----------------------------------------------------------------- graphs
     @functools.cached_property
@@ -567,8 +579,11 @@ class Results:
 
     @functools.cached_property
     def search_table(self) -> pd.DataFrame:
-        """The search's runs at K = d/16, judged "rises progressively", this chapter's run marked."""
-        runs = self.search.runs
+        """The search's runs at K = d/16, judged "rises progressively", this chapter's run marked, and
+        their plateau drop judged again from the stored losses (``plateau_fraction``)."""
+        from coupling_utils.analysis.emergence_search import plateau_drops
+
+        runs, drops = self.search.runs, plateau_drops(self.search.losses, self.params.plateau_fraction)
         table = emergence.judge_rows(
             runs[runs["K"] * 16 == runs.d_model], RULES["rises"], column="rises progressively"
         )
@@ -576,6 +591,7 @@ class Results:
         return table.assign(
             this_chapter=[self.search.provenance[c]["spec"] == ours_spec for c in table.config],
             train_cpu_min=table.train_cpu_s / 60,
+            plateau_drop=table.config.map(drops),
         )
 
     @functools.cached_property

@@ -7,24 +7,34 @@ import math
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from coupling_utils.analysis import last_block as lb
 from coupling_utils.analysis.emergence_search import SEARCH_LAST_BLOCK
 from coupling_utils.analysis.straightness import STRAIGHTER, short_of_straighter, straighter_text
 from coupling_utils.analysis.verdicts import claim, verdict_word
 from coupling_utils.chapters.f03_training_emergence.exercises import exercise_k, exercise_lr, exercise_pairs
-from coupling_utils.chapters.f03_training_emergence.plan import MAIN, RULES, TOGETHER_PARTS, quiz_prompts
+from coupling_utils.chapters.f03_training_emergence.plan import (
+    MAIN,
+    PAPER_EARLY_STEP,
+    RULES,
+    TOGETHER_PARTS,
+    quiz_prompts,
+)
 from coupling_utils.chapters.f03_training_emergence.results import Results
+from coupling_utils.chapters.f03_training_emergence.search import search_values
 from coupling_utils.chapters.f03_training_emergence.words import (
     at_first_checkpoint,
     density_words,
     first_checkpoint,
     interval_of,
     peak_words,
+    plateau_window_words,
     reconstruction_words,
     rises_words,
     shortfall,
     together_words,
+    turn_words,
     versus_first,
     windows_words,
     with_interval,
@@ -38,12 +48,15 @@ CLAIMS = {
     "rises": "coupling rises progressively over training (shape of the curve)",
     "monotone": "the rise is nearly monotonic",
     "dense": "almost no coupling early, dense at the end (layer graphs)",
-    "together": "coupling develops together with trajectory linearity",
-    "straight": "trajectories are straighter after training than at initialisation and than a random walk",
+    "together": "coupling develops together with trajectory linearity (the trends over every checkpoint)",
+    "straight": "trajectories are straighter at the last checkpoint than at the first and than a random walk "
+    "(the end points only)",
     "expo": "layer-wise exponential growth develops (1 − R² of our log-linear reconstruction of expodistance "
     "falls)",
 }
-"""The status rows' claims, by key."""
+"""The status rows' claims, by key. Claim 3's linearity has two rows that judge different things:
+"together" the trends over every checkpoint (and their rank correlation), "straight" the last
+checkpoint against the first and a random walk (the book's one straightness rule)."""
 
 
 def _verdict(r: Results, key: str):
@@ -75,8 +88,9 @@ def _coupling_rows(r: Results) -> list[dict]:
             paper=f"≈{pg.ratio.mean():.1f}× from step 128 to 143000 (Fig. 1b)",
             rule=RULES["rises"],
             values=r.rise_values,
-            ours=f"{first.ratio:.2f}× (ρ = {first.spearman:.2f}, peak at step {int(first.peak_step)}, "
-            f"position {first.peak_position:.2f})",
+            ours=f"{first.ratio:.2f}× from step {int(first.early_step)} (ρ = {first.spearman:.2f}, peak at "
+            f"step {int(first.peak_step)}, position {first.peak_position:.2f})"
+            + (f"; {_from_paper_early(r, '×')}" if _from_paper_early(r) else ""),
             note=f"{r.showcase}, {MAIN}, steps {int(first.early_step)}→{int(first.final_step)}, "
             f"K = {k}, {p.how} mean of 1 − m²; {_convention(r, 'rises')}",
         ),
@@ -101,6 +115,23 @@ def _coupling_rows(r: Results) -> list[dict]:
     ]
 
 
+def _from_paper_early(r: Results, times: str = "") -> str | None:
+    """The headline curve from the paper's early checkpoint on, for a ratio set beside Fig. 1b's
+    (taken from step 128): "from step 128, where the paper's ratio starts: 0.59× (ρ = -0.90)"; None
+    when ``early_step`` is already that step."""
+    g = r.from_paper_early
+    if int(r.first.early_step) == PAPER_EARLY_STEP:
+        return None
+    if g is None:
+        return (
+            f"too few checkpoints from step {PAPER_EARLY_STEP} on for a ratio from where the paper's starts"
+        )
+    return (
+        f"from step {int(g.early_step)}, where the paper's ratio starts: {g.ratio:.2f}{times} "
+        f"(ρ = {g.spearman:.2f})"
+    )
+
+
 def _floor(x: float, digits: int = 3) -> str:
     """``x`` rounded down to ``digits`` decimals: a bound written "≥ x" stays true (0.979 is not ≥ 0.98)."""
     return f"{math.floor(x * 10**digits) / 10**digits:.{digits}f}"
@@ -123,18 +154,40 @@ def _failed_words(values: dict, failed: list[str]) -> str:
     )
 
 
-def _straight_ours(s: dict, spearman: float) -> str:
+def _straight_ours(r: Results) -> str:
+    s = r.straight
     return (
         f"LSS {s['lss_twin']:.3f} (step {s['first_step']}) → {s['lss']:.3f} (step {s['last_step']}); "
-        f"random walk of {s['n_steps']} steps {s['walk']:.3f}; ρ with the step {spearman:.2f}"
+        f"between them {_lss_turns(r, s['first_step'])}; random walk of {s['n_steps']} steps "
+        f"{s['walk']:.3f}; ρ with the step {r.lss_row.spearman:.2f}"
     )
+
+
+def _curve(r: Results, quantity: str, start: int) -> pd.Series:
+    """The showcase run's trajectory measure per checkpoint (mean over the windows) from ``start`` on."""
+    curve = r.tsum.loc[r.showcase][quantity]
+    return curve[curve.index >= start]
+
+
+def _lss_turns(r: Results, start: int) -> str:
+    """Where the line-shape score turns from ``start`` on (:func:`.words.turn_words`), each direction
+    with what it means: "lowest (1.162) at step 64, then higher (less straight) at each of the 11 later
+    checkpoints than at the one before"."""
+    return turn_words(_curve(r, "lss", start), {"higher": "less straight", "lower": "straighter"})
+
+
+def _reconstructions(r: Results) -> str:
+    """:func:`.words.reconstruction_words` of the run's other trajectory measures, each with its curve
+    from ``early_step`` on, so the words say where it turns, not only its ends."""
+    curves = {q: v | {"curve": _curve(r, q, r.params.early_step)} for q, v in r.other_reconstructions.items()}
+    return reconstruction_words(curves)
 
 
 def claims(r: Results) -> list[dict]:
     """The status rows, each judged by its rule in :data:`RULES`: the rise (ours, the paper's
     curves), its monotony, the graphs, linearity, and expodistance when measured. Pass them to
     ``pipeline.status.report``."""
-    p, lss, exp = r.params, r.lss_row, r.exp_row
+    p, exp = r.params, r.exp_row
     rows = _coupling_rows(r) + [
         claim(
             CLAIMS["dense"],
@@ -151,7 +204,8 @@ def claims(r: Results) -> list[dict]:
             rule=RULES["together"],
             values=r.together_values,
             ours=_together_ours(r.together_values),
-            note=f"Spearman ρ over the {len(r.together_in)} checkpoints from step {p.early_step} on "
+            note=f"the trends, not the end points: Spearman ρ over the {len(r.together_in)} checkpoints "
+            f"from step {p.early_step} on "
             f"(LSS: lower = straighter); {_failed_words(r.together_values, r.together_failed)}; "
             f"{_convention(r, 'together')}",
         ),
@@ -160,8 +214,9 @@ def claims(r: Results) -> list[dict]:
             paper="increased linearity during training",
             rule=STRAIGHTER,
             values=r.straight,
-            ours=_straight_ours(r.straight, lss.spearman),
-            note=f"mean over tokens and {MAIN}; the book's one straightness rule (as f05's)",
+            ours=_straight_ours(r),
+            note="the end points, not the path between (the row on developing together judges the trends); "
+            f"mean over tokens and {MAIN}; the book's one straightness rule (as f05's)",
         ),
     ]
     if exp is not None:
@@ -173,7 +228,7 @@ def claims(r: Results) -> list[dict]:
                 values=r.exp_judged,
                 ours=f"1 − R² {exp.early:.3f} → {exp.final:.3f} (ρ = {exp.spearman:.2f})",
                 note="the rule reads 1 − R² of the log-linear fit of step sizes over all blocks only; "
-                + reconstruction_words(r.other_reconstructions),
+                + _reconstructions(r),
             )
         )
     return rows
@@ -194,14 +249,13 @@ def _plateau_values(r: Results) -> dict[str, Any]:
             )
         }
     flat = RULES["flat"].judge(plateau)
+    own = r.losses[r.losses.model == r.showcase].set_index("step").val_loss
     return {
         "f03_val_loss": plateau["best_loss"],
         "f03_plateau_drop": plateau["relative_drop"],
         "f03_plateau_from": plateau["from_step"],
         "f03_plateau_sentence": Markdown(
-            f"Over the last {p.plateau_fraction:.0%} of training (steps {plateau['from_step']} to "
-            f"{plateau['to_step']}) the validation loss fell from {plateau['from_loss']:.3f} to "
-            f"{plateau['best_loss']:.3f} nats per token, a relative drop of {plateau['relative_drop']:.1%}: "
+            f"Over the last {p.plateau_fraction:.0%} of training, {plateau_window_words(plateau, own)}: "
             + {
                 "yes": "by the rule above, it has **flattened**.",
                 "partly": "by the rule above it has **nearly flattened** (between the two thresholds).",
@@ -304,10 +358,23 @@ def _level_values(r: Results) -> dict[str, Any]:
         "f03_kbig_first": float(big.first),
         "f03_kbig_share_first": float(big.share_first),
         "f03_kbig_lowest": float(big.lowest),
+        "f03_below_zero_words": Markdown(_below_zero_words(r)),
         "f03_d_model": int(big.d_model) if np.isfinite(big.d_model) else 0,
         "f03_k_main_ratio": r.k_main / float(big.d_model),
         "f03_k_wide_sentence": Markdown(_wide_sentence(r)),
     }
+
+
+def _below_zero_words(r: Results) -> str:
+    """Whether any of this run's curves (every K, the main panel) goes below zero, and its lowest
+    point: the example of a curve below zero may have to come from elsewhere (the search)."""
+    s = r.summary
+    s = s[(s.panel == MAIN) & (s.model == r.showcase)]
+    low = s.loc[s.coupling.idxmin()]
+    where = f"{low.coupling:.3f}, at K = {int(low.K)} and step {int(low.step)}"
+    if low.coupling < 0:
+        return f"; this run's curves do go below zero (lowest {where})"
+    return f"; no curve of this run, at any K measured, goes below zero (lowest {where})"
 
 
 def _graph_values(r: Results) -> dict[str, Any]:
@@ -342,6 +409,7 @@ def _trajectory_values(r: Results) -> dict[str, Any]:
         "f03_lss_early": float(lss.early),
         "f03_lss_final": float(lss.final),
         "f03_lss_spearman": float(lss.spearman),
+        "f03_lss_turns": _lss_turns(r, r.params.early_step),
         "f03_lss_walk": float(r.straight["walk"]),
         "f03_straight_rule": STRAIGHT_RULE,
         "f03_straight_verdict": _verdict(r, "straight"),
@@ -354,7 +422,7 @@ def _trajectory_values(r: Results) -> dict[str, Any]:
             "the expodistance reconstruction is not available (it needs at least three blocks)"
             if exp is None
             else f"the log-linear reconstruction of expodistance (1 − R²) from {exp.early:.3f} to "
-            f"{exp.final:.3f} (ρ {exp.spearman:.2f}; {reconstruction_words(r.other_reconstructions)})"
+            f"{exp.final:.3f} (ρ {exp.spearman:.2f}; {_reconstructions(r)})"
         ),
         "f03_rho_lss": r.rho_lss,
         "f03_together_sentence": Markdown(_together_sentence(r)),
@@ -370,105 +438,11 @@ def _together_sentence(r: Results) -> str:
     )
 
 
-def _search_counts(r: Results) -> dict[str, Any]:
-    """How many searched runs rise, where they peak, what training cost, which is ours."""
-    from IPython.display import Markdown
-
-    table = r.search_table
-    return {
-        "f03_search_n": len(table),
-        "f03_search_yes": int((table["rises progressively"] == "yes").sum()),
-        "f03_search_partly": int((table["rises progressively"] == "partly").sum()),
-        "f03_search_peak_range": Markdown(
-            f"at step {int(table.peak_step.min())} in every run"
-            if table.peak_step.nunique() == 1
-            else f"between steps {int(table.peak_step.min())} and {int(table.peak_step.max())}"
-        ),
-        "f03_search_train_minutes": float(table.train_cpu_s.sum() / 60),
-        "f03_search_ours": Markdown(
-            f"This chapter's run is the search's **{table.config[table.this_chapter].iloc[0]}**."
-            if table.this_chapter.any()
-            else "This chapter's run is not one of the searched runs."
-        ),
-        "f03_search_params": Markdown(f"{int(table.n_params.max()):,}"),
-        "f03_search_tokens": float(table.tokens_seen.max() / 1e6),
-    }
-
-
-FACTOR_NAMES = {
-    "d_model": "width",
-    "n_layers": "depth (blocks)",
-    "steps": "training steps",
-    "lr": "learning rate",
-    "data_tokens": "training tokens available",
-}
-
-
-def _level(value: float) -> str:
-    """A factor's setting for readers: whole numbers in full with thousands separators (163,840),
-    others as short as they go (0.003)."""
-    return f"{int(value):,}" if float(value).is_integer() else f"{value:g}"
-
-
-def _search_found(r: Results) -> str:
-    """The smallest run that rises progressively, or the one that comes closest."""
-    table = r.search_table
-    order = {"yes": 0, "partly": 1, "no": 2}
-    ranked = table.assign(_o=table["rises progressively"].map(order)).sort_values(["_o", "train_cpu_s"])
-    best = ranked.iloc[0]
-    if best["rises progressively"] == "yes":
-        return (
-            f"The smallest run in which coupling rises progressively is **{best.config}** (width "
-            f"{int(best.d_model)}, {int(best.n_layers)} blocks, {int(best.steps)} steps, "
-            f"{best.train_cpu_s / 60:.1f} CPU-minutes of training)."
-        )
-    closest = table.sort_values(["peak_position", "spearman"], ascending=False).iloc[0]
-    return (
-        f"**No run in the search rises progressively.** The one whose peak comes latest is "
-        f"{closest.config}: peak at step {int(closest.peak_step)} (position {closest.peak_position:.2f}), "
-        f"ρ = {closest.spearman:.2f}, final / early {closest.ratio:.2f}."
-    )
-
-
-def _search_effects(r: Results) -> dict[str, Any]:
-    """The search read one factor at a time, the run found, and what the runs of different length
-    ended at: the values alone, since the search trained one run, with one seed, per setting (no
-    interval, so no word says which way a factor moves coupling)."""
-    from IPython.display import Markdown
-
-    effects, lines = r.effects, []
-    for (factor, _), grp in effects.groupby(["factor", "group"], sort=False):
-        settings = " → ".join(_level(lv) for lv in grp.level)
-        finals = " → ".join(f"{v:.3f}" for v in grp.final)
-        lines.append(
-            f"- {FACTOR_NAMES[factor]} {settings} ({', '.join(grp.config)}): final coupling {finals}."
-        )
-    return {
-        "f03_search_effects": Markdown(
-            "\n".join(lines) if lines else "- (no two runs differ in one factor only)"
-        ),
-        "f03_search_found": Markdown(_search_found(r)),
-        "f03_search_length": Markdown(_search_length(effects)),
-    }
-
-
-def _search_length(effects) -> str:
-    """Completes "In this search, ...": the final coupling of the runs that differ in length only,
-    as values (one run and one seed each: no interval, so not an effect of training length)."""
-    steps_fx = effects[effects.factor == "steps"]
-    if steps_fx.empty:
-        return "no two runs differ in length only"
-    runs = steps_fx[steps_fx.group == steps_fx.group.iloc[0]]
-    return (
-        f"the runs that differ in length only ({' → '.join(_level(v) for v in runs.level)} steps) ended "
-        f"at a final coupling of {' → '.join(f'{v:.3f}' for v in runs.final)}: one run and one seed "
-        "each, with no interval, so these values are not a measured effect of training length"
-    )
-
-
 def _matched_rise(r: Results) -> list[str]:
     """The bullets on the rise and its monotony (verdicts: the status rows')."""
     first, pg, k, v = r.first, r.paper_growth, r.k_main, r.rise_values
+    e, same = int(first.early_step), _from_paper_early(r)
+    pythia = f"{int(pg.early_step.min())} to {int(pg.final_step.max())}"  # Fig. 1b's digitised span
     where = (
         "at the end"
         if int(first.peak_step) == int(first.final_step)
@@ -479,8 +453,11 @@ def _matched_rise(r: Results) -> list[str]:
         f"**Progressive rise** ({_verdict(r, 'rises').data}). Coupling of {r.showcase} on the {MAIN} "
         f"(K = {k}) goes from {first.early:.3f} at step {int(first.early_step)} to {first.final:.3f} at "
         f"step {int(first.final_step)}, with its highest point {where}: "
-        f"{with_interval('final / early', v['ratio'])}, against about {pg.ratio.mean():.1f} for Pythia; "
-        f"{with_interval('ρ with the step', v['spearman'])}, against {pg.spearman.mean():.2f}. "
+        f"{with_interval('final / early', v['ratio'])} from step {e}"
+        + (f", and {same}," if same else "")
+        + f" against about {pg.ratio.mean():.1f} for Pythia from step {pythia}; "
+        f"{with_interval('ρ with the step', v['spearman'])} from step {e}, against {pg.spearman.mean():.2f} "
+        f"for Pythia from step {int(pg.early_step.min())}. "
         + versus_first(first.final, r.step0, r.first_step),
         f"**Nearly monotonic** ({_verdict(r, 'monotone').data}). The largest fall between consecutive "
         f"checkpoints is {first.max_drop:.0%} of the curve's range "
@@ -504,7 +481,8 @@ def _matched(r: Results) -> str:
         f"**Together with linearity** ({_verdict(r, 'together').data}; "
         f"{together_words(r.together_values, r.together_failed)}); **straighter trajectories** "
         f"({_verdict(r, 'straight').data}; LSS {lss.early:.3f} at step {r.params.early_step} → "
-        f"{lss.final:.3f} at step {straight['last_step']}, ρ with the step {lss.spearman:.2f}; the last "
+        f"{lss.final:.3f} at step {straight['last_step']}, {_lss_turns(r, r.params.early_step)}, ρ with "
+        f"the step {lss.spearman:.2f}; the last "
         f"score {walk.estimate:.2f} of a random walk's ({walk.words()}) and "
         f"{init.estimate:.2f} of the score at {first_checkpoint(straight['first_step'])} ({init.words()}))"
         + (
@@ -513,7 +491,7 @@ def _matched(r: Results) -> str:
             else f"; **exponential growth** ({_verdict(r, 'expo').data}; the log-linear reconstruction of "
             f"expodistance, 1 − R², {exp.early:.3f} → {exp.final:.3f}, "
             f"{with_interval('final / early', r.exp_judged['ratio'])}, "
-            f"{with_interval('ρ', r.exp_judged['spearman'])}; {reconstruction_words(r.other_reconstructions)}"
+            f"{with_interval('ρ', r.exp_judged['spearman'])}; {_reconstructions(r)}"
             + (
                 f"; with only {n_steps} steps per trajectory a log-linear fit says little"
                 if n_steps < 8
@@ -547,8 +525,7 @@ def glue_values(r: Results) -> dict[str, Any]:
         **_level_values(r),
         **_graph_values(r),
         **_trajectory_values(r),
-        **_search_counts(r),
-        **_search_effects(r),
+        **search_values(r),
         "f03_matched": Markdown(_matched(r)),
         **exercise_k(r),
         **exercise_pairs(r),

@@ -55,6 +55,69 @@ def peak_words(row: pd.Series) -> str:
     )
 
 
+def turn_words(curve: pd.Series, meaning: dict[str, str] | None = None, spec: str = ".3f") -> str:
+    """Where a curve (values by step) turns, for a sentence that would otherwise give only its ends:
+    its lowest and highest points that lie between its first and last checkpoints, in step order,
+    then how it moves after the later of them: "lowest (1.162) at step 64, then higher at each of
+    the 13 later checkpoints than at the one before"; "highest (1.726) at step 32, lowest (0.577) at
+    step 128, then higher at 10 of the 11 later checkpoints than at the one before". A curve whose
+    extremes are its ends: "lowest at the last checkpoint, lower at 3 of the 4 checkpoints after the
+    first than at the one before". ``meaning`` adds what a direction means ({"higher": "less
+    straight"}) after it."""
+    curve = curve.sort_index()
+    v, steps = curve.to_numpy(dtype=float), [int(s) for s in curve.index]
+    if v.max() == v.min():
+        return f"the same ({v[0]:{spec}}) at every checkpoint"
+    lo, hi = int(np.argmin(v)), int(np.argmax(v))
+    inner = sorted((i, kind) for i, kind in ((lo, "lowest"), (hi, "highest")) if 0 < i < len(v) - 1)
+    if inner:  # after the later turn, count the moves away from it
+        last, kind = inner[-1]
+        named = [f"{k} ({v[i]:{spec}}) at step {steps[i]}" for i, k in inner]
+        after, then = v[last:], "then "
+    else:  # the extremes are the ends: count the moves toward the last
+        ends_high = hi == len(v) - 1
+        named = [f"{'highest' if ends_high else 'lowest'} at the last checkpoint"]
+        kind, after, then = ("lowest" if ends_high else "highest"), v, ""
+    way = "higher" if kind == "lowest" else "lower"
+    moved = int(((np.diff(after) > 0) if way == "higher" else (np.diff(after) < 0)).sum())
+    n = len(after) - 1
+    way += f" ({meaning[way]})" if meaning and way in meaning else ""
+    later = "later checkpoints" if inner else "checkpoints after the first"
+    count = f"each of the {n}" if moved == n else f"{moved} of the {n}"
+    return ", ".join(named) + f", {then}{way} at {count} {later} than at the one before"
+
+
+def plateau_window_words(plateau: dict, val_loss: pd.Series) -> str:
+    """The plateau window (``training.val_loss_plateau``) and what the validation loss did in it,
+    from its per-checkpoint values ``val_loss`` (by step): "steps 3072 to 4096 (the loss at step 3072
+    interpolated between the checkpoints at steps 2752 and 3200), the validation loss fell from 4.076
+    to 4.030 nats per token, a relative drop of 1.1%, and was lower at each of the 3 checkpoints in
+    that window than at the checkpoint before"."""
+    start, end = plateau["from_step"], plateau["to_step"]
+    a, b = plateau["between"]
+    where = (
+        f"step {start:g} is a checkpoint"
+        if a == b
+        else f"the loss at step {start:g} interpolated between the checkpoints at steps {a} and {b}"
+    )
+    curve = val_loss.sort_index()
+    inside = np.flatnonzero(curve.index.to_numpy() > start)
+    n, lower = len(inside), int(sum(curve.iloc[i] < curve.iloc[i - 1] for i in inside if i > 0))
+    count = f"each of the {n}" if lower == n else f"{lower} of the {n}"
+    fell = (
+        f"fell from {plateau['from_loss']:.3f} to {plateau['best_loss']:.3f} nats per token, a relative drop "
+        f"of {plateau['relative_drop']:.1%}"
+        if plateau["drop"] > 0
+        else f"went no lower than its {plateau['from_loss']:.3f} nats per token at the start"
+    )
+    moved = (
+        f"was {'' if lower else 'not '}lower at its one checkpoint than at the checkpoint before"
+        if n == 1
+        else f"was lower at {count} checkpoints in that window than at the checkpoint before"
+    )
+    return f"steps {start:g} to {end} ({where}), the validation loss {fell}, and {moved}"
+
+
 def rises_words(share: float) -> str:
     """How often a curve rises, for the monotony row's note: "rises in 47% of the steps between
     consecutive checkpoints" (``share``: the ``rises`` of a ``growth_summary`` row)."""
@@ -177,38 +240,43 @@ def _estimate(value: Interval | float) -> float:
 
 
 def _moves(ratio: Interval | float) -> str | None:
-    """ "rises" / "falls" where the whole interval of final / early lies above / below 1, else None."""
+    """ "ends higher than it starts" / "ends lower ..." where the whole interval of final / early lies
+    above / below 1, else None."""
     if not isinstance(ratio, Interval) or not ratio.resampled:
         return None
-    return "rises" if ratio.low > 1 else ("falls" if ratio.high < 1 else None)
+    side = "higher" if ratio.low > 1 else ("lower" if ratio.high < 1 else None)
+    return side and f"ends {side} than it starts"
+
+
+def _course(name: str, values: dict) -> str:
+    """A trajectory measure from its first to its last value, with where it turns between them
+    (:func:`turn_words` of its ``curve``, when given) and how its ends compare: "ratio_cv goes 0.127
+    → 0.407 (highest (0.591) at step 512, …) and ends higher than it starts: final / early 3.19 (…)"."""
+    curve = values.get("curve")
+    turns = f" ({turn_words(curve)})" if curve is not None else ""
+    move, ratio = _moves(values["ratio"]), with_interval("final / early", values["ratio"])
+    ends = f" and {move}: {ratio}" if move else f", {ratio}, first and last not told apart over the windows"
+    return f"{name} goes {values['early']:.3f} → {_estimate(values['final']):.3f}{turns}{ends}"
 
 
 def reconstruction_words(others: dict[str, dict]) -> str:
-    """The trajectory measures beside the expodistance rule's (``Results.other_reconstructions``), in
-    words: "the other reconstruction, ratio_cv, rises: 0.127 → 0.407, final / early 3.19 (95% interval
-    …); the fitted growth per block falls: 1.019 → 0.795, final / early 0.78 (…), and ends below 1 (…):
-    at the end the step sizes shrink with depth". A direction is said only where the interval over the
-    windows lies on one side of 1; "" when neither was measured."""
+    """The trajectory measures beside the expodistance rule's (``Results.other_reconstructions``, each
+    with its per-checkpoint ``curve`` where given), in words: "the other reconstruction, ratio_cv, goes
+    0.127 → 0.407 (…) and ends higher than it starts: final / early 3.19 (95% interval …); the fitted
+    growth per block goes 1.019 → 0.795 (…) and ends lower than it starts: final / early 0.78 (…), its
+    last value below 1 (…): at the end the step sizes shrink with depth". A direction is said only where
+    the interval over the windows lies on one side of 1; "" when neither was measured."""
     parts = []
     cv = others.get("expodistance_ratio_cv")
     if cv is not None:
-        move = _moves(cv["ratio"])
-        parts.append(
-            f"the other reconstruction, ratio_cv, {move + ':' if move else 'goes'} {cv['early']:.3f} → "
-            f"{_estimate(cv['final']):.3f}, {with_interval('final / early', cv['ratio'])}"
-            + ("" if move else ", first and last not told apart over the windows")
-        )
+        parts.append(_course("the other reconstruction, ratio_cv,", cv))
     g = others.get("growth_log_linear_r2")
     if g is not None:
-        move, last = _moves(g["ratio"]), g["final"]
-        words = (
-            f"the fitted growth per block {move + ':' if move else 'goes'} {g['early']:.3f} → "
-            f"{_estimate(last):.3f}, {with_interval('final / early', g['ratio'])}"
-        )
+        words, last = _course("the fitted growth per block", g), g["final"]
         if isinstance(last, Interval) and last.resampled and (last.high < 1 or last.low > 1):
             side, steps = ("below", "shrink") if last.high < 1 else ("above", "grow")
             words += (
-                f", and ends {side} 1 ({interval_of(last, '.3f')}): at the end the step sizes {steps} "
+                f", its last value {side} 1 ({interval_of(last, '.3f')}): at the end the step sizes {steps} "
                 "with depth"
             )
         else:

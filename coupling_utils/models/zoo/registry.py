@@ -130,10 +130,11 @@ REGISTRY: dict[str, ZooEntry] = {
             "pythia-tiny",
             "lm-run",
             "Pythia-style GPT-NeoX (4 blocks, d=64, BPE 2048) trained on Shakespeare for 4096 steps "
-            "(4.2 M tokens, 2.6 epochs) until its validation loss flattens; checkpoints at steps 0, 1, 2, "
-            "4, ..., 512, then every 448 steps; train/val loss per checkpoint.",
+            "(4.2 M tokens, 2.6 epochs), its validation loss still falling at its last checkpoints "
+            "(chapter f03 judges how flat); checkpoints at steps 0, 1, 2, 4, ..., 512, then every 448 "
+            "steps; train/val loss per checkpoint.",
             _SHAKESPEARE,
-            "~5 min (one thread: 265 CPU-s measured), 40 MB",
+            "~5 min (one thread; 265 CPU-s of training in the f03 search), 40 MB",
             spec=_pythia_tiny,
         ),
         ZooEntry(
