@@ -480,9 +480,9 @@ def _matched(r: Results) -> str:
     bullets.append(
         f"**Together with linearity** ({_verdict(r, 'together').data}; "
         f"{together_words(r.together_values, r.together_failed)}); **straighter trajectories** "
-        f"({_verdict(r, 'straight').data}; LSS {lss.early:.3f} at step {r.params.early_step} → "
-        f"{lss.final:.3f} at step {straight['last_step']}, {_lss_turns(r, r.params.early_step)}, ρ with "
-        f"the step {lss.spearman:.2f}; the last "
+        f"({_verdict(r, 'straight').data}; LSS {straight['lss_twin']:.3f} at step {straight['first_step']} → "
+        f"{lss.final:.3f} at step {straight['last_step']}, {_lss_turns(r, straight['first_step'])}, ρ with "
+        f"the step {lss.spearman:.2f} from step {int(lss.early_step)}; the last "
         f"score {walk.estimate:.2f} of a random walk's ({walk.words()}) and "
         f"{init.estimate:.2f} of the score at {first_checkpoint(straight['first_step'])} ({init.words()}))"
         + (
