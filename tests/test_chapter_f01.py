@@ -494,9 +494,8 @@ def test_the_answers_that_quote_every_model_and_the_tile_interval_note():
     )  # fmt: skip
     depth = {"d": {"excess_k": 10}, "e": {"excess_k": 10}, "f": {"excess_k": 10}}
     assert findings.k_gap_words(per_model, "d", depth) == (
-        "The sign of e's trained − twin gap depends on K: -0.260 at K = 10, where the smallest gap, which "
-        "the rule reads, falls, against +0.080 (K = 30) and +0.200 (K = 50) at the other K measured (the "
-        "drawn model's there: +0.070 and +0.080)."
+        "The sign of e's trained − twin gap depends on K: -0.260 at K = 10 (the smallest, which the rule "
+        "reads), +0.080 at K = 30 and +0.200 at K = 50 (the drawn model's at those K: +0.070 and +0.080)."
     )  # f keeps its sign at every K: nothing to say
     without_e = {name: v for name, v in depth.items() if name != "e"}
     assert findings.k_gap_words(per_model[per_model.model != "e"], "d", without_e) == ""

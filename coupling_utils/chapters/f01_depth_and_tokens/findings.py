@@ -261,10 +261,9 @@ def k_gap_words(per_model: pd.DataFrame, drawn: str, depth: Mapping[str, Mapping
         at, rest = int(v["excess_k"]), g.drop(int(v["excess_k"]))
         mine = gaps[drawn].reindex(rest.index)
         out.append(
-            f"The sign of {name}'s trained − twin gap depends on K: {g[at]:+.3f} at K = {at}, where the "
-            f"smallest gap, which the rule reads, falls, against "
-            f"{listed(f'{x:+.3f} (K = {K})' for K, x in rest.items())} at the other K measured (the "
-            f"drawn model's there: {listed(f'{x:+.3f}' for x in mine)})."
+            f"The sign of {name}'s trained − twin gap depends on K: {g[at]:+.3f} at K = {at} (the smallest, "
+            f"which the rule reads), {listed(f'{x:+.3f} at K = {K}' for K, x in rest.items())} (the "
+            f"drawn model's at those K: {listed(f'{x:+.3f}' for x in mine)})."
         )
     return " ".join(out)
 
