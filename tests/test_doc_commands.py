@@ -4,11 +4,13 @@ The commands are read from the fenced ``bash``/``sh``/``shell``/``console`` bloc
 book/*.md. Each block runs as one bash script (``set -e``), in a scratch folder, with shims in
 front of PATH that keep it small but real:
 
-- ``coupling-book run`` runs the named notebooks for real at the ``smoke`` profile (whatever
-  profile the docs name), with the documented overrides, into the documented output folder; a run
-  identical to one already made in this session (same notebook, the smoke profile, the same
-  overrides) is copied instead of executed again, the session's own smoke runs (``smoke_runs``)
-  included, which ran the same notebooks through the same ``run_notebook``;
+- ``coupling-book run`` first checks the documented overrides at the documented profile (as
+  ``run`` checks them before anything runs: f01's ``-p k=30`` was refused at ``default``, where
+  ``tile_k`` is 72, while the smoke run passed), then runs the named notebooks for real at the
+  ``smoke`` profile (whatever profile the docs name), with the documented overrides, into the
+  documented output folder; a run identical to one already made in this session (same notebook,
+  the smoke profile, the same overrides) is copied instead of executed again, the session's own
+  smoke runs (``smoke_runs``) included, which ran the same notebooks through the same ``run_notebook``;
 - ``coupling-book build`` renders a real book from what the block ran (into the scratch folder); a
   build of the same executed notebooks with the same options as one already made in this session
   (``make test`` documents four builds of two distinct sets) is copied from it;
@@ -153,6 +155,15 @@ SHIM = textwrap.dedent(
     argv = sys.argv[1:]
     if argv[:1] == ["sweep"] and "slurm" in argv and "--dry-run" not in argv:
         argv.append("--dry-run")  # no cluster here
+    if argv[:1] == ["run"]:  # the documented parameters must pass at the documented profile
+        from coupling_utils.chapters.checks import ParameterError
+        from coupling_utils.pipeline.cli import build_parser
+        args = build_parser(argv).parse_args(argv)
+        try:
+            execution._check_all(execution.find_notebooks(args.notebooks), args.profile,
+                                 execution.parse_overrides(args.param), lambda line: None)
+        except ParameterError as exc:
+            sys.exit(f"error: at the documented profile {{args.profile!r}}: {{exc}}")
     if argv[:1] in (["run"], ["sweep"]):
         if "--profile" in argv:
             argv[argv.index("--profile") + 1] = "smoke"

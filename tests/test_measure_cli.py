@@ -435,3 +435,37 @@ def test_the_provenance_says_how_each_model_was_loaded_and_what_the_store_keys(t
     identities = prov["identities"]
     assert sorted(identities) == [f"model={local}, revision={r}" for r in ("main", "step8")]
     assert all(i.startswith("files@") for i in identities.values()), identities
+
+
+def test_files_measure_did_not_write_in_out_are_refused_and_kept(tmp_path, counted, capsys):
+    """--out holding a file named as one of the tables (here the prompts file itself) that no
+    earlier `measure` wrote there is refused before anything loads: the set of tables is replaced
+    as a whole, so it would have been overwritten (an audit found a prompts.csv replaced by the
+    output's prompts table, and the rerun measuring its ids p0, p1 instead of a, b)."""
+    local = tmp_path / "tiny"
+    tiny_model("gpt2", seed=3).save_pretrained(local)
+    out = tmp_path / "out"
+    out.mkdir()
+    mine = out / "prompts.csv"
+    mine.write_text("id,token_ids\na,[1 5 9 3 7]\n")
+    ids = tmp_path / "ids.json"
+    ids.write_text(json.dumps({"a": [1, 5, 9, 3, 7]}))
+    common = [str(local), "--k", "2", "--prompts", str(ids), "--out", str(out)]
+    assert main(["measure", *common]) == 2
+    err = capsys.readouterr().err
+    assert f"--out {out} holds prompts.csv, which this run would replace" in err and "another --out" in err
+    assert counted == [] and mine.read_text() == "id,token_ids\na,[1 5 9 3 7]\n"
+    mine.unlink()
+    assert main(["measure", *common]) == 0  # its own tables, listed in its provenance, are replaced
+    assert main(["measure", *common, "--max-tokens", "4"]) == 0
+    assert set(pd.read_csv(out / "prompts.csv").n_tokens) == {4}
+
+
+def test_a_family_name_is_refused_before_anything_is_built(tmp_path, counted, capsys):
+    """A family is several models: measuring its bare name trained every member, then failed
+    (exit 1: 'holds no model'); it is refused up front, naming the members to give."""
+    out = tmp_path / "out"
+    assert main(["measure", "embedded:lm-family-smoke", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "MODEL embedded:lm-family-smoke is a family of models, not one; name its members: " in err
+    assert "embedded:lm-family-smoke/" in err and counted == [] and not out.exists()

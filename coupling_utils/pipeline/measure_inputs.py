@@ -149,9 +149,12 @@ def check_model_reference(model: str, revisions: Sequence[str] = ()) -> None:
         from coupling_utils.models import zoo
 
         try:
-            zoo._split(model)  # the zoo's own check of a name (an entry, a family member)
+            entry, member = zoo._split(model)  # the zoo's own check of a name (an entry, a family member)
         except zoo.ZooError as exc:
             raise MeasureError(f"MODEL {model}: {exc}") from None
+        if entry.is_family and member is None:  # a family is several models: it has no weights of its own
+            names = ", ".join(f"{model}/{m}" for m in entry.members())
+            raise MeasureError(f"MODEL {model} is a family of models, not one; name its members: {names}")
         try:
             for revision in revisions:
                 check_revision("--revision", str(revision), model, "leave --revision out for the final model")

@@ -8,7 +8,9 @@ For models the book never heard of (hub ids, ``save_pretrained`` directories, ``
 tables in ``OUT/``:
 
 - ``summary.csv``: one row per (model, revision, last block's map, K): the coupling number (mean
-  ``1 − m_K²`` over block pairs, ``how``), its spread over prompts, and the model's size;
+  ``1 − m_K²`` over block pairs, ``how``, and over the measured ``tokens``; provenance.json's
+  ``summary.definition`` says it in words), its spread over prompts, how many blocks it was
+  drawn from (``n_blocks_measured``) and the model's size;
 - ``depthwise.csv``, ``singular_values.csv``, ``prompts.csv``, ``timings.csv`` (and
   ``tokenwise``/``context``/``tiles`` when measured): :func:`~coupling_utils.measurement.measure`'s
   tables with ``model`` and ``revision`` columns first, and ``last_block`` after them in those
@@ -356,7 +358,33 @@ def _out_folder(out: str | Path, *, create: bool = True) -> Path:
         raise MeasureError(
             f"cannot write into the --out folder {out} (permission denied); name a folder you can write"
         )
+    foreign = _foreign_outputs(out)
+    if foreign:
+        raise MeasureError(
+            f"--out {out} holds {', '.join(foreign)}, which this run would replace and no earlier "
+            "`coupling-book measure` wrote there (its provenance.json does not list them); name another "
+            "--out, or move them away first"
+        )
     return out
+
+
+def _foreign_outputs(out: Path) -> list[str]:
+    """The files in ``out`` named as this command's outputs that an earlier ``measure`` did not
+    write there (not listed in its provenance.json): a prompts file, someone's summary.csv. The
+    table set is replaced as a whole, so they would be overwritten or removed."""
+    present = [f"{name}.csv" for name in ("summary", "failures", *TABLES) if (out / f"{name}.csv").exists()]
+    record = out / "provenance.json"
+    if not present and not record.exists():
+        return []
+    try:
+        said = json.loads(record.read_text(encoding="utf-8")) if record.exists() else None
+    except (OSError, ValueError):
+        said = None
+    ours = isinstance(said, dict) and str(said.get("what", "")).startswith("coupling-book measure")
+    written = {f"{name}.csv" for name in (said.get("tables") or [])} if ours else set()
+    return [f for f in present if f not in written] + (
+        [] if ours or not record.exists() else ["provenance.json"]
+    )
 
 
 def _ids_as_lists(df: pd.DataFrame) -> pd.DataFrame:
@@ -429,6 +457,8 @@ def _summary_rows(done, how: str, last_block: str, report: MeasureReport | None)
                     "last_block": last_block,
                     "K": int(K),
                     "how": how,
+                    "tokens": _tokens_said((m.provenance.get("settings") or {}).get("tokens", "last")),
+                    "n_blocks_measured": len(set(m.depthwise["layer_i"]) | set(m.depthwise["layer_j"])),
                     "coupling": float(per.mean()),
                     "coupling_sd": float(per.std(ddof=1)) if len(per) > 1 else float("nan"),
                     "n_prompts": int(len(per)),
@@ -438,6 +468,26 @@ def _summary_rows(done, how: str, last_block: str, report: MeasureReport | None)
                 }
             )
     return rows
+
+
+def _tokens_said(tokens) -> str:
+    """A run's ``tokens`` setting as a summary cell: "last", "all", or the positions ("0 3 5")."""
+    return tokens if isinstance(tokens, str) else " ".join(str(int(t)) for t in tokens)
+
+
+def summary_definition(how: str, tokens) -> str:
+    """What summary.csv's ``coupling`` is, in words, for a run's ``how`` and ``tokens``."""
+    pairs = {
+        "offdiag": "every ordered pair of different measured blocks",
+        "adjacent": "the pairs of consecutive measured blocks (both orders)",
+    }[how]
+    at = {"last": "the last token of each prompt", "all": "every token position"}.get(
+        _tokens_said(tokens), f"the token positions {_tokens_said(tokens)}"
+    )
+    return (
+        f"mean over prompts of each prompt's mean of 1 - m_K^2 over {pairs} and over {at} "
+        "(n_blocks_measured: how many blocks the pairs are drawn from; n_layers: the model's depth)"
+    )
 
 
 def _maps(settings: Settings) -> list[str]:
@@ -486,7 +536,7 @@ def _write_tables(done, report: MeasureReport, run: MeasureRun) -> None:
         },
         "load": {"dtype": run.loads.dtype, "revisions": list(run.loads.revisions or []) or None},
         "identities": {r.job.describe(): model_identity(r.job.model, r.job.revision) for r in done.ok},
-        "summary": {"how": how, "definition": "mean over prompts of the mean of 1 - m_K^2 over block pairs"},
+        "summary": {"how": how, "definition": summary_definition(how, settings.tokens)},
         "prompts": {pid: (p if isinstance(p, str) else f"<{int(p.shape[-1])} token ids>") for pid, p in
                     (prompts.items() if isinstance(prompts, Mapping) else enumerate(prompts))},
         "measurements": {

@@ -55,7 +55,11 @@ def _need_a_prompt(v: Mapping[str, Any]) -> str | None:
 
 def _tile_k_within_k(v: Mapping[str, Any]) -> str | None:
     if v["tile_k"] > max(v["k"]):
-        return f"parameter 'tile_k' must be <= max(k) = {max(v['k'])}, got {v['tile_k']}"
+        top = max(v["k"])
+        return (
+            f"parameter 'tile_k' must be <= max(k) = {top}, got {v['tile_k']}: "
+            f"lower it with the K values (-p tile_k={top}) or add a larger K to k"
+        )
     return None
 
 
