@@ -431,7 +431,11 @@ def test_the_provenance_says_how_each_model_was_loaded_and_what_the_store_keys(t
     common = ["--prompts", str(prompts), "--k", "2", "--out", str(out), "--dtype", "bfloat16"]
     assert main(["measure", str(local), "--revision", "step8", "--revision", "main", *common]) == 0
     prov = json.loads((out / "provenance.json").read_text())
-    assert prov["load"] == {"dtype": "bfloat16", "revisions": ["step8", "main"]}
+    assert {k: prov["load"][k] for k in ("dtype", "revisions")} == {
+        "dtype": "bfloat16",
+        "revisions": ["step8", "main"],
+    }
+    assert "as asked" in prov["load"]["note"]
     identities = prov["identities"]
     assert sorted(identities) == [f"model={local}, revision={r}" for r in ("main", "step8")]
     assert all(i.startswith("files@") for i in identities.values()), identities

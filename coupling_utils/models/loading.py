@@ -303,7 +303,8 @@ def _precision(torch_dtype: torch.dtype, device, target: torch.device) -> torch.
     if str(device) == "auto":
         _notice_once(
             f"no GPU: loading in float32 instead of {name} (half precision on a CPU is slow, and float16 "
-            "overflows in LayerNorm statistics and forward-mode products); pass device='cpu' to force it"
+            "overflows in LayerNorm statistics and forward-mode products); in Python, load_model(..., "
+            "device='cpu') keeps it"
         )
         return torch.float32
     if torch_dtype == torch.float16:

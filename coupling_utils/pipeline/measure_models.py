@@ -534,7 +534,11 @@ def _write_tables(done, report: MeasureReport, run: MeasureRun) -> None:
             "last_block": settings.last_block,
             "last_block_also": settings.last_block_also,
         },
-        "load": {"dtype": run.loads.dtype, "revisions": list(run.loads.revisions or []) or None},
+        "load": {
+            "dtype": run.loads.dtype,
+            "revisions": list(run.loads.revisions or []) or None,
+            "note": "as asked (--dtype, --revision); what each model ran in: measurements.<model>",
+        },
         "identities": {r.job.describe(): model_identity(r.job.model, r.job.revision) for r in done.ok},
         "summary": {"how": how, "definition": summary_definition(how, settings.tokens)},
         "prompts": {pid: (p if isinstance(p, str) else f"<{int(p.shape[-1])} token ids>") for pid, p in
