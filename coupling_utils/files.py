@@ -357,7 +357,28 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
 def atomic_write_parquet(df, path: str | os.PathLike) -> None:
     """Write a pandas DataFrame to Parquet atomically."""
     with atomic_path(path) as tmp:
-        df.to_parquet(tmp, index=False)
+        write_parquet(df, tmp)
+
+
+def write_parquet(df, path: str | os.PathLike) -> None:
+    """``df.to_parquet(path, index=False)`` through a file Python opened: pyarrow encodes a path as
+    UTF-8, so a folder whose name is not (its bytes kept as surrogates) fails there, while Python's
+    ``open`` takes any name the file system does."""
+    with open(path, "wb") as f:
+        df.to_parquet(f, index=False)
+
+
+def read_parquet(path: str | os.PathLike):
+    """``pd.read_parquet(path)`` through a file Python opened (see :func:`write_parquet`); a file
+    pyarrow cannot read is an error of its class (OSError or ValueError) that names the file."""
+    import pandas as pd
+
+    with open(path, "rb") as f:
+        try:
+            return pd.read_parquet(f)
+        except (OSError, ValueError) as exc:  # pyarrow's message names the buffer, not the file
+            kind = OSError if isinstance(exc, OSError) else ValueError
+            raise kind(f"{os.fsdecode(path)}: {exc}") from exc
 
 
 @contextlib.contextmanager

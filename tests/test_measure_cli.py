@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -16,6 +20,7 @@ from coupling_utils.pipeline.cli import main
 from coupling_utils.pipeline.measure_models import MeasureError, read_prompts
 
 HUB = "EleutherAI/pythia-1.4b"
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
@@ -473,3 +478,24 @@ def test_a_family_name_is_refused_before_anything_is_built(tmp_path, counted, ca
     err = capsys.readouterr().err
     assert "MODEL embedded:lm-family-smoke is a family of models, not one; name its members: " in err
     assert "embedded:lm-family-smoke/" in err and counted == [] and not out.exists()
+
+
+def test_an_out_folder_whose_name_is_not_utf8(tmp_path):
+    """A folder name whose bytes are not UTF-8 (kept as surrogates on Linux) is a folder like any
+    other: pyarrow, given the path, failed every model with a UnicodeEncodeError; the Parquet files
+    are now opened by Python (files.read_parquet, files.write_parquet)."""
+    local = tmp_path / "tiny"
+    tiny_model("gpt2", seed=3).save_pretrained(local)
+    ids = tmp_path / "ids.json"
+    ids.write_text(json.dumps({"a": [1, 5, 9, 3, 7]}))
+    out = tmp_path / os.fsdecode(b"o\xe9ut")
+    command = [str(local), "--k", "2", "--prompts", str(ids), "--out", str(out)]
+    run = [sys.executable, "-c", "from coupling_utils.pipeline.cli import main; raise SystemExit(main())"]
+    done = subprocess.run(
+        [*run, "measure", *command], capture_output=True, env={**os.environ, "PYTHONPATH": str(ROOT)}
+    )
+    assert done.returncode == 0, done.stderr.decode(errors="replace")
+    assert os.fsencode(str(out)) in done.stdout  # the name printed as the bytes the shell gave
+    first = pd.read_csv(out / "summary.csv")
+    assert main(["measure", *command]) == 0  # read back from the store under that name
+    assert pd.read_csv(out / "summary.csv").equals(first)

@@ -80,9 +80,11 @@ if kind == "write":  # mid-write: half of the file whose final path matches, the
         fh.flush()
         cut(fh.name)
 
-    def df_to_parquet(df, path, *a, **k):
+    def df_to_parquet(df, path, *a, **k):  # a path, or the file files.write_parquet opened
         to_parquet(df, path, *a, **k)
-        cut(path)
+        if hasattr(path, "flush"):
+            path.flush()
+        cut(getattr(path, "name", path))
 
     def path_write_text(self, text, *a, **k):
         n = write_text(self, text, *a, **k)

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from coupling_utils.files import atomic_write_parquet, read_json, set_aside
+from coupling_utils.files import atomic_write_parquet, read_json, read_parquet, set_aside
 from coupling_utils.measurement.store import Checkpoint, Store, empty_tables, write_json
 from coupling_utils.measurement.tables import TABLES, concat
 
@@ -89,7 +89,7 @@ class FinishedPrompts:
         pids = list(_prompts_of(marker))
         empty = empty_tables(marker)
         try:
-            read = {name: concat(name, [] if name in empty else [pd.read_parquet(folder / f"{name}.parquet")])
+            read = {name: concat(name, [] if name in empty else [read_parquet(folder / f"{name}.parquet")])
                     for name in TABLES}  # fmt: skip
         except (OSError, ValueError) as exc:  # damaged since it was stored: its prompts measured again
             set_aside(

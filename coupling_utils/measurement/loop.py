@@ -22,7 +22,14 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from coupling_utils.files import atomic_write_parquet, atomic_write_text, file_lock, read_json, set_aside
+from coupling_utils.files import (
+    atomic_write_parquet,
+    atomic_write_text,
+    file_lock,
+    read_json,
+    read_parquet,
+    set_aside,
+)
 from coupling_utils.measurement.core import measure_with
 from coupling_utils.measurement.jobs import Job
 from coupling_utils.measurement.options import Options
@@ -185,7 +192,7 @@ def _stored_extra(job: Job, reuse_stale: bool) -> dict[str, pd.DataFrame] | None
         missing = [f"{name}.parquet" for name in names if not (out / f"{name}.parquet").is_file()]
         if missing:
             raise ValueError(f"{', '.join(missing)} missing")
-        return {name: columnwise(pd.read_parquet(out / f"{name}.parquet")) for name in names}
+        return {name: columnwise(read_parquet(out / f"{name}.parquet")) for name in names}
     except (KeyError, TypeError, OSError, ValueError) as exc:
         why = f"no {exc}" if isinstance(exc, KeyError) else str(exc)
         set_aside(out / "done.json", f"the {job.extra.name} tables stored in {out} cannot be read ({why})")
@@ -202,7 +209,7 @@ def _compute_extra(job: Job, model, prompts) -> dict[str, pd.DataFrame]:
             atomic_write_parquet(df, out / f"{name}.parquet")
         done = {"tables": sorted(tables), "code": job.extra.fingerprint(), "options": job.extra.spec()}
         atomic_write_text(out / "done.json", json.dumps(done, indent=2, default=str))  # after the tables
-    return {name: columnwise(pd.read_parquet(out / f"{name}.parquet")) for name in tables}
+    return {name: columnwise(read_parquet(out / f"{name}.parquet")) for name in tables}
 
 
 def _failure_path(job: Job) -> Path | None:

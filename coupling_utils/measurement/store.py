@@ -34,7 +34,14 @@ import pandas as pd
 import torch
 
 from coupling_utils.engine.metric import SVD
-from coupling_utils.files import atomic_path, atomic_write_parquet, atomic_write_text, read_json, set_aside
+from coupling_utils.files import (
+    atomic_path,
+    atomic_write_parquet,
+    atomic_write_text,
+    read_json,
+    read_parquet,
+    set_aside,
+)
 from coupling_utils.measurement.options import HELD_BYTES
 from coupling_utils.measurement.settings import Settings
 from coupling_utils.measurement.tables import TABLES, Measurement, concat, other_map_folder
@@ -197,7 +204,7 @@ class Store:
                     raise ValueError(f"{name}.npy holds an array of shape {list(found)}, not {list(shape)}")
             empty = empty_tables(meta)
             read = {
-                name: concat(name, [] if name in empty else [pd.read_parquet(ldir / f"{name}.parquet")])
+                name: concat(name, [] if name in empty else [read_parquet(ldir / f"{name}.parquet")])
                 for name in tables
             }
         except (OSError, ValueError) as exc:

@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from coupling_utils.files import read_parquet
 from coupling_utils.schemas import Schema, check_table
 
 __all__ = [
@@ -311,7 +312,7 @@ class Measurement:
                 f"{out} holds no finished measurement (no provenance.json); "
                 "run measure(..., out=...) to completion first"
             )
-        tables = {name: concat(name, [pd.read_parquet(out / f"{name}.parquet")]) for name in TABLES}
+        tables = {name: concat(name, [read_parquet(out / f"{name}.parquet")]) for name in TABLES}
         provenance = json.loads(prov_path.read_text())
         also = (provenance.get("settings") or {}).get("last_block_also")
         other = cls.load(out / other_map_folder(also)) if also else None

@@ -29,6 +29,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from coupling_utils.files import read_parquet, write_parquet
 from coupling_utils.models.corpus import tokenized_corpus
 from coupling_utils.schemas import Schema, check_table
 
@@ -388,7 +389,7 @@ def _write_lm_run(out_dir: Path, rows: list[dict], spec: LMSpec, corpus) -> None
     """The run's loss curve (``losses.csv`` and ``.parquet``) and ``training_spec.json``."""
     losses = pd.DataFrame(rows, columns=LOSS_COLUMNS)
     losses.to_csv(out_dir / "losses.csv", index=False)
-    losses.to_parquet(out_dir / "losses.parquet", index=False)
+    write_parquet(losses, out_dir / "losses.parquet")
     (out_dir / "training_spec.json").write_text(
         json.dumps(
             {
@@ -466,7 +467,7 @@ def val_loss_plateau(losses: pd.DataFrame, *, last: float = 0.25, column: str = 
 def load_losses(run_dir: str | Path) -> pd.DataFrame:
     """The per-checkpoint loss table of a run directory."""
     run_dir = Path(run_dir)
-    return pd.read_parquet(run_dir / "losses.parquet")
+    return read_parquet(run_dir / "losses.parquet")
 
 
 def list_revisions(run_dir: str | Path) -> list[str]:

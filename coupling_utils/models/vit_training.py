@@ -36,6 +36,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from coupling_utils.files import read_parquet, write_parquet
 from coupling_utils.models.training import (
     adamw,
     checkpoint_targets,
@@ -292,7 +293,7 @@ def _write_vit_run(out_dir: Path, rows: list[dict], spec: VitSpec) -> None:
     the schedule the LM runs and ``zoo.planned_revisions`` read)."""
     acc = pd.DataFrame(rows, columns=ACCURACY_COLUMNS)
     acc.to_csv(out_dir / "accuracy.csv", index=False)
-    acc.to_parquet(out_dir / "accuracy.parquet", index=False)
+    write_parquet(acc, out_dir / "accuracy.parquet")
     (out_dir / "training_spec.json").write_text(
         json.dumps(
             {
@@ -331,4 +332,4 @@ def _vit_metrics(final: dict, model, spec: VitSpec, n: int, started: tuple[float
 
 def load_accuracy(run_dir: str | Path) -> pd.DataFrame:
     """The per-checkpoint accuracy table of a ViT run directory."""
-    return pd.read_parquet(Path(run_dir) / "accuracy.parquet")
+    return read_parquet(Path(run_dir) / "accuracy.parquet")

@@ -21,6 +21,7 @@ shows Python's traceback instead.
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import sys
 import time
@@ -289,9 +290,9 @@ def _log_traceback(exc: BaseException) -> Path | None:
         from coupling_utils.files import atomic_write_text, cache_dir
 
         path = cache_dir("logs") / f"coupling-book-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.log"
-        atomic_write_text(
-            path, f"coupling-book {' '.join(sys.argv[1:])}\n\n" + "".join(traceback.format_exception(exc))
-        )
+        text = f"coupling-book {' '.join(sys.argv[1:])}\n\n" + "".join(traceback.format_exception(exc))
+        # a path that is not UTF-8 (surrogates) is written as its escapes, not left out with the log
+        atomic_write_text(path, text.encode("utf-8", "backslashreplace").decode("utf-8"))
         return path
     except Exception:
         return None
@@ -378,9 +379,18 @@ INTERRUPTED = {
 }
 
 
+def _names_as_given() -> None:
+    """Print a file name whose bytes are not UTF-8 (Python keeps them as surrogates) as those bytes,
+    as the shell gave them, instead of failing on it with a UnicodeEncodeError."""
+    for stream in (sys.stdout, sys.stderr):  # the process's own streams only (not a test's capture)
+        if type(stream) is io.TextIOWrapper and stream.encoding.lower().replace("-", "") == "utf8":
+            stream.reconfigure(errors="surrogateescape")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one command; errors become messages and exit statuses (see the module doc)."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    _names_as_given()
     debug = "--debug" in argv or os.environ.get("COUPLING_DEBUG", "") not in ("", "0")
     try:  # Ctrl-C while the parser's imports load is an interrupt like any other
         argv = [a for a in argv if a != "--debug"]

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from coupling_utils.files import ENV_VAR, atomic_dir, atomic_write_text
+from coupling_utils.files import ENV_VAR, atomic_dir, atomic_write_text, read_parquet, write_parquet
 from coupling_utils.models.zoo.cache import _is_locked, _lock, entry_dir
 from coupling_utils.models.zoo.errors import BuildFailed, ZooError
 from coupling_utils.models.zoo.recipes import _build_gguf, _build_hf_copy, _train_one
@@ -153,7 +153,7 @@ def _build_family(entry: ZooEntry, root: Path, key: str, progress: bool, t0, loa
         m = json.loads((mdir / "member.json").read_text())["metrics"]
         rows.append({"run": run, **m, "batch_size": spec.batch_size})
     table = pd.DataFrame(rows)
-    table.to_parquet(root / "family.parquet", index=False)
+    write_parquet(table, root / "family.parquet")
     table.to_csv(root / "family.csv", index=False)
     summary_cols = [c for c in ("val_loss", "val_acc", "test_acc") if c in table]
     metrics = {
@@ -326,7 +326,7 @@ def family_table(name: str, *, progress: bool = True) -> pd.DataFrame:
             + ", ".join(e.name for e in REGISTRY.values() if e.is_family)
         )
     root = prepare(entry.name, progress=progress)
-    table = pd.read_parquet(root / "family.parquet")
+    table = read_parquet(root / "family.parquet")
     table.insert(1, "name", [f"{PREFIX}{entry.name}/{r}" for r in table["run"]])
     table["path"] = [str(root / r) for r in table["run"]]
     return table
