@@ -338,6 +338,10 @@ def _sweep(jobs, run: MeasureRun):
     return record_sweep(run.out / "sweep", group_tasks(jobs), info, write=False)
 
 
+OUTPUT_TABLES = ("summary", "failures", *TABLES)
+"""The CSV tables ``measure`` writes into ``--out`` (each ``<name>.csv``), replaced as one set."""
+
+
 def _out_folder(out: str | Path, *, create: bool = True) -> Path:
     """``--out``, created (``create``); an empty path, a file there, or a folder that cannot be
     written, is bad input."""
@@ -372,7 +376,7 @@ def _foreign_outputs(out: Path) -> list[str]:
     """The files in ``out`` named as this command's outputs that an earlier ``measure`` did not
     write there (not listed in its provenance.json): a prompts file, someone's summary.csv. The
     table set is replaced as a whole, so they would be overwritten or removed."""
-    present = [f"{name}.csv" for name in ("summary", "failures", *TABLES) if (out / f"{name}.csv").exists()]
+    present = [f"{name}.csv" for name in OUTPUT_TABLES if (out / f"{name}.csv").exists()]
     record = out / "provenance.json"
     if not present and not record.exists():
         return []
@@ -418,7 +422,7 @@ def _replace_tables_in(out: Path, texts: dict[str, str], provenance: dict) -> di
         for name, text in {**texts, "provenance": json.dumps(provenance, indent=2, default=str)}.items():
             (tmp / f"{name}.{'json' if name == 'provenance' else 'csv'}").write_text(text, encoding="utf-8")
         (out / "provenance.json").unlink(missing_ok=True)
-        for name in sorted({"summary", "failures", *TABLES} - set(texts)):
+        for name in sorted(set(OUTPUT_TABLES) - set(texts)):
             (out / f"{name}.csv").unlink(missing_ok=True)
         for name in texts:
             os.replace(tmp / f"{name}.csv", out / f"{name}.csv")
